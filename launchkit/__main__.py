@@ -1,0 +1,3 @@
+from launchkit.cli import main
+
+main()

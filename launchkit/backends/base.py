@@ -1,0 +1,45 @@
+"""What a backend provides. The supervisor owns the orchestration (output, failure, teardown);
+a backend only fills in a few hooks: prepare the hosts, start one process, close."""
+
+from __future__ import annotations
+
+from typing import IO, Protocol
+
+from launchkit.spec import Plan, Task
+
+
+class ProcessHandle(Protocol):
+    """One started process, as the supervisor sees it."""
+
+    task: Task
+    pid: int | None
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+
+    def wait(self) -> int:
+        """Block until it ends; Popen convention (negative N when killed by signal N)."""
+        ...
+
+    def send_signal(self, sig: int) -> None:
+        """Signal the process and everything in its process group."""
+        ...
+
+
+class Backend:
+    """Base class of launch backends. Subclasses set ``name`` and implement ``start``."""
+
+    name = "base"
+
+    def describe(self, task: Task) -> list[str]:
+        """The command line that would start ``task`` (for ``--dry-run``); default: its argv."""
+        return list(task.argv)
+
+    def prepare(self, plan: Plan) -> None:
+        """Check hosts, sync code, open connections. Raise LaunchkitError to stop the launch."""
+
+    def start(self, task: Task) -> ProcessHandle:
+        """Start one process; raise OSError when the command cannot be started."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release connections (after every process has ended)."""

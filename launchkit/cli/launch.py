@@ -1,0 +1,299 @@
+"""``launchkit launch``: a drop-in for MXNet's ``tools/launch.py``.
+
+    launchkit launch -n 2 -s 2 --launcher local python train.py --kvstore dist_sync
+
+Option parsing stops at the first word of the command, so the command keeps its own flags
+(even ``-n``); ``--`` before the command is optional. See docs/launch.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import time
+from pathlib import Path
+
+import typer
+
+from launchkit import backends, contract, jobs
+from launchkit.cli.app import get_app
+from launchkit.console import Ui
+from launchkit.errors import UsageError
+from launchkit.hostfile import read_hostfile
+from launchkit.netutil import PortReservation, fallback_address, interface_address, route_address
+from launchkit.placement import assign_hosts
+from launchkit.plan import make_plan, new_job_id, new_secret
+from launchkit.spec import LOCALHOST, JobResult, LaunchSpec, Plan
+from launchkit.supervisor import Supervisor
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PORT_PLACEHOLDER = "<chosen at launch>"
+
+
+def parse_env_items(items: list[str], flag: str, environ: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """``NAME:VALUE`` (split at the first ``:``; the value is taken literally) or ``NAME``
+    (forward the launcher's own value), as launch.py."""
+    pairs: list[tuple[str, str]] = []
+    for item in items:
+        name, colon, value = item.partition(":")
+        if not _ENV_NAME.match(name):
+            raise UsageError(f"{flag} {item!r}: expected NAME:VALUE or NAME, with NAME a variable name")
+        if not colon:
+            if name not in environ:
+                raise UsageError(f"{flag} {name}: {name} is not set in the launcher's environment")
+            value = environ[name]
+        pairs.append((name, value))
+    return tuple(pairs)
+
+
+def scheduler_address(spec: LaunchSpec) -> str:
+    if spec.scheduler_ip:
+        return spec.scheduler_ip
+    if spec.interface:
+        return interface_address(spec.interface)
+    if spec.backend == "local":
+        return "127.0.0.1"
+    return route_address(spec.hosts[0].name) or fallback_address()
+
+
+def build_spec(
+    *,
+    num_workers: int,
+    num_servers: int | None,
+    hostfile: Path | None,
+    launcher: str | None,
+    sync_dst_dir: str | None,
+    env: list[str],
+    env_server: list[str],
+    env_worker: list[str],
+    log_dir: str | None,
+    job_name: str | None,
+    gpus_per_worker: int | None,
+    scheduler_ip: str | None,
+    scheduler_port: int | None,
+    interface: str | None,
+    grace_period: float,
+    command: list[str],
+    ui: Ui,
+) -> LaunchSpec:
+    if not command:
+        raise UsageError("no command given: expected `launchkit launch -n N [options] COMMAND [ARGS...]`")
+    backend = launcher or ("ssh" if hostfile else "local")
+    if backend not in backends.names():
+        raise UsageError(f"--launcher {backend!r}: expected one of {', '.join(backends.names())}")
+    hosts = tuple(read_hostfile(hostfile)) if hostfile else (LOCALHOST,)
+    if backend == "local" and hostfile:
+        ui.warn("--launcher local runs every process on this machine; the hostfile is ignored")
+        hosts = (LOCALHOST,)
+    if backend in ("ssh", "mpi") and not hostfile:
+        raise UsageError(f"--launcher {backend} needs a hostfile: -H FILE")
+    if sync_dst_dir and backend != "ssh":
+        ui.warn(f"--sync-dst-dir only applies to --launcher ssh; ignored for {backend}")
+        sync_dst_dir = None
+    if gpus_per_worker is not None and gpus_per_worker < 1:
+        raise UsageError(f"--gpus-per-worker must be at least 1, got {gpus_per_worker}")
+    if scheduler_port is not None and not 1 <= scheduler_port <= 65535:
+        raise UsageError(f"--scheduler-port {scheduler_port}: expected a number from 1 to 65535")
+    if grace_period < 0:
+        raise UsageError(f"--grace-period must be 0 or more, got {grace_period}")
+    environ = dict(os.environ)
+    ns = num_workers if num_servers is None else num_servers
+    assign_hosts(num_workers, ns, hosts)  # placement errors before anything else happens
+    return LaunchSpec(
+        num_workers=num_workers,
+        num_servers=ns,
+        command=tuple(command),
+        backend=backend,
+        hosts=hosts,
+        env=parse_env_items(env, "--env", environ),
+        env_server=parse_env_items(env_server, "--env-server", environ),
+        env_worker=parse_env_items(env_worker, "--env-worker", environ),
+        job_name=job_name,
+        log_dir=log_dir,
+        sync_dst_dir=sync_dst_dir,
+        gpus_per_worker=gpus_per_worker,
+        scheduler_ip=scheduler_ip,
+        scheduler_port=scheduler_port,
+        interface=interface or os.environ.get(contract.DMLC_INTERFACE) or None,
+        grace_period=grace_period,
+        cwd=os.getcwd(),
+    )
+
+
+def plan_to_json(plan: Plan, backend: backends.Backend, port_known: bool) -> dict[str, object]:
+    def env_of(env: dict[str, str]) -> dict[str, str]:
+        shown = contract.redact(env)
+        if not port_known:
+            shown[contract.DMLC_PS_ROOT_PORT] = PORT_PLACEHOLDER
+        return shown
+
+    return {
+        "job_id": plan.job_id,
+        "job_name": plan.job_name,
+        "backend": plan.backend,
+        "scheduler": f"{plan.root_uri}:{plan.root_port if port_known else PORT_PLACEHOLDER}",
+        "tasks": [
+            {
+                "role": t.role,
+                "rank": t.rank,
+                "task_id": t.task_id,
+                "host": str(t.host),
+                "local_rank": t.local_rank,
+                "cwd": t.cwd,
+                "argv": list(t.argv),
+                "command_line": backend.describe(t),
+                "env": env_of(dict(t.env)),
+            }
+            for t in plan.tasks
+        ],
+    }
+
+
+def show_plan(ui: Ui, data: dict[str, object]) -> None:
+    tasks = data["tasks"]
+    assert isinstance(tasks, list)
+    ui.text(
+        f"job {data['job_name']} ({data['job_id']}), launcher {data['backend']}, scheduler {data['scheduler']}"
+    )
+    ui.table(
+        None,
+        ["role", "rank", "task id", "host", "local rank", "cwd"],
+        [[t["role"], t["rank"], t["task_id"], t["host"], t["local_rank"], t["cwd"]] for t in tasks],
+    )
+    common = dict(tasks[0]["env"])
+    for t in tasks[1:]:
+        common = {k: v for k, v in common.items() if t["env"].get(k) == v}
+    ui.text("environment of every process:")
+    for k, v in sorted(common.items()):
+        ui.text(f"  {k}={v}")
+    for t in tasks:
+        own = {k: v for k, v in t["env"].items() if k not in common}
+        ui.text(f"{t['role']} {t['rank']}: " + " ".join(f"{k}={v}" for k, v in sorted(own.items())))
+        ui.text(f"  $ {shlex.join(t['command_line'])}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
+        help="Launch a distributed job: a scheduler, servers and workers running COMMAND.",
+    )
+    def launch(
+        ctx: typer.Context,
+        num_workers: int = typer.Option(..., "-n", "--num-workers", help="Number of worker processes."),
+        num_servers: int = typer.Option(None, "-s", "--num-servers", help="Number of servers (default: -n)."),
+        hostfile: Path = typer.Option(None, "-H", "--hostfile", help="Hostfile: one host per line."),
+        launcher: str = typer.Option(
+            None, "--launcher", help="local, ssh, mpi, sge, slurm or yarn (default: ssh with -H, else local)."
+        ),
+        sync_dst_dir: str = typer.Option(None, "--sync-dst-dir", help="rsync the current directory there."),
+        env: list[str] = typer.Option([], "--env", help="NAME:VALUE or NAME, for every process."),
+        env_server: list[str] = typer.Option([], "--env-server", help="NAME:VALUE or NAME, for servers."),
+        env_worker: list[str] = typer.Option([], "--env-worker", help="NAME:VALUE or NAME, for workers."),
+        log_dir: str = typer.Option(None, "--log-dir", help="Write each process's stdout/stderr there too."),
+        job_name: str = typer.Option(None, "--job-name", help="A name for the job (default: the script)."),
+        gpus_per_worker: int = typer.Option(None, "--gpus-per-worker", help="CUDA_VISIBLE_DEVICES slice."),
+        scheduler_ip: str = typer.Option(None, "--scheduler-ip", help="Address published for the scheduler."),
+        scheduler_port: int = typer.Option(
+            None, "--scheduler-port", help="Scheduler port (default: a free one)."
+        ),
+        interface: str = typer.Option(None, "--interface", help="Network interface (DMLC_INTERFACE)."),
+        grace_period: float = typer.Option(
+            5.0, "--grace-period", help="Seconds between SIGTERM and SIGKILL."
+        ),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; start nothing."),
+        as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as JSON."),
+        command: list[str] = typer.Argument(None, metavar="COMMAND [ARGS]...", help="The command to run."),
+    ) -> None:
+        ui = get_app(ctx).ui
+        spec = build_spec(
+            num_workers=num_workers,
+            num_servers=num_servers,
+            hostfile=hostfile,
+            launcher=launcher,
+            sync_dst_dir=sync_dst_dir,
+            env=env,
+            env_server=env_server,
+            env_worker=env_worker,
+            log_dir=log_dir,
+            job_name=job_name,
+            gpus_per_worker=gpus_per_worker,
+            scheduler_ip=scheduler_ip,
+            scheduler_port=scheduler_port,
+            interface=interface,
+            grace_period=grace_period,
+            command=command or [],
+            ui=ui,
+        )
+        root_uri = scheduler_address(spec)
+        if dry_run:
+            plan = make_plan(
+                spec, job_id=new_job_id(), secret="", root_uri=root_uri, root_port=spec.scheduler_port or 0
+            )
+            data = plan_to_json(plan, _describer(spec.backend), spec.scheduler_port is not None)
+            if as_json:
+                ui.json(data)
+            else:
+                show_plan(ui, data)
+            return
+        backend = backends.get_backend(spec.backend)
+        raise typer.Exit(run_job(spec, backend, root_uri, ui))
+
+
+def _describer(name: str) -> backends.Backend:
+    try:
+        return backends.get_backend(name)
+    except UsageError:
+        return backends.Backend()
+
+
+def run_job(spec: LaunchSpec, backend: backends.Backend, root_uri: str, ui: Ui) -> int:
+    reservation = None if spec.scheduler_port else PortReservation(root_uri)
+    try:
+        port = spec.scheduler_port or (reservation.port if reservation else 0)
+        plan = make_plan(spec, job_id=new_job_id(), secret=new_secret(), root_uri=root_uri, root_port=port)
+        backend.prepare(plan)
+        record = jobs.JobRecord(
+            id=plan.job_id,
+            name=plan.job_name,
+            backend=plan.backend,
+            hosts=tuple(sorted({str(t.host) for t in plan.tasks})),
+            command=spec.command,
+            cwd=spec.cwd,
+            launcher_pid=os.getpid(),
+            launcher_start=jobs.process_start_time(os.getpid()),
+            started_at=time.time(),
+            log_dir=spec.log_dir,
+        )
+        ui.info(
+            f"job {plan.job_id} ({plan.job_name}): 1 scheduler, {spec.num_servers} servers, "
+            f"{spec.num_workers} workers on {plan.backend}; scheduler {root_uri}:{port}"
+        )
+        result = Supervisor(
+            plan, backend, ui, log_dir=spec.log_dir, grace=spec.grace_period, record=record
+        ).run()
+    finally:
+        if reservation is not None:
+            reservation.close()
+    report(ui, result)
+    return result.exit_code
+
+
+def report(ui: Ui, result: JobResult) -> None:
+    if result.strays_killed:
+        ui.warn(f"ended {result.strays_killed} leftover process(es) that the job had started")
+    root = result.root_cause
+    if root is not None:
+        t = root.task
+        how = f"was killed by signal {root.signal}" if root.signal else f"exited with code {root.exit_code}"
+        ui.error(f"job {result.job_id} failed: {t.role} {t.rank} on {t.host} {how}")
+        if root.tail:
+            ui.err.print(f"  last lines of {t.role} {t.rank}:", style="dim")
+            ui.lines(root.tail)
+        others = [r for r in result.results if r.killed_by_launcher]
+        if others:
+            ui.info(f"ended the other {len(others)} process(es) of the job")
+    elif result.interrupted_by is not None:
+        ui.error(f"job {result.job_id} interrupted; every process ended (exit {result.exit_code})")
+    elif result.exit_code == 0:
+        ui.info(f"job {result.job_id} finished: all {len(result.results)} processes succeeded")

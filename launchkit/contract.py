@@ -1,0 +1,177 @@
+"""The environment-variable contract between the launcher and the processes it starts.
+
+This module is the single place where the names live, in both directions:
+``build_env`` is what the launcher sets, ``NodeEnv.from_environ`` is what a node
+(trainer_core, or any user program) reads back. ``docs/environment.md`` documents
+every variable; a test checks that both directions agree.
+
+Nothing here has side effects on import: ``trainer_core`` imports it too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# --- MXNet / dmlc-core names (kept exactly, so real MXNet jobs run unchanged) ---
+DMLC_ROLE = "DMLC_ROLE"
+DMLC_PS_ROOT_URI = "DMLC_PS_ROOT_URI"
+DMLC_PS_ROOT_PORT = "DMLC_PS_ROOT_PORT"
+DMLC_NUM_SERVER = "DMLC_NUM_SERVER"
+DMLC_NUM_WORKER = "DMLC_NUM_WORKER"
+DMLC_NODE_HOST = "DMLC_NODE_HOST"
+DMLC_TASK_ID = "DMLC_TASK_ID"
+DMLC_JOB_CLUSTER = "DMLC_JOB_CLUSTER"
+DMLC_INTERFACE = "DMLC_INTERFACE"
+
+# --- ps-lite knobs, read by the trainer core (set by the user, passed through) ---
+PS_VERBOSE = "PS_VERBOSE"
+PS_HEARTBEAT_INTERVAL = "PS_HEARTBEAT_INTERVAL"
+PS_HEARTBEAT_TIMEOUT = "PS_HEARTBEAT_TIMEOUT"
+MXNET_KVSTORE_BIGARRAY_BOUND = "MXNET_KVSTORE_BIGARRAY_BOUND"
+
+# --- launchkit additions ---
+LAUNCHKIT_JOB_ID = "LAUNCHKIT_JOB_ID"
+LAUNCHKIT_ROLE_RANK = "LAUNCHKIT_ROLE_RANK"
+LAUNCHKIT_LOCAL_RANK = "LAUNCHKIT_LOCAL_RANK"
+LAUNCHKIT_JOB_SECRET = "LAUNCHKIT_JOB_SECRET"
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+
+ROLES = ("scheduler", "server", "worker")
+
+# Variables whose values must never be shown (dry-run plans, job records, logs).
+SECRET_VARS = frozenset({LAUNCHKIT_JOB_SECRET})
+SECRET_PLACEHOLDER = "<hidden>"
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    """What is the same for every process of a job."""
+
+    job_id: str
+    secret: str
+    cluster: str  # backend name: local, ssh, mpi, sge, slurm, yarn
+    root_uri: str
+    root_port: int
+    num_servers: int
+    num_workers: int
+    interface: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskEnv:
+    """What differs per process."""
+
+    role: str
+    role_rank: int
+    task_id: int
+    local_rank: int
+    node_host: str
+    cuda_visible_devices: str | None = None
+
+
+def build_env(job: JobEnv, task: TaskEnv) -> dict[str, str]:
+    """The contract variables for one process (pure; user ``--env`` values are merged by the caller)."""
+    if task.role not in ROLES:
+        raise ValueError(f"unknown role {task.role!r}")
+    env = {
+        DMLC_ROLE: task.role,
+        DMLC_PS_ROOT_URI: job.root_uri,
+        DMLC_PS_ROOT_PORT: str(job.root_port),
+        DMLC_NUM_SERVER: str(job.num_servers),
+        DMLC_NUM_WORKER: str(job.num_workers),
+        DMLC_NODE_HOST: task.node_host,
+        DMLC_TASK_ID: str(task.task_id),
+        DMLC_JOB_CLUSTER: job.cluster,
+        LAUNCHKIT_JOB_ID: job.job_id,
+        LAUNCHKIT_ROLE_RANK: str(task.role_rank),
+        LAUNCHKIT_LOCAL_RANK: str(task.local_rank),
+        LAUNCHKIT_JOB_SECRET: job.secret,
+    }
+    if job.interface:
+        env[DMLC_INTERFACE] = job.interface
+    if task.cuda_visible_devices is not None:
+        env[CUDA_VISIBLE_DEVICES] = task.cuda_visible_devices
+    return env
+
+
+# Set for every process unless the launcher's environment or the user already set them.
+DEFAULTS = {PYTHONUNBUFFERED: "1"}
+
+
+def merge_env(base: Mapping[str, str], task_env: Mapping[str, str]) -> dict[str, str]:
+    """The full environment of a process: ``base`` (the launcher's, or the remote login's),
+    then the defaults where unset, then the job's variables on top."""
+    env = dict(base)
+    for name, value in DEFAULTS.items():
+        env.setdefault(name, value)
+    env.update(task_env)
+    return env
+
+
+def redact(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy of ``env`` safe to print or store."""
+    return {k: (SECRET_PLACEHOLDER if k in SECRET_VARS else v) for k, v in env.items()}
+
+
+@dataclass(frozen=True)
+class NodeEnv:
+    """The contract as a node reads it back (the other direction of ``build_env``)."""
+
+    role: str
+    root_uri: str
+    root_port: int
+    num_servers: int
+    num_workers: int
+    node_host: str | None
+    interface: str | None
+    task_id: int | None
+    cluster: str | None
+    job_id: str | None
+    role_rank: int | None
+    local_rank: int | None
+    secret: str | None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> NodeEnv:
+        """Read the contract; raises ``KeyError``/``ValueError`` naming the variable when it is broken."""
+        e = os.environ if environ is None else environ
+
+        def need(name: str) -> str:
+            try:
+                return e[name]
+            except KeyError:
+                raise KeyError(f"environment variable {name} is not set") from None
+
+        def as_int(name: str, value: str | None) -> int | None:
+            if value is None or value == "":
+                return None
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError(f"environment variable {name}={value!r}: expected an integer") from None
+
+        role = need(DMLC_ROLE)
+        if role not in ROLES:
+            raise ValueError(f"environment variable {DMLC_ROLE}={role!r}: expected one of {', '.join(ROLES)}")
+        port = as_int(DMLC_PS_ROOT_PORT, need(DMLC_PS_ROOT_PORT))
+        ns = as_int(DMLC_NUM_SERVER, need(DMLC_NUM_SERVER))
+        nw = as_int(DMLC_NUM_WORKER, need(DMLC_NUM_WORKER))
+        assert port is not None and ns is not None and nw is not None
+        return cls(
+            role=role,
+            root_uri=need(DMLC_PS_ROOT_URI),
+            root_port=port,
+            num_servers=ns,
+            num_workers=nw,
+            node_host=e.get(DMLC_NODE_HOST) or None,
+            interface=e.get(DMLC_INTERFACE) or None,
+            task_id=as_int(DMLC_TASK_ID, e.get(DMLC_TASK_ID)),
+            cluster=e.get(DMLC_JOB_CLUSTER) or None,
+            job_id=e.get(LAUNCHKIT_JOB_ID) or None,
+            role_rank=as_int(LAUNCHKIT_ROLE_RANK, e.get(LAUNCHKIT_ROLE_RANK)),
+            local_rank=as_int(LAUNCHKIT_LOCAL_RANK, e.get(LAUNCHKIT_LOCAL_RANK)),
+            secret=e.get(LAUNCHKIT_JOB_SECRET) or None,
+        )

@@ -1,0 +1,79 @@
+"""Addresses and ports of the launching host (the only socket code in the launcher core)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import socket
+import struct
+
+from launchkit.errors import UsageError
+
+_SIOCGIFADDR = 0x8915
+
+
+def interface_names() -> list[str]:
+    return [name for _, name in socket.if_nameindex()]
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of a network interface, e.g. ``lo`` -> ``127.0.0.1``."""
+    if name not in interface_names():
+        raise UsageError(f"no network interface named {name!r} here (have: {', '.join(interface_names())})")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            raise UsageError(f"network interface {name!r} has no IPv4 address") from None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def route_address(host: str) -> str | None:
+    """The local address the kernel would use to reach ``host`` (no packet is sent: a UDP
+    socket's connect only picks a route). None when ``host`` is not an IP address or has no route."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((str(ip), 9))
+            return str(s.getsockname()[0])
+        except OSError:
+            return None
+
+
+def fallback_address() -> str:
+    """launch.py's choice: the address of this host's name, else loopback."""
+    with contextlib.suppress(OSError):
+        return socket.gethostbyname(socket.gethostname())
+    return "127.0.0.1"
+
+
+class PortReservation:
+    """Holds a free TCP port for the scheduler without the bind-then-close race.
+
+    The socket is bound (never listening) to a port the kernel picks, then marked
+    SO_REUSEADDR: the kernel will not hand that port to anyone else's ``bind(0)`` or outgoing
+    connection, and a plain ``bind`` to it fails, while the scheduler, which binds with
+    SO_REUSEADDR as ZeroMQ (MXNet's ps-lite, trainer_core) does, can still take it. Held for
+    the whole job and released by ``close``.
+    """
+
+    def __init__(self, ip: str = "") -> None:
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.bind(("", 0))
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.port: int = self._sock.getsockname()[1]
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> PortReservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,117 @@
+"""Turn a ``LaunchSpec`` into a ``Plan``: every process with its host, ranks, env and argv. Pure."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from pathlib import PurePath
+
+from launchkit import contract
+from launchkit.placement import gpu_slice, place
+from launchkit.spec import Host, LaunchSpec, Plan, Task
+
+
+def render_argv(command: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The command as launch.py runs it: one word containing spaces runs under ``sh -c``
+    (the seeds quote whole command lines as one string); otherwise an exact argv, no shell."""
+    if len(command) == 1 and any(c.isspace() for c in command[0]):
+        return ("sh", "-c", command[0])
+    return tuple(command)
+
+
+def default_job_name(command: tuple[str, ...] | list[str]) -> str:
+    """A readable name from the command: the first ``*.py`` script, else the program."""
+    words = list(command)
+    if len(words) == 1:
+        words = words[0].split()
+    for w in words:
+        if w.endswith(".py"):
+            return PurePath(w).stem
+    return PurePath(words[0]).name if words else "job"
+
+
+def new_job_id() -> str:
+    """Sortable by start time, unique enough to find a job's processes by it."""
+    return time.strftime("%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
+
+
+def make_plan(
+    spec: LaunchSpec,
+    *,
+    job_id: str,
+    secret: str,
+    root_uri: str,
+    root_port: int,
+    node_host_of: dict[Host, str] | None = None,
+) -> Plan:
+    """Every process of the job. ``node_host_of`` maps a host to the address it publishes
+    (``DMLC_NODE_HOST``); by default the local backend publishes ``root_uri`` and others the
+    hostfile name."""
+    job = contract.JobEnv(
+        job_id=job_id,
+        secret=secret,
+        cluster=spec.backend,
+        root_uri=root_uri,
+        root_port=root_port,
+        num_servers=spec.num_servers,
+        num_workers=spec.num_workers,
+        interface=spec.interface,
+    )
+    argv = render_argv(spec.command)
+    per_role = {"server": dict(spec.env_server), "worker": dict(spec.env_worker), "scheduler": {}}
+
+    def node_host(role: str, host: Host) -> str:
+        if role == "scheduler":
+            return root_uri
+        if node_host_of and host in node_host_of:
+            return node_host_of[host]
+        return root_uri if spec.backend == "local" else host.name
+
+    def make_task(role: str, rank: int, task_id: int, host: Host, local_rank: int, cwd: str) -> Task:
+        cuda: str | None = None
+        if spec.gpus_per_worker:
+            cuda = gpu_slice(local_rank, spec.gpus_per_worker) if role == "worker" else ""
+        env = contract.build_env(
+            job,
+            contract.TaskEnv(
+                role=role,
+                role_rank=rank,
+                task_id=task_id,
+                local_rank=local_rank,
+                node_host=node_host(role, host),
+                cuda_visible_devices=cuda,
+            ),
+        )
+        user = {**dict(spec.env), **per_role[role]}
+        for name in contract.SECRET_VARS | {contract.LAUNCHKIT_JOB_ID}:
+            user.pop(name, None)  # the job's identity cannot be overridden
+        env.update(user)
+        return Task(role, rank, task_id, host, local_rank, argv, env, cwd)
+
+    remote_cwd = spec.sync_dst_dir or spec.cwd
+    scheduler_host = Host("localhost") if spec.backend != "local" else spec.hosts[0]
+    tasks = [
+        make_task(
+            "scheduler",
+            0,
+            spec.num_servers + spec.num_workers,
+            scheduler_host,
+            0,
+            spec.cwd,
+        )
+    ]
+    for s in place(spec.num_workers, spec.num_servers, spec.hosts):
+        cwd = spec.cwd if spec.backend == "local" else remote_cwd
+        tasks.append(make_task(s.role, s.rank, s.task_id, s.host, s.local_rank, cwd))
+    return Plan(
+        job_id=job_id,
+        job_name=spec.job_name or default_job_name(spec.command),
+        backend=spec.backend,
+        root_uri=root_uri,
+        root_port=root_port,
+        tasks=tuple(tasks),
+    )

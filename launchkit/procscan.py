@@ -1,0 +1,122 @@
+"""Find and end a job's processes by the job id in their environment (never by a name pattern).
+
+Every process a job starts inherits ``LAUNCHKIT_JOB_ID``, including grandchildren that started
+a new session or process group; ``/proc/PID/environ`` shows it. Only this user's processes are
+readable, so another user's job is never touched. This module is also what the launcher's
+reaper and ``launchkit kill`` use on the local host; it only needs the standard library, so a
+remote watchdog can run the same code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+JOB_VAR = b"LAUNCHKIT_JOB_ID="
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "launchkit-"
+
+
+def _environ(pid: int) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X")
+    except (OSError, ValueError):
+        return True
+
+
+def job_ids_of(pid: int) -> set[str]:
+    """The job ids in one process's environment (usually zero or one)."""
+    data = _environ(pid)
+    if not data:
+        return set()
+    return {
+        entry[len(JOB_VAR) :].decode(errors="replace")
+        for entry in data.split(b"\0")
+        if entry.startswith(JOB_VAR)
+    }
+
+
+def find_job_pids(job_id: str | None = None, exclude: Iterable[int] = ()) -> list[int]:
+    """Live pids of this user whose environment carries ``job_id`` (any job id when None)."""
+    skip = {os.getpid(), *exclude}
+    uid = os.getuid()
+    found: list[int] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if pid in skip:
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+        except OSError:
+            continue
+        ids = job_ids_of(pid)
+        if (ids if job_id is None else job_id in ids) and not _is_zombie(pid):
+            found.append(pid)
+    return sorted(found)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _is_zombie(pid)
+
+
+def signal_pids(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def terminate(pids: Iterable[int], grace: float, poll: float = 0.05) -> list[int]:
+    """SIGTERM, wait up to ``grace`` seconds, then SIGKILL what is left. Returns the pids signalled."""
+    pids = [p for p in pids if alive(p)]
+    signal_pids(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(poll)
+    signal_pids([p for p in pids if alive(p)], signal.SIGKILL)
+    return pids
+
+
+def sweep_job(job_id: str | None, grace: float, rounds: int = 3, exclude: Iterable[int] = ()) -> int:
+    """End every process of a job (all jobs when ``job_id`` is None), including ones that fork
+    while we sweep. Returns how many processes were ended."""
+    ended: set[int] = set()
+    for _ in range(rounds):
+        pids = find_job_pids(job_id, exclude)
+        if not pids:
+            break
+        ended.update(terminate(pids, grace))
+    return len(ended)
+
+
+def remove_shm(job_id: str) -> int:
+    """Delete the job's shared-memory segments (``/dev/shm/launchkit-<job_id>-*``)."""
+    removed = 0
+    with contextlib.suppress(OSError):
+        for path in SHM_DIR.glob(f"{SHM_PREFIX}{job_id}-*"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed += 1
+    return removed

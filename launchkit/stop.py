@@ -1,0 +1,55 @@
+"""End running jobs on this host: ``launchkit kill``'s logic, by job id (never by name)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from launchkit import jobs, procscan
+
+
+@dataclass(frozen=True)
+class StopResult:
+    job_id: str
+    ended: int  # processes of the job that were running and are gone now
+    launcher_stopped: bool
+
+
+def _stop_launcher(record: jobs.JobRecord, grace: float) -> bool:
+    """Ask a live launcher to end its job (SIGTERM: it tears down and records the end)."""
+    if not record.launcher_alive():
+        return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(record.launcher_pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace + 3.0
+    while time.monotonic() < deadline and record.launcher_alive():
+        time.sleep(0.05)
+    return True
+
+
+def stop_job(job_id: str, grace: float = 3.0) -> StopResult:
+    running = set(procscan.find_job_pids(job_id))
+    record = jobs.load(job_id)
+    stopped = False
+    if record is not None and record.state == "running":
+        stopped = _stop_launcher(record, grace)
+    procscan.sweep_job(job_id, grace)
+    procscan.remove_shm(job_id)
+    if record is not None:
+        fresh = jobs.load(job_id) or record
+        if fresh.state == "running" or (stopped and fresh.state == "interrupted"):
+            jobs.finish(fresh, "killed", fresh.exit_code)
+    ended = sum(1 for pid in running if not procscan.alive(pid))
+    return StopResult(job_id, ended, stopped)
+
+
+def active_job_ids() -> list[str]:
+    """Jobs of this user that may still have processes: recorded as running (or lost), plus
+    any job id found in a live process's environment."""
+    ids = {r.id for r in jobs.load_all() if r.state == "running"}
+    for pid in procscan.find_job_pids(None):
+        ids.update(procscan.job_ids_of(pid))
+    return sorted(ids)

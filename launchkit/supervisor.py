@@ -1,0 +1,239 @@
+"""Run a planned job on a backend and supervise it to the end.
+
+- every process's output is merged live, each line prefixed ``[role rank]``, stdout and stderr
+  kept apart, and copied to ``--log-dir`` files when asked;
+- when a process fails, the others get SIGTERM and, after the grace period, SIGKILL; the
+  earliest failure is the root cause, and its exit code becomes the job's;
+- SIGINT / SIGTERM / SIGHUP to the launcher end the job the same way (exit 130 / 143 / 129),
+  a second one skips the grace period;
+- a reaper process (``launchkit.reaper``) ends the job's processes if the launcher itself is
+  killed, and a final sweep by job id ends strays (e.g. grandchildren in a new session).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from launchkit import jobs, procscan, reaper
+from launchkit.backends.base import Backend, ProcessHandle
+from launchkit.console import OutputWriter, Ui
+from launchkit.spec import JobResult, Plan, Task, TaskResult
+
+TAIL_LINES = 20
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def exit_code_of(returncode: int) -> tuple[int, int | None]:
+    """Popen's returncode -> (shell-style exit code, signal number or None)."""
+    if returncode < 0:
+        return 128 - returncode, -returncode
+    return returncode, None
+
+
+def job_exit_code(root: TaskResult | None, interrupted_by: int | None, results: list[TaskResult]) -> int:
+    if root is not None:
+        return root.exit_code
+    if interrupted_by is not None:
+        return 128 + interrupted_by
+    return 0 if all(r.ok for r in results) else 1
+
+
+@dataclass
+class _Running:
+    task: Task
+    handle: ProcessHandle | None
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    readers: list[threading.Thread] = field(default_factory=list)
+    result: TaskResult | None = None
+
+
+class Supervisor:
+    def __init__(
+        self,
+        plan: Plan,
+        backend: Backend,
+        ui: Ui,
+        *,
+        writer: OutputWriter | None = None,
+        log_dir: str | None = None,
+        grace: float = 5.0,
+        record: jobs.JobRecord | None = None,
+    ) -> None:
+        self.plan = plan
+        self.backend = backend
+        self.ui = ui
+        self.writer = writer or OutputWriter()
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.grace = grace
+        self.record = record
+        self._events: queue.Queue[tuple[int, int, float]] = queue.Queue()
+        self._signals: list[int] = []
+        self._procs: list[_Running] = []
+
+    # -- signals -------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._signals.append(signum)  # only a flag: the loop acts on it
+
+    def _install_signals(self) -> dict[int, Any]:
+        old: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in HANDLED_SIGNALS:
+                old[sig] = signal.signal(sig, self._on_signal)
+        return old
+
+    # -- output --------------------------------------------------------------------------------
+    def _pump(self, run: _Running, stream: IO[bytes], name: str) -> None:
+        prefix = self.writer.prefix(run.task.role, run.task.rank, name)
+        log: IO[bytes] | None = None
+        if self.log_dir is not None:
+            suffix = "stdout" if name == "out" else "stderr"
+            log = open(self.log_dir / f"{run.task.role}-{run.task.rank}.{suffix}", "ab")  # noqa: SIM115
+        try:
+            for line in iter(stream.readline, b""):
+                self.writer.write(prefix, line, name)
+                run.tail.append(line.decode(errors="replace").rstrip("\n"))
+                if log is not None:
+                    log.write(line)
+                    log.flush()
+        except (OSError, ValueError):
+            pass
+        finally:
+            if log is not None:
+                log.close()
+            with contextlib.suppress(OSError):
+                stream.close()
+
+    def _wait(self, index: int, handle: ProcessHandle) -> None:
+        code = handle.wait()
+        self._events.put((index, code, time.time()))
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def _start_all(self) -> None:
+        for index, task in enumerate(self.plan.tasks):
+            run = _Running(task, None)
+            self._procs.append(run)
+            try:
+                handle = self.backend.start(task)
+            except OSError as exc:
+                code = 127 if isinstance(exc, FileNotFoundError) else 126
+                run.tail.append(f"cannot start {task.argv[0]!r}: {exc.strerror or exc}")
+                self._events.put((index, code, time.time()))
+                return  # no point starting the rest
+            run.handle = handle
+            for stream, name in ((handle.stdout, "out"), (handle.stderr, "err")):
+                t = threading.Thread(target=self._pump, args=(run, stream, name), daemon=True)
+                t.start()
+                run.readers.append(t)
+            threading.Thread(target=self._wait, args=(index, handle), daemon=True).start()
+
+    def _signal_all(self, sig: int) -> None:
+        for run in self._procs:
+            if run.handle is not None and run.result is None:
+                run.handle.send_signal(sig)
+
+    def run(self) -> JobResult:
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        reaper_proc, reaper_pipe = reaper.start(self.plan.job_id, self.grace)
+        old_handlers = self._install_signals()
+        teardown_at: float | None = None  # when we began ending the job
+        kill_at: float | None = None
+        interrupted_by: int | None = None
+        root: TaskResult | None = None
+        try:
+            self._start_all()
+            self._save_started()
+            pending = len(self._procs)
+            while pending:
+                while self._signals:
+                    sig = self._signals.pop(0)
+                    if teardown_at is None:
+                        interrupted_by = sig
+                        self.ui.warn(f"received {signal.Signals(sig).name}: ending the job")
+                        teardown_at = time.monotonic()
+                        kill_at = teardown_at + self.grace
+                        self._signal_all(signal.SIGTERM)
+                    else:  # a second interrupt: no more grace
+                        kill_at = time.monotonic()
+                if kill_at is not None and time.monotonic() >= kill_at:
+                    self._signal_all(signal.SIGKILL)
+                    kill_at = float("inf")
+                try:
+                    index, code, ended = self._events.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                pending -= 1
+                run = self._procs[index]
+                exit_code, sig_no = exit_code_of(code)
+                run.result = TaskResult(
+                    run.task,
+                    exit_code,
+                    sig_no,
+                    ended,
+                    killed_by_launcher=teardown_at is not None,
+                )
+                if exit_code != 0 and teardown_at is None:
+                    root = run.result
+                    teardown_at = time.monotonic()
+                    kill_at = teardown_at + self.grace
+                    self._signal_all(signal.SIGTERM)
+            strays = procscan.sweep_job(self.plan.job_id, self.grace, exclude=(reaper_proc.pid,))
+            procscan.remove_shm(self.plan.job_id)
+            for run in self._procs:
+                for t in run.readers:
+                    t.join(timeout=2.0)
+        finally:
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+            os.close(reaper_pipe)  # the reaper sweeps once more and exits
+            with contextlib.suppress(Exception):
+                self.backend.close()
+        results = [self._final(run) for run in self._procs]
+        if root is not None:
+            root = next(r for r in results if r.task == root.task)
+        result = JobResult(
+            job_id=self.plan.job_id,
+            exit_code=job_exit_code(root, interrupted_by, results),
+            results=tuple(results),
+            root_cause=root,
+            interrupted_by=interrupted_by,
+            strays_killed=strays,
+        )
+        self._save_finished(result)
+        return result
+
+    def _final(self, run: _Running) -> TaskResult:
+        assert run.result is not None
+        r = run.result
+        return TaskResult(r.task, r.exit_code, r.signal, r.ended_at, r.killed_by_launcher, tuple(run.tail))
+
+    # -- job record ----------------------------------------------------------------------------
+    def _save_started(self) -> None:
+        if self.record is None:
+            return
+        procs = tuple(
+            jobs.ProcessRecord(
+                run.task.role, run.task.rank, str(run.task.host), run.handle.pid if run.handle else None
+            )
+            for run in self._procs
+        )
+        self.record = jobs.JobRecord(**{**self.record.__dict__, "processes": procs})
+        jobs.save(self.record)
+
+    def _save_finished(self, result: JobResult) -> None:
+        if self.record is None:
+            return
+        if result.interrupted_by is not None and result.root_cause is None:
+            state = "interrupted"
+        else:
+            state = "succeeded" if result.exit_code == 0 else "failed"
+        self.record = jobs.finish(self.record, state, result.exit_code)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Set up everything the tests need on a fresh Debian 12 machine, then run lint, types and tests.
+#   bash scripts/test.sh [PYTEST ARGS...]
+# Installs (as root, when missing) the Debian packages the test fixtures use, creates .venv,
+# installs launchkit with its test extra, then runs ruff, mypy and pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBS=(procps iproute2 tmux util-linux)
+missing=()
+for pkg in "${DEBS[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "[test.sh] installing Debian packages: ${missing[*]}"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
+
+echo "[test.sh] ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+echo "[test.sh] mypy"
+.venv/bin/mypy
+echo "[test.sh] pytest"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

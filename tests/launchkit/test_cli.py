@@ -1,0 +1,168 @@
+"""The CLI's parsing, plans and error messages (real CLI in a subprocess: exact exit codes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.launchkit.procs import run
+
+SEED_LINES = [
+    # the seeds' tools/launch.py command lines, with `launchkit launch` in place of `python tools/launch.py`
+    ["-n", "2", "-s", "2", "-H", "hosts", "--sync-dst-dir", "/home/ubuntu/cifar10_dist", "--launcher", "ssh",
+     "python /home/ubuntu/cifar10_dist/cifar10_dist.py"],
+    ["-n", "3", "-H", "hosts", "--launcher", "ssh", "python", "image_classification.py", "--dataset", "cifar10",
+     "--model", "vgg11", "--epochs", "1", "--kvstore", "dist_sync"],
+    ["-n", "3", "-H", "hosts", "--launcher", "ssh", "--sync-dst-dir", "/tmp/mxnet_job/", "python",
+     "image_classification.py", "--dataset", "cifar10", "--model", "vgg11", "--epochs", "1", "--kvstore", "dist_sync"],
+    ["-n", "3", "--launcher", "local", "python", "image_classification.py", "--dataset", "cifar10", "--model", "vgg11",
+     "--epochs", "1", "--kvstore", "dist_sync"],
+]  # fmt: skip
+
+
+@pytest.fixture
+def hosts_dir(tmp_path: Path) -> Path:
+    (tmp_path / "hosts").write_text("127.0.0.11\n127.0.0.12\n127.0.0.13\n127.0.0.14\n127.0.0.15\n")
+    return tmp_path
+
+
+def dry(args: list[str], cwd: Path) -> dict:
+    res = run(["launch", "--dry-run", "--json", *args], cwd=cwd)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+@pytest.mark.parametrize("line", SEED_LINES)
+def test_seed_command_lines_plan(line: list[str], hosts_dir: Path) -> None:
+    plan = dry(line, hosts_dir)
+    tasks = plan["tasks"]
+    n = int(line[1])
+    s = int(line[line.index("-s") + 1]) if "-s" in line else n
+    assert [t["role"] for t in tasks] == ["scheduler"] + ["server"] * s + ["worker"] * n
+    command = line[line.index("python") :] if "python" in line else line[-1:]
+    if len(command) == 1:
+        assert tasks[1]["argv"] == ["sh", "-c", command[0]]
+    else:
+        assert tasks[1]["argv"] == command
+    if "ssh" in line:
+        assert plan["backend"] == "ssh"
+        hosts = [f"127.0.0.{11 + i}" for i in range(5)]
+        # MXNet's rule: process i on hosts[i % len(hosts)]
+        assert [t["host"] for t in tasks[1:]] == [hosts[i % 5] for i in range(s + n)]
+        for t in tasks[1:]:
+            assert t["env"]["DMLC_NODE_HOST"] == t["host"]
+        sync = line[line.index("--sync-dst-dir") + 1] if "--sync-dst-dir" in line else str(hosts_dir)
+        assert {t["cwd"] for t in tasks[1:]} == {sync}
+    else:
+        assert plan["backend"] == "local"
+        assert {t["host"] for t in tasks} == {"localhost"}
+    for t in tasks:
+        assert t["env"]["LAUNCHKIT_JOB_SECRET"] == "<hidden>"
+        assert t["env"]["DMLC_NUM_WORKER"] == str(n) and t["env"]["DMLC_NUM_SERVER"] == str(s)
+
+
+def test_dry_run_human_plan_starts_nothing(hosts_dir: Path, launchkit_home: Path) -> None:
+    res = run(["launch", "--dry-run", *SEED_LINES[1]], cwd=hosts_dir)
+    assert res.returncode == 0, res.stderr
+    assert "launcher ssh" in res.stdout and "127.0.0.15" in res.stdout
+    assert "worker 2: " in res.stdout and "$ python image_classification.py --dataset cifar10" in res.stdout
+    assert "LAUNCHKIT_JOB_SECRET=<hidden>" in res.stdout
+    assert not (launchkit_home / "jobs").exists()
+
+
+def test_default_launcher_is_ssh_with_hostfile(hosts_dir: Path) -> None:
+    assert dry(["-n", "1", "-H", "hosts", "python", "x.py"], hosts_dir)["backend"] == "ssh"
+    assert dry(["-n", "1", "python", "x.py"], hosts_dir)["backend"] == "local"
+
+
+def test_slots_and_workers_only(tmp_path: Path) -> None:
+    (tmp_path / "hf").write_text("a slots=2\nb slots=2\n")
+    plan = dry(["-n", "3", "-s", "0", "-H", "hf", "--launcher", "ssh", "python", "x.py"], tmp_path)
+    assert [(t["role"], t["host"], t["local_rank"]) for t in plan["tasks"]] == [
+        ("scheduler", "localhost", 0),
+        ("worker", "a", 0),
+        ("worker", "a", 1),
+        ("worker", "b", 0),
+    ]
+
+
+def test_scheduler_overrides_and_interface(tmp_path: Path) -> None:
+    plan = dry(
+        ["-n", "1", "--scheduler-ip", "127.0.0.9", "--scheduler-port", "9555", "--interface", "lo", "x"],
+        tmp_path,
+    )
+    env = plan["tasks"][0]["env"]
+    assert (env["DMLC_PS_ROOT_URI"], env["DMLC_PS_ROOT_PORT"], env["DMLC_INTERFACE"]) == (
+        "127.0.0.9",
+        "9555",
+        "lo",
+    )
+    plan = dry(["-n", "1", "--interface", "lo", "x"], tmp_path)
+    assert plan["tasks"][1]["env"]["DMLC_PS_ROOT_URI"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-n", "2", "-H", "hf", "python", "x.py"], "hf:2: bad port 'x': expected a number from 1 to 65535"),
+        (["-n", "2", "-H", "missing", "python"], "missing: no such file"),
+        (
+            ["-n", "5", "-H", "slots", "--launcher", "ssh", "x"],
+            "5 workers do not fit in the hostfile's 3 slots",
+        ),
+        (["-n", "0", "x"], "-n/--num-workers must be at least 1"),
+        (["-n", "1", "--env", "A=1", "x"], "--env 'A=1': expected NAME:VALUE or NAME"),
+        (
+            ["-n", "1", "--env", "UNSET_VAR_XYZ", "x"],
+            "UNSET_VAR_XYZ is not set in the launcher's environment",
+        ),
+        (["-n", "1", "--launcher", "pbs", "x"], "--launcher 'pbs': expected one of local, ssh"),
+        (["-n", "1"], "no command given"),
+        (["-n", "1", "--interface", "nosuchif0", "x"], "no network interface named 'nosuchif0'"),
+        (["-n", "1", "--scheduler-port", "70000", "x"], "expected a number from 1 to 65535"),
+        (["-n", "1", "--launcher", "ssh", "x"], "needs a hostfile"),
+    ],
+)
+def test_bad_input_is_a_clear_error(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "hf").write_text("good\nnode:x\n")
+    (tmp_path / "slots").write_text("a slots=2\nb\n")
+    res = run(["launch", *args], cwd=tmp_path)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert message in " ".join(res.stderr.split())
+    assert "Traceback" not in res.stderr
+
+
+def test_missing_required_flag_is_usage_error() -> None:
+    res = run(["launch", "python", "x.py"])
+    assert res.returncode == 2
+    assert "-n" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_unimplemented_backend_says_so(tmp_path: Path) -> None:
+    (tmp_path / "hf").write_text("127.0.0.1\n")
+    res = run(["launch", "-n", "1", "-H", "hf", "--launcher", "ssh", "true"], cwd=tmp_path)
+    assert res.returncode == 2
+    assert "not implemented yet" in res.stderr
+
+
+def test_hosts_list_table_and_json() -> None:
+    res = run(["hosts", "list", "-H", "hostfiles/example"])
+    assert res.returncode == 0, res.stderr
+    assert "node4" in res.stdout and "alice" in res.stdout and "fe80::1" in res.stdout
+    res = run(["hosts", "list", "-H", "hostfiles/example", "--json"])
+    data = json.loads(res.stdout)
+    assert data[3] == {"host": "node4", "user": "alice", "port": 2222, "slots": 4, "line": data[3]["line"]}
+
+
+def test_hosts_list_bad_file(tmp_path: Path) -> None:
+    (tmp_path / "hf").write_text("ok\n\nbad slots=-1\n")
+    res = run(["hosts", "list", "-H", str(tmp_path / "hf")])
+    assert res.returncode == 2
+    assert f"{tmp_path / 'hf'}:3: bad slots '-1'" in res.stderr
+
+
+def test_version_and_module_entry() -> None:
+    res = run(["--version"])
+    assert res.returncode == 0 and res.stdout.startswith("launchkit ")

@@ -1,0 +1,121 @@
+"""The launcher's side (build_env / make_plan) and the node's side (NodeEnv) agree."""
+
+from __future__ import annotations
+
+import pytest
+
+from launchkit import contract
+from launchkit.plan import make_plan, render_argv
+from launchkit.spec import Host, LaunchSpec
+
+
+def spec(**kw) -> LaunchSpec:
+    base = dict(num_workers=2, num_servers=2, command=("python", "train.py"))
+    base.update(kw)
+    return LaunchSpec(**base)
+
+
+def test_every_process_reads_back_what_the_launcher_set() -> None:
+    plan = make_plan(spec(interface="lo"), job_id="j1", secret="s3cret", root_uri="127.0.0.1", root_port=9091)
+    assert [t.role for t in plan.tasks] == ["scheduler", "server", "server", "worker", "worker"]
+    for t in plan.tasks:
+        node = contract.NodeEnv.from_environ(t.env)
+        assert node.role == t.role
+        assert node.role_rank == t.rank
+        assert node.task_id == t.task_id
+        assert node.local_rank == t.local_rank
+        assert (node.root_uri, node.root_port) == ("127.0.0.1", 9091)
+        assert (node.num_servers, node.num_workers) == (2, 2)
+        assert node.job_id == "j1" and node.secret == "s3cret"
+        assert node.interface == "lo" and node.cluster == "local"
+        assert node.node_host == "127.0.0.1"
+    assert sorted(t.task_id for t in plan.tasks) == list(range(5))
+    assert plan.tasks[0].task_id == 4  # the scheduler comes after servers and workers
+
+
+def test_env_flags_apply_per_role_and_cannot_replace_identity() -> None:
+    plan = make_plan(
+        spec(
+            env=(("A", "1"), ("LAUNCHKIT_JOB_SECRET", "x"), ("LAUNCHKIT_JOB_ID", "y")),
+            env_server=(("S", "srv"),),
+            env_worker=(("W", "a b $c 'd' \"e\" f=g:h"),),
+        ),
+        job_id="j",
+        secret="real",
+        root_uri="h",
+        root_port=1,
+    )
+    for t in plan.tasks:
+        assert t.env["A"] == "1"
+        assert t.env["LAUNCHKIT_JOB_SECRET"] == "real"
+        assert t.env["LAUNCHKIT_JOB_ID"] == "j"
+        assert ("S" in t.env) == (t.role == "server")
+        assert ("W" in t.env) == (t.role == "worker")
+    assert plan.by_role("worker")[0].env["W"] == "a b $c 'd' \"e\" f=g:h"
+
+
+def test_gpus_per_worker_slices_by_local_rank() -> None:
+    plan = make_plan(
+        spec(num_workers=3, num_servers=1, gpus_per_worker=2),
+        job_id="j",
+        secret="s",
+        root_uri="h",
+        root_port=1,
+    )
+    assert [t.env["CUDA_VISIBLE_DEVICES"] for t in plan.by_role("worker")] == ["0,1", "2,3", "4,5"]
+    assert plan.by_role("server")[0].env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_remote_backends_publish_the_host_and_run_in_sync_dir() -> None:
+    plan = make_plan(
+        spec(backend="ssh", hosts=(Host("10.0.0.1"), Host("10.0.0.2")), sync_dst_dir="/srv/job", cwd="/here"),
+        job_id="j",
+        secret="s",
+        root_uri="10.0.0.9",
+        root_port=1,
+    )
+    sched = plan.tasks[0]
+    assert sched.cwd == "/here" and sched.env["DMLC_NODE_HOST"] == "10.0.0.9"
+    assert {t.env["DMLC_NODE_HOST"] for t in plan.tasks[1:]} == {"10.0.0.1", "10.0.0.2"}
+    assert {t.cwd for t in plan.tasks[1:]} == {"/srv/job"}
+
+
+def test_merge_env_defaults() -> None:
+    assert contract.merge_env({}, {"X": "1"})["PYTHONUNBUFFERED"] == "1"
+    assert contract.merge_env({"PYTHONUNBUFFERED": "0"}, {})["PYTHONUNBUFFERED"] == "0"
+    assert contract.merge_env({}, {"PYTHONUNBUFFERED": ""})["PYTHONUNBUFFERED"] == ""
+
+
+def test_redact_hides_the_secret() -> None:
+    assert contract.redact({"LAUNCHKIT_JOB_SECRET": "s", "A": "b"}) == {
+        "LAUNCHKIT_JOB_SECRET": "<hidden>",
+        "A": "b",
+    }
+
+
+@pytest.mark.parametrize(
+    ("env", "msg"),
+    [
+        ({}, "DMLC_ROLE is not set"),
+        ({"DMLC_ROLE": "boss"}, "expected one of"),
+        (
+            {
+                "DMLC_ROLE": "worker",
+                "DMLC_PS_ROOT_URI": "h",
+                "DMLC_PS_ROOT_PORT": "x",
+                "DMLC_NUM_SERVER": "1",
+                "DMLC_NUM_WORKER": "1",
+            },
+            "DMLC_PS_ROOT_PORT='x': expected an integer",
+        ),
+    ],
+)
+def test_node_env_errors_name_the_variable(env: dict[str, str], msg: str) -> None:
+    with pytest.raises((KeyError, ValueError), match=msg):
+        contract.NodeEnv.from_environ(env)
+
+
+def test_render_argv() -> None:
+    assert render_argv(["python train.py --lr 0.1"]) == ("sh", "-c", "python train.py --lr 0.1")
+    assert render_argv(["python", "train.py", "a b"]) == ("python", "train.py", "a b")
+    assert render_argv(["hostname"]) == ("hostname",)

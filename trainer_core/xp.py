@@ -1,0 +1,47 @@
+"""The array module: numpy, or cupy on a GPU. The one place where arrays change device.
+
+Kernels are written once against the module returned by ``array_module(x)`` so the same
+code runs on numpy and on cupy. cupy is an optional extra (``pip install launchkit[gpu]``).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+try:  # optional: present only with the gpu extra
+    import cupy as _cupy  # type: ignore[import-not-found]
+except Exception:  # pragma: no cover - depends on the machine
+    _cupy = None
+
+
+def have_cupy() -> bool:
+    """True when cupy imported (a GPU build is installed)."""
+    return _cupy is not None
+
+
+def array_module(x: Any) -> ModuleType:
+    """numpy for host arrays, cupy for device arrays."""
+    if _cupy is not None and isinstance(x, _cupy.ndarray):
+        return _cupy
+    return np
+
+
+def is_device_array(x: Any) -> bool:
+    return _cupy is not None and isinstance(x, _cupy.ndarray)
+
+
+def to_host(x: Any) -> np.ndarray:
+    """A numpy view or copy of ``x`` (a device array is copied to host memory, once, here)."""
+    if is_device_array(x):
+        return _cupy.asnumpy(x)  # type: ignore[union-attr]
+    return np.asarray(x)
+
+
+def like(host: np.ndarray, template: Any) -> Any:
+    """``host`` moved to the device of ``template`` (numpy stays numpy)."""
+    if is_device_array(template):
+        return _cupy.asarray(host)  # type: ignore[union-attr]
+    return host
