@@ -104,5 +104,7 @@ def test_slot_rule_property(caps: list[int], ns: int, data) -> None:
         assert sum(1 for w in workers if w.host == h) <= (h.slots or 1)
     # filled in hostfile order: no host is used while an earlier one still has a free slot
     used = [sum(1 for w in workers if w.host == h) for h in hosts]
-    first_short = next((i for i, (u, h) in enumerate(zip(used, hosts, strict=False)) if u < (h.slots or 1)), len(hosts))
+    first_short = next(
+        (i for i, (u, h) in enumerate(zip(used, hosts, strict=False)) if u < (h.slots or 1)), len(hosts)
+    )
     assert all(u == 0 for u in used[first_short + 1 :])
