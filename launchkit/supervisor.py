@@ -26,6 +26,7 @@ from typing import IO, Any
 from launchkit import jobs, procscan, reaper
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.console import OutputWriter, Ui
+from launchkit.dashboard import Dashboard, DashboardState, LineSink, ProcRow
 from launchkit.spec import JobResult, Plan, Task, TaskResult
 
 TAIL_LINES = 20
@@ -67,11 +68,16 @@ class Supervisor:
         log_dir: str | None = None,
         grace: float = 5.0,
         record: jobs.JobRecord | None = None,
+        dashboard: Dashboard | None = None,
     ) -> None:
         self.plan = plan
         self.backend = backend
         self.ui = ui
-        self.writer = writer or OutputWriter()
+        self.dashboard = dashboard
+        self.writer: OutputWriter | LineSink = (
+            LineSink(dashboard) if dashboard else (writer or OutputWriter())
+        )
+        self._started = time.monotonic()
         self.log_dir = Path(log_dir) if log_dir else None
         self.grace = grace
         self.record = record
@@ -167,6 +173,8 @@ class Supervisor:
                 if kill_at is not None and time.monotonic() >= kill_at:
                     self._signal_all(signal.SIGKILL)
                     kill_at = float("inf")
+                if self.dashboard is not None and self.dashboard.due():
+                    self.dashboard.update(self.snapshot())
                 try:
                     index, code, ended = self._events.get(timeout=0.1)
                 except queue.Empty:
@@ -192,6 +200,8 @@ class Supervisor:
                 for t in run.readers:
                     t.join(timeout=2.0)
         finally:
+            if self.dashboard is not None:
+                self.dashboard.stop(self.snapshot())
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
             os.close(reaper_pipe)  # the reaper sweeps once more and exits
@@ -210,6 +220,43 @@ class Supervisor:
         )
         self._save_finished(result)
         return result
+
+    def snapshot(self, message: str = "") -> DashboardState:
+        """The job as the dashboard shows it (CPU and memory for local processes)."""
+        pids = {run.handle.pid for run in self._procs if run.handle and run.handle.pid and run.result is None}
+        usage = self.dashboard.cpu.sample(pids) if self.dashboard and self.plan.backend == "local" else {}
+        rows = []
+        for run in self._procs:
+            pid = run.handle.pid if run.handle else None
+            r = run.result
+            if r is None:
+                state, detail = ("running" if pid else "starting"), ""
+            else:
+                state = "ok" if r.ok else ("ended" if r.killed_by_launcher else "failed")
+                detail = "" if r.ok else (f"signal {r.signal}" if r.signal else f"exit {r.exit_code}")
+            cpu, rss = usage.get(pid, (None, None)) if pid else (None, None)
+            rows.append(
+                ProcRow(
+                    run.task.role,
+                    run.task.rank,
+                    str(run.task.host),
+                    pid,
+                    state,
+                    detail,
+                    cpu,
+                    rss,
+                    run.tail[-1] if run.tail else "",
+                )
+            )
+        return DashboardState(
+            job_id=self.plan.job_id,
+            name=self.plan.job_name,
+            backend=self.plan.backend,
+            elapsed=time.monotonic() - self._started,
+            rows=tuple(rows),
+            log=tuple(self.dashboard.log) if self.dashboard else (),
+            message=message,
+        )
 
     def _final(self, run: _Running) -> TaskResult:
         assert run.result is not None

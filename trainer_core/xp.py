@@ -6,15 +6,21 @@ code runs on numpy and on cupy. cupy is an optional extra (``pip install launchk
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-try:  # optional: present only with the gpu extra
-    import cupy as _cupy  # type: ignore[import-not-found]
-except Exception:  # pragma: no cover - depends on the machine
-    _cupy = None
+
+def _load_cupy() -> Any:
+    try:  # optional: present only with the gpu extra
+        return importlib.import_module("cupy")
+    except Exception:  # pragma: no cover - depends on the machine
+        return None
+
+
+_cupy: Any = _load_cupy()
 
 
 def have_cupy() -> bool:
@@ -36,12 +42,12 @@ def is_device_array(x: Any) -> bool:
 def to_host(x: Any) -> np.ndarray:
     """A numpy view or copy of ``x`` (a device array is copied to host memory, once, here)."""
     if is_device_array(x):
-        return _cupy.asnumpy(x)  # type: ignore[union-attr]
+        return _cupy.asnumpy(x)
     return np.asarray(x)
 
 
 def like(host: np.ndarray, template: Any) -> Any:
     """``host`` moved to the device of ``template`` (numpy stays numpy)."""
     if is_device_array(template):
-        return _cupy.asarray(host)  # type: ignore[union-attr]
+        return _cupy.asarray(host)
     return host

@@ -19,6 +19,7 @@ import typer
 from launchkit import backends, contract, jobs
 from launchkit.cli.app import get_app
 from launchkit.console import Ui
+from launchkit.dashboard import Dashboard
 from launchkit.errors import UsageError
 from launchkit.hostfile import read_hostfile
 from launchkit.netutil import PortReservation, fallback_address, interface_address, route_address
@@ -201,6 +202,7 @@ def register(app: typer.Typer) -> None:
         grace_period: float = typer.Option(
             5.0, "--grace-period", help="Seconds between SIGTERM and SIGKILL."
         ),
+        dashboard: bool = typer.Option(False, "--dashboard", help="Show a live dashboard of the job."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; start nothing."),
         as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as JSON."),
         command: list[str] = typer.Argument(None, metavar="COMMAND [ARGS]...", help="The command to run."),
@@ -237,7 +239,7 @@ def register(app: typer.Typer) -> None:
                 show_plan(ui, data)
             return
         backend = backends.get_backend(spec.backend)
-        raise typer.Exit(run_job(spec, backend, root_uri, ui))
+        raise typer.Exit(run_job(spec, backend, root_uri, ui, dashboard=dashboard))
 
 
 def _describer(name: str) -> backends.Backend:
@@ -247,7 +249,15 @@ def _describer(name: str) -> backends.Backend:
         return backends.Backend()
 
 
-def run_job(spec: LaunchSpec, backend: backends.Backend, root_uri: str, ui: Ui) -> int:
+def run_job(
+    spec: LaunchSpec, backend: backends.Backend, root_uri: str, ui: Ui, *, dashboard: bool = False
+) -> int:
+    board: Dashboard | None = None
+    if dashboard:
+        if ui.out.is_terminal:
+            board = Dashboard(ui.out)
+        else:
+            ui.warn("--dashboard needs a terminal; showing the plain merged output instead")
     reservation = None if spec.scheduler_port else PortReservation(root_uri)
     try:
         port = spec.scheduler_port or (reservation.port if reservation else 0)
@@ -270,7 +280,7 @@ def run_job(spec: LaunchSpec, backend: backends.Backend, root_uri: str, ui: Ui) 
             f"{spec.num_workers} workers on {plan.backend}; scheduler {root_uri}:{port}"
         )
         result = Supervisor(
-            plan, backend, ui, log_dir=spec.log_dir, grace=spec.grace_period, record=record
+            plan, backend, ui, log_dir=spec.log_dir, grace=spec.grace_period, record=record, dashboard=board
         ).run()
     finally:
         if reservation is not None:
