@@ -63,6 +63,7 @@ class JobRecord:
     exit_code: int | None = None
     log_dir: str | None = None
     processes: tuple[ProcessRecord, ...] = field(default_factory=tuple)
+    remote: dict[str, Any] | None = None  # how to reach the hosts again (ssh options; no secrets)
 
     def launcher_alive(self) -> bool:
         start = process_start_time(self.launcher_pid)

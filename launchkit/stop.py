@@ -3,19 +3,34 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import time
 from dataclasses import dataclass
 
-from launchkit import jobs, procscan
+from launchkit import jobs, procscan, remotecmd
+from launchkit.hostfile import parse_host
+from launchkit.remotecmd import HostResult
+from launchkit.spec import Host
+from launchkit.sshconn import SshOptions
 
 
 @dataclass(frozen=True)
 class StopResult:
     job_id: str
-    ended: int  # processes of the job that were running and are gone now
+    ended: int  # processes of the job on this machine that were running and are gone now
     launcher_stopped: bool
+    hosts: tuple[HostResult, ...] = ()  # per remote host: processes ended there, or the error
+
+
+def remote_hosts(record: jobs.JobRecord) -> tuple[list[Host], SshOptions] | None:
+    info = record.remote or {}
+    if not info.get("hosts"):
+        return None
+    known = {f.name for f in dataclasses.fields(SshOptions)}
+    opts = SshOptions(**{k: v for k, v in info.get("ssh", {}).items() if k in known})
+    return [parse_host(h.split()[0]) for h in info["hosts"]], opts
 
 
 def _stop_launcher(record: jobs.JobRecord, grace: float) -> bool:
@@ -43,7 +58,11 @@ def stop_job(job_id: str, grace: float = 3.0) -> StopResult:
         if fresh.state == "running" or (stopped and fresh.state == "interrupted"):
             jobs.finish(fresh, "killed", fresh.exit_code)
     ended = sum(1 for pid in running if not procscan.alive(pid))
-    return StopResult(job_id, ended, stopped)
+    remote: tuple[HostResult, ...] = ()
+    where = remote_hosts(record) if record is not None else None
+    if where is not None:
+        remote = tuple(remotecmd.sweep(where[0], where[1], job_id, grace))
+    return StopResult(job_id, ended, stopped, remote)
 
 
 def active_job_ids() -> list[str]:

@@ -4,6 +4,8 @@ imported only when used, so a backend's heavy dependency (paramiko, ...) loads l
 from __future__ import annotations
 
 import importlib
+import inspect
+from typing import Any
 
 from launchkit.backends.base import Backend
 from launchkit.errors import NotImplementedBackend, UsageError
@@ -11,7 +13,7 @@ from launchkit.errors import NotImplementedBackend, UsageError
 # name -> "module:Class", or None while the backend is not available in this version.
 REGISTRY: dict[str, str | None] = {
     "local": "launchkit.backends.local:LocalBackend",
-    "ssh": None,
+    "ssh": "launchkit.backends.ssh:SshBackend",
     "mpi": None,
     "sge": None,
     "slurm": None,
@@ -23,7 +25,9 @@ def names() -> list[str]:
     return list(REGISTRY)
 
 
-def get_backend(name: str) -> Backend:
+def get_backend(name: str, **options: Any) -> Backend:
+    """An instance of the backend ``name``; ``options`` go to its constructor (backends that
+    take none ignore them)."""
     if name not in REGISTRY:
         raise UsageError(f"unknown launcher {name!r}: expected one of {', '.join(REGISTRY)}")
     target = REGISTRY[name]
@@ -33,5 +37,7 @@ def get_backend(name: str) -> Backend:
             "use --launcher local, or --dry-run to see the plan"
         )
     module, _, cls = target.partition(":")
-    backend: Backend = getattr(importlib.import_module(module), cls)()
+    factory = getattr(importlib.import_module(module), cls)
+    params = inspect.signature(factory).parameters
+    backend: Backend = factory(**{k: v for k, v in options.items() if k in params})
     return backend

@@ -3,9 +3,9 @@ a backend only fills in a few hooks: prepare the hosts, start one process, close
 
 from __future__ import annotations
 
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
-from launchkit.spec import Plan, Task
+from launchkit.spec import LaunchSpec, Plan, Task
 
 
 class ProcessHandle(Protocol):
@@ -34,12 +34,21 @@ class Backend:
         """The command line that would start ``task`` (for ``--dry-run``); default: its argv."""
         return list(task.argv)
 
+    def connect(self, spec: LaunchSpec) -> str | None:
+        """Contact the hosts before planning (fail fast). Returns the local address through
+        which they are reached, if the backend knows it."""
+        return None
+
     def prepare(self, plan: Plan) -> None:
         """Check hosts, sync code, open connections. Raise LaunchkitError to stop the launch."""
 
     def start(self, task: Task) -> ProcessHandle:
         """Start one process; raise OSError when the command cannot be started."""
         raise NotImplementedError
+
+    def record_info(self) -> dict[str, Any] | None:
+        """What ``launchkit kill`` needs later to reach this job's hosts (stored in the job record)."""
+        return None
 
     def close(self) -> None:
         """Release connections (after every process has ended)."""

@@ -1,21 +1,42 @@
-"""``launchkit kill``: end a job's processes, found by the job id in their environment."""
+"""``launchkit kill``: end a job's processes, found by the job id in their environment, on this
+machine and on every host of the job (never by a name pattern)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
-from launchkit import jobs
+from launchkit import jobs, remotecmd
 from launchkit.cli.app import get_app
+from launchkit.console import Ui
 from launchkit.errors import UsageError
+from launchkit.hostfile import read_hostfile
+from launchkit.remotecmd import HostResult
+from launchkit.sshconn import SshOptions
 from launchkit.stop import active_job_ids, stop_job
 
 
+def _report_hosts(ui: Ui, results: tuple[HostResult, ...] | list[HostResult]) -> bool:
+    """Print one line per host; True when every host was reached."""
+    for r in results:
+        if r.ok:
+            ui.text(f"  {r.host}: ended {r.data.get('ended', 0)} process(es)")
+        else:
+            ui.error(f"{r.host}: unreachable: {r.error}")
+    return all(r.ok for r in results)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command(help="End every process of a job (by job id), or of every job of this user with --all.")
+    @app.command(help="End every process of a job (by job id) on every host, or of every job with --all.")
     def kill(
         ctx: typer.Context,
         job_id: str = typer.Argument(None, help="The job id (see launchkit ps)."),
         kill_all: bool = typer.Option(False, "--all", help="Every launchkit job of this user."),
+        hostfile: Path = typer.Option(None, "-H", "--hostfile", help="With --all: also on these hosts."),
+        identity: str = typer.Option(None, "-i", "--identity", help="ssh private key file."),
+        ssh_port: int = typer.Option(None, "--ssh-port", help="ssh port for hosts that do not name one."),
+        known_hosts: str = typer.Option(None, "--known-hosts", help="Known-hosts file."),
         grace: float = typer.Option(3.0, "--grace-period", help="Seconds between SIGTERM and SIGKILL."),
     ) -> None:
         ui = get_app(ctx).ui
@@ -23,16 +44,27 @@ def register(app: typer.Typer) -> None:
             raise UsageError("give a JOB_ID or --all (not both)")
         if job_id and not jobs.JOB_ID_RE.match(job_id):
             raise UsageError(f"{job_id!r} is not a job id (see launchkit ps)")
-        ids = active_job_ids() if kill_all else [job_id]
-        if kill_all and not ids:
-            ui.text("no running launchkit jobs")
-            return
-        total = 0
-        for jid in ids:
-            if not kill_all and jobs.load(jid) is None and not active_job_ids().count(jid):
-                raise UsageError(f"no job {jid!r} here (see launchkit ps --all)")
-            res = stop_job(jid, grace)
-            total += res.ended
-            ui.text(f"{jid}: ended {res.ended} process(es)")
-        if kill_all:
-            ui.text(f"ended {total} process(es) in {len(ids)} job(s)")
+        if hostfile and not kill_all:
+            raise UsageError("-H goes with --all (a job's own hosts are in its record)")
+        reached = True
+        if job_id:
+            if jobs.load(job_id) is None and job_id not in active_job_ids():
+                raise UsageError(f"no job {job_id!r} here (see launchkit ps --all)")
+            res = stop_job(job_id, grace)
+            ui.text(f"{job_id}: ended {res.ended} process(es) here")
+            reached = _report_hosts(ui, res.hosts)
+        else:
+            ids = active_job_ids()
+            total = 0
+            for jid in ids:
+                res = stop_job(jid, grace)
+                total += res.ended
+                ui.text(f"{jid}: ended {res.ended} process(es)")
+                reached = _report_hosts(ui, res.hosts) and reached
+            ui.text(f"ended {total} process(es) in {len(ids)} job(s) here")
+            if hostfile:
+                opts = SshOptions(port=ssh_port, identity=identity, known_hosts=known_hosts)
+                results = remotecmd.sweep(read_hostfile(hostfile), opts, None, grace)
+                reached = _report_hosts(ui, results) and reached
+        if not reached:
+            raise typer.Exit(1)

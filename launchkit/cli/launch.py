@@ -26,6 +26,7 @@ from launchkit.netutil import PortReservation, fallback_address, interface_addre
 from launchkit.placement import assign_hosts
 from launchkit.plan import make_plan, new_job_id, new_secret
 from launchkit.spec import LOCALHOST, JobResult, LaunchSpec, Plan
+from launchkit.sshconn import SshOptions
 from launchkit.supervisor import Supervisor
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -48,14 +49,16 @@ def parse_env_items(items: list[str], flag: str, environ: dict[str, str]) -> tup
     return tuple(pairs)
 
 
-def scheduler_address(spec: LaunchSpec) -> str:
+def scheduler_address(spec: LaunchSpec, reached_from: str | None = None) -> str:
+    """--scheduler-ip, else the interface's address, else loopback (local), else the local
+    address through which the hosts were reached, else the route to the first host."""
     if spec.scheduler_ip:
         return spec.scheduler_ip
     if spec.interface:
         return interface_address(spec.interface)
     if spec.backend == "local":
         return "127.0.0.1"
-    return route_address(spec.hosts[0].name) or fallback_address()
+    return reached_from or route_address(spec.hosts[0].name) or fallback_address()
 
 
 def build_spec(
@@ -202,6 +205,21 @@ def register(app: typer.Typer) -> None:
         grace_period: float = typer.Option(
             5.0, "--grace-period", help="Seconds between SIGTERM and SIGKILL."
         ),
+        ssh_port: int = typer.Option(None, "--ssh-port", help="ssh port for hosts that do not name one."),
+        identity: str = typer.Option(None, "-i", "--identity", help="ssh private key file."),
+        known_hosts: str = typer.Option(
+            None, "--known-hosts", help="Known-hosts file (default ~/.ssh/known_hosts)."
+        ),
+        strict_host_keys: bool = typer.Option(
+            False, "--strict-host-keys", help="Refuse hosts not in known_hosts."
+        ),
+        sync_exclude: list[str] = typer.Option(
+            [], "--sync-exclude", help="rsync exclude pattern (repeatable)."
+        ),
+        heartbeat_timeout: float = typer.Option(
+            10.0, "--heartbeat-timeout", help="Seconds of silence that end a host."
+        ),
+        connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to reach each host."),
         dashboard: bool = typer.Option(False, "--dashboard", help="Show a live dashboard of the job."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; start nothing."),
         as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as JSON."),
@@ -227,8 +245,8 @@ def register(app: typer.Typer) -> None:
             command=command or [],
             ui=ui,
         )
-        root_uri = scheduler_address(spec)
         if dry_run:
+            root_uri = scheduler_address(spec)
             plan = make_plan(
                 spec, job_id=new_job_id(), secret="", root_uri=root_uri, root_port=spec.scheduler_port or 0
             )
@@ -238,8 +256,23 @@ def register(app: typer.Typer) -> None:
             else:
                 show_plan(ui, data)
             return
-        backend = backends.get_backend(spec.backend)
-        raise typer.Exit(run_job(spec, backend, root_uri, ui, dashboard=dashboard))
+        if heartbeat_timeout <= 0 or connect_timeout <= 0:
+            raise UsageError("--heartbeat-timeout and --connect-timeout must be more than 0")
+        backend = backends.get_backend(
+            spec.backend,
+            options=SshOptions(
+                port=ssh_port,
+                identity=identity,
+                known_hosts=known_hosts,
+                strict_host_keys=strict_host_keys,
+                connect_timeout=connect_timeout,
+            ),
+            heartbeat_timeout=heartbeat_timeout,
+            heartbeat_interval=min(1.0, heartbeat_timeout / 3),
+            sync_excludes=sync_exclude,
+            console=ui.err,
+        )
+        raise typer.Exit(run_job(spec, backend, ui, dashboard=dashboard))
 
 
 def _describer(name: str) -> backends.Backend:
@@ -249,20 +282,24 @@ def _describer(name: str) -> backends.Backend:
         return backends.Backend()
 
 
-def run_job(
-    spec: LaunchSpec, backend: backends.Backend, root_uri: str, ui: Ui, *, dashboard: bool = False
-) -> int:
+def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: bool = False) -> int:
     board: Dashboard | None = None
     if dashboard:
         if ui.out.is_terminal:
             board = Dashboard(ui.out)
         else:
             ui.warn("--dashboard needs a terminal; showing the plain merged output instead")
+    reached = backend.connect(spec)
+    root_uri = scheduler_address(spec, reached)
     reservation = None if spec.scheduler_port else PortReservation(root_uri)
     try:
         port = spec.scheduler_port or (reservation.port if reservation else 0)
         plan = make_plan(spec, job_id=new_job_id(), secret=new_secret(), root_uri=root_uri, root_port=port)
-        backend.prepare(plan)
+        try:
+            backend.prepare(plan)
+        except BaseException:
+            backend.close()
+            raise
         record = jobs.JobRecord(
             id=plan.job_id,
             name=plan.job_name,
@@ -274,6 +311,7 @@ def run_job(
             launcher_start=jobs.process_start_time(os.getpid()),
             started_at=time.time(),
             log_dir=spec.log_dir,
+            remote=backend.record_info(),
         )
         ui.info(
             f"job {plan.job_id} ({plan.job_name}): 1 scheduler, {spec.num_servers} servers, "

@@ -1,0 +1,156 @@
+"""The ssh backend: one connection and one watchdog per host, contacted in parallel.
+
+The scheduler runs on this machine (as with every backend); servers and workers run on the
+hosts under ``launchkit.remote``, which the launcher sends over the connection. See docs/ssh.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from launchkit.agent import HostAgent, RemoteProcess
+from launchkit.backends.base import Backend, ProcessHandle
+from launchkit.backends.local import LocalBackend
+from launchkit.errors import BackendError
+from launchkit.hostfile import format_host
+from launchkit.placement import machine_key
+from launchkit.spec import Host, LaunchSpec, Plan, Task
+from launchkit.sshconn import SshOptions, connect
+from launchkit.sync import source_dir, sync_all
+
+MAX_PARALLEL = 32
+
+
+def host_key(host: Host) -> tuple[str, int | None, str | None]:
+    return (*machine_key(host), host.user)
+
+
+def unique_hosts(hosts: Sequence[Host]) -> list[Host]:
+    seen: dict[tuple[str, int | None, str | None], Host] = {}
+    for h in hosts:
+        seen.setdefault(host_key(h), h)
+    return list(seen.values())
+
+
+def connect_all(hosts: Sequence[Host], opts: SshOptions) -> tuple[dict[Host, Any], dict[Host, str]]:
+    """Connect to every host in parallel (bounded). Returns clients and per-host errors."""
+    clients: dict[Host, Any] = {}
+    errors: dict[Host, str] = {}
+
+    def one(h: Host) -> None:
+        try:
+            clients[h] = connect(h, opts)
+        except BackendError as exc:
+            errors[h] = exc.message.removeprefix("ssh: ")
+
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(hosts)))) as pool:
+        list(pool.map(one, hosts))
+    return clients, errors
+
+
+class SshBackend(Backend):
+    name = "ssh"
+
+    def __init__(
+        self,
+        options: SshOptions | None = None,
+        *,
+        heartbeat_interval: float = 1.0,
+        heartbeat_timeout: float = 10.0,
+        sync_excludes: Sequence[str] = (),
+        console: Any = None,
+    ) -> None:
+        self.options = options or SshOptions()
+        self.hb_interval = heartbeat_interval
+        self.hb_timeout = heartbeat_timeout
+        self.sync_excludes = tuple(sync_excludes)
+        self.console = console
+        self.local = LocalBackend()
+        self.clients: dict[tuple[str, int | None, str | None], Any] = {}
+        self.agents: dict[tuple[str, int | None, str | None], HostAgent] = {}
+        self.spec: LaunchSpec | None = None
+
+    def connect(self, spec: LaunchSpec) -> str | None:
+        """Contact every host first (fail fast, naming the unreachable ones); returns the local
+        address through which the first host is reached."""
+        self.spec = spec
+        hosts = unique_hosts(spec.hosts)
+        clients, errors = connect_all(hosts, self.options)
+        if errors:
+            for c in clients.values():
+                with contextlib.suppress(Exception):
+                    c.close()
+            detail = "; ".join(errors[h] for h in hosts if h in errors)
+            raise BackendError(
+                "ssh", f"{len(errors)} of {len(hosts)} host(s) unreachable, nothing started: {detail}"
+            )
+        self.clients = {host_key(h): clients[h] for h in hosts}
+        first = clients[hosts[0]].get_transport()
+        with contextlib.suppress(Exception):
+            return str(first.sock.getsockname()[0])
+        return None
+
+    def prepare(self, plan: Plan) -> None:
+        assert self.spec is not None, "connect() first"
+        hosts = unique_hosts(self.spec.hosts)
+        if self.spec.sync_dst_dir:
+            from rich.console import Console
+
+            sync_all(hosts, source_dir(), self.spec.sync_dst_dir, self.options, self.sync_excludes,
+                     self.console or Console(stderr=True))  # fmt: skip
+        agents = {
+            host_key(h): HostAgent(
+                h,
+                self.clients[host_key(h)],
+                plan.job_id,
+                hb_interval=self.hb_interval,
+                hb_timeout=self.hb_timeout,
+                grace=self.spec.grace_period,
+                interface=self.spec.interface,
+            )
+            for h in hosts
+        }
+        errors: dict[Host, str] = {}
+
+        def start(agent: HostAgent) -> None:
+            try:
+                agent.start(self.options.connect_timeout)
+            except BackendError as exc:
+                errors[agent.host] = exc.message.removeprefix("ssh: ")
+            except Exception as exc:
+                errors[agent.host] = f"{agent.host}: {exc}"
+
+        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(agents))) as pool:
+            list(pool.map(start, agents.values()))
+        self.agents = agents
+        if errors:
+            self.close()
+            raise BackendError(
+                "ssh", f"could not start on {len(errors)} host(s): {'; '.join(errors.values())}"
+            )
+
+    def record_info(self) -> dict[str, Any] | None:
+        hosts = unique_hosts(self.spec.hosts) if self.spec else []
+        return {"hosts": [format_host(h) for h in hosts], "ssh": dataclasses.asdict(self.options)}
+
+    def start(self, task: Task) -> ProcessHandle:
+        if task.role == "scheduler":
+            return self.local.start(task)
+        proc: RemoteProcess = self.agents[host_key(task.host)].spawn(task.task_id, task)
+        return proc
+
+    def close(self) -> None:
+        agents = list(self.agents.values())
+        if agents:
+            timeout = (self.spec.grace_period if self.spec else 5.0) + 5.0
+            with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(agents))) as pool:
+                list(pool.map(lambda a: a.close(timeout), agents))
+        for c in self.clients.values():
+            with contextlib.suppress(Exception):
+                c.close()
+        self.agents = {}
+        self.clients = {}

@@ -1,0 +1,225 @@
+"""The watchdog that runs a job's processes on one remote host.
+
+The launcher sends this module (with ``launchkit.procscan``) over its ssh connection and runs
+it with the host's ``python3``: nothing is installed on the host. It speaks JSON lines over
+the ssh channel (see docs/ssh.md, "watchdog protocol"): the launcher sends ``hello``, then
+``spawn``, ``signal``, ``hb`` (heartbeat) and ``shutdown``; the watchdog answers ``ready``,
+``started``, ``error``, ``out``/``eof`` (output, base64), ``exit``, ``hb`` and ``bye``.
+
+Every process runs in its own session; the environment arrives in the ``spawn`` message, so
+it never shows on a command line and needs no ``AcceptEnv`` from sshd. The watchdog ends all of
+them (SIGTERM, grace, SIGKILL, then a sweep by job id for grandchildren) when its channel
+closes, when the launcher's heartbeats stop (a cut link closes nothing), when told to, or when
+the job's deadline passes. Standard library only.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from launchkit.procscan import remove_shm, sweep_job
+
+
+def interface_address(name: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def reached_address() -> str | None:
+    """The address this host was reached at (the server side of the ssh connection)."""
+    parts = os.environ.get("SSH_CONNECTION", "").split()
+    return parts[2] if len(parts) == 4 else None
+
+
+class Watchdog:
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.lock = threading.Lock()
+        self.children: dict[int, subprocess.Popen[bytes]] = {}
+        self.last_heard = time.monotonic()
+        self.job_id = ""
+        self.hb_interval = 1.0
+        self.hb_timeout = 10.0
+        self.grace = 3.0
+        self.deadline: float | None = None
+        self.node_host: str | None = None
+        self.stopping = threading.Event()
+
+    # -- output to the launcher -------------------------------------------------------------
+    def send(self, msg: dict[str, Any]) -> None:
+        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+        with self.lock:
+            try:
+                self.out.write(data)
+                self.out.flush()
+            except (OSError, ValueError):
+                self.stopping.set()
+
+    # -- children ---------------------------------------------------------------------------
+    def _pump(self, ident: int, stream: IO[bytes], name: str) -> None:
+        fd = stream.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            self.send({"ev": "out", "id": ident, "s": name, "d": base64.b64encode(chunk).decode()})
+        self.send({"ev": "eof", "id": ident, "s": name})
+
+    def _wait(self, ident: int, proc: subprocess.Popen[bytes]) -> None:
+        rc = proc.wait()
+        self.send({"ev": "exit", "id": ident, "rc": rc})
+
+    def spawn(self, msg: dict[str, Any]) -> None:
+        ident = int(msg["id"])
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update({str(k): str(v) for k, v in msg.get("env", {}).items()})
+        if msg.get("node_host") and self.node_host:
+            env["DMLC_NODE_HOST"] = self.node_host
+        try:
+            proc = subprocess.Popen(
+                [str(a) for a in msg["argv"]],
+                env=env,
+                cwd=msg.get("cwd") or None,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            self.send(
+                {
+                    "ev": "error",
+                    "id": ident,
+                    "code": code,
+                    "msg": f"{exc.strerror or exc}: {exc.filename or ''}",
+                }
+            )
+            return
+        self.children[ident] = proc
+        self.send({"ev": "started", "id": ident, "pid": proc.pid})
+        assert proc.stdout is not None and proc.stderr is not None
+        for stream, name in ((proc.stdout, "o"), (proc.stderr, "e")):
+            threading.Thread(target=self._pump, args=(ident, stream, name), daemon=True).start()
+        threading.Thread(target=self._wait, args=(ident, proc), daemon=True).start()
+
+    def signal(self, ident: int, sig: int) -> None:
+        proc = self.children.get(ident)
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def hello(self, msg: dict[str, Any]) -> None:
+        self.job_id = str(msg["job"])
+        self.hb_interval = float(msg.get("hb_interval", 1.0))
+        self.hb_timeout = float(msg.get("hb_timeout", 10.0))
+        self.grace = float(msg.get("grace", 3.0))
+        limit = msg.get("time_limit")
+        self.deadline = time.monotonic() + float(limit) if limit else None
+        iface = msg.get("interface")
+        self.node_host = (interface_address(iface) if iface else None) or reached_address()
+        self.send(
+            {
+                "ev": "ready",
+                "pid": os.getpid(),
+                "hostname": socket.gethostname(),
+                "node_host": self.node_host,
+                "python": sys.version.split()[0],
+            }
+        )
+
+    def reader(self, inp: IO[bytes]) -> None:
+        for line in iter(inp.readline, b""):
+            self.last_heard = time.monotonic()
+            try:
+                msg = json.loads(line)
+                op = msg.get("op")
+                if op == "hello":
+                    self.hello(msg)
+                elif op == "spawn":
+                    self.spawn(msg)
+                elif op == "signal":
+                    self.signal(int(msg["id"]), int(msg["sig"]))
+                elif op == "shutdown":
+                    break
+            except (ValueError, KeyError, TypeError) as exc:
+                self.send({"ev": "bad", "msg": f"{type(exc).__name__}: {exc}"})
+        self.stopping.set()
+
+    def heartbeats(self) -> None:
+        while not self.stopping.wait(self.hb_interval):
+            self.send({"ev": "hb"})
+            if time.monotonic() - self.last_heard > self.hb_timeout:
+                self.send({"ev": "lost", "msg": f"no heartbeat from the launcher for {self.hb_timeout:g}s"})
+                self.stopping.set()
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                self.send({"ev": "lost", "msg": "the job's time limit passed"})
+                self.stopping.set()
+
+    def teardown(self) -> int:
+        live = [p for p in self.children.values() if p.poll() is None]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGTERM)
+        end = time.monotonic() + self.grace
+        while time.monotonic() < end and any(p.poll() is None for p in live):
+            time.sleep(0.05)
+        for p in live:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
+        swept = sweep_job(self.job_id, self.grace) if self.job_id else 0
+        if self.job_id:
+            remove_shm(self.job_id)
+        return swept
+
+
+def main() -> None:
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    dog = Watchdog(sys.stdout.buffer)
+    threading.Thread(target=dog.reader, args=(sys.stdin.buffer,), daemon=True).start()
+    threading.Thread(target=dog.heartbeats, daemon=True).start()
+    dog.stopping.wait()
+    swept = dog.teardown()
+    dog.send({"ev": "bye", "swept": swept})
+    os._exit(0)
+
+
+# The command the launcher runs over ssh: it reads a JSON object {module name: source} from
+# stdin (a length line first), installs those modules, and runs main(). No file is written.
+BOOTSTRAP = (
+    "import sys,json,types\n"
+    "n=int(sys.stdin.buffer.readline())\n"
+    "mods=json.loads(sys.stdin.buffer.read(n))\n"
+    "sys.modules['launchkit']=types.ModuleType('launchkit')\n"
+    "for name,src in mods.items():\n"
+    "    m=types.ModuleType(name);m.__file__='<'+name+'>';sys.modules[name]=m\n"
+    "    exec(compile(src,'<'+name+'>','exec'),m.__dict__)\n"
+    "sys.modules['launchkit.remote'].main()\n"
+)
+
+if __name__ == "__main__":
+    main()
