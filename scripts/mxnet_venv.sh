@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create, once, the virtual environment with the real MXNet 1.9.1 (CPU wheel, with the
+# distributed KV store) used by the compatibility tests and the peer benchmarks, and print the
+# path of its python. MXNET_VENV overrides the location (default: .venv-mxnet in the repo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+V=${MXNET_VENV:-.venv-mxnet}
+exec 9>"$V.lock"
+flock 9
+if ! "$V/bin/python" -c "import mxnet" >/dev/null 2>&1; then
+    echo "[mxnet_venv] creating $V with mxnet==1.9.1 (about a minute)" >&2
+    python3 -m venv "$V" >&2
+    "$V/bin/python" -m pip install -q --upgrade pip >&2
+    "$V/bin/python" -m pip install -q "mxnet==1.9.1" "numpy<1.24" >&2
+fi
+echo "$(cd "$V" && pwd)/bin/python"
