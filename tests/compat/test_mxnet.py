@@ -73,7 +73,7 @@ def test_gluon_training_with_2bit_compression_on_kvstore(mxnet_python: str) -> N
 def test_failing_mxnet_worker_ends_the_job(mxnet_python: str, launchkit_home) -> None:
     res = run(["launch", "-n", "2", "-s", "1", "--launcher", "local", "--grace-period", "2", *MX_ENV, mxnet_python,
                str(PROGS / "mx_fail.py")], timeout=120)  # fmt: skip
-    assert res.returncode == 1, res.stderr[-3000:]
-    assert "worker 1 on localhost exited with code 1" in res.stderr
+    assert res.returncode == 3, res.stderr[-3000:]
+    assert "worker 1 on localhost exited with code 3" in res.stderr
     assert "worker crashed on purpose" in res.stderr
     assert pids_with_job(wait_for_job(launchkit_home)) == []
