@@ -1,0 +1,260 @@
+"""Optional compiled kernels (numba) for host arrays; the numpy kernels are the fallback.
+
+Installed with the ``fast`` extra (``pip install launchkit[fast]``). Each kernel here produces
+exactly the same bytes and residual as its numpy twin in the compressor module (tested), in one
+pass over memory instead of several. Kernels compile on first call and are cached on disk.
+The bit layouts are those of ``docs/wire.md`` (section "Compressed payloads").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+numba: Any
+try:  # optional dependency
+    import numba
+except ImportError:  # pragma: no cover - depends on the environment
+    numba = None
+
+
+def available() -> bool:
+    """True when numba imported."""
+    return numba is not None
+
+
+def _jit(fn: Any) -> Any:
+    if numba is None:  # pragma: no cover - depends on the environment
+        return fn
+    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
+
+
+@_jit
+def twobit_encode(g, r, t, out):
+    """2-bit: v = r + g; code 11 (+t, r = v - t) / 10 (-t, r = v + t) / 00 (0, r = v).
+
+    Four codes per byte, the first element in the two high bits; ``out`` is zero-padded.
+    ``t`` must be a scalar of the residual's dtype so comparisons match numpy's.
+    """
+    n = g.shape[0]
+    nfull = n // 4
+    for i in range(nfull):
+        b = 0
+        for j in range(4):
+            k = 4 * i + j
+            v = r[k] + g[k]
+            if v >= t:
+                b |= 3 << (6 - 2 * j)
+                v -= t
+            elif v <= -t:
+                b |= 2 << (6 - 2 * j)
+                v += t
+            r[k] = v
+        out[i] = b
+    for i in range(nfull, out.shape[0]):
+        b = 0
+        for j in range(4):
+            k = 4 * i + j
+            if k < n:
+                v = r[k] + g[k]
+                if v >= t:
+                    b |= 3 << (6 - 2 * j)
+                    v -= t
+                elif v <= -t:
+                    b |= 2 << (6 - 2 * j)
+                    v += t
+                r[k] = v
+        out[i] = b
+    return out
+
+
+@_jit
+def twobit_decode(p, t, out):
+    """Inverse of ``twobit_encode`` into ``out`` (n values); the unused code 01 reads as 0."""
+    n = out.shape[0]
+    pos = t
+    neg = -t
+    zero = t - t
+    nfull = n // 4
+    for i in range(nfull):
+        b = p[i]
+        for j in range(4):
+            c = (b >> (6 - 2 * j)) & 3
+            out[4 * i + j] = pos if c == 3 else (neg if c == 2 else zero)
+    for k in range(4 * nfull, n):
+        c = (p[k >> 2] >> (6 - 2 * (k & 3))) & 3
+        out[k] = pos if c == 3 else (neg if c == 2 else zero)
+    return out
+
+
+@_jit
+def onebit_encode(g, r, block, vals, bits):
+    """1-bit: per block, v = r + g; bit = v >= 0 (MSB first); ``vals[2b]``/``vals[2b+1]`` = float32
+    means of the negative / non-negative entries (0 if none), summed in float64 over four lanes
+    as in ``onebit.lane_sums``; r = v - reconstruction."""
+    n = g.shape[0]
+    for blk in range(vals.shape[0] // 2):
+        s = blk * block
+        e = min(s + block, n)
+        gg = g[s:e]
+        rr = r[s:e]
+        bb = bits[s >> 3 : (e + 7) >> 3]
+        m = e - s
+        # four interleaved running sums (lane j holds elements 4 i + j) joined as
+        # (l0 + l1) + (l2 + l3); branchless, since adding 0.0 leaves a sum unchanged
+        p0 = p1 = p2 = p3 = 0.0
+        n0 = n1 = n2 = n3 = 0.0
+        cp = 0
+        for i in range(m >> 2):
+            k = 4 * i
+            v0 = rr[k] + gg[k]
+            v1 = rr[k + 1] + gg[k + 1]
+            v2 = rr[k + 2] + gg[k + 2]
+            v3 = rr[k + 3] + gg[k + 3]
+            rr[k] = v0
+            rr[k + 1] = v1
+            rr[k + 2] = v2
+            rr[k + 3] = v3
+            b0 = v0 >= 0
+            b1 = v1 >= 0
+            b2 = v2 >= 0
+            b3 = v3 >= 0
+            p0 += np.float64(v0) if b0 else 0.0
+            p1 += np.float64(v1) if b1 else 0.0
+            p2 += np.float64(v2) if b2 else 0.0
+            p3 += np.float64(v3) if b3 else 0.0
+            n0 += 0.0 if b0 else np.float64(v0)
+            n1 += 0.0 if b1 else np.float64(v1)
+            n2 += 0.0 if b2 else np.float64(v2)
+            n3 += 0.0 if b3 else np.float64(v3)
+            cp += b0 + b1 + b2 + b3
+        for k in range(m & ~3, m):  # the tail: lanes 0, 1, 2 in order
+            v = rr[k] + gg[k]
+            rr[k] = v
+            x = np.float64(v)
+            bk = v >= 0
+            cp += bk
+            lane = k & 3
+            if lane == 0:
+                p0 += x if bk else 0.0
+                n0 += 0.0 if bk else x
+            elif lane == 1:
+                p1 += x if bk else 0.0
+                n1 += 0.0 if bk else x
+            else:
+                p2 += x if bk else 0.0
+                n2 += 0.0 if bk else x
+        sp = (p0 + p1) + (p2 + p3)
+        sn = (n0 + n1) + (n2 + n3)
+        cn = m - cp
+        hi = np.float32(sp / cp) if cp > 0 else np.float32(0.0)
+        lo = np.float32(sn / cn) if cn > 0 else np.float32(0.0)
+        vals[2 * blk] = lo
+        vals[2 * blk + 1] = hi
+        for i in range(m >> 3):
+            acc = 0
+            for j in range(8):
+                k = 8 * i + j
+                v = rr[k]
+                p = v >= 0
+                rr[k] = v - (hi if p else lo)
+                acc |= p << (7 - j)
+            bb[i] = acc
+        if m & 7:
+            acc = 0
+            for k in range(m & ~7, m):
+                v = rr[k]
+                p = v >= 0
+                rr[k] = v - (hi if p else lo)
+                acc |= p << (7 - (k & 7))
+            bb[m >> 3] = acc
+    return vals
+
+
+@_jit
+def onebit_decode(vals, bits, block, out):
+    """Inverse of ``onebit_encode`` into ``out`` (n values)."""
+    n = out.shape[0]
+    for blk in range(vals.shape[0] // 2):
+        s = blk * block
+        e = min(s + block, n)
+        oo = out[s:e]
+        bb = bits[s >> 3 : (e + 7) >> 3]
+        m = e - s
+        lo = vals[2 * blk]
+        hi = vals[2 * blk + 1]
+        for i in range(m >> 3):
+            b = bb[i]
+            for j in range(8):
+                oo[8 * i + j] = hi if (b >> (7 - j)) & 1 else lo
+        for k in range(m & ~7, m):
+            oo[k] = hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
+    return out
+
+
+@_jit
+def topk_encode(g, r, rbits, mask, k, shift, out):
+    """Top-k: r += g, then the ascending indices of the ``k`` largest ``|r|`` into ``out``: every
+    entry above the k-th largest magnitude, then the lowest-index entries equal to it.
+
+    ``rbits`` is ``r`` viewed as unsigned ints; ``rbits & mask`` (the sign bit cleared) orders
+    like the magnitudes. A radix select in two passes: a histogram of the top 15 magnitude bits
+    (``key >> shift``) finds the bucket of the k-th largest key; the second pass takes every index
+    of a higher bucket and collects that bucket's entries, whose sort gives the k-th key; the
+    taken ones of the bucket are then merged in index order. ``out`` needs room for k + 1."""
+    n = g.shape[0]
+    if k == 0:
+        for i in range(n):
+            r[i] += g[i]
+        return out
+    hist = np.zeros(1 << 15, np.int64)
+    for i in range(n):
+        r[i] += g[i]
+        hist[(rbits[i] & mask) >> shift] += 1
+    above = 0  # keys in buckets above the k-th key's bucket
+    b = (1 << 15) - 1
+    while above + hist[b] < k:
+        above += hist[b]
+        b -= 1
+    # branchless: each list has room for one index past its end
+    high = np.empty(above + 1, np.int64)
+    cidx = np.empty(hist[b] + 1, np.int64)
+    nh = 0
+    nc = 0
+    for i in range(n):
+        bucket = (rbits[i] & mask) >> shift
+        high[nh] = i
+        nh += bucket > b
+        cidx[nc] = i
+        nc += bucket == b
+    ckeys = np.empty(nc, rbits.dtype)
+    for j in range(nc):
+        ckeys[j] = rbits[cidx[j]] & mask
+    t = np.sort(ckeys)[nc - (k - above)]  # the k-th largest key
+    eq = k - above  # how many keys equal to t are taken
+    for j in range(nc):
+        if ckeys[j] > t:
+            eq -= 1
+    # merge the high-bucket indices with the taken bucket entries, both ascending
+    o = 0
+    h = 0
+    for j in range(nc):
+        x = ckeys[j]
+        take = x > t
+        if x == t and eq > 0:
+            take = True
+            eq -= 1
+        if take:
+            c = cidx[j]
+            while h < nh and high[h] < c:
+                out[o] = high[h]
+                o += 1
+                h += 1
+            out[o] = c
+            o += 1
+    while h < nh:
+        out[o] = high[h]
+        o += 1
+        h += 1
+    return out

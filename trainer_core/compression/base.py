@@ -1,0 +1,170 @@
+"""The compressor base class: one object per key, holding that key's error-feedback residual.
+
+A compressor turns a gradient into a packed payload (a 1-D ``uint8`` array, bytes-like on the host)
+plus a small metadata dict of plain ints, floats and strings, and back. The base class owns the
+orchestration (dtype checks, flattening, the residual, the byte count); a subclass fills in two
+hooks that work on flat arrays:
+
+* ``_encode(xp, g, r, dtype)``: ``g`` is the flat gradient, ``r`` the flat residual buffer in the
+  work dtype; the hook forms ``v = g + r``, returns ``(payload, meta)`` and leaves in ``r`` exactly
+  what the payload did not carry (the new residual). Kernels fuse the add with the quantizer.
+* ``_decode(xp, buf, meta, n, dtype, out)``: rebuild ``n`` values of ``dtype`` from the payload
+  (into the flat ``out`` when given and the kernel can).
+
+Invariant (tested): ``decode(encode(g)) + new_residual == g + old_residual`` to float tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..xp import array_module, is_device_array
+
+#: Gradient dtypes a compressor accepts.
+SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+KERNELS = ("auto", "numpy", "numba")
+
+
+def work_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype the residual is kept in: float64 for float64 gradients, float32 otherwise."""
+    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+
+
+def check_dtype(dtype: Any) -> np.dtype:
+    """``dtype`` as a numpy dtype, or TypeError when it is not a supported float type."""
+    dt = np.dtype(dtype)
+    if dt not in SUPPORTED_DTYPES:
+        raise TypeError(f"gradient compression supports float16/32/64, not {dt}")
+    return dt
+
+
+def as_payload(payload: Any) -> Any:
+    """A 1-D uint8 view of a payload given as an array, bytes, bytearray or memoryview."""
+    if is_device_array(payload):
+        return payload.reshape(-1).view(np.uint8)
+    arr = payload if isinstance(payload, np.ndarray) else np.frombuffer(payload, dtype=np.uint8)
+    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+
+
+class Compressor:
+    """Base class. Subclasses set ``name`` and implement ``_encode``, ``_decode`` and ``wire_bytes``."""
+
+    name: ClassVar[str] = ""
+    #: Parameter names accepted by ``get_compressor`` besides ``type`` and ``kernel``.
+    param_names: ClassVar[tuple[str, ...]] = ()
+    #: False for compressors that lose nothing and so keep no residual.
+    stateful: ClassVar[bool] = True
+
+    def __init__(self, kernel: str = "auto") -> None:
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, not {kernel!r}")
+        if kernel == "numba":
+            from . import _fast
+
+            if not _fast.available():
+                raise ValueError(
+                    "kernel 'numba' asked for but numba is not installed (pip install launchkit[fast])"
+                )
+        self.kernel = kernel
+        self.residual: Any = None
+        #: payload bytes of the last ``encode`` (metadata not counted).
+        self.last_wire_bytes = 0
+
+    # -- public API -------------------------------------------------------------------------
+    def params(self) -> dict[str, Any]:
+        """The MXNet-style params dict that rebuilds this compressor with ``get_compressor``."""
+        return {"type": self.name, **{k: getattr(self, k) for k in self.param_names}}
+
+    def wire_bytes(self, size: int, dtype: Any = np.float32, shape: Any = None) -> int:
+        """Payload bytes for a gradient of ``size`` elements of ``dtype`` (and ``shape``, which only
+        ``powersgd`` needs)."""
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget the residual (the next encode starts from zero error)."""
+        self.residual = None
+
+    def load_residual(self, residual: Any) -> None:
+        """Set the residual (a flat array in the work dtype), e.g. when resuming from a checkpoint."""
+        self.residual = residual.reshape(-1).copy()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The per-key state to checkpoint, as named arrays (empty before the first encode)."""
+        return {} if self.residual is None else {"residual": self.residual.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned; the next encode continues where it stopped."""
+        self.reset()
+        if "residual" in state:
+            self.load_residual(state["residual"])
+
+    def encode(self, grad: Any) -> tuple[Any, dict[str, Any]]:
+        """Compress ``grad`` (with the residual added in), keep what was lost as the new residual."""
+        xp = array_module(grad)
+        dtype = check_dtype(grad.dtype)
+        flat = xp.ascontiguousarray(grad).reshape(-1)
+        wdt = work_dtype(dtype)
+        if not self.stateful:
+            payload, meta = self._encode(xp, flat, None, dtype)
+            self.last_wire_bytes = int(payload.nbytes)
+            return payload, {"type": self.name, **meta}
+        res = self.residual
+        if res is None:
+            res = self.residual = xp.zeros(flat.size, dtype=wdt)
+        elif res.size != flat.size or res.dtype != wdt or array_module(res) is not xp:
+            raise ValueError(
+                f"{self.name}: gradient of {flat.size} x {dtype} does not match the residual of "
+                f"{res.size} x {res.dtype}; use one compressor per key (or reset())"
+            )
+        payload, meta = self._encode(xp, flat, res, dtype)
+        self.last_wire_bytes = int(payload.nbytes)
+        return payload, {"type": self.name, **meta}
+
+    def decode(self, payload: Any, meta: dict[str, Any], shape: Any, dtype: Any, out: Any = None) -> Any:
+        """Rebuild an array of ``shape`` and ``dtype`` from ``payload`` and ``meta``.
+
+        ``out``, if given, is a C-contiguous array of that size and dtype (on the payload's device)
+        that receives the values and is returned.
+        """
+        if meta.get("type") != self.name:
+            raise ValueError(f"{self.name} cannot decode a payload of type {meta.get('type')!r}")
+        dt = check_dtype(dtype)
+        shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+        n = math.prod(shape)
+        buf = as_payload(payload)
+        xp = array_module(buf)
+        flat = None
+        if out is not None:
+            if out.size != n or out.dtype != dt or not out.flags.c_contiguous:
+                raise ValueError(f"out must be a C-contiguous {dt} array of {n} values")
+            flat = out.reshape(-1)
+        result = self._decode(xp, buf, meta, n, dt, flat)
+        if flat is None:
+            return result.reshape(shape)
+        if result is not flat:
+            flat[...] = result
+        return out.reshape(shape)
+
+    # -- hooks ------------------------------------------------------------------------------
+    def use_fast(self, x: Any, dtype: np.dtype) -> bool:
+        """True when the numba kernel should run: host arrays of float32/float64 with numba present."""
+        if self.kernel == "numpy" or is_device_array(x) or dtype == np.float16:
+            return False
+        from . import _fast
+
+        return _fast.available()
+
+    def _encode(self, xp: Any, g: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
+        raise NotImplementedError
+
+    def _decode(self, xp: Any, buf: Any, meta: dict[str, Any], n: int, dtype: np.dtype, out: Any) -> Any:
+        """Return the n values; a kernel may write them straight into ``out`` when it is not None."""
+        raise NotImplementedError
+
+
+def param_error(name: str, key: str, value: Any, want: str) -> ValueError:
+    return ValueError(f"compression {name!r}: parameter {key!r} must be {want}, got {value!r}")
