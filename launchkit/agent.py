@@ -212,8 +212,8 @@ class HostAgent:
         if self.lost is None:
             self.lost = why
         for proc in self.procs.values():
+            proc.finish(LOST_EXIT, why)  # writes the reason into its stderr first
             proc.close_all()
-            proc.finish(LOST_EXIT, why)
 
     # -- end --------------------------------------------------------------------------------
     def close(self, timeout: float) -> None:

@@ -50,10 +50,22 @@ def job_ids_of(pid: int) -> set[str]:
     }
 
 
+def _pid_namespace(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
 def find_job_pids(job_id: str | None = None, exclude: Iterable[int] = ()) -> list[int]:
-    """Live pids of this user whose environment carries ``job_id`` (any job id when None)."""
+    """Live pids of this user whose environment carries ``job_id`` (any job id when None).
+
+    Only processes of this host count: those in our own PID namespace. (A container or a
+    test host in a child PID namespace is another machine as far as jobs are concerned; its
+    processes are reached through that host, not killed from here.)"""
     skip = {os.getpid(), *exclude}
     uid = os.getuid()
+    own_ns = _pid_namespace("self")
     found: list[int] = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -67,7 +79,11 @@ def find_job_pids(job_id: str | None = None, exclude: Iterable[int] = ()) -> lis
         except OSError:
             continue
         ids = job_ids_of(pid)
-        if (ids if job_id is None else job_id in ids) and not _is_zombie(pid):
+        if (
+            (ids if job_id is None else job_id in ids)
+            and not _is_zombie(pid)
+            and _pid_namespace(pid) == own_ns
+        ):
             found.append(pid)
     return sorted(found)
 

@@ -1,0 +1,73 @@
+"""Real-host fixtures for the ssh backend: an sshd on loopback, and namespace hosts on 10.231.0.0/24.
+
+    def test_three_hosts(netns_hosts, tmp_path):
+        hosts = netns_hosts(3)                    # node1..node3 at 10.231.0.11..13, sshd on :22
+        hostfile = hosts.write_hostfile(tmp_path / "hosts")
+        out = hosts[0].ssh("hostname").stdout     # 'node1\\n'
+        hosts[1].run("ls /srv")                   # a command inside node2's namespaces
+
+    def test_loopback(sshd_loopback):
+        subprocess.run(["ssh", *sshd_loopback.ssh_options(), "root@127.0.0.1", "true"], check=True)
+
+Tests in other directories can use them by importing the fixtures into their module or conftest
+(netns_hosts needs netns_session beside it):
+`from tests.cluster.conftest import netns_hosts, netns_session, sshd_loopback  # noqa: F401`.
+A machine that cannot host them (not root, packages missing, no namespace support) fails the
+tests that use them with the reason; they are never skipped. See docs/testing.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from .netns import HostGroup, preflight, sweep_if_idle
+from .sshd import ClusterSetupError, LoopbackSshd
+
+MakeHosts = Callable[..., HostGroup]
+
+
+@pytest.fixture(scope="session")
+def sshd_loopback() -> Iterator[LoopbackSshd]:
+    """A real sshd on 127.0.0.1:PORT for the whole session (key login as root only, no AcceptEnv)."""
+    try:
+        server = LoopbackSshd.start()
+    except ClusterSetupError as e:
+        pytest.fail(f"sshd_loopback: {e}", pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def netns_session() -> None:
+    """Once per session: check privileges and tools, and sweep what a crashed earlier run left."""
+    try:
+        preflight()
+    except ClusterSetupError as e:
+        pytest.fail(f"netns_hosts: {e}", pytrace=False)
+    sweep_if_idle()
+
+
+@pytest.fixture
+def netns_hosts(netns_session: None) -> Iterator[MakeHosts]:
+    """Factory: `netns_hosts(n, private_tmp=True)` builds n namespace hosts and returns a HostGroup.
+
+    One group per test (they all use 10.231.0.0/24, and a machine-wide lock allows one at a time);
+    it is torn down after the test, whether it passed or not.
+    """
+    groups: list[HostGroup] = []
+
+    def make_hosts(n: int = 3, *, private_tmp: bool = True) -> HostGroup:
+        if any(not g.closed for g in groups):
+            raise RuntimeError("netns_hosts: one host group per test; close() the previous one first")
+        try:
+            group = HostGroup.create(n, private_tmp=private_tmp)
+        except ClusterSetupError as e:
+            pytest.fail(f"netns_hosts: {e}", pytrace=False)
+        groups.append(group)
+        return group
+
+    yield make_hosts
+    for group in groups:
+        group.close()
