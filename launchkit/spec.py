@@ -51,6 +51,7 @@ class LaunchSpec:
     scheduler_port: int | None = None
     interface: str | None = None
     grace_period: float = 5.0
+    time_limit: float | None = None
     cwd: str = "."
 
 
@@ -113,3 +114,4 @@ class JobResult:
     root_cause: TaskResult | None = None
     interrupted_by: int | None = None  # signal number that stopped the launcher
     strays_killed: int = 0
+    timed_out: bool = False  # ended by --time-limit

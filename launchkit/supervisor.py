@@ -30,6 +30,7 @@ from launchkit.dashboard import Dashboard, DashboardState, LineSink, ProcRow
 from launchkit.spec import JobResult, Plan, Task, TaskResult
 
 TAIL_LINES = 20
+EXIT_TIMEOUT = 124  # as timeout(1)
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -67,6 +68,7 @@ class Supervisor:
         writer: OutputWriter | None = None,
         log_dir: str | None = None,
         grace: float = 5.0,
+        time_limit: float | None = None,
         record: jobs.JobRecord | None = None,
         dashboard: Dashboard | None = None,
     ) -> None:
@@ -80,6 +82,8 @@ class Supervisor:
         self._started = time.monotonic()
         self.log_dir = Path(log_dir) if log_dir else None
         self.grace = grace
+        self.time_limit = time_limit
+        self.timed_out = False
         self.record = record
         self._events: queue.Queue[tuple[int, int, float]] = queue.Queue()
         self._signals: list[int] = []
@@ -170,6 +174,16 @@ class Supervisor:
                         self._signal_all(signal.SIGTERM)
                     else:  # a second interrupt: no more grace
                         kill_at = time.monotonic()
+                if (
+                    self.time_limit is not None
+                    and teardown_at is None
+                    and time.monotonic() - self._started > self.time_limit
+                ):
+                    self.timed_out = True
+                    self.ui.warn(f"the job's time limit ({self.time_limit:g}s) passed: ending the job")
+                    teardown_at = time.monotonic()
+                    kill_at = teardown_at + self.grace
+                    self._signal_all(signal.SIGTERM)
                 if kill_at is not None and time.monotonic() >= kill_at:
                     self._signal_all(signal.SIGKILL)
                     kill_at = float("inf")
@@ -212,11 +226,14 @@ class Supervisor:
             root = next(r for r in results if r.task == root.task)
         result = JobResult(
             job_id=self.plan.job_id,
-            exit_code=job_exit_code(root, interrupted_by, results),
+            exit_code=EXIT_TIMEOUT
+            if self.timed_out and root is None
+            else job_exit_code(root, interrupted_by, results),
             results=tuple(results),
             root_cause=root,
             interrupted_by=interrupted_by,
             strays_killed=strays,
+            timed_out=self.timed_out,
         )
         self._save_finished(result)
         return result
@@ -281,6 +298,8 @@ class Supervisor:
             return
         if result.interrupted_by is not None and result.root_cause is None:
             state = "interrupted"
+        elif self.timed_out and result.root_cause is None:
+            state = "timed out"
         else:
             state = "succeeded" if result.exit_code == 0 else "failed"
         self.record = jobs.finish(self.record, state, result.exit_code)

@@ -111,6 +111,11 @@ class SshBackend(Backend):
                 hb_timeout=self.hb_timeout,
                 grace=self.spec.grace_period,
                 interface=self.spec.interface,
+                # the launcher ends the job at the limit; the watchdog's own deadline is the
+                # backstop when the launcher cannot (cut off), with the grace period added
+                time_limit=None
+                if self.spec.time_limit is None
+                else self.spec.time_limit + self.spec.grace_period + 5,
             )
             for h in hosts
         }

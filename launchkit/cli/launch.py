@@ -79,6 +79,7 @@ def build_spec(
     interface: str | None,
     grace_period: float,
     command: list[str],
+    time_limit: float | None = None,
     ui: Ui,
 ) -> LaunchSpec:
     if not command:
@@ -101,6 +102,8 @@ def build_spec(
         raise UsageError(f"--scheduler-port {scheduler_port}: expected a number from 1 to 65535")
     if grace_period < 0:
         raise UsageError(f"--grace-period must be 0 or more, got {grace_period}")
+    if time_limit is not None and time_limit <= 0:
+        raise UsageError(f"--time-limit must be more than 0, got {time_limit}")
     environ = dict(os.environ)
     ns = num_workers if num_servers is None else num_servers
     assign_hosts(num_workers, ns, hosts)  # placement errors before anything else happens
@@ -121,6 +124,7 @@ def build_spec(
         scheduler_port=scheduler_port,
         interface=interface or os.environ.get(contract.DMLC_INTERFACE) or None,
         grace_period=grace_period,
+        time_limit=time_limit,
         cwd=os.getcwd(),
     )
 
@@ -205,6 +209,9 @@ def register(app: typer.Typer) -> None:
         grace_period: float = typer.Option(
             5.0, "--grace-period", help="Seconds between SIGTERM and SIGKILL."
         ),
+        time_limit: float = typer.Option(
+            None, "--time-limit", help="End the job after this many seconds (exit 124)."
+        ),
         ssh_port: int = typer.Option(None, "--ssh-port", help="ssh port for hosts that do not name one."),
         identity: str = typer.Option(None, "-i", "--identity", help="ssh private key file."),
         known_hosts: str = typer.Option(
@@ -242,6 +249,7 @@ def register(app: typer.Typer) -> None:
             scheduler_port=scheduler_port,
             interface=interface,
             grace_period=grace_period,
+            time_limit=time_limit,
             command=command or [],
             ui=ui,
         )
@@ -318,7 +326,14 @@ def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: b
             f"{spec.num_workers} workers on {plan.backend}; scheduler {root_uri}:{port}"
         )
         result = Supervisor(
-            plan, backend, ui, log_dir=spec.log_dir, grace=spec.grace_period, record=record, dashboard=board
+            plan,
+            backend,
+            ui,
+            log_dir=spec.log_dir,
+            grace=spec.grace_period,
+            time_limit=spec.time_limit,
+            record=record,
+            dashboard=board,
         ).run()
     finally:
         if reservation is not None:
@@ -341,6 +356,8 @@ def report(ui: Ui, result: JobResult) -> None:
         others = [r for r in result.results if r.killed_by_launcher]
         if others:
             ui.info(f"ended the other {len(others)} process(es) of the job")
+    elif result.timed_out:
+        ui.error(f"job {result.job_id} reached its time limit; every process ended (exit 124)")
     elif result.interrupted_by is not None:
         ui.error(f"job {result.job_id} interrupted; every process ended (exit {result.exit_code})")
     elif result.exit_code == 0:

@@ -4,6 +4,7 @@ with its own address, hostname, process table and /srv, /root, /tmp, /dev/shm.""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -281,3 +282,77 @@ def test_loopback_sshd_launch_and_strict_host_keys(sshd_loopback, tmp_path: Path
     known.write_text(f"{name} {other[0]} {other[1]}\n")
     res = run([*base, "hostname"], cwd="/")
     assert res.returncode == 1 and "host key does not match" in res.stderr
+
+
+def test_interface_is_resolved_on_each_host(netns_hosts, jobdir: Path) -> None:
+    group = netns_hosts(2)
+    hostfile = group.write_hostfile(jobdir.parent / "hosts")
+    # the namespace hosts' interface is eth0; this machine's side is a bridge, so the scheduler's
+    # address is given explicitly
+    res = run(launch_args(group, hostfile, "--interface", "eth0", "--scheduler-ip", "10.231.0.1", "-n", "2", "-s", "0",
+                          "python3", PROG_NAME, "env"), cwd=jobdir, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    envs = parse(res.stdout)
+    for rank in (0, 1):
+        assert envs[("worker", rank)]["DMLC_INTERFACE"] == "eth0"
+        assert envs[("worker", rank)]["DMLC_NODE_HOST"] == group[rank].address
+    assert envs[("scheduler", 0)]["DMLC_PS_ROOT_URI"] == "10.231.0.1"
+
+
+def test_secret_never_on_a_command_line(netns_hosts, jobdir: Path, launchkit_home) -> None:
+    group = netns_hosts(2)
+    hostfile = group.write_hostfile(jobdir.parent / "hosts")
+    proc = start(launch_args(group, hostfile, "-n", "2", "-s", "0", "python3", PROG_NAME, "wait"), cwd=jobdir)
+    try:
+        job = wait_for_job(launchkit_home, timeout=30)
+        assert wait_until(lambda: all(len(p) >= 1 for p in job_pids_on(group, job).values()), 15)
+        scheduler = next(p for p in record(launchkit_home, job)["processes"] if p["role"] == "scheduler")
+        env = Path(f"/proc/{scheduler['pid']}/environ").read_bytes().split(b"\0")
+        secret = next(e for e in env if e.startswith(b"LAUNCHKIT_JOB_SECRET=")).split(b"=", 1)[1].decode()
+        assert len(secret) == 64
+        for h in group:
+            cmdlines = h.run("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '").stdout
+            assert "jobprog" in cmdlines and secret not in cmdlines
+        assert secret not in Path(f"/proc/{proc.pid}/cmdline").read_text()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+
+
+def test_ssh_config_alias_and_default_cwd(sshd_loopback, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host trainer-box\n  HostName 127.0.0.1\n  Port {sshd_loopback.port}\n  User root\n"
+        f"  IdentityFile {sshd_loopback.identity}\n"
+    )
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("trainer-box\n")
+    env = {**os.environ, "HOME": str(home)}
+    res = run(["launch", "-H", str(hostfile), "-n", "1", "-s", "0", "python3", "-c", "import os; print(os.getcwd())"],
+              cwd="/usr", env=env)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "[worker 0] /usr" in res.stdout  # without --sync-dst-dir: the launcher's own path
+    assert (
+        "trainer-box" in (home / ".ssh" / "known_hosts").read_text()
+        or "127.0.0.1" in (home / ".ssh" / "known_hosts").read_text()
+    )
+
+
+def test_ssh_agent_is_used(sshd_loopback, tmp_path: Path) -> None:
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        assert wait_until(sock.exists, 5)
+        env = {**os.environ, "SSH_AUTH_SOCK": str(sock), "HOME": str(tmp_path)}
+        subprocess.run(["ssh-add", str(sshd_loopback.identity)], env=env, check=True, capture_output=True)
+        hostfile = tmp_path / "hosts"
+        hostfile.write_text(sshd_loopback.hostfile_line() + "\n")
+        res = run(["launch", "-H", str(hostfile), "-n", "1", "-s", "0", "true"], cwd="/", env=env)
+        assert res.returncode == 0, res.stderr
+        env.pop("SSH_AUTH_SOCK")
+        res = run(["launch", "-H", str(hostfile), "-n", "1", "-s", "0", "true"], cwd="/", env=env)
+        assert res.returncode == 1 and "unreachable" in res.stderr  # no key without the agent
+    finally:
+        agent.terminate()
+        agent.wait(timeout=5)

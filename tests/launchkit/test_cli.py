@@ -166,3 +166,23 @@ def test_hosts_list_bad_file(tmp_path: Path) -> None:
 def test_version_and_module_entry() -> None:
     res = run(["--version"])
     assert res.returncode == 0 and res.stdout.startswith("launchkit ")
+
+
+def test_hosts_add_and_remove_keep_comments(tmp_path: Path) -> None:
+    hf = tmp_path / "hosts"
+    hf.write_text("# my cluster\nnode1  # first\n\nnode2:2222\n")
+    res = run(["hosts", "add", "alice@node3:22", "--slots", "4", "-H", str(hf)])
+    assert res.returncode == 0, res.stderr
+    assert hf.read_text() == "# my cluster\nnode1  # first\n\nnode2:2222\nalice@node3:22 slots=4\n"
+    res = run(["hosts", "add", "node1", "-H", str(hf)])
+    assert res.returncode == 2 and "already there" in res.stderr
+    res = run(["hosts", "remove", "node2:2222", "-H", str(hf)])
+    assert res.returncode == 0, res.stderr
+    assert hf.read_text() == "# my cluster\nnode1  # first\n\nalice@node3:22 slots=4\n"
+    res = run(["hosts", "remove", "nodeX", "-H", str(hf)])
+    assert res.returncode == 2 and "no line names nodeX" in res.stderr
+    res = run(["hosts", "add", "bad host;rm", "-H", str(hf)])
+    assert res.returncode == 2 and "bad host name" in res.stderr
+    new = tmp_path / "new"
+    assert run(["hosts", "add", "[fe80::1]:22", "-H", str(new)]).returncode == 0
+    assert new.read_text() == "[fe80::1]:22\n"

@@ -222,3 +222,16 @@ def test_kill_unknown_job_is_a_clear_error() -> None:
     assert res.returncode == 2
     assert "no job 'no-such-job'" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_time_limit_ends_the_job_with_124(launchkit_home) -> None:
+    t0 = time.monotonic()
+    res = run(
+        ["launch", "-n", "1", "-s", "1", "--time-limit", "1", "--grace-period", "1", PY, PROG, "grandchild"]
+    )
+    assert res.returncode == 124, res.stderr
+    assert time.monotonic() - t0 < 8
+    assert "reached its time limit" in res.stderr
+    job = wait_for_job(launchkit_home)
+    assert pids_with_job(job) == []
+    assert record(launchkit_home, job)["state"] == "timed out"

@@ -1,0 +1,128 @@
+"""The remote watchdog, driven over pipes exactly as the launcher drives it over ssh (the same
+bootstrap command and module payload), on this machine."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+
+from launchkit.agent import bootstrap_payload, remote_command
+from tests.launchkit.procs import pids_with_job, wait_until
+
+
+class Dog:
+    def __init__(self, job: str, hb_timeout: float = 30.0) -> None:
+        self.job = job
+        self.p = subprocess.Popen(
+            ["sh", "-c", remote_command(sys.executable)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert self.p.stdin is not None and self.p.stdout is not None
+        self.p.stdin.write(bootstrap_payload())
+        self.send({"op": "hello", "job": job, "hb_interval": 0.2, "hb_timeout": hb_timeout, "grace": 1})
+        self.events: list[dict] = []
+
+    def send(self, msg: dict) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write((json.dumps(msg) + "\n").encode())
+        self.p.stdin.flush()
+
+    def until(self, ev: str, timeout: float = 10, **match) -> dict:
+        """The first event (already received or next) of kind ``ev`` matching ``match``."""
+        assert self.p.stdout is not None
+        for msg in self.events:
+            if msg.get("ev") == ev and all(msg.get(k) == v for k, v in match.items()):
+                return msg
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.p.stdout.readline()
+            if not line:
+                raise AssertionError(f"watchdog ended before {ev}: {self.events[-5:]}")
+            msg = json.loads(line)
+            self.events.append(msg)
+            if msg.get("ev") == ev and all(msg.get(k) == v for k, v in match.items()):
+                return msg
+        raise AssertionError(f"no {ev} within {timeout}s")
+
+    def output(self, ident: int, stream: str = "o") -> bytes:
+        return b"".join(
+            base64.b64decode(m["d"])
+            for m in self.events
+            if m.get("ev") == "out" and m["id"] == ident and m["s"] == stream
+        )
+
+
+def test_spawn_output_env_exit_and_shutdown() -> None:
+    dog = Dog("wd-test-1")
+    try:
+        assert dog.until("ready")["pid"] > 0
+        env = {"X_VALUE": "a b $(id) ;'\"", "LAUNCHKIT_JOB_ID": "wd-test-1"}
+        code = "import os,sys; print(os.environ['X_VALUE']); print('err', file=sys.stderr); sys.exit(7)"
+        dog.send({"op": "spawn", "id": 5, "argv": [sys.executable, "-c", code], "env": env, "cwd": "/"})
+        assert dog.until("started", id=5)["pid"] > 0
+        assert dog.until("exit", id=5)["rc"] == 7
+        dog.until("eof", id=5, s="o")
+        assert dog.output(5) == b"a b $(id) ;'\"\n"
+        dog.send({"op": "spawn", "id": 6, "argv": ["/no/such/program"], "env": {}, "cwd": "/"})
+        err = dog.until("error", id=6)
+        assert err["code"] == 127
+        dog.send({"op": "shutdown"})
+        assert dog.until("bye")["swept"] == 0
+        assert dog.p.wait(timeout=5) == 0
+    finally:
+        dog.p.kill()
+
+
+def test_channel_close_ends_every_process_and_grandchild() -> None:
+    job = "wd-test-2"
+    dog = Dog(job)
+    try:
+        dog.until("ready")
+        grandchild = "import subprocess,time; subprocess.Popen(['setsid','sleep','60']); time.sleep(60)"
+        for i in range(2):
+            dog.send({"op": "spawn", "id": i, "argv": [sys.executable, "-c", grandchild],
+                      "env": {"LAUNCHKIT_JOB_ID": job}, "cwd": "/"})  # fmt: skip
+            dog.until("started", id=i)
+        assert wait_until(lambda: len(pids_with_job(job)) == 4, 5)
+        assert dog.p.stdin is not None
+        dog.p.stdin.close()  # what a dead launcher's ssh connection looks like from the host
+        assert wait_until(lambda: pids_with_job(job) == [], 5), pids_with_job(job)
+        assert dog.p.wait(timeout=5) == 0
+    finally:
+        dog.p.kill()
+
+
+def test_silence_from_the_launcher_ends_the_job() -> None:
+    job = "wd-test-3"
+    dog = Dog(job, hb_timeout=1.0)
+    try:
+        dog.until("ready")
+        dog.send(
+            {"op": "spawn", "id": 0, "argv": ["sleep", "60"], "env": {"LAUNCHKIT_JOB_ID": job}, "cwd": "/"}
+        )
+        dog.until("started", id=0)
+        t0 = time.monotonic()
+        lost = dog.until("lost", timeout=5)
+        assert "no heartbeat from the launcher" in lost["msg"]
+        assert dog.until("exit", id=0)["rc"] == -15
+        assert time.monotonic() - t0 < 4
+        assert pids_with_job(job) == []
+    finally:
+        dog.p.kill()
+
+
+def test_garbage_on_the_channel_is_reported_not_fatal() -> None:
+    dog = Dog("wd-test-4")
+    try:
+        dog.until("ready")
+        assert dog.p.stdin is not None
+        dog.p.stdin.write(b'this is not json\n{"op": "spawn"}\n')
+        dog.p.stdin.flush()
+        dog.send({"op": "spawn", "id": 1, "argv": ["true"], "env": {}, "cwd": "/"})
+        assert dog.until("exit", id=1)["rc"] == 0  # still serving
+        bad = [m["msg"] for m in dog.events if m.get("ev") == "bad"]
+        assert len(bad) == 2 and "JSONDecodeError" in bad[0] and "KeyError" in bad[1]
+    finally:
+        dog.p.kill()
