@@ -333,10 +333,7 @@ def test_ssh_config_alias_and_default_cwd(sshd_loopback, tmp_path: Path) -> None
               cwd="/usr", env=env)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "[worker 0] /usr" in res.stdout  # without --sync-dst-dir: the launcher's own path
-    assert (
-        "trainer-box" in (home / ".ssh" / "known_hosts").read_text()
-        or "127.0.0.1" in (home / ".ssh" / "known_hosts").read_text()
-    )
+    assert f"[127.0.0.1]:{sshd_loopback.port} ssh-ed25519" in (home / ".ssh" / "known_hosts").read_text()
 
 
 def test_ssh_agent_is_used(sshd_loopback, tmp_path: Path) -> None:
