@@ -5,9 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=${MXNET_VENV:-.venv-mxnet}
+# MXNet's CPU wheel links against the system's OpenMP runtime
+if ! dpkg-query -W -f='${Status}' libgomp1 2>/dev/null | grep -q "ok installed"; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libgomp1 >&2
+fi
 exec 9>"$V.lock"
 flock 9
-if ! "$V/bin/python" -c "import mxnet" >/dev/null 2>&1; then
+if ! "$V/bin/python" -m pip show -q mxnet >/dev/null 2>&1; then
     echo "[mxnet_venv] creating $V with mxnet==1.9.1 (about a minute)" >&2
     python3 -m venv "$V" >&2
     "$V/bin/python" -m pip install -q --upgrade pip >&2
