@@ -5,11 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=${MXNET_VENV:-.venv-mxnet}
-# MXNet's CPU wheel links against the system's OpenMP runtime
-if ! dpkg-query -W -f='${Status}' libgomp1 2>/dev/null | grep -q "ok installed"; then
-    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libgomp1 >&2
-fi
+# MXNet's CPU wheel links against the system's OpenMP and quad-precision math runtimes
+for pkg in libgomp1 libquadmath0; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed"; then
+        SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+        $SUDO apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$pkg" >&2
+    fi
+done
 exec 9>"$V.lock"
 flock 9
 if ! "$V/bin/python" -m pip show -q mxnet >/dev/null 2>&1; then
