@@ -1,0 +1,231 @@
+"""The dist KV store with real processes: exact sums, splitting, optimizers, async, keys, ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.trainer_core.cluster import Job, run_job, worker_script
+
+
+def assert_clean(job: Job) -> None:
+    assert all(code == 0 for code in job.codes().values()), job.outputs()
+    assert job.leftover_shm == [], job.leftover_shm
+
+
+SUMS = """
+keys = [0, 1, 'w', 'bias', 12345]
+sizes = [7, 1000, 3, 50, 1]
+kv.init(keys, [np.zeros(n, np.float32) for n in sizes])
+kv.init('mat', np.zeros((40, 30), np.float64))
+owners = sorted({p.server for p in kv.meta['mat'].parts})
+for step in range(3):
+    vals = [np.arange(n, dtype=np.float32) * (kv.rank + 1) + step for n in sizes]
+    outs = [np.empty(n, np.float32) for n in sizes]
+    kv.push(keys, vals)
+    kv.pull(keys, outs)
+    m = np.full((40, 30), kv.rank + 0.5 + step)
+    mo = np.empty((40, 30))
+    kv.pushpull('mat', m, mo)
+    single = np.empty(7, np.float32)
+    kv.pull(0, single)
+    emit(step=step, outs=[o.tolist() for o in outs], mat=mo.tolist(), single=single.tolist(), owners=owners)
+"""
+
+
+@pytest.mark.parametrize(
+    ("workers", "servers", "shm"),
+    [(1, 1, "1"), (2, 2, "1"), (3, 3, "1"), (4, 2, "1"), (2, 3, "0"), (4, 1, "0")],
+)
+def test_dist_sync_sums_are_exact(workers: int, servers: int, shm: str) -> None:
+    job = run_job(
+        worker_script(SUMS), workers, servers, {"PS_SHM": shm, "MXNET_KVSTORE_BIGARRAY_BOUND": "1000"}
+    )
+    assert_clean(job)
+    sizes = [7, 1000, 3, 50, 1]
+    tri = sum(r + 1 for r in range(workers))
+    for w in job.workers:
+        res = w.results()
+        assert len(res) == 3
+        for r in res:
+            step = r["step"]
+            for n, out in zip(sizes, r["outs"], strict=True):
+                assert out == (np.arange(n, dtype=np.float32) * tri + workers * step).tolist()
+            assert np.array_equal(
+                np.array(r["mat"]), np.full((40, 30), sum(k + 0.5 + step for k in range(workers)))
+            )
+            assert r["single"] == r["outs"][0]
+            assert r["owners"] == list(range(servers))  # 1200 >= bound: split over every server
+
+
+def test_big_array_split_and_multi_device_values() -> None:
+    body = """
+kv.init('big', np.zeros(1001, np.float32))
+emit(parts=[(p.server, p.start, p.stop) for p in kv.meta['big'].parts])
+a, b = np.ones(1001, np.float32), np.arange(1001, dtype=np.float32)
+outs = [np.empty(1001, np.float32), np.empty(1001, np.float32)]
+kv.push('big', [a, b])
+kv.pull('big', outs)
+emit(ok=all(np.array_equal(o, 2 * (a + b)) for o in outs))
+"""
+    job = run_job(worker_script(body), 2, 3, {"MXNET_KVSTORE_BIGARRAY_BOUND": "100"})
+    assert_clean(job)
+    for w in job.workers:
+        parts, ok = w.results()
+        assert parts["parts"] == [[0, 0, 334], [1, 334, 668], [2, 668, 1001]]
+        assert ok["ok"] is True
+
+
+OPTIM = """
+spec = json.loads(os.environ['OPT_SPEC'])
+kv.set_optimizer(spec)
+kv.init(['a', 5], [np.linspace(-1, 1, 12).astype(np.float32), np.ones(2000, np.float32)])
+hist = []
+for step in range(4):
+    g = [np.sin(np.arange(12, dtype=np.float32) + step + kv.rank), np.full(2000, 0.1 * (step - kv.rank), np.float32)]
+    outs = [np.empty(12, np.float32), np.empty(2000, np.float32)]
+    kv.pushpull(['a', 5], g, outs)
+    hist.append([o.tolist() for o in outs])
+emit(hist=hist)
+"""
+
+
+def reference(spec: dict, workers: int) -> list[list[np.ndarray]]:
+    """The same updates computed here in numpy (MXNet's formulas)."""
+    w = [np.linspace(-1, 1, 12).astype(np.float32), np.ones(2000, np.float32)]
+    state = [dict(m=np.zeros_like(x), v=np.zeros_like(x), mom=np.zeros_like(x)) for x in w]
+    lr, wd = spec["learning_rate"], spec.get("wd", 0.0)
+    out = []
+    for step in range(4):
+        for i in range(2):
+            if i == 0:
+                g = sum(np.sin(np.arange(12, dtype=np.float32) + step + r) for r in range(workers))
+            else:
+                g = sum(np.full(2000, 0.1 * (step - r), np.float32) for r in range(workers))
+            g = g.astype(np.float32) + wd * w[i]
+            s = state[i]
+            if spec["type"] == "adam":
+                b1, b2, eps = 0.9, 0.999, 1e-8
+                s["m"] = b1 * s["m"] + (1 - b1) * g
+                s["v"] = b2 * s["v"] + (1 - b2) * g * g
+                t = step + 1
+                w[i] = w[i] - lr * np.sqrt(1 - b2**t) / (1 - b1**t) * s["m"] / (np.sqrt(s["v"]) + eps)
+            elif spec.get("nesterov"):
+                s["mom"] = spec["momentum"] * s["mom"] + g
+                w[i] = w[i] - lr * (g + spec["momentum"] * s["mom"])
+            else:
+                s["mom"] = spec.get("momentum", 0.0) * s["mom"] - lr * g
+                w[i] = w[i] + s["mom"]
+        out.append([x.copy() for x in w])
+    return out
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"type": "sgd", "learning_rate": 0.1, "momentum": 0.9, "wd": 0.01},
+        {"type": "sgd", "learning_rate": 0.05, "momentum": 0.8, "wd": 0.001, "nesterov": True},
+        {"type": "adam", "learning_rate": 0.01, "wd": 0.001},
+    ],
+)
+def test_server_side_optimizers_match_numpy(spec: dict) -> None:
+    import json
+
+    job = run_job(
+        worker_script(OPTIM), 2, 2, {"OPT_SPEC": json.dumps(spec), "MXNET_KVSTORE_BIGARRAY_BOUND": "1000"}
+    )
+    assert_clean(job)
+    ref = reference(spec, 2)
+    for w in job.workers:
+        (res,) = w.results()
+        for step, outs in enumerate(res["hist"]):
+            for got, want in zip(outs, ref[step], strict=True):
+                np.testing.assert_allclose(np.array(got), want, rtol=2e-5, atol=2e-6)
+
+
+def test_async_converges() -> None:
+    body = """
+target = np.linspace(-2, 2, 64).astype(np.float32)
+kv.set_optimizer({'type': 'sgd', 'learning_rate': 0.1})
+kv.init('w', np.zeros(64, np.float32))
+w = np.zeros(64, np.float32)
+for step in range(60):
+    kv.pushpull('w', w - target, w)
+kv.barrier()
+kv.pull('w', w)
+emit(err=float(np.abs(w - target).max()), rank=kv.rank)
+"""
+    job = run_job(worker_script(body, "dist_async"), 2, 1)
+    assert_clean(job)
+    for w in job.workers:
+        (res,) = w.results()
+        assert res["err"] < 1e-3
+
+
+def test_rank_matches_launcher_rank_and_errors_are_clear() -> None:
+    body = """
+errors = []
+try:
+    kv.pull('never', np.empty(3))
+except Exception as exc:
+    errors.append(type(exc).__name__ + ': ' + str(exc))
+try:
+    kv.set_gradient_compression({'type': 'nosuchcodec'})
+except Exception as exc:
+    errors.append(type(exc).__name__ + ': ' + str(exc))
+kv.init(1, np.zeros(2))
+try:
+    kv.push(1, np.zeros(3))
+except Exception as exc:
+    errors.append(type(exc).__name__ + ': ' + str(exc))
+emit(rank=kv.rank, env=int(os.environ['LAUNCHKIT_ROLE_RANK']), n=kv.num_workers, errors=errors, type=kv.type)
+"""
+    job = run_job(worker_script(body, "dist_sync_device"), 3, 1, role_ranks=[2, 0, 1])
+    assert_clean(job)
+    ranks = []
+    for w in job.workers:
+        (res,) = w.results()
+        assert res["rank"] == res["env"]
+        assert res["n"] == 3 and res["type"] == "dist_sync_device"
+        assert "KVError" in res["errors"][0] and "'never'" in res["errors"][0]
+        assert "CompressionError" in res["errors"][1] and "nosuchcodec" in res["errors"][1]
+        assert "3 elements" in res["errors"][2]
+        ranks.append(res["rank"])
+    assert ranks == [2, 0, 1]
+
+
+def test_interface_binding_verbose_logging_and_tcp_only_path() -> None:
+    body = """
+kv.init('k', np.zeros(5, np.float32))
+out = np.empty(5, np.float32)
+kv.pushpull('k', np.ones(5, np.float32), out)
+emit(endpoints=[s.endpoint for s in kv.client.book.servers], local=[c is not None for c in kv.client.local], v=out.tolist())
+"""
+    job = run_job(worker_script(body), 2, 2, {"DMLC_INTERFACE": "lo", "PS_VERBOSE": "2", "PS_SHM": "0"})
+    assert_clean(job)
+    for w in job.workers:
+        (res,) = w.results()
+        assert all(e.startswith("tcp://127.0.0.1:") for e in res["endpoints"])
+        assert res["local"] == [False, False] and res["v"] == [2.0] * 5
+    assert "recv pushpull" in job.of("server")[0].output() + job.of("server")[1].output()
+    assert "bound tcp://127.0.0.1:" in job.of("scheduler")[0].output()
+
+
+def test_kv_create_runs_the_server_and_scheduler_roles() -> None:
+    """With autostart at import off, ``kv.create`` runs the role (as MXNet's kvstore.create does)."""
+    code = "import trainer_core.kv as k; k.create('dist_sync'); raise SystemExit(5)"
+    body = """
+kv.init(0, np.zeros(3, np.float32))
+out = np.empty(3, np.float32)
+kv.pushpull(0, np.ones(3, np.float32), out)
+emit(v=out.tolist())
+"""
+    job = run_job(
+        worker_script(body),
+        1,
+        1,
+        {"TRAINER_CORE_AUTOSTART": "0"},
+        role_args={"scheduler": ["-c", code], "server": ["-c", code]},
+    )
+    assert_clean(job)  # exit 0: create() ran the role and ended the process before SystemExit(5)
+    assert job.workers[0].results() == [{"v": [1.0, 1.0, 1.0]}]

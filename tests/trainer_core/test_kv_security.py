@@ -1,0 +1,133 @@
+"""Authentication: a peer without the job secret is refused; garbage on any port leaves nodes serving."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.trainer_core.cluster import run_job, worker_script
+
+INTRUDER = """
+import socket, zmq
+from trainer_core import auth, wire
+
+kv.init('w', np.zeros(16, np.float32))
+ports = [int(s.endpoint.rsplit(':', 1)[1]) for s in kv.client.book.servers] + [int(os.environ['DMLC_PS_ROOT_PORT'])]
+data_ports = [int(s.data.rsplit(':', 1)[1]) for s in kv.client.book.servers if s.data]
+answered = []
+if kv.rank == 0:
+    ctx = zmq.Context()
+    wrong = auth.derive_keys('not-the-secret')
+    for port in ports:
+        for mode in ('wrong-secret', 'plain'):
+            s = ctx.socket(zmq.DEALER)
+            if mode == 'wrong-secret':
+                s.curve_serverkey, s.curve_publickey, s.curve_secretkey = wrong.server_public, wrong.client_public, wrong.client_secret
+            s.connect(f'tcp://127.0.0.1:{port}')
+            reg = wire.Header(op=wire.REGISTER, body={'role': 'worker', 'rank': 0, 'host': 'x', 'endpoint': '', 'host_key': 'x', 'pid': 1})
+            pull = wire.Header(op=wire.PULL, seq=1, src='worker 0', entries=(wire.Entry('w', 0, 16, '<f4'),), body={'rank': 0})
+            s.send(wire.encode(reg))
+            s.send(wire.encode(pull))
+            if s.poll(800):
+                answered.append((port, mode))
+            s.close(linger=0)
+    ctx.term()
+    for port in ports:
+        for payload in (os.urandom(4096), b'\\xff' + bytes(8) + b'\\x7f' + os.urandom(200), b'GET / HTTP/1.0\\r\\n\\r\\n', b'\\x00' * 64):
+            c = socket.create_connection(('127.0.0.1', port))
+            c.sendall(payload)
+            c.close()
+    # the servers' same-host channels: garbage, a wrong handshake, a wrong-secret client
+    from trainer_core.unixsock import UnixConn
+    for s in kv.client.book.servers:
+        if not s.local:
+            continue
+        for payload in (os.urandom(40), bytes(32) + b'{"v":1,"op":"pull"}', b'\\xff' * 100000):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect('\\0' + s.local)
+            c.recv(16)
+            try:
+                c.sendall(payload)
+                c.settimeout(0.5)
+                if c.recv(100):
+                    answered.append((s.local, 'garbage'))
+            except OSError:
+                pass
+            c.close()
+        try:
+            UnixConn.connect(s.local, 'not-the-secret')
+            answered.append((s.local, 'wrong-secret'))
+        except Exception:
+            pass
+    # the signed data channels: unsigned, wrongly signed, garbage, and a replayed signed message
+    macs = auth.derive_mac_keys(os.environ['LAUNCHKIT_JOB_SECRET'])
+    bad_macs = auth.derive_mac_keys('not-the-secret')
+    ctx = zmq.Context()
+    pull = wire.encode(wire.Header(op=wire.PULL, seq=1, src='worker 0', entries=(wire.Entry('w', 0, 16, '<f4'),), body={'rank': 0}))
+    for port in data_ports:
+        d = ctx.socket(zmq.DEALER)
+        d.connect(f'tcp://127.0.0.1:{port}')
+        d.send_multipart([pull])
+        d.send_multipart([pull, auth.sign(bad_macs.to_server, pull)])
+        d.send_multipart([pull, b'x' * 32, os.urandom(64)])
+        d.send_multipart([os.urandom(100)])
+        if os.environ['PS_SHM'] == '0':  # the worker used this channel: seq 1 is a replay
+            d.send_multipart([pull, auth.sign(macs.to_server, pull)])
+        if d.poll(800):
+            answered.append((port, 'data'))
+        d.close(linger=0)
+    ctx.term()
+    for port in data_ports:
+        c = socket.create_connection(('127.0.0.1', port))
+        c.sendall(os.urandom(5000))
+        c.close()
+    # a peer holding the secret, sending malformed frames to every server and to the scheduler
+    ctx = zmq.Context()
+    right = auth.derive_keys(os.environ['LAUNCHKIT_JOB_SECRET'])
+    for port in ports:
+        srv = ctx.socket(zmq.DEALER)
+        srv.curve_serverkey, srv.curve_publickey, srv.curve_secretkey = right.server_public, right.client_public, right.client_secret
+        srv.connect(f'tcp://127.0.0.1:{port}')
+        srv.send_multipart([b'{not json'])
+        srv.send_multipart([b'{"v":1,"op":"push","seq":9,"src":"worker 0","b":{"rank":99}}'])
+        srv.send_multipart([b'{"v":1,"op":"register","b":{"role":"worker","rank":"x"}}'])
+        srv.send_multipart([wire.encode(wire.Header(op=wire.PUSH, seq=10, src='w', entries=(wire.Entry('w', 0, 16, '<f4'),), body={'rank': 0}))])
+        srv.send_multipart([wire.encode(wire.Header(op=wire.PUSH, seq=11, src='w', entries=(wire.Entry('w', 0, 16, '<f4', 'launchkit-other-job-1'),), body={'rank': 0}))])
+        srv.send_multipart([wire.encode(wire.Header(op=wire.PULL, seq=12, src='w', entries=(wire.Entry('w', 0, 1 << 30, '<f4'),), body={'rank': 0}))])
+        srv.poll(300)
+        srv.close(linger=0)
+    ctx.term()
+kv.barrier()
+out = np.empty(16, np.float32)
+for step in range(3):
+    kv.pushpull('w', np.full(16, kv.rank + 1, np.float32), out)
+emit(answered=answered, v=out.tolist())
+"""
+
+
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_intruders_are_refused_and_garbage_is_survived(shm: str) -> None:
+    job = run_job(worker_script(INTRUDER), 2, 2, {"PS_SHM": shm})
+    assert all(code == 0 for code in job.codes().values()), job.outputs()
+    for w in job.workers:
+        (res,) = w.results()
+        assert res["answered"] == []
+        assert res["v"] == [3.0] * 16
+    if shm == "0":  # the data channels were there and were probed
+        assert "bad or missing signature" in job.of("server")[0].output()
+        assert "replayed" in job.of("server")[0].output() + job.of("server")[1].output()
+
+
+def test_wrong_secret_worker_cannot_join() -> None:
+    """A node started with another secret never registers: the job does not start (start timeout)."""
+    job = run_job(
+        worker_script("emit(rank=kv.rank)"),
+        1,
+        1,
+        {"PS_START_TIMEOUT": "3"},
+        secret="right-secret",
+        timeout=20,
+        worker_secret="wrong-secret",
+    )
+    assert job.workers[0].results() == [], job.outputs()
+    assert job.of("scheduler")[0].popen.returncode == 1, job.outputs()
+    assert "registered within" in job.of("scheduler")[0].output(), job.outputs()

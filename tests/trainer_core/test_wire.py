@@ -1,0 +1,69 @@
+"""wire.py: round trips, and every malformed header is a WireError (never another exception)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trainer_core import wire
+from trainer_core.errors import WireError
+
+
+def test_round_trip() -> None:
+    h = wire.Header(
+        op=wire.PUSHPULL,
+        seq=7,
+        src="worker 1",
+        entries=(wire.Entry("w", 0, 10, "<f4", "launchkit-j-w1-2-0"), wire.Entry(3, 2, 5, "<f8")),
+        body={"rank": 1},
+    )
+    assert wire.decode(wire.encode(h)) == h
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"\xff\xfe",
+        b"[]",
+        b'{"v":2,"op":"push"}',
+        b'{"v":1,"op":"exec"}',
+        b'{"v":1,"op":"push","seq":-1}',
+        b'{"v":1,"op":"push","seq":true}',
+        b'{"v":1,"op":"push","e":[{"k":true,"p":0,"n":1,"dt":"<f4"}]}',
+        b'{"v":1,"op":"push","e":[{"k":1,"p":0,"n":1,"dt":"object"}]}',
+        b'{"v":1,"op":"push","e":[{"k":1,"p":0,"n":1,"dt":"<f4","shm":"../../etc/passwd"}]}',
+        b'{"v":1,"op":"push","e":[{"k":1,"p":0,"n":-5,"dt":"<f4"}]}',
+        b'{"v":1,"op":"push","b":[]}',
+    ],
+)
+def test_malformed_headers_are_rejected(raw: bytes) -> None:
+    with pytest.raises(WireError):
+        wire.decode(raw)
+
+
+@given(st.binary(max_size=300))
+def test_random_bytes_only_raise_wire_error(raw: bytes) -> None:
+    with contextlib.suppress(WireError):
+        wire.decode(raw)
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda c: st.lists(c) | st.dictionaries(st.text(max_size=3), c),
+        max_leaves=20,
+    )
+)
+def test_random_json_only_raises_wire_error(value: object) -> None:
+    doc = {"v": 1, "op": "push", "e": [value], "b": {"rank": value}}
+    try:
+        h = wire.decode(json.dumps(doc).encode())
+    except WireError:
+        return
+    with pytest.raises(WireError):
+        wire.body_str(h, "rank") if not isinstance(value, str) else wire.body_int(h, "rank")

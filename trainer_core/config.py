@@ -1,0 +1,100 @@
+"""What a node reads from its environment: the launcher contract plus the ps-lite knobs (pure)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from launchkit.contract import (
+    MXNET_KVSTORE_BIGARRAY_BOUND,
+    PS_HEARTBEAT_INTERVAL,
+    PS_HEARTBEAT_TIMEOUT,
+    PS_VERBOSE,
+    NodeEnv,
+)
+
+from .errors import ConfigError
+
+PS_START_TIMEOUT = "PS_START_TIMEOUT"
+PS_SHM = "PS_SHM"
+PS_ENCRYPT = "PS_ENCRYPT"
+TRAINER_CORE_AUTOSTART = "TRAINER_CORE_AUTOSTART"
+
+DEFAULT_HEARTBEAT_INTERVAL = 1.0
+DEFAULT_HEARTBEAT_TIMEOUT = 10.0
+DEFAULT_START_TIMEOUT = 300.0
+DEFAULT_BIGARRAY_BOUND = 1_000_000
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything a scheduler, server or worker needs to join a job."""
+
+    env: NodeEnv
+    secret: str
+    job_id: str
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    start_timeout: float
+    bigarray_bound: int
+    verbose: int
+    use_shm: bool
+    encrypt: bool = False  # CURVE on the data channel across hosts too (PS_ENCRYPT=1)
+
+    @property
+    def role(self) -> str:
+        return self.env.role
+
+    @property
+    def liveness_on(self) -> bool:
+        return self.heartbeat_interval > 0 and self.heartbeat_timeout > 0
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None, role: str | None = None) -> NodeConfig:
+        """Read and validate the environment; ``role`` overrides ``DMLC_ROLE`` (``python -m`` entry points)."""
+        e = dict(os.environ if environ is None else environ)
+        if role is not None:
+            e["DMLC_ROLE"] = role
+        try:
+            env = NodeEnv.from_environ(e)
+        except (KeyError, ValueError) as exc:
+            raise ConfigError(str(exc).strip("'\"")) from None
+        if env.secret is None:
+            raise ConfigError(
+                "environment variable LAUNCHKIT_JOB_SECRET is not set: every connection of the KV store "
+                "is authenticated with it (launchkit sets it; set any random string when starting nodes by hand)"
+            )
+        if env.num_servers < 1 or env.num_workers < 1:
+            raise ConfigError("DMLC_NUM_SERVER and DMLC_NUM_WORKER must be at least 1")
+        interval = _float(e, PS_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_INTERVAL)
+        timeout = _float(e, PS_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT)
+        if interval > 0 and timeout > 0 and timeout < 2 * interval:
+            raise ConfigError(
+                f"{PS_HEARTBEAT_TIMEOUT}={timeout} must be at least twice {PS_HEARTBEAT_INTERVAL}"
+            )
+        return cls(
+            env=env,
+            secret=env.secret,
+            job_id=env.job_id or "nojob",
+            heartbeat_interval=interval,
+            heartbeat_timeout=timeout,
+            start_timeout=_float(e, PS_START_TIMEOUT, DEFAULT_START_TIMEOUT),
+            bigarray_bound=int(_float(e, MXNET_KVSTORE_BIGARRAY_BOUND, DEFAULT_BIGARRAY_BOUND)),
+            verbose=int(_float(e, PS_VERBOSE, 0)),
+            use_shm=e.get(PS_SHM, "1") not in ("0", "false", "no"),
+            encrypt=e.get(PS_ENCRYPT, "0") not in ("0", "false", "no", ""),
+        )
+
+
+def _float(e: Mapping[str, str], name: str, default: float) -> float:
+    raw = e.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={raw!r}: expected a number") from None
+    if value < 0:
+        raise ConfigError(f"environment variable {name}={raw!r}: must not be negative")
+    return value

@@ -1,0 +1,306 @@
+"""``DistKVStore``: the worker side of ``dist_sync``/``dist_async`` (and their ``_device`` variants).
+
+Each key is split into parts (``sharding.py``); one message per server carries all the parts
+of a call for that server. A part exchanged with a server on the same host goes through a
+shared-memory segment owned by this worker (the socket carries only the header); otherwise
+the part travels as a raw frame. Pushes do not wait for the server: a part's segment is
+reused only after the server has handled the previous push from it (pushes get no reply; any
+later answered request to the same server proves it, see ``WorkerClient.confirm``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from . import wire
+from .config import NodeConfig
+from .errors import KVError
+from .gc_hook import resolve_compression, validate_params
+from .kv import _OPEN, KVStore, check_key, host_sum, normalize, write_out
+from .log import get_logger
+from .optim import to_spec
+from .sharding import Part, split
+from .shm import Segment, SegmentFactory
+from .wire import Key
+from .worker import WorkerClient
+from .xp import to_host
+
+
+@dataclass
+class KeyMeta:
+    """What a worker knows about one key: shape, dtype, parts, and its segments per part."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    size: int
+    parts: list[Part]
+    segments: list[Segment | None] = field(default_factory=list)
+    busy: list[int] = field(default_factory=list)  # seq of the last request using each segment (0: none)
+
+
+def install_excepthook() -> None:
+    """Once per process: an uncaught exception in a worker aborts the job at once (naming this worker)
+    instead of leaving the others waiting for its pushes."""
+    previous = sys.excepthook
+    if getattr(previous, "trainer_core", False):
+        return
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        previous(kind, value, tb)
+        for store in list(_OPEN):
+            if isinstance(store, DistKVStore):
+                store.abort(f"uncaught {kind.__name__}: {value}")
+
+    hook.trainer_core = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def direct_target(outs: list[Any], m: KeyMeta) -> np.ndarray | None:
+    """A flat view of the one output array when results can be written into it directly (no temporary)."""
+    if len(outs) != 1:
+        return None
+    out = outs[0]
+    if (
+        not isinstance(out, np.ndarray)
+        or out.dtype != m.dtype
+        or out.size != m.size
+        or not out.flags.c_contiguous
+    ):
+        return None
+    if not out.flags.writeable:
+        return None
+    return out.reshape(-1)
+
+
+class DistKVStore(KVStore):
+    """A worker of a parameter-server job."""
+
+    def __init__(self, name: str, cfg: NodeConfig, exit_on_failure: bool = True) -> None:
+        self.type = name
+        self.sync = "async" not in name
+        self.cfg = cfg
+        self.log = get_logger(cfg.verbose)
+        self.client = WorkerClient(cfg, self.log, exit_on_failure=exit_on_failure)
+        self.rank = self.client.rank
+        self.num_workers = self.client.book.num_workers
+        self.num_servers = self.client.book.num_servers
+        self.meta: dict[Key, KeyMeta] = {}
+        self.segments = SegmentFactory(cfg.job_id, f"w{self.rank}")
+        self._unlink: list[tuple[Segment, int, int]] = []
+        self._closed = False
+        self.compression: dict[str, Any] | None = None
+        _OPEN.add(self)
+        install_excepthook()
+        self.client.before_exit = self._unlink_names
+        try:
+            self._to_all_servers(wire.SET_MODE, {"sync": self.sync})
+        except BaseException:
+            self._cleanup()
+            raise
+
+    # -- control ------------------------------------------------------------------------------------
+
+    def _to_all_servers(self, op: str, body: dict[str, Any]) -> None:
+        """Rank 0 sends a command to every server and waits for the acks; then every worker meets."""
+        if self.rank == 0:
+            self.client.wait([self.client.send(s, op, body=body) for s in range(self.num_servers)])
+        self.client.barrier()
+
+    def barrier(self) -> None:
+        self.client.drain()
+        self.client.barrier()
+
+    def set_optimizer(self, optimizer: Any, **kwargs: Any) -> None:
+        """Server-side optimizer for every key (sent as a plain-data spec, see ``optim.py``)."""
+        self._to_all_servers(wire.SET_OPTIMIZER, {"spec": to_spec(optimizer, **kwargs)})
+
+    def set_gradient_compression(self, params: Any) -> None:
+        """Validate, keep, and forward compression params (see ``gc_hook.py``)."""
+        resolve_compression(params)
+        self.compression = validate_params(params)
+        self._to_all_servers(wire.SET_COMPRESSION, {"params": self.compression})
+
+    # -- data ---------------------------------------------------------------------------------------
+
+    def init(self, key: Key | Sequence[Key], value: Any) -> None:
+        """Every worker calls it with the same keys and shapes; rank 0's values are stored."""
+        pairs = normalize(key, value)
+        per_server: dict[int, tuple[list[wire.Entry], list[Any]]] = {}
+        for k, vals in pairs:
+            host = to_host(vals[0])
+            dtype = np.dtype(host.dtype)
+            if dtype.str not in wire.DTYPES:
+                raise KVError(f"key {k!r}: unsupported dtype {dtype}")
+            parts = split(k, host.size, self.num_servers, self.cfg.bigarray_bound)
+            self.meta[k] = KeyMeta(host.shape, dtype, host.size, parts, [None] * len(parts), [0] * len(parts))
+            flat = np.ascontiguousarray(host).reshape(-1)
+            for p in parts:
+                entries, frames = per_server.setdefault(p.server, ([], []))
+                entries.append(wire.Entry(k, p.index, p.size, dtype.str))
+                frames.append(flat[p.start : p.stop])
+        if self.rank == 0:
+            self.client.wait([self.client.send(s, wire.INIT, e, f) for s, (e, f) in per_server.items()])
+        self.client.barrier()
+
+    def push(self, key: Key | Sequence[Key], value: Any) -> None:
+        self._exchange(wire.PUSH, normalize(key, value), None)
+
+    def pull(self, key: Key | Sequence[Key], out: Any) -> Any:
+        pairs = normalize(key, out)
+        self._exchange(wire.PULL, [(k, []) for k, _ in pairs], pairs)
+        return out
+
+    def pushpull(self, key: Key | Sequence[Key], value: Any, out: Any = None) -> Any:
+        """Push and pull in one message per server (one round trip)."""
+        target = value if out is None else out
+        self._exchange(wire.PUSHPULL, normalize(key, value), normalize(key, target))
+        return target
+
+    def _meta(self, key: Key) -> KeyMeta:
+        try:
+            return self.meta[check_key(key)]
+        except KeyError:
+            raise KVError(f"key {key!r} was not initialized (call init on every worker first)") from None
+
+    def _segment(self, m: KeyMeta, p: Part, writing: bool) -> Segment | None:
+        """The part's segment (``None``: not on this host). Before ``writing`` into it, wait until the
+        server consumed the previous push from it. A pull needs no wait: the server handles the
+        messages of one connection in order, so it reads an earlier push before it writes the result."""
+        if not self.client.same_host[p.server]:
+            return None
+        seg = m.segments[p.index]
+        if seg is None:
+            seg = m.segments[p.index] = self.segments.create(p.size * m.dtype.itemsize)
+        elif writing and m.busy[p.index]:
+            self.client.confirm(p.server, m.busy[p.index])
+            m.busy[p.index] = 0
+        return seg
+
+    def _exchange(
+        self, op: str, pushes: list[tuple[Key, list[Any]]], pulls: list[tuple[Key, list[Any]]] | None
+    ) -> None:
+        self._release_names()
+        if len({k for k, _ in pushes}) != len(pushes):
+            raise KVError("a key appears more than once in one call")
+        per_server: dict[
+            int, tuple[list[wire.Entry], list[Any], list[tuple[KeyMeta, Part, Segment | None]]]
+        ] = {}
+        for k, vals in pushes:
+            m = self._meta(k)
+            flat = host_sum(vals, m.dtype) if vals else None
+            if flat is not None and flat.size != m.size:
+                raise KVError(f"key {k!r}: pushed {flat.size} elements, initialized with {m.size}")
+            for p in m.parts:
+                seg = self._segment(m, p, writing=flat is not None)
+                entries, frames, where = per_server.setdefault(p.server, ([], [], []))
+                if seg is not None:
+                    view = seg.view(m.dtype, p.size)
+                    if flat is not None:
+                        np.copyto(view, flat[p.start : p.stop])
+                    entries.append(wire.Entry(k, p.index, p.size, m.dtype.str, seg.name))
+                else:
+                    entries.append(wire.Entry(k, p.index, p.size, m.dtype.str))
+                    if flat is not None:
+                        # zero-copy when the call waits for the reply (the bytes are gone by then)
+                        part = flat[p.start : p.stop]
+                        frames.append(part if pulls is not None else np.array(part, copy=True))
+                where.append((m, p, seg))
+        sent: dict[int, list[tuple[KeyMeta, Part, Segment | None]]] = {}
+        server_of: dict[int, int] = {}
+        for server, (entries, frames, where) in per_server.items():
+            seq = self.client.send(server, op, entries, frames, keep=pulls is not None)
+            sent[seq] = where
+            server_of[seq] = server
+            for m, p, seg in where:
+                if seg is not None:
+                    if seg.named:
+                        self._unlink.append((seg, server, seq))
+                    m.busy[p.index] = seq
+        if pulls is None:
+            return
+        replies = self.client.wait(list(sent))
+        results: dict[int, np.ndarray] = {}
+        direct: set[int] = set()  # indexes in ``pulls`` whose output receives the data directly
+        for i, (k, outs) in enumerate(pulls):
+            m = self._meta(k)
+            target = direct_target(outs, m)
+            if target is not None and id(m) not in results:
+                results[id(m)] = target
+                direct.add(i)
+        for seq, where in sent.items():
+            frames_in = iter(replies[seq].frames)
+            located = replies[seq].header.entries  # set when values are read from the server's buffers
+            for idx, (m, p, seg) in enumerate(where):
+                m.busy[p.index] = 0
+                if id(m) not in results:
+                    results[id(m)] = np.empty(m.size, dtype=m.dtype)
+                dst = results[id(m)][p.start : p.stop]
+                where_is = located[idx].shm if idx < len(located) else None
+                if where_is is not None:
+                    np.copyto(dst, self.client.shared_view(server_of[seq], where_is, m.dtype, p.size))
+                elif seg is not None:
+                    np.copyto(dst, seg.view(m.dtype, p.size))
+                else:
+                    frame = next(frames_in, None)
+                    if frame is None or len(frame.buffer) != p.size * m.dtype.itemsize:
+                        raise KVError("a server's reply is missing data")
+                    np.copyto(dst, np.frombuffer(frame.buffer, dtype=m.dtype))
+        for i, (k, outs) in enumerate(pulls):
+            if i not in direct:
+                write_out(results[id(self._meta(k))], outs)
+
+    def _release_names(self) -> None:
+        """Unlink segment names the servers have mapped already (answered requests)."""
+        if self._unlink:
+            keep = []
+            for seg, server, seq in self._unlink:
+                if self.client.handled(server, seq):
+                    seg.unlink()
+                else:
+                    keep.append((seg, server, seq))
+            self._unlink = keep
+
+    # -- end ----------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Wait for in-flight requests and for every worker to finish, then free sockets and segments."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.client.failure is None:
+                self.client.drain()
+                self.client.finish()
+        finally:
+            self._cleanup()
+
+    def abort(self, reason: str) -> None:
+        """End the whole job now (an uncaught exception in this worker): tell the scheduler, free everything."""
+        if self._closed:
+            return
+        try:
+            self.client.abort(reason)
+        finally:
+            self._cleanup()
+
+    def _unlink_names(self) -> None:
+        """Remove every segment name still in /dev/shm (the mappings stay): safe from any thread."""
+        for m in list(self.meta.values()):
+            for seg in list(m.segments):
+                if seg is not None:
+                    seg.unlink()
+
+    def _cleanup(self) -> None:
+        self._closed = True
+        _OPEN.discard(self)
+        for m in self.meta.values():
+            for seg in m.segments:
+                if seg is not None:
+                    seg.close()
+        self.client.close()

@@ -1,0 +1,110 @@
+"""Heartbeats: a background thread per node that keeps the node and the scheduler in touch.
+
+The thread owns its own DEALER socket to the scheduler, sends a heartbeat every
+``interval`` seconds and watches the replies. It sets ``failed`` (with ``failure``, a
+``NodeFailure`` naming the dead node) when the scheduler reports an abort, or when the
+scheduler itself stays silent for ``timeout`` seconds; it sets ``terminated`` when the
+scheduler ends the job normally. It runs beside the user's code, so a long computation on a
+healthy node never misses a beat. With heartbeats off (interval 0) it still sends one
+heartbeat, so the scheduler can reach it, and relays aborts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from . import wire
+from .errors import NodeFailure
+from .transport import Transport, poll
+
+
+class Liveness:
+    """The heartbeat thread of one node."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        scheduler_endpoint: str,
+        node: str,
+        interval: float,
+        timeout: float,
+        log: logging.Logger,
+        on_failure: Callable[[NodeFailure], None] | None = None,
+    ) -> None:
+        self.transport = transport
+        self.endpoint = scheduler_endpoint
+        self.node = node
+        self.interval = interval
+        self.timeout = timeout
+        self.log = log
+        self.on_failure = on_failure
+        self.failed = threading.Event()
+        self.terminated = threading.Event()
+        self.failure: NodeFailure | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"trainer_core-heartbeat-{node}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+
+    def check(self) -> None:
+        """Raise the recorded failure, if any."""
+        if self.failure is not None:
+            raise self.failure
+
+    def _fail(self, failure: NodeFailure) -> None:
+        if self.failure is None:
+            self.failure = failure
+            self.failed.set()
+            self.log.error("trainer_core %s: %s", self.node, failure)
+            if self.on_failure is not None:
+                self.on_failure(failure)
+
+    def _run(self) -> None:
+        sock = self.transport.connect_dealer(self.endpoint)
+        on = self.interval > 0 and self.timeout > 0
+        period = self.interval if on else 0.2
+        last_ack = time.monotonic()
+        next_beat = 0.0
+        sent_once = False
+        try:
+            while not self._stop.is_set() and not self.failed.is_set():
+                now = time.monotonic()
+                if (on or not sent_once) and now >= next_beat:
+                    self.transport.send(sock, wire.Header(op=wire.HEARTBEAT, src=self.node))
+                    sent_once = True
+                    next_beat = now + self.interval
+                for _ in poll([sock], min(period, 0.2)):
+                    while (msg := self.transport.recv(sock, router=False)) is not None:
+                        h = msg.header
+                        if h.op == wire.HEARTBEAT_ACK:
+                            last_ack = time.monotonic()
+                        elif h.op == wire.ABORT:
+                            node = h.body.get("node")
+                            reason = h.body.get("reason")
+                            self._fail(
+                                NodeFailure(
+                                    f"job aborted by the scheduler: {reason if isinstance(reason, str) else '?'}",
+                                    node=node if isinstance(node, str) else None,
+                                )
+                            )
+                        elif h.op == wire.TERMINATE:
+                            self.terminated.set()
+                if on and time.monotonic() - last_ack > self.timeout and not self.terminated.is_set():
+                    self._fail(
+                        NodeFailure(
+                            f"the scheduler ({self.endpoint}) answered no heartbeat for {self.timeout:g} s: "
+                            "it died or stopped; the job is over",
+                            node="scheduler",
+                        )
+                    )
+        finally:
+            sock.close(linger=0)

@@ -1,0 +1,245 @@
+"""The scheduler role: registers nodes, assigns ranks, hands out the address book, runs barriers,
+watches heartbeats and tells every node when the job ends (normally or by an abort).
+
+Run it with ``python -m trainer_core.scheduler`` or by importing trainer_core with
+``DMLC_ROLE=scheduler``. It binds ``DMLC_PS_ROOT_PORT`` with a plain ZeroMQ tcp bind (on
+``DMLC_INTERFACE``'s address when given). Exit code 0 when every worker finished, 1 on abort.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import wire
+from .config import NodeConfig
+from .errors import WireError
+from .log import get_logger
+from .transport import Received, Transport, interface_address, poll
+
+
+@dataclass
+class NodeRecord:
+    """One registered node, as the scheduler sees it."""
+
+    role: str
+    rank_hint: int
+    host: str
+    endpoint: str
+    host_key: str
+    pid: int
+    local: str
+    data: str
+    ident: bytes
+    name: str = ""
+    rank: int = -1
+    ctl_ident: bytes | None = None
+    last_seen: float = 0.0
+    finished: bool = False
+
+    def describe(self) -> str:
+        return f"{self.name} (host {self.host}, pid {self.pid})"
+
+
+class Scheduler:
+    """One job's scheduler; ``run()`` returns the exit code."""
+
+    def __init__(self, cfg: NodeConfig, log: logging.Logger | None = None) -> None:
+        self.cfg = cfg
+        self.log = log or get_logger(cfg.verbose)
+        self.transport = Transport(cfg.secret, self.log, cfg.verbose)
+        host = interface_address(cfg.env.interface) if cfg.env.interface else "*"
+        self.sock, self.endpoint = self.transport.bind_router(host, cfg.env.root_port)
+        self.expected = {"server": cfg.env.num_servers, "worker": cfg.env.num_workers}
+        self.pending: list[NodeRecord] = []
+        self.nodes: dict[str, NodeRecord] = {}
+        self.barrier_waiters: list[tuple[bytes, int]] = []
+        self.finish_waiters: list[tuple[bytes, int]] = []
+
+    def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self.transport.close(linger_ms=1000)
+
+    def _run(self) -> int:
+        cfg = self.cfg
+        started = time.monotonic()
+        check_every = min(0.2, cfg.heartbeat_interval) if cfg.liveness_on else 0.2
+        while True:
+            if poll([self.sock], check_every):
+                while (msg := self.transport.recv(self.sock, router=True)) is not None:
+                    try:
+                        done = self._handle(msg)
+                    except (WireError, TypeError, ValueError) as exc:
+                        self.log.warning("dropped a bad %s message: %s", msg.header.op, exc)
+                        continue
+                    if done is not None:
+                        return done
+            now = time.monotonic()
+            if not self.nodes and now - started > cfg.start_timeout:
+                return self._abort(
+                    f"only {len(self.pending)} of {sum(self.expected.values())} nodes registered within "
+                    f"{cfg.start_timeout:g} s (PS_START_TIMEOUT)",
+                    None,
+                    [r.ident for r in self.pending],
+                )
+            if self.nodes and cfg.liveness_on:
+                for rec in self.nodes.values():
+                    if now - rec.last_seen > cfg.heartbeat_timeout:
+                        return self._abort(
+                            f"{rec.describe()} sent no heartbeat for {cfg.heartbeat_timeout:g} s: "
+                            "it died or stopped",
+                            rec.name,
+                        )
+
+    def _handle(self, msg: Received) -> int | None:
+        h, ident = msg.header, msg.ident
+        assert ident is not None
+        if h.op == wire.REGISTER:
+            return self._register(h, ident)
+        rec = self.nodes.get(h.src)
+        if rec is None:
+            return None  # not a registered node's message; ignore
+        rec.last_seen = time.monotonic()
+        if h.op == wire.HEARTBEAT:
+            rec.ctl_ident = ident
+            self.transport.send(self.sock, wire.Header(op=wire.HEARTBEAT_ACK), ident=ident)
+        elif h.op == wire.ABORT:
+            reason = h.body.get("reason")
+            culprit = self.nodes.get(str(h.body.get("node")), rec)
+            text = reason if isinstance(reason, str) else "?"
+            if culprit is rec:
+                return self._abort(f"{rec.describe()} failed: {text}", rec.name)
+            return self._abort(f"{culprit.describe()}: {text} (seen by {rec.name})", culprit.name)
+        elif h.op == wire.BARRIER and rec.role == "worker":
+            self.barrier_waiters.append((ident, h.seq))
+            if len(self.barrier_waiters) == self.expected["worker"]:
+                for who, seq in self.barrier_waiters:
+                    self.transport.send(self.sock, wire.Header(op=wire.BARRIER_DONE, seq=seq), ident=who)
+                self.barrier_waiters.clear()
+        elif h.op == wire.FINISH and rec.role == "worker" and not rec.finished:
+            rec.finished = True
+            self.finish_waiters.append((ident, h.seq))
+            if len(self.finish_waiters) == self.expected["worker"]:
+                return self._finish()
+        if (
+            self.barrier_waiters
+            and len(self.barrier_waiters) + len(self.finish_waiters) == self.expected["worker"]
+        ):
+            done = sorted(r.name for r in self.nodes.values() if r.finished)
+            return self._abort(
+                f"{', '.join(done)} finished while the other workers wait in a barrier", done[0]
+            )
+        return None
+
+    def _register(self, h: wire.Header, ident: bytes) -> int | None:
+        role = wire.body_str(h, "role")
+        if role not in self.expected or self.nodes:
+            self.transport.send(
+                self.sock, wire.Header(op=wire.ERROR, body={"reason": "unexpected registration"}), ident=ident
+            )
+            return None
+        rec = NodeRecord(
+            role=role,
+            rank_hint=wire.body_int(h, "rank"),
+            host=wire.body_str(h, "host"),
+            endpoint=wire.body_str(h, "endpoint"),
+            host_key=wire.body_str(h, "host_key"),
+            pid=wire.body_int(h, "pid"),
+            local=wire.body_str(h, "local", ""),
+            data=wire.body_str(h, "data", ""),
+            ident=ident,
+        )
+        if sum(1 for r in self.pending if r.role == role) >= self.expected[role]:
+            self.transport.send(
+                self.sock,
+                wire.Header(op=wire.ERROR, body={"reason": f"more than {self.expected[role]} {role}s"}),
+                ident=ident,
+            )
+            return None
+        self.pending.append(rec)
+        if self.cfg.verbose:
+            self.log.info("registered a %s on %s (pid %d)", role, rec.host, rec.pid)
+        if len(self.pending) == sum(self.expected.values()):
+            return self._start()
+        return None
+
+    def _start(self) -> int | None:
+        for role, count in self.expected.items():
+            recs = [r for r in self.pending if r.role == role]
+            error = assign_ranks(recs, count)
+            if error:
+                return self._abort(
+                    f"cannot assign {role} ranks: {error}", None, [r.ident for r in self.pending]
+                )
+            for r in recs:
+                r.name = f"{role} {r.rank}"
+        now = time.monotonic()
+        servers = sorted((r for r in self.pending if r.role == "server"), key=lambda r: r.rank)
+        book: dict[str, Any] = {
+            "num_workers": self.expected["worker"],
+            "num_servers": self.expected["server"],
+            "servers": [
+                {"endpoint": r.endpoint, "host_key": r.host_key, "local": r.local, "data": r.data}
+                for r in servers
+            ],
+        }
+        for r in self.pending:
+            r.last_seen = now
+            self.nodes[r.name] = r
+            body = {**book, "role": r.role, "rank": r.rank, "name": r.name}
+            self.transport.send(self.sock, wire.Header(op=wire.BOOK, body=body), ident=r.ident)
+        if self.cfg.verbose:
+            self.log.info("job started: %d servers, %d workers", len(servers), self.expected["worker"])
+        return None
+
+    def _finish(self) -> int:
+        for rec in self.nodes.values():
+            if rec.role == "server" and rec.ctl_ident is not None:
+                self.transport.send(self.sock, wire.Header(op=wire.TERMINATE), ident=rec.ctl_ident)
+        for who, seq in self.finish_waiters:
+            self.transport.send(self.sock, wire.Header(op=wire.FINISHED, seq=seq), ident=who)
+        if self.cfg.verbose:
+            self.log.info("every worker finished: job done")
+        return 0
+
+    def _abort(self, reason: str, node: str | None, extra: list[bytes] | None = None) -> int:
+        self.log.error("trainer_core scheduler: aborting the job: %s", reason)
+        body = {"reason": reason, "node": node}
+        targets = [r.ctl_ident for r in self.nodes.values() if r.ctl_ident is not None and r.name != node]
+        for ident in targets + (extra or []):
+            self.transport.send(self.sock, wire.Header(op=wire.ABORT, body=body), ident=ident)
+        return 1
+
+
+def assign_ranks(recs: list[NodeRecord], count: int) -> str | None:
+    """Give each record a rank in ``0..count-1``: its hint when set (the launcher's rank), else the
+    lowest free rank in registration order. Returns an error message for bad or duplicate hints."""
+    taken: set[int] = set()
+    for r in recs:
+        if r.rank_hint >= 0:
+            if r.rank_hint >= count or r.rank_hint in taken:
+                return f"rank {r.rank_hint} of pid {r.pid} on {r.host} is out of range or taken twice"
+            r.rank = r.rank_hint
+            taken.add(r.rank)
+    free = (i for i in range(count) if i not in taken)
+    for r in recs:
+        if r.rank_hint < 0:
+            r.rank = next(free)
+    return None
+
+
+def main(environ: dict[str, str] | None = None) -> int:
+    """Entry point of ``python -m trainer_core.scheduler``."""
+    from .config import NodeConfig
+
+    cfg = NodeConfig.from_environ(environ, role="scheduler")
+    return Scheduler(cfg).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

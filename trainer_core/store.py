@@ -1,0 +1,206 @@
+"""The server's key-value logic, free of sockets: sync rounds, async updates, optimizers.
+
+Sync (as MXNet): the pushes of one round of a key are summed; when every worker has pushed,
+the optimizer is applied to the sum (or, without one, the sum becomes the value) and the
+pulls waiting for that round are answered. A worker that pushes again before the round ends
+is queued for the next round (its data copied: every push is consumed when it is handled, which
+lets workers reuse a shared-memory segment once any later request to this server is answered). Async: each push is applied at once (with no optimizer the
+pushed value replaces the stored one, as MXNet documents).
+
+A ``Request`` carries, per entry, the input data (a view of a shared-memory segment or of a
+received frame) and where the result goes (a shared-memory view, or ``None``: returned as a
+frame). The server calls ``handle`` and sends the requests it returns as completed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import optim, wire
+from .errors import KVError
+
+
+class StoreError(KVError):
+    """A request the store cannot serve (unknown key, size mismatch); answered with an error reply."""
+
+
+@dataclass
+class Request:
+    """One worker message being served."""
+
+    ident: Any  # who to answer: a ZeroMQ routing id, or a same-host connection
+    header: wire.Header
+    rank: int
+    inputs: list[np.ndarray | None]
+    outputs: list[np.ndarray | None]
+    share: bool = False  # the worker can read results from this server's shared buffers (same host)
+    remaining: int = 0
+    results: list[np.ndarray | None] = field(default_factory=list)
+    shared: list[bool] = field(default_factory=list)  # result i is the stored array itself, not a copy
+
+    def __post_init__(self) -> None:
+        self.remaining = len(self.header.entries)
+        self.results = [None] * len(self.header.entries)
+        self.shared = [False] * len(self.header.entries)
+
+
+@dataclass
+class KeyState:
+    """One key part on this server."""
+
+    weight: np.ndarray
+    acc: np.ndarray | None = None
+    pushed: set[int] = field(default_factory=set)
+    waiting: list[tuple[Request, int]] = field(default_factory=list)
+    deferred: list[tuple[Request, int]] = field(default_factory=list)
+    opt_state: dict[str, Any] | None = None
+
+
+class Store:
+    """The keys held by one server."""
+
+    def __init__(self, num_workers: int, alloc: Callable[[np.dtype, int], np.ndarray] | None = None) -> None:
+        self.num_workers = num_workers
+        self.alloc = alloc or (lambda dtype, n: np.empty(n, dtype=dtype))
+        self.sync = True
+        self.updater: optim.Updater | None = None
+        self.keys: dict[tuple[wire.Key, int], KeyState] = {}
+        self.finished: set[int] = set()
+
+    def worker_finished(self, rank: int) -> list[Request]:
+        """Worker ``rank`` ended: in sync mode, the requests waiting for a round it will never push to."""
+        self.finished.add(rank)
+        if not self.sync:
+            return []
+        failed: dict[int, Request] = {}
+        for st in self.keys.values():
+            if st.pushed and rank not in st.pushed:
+                for req, _ in st.waiting + st.deferred:
+                    failed[id(req)] = req
+                st.waiting, st.deferred, st.pushed = [], [], set()
+        return list(failed.values())
+
+    def set_optimizer(self, spec: dict[str, Any]) -> None:
+        self.updater = optim.build(spec)
+        for st in self.keys.values():
+            st.opt_state = None
+
+    def handle(self, req: Request) -> list[Request]:
+        """Serve ``req``; returns the requests (this one or earlier waiting ones) now complete."""
+        self._check(req)
+        done: list[Request] = []
+        for i in range(len(req.header.entries)):
+            self._entry(req, i, done)
+        return done
+
+    def _check(self, req: Request) -> None:
+        for e in req.header.entries:
+            if req.header.op == wire.INIT:
+                continue
+            st = self.keys.get((e.key, e.part))
+            if st is None:
+                raise StoreError(f"key {e.key!r} (part {e.part}) was not initialized")
+            if st.weight.size != e.size or st.weight.dtype.str != np.dtype(e.dtype).str:
+                raise StoreError(
+                    f"key {e.key!r}: {e.size} elements of {e.dtype} given, {st.weight.size} of {st.weight.dtype} stored"
+                )
+
+    def _entry(self, req: Request, i: int, done: list[Request]) -> None:
+        op, e = req.header.op, req.header.entries[i]
+        kid = (e.key, e.part)
+        if op == wire.INIT:
+            data = req.inputs[i]
+            assert data is not None
+            weight = self.alloc(data.dtype, data.size)
+            np.copyto(weight, data)
+            self.keys[kid] = KeyState(weight=weight)
+            self._done(req, i, done)
+            return
+        st = self.keys[kid]
+        if op == wire.PULL:
+            if self.sync and req.rank in st.pushed:
+                st.waiting.append((req, i))
+            else:
+                self._answer(st, req, i, done)
+            return
+        data = req.inputs[i]
+        assert data is not None
+        if not self.sync:
+            self._apply(st, data)
+            if op == wire.PUSHPULL:
+                self._answer(st, req, i, done)
+            else:
+                self._done(req, i, done)
+            return
+        missing = self.finished - st.pushed - {req.rank}
+        if missing:
+            raise StoreError(
+                f"{', '.join(f'worker {r}' for r in sorted(missing))} finished already: "
+                f"a sync round of key {e.key!r} can never complete"
+            )
+        if req.rank in st.pushed:  # next round: keep a private copy (the push counts as consumed now)
+            req.inputs[i] = np.array(data, copy=True)
+            st.deferred.append((req, i))
+            return
+        if st.acc is None:
+            st.acc = self.alloc(st.weight.dtype, st.weight.size)
+        if st.pushed:
+            np.add(st.acc, data, out=st.acc)
+        else:
+            np.copyto(st.acc, data)
+        st.pushed.add(req.rank)
+        if op == wire.PUSHPULL:
+            st.waiting.append((req, i))
+        else:
+            self._done(req, i, done)
+        if len(st.pushed) == self.num_workers:
+            self._end_round(st, done)
+
+    def _end_round(self, st: KeyState, done: list[Request]) -> None:
+        assert st.acc is not None
+        if self.updater is not None:
+            self._apply(st, st.acc)
+        else:
+            st.weight, st.acc = st.acc, st.weight
+        st.pushed.clear()
+        waiting, st.waiting = st.waiting, []
+        # Sharing the stored array is safe while no worker has pushed into the next round yet: the
+        # array changes only when a round ends, and a round needs every worker's next push, which
+        # each sends after it has read this result. A queued early push breaks that: copy then.
+        safe = not st.deferred
+        for req, i in waiting:
+            self._answer(st, req, i, done, share_ok=safe)
+        deferred, st.deferred = st.deferred, []
+        for req, i in deferred:
+            self._entry(req, i, done)
+
+    def _apply(self, st: KeyState, grad: np.ndarray) -> None:
+        if self.updater is None:
+            np.copyto(st.weight, grad)
+            return
+        if st.opt_state is None:
+            st.opt_state = self.updater.create_state(st.weight)
+        self.updater.update(st.weight, grad, st.opt_state)
+
+    def _answer(self, st: KeyState, req: Request, i: int, done: list[Request], share_ok: bool = True) -> None:
+        out = req.outputs[i]
+        if req.share and self.sync and share_ok:
+            req.results[i] = st.weight
+            req.shared[i] = True
+        elif out is not None:
+            np.copyto(out, st.weight)
+        elif self.sync and share_ok:
+            req.results[i] = st.weight  # sent zero-copy: safe for the same reason as sharing it
+        else:
+            req.results[i] = st.weight.copy()
+        self._done(req, i, done)
+
+    @staticmethod
+    def _done(req: Request, i: int, done: list[Request]) -> None:
+        req.remaining -= 1
+        if req.remaining == 0:
+            done.append(req)

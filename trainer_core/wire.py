@@ -1,0 +1,153 @@
+"""The wire format (docs/wire.md): one JSON header frame, then raw array frames.
+
+Encoding and decoding are pure. Nothing received is ever unpickled or evaluated: the header
+is parsed as JSON and checked field by field against the schema below; anything else raises
+``WireError`` and the message is dropped by the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import WireError
+
+VERSION = 1
+MAX_HEADER_BYTES = 1 << 20
+MAX_KEY_LEN = 256
+MAX_ELEMENTS = 1 << 36
+
+# operations: scheduler protocol
+REGISTER, BOOK, HEARTBEAT, HEARTBEAT_ACK = "register", "book", "hb", "hb_ack"
+BARRIER, BARRIER_DONE, FINISH, FINISHED = "barrier", "barrier_done", "finish", "finished"
+ABORT, TERMINATE = "abort", "terminate"
+# operations: worker -> server and replies
+INIT, PUSH, PULL, PUSHPULL = "init", "push", "pull", "pushpull"
+SET_MODE, SET_OPTIMIZER, SET_COMPRESSION = "set_mode", "set_optimizer", "set_compression"
+REPLY, ERROR = "reply", "error"
+
+OPS = frozenset(
+    {
+        REGISTER, BOOK, HEARTBEAT, HEARTBEAT_ACK, BARRIER, BARRIER_DONE, FINISH, FINISHED, ABORT, TERMINATE,
+        INIT, PUSH, PULL, PUSHPULL, SET_MODE, SET_OPTIMIZER, SET_COMPRESSION, REPLY, ERROR,
+    }
+)  # fmt: skip
+DATA_OPS = frozenset({INIT, PUSH, PULL, PUSHPULL})
+DTYPES = frozenset({"<f4", "<f8", "<f2", "<i4", "<i8", "<u1", "|u1", "|i1"})
+SHM_NAME = re.compile(r"^launchkit-[A-Za-z0-9._-]{1,200}$")
+
+Key = int | str
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One key part in a data message: ``key``, part index, element count, dtype, where the data is.
+
+    ``shm`` names the worker's shared-memory segment holding the part (same host); when it is
+    ``None`` the data (if the op carries any) is the next raw frame of the message.
+    """
+
+    key: Key
+    part: int
+    size: int
+    dtype: str
+    shm: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"k": self.key, "p": self.part, "n": self.size, "dt": self.dtype}
+        if self.shm is not None:
+            d["shm"] = self.shm
+        return d
+
+
+@dataclass(frozen=True)
+class Header:
+    """The decoded header frame. ``body`` holds the op-specific plain-data fields."""
+
+    op: str
+    seq: int = 0
+    src: str = ""
+    entries: tuple[Entry, ...] = ()
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+def encode(header: Header) -> bytes:
+    """The header frame's bytes (UTF-8 JSON)."""
+    d: dict[str, Any] = {"v": VERSION, "op": header.op, "seq": header.seq, "src": header.src}
+    if header.entries:
+        d["e"] = [e.to_json() for e in header.entries]
+    if header.body:
+        d["b"] = header.body
+    return json.dumps(d, separators=(",", ":")).encode()
+
+
+def decode(frame: bytes | memoryview) -> Header:
+    """Parse and validate one header frame; raises ``WireError`` on anything unexpected."""
+    if len(frame) > MAX_HEADER_BYTES:
+        raise WireError("header frame too large")
+    try:
+        d = json.loads(bytes(frame))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise WireError(f"header is not JSON: {exc}") from None
+    if not isinstance(d, dict):
+        raise WireError("header is not a JSON object")
+    if d.get("v") != VERSION:
+        raise WireError(f"unsupported wire version {d.get('v')!r}")
+    op = d.get("op")
+    if op not in OPS:
+        raise WireError(f"unknown op {op!r}")
+    seq = d.get("seq", 0)
+    src = d.get("src", "")
+    if not _is_int(seq) or seq < 0 or not isinstance(src, str) or len(src) > 64:
+        raise WireError("bad seq or src")
+    body = d.get("b", {})
+    if not isinstance(body, dict):
+        raise WireError("body is not an object")
+    raw_entries = d.get("e", [])
+    if not isinstance(raw_entries, list):
+        raise WireError("entries is not a list")
+    return Header(op=op, seq=seq, src=src, entries=tuple(_entry(e) for e in raw_entries), body=body)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _entry(e: Any) -> Entry:
+    if not isinstance(e, dict):
+        raise WireError("entry is not an object")
+    key: Any = e.get("k")
+    part: Any = e.get("p")
+    size: Any = e.get("n")
+    dtype: Any = e.get("dt")
+    shm: Any = e.get("shm")
+    if not (_is_int(key) or (isinstance(key, str) and len(key) <= MAX_KEY_LEN)):
+        raise WireError(f"bad key {key!r}")
+    if not _is_int(part) or not 0 <= part < 4096:
+        raise WireError("bad part index")
+    if not _is_int(size) or not 0 <= size <= MAX_ELEMENTS:
+        raise WireError("bad element count")
+    if dtype not in DTYPES:
+        raise WireError(f"unsupported dtype {dtype!r}")
+    if shm is not None and not (isinstance(shm, str) and SHM_NAME.match(shm)):
+        raise WireError("bad shared-memory segment name")
+    return Entry(key=key, part=part, size=size, dtype=dtype, shm=shm)
+
+
+def body_str(h: Header, name: str, default: str | None = None) -> str:
+    """A string field of the body, or ``WireError``."""
+    v = h.body.get(name, default)
+    if not isinstance(v, str):
+        raise WireError(f"field {name!r} missing or not a string")
+    return v
+
+
+def body_int(h: Header, name: str, default: int | None = None) -> int:
+    """An integer field of the body, or ``WireError``."""
+    v = h.body.get(name, default)
+    if not _is_int(v):
+        raise WireError(f"field {name!r} missing or not an integer")
+    assert isinstance(v, int)
+    return v
