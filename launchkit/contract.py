@@ -30,6 +30,11 @@ PS_VERBOSE = "PS_VERBOSE"
 PS_HEARTBEAT_INTERVAL = "PS_HEARTBEAT_INTERVAL"
 PS_HEARTBEAT_TIMEOUT = "PS_HEARTBEAT_TIMEOUT"
 MXNET_KVSTORE_BIGARRAY_BOUND = "MXNET_KVSTORE_BIGARRAY_BOUND"
+# trainer_core's own knobs (documented in docs/kvstore.md)
+PS_START_TIMEOUT = "PS_START_TIMEOUT"  # seconds to wait for every node to register
+PS_SHM = "PS_SHM"  # 0: no shared memory between processes of one host
+PS_ENCRYPT = "PS_ENCRYPT"  # 1: CURVE-encrypt array data across hosts too
+TRAINER_CORE_AUTOSTART = "TRAINER_CORE_AUTOSTART"  # 0: importing trainer_core does not run the role
 
 # --- launchkit additions ---
 LAUNCHKIT_JOB_ID = "LAUNCHKIT_JOB_ID"
