@@ -119,3 +119,19 @@ def test_render_argv() -> None:
     assert render_argv(["python train.py --lr 0.1"]) == ("sh", "-c", "python train.py --lr 0.1")
     assert render_argv(["python", "train.py", "a b"]) == ("python", "train.py", "a b")
     assert render_argv(["hostname"]) == ("hostname",)
+
+
+def test_trainer_core_reads_what_the_launcher_sets() -> None:
+    """The other side of the contract: trainer_core's node configuration from a planned env."""
+    from trainer_core.config import NodeConfig
+
+    plan = make_plan(
+        spec(num_workers=3, num_servers=2), job_id="j7", secret="s" * 64, root_uri="127.0.0.1", root_port=9
+    )
+    for t in plan.tasks:
+        cfg = NodeConfig.from_environ(contract.merge_env({}, t.env))
+        assert cfg.role == t.role
+        assert cfg.env.role_rank == t.rank
+        assert cfg.job_id == "j7" and cfg.secret == "s" * 64
+        assert (cfg.env.root_uri, cfg.env.root_port) == ("127.0.0.1", 9)
+        assert (cfg.env.num_workers, cfg.env.num_servers) == (3, 2)
