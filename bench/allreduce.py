@@ -19,8 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.peers import torch_python
+
 ROOT = Path(__file__).resolve().parents[1]
-TORCH_VENV = ROOT / ".venv-torch"
 
 TC_WORKER = r"""
 import json, os, sys, time
@@ -72,19 +74,6 @@ dist.destroy_process_group()
 """
 
 
-def torch_python() -> Path:
-    py = TORCH_VENV / "bin" / "python"
-    if subprocess.run([str(py), "-c", "import torch"], capture_output=True).returncode != 0:
-        print(
-            f"creating {TORCH_VENV} (pip install torch==2.13.0, the CPU wheel) ...",
-            file=sys.stderr,
-            flush=True,
-        )
-        subprocess.run([sys.executable, "-m", "venv", str(TORCH_VENV)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "torch==2.13.0", "numpy"], check=True)
-    return py
-
-
 def launch(workers: int, servers: int, python: str, script: str, args: list[str]) -> dict[str, float]:
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(script)
@@ -109,7 +98,7 @@ def free_port() -> int:
 
 
 def run(workers_list: list[int], sizes: list[str], reps: int) -> list[dict[str, object]]:
-    tpy = str(torch_python())
+    tpy = torch_python()
     rows = []
     for w in workers_list:
         tc = launch(w, 2, sys.executable, TC_WORKER, [",".join(sizes), str(reps)])

@@ -26,7 +26,7 @@ Ours are timed round-robin: every case once per round, ``--repeat`` rounds after
 It also checks that MXNet and we agree: three pushes of random gradients through MXNet's
 kvstore give exactly the values our 2bit ``decode(encode(g))`` gives, step by step.
 
-The MXNet side runs in its own virtual environment ``.venv-mxnet/`` (``scripts/mxnet_venv.sh``) at the repository root
+The MXNet side runs in its own virtual environment of ``bench/peers.py``
 (created on first use: ``pip install mxnet==1.9.1 'numpy<1.24'``; gitignored). Numbers on a
 shared 2-core machine are noisy: compare the ratios within one run.
 """
@@ -48,6 +48,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.peers import mxnet_python  # noqa: E402
 from trainer_core.compression import _fast, get_compressor  # noqa: E402
 
 MX_SCRIPT = r"""
@@ -94,20 +95,12 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def ensure_mxnet_venv() -> Path:
-    """The MXNet venv's python (scripts/mxnet_venv.sh creates it on first use)."""
-    res = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "mxnet_venv.sh")], capture_output=True, text=True, check=True
-    )
-    return Path(res.stdout.strip().splitlines()[-1])
-
-
 def run_mxnet(n: int, repeat: int, seed: int, omp_threads: int | None) -> dict[str, Any]:
     env = dict(os.environ, MXNET_ENGINE_TYPE="NaiveEngine")
     if omp_threads:
         env["OMP_NUM_THREADS"] = str(omp_threads)
     proc = subprocess.run(
-        [str(ensure_mxnet_venv()), "-c", MX_SCRIPT, str(n), str(repeat), str(seed)],
+        [mxnet_python(), "-c", MX_SCRIPT, str(n), str(repeat), str(seed)],
         env=env,
         capture_output=True,
         text=True,

@@ -10,7 +10,7 @@ For each configuration (W workers x S servers, all on this host) it starts one j
 times, per worker, ``push(N float32)`` followed by ``pull`` of the summed value (the round trip),
 median over iterations, averaged over workers. trainer_core runs with authentication on (CURVE,
 keys from LAUNCHKIT_JOB_SECRET) and its same-host shared-memory path; its ``pushpull`` (one
-message) is shown too. MXNet runs from its own venv (``.bench-venv-mxnet/``, created on first
+message) is shown too. MXNet runs from its own venv (``bench/peers.py``, created on first
 use with ``pip install mxnet==1.9.1 'numpy<1.24'``) with DMLC_INTERFACE=lo and
 DMLC_NODE_HOST=127.0.0.1. The raw column is one pyzmq PUSH/PULL stream over tcp://127.0.0.1
 moving the same bytes (2 x 4N per round trip) with ``copy=False``: the socket ceiling.
@@ -36,8 +36,10 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.peers import mxnet_python
+
 REPO = Path(__file__).resolve().parents[1]
-MXNET_VENV = REPO / ".bench-venv-mxnet"
 
 ITERS = {1_000: 300, 100_000: 100, 1_000_000: 30, 10_000_000: 8}
 
@@ -212,21 +214,13 @@ def ours(workers: int, servers: int, sizes: list[int], netns: bool = False) -> d
     return mean_of_workers(run_job(sys.executable, OURS, "import trainer_core", workers, servers, env, netns))
 
 
-def ensure_mxnet() -> str:
-    python = MXNET_VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(MXNET_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "mxnet==1.9.1", "numpy<1.24"], check=True)
-    return str(python)
-
-
 def mxnet(workers: int, servers: int, sizes: list[int], netns: bool = False) -> dict[str, float]:
     env = {
         "BENCH_SIZES": json.dumps(sizes),
         "BENCH_ITERS": json.dumps({str(n): ITERS.get(n, 20) for n in sizes}),
         "OMP_NUM_THREADS": "1",
     }
-    return mean_of_workers(run_job(ensure_mxnet(), MXNET, "import mxnet", workers, servers, env, netns))
+    return mean_of_workers(run_job(mxnet_python(), MXNET, "import mxnet", workers, servers, env, netns))
 
 
 def raw_zmq_gbps(nbytes: int, repeats: int) -> float:

@@ -10,6 +10,7 @@ docs/testing.md). Prints a Markdown table; ratios matter, not absolute times (sh
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -66,6 +67,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, nargs="+", default=[3, 12])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", help="also write the rows as JSON here")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as home:
@@ -86,6 +88,10 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for n, lk, seq in rows:
         print(f"| {n} | {lk:.2f} | {seq:.2f} | {lk / seq:.2f}x | {lk / base:.2f}x |")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps([{"hosts": n, "launchkit_s": lk, "sequential_s": seq} for n, lk, seq in rows])
+        )
 
 
 if __name__ == "__main__":

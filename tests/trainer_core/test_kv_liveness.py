@@ -103,6 +103,7 @@ def test_a_worker_that_ends_early_ends_the_job(ending: str, expect: str) -> None
 import sys, time
 kv.init('w', np.zeros(10, np.float32))
 kv.init('v', np.zeros(10, np.float32))
+kv.barrier()  # both workers are past start-up before rank 1 ends
 if kv.rank == 1:
     {ending}
 try:
