@@ -11,6 +11,8 @@ import time
 import uuid
 from pathlib import Path
 
+from tests.launchkit.procs import pids_with_env
+
 from .netns import STATE_ROOT, ClusterLock, HostGroup, sweep_stale
 from .sshd import LoopbackSshd, port_open
 
@@ -42,24 +44,6 @@ def _pids_with_cmdline(fragment: str) -> list[int]:
         except OSError:
             continue
         if fragment in cmdline and state not in (b"Z", b"X"):
-            found.append(int(name))
-    return found
-
-
-def _machine_pids_with_env(needle: str) -> list[int]:
-    """Live processes of the whole machine (all namespaces) with the environment entry `needle`."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{name}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle.encode() in env and state not in (b"Z", b"X"):
             found.append(int(name))
     return found
 
@@ -177,12 +161,12 @@ def test_three_netns_hosts_are_separate_hosts(netns_hosts) -> None:
 
     # stop() powers a host off: its sshd and every process in it end; the others keep running.
     assert node3.pids_with_env(needle)
-    assert len(_machine_pids_with_env(needle)) == 2  # the real machine sees both sleeps
+    assert len(pids_with_env(needle)) == 2  # the real machine sees both sleeps
     node3.stop()
     assert not node3.alive()
     assert not port_open(node3.address, 22)
     assert node1.pids_with_env(needle) == pids
-    assert len(_machine_pids_with_env(needle)) == 1  # only node1's is left
+    assert len(pids_with_env(needle)) == 1  # only node1's is left
 
     # Cutting the root-side veth makes the host unreachable; setting it up again restores it.
     subprocess.run(["ip", "link", "set", node2.veth, "down"], check=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launchkit.procs import PROG, record, run, start, wait_for_job, wait_until
+from tests.launchkit.procs import PROG, parse_prefixed, record, run, start, wait_for_job, wait_until
 
 PROG_NAME = Path(PROG).name
 SYNC_DIR = "/srv/lkjob"
@@ -36,16 +36,6 @@ def launch_args(group, hostfile: Path, *rest: str) -> list[str]:
     return ["launch", "-H", str(hostfile), *ssh_flags(group), "--sync-dst-dir", SYNC_DIR, *rest]
 
 
-def parse(stdout: str) -> dict[tuple[str, int], dict]:
-    out = {}
-    for line in stdout.splitlines():
-        if line.startswith("[") and "] {" in line:
-            label, _, body = line.partition("] ")
-            role, rank = label[1:].split()
-            out[(role, int(rank))] = json.loads(body)
-    return out
-
-
 def job_pids_on(group, job: str) -> dict[str, list[int]]:
     return {h.name: h.pids_with_env(f"LAUNCHKIT_JOB_ID={job}") for h in group}
 
@@ -59,7 +49,7 @@ def test_three_hosts_each_process_reports_its_host_and_contract(netns_hosts, job
         timeout=60,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    envs = parse(res.stdout)
+    envs = parse_prefixed(res.stdout)
     assert len(envs) == 7
     addresses = [h.address for h in group]
     for (role, rank), e in envs.items():
@@ -93,7 +83,7 @@ def test_hostile_values_arrive_literally(netns_hosts, jobdir: Path) -> None:
         assert json.loads(line.split("] ", 1)[1]) == [HOSTILE, "$(id)", ";", "'"]
     res = run(launch_args(group, hostfile, "-n", "2", "-s", "0", "--env", f"X_HOSTILE:{HOSTILE}", "python3", PROG_NAME,
                           "env"), cwd=jobdir, timeout=60)  # fmt: skip
-    assert all(e["X_HOSTILE"] == HOSTILE for e in parse(res.stdout).values())
+    assert all(e["X_HOSTILE"] == HOSTILE for e in parse_prefixed(res.stdout).values())
     for h in group:
         assert h.run("ls /tmp").stdout.count("pwned") == 0
 
@@ -292,7 +282,7 @@ def test_interface_is_resolved_on_each_host(netns_hosts, jobdir: Path) -> None:
     res = run(launch_args(group, hostfile, "--interface", "eth0", "--scheduler-ip", "10.231.0.1", "-n", "2", "-s", "0",
                           "python3", PROG_NAME, "env"), cwd=jobdir, timeout=60)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
-    envs = parse(res.stdout)
+    envs = parse_prefixed(res.stdout)
     for rank in (0, 1):
         assert envs[("worker", rank)]["DMLC_INTERFACE"] == "eth0"
         assert envs[("worker", rank)]["DMLC_NODE_HOST"] == group[rank].address

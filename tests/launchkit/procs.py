@@ -15,7 +15,12 @@ LAUNCHKIT = [sys.executable, "-m", "launchkit"]
 
 
 def pids_with_job(job_id: str) -> list[int]:
-    needle = f"LAUNCHKIT_JOB_ID={job_id}".encode()
+    return pids_with_env(f"LAUNCHKIT_JOB_ID={job_id}")
+
+
+def pids_with_env(entry: str) -> list[int]:
+    """Live processes of the whole machine (all PID namespaces) with the environment entry ``entry``."""
+    needle = entry.encode()
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -30,6 +35,17 @@ def pids_with_job(job_id: str) -> list[int]:
         if needle in env and state not in (b"Z", b"X"):
             found.append(int(name))
     return found
+
+
+def parse_prefixed(stdout: str) -> dict[tuple[str, int], dict]:
+    """``[role rank] {json}`` output lines -> {(role, rank): object}."""
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("[") and "] {" in line:
+            label, _, body = line.partition("] ")
+            role, rank = label[1:].split()
+            out[(role, int(rank))] = json.loads(body)
+    return out
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:

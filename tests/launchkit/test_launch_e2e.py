@@ -10,19 +10,18 @@ import time
 
 import pytest
 
-from tests.launchkit.procs import PROG, pids_with_job, record, run, start, wait_for_job, wait_until
+from tests.launchkit.procs import (
+    PROG,
+    parse_prefixed,
+    pids_with_job,
+    record,
+    run,
+    start,
+    wait_for_job,
+    wait_until,
+)
 
 PY = sys.executable
-
-
-def parse_prefixed(stdout: str) -> dict[tuple[str, int], dict]:
-    out = {}
-    for line in stdout.splitlines():
-        if line.startswith("[") and "] {" in line:
-            label, _, body = line.partition("] ")
-            role, rank = label[1:].split()
-            out[(role, int(rank))] = json.loads(body)
-    return out
 
 
 def test_two_workers_two_servers_environment(tmp_path) -> None:
