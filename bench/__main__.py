@@ -41,14 +41,14 @@ def bench_args(name: str, quick: bool, out: str) -> list[str] | None:
         "compression": ["--json", out, "--repeat", "11"],
         "allreduce": ["--json", out],
         "launch": ["--json", out],
-        "accuracy": ["--json", out],
+        "accuracy": [],
     }
     fast = {
         "kv": ["--json", out, "--sizes", "1e3,1e5,1e6"],
         "compression": ["--json", out, "--repeat", "3", "--n", "1e6"],
         "allreduce": ["--json", out, "--workers", "2", "--sizes", "1e3", "1e5", "1e6", "--reps", "10"],
         "launch": ["--json", out, "--repeat", "1"],
-        "accuracy": ["--json", out, "--seeds", "1", "--epochs", "5"],
+        "accuracy": ["--seeds", "1", "--epochs", "5"],
     }
     return (fast if quick else full).get(name)
 

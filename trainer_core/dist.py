@@ -11,7 +11,7 @@ later answered request to the same server proves it, see ``WorkerClient.confirm`
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -21,7 +21,8 @@ import numpy as np
 from . import wire
 from .config import NodeConfig
 from .errors import KVError
-from .gc_hook import resolve_compression, validate_params
+from .gc_hook import WorkerCodec, resolve_compression, validate_params
+from .gc_hook import decode as gc_decode
 from .kv import _OPEN, KVStore, check_key, host_sum, normalize, write_out
 from .log import get_logger
 from .optim import to_spec
@@ -95,6 +96,7 @@ class DistKVStore(KVStore):
         self._unlink: list[tuple[Segment, int, int]] = []
         self._closed = False
         self.compression: dict[str, Any] | None = None
+        self.codec = WorkerCodec()
         _OPEN.add(self)
         install_excepthook()
         self.client.before_exit = self._unlink_names
@@ -121,10 +123,26 @@ class DistKVStore(KVStore):
         self._to_all_servers(wire.SET_OPTIMIZER, {"spec": to_spec(optimizer, **kwargs)})
 
     def set_gradient_compression(self, params: Any) -> None:
-        """Validate, keep, and forward compression params (see ``gc_hook.py``)."""
-        resolve_compression(params)
+        """Validate, keep, and forward compression params (see ``gc_hook.py``); every worker calls it
+        at the same point (it ends with a barrier). Residuals start from zero."""
+        active = resolve_compression(params)
         self.compression = validate_params(params)
+        self.client.drain()
+        self.codec.set_params(active)
         self._to_all_servers(wire.SET_COMPRESSION, {"params": self.compression})
+
+    def wire_stats(self) -> dict[str, int]:
+        """Data bytes this worker sent and received so far (payloads; raw parts at their size;
+        ``raw_*``: what 32-bit values would have been; ``exchanges``: data requests)."""
+        return self.codec.stats.as_dict()
+
+    def compression_state(self) -> dict[str, dict[str, Any]]:
+        """This worker's error-feedback residuals by ``"<key>/<part>"`` (for checkpoints)."""
+        return self.codec.state()
+
+    def load_compression_state(self, state: dict[str, dict[str, Any]]) -> None:
+        """Restore ``compression_state()`` (after ``set_gradient_compression`` and ``init``)."""
+        self.codec.load_state(state, {str(k): k for k in self.meta})
 
     # -- data ---------------------------------------------------------------------------------------
 
@@ -191,15 +209,32 @@ class DistKVStore(KVStore):
         per_server: dict[
             int, tuple[list[wire.Entry], list[Any], list[tuple[KeyMeta, Part, Segment | None]]]
         ] = {}
+        stats, compressed = self.codec.stats, False
+        stats.exchanges += 1
         for k, vals in pushes:
             m = self._meta(k)
             flat = host_sum(vals, m.dtype) if vals else None
             if flat is not None and flat.size != m.size:
                 raise KVError(f"key {k!r}: pushed {flat.size} elements, initialized with {m.size}")
+            packed = self.codec.active(m.dtype)
+            compressed = compressed or packed
             for p in m.parts:
-                seg = self._segment(m, p, writing=flat is not None)
+                seg = None if packed else self._segment(m, p, writing=flat is not None)
                 entries, frames, where = per_server.setdefault(p.server, ([], [], []))
-                if seg is not None:
+                raw = p.size * m.dtype.itemsize
+                if flat is not None:
+                    stats.raw_sent += raw
+                if pulls is not None:
+                    stats.raw_received += raw
+                if packed:
+                    if flat is not None:
+                        payload, meta = self.codec.encode(k, p.index, flat[p.start : p.stop])
+                        entries.append(wire.Entry(k, p.index, p.size, m.dtype.str, comp=meta))
+                        frames.append(payload)
+                        stats.sent += payload.nbytes
+                    else:
+                        entries.append(wire.Entry(k, p.index, p.size, m.dtype.str))
+                elif seg is not None:
                     view = seg.view(m.dtype, p.size)
                     if flat is not None:
                         np.copyto(view, flat[p.start : p.stop])
@@ -210,11 +245,13 @@ class DistKVStore(KVStore):
                         # zero-copy when the call waits for the reply (the bytes are gone by then)
                         part = flat[p.start : p.stop]
                         frames.append(part if pulls is not None else np.array(part, copy=True))
+                if flat is not None and not packed:
+                    stats.sent += raw
                 where.append((m, p, seg))
         sent: dict[int, list[tuple[KeyMeta, Part, Segment | None]]] = {}
         server_of: dict[int, int] = {}
         for server, (entries, frames, where) in per_server.items():
-            seq = self.client.send(server, op, entries, frames, keep=pulls is not None)
+            seq = self.client.send(server, op, entries, frames, keep=pulls is not None, local=not compressed)
             sent[seq] = where
             server_of[seq] = server
             for m, p, seg in where:
@@ -234,8 +271,11 @@ class DistKVStore(KVStore):
                 results[id(m)] = target
                 direct.add(i)
         for seq, where in sent.items():
-            frames_in = iter(replies[seq].frames)
-            located = replies[seq].header.entries  # set when values are read from the server's buffers
+            reply = replies[seq]
+            frames_in = iter(reply.frames)
+            metas = reply.header.body.get("c")
+            metas_in: Iterator[Any] = iter(metas if isinstance(metas, list) else [])
+            located = reply.header.entries  # set when values are read from the server's buffers
             for idx, (m, p, seg) in enumerate(where):
                 m.busy[p.index] = 0
                 if id(m) not in results:
@@ -244,16 +284,27 @@ class DistKVStore(KVStore):
                 where_is = located[idx].shm if idx < len(located) else None
                 if where_is is not None:
                     np.copyto(dst, self.client.shared_view(server_of[seq], where_is, m.dtype, p.size))
+                    stats.received += p.size * m.dtype.itemsize
                 elif seg is not None:
                     np.copyto(dst, seg.view(m.dtype, p.size))
+                    stats.received += p.size * m.dtype.itemsize
                 else:
-                    frame = next(frames_in, None)
-                    if frame is None or len(frame.buffer) != p.size * m.dtype.itemsize:
-                        raise KVError("a server's reply is missing data")
-                    np.copyto(dst, np.frombuffer(frame.buffer, dtype=m.dtype))
+                    self._read_frame(dst, m, p, next(frames_in, None), next(metas_in, None))
         for i, (k, outs) in enumerate(pulls):
             if i not in direct:
                 write_out(results[id(self._meta(k))], outs)
+
+    def _read_frame(self, dst: np.ndarray, m: KeyMeta, p: Part, frame: Any, meta: Any) -> None:
+        """Copy (or decode, when ``meta`` describes a compressed payload) one reply frame into ``dst``."""
+        if frame is None:
+            raise KVError("a server's reply is missing data")
+        self.codec.stats.received += len(frame.buffer)
+        if meta is not None:
+            np.copyto(dst, gc_decode(frame.buffer, meta, p.size, m.dtype))
+        elif len(frame.buffer) != p.size * m.dtype.itemsize:
+            raise KVError("a server's reply is missing data")
+        else:
+            np.copyto(dst, np.frombuffer(frame.buffer, dtype=m.dtype))
 
     def _release_names(self) -> None:
         """Unlink segment names the servers have mapped already (answered requests)."""

@@ -2,23 +2,41 @@
 
 ``set_gradient_compression(params)`` on a worker validates ``params`` here, keeps them, and
 forwards them (plain data) to every server, which validates them again. ``{"type": "none"}``
-turns compression off. Any other type is looked up in ``trainer_core.compression``'s
-registry (``get_compressor(params)``); until a compressor is registered there, every other
-type is refused with ``CompressionError`` naming it.
+turns compression off; any other type is looked up in ``trainer_core.compression``'s registry
+(``get_compressor(params)``), and an unknown type or parameter is refused with
+``CompressionError``.
 
-Where compression plugs in: a compressor returned by the registry is used on push (the worker
-encodes each key part, the server decodes before summing) and on pull (the server may encode
-the value, the worker decodes). The push/pull paths of ``kv.py`` and ``server.py`` call it only
-once such a compressor exists; today ``resolve_compression`` never returns one.
+Where compression plugs in (float16/32/64 keys only; other dtypes always travel raw):
+
+* push: the worker encodes each key part with that part's own compressor (its error-feedback
+  residual, ``WorkerCodec``) and sends the packed payload as a data frame whose entry carries the
+  payload's metadata (``wire.Entry.comp``); the server decodes it (decoding is stateless) before
+  summing.
+* pull: the server encodes each new value of a key part once, with that part's own compressor
+  (the server's residual, ``ServerCodec``), and sends the same payload to every worker that pulls
+  that value (so all workers decode identical values); the reply's body lists each frame's
+  metadata (``"c"``). The worker decodes.
+
+Compressed parts always travel as socket frames, never through shared memory, so the bytes
+counted are the bytes that crossed a socket. ``WorkerCodec`` counts every data byte a worker
+sends and receives (compressed payloads, raw frames and raw shared-memory parts alike), which
+is what ``DistKVStore.wire_stats()`` reports.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import CompressionError
+import numpy as np
+
+from .errors import CompressionError, WireError
+from .wire import comp_meta
+
+#: dtypes whose parts are compressed (the compressors' float types).
+COMPRESSIBLE = frozenset({"<f2", "<f4", "<f8"})
 
 
 def validate_params(params: Any) -> dict[str, Any]:
@@ -40,23 +58,128 @@ def validate_params(params: Any) -> dict[str, Any]:
     return out
 
 
-def resolve_compression(params: Any) -> Any | None:
-    """The compressor for ``params`` (``None`` for type ``none``), or ``CompressionError``."""
+def _registry() -> Any:
+    return importlib.import_module("trainer_core.compression")
+
+
+def resolve_compression(params: Any) -> dict[str, Any] | None:
+    """The validated params (``None`` for type ``none``), or ``CompressionError`` for params the
+    registry refuses."""
     p = validate_params(params)
     if p["type"].lower() == "none":
         return None
     try:
-        registry = importlib.import_module("trainer_core.compression")
-        get_compressor = registry.get_compressor
-    except (ImportError, AttributeError):
-        get_compressor = None
-    if get_compressor is not None:
-        try:
-            get_compressor(p)
-        except (KeyError, ValueError) as exc:
-            raise CompressionError(f"unsupported gradient compression type {p['type']!r}: {exc}") from None
-    # The push/pull wire path for compressed frames is not wired yet (see the module docstring).
-    raise CompressionError(
-        f"unsupported gradient compression type {p['type']!r}: the KV store does not carry compressed "
-        "gradients yet (only {'type': 'none'} is accepted)"
-    )
+        _registry().get_compressor(p)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CompressionError(f"unsupported gradient compression type {p['type']!r}: {exc}") from None
+    return p
+
+
+def compressible(dtype: str | np.dtype) -> bool:
+    """Whether parts of ``dtype`` are compressed."""
+    return np.dtype(dtype).str in COMPRESSIBLE
+
+
+def check_meta(meta: Any) -> dict[str, Any]:
+    """A payload's metadata as received (``wire.comp_meta``), or ``CompressionError``."""
+    try:
+        return comp_meta(meta)
+    except WireError as exc:
+        raise CompressionError(str(exc)) from None
+
+
+def decode(payload: Any, meta: Any, size: int, dtype: Any) -> np.ndarray:
+    """Decode a received payload into a flat array of ``size`` values of ``dtype``."""
+    m = check_meta(meta)
+    try:
+        out = _registry().decode(np.frombuffer(payload, dtype=np.uint8), m, (size,), np.dtype(dtype))
+    except (ValueError, TypeError, IndexError) as exc:
+        raise CompressionError(f"cannot decode a {m['type']} payload: {exc}") from None
+    return np.asarray(out).reshape(-1)
+
+
+@dataclass
+class WireStats:
+    """Data bytes one worker sent and received (payloads or raw parts; headers not counted)."""
+
+    sent: int = 0
+    received: int = 0
+    raw_sent: int = 0
+    raw_received: int = 0
+    exchanges: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "sent": self.sent,
+            "received": self.received,
+            "raw_sent": self.raw_sent,
+            "raw_received": self.raw_received,
+            "exchanges": self.exchanges,
+        }
+
+
+@dataclass
+class WorkerCodec:
+    """A worker's compressors, one per key part (``(key, part)``), and its byte counters."""
+
+    params: dict[str, Any] | None = None
+    parts: dict[tuple[Any, int], Any] = field(default_factory=dict)
+    stats: WireStats = field(default_factory=WireStats)
+
+    def set_params(self, params: dict[str, Any] | None) -> None:
+        """New params: every residual starts from zero."""
+        self.params = params
+        self.parts.clear()
+
+    def active(self, dtype: Any) -> bool:
+        return self.params is not None and compressible(dtype)
+
+    def encode(self, key: Any, part: int, data: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+        """The payload and metadata of one part (residual kept per part)."""
+        comp = self.parts.get((key, part))
+        if comp is None:
+            comp = self.parts[(key, part)] = _registry().get_compressor(self.params)
+        payload, meta = comp.encode(data)
+        return np.ascontiguousarray(payload).view(np.uint8).reshape(-1), meta
+
+    def state(self) -> dict[str, dict[str, np.ndarray]]:
+        """Residuals by ``"<key>/<part>"`` (for checkpoints)."""
+        return {f"{k}/{p}": c.state_dict() for (k, p), c in self.parts.items() if c.state_dict()}
+
+    def load_state(self, state: Mapping[str, Mapping[str, np.ndarray]], keys: Mapping[str, Any]) -> None:
+        """Restore ``state()``; ``keys`` maps each key's string form back to the key."""
+        for name, st in state.items():
+            kname, _, part = name.rpartition("/")
+            comp = _registry().get_compressor(self.params)
+            comp.load_state_dict(dict(st))
+            self.parts[(keys[kname], int(part))] = comp
+
+
+@dataclass
+class ServerCodec:
+    """A server's compressors for pulls: one per key part, each value version encoded once."""
+
+    params: dict[str, Any] | None = None
+    parts: dict[Any, Any] = field(default_factory=dict)
+    cache: dict[Any, tuple[int, np.ndarray, dict[str, Any]]] = field(default_factory=dict)
+
+    def set_params(self, params: dict[str, Any] | None) -> None:
+        self.params = params
+        self.parts.clear()
+        self.cache.clear()
+
+    def active(self, dtype: Any) -> bool:
+        return self.params is not None and compressible(dtype)
+
+    def encode(self, kid: Any, version: int, value: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+        """The payload of ``value`` (version ``version`` of key part ``kid``), encoded once."""
+        hit = self.cache.get(kid)
+        if hit is not None and hit[0] == version:
+            return hit[1], hit[2]
+        comp = self.parts.get(kid)
+        if comp is None:
+            comp = self.parts[kid] = _registry().get_compressor(self.params)
+        payload, meta = comp.encode(value)
+        payload = np.ascontiguousarray(payload).view(np.uint8).reshape(-1)
+        self.cache[kid] = (version, payload, meta)
+        return payload, meta

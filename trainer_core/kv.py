@@ -21,7 +21,8 @@ import numpy as np
 
 from .config import NodeConfig
 from .errors import ConfigError, KVError
-from .gc_hook import resolve_compression, validate_params
+from .gc_hook import ServerCodec, WorkerCodec, resolve_compression, validate_params
+from .gc_hook import decode as gc_decode
 from .optim import Updater, build, to_spec
 from .wire import Key
 from .xp import like, to_host
@@ -126,7 +127,11 @@ class KVStore:
 
 
 class LocalKVStore(KVStore):
-    """``local``/``device``: one process; push sums a key's values, then applies the optimizer or stores the sum."""
+    """``local``/``device``: one process; push sums a key's values, then applies the optimizer or stores the sum.
+
+    With gradient compression on, a push goes through the worker's encode and decode (its residual)
+    and a pull through the server's (one residual per key), exactly as in a ``dist`` job with one
+    worker: the single-process reference for compressed training."""
 
     def __init__(self, name: str = "local") -> None:
         self.type = name
@@ -135,12 +140,16 @@ class LocalKVStore(KVStore):
         self.updater: Updater | None = None
         self.states: dict[Key, dict[str, Any]] = {}
         self.compression: dict[str, Any] | None = None
+        self.codec = WorkerCodec()
+        self.server_codec = ServerCodec()
+        self.versions: dict[Key, int] = {}
 
     def init(self, key: Key | Sequence[Key], value: Any) -> None:
         for k, vals in normalize(key, value):
             host = to_host(vals[0])
             self.values[k] = np.array(host, copy=True).reshape(-1)
             self.shapes[k] = host.shape
+            self.versions[k] = self.versions.get(k, 0) + 1
 
     def _get(self, key: Key) -> np.ndarray:
         try:
@@ -154,6 +163,15 @@ class LocalKVStore(KVStore):
             grad = host_sum(vals, weight.dtype)
             if grad.size != weight.size:
                 raise KVError(f"key {k!r}: pushed {grad.size} elements, stored {weight.size}")
+            stats = self.codec.stats
+            stats.raw_sent += grad.nbytes
+            if self.codec.active(grad.dtype):
+                payload, meta = self.codec.encode(k, 0, grad)
+                stats.sent += payload.nbytes
+                grad = gc_decode(payload, meta, grad.size, grad.dtype)
+            else:
+                stats.sent += grad.nbytes
+            self.versions[k] += 1
             if self.updater is None:
                 np.copyto(weight, grad)
             else:
@@ -164,7 +182,16 @@ class LocalKVStore(KVStore):
 
     def pull(self, key: Key | Sequence[Key], out: Any) -> Any:
         for k, outs in normalize(key, out):
-            write_out(self._get(k), outs)
+            value = self._get(k)
+            stats = self.codec.stats
+            stats.raw_received += value.nbytes
+            if self.server_codec.active(value.dtype):
+                payload, meta = self.server_codec.encode(k, self.versions[k], value)
+                stats.received += payload.nbytes
+                value = gc_decode(payload, meta, value.size, value.dtype)
+            else:
+                stats.received += value.nbytes
+            write_out(value, outs)
         return out
 
     def pushpull(self, key: Key | Sequence[Key], value: Any, out: Any = None) -> Any:
@@ -176,8 +203,21 @@ class LocalKVStore(KVStore):
         self.states.clear()
 
     def set_gradient_compression(self, params: Any) -> None:
-        resolve_compression(params)
+        active = resolve_compression(params)
         self.compression = validate_params(params)
+        self.codec.set_params(active)
+        self.server_codec.set_params(active)
+
+    def wire_stats(self) -> dict[str, int]:
+        """Bytes that a worker of a ``dist`` job would have sent and received (see ``gc_hook``)."""
+        return self.codec.stats.as_dict()
+
+    def compression_state(self) -> dict[str, dict[str, Any]]:
+        """The worker-side residuals by ``"<key>/0"``."""
+        return self.codec.state()
+
+    def load_compression_state(self, state: dict[str, dict[str, Any]]) -> None:
+        self.codec.load_state(state, {str(k): k for k in self.values})
 
 
 _OPEN: weakref.WeakSet[KVStore] = weakref.WeakSet()

@@ -20,6 +20,7 @@ from . import optim, wire
 from .auth import derive_mac_keys
 from .config import NodeConfig
 from .errors import KVError, WireError
+from .gc_hook import decode as gc_decode
 from .gc_hook import resolve_compression
 from .liveness import Liveness
 from .log import get_logger
@@ -204,7 +205,7 @@ class Server:
                 params = h.body.get("params")
                 if not isinstance(params, dict):
                     raise WireError("params must be an object")
-                self.compression = resolve_compression(params)
+                self.store.set_compression(resolve_compression(params))
             else:
                 raise WireError(f"op {h.op} is not served by a server")
             self._send(msg.ident, wire.Header(op=wire.REPLY, seq=h.seq))
@@ -226,6 +227,11 @@ class Server:
             if carries_data:
                 if view is not None:
                     data = view
+                elif e.comp is not None:
+                    frame = next(frames, None)
+                    if frame is None:
+                        raise WireError(f"key {e.key!r}: compressed payload missing")
+                    data = gc_decode(frame.buffer, e.comp, e.size, dtype)
                 else:
                     frame = next(frames, None)
                     if frame is None or len(frame.buffer) != e.size * dtype.itemsize:
@@ -259,7 +265,9 @@ class Server:
             self._reply_shared(req)
             return
         frames: list[Any] = [r for r in req.results if r is not None]
-        self._send(req.ident, wire.Header(op=wire.REPLY, seq=req.header.seq), frames)
+        metas = [m for r, m in zip(req.results, req.metas, strict=True) if r is not None]
+        body = {"c": metas} if any(m is not None for m in metas) else {}
+        self._send(req.ident, wire.Header(op=wire.REPLY, seq=req.header.seq, body=body), frames)
 
     def _alloc(self, dtype: np.dtype, n: int) -> np.ndarray:
         """Key storage in an anonymous shared buffer that same-host workers can map."""

@@ -14,6 +14,7 @@ frame). The server calls ``handle`` and sends the requests it returns as complet
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ import numpy as np
 
 from . import optim, wire
 from .errors import KVError
+from .gc_hook import ServerCodec
 
 
 class StoreError(KVError):
@@ -41,11 +43,13 @@ class Request:
     remaining: int = 0
     results: list[np.ndarray | None] = field(default_factory=list)
     shared: list[bool] = field(default_factory=list)  # result i is the stored array itself, not a copy
+    metas: list[dict[str, Any] | None] = field(default_factory=list)  # compressed results' metadata
 
     def __post_init__(self) -> None:
         self.remaining = len(self.header.entries)
         self.results = [None] * len(self.header.entries)
         self.shared = [False] * len(self.header.entries)
+        self.metas = [None] * len(self.header.entries)
 
 
 @dataclass
@@ -58,6 +62,7 @@ class KeyState:
     waiting: list[tuple[Request, int]] = field(default_factory=list)
     deferred: list[tuple[Request, int]] = field(default_factory=list)
     opt_state: dict[str, Any] | None = None
+    version: int = 0  # changes with every new value (compressed pulls encode each version once)
 
 
 class Store:
@@ -70,6 +75,12 @@ class Store:
         self.updater: optim.Updater | None = None
         self.keys: dict[tuple[wire.Key, int], KeyState] = {}
         self.finished: set[int] = set()
+        self.codec = ServerCodec()
+        self._versions = itertools.count(1)
+
+    def set_compression(self, params: dict[str, Any] | None) -> None:
+        """Compress pulled values with ``params`` from now on (``None``: off); residuals restart."""
+        self.codec.set_params(params)
 
     def worker_finished(self, rank: int) -> list[Request]:
         """Worker ``rank`` ended: in sync mode, the requests waiting for a round it will never push to."""
@@ -117,7 +128,7 @@ class Store:
             assert data is not None
             weight = self.alloc(data.dtype, data.size)
             np.copyto(weight, data)
-            self.keys[kid] = KeyState(weight=weight)
+            self.keys[kid] = KeyState(weight=weight, version=next(self._versions))
             self._done(req, i, done)
             return
         st = self.keys[kid]
@@ -166,6 +177,7 @@ class Store:
             self._apply(st, st.acc)
         else:
             st.weight, st.acc = st.acc, st.weight
+        st.version = next(self._versions)
         st.pushed.clear()
         waiting, st.waiting = st.waiting, []
         # Sharing the stored array is safe while no worker has pushed into the next round yet: the
@@ -179,6 +191,7 @@ class Store:
             self._entry(req, i, done)
 
     def _apply(self, st: KeyState, grad: np.ndarray) -> None:
+        st.version = next(self._versions)
         if self.updater is None:
             np.copyto(st.weight, grad)
             return
@@ -188,7 +201,11 @@ class Store:
 
     def _answer(self, st: KeyState, req: Request, i: int, done: list[Request], share_ok: bool = True) -> None:
         out = req.outputs[i]
-        if req.share and self.sync and share_ok:
+        e = req.header.entries[i]
+        if e.shm is None and self.codec.active(st.weight.dtype):
+            # compressed: one payload per value version, the same bytes for every worker
+            req.results[i], req.metas[i] = self.codec.encode((e.key, e.part), st.version, st.weight)
+        elif req.share and self.sync and share_ok:
             req.results[i] = st.weight
             req.shared[i] = True
         elif out is not None:

@@ -46,7 +46,9 @@ class Entry:
     """One key part in a data message: ``key``, part index, element count, dtype, where the data is.
 
     ``shm`` names the worker's shared-memory segment holding the part (same host); when it is
-    ``None`` the data (if the op carries any) is the next raw frame of the message.
+    ``None`` the data (if the op carries any) is the next raw frame of the message. ``comp``, on a
+    pushed entry, is the metadata of a compressed payload (``{"type": "1bit", ...}``): the frame
+    then holds the packed bytes, not ``size`` raw values (see ``gc_hook.py``).
     """
 
     key: Key
@@ -54,11 +56,14 @@ class Entry:
     size: int
     dtype: str
     shm: str | None = None
+    comp: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"k": self.key, "p": self.part, "n": self.size, "dt": self.dtype}
         if self.shm is not None:
             d["shm"] = self.shm
+        if self.comp is not None:
+            d["c"] = self.comp
         return d
 
 
@@ -133,7 +138,22 @@ def _entry(e: Any) -> Entry:
         raise WireError(f"unsupported dtype {dtype!r}")
     if shm is not None and not (isinstance(shm, str) and SHM_NAME.match(shm)):
         raise WireError("bad shared-memory segment name")
-    return Entry(key=key, part=part, size=size, dtype=dtype, shm=shm)
+    comp: Any = e.get("c")
+    if comp is not None:
+        comp = comp_meta(comp)
+        if shm is not None:
+            raise WireError("a compressed payload travels as a frame, not in shared memory")
+    return Entry(key=key, part=part, size=size, dtype=dtype, shm=shm, comp=comp)
+
+
+def comp_meta(meta: Any) -> dict[str, Any]:
+    """Compression metadata as received: at most 16 plain scalars with a string ``type``."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("type"), str) or len(meta) > 16:
+        raise WireError("bad compression metadata")
+    for k, v in meta.items():
+        if not isinstance(k, str) or not (v is None or isinstance(v, str | int | float | bool)):
+            raise WireError("bad compression metadata")
+    return dict(meta)
 
 
 def body_str(h: Header, name: str, default: str | None = None) -> str:

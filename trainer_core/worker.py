@@ -117,9 +117,11 @@ class WorkerClient:
         frames: Sequence[Any] = (),
         body: dict[str, Any] | None = None,
         keep: bool = True,
+        local: bool = True,
     ) -> int:
         """Send one request to ``server``. With ``keep`` its reply is awaited with ``wait``; without, the
-        request is a push that gets no reply (unless refused): ``confirm`` tells when it was handled."""
+        request is a push that gets no reply (unless refused): ``confirm`` tells when it was handled.
+        ``local=False`` keeps a request off the same-host channel (its reply carries data frames)."""
         self.check()
         seq = next(self._seq)
         header = wire.Header(
@@ -130,7 +132,7 @@ class WorkerClient:
             body={"rank": self.rank, **(body or {})},
         )
         conn = self.local[server]
-        if conn is not None and not frames:  # same host: headers only, on the local channel
+        if conn is not None and local and not frames:  # same host: headers only, on the local channel
             try:
                 conn.send(wire.encode(header))
             except OSError:

@@ -1,0 +1,158 @@
+"""Checkpoints: round trips, resume equals an uninterrupted run, atomic writes, no pickle."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.trainer_core.test_learners import FakeKV, grad, make_params, run_workers
+from trainer_core import checkpoint
+from trainer_core import kv as kvstore
+from trainer_core.learners import block_momentum_distributed_learner, data_parallel_distributed_learner
+from trainer_core.optim_local import get_learner
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    params = make_params(0)
+    learner = get_learner("adam", params, lr=0.01)
+    for s in range(3):
+        learner.update(grad(0, s))
+    residuals = {"W0": {"residual": np.arange(4, dtype=np.float32)}}
+    path = checkpoint.save(
+        tmp_path / "ck.npz", params=params, learner=learner, residuals=residuals, step=7, epoch=2,
+        compression={"type": "1bit"}, extra={"seed": 3}, not_saved=["server optimizer state"],
+    )  # fmt: skip
+    ck = checkpoint.load(path)
+    assert (ck.step, ck.epoch, ck.learner_name, ck.local_steps) == (7, 2, "adam", 3)
+    assert ck.compression == {"type": "1bit"} and ck.extra == {"seed": 3}
+    assert ck.not_saved == ["server optimizer state"]
+    np.testing.assert_array_equal(ck.residuals["W0"]["residual"], residuals["W0"]["residual"])
+    other = make_params(5)
+    checkpoint.restore_params(other, ck)
+    other_learner = get_learner("adam", other, lr=0.01)
+    checkpoint.restore_learner(other_learner, ck)
+    for k in params:
+        np.testing.assert_array_equal(other[k], params[k])
+        assert other_learner.state[k]["t"] == 3 and isinstance(other_learner.state[k]["t"], int)
+        np.testing.assert_array_equal(other_learner.state[k]["m"], learner.state[k]["m"])
+    assert list(tmp_path.iterdir()) == [path]  # no temporary file left
+
+
+def run_data_parallel(params: dict[str, Any], steps: range, ck: checkpoint.Checkpoint | None = None) -> Any:
+    kv = kvstore.create("local")
+    if ck is not None:
+        checkpoint.restore_params(params, ck)
+    dl = data_parallel_distributed_learner(get_learner("adam", params, lr=0.01), kv=kv)
+    if ck is not None:
+        checkpoint.restore_learner(dl, ck)
+    for s in steps:
+        dl.update(grad(0, s), 4)
+    return dl
+
+
+def test_resume_continues_where_it_stopped(tmp_path: Path) -> None:
+    straight = make_params(0)
+    run_data_parallel(straight, range(6))
+    first = make_params(0)
+    dl = run_data_parallel(first, range(3))
+    checkpoint.save(tmp_path / "ck.npz", params=first, learner=dl, step=3)
+    ck = checkpoint.load(tmp_path / "ck.npz")
+    resumed = make_params(9)  # a fresh model: everything comes from the checkpoint
+    dl2 = run_data_parallel(resumed, range(ck.step, 6), ck)
+    assert dl2.total_number_of_samples_seen == 24
+    for k in straight:
+        np.testing.assert_array_equal(resumed[k], straight[k])
+
+
+def test_block_momentum_resume_at_a_block_boundary(tmp_path: Path) -> None:
+    path = tmp_path / "bm.npz"
+
+    def train(kv: FakeKV, steps: range, save_at: int | None, resume: bool) -> dict[str, np.ndarray]:
+        params = make_params(kv.rank)
+        ck = checkpoint.load(path) if resume else None
+        if ck is not None:
+            checkpoint.restore_params(params, ck)
+        local = get_learner("momentum", params, lr=0.1, momentum=0.5)
+        dl = block_momentum_distributed_learner(local, 6, kv=kv)
+        if ck is not None:
+            checkpoint.restore_learner(dl, ck)
+        for s in steps:
+            dl.update(grad(kv.rank, s), 1)
+            if s + 1 == save_at:
+                # right after a block: every worker holds the same model and (reset) momentum,
+                # so rank 0's checkpoint is everyone's state
+                if kv.rank == 0:
+                    checkpoint.save(path, params=params, learner=dl, step=s + 1)
+                kv.barrier()
+        dl.flush()
+        return params
+
+    straight = run_workers(2, lambda kv: train(kv, range(8), None, False))
+    run_workers(2, lambda kv: train(kv, range(6), 6, False))
+    ck = checkpoint.load(path)
+    assert ck.dist["samples_since_sync"] == 0 and "prev/W" in ck.dist and "smoothed/W" in ck.dist
+    resumed = run_workers(2, lambda kv: train(kv, range(ck.step, 8), None, True))
+    for got in resumed:
+        for k in got:
+            np.testing.assert_allclose(got[k], straight[0][k], rtol=1e-12)
+
+
+def test_failed_write_keeps_the_old_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = checkpoint.save(tmp_path / "ck.npz", params={"w": np.ones(3)}, step=1)
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", broken)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save(path, params={"w": np.zeros(3)}, step=2)
+    assert checkpoint.load(path).step == 1
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_load_refuses_pickled_arrays_and_foreign_files(tmp_path: Path) -> None:
+    manifest = np.frombuffer(json.dumps({"format": checkpoint.FORMAT, "version": 1}).encode(), np.uint8)
+    bad = tmp_path / "bad.npz"
+    arrays: dict[str, Any] = {"manifest.json": manifest, "param/w": np.array([{"evil": 1}], dtype=object)}
+    savez: Any = np.savez
+    savez(bad, **arrays)
+    with pytest.raises(ValueError, match="allow_pickle"):
+        checkpoint.load(bad)
+    plain = tmp_path / "plain.npz"
+    np.savez(plain, w=np.ones(2))
+    with pytest.raises(ValueError, match="not a trainer_core checkpoint"):
+        checkpoint.load(plain)
+    with pytest.raises(ValueError, match=r"end in \.npz"):
+        checkpoint.save(tmp_path / "ck.pkl", params={"w": np.ones(2)})
+
+
+def test_restore_checks_the_model(tmp_path: Path) -> None:
+    ck = checkpoint.load(checkpoint.save(tmp_path / "ck.npz", params={"w": np.ones(3)}))
+    with pytest.raises(ValueError, match="disagree"):
+        checkpoint.restore_params({"v": np.ones(3)}, ck)
+    with pytest.raises(ValueError, match="shape"):
+        checkpoint.restore_params({"w": np.ones(4)}, ck)
+
+
+def test_compression_residuals_round_trip_into_the_store(tmp_path: Path) -> None:
+    params = {k: v.astype(np.float32) for k, v in make_params(0).items()}
+    kv = kvstore.create("local")
+    dl = data_parallel_distributed_learner(get_learner("sgd", params, lr=0.1), 0, 1, kv=kv)
+    for s in range(3):
+        dl.update({k: v.astype(np.float32) for k, v in grad(0, s).items()}, 4)
+    state = kv.compression_state()
+    assert sorted(state) == ["W/0", "b/0"]
+    path = checkpoint.save(tmp_path / "ck.npz", params=params, learner=dl, residuals=state, step=3)
+    ck = checkpoint.load(path)
+    kv2 = kvstore.create("local")
+    fresh = {k: v.astype(np.float32) for k, v in make_params(1).items()}
+    checkpoint.restore_params(fresh, ck)
+    dl2 = data_parallel_distributed_learner(get_learner("sgd", fresh, lr=0.1), 0, 1, kv=kv2)
+    checkpoint.restore_learner(dl2, ck)
+    kv2.load_compression_state(ck.residuals)
+    for name, st in kv2.compression_state().items():
+        np.testing.assert_array_equal(st["residual"], state[name]["residual"])

@@ -1,0 +1,119 @@
+"""End to end: ``launchkit launch -n 2 -s 1 --launcher local python examples/train_digits.py``
+with real processes (scheduler, server, workers), checking the test accuracy rank 0 prints.
+
+Each run carries a unique marker in its environment (``--env``); afterwards no process with that
+marker may be left (every process the test started is gone).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EPOCH = re.compile(r"epoch\s+(\d+)\s+loss (\S+)\s+test accuracy ([\d.]+)%")
+WIRE = re.compile(r"wire: (\d+) bytes per step per worker")
+
+pytest.importorskip("sklearn")
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def launch(*args: str, workers: int = 2, timeout: float = 60) -> str:
+    """Run the example under the launcher; the combined output (asserts success and no leftovers)."""
+    marker = f"TRAIN_DIGITS_TEST={uuid.uuid4().hex}"
+    cmd = [
+        sys.executable, "-m", "launchkit", "launch", "-n", str(workers), "-s", "1", "--launcher", "local",
+        "--env", marker.replace("=", ":"), sys.executable, "examples/train_digits.py", *args,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"timed out:\n{out}")
+    finally:
+        for pid in marked_processes(marker):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    assert marked_processes(marker) == [], "processes left behind"
+    return out
+
+
+def accuracies(out: str) -> list[float]:
+    return [float(m.group(3)) for m in EPOCH.finditer(out)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_data_parallel_32bit_trains() -> None:
+    out = launch("--epochs", "5", "--hidden", "64")
+    acc = accuracies(out)
+    assert len(acc) == 5 and acc[-1] >= 90.0, out
+    m = WIRE.search(out)
+    assert m and int(m.group(1)) == 2 * 4 * (64 * 64 + 64 + 64 * 10 + 10), out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_async_sgd_reaches_90_percent() -> None:
+    out = launch("--learner", "async", "--epochs", "5", "--hidden", "64")
+    acc = accuracies(out)
+    assert len(acc) == 5 and acc[-1] >= 90.0, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_block_momentum_reaches_90_percent() -> None:
+    out = launch("--learner", "block_momentum", "--epochs", "5", "--hidden", "64")
+    acc = accuracies(out)
+    assert len(acc) == 5 and acc[-1] >= 90.0, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_checkpoint_resume_continues(tmp_path: Path) -> None:
+    ck = tmp_path / "digits.npz"
+    first = launch("--epochs", "2", "--hidden", "32", "--checkpoint", str(ck))
+    assert [int(m.group(1)) for m in EPOCH.finditer(first)] == [1, 2]
+    assert ck.exists() and not [p for p in tmp_path.iterdir() if p != ck]
+    second = launch("--epochs", "4", "--hidden", "32", "--checkpoint", str(ck), "--resume")
+    assert "resumed at epoch 2" in second, second
+    assert [int(m.group(1)) for m in EPOCH.finditer(second)] == [3, 4]
+    # the resumed run is the uninterrupted one: same losses and accuracies (2 workers: exact sums)
+    straight = launch("--epochs", "4", "--hidden", "32")
+    tail = [m.groups() for m in EPOCH.finditer(straight)][2:]
+    assert [m.groups() for m in EPOCH.finditer(second)] == tail
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_one_bit_data_parallel_reaches_90_percent_with_32x_fewer_bytes() -> None:
+    out = launch("--compression", "1bit", "--epochs", "10")
+    acc = accuracies(out)
+    assert len(acc) == 10 and acc[-1] >= 90.0, out
+    m = WIRE.search(out)
+    raw = 2 * 4 * (64 * 128 + 128 + 128 * 10 + 10)
+    assert m and "measured" in out and raw / int(m.group(1)) > 28, out

@@ -1,0 +1,201 @@
+"""Checkpoints: one ``.npz`` file of named arrays plus a small JSON manifest; never pickle.
+
+>>> save(path, params=model.params, learner=dl, residuals=kv_residuals, step=s, epoch=e)  # rank 0
+>>> ck = load(path)                          # every worker
+>>> restore_params(model.params, ck)         # then build the distributed learner, then
+>>> restore_learner(dl, ck); ck.epoch, ck.step
+
+What a checkpoint holds (array names inside the ``.npz``):
+
+* ``param/<name>``: the parameters;
+* ``local/<name>/<slot>``: the local learner's per-parameter state (velocities, Adam moments);
+  its scalars (step count, Adam's ``t`` per parameter) go into the manifest;
+* ``dist/<name>``: the distributed learner's own arrays (BMUF's previous model and block-level
+  smoothed gradient), its scalars (samples seen, samples since the last sync) in the manifest;
+* ``residual/<key>/<name>``: the gradient-compression residuals the caller passes (the worker's
+  per-key error-feedback residuals, ``Compressor.state_dict()``);
+* ``manifest.json``: a uint8 array holding the UTF-8 JSON manifest: format and version, ``step``,
+  ``epoch``, the local learner's name and scalars, the distributed learner's scalars, the
+  compression params, ``extra`` (anything JSON the caller adds) and ``not_saved`` (a list of what
+  the caller says this checkpoint cannot hold, e.g. the servers' optimizer state).
+
+Writing is atomic: a temporary file in the same directory, flushed and fsynced, then
+``os.replace``; a reader sees the old checkpoint or the new one, never a torn file. Loading uses
+``numpy.load(..., allow_pickle=False)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .xp import like, to_host
+
+FORMAT = "trainer_core.checkpoint"
+VERSION = 1
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class Checkpoint:
+    """What ``load`` returns: arrays by group and the manifest's fields."""
+
+    params: dict[str, np.ndarray]
+    local: dict[str, dict[str, Any]]
+    dist: dict[str, Any]
+    residuals: dict[str, dict[str, np.ndarray]]
+    step: int = 0
+    epoch: int = 0
+    learner_name: str = ""
+    local_steps: int = 0
+    compression: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    not_saved: list[str] = field(default_factory=list)
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, bool | int | float | str) or value is None
+
+
+def _split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(arrays, JSON scalars) of a flat state dict."""
+    arrays = {k: v for k, v in state.items() if not _is_scalar(v)}
+    scalars = {k: v for k, v in state.items() if _is_scalar(v)}
+    return arrays, scalars
+
+
+def _local_learner(learner: Any) -> Any:
+    """The local learner of a distributed learner, or ``learner`` itself."""
+    return getattr(learner, "learner", learner)
+
+
+def arrays_and_manifest(
+    params: dict[str, Any],
+    learner: Any = None,
+    residuals: dict[str, dict[str, Any]] | None = None,
+    step: int = 0,
+    epoch: int = 0,
+    compression: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    not_saved: list[str] | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The arrays and the manifest of a checkpoint (pure: no file is touched)."""
+    arrays: dict[str, np.ndarray] = {f"param/{k}": to_host(v) for k, v in params.items()}
+    manifest: dict[str, Any] = {
+        "format": FORMAT, "version": VERSION, "step": int(step), "epoch": int(epoch),
+        "compression": compression, "extra": extra or {}, "not_saved": list(not_saved or []),
+        "local": None, "dist": None,
+    }  # fmt: skip
+    if learner is not None:
+        local = _local_learner(learner)
+        scalars: dict[str, dict[str, Any]] = {}
+        for name, slots in local.state.items():
+            for slot, value in slots.items():
+                if _is_scalar(value):
+                    scalars.setdefault(name, {})[slot] = value
+                else:
+                    arrays[f"local/{name}/{slot}"] = to_host(value)
+        manifest["local"] = {"name": local.name, "steps": local.steps, "scalars": scalars}
+        if local is not learner:
+            dist_arrays, dist_scalars = _split(learner.state_dict())
+            arrays.update({f"dist/{k}": to_host(v) for k, v in dist_arrays.items()})
+            manifest["dist"] = dist_scalars
+    for key, state in (residuals or {}).items():
+        for name, value in state.items():
+            arrays[f"residual/{key}/{name}"] = to_host(value)
+    return arrays, manifest
+
+
+def save(path: str | os.PathLike[str], **kwargs: Any) -> Path:
+    """Write a checkpoint atomically (see ``arrays_and_manifest`` for the arguments)."""
+    arrays, manifest = arrays_and_manifest(**kwargs)
+    return write(path, arrays, manifest)
+
+
+def write(path: str | os.PathLike[str], arrays: dict[str, np.ndarray], manifest: dict[str, Any]) -> Path:
+    """Write ``arrays`` and ``manifest`` to ``path`` through a temporary file and a rename."""
+    target = Path(path)
+    if target.suffix != ".npz":
+        raise ValueError(f"checkpoint paths end in .npz, got {target}")
+    if MANIFEST in arrays:
+        raise ValueError(f"{MANIFEST!r} is reserved")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    blob = np.frombuffer(json.dumps(manifest, sort_keys=True).encode("utf-8"), dtype=np.uint8)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            payload: dict[str, Any] = {MANIFEST: blob}
+            payload.update((k, np.ascontiguousarray(v)) for k, v in arrays.items())
+            savez: Any = np.savez  # numpy's stub types the keyword arrays as its own options
+            savez(f, **payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def load(path: str | os.PathLike[str]) -> Checkpoint:
+    """Read a checkpoint written by ``save`` (``allow_pickle=False``)."""
+    with np.load(Path(path), allow_pickle=False) as z:
+        data = {k: z[k] for k in z.files}
+    if MANIFEST not in data:
+        raise ValueError(f"{path}: not a trainer_core checkpoint (no {MANIFEST})")
+    manifest = json.loads(bytes(data.pop(MANIFEST)).decode("utf-8"))
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ValueError(f"{path}: unsupported checkpoint format {manifest.get('format')!r} "
+                         f"version {manifest.get('version')!r}")  # fmt: skip
+    ck = Checkpoint(params={}, local={}, dist=dict(manifest.get("dist") or {}), residuals={})
+    for name, arr in data.items():
+        group, _, rest = name.partition("/")
+        if group == "param":
+            ck.params[rest] = arr
+        elif group == "local":
+            pname, _, slot = rest.rpartition("/")
+            ck.local.setdefault(pname, {})[slot] = arr
+        elif group == "dist":
+            ck.dist[rest] = arr
+        elif group == "residual":
+            key, _, slot = rest.rpartition("/")
+            ck.residuals.setdefault(key, {})[slot] = arr
+    local = manifest.get("local") or {}
+    for pname, scalars in (local.get("scalars") or {}).items():
+        ck.local.setdefault(pname, {}).update(scalars)
+    ck.learner_name, ck.local_steps = local.get("name", ""), int(local.get("steps", 0))
+    ck.step, ck.epoch = int(manifest["step"]), int(manifest["epoch"])
+    ck.compression, ck.extra = manifest.get("compression"), manifest.get("extra") or {}
+    ck.not_saved = list(manifest.get("not_saved") or [])
+    return ck
+
+
+def restore_params(params: dict[str, Any], ck: Checkpoint) -> None:
+    """Copy the checkpoint's parameters into ``params`` (in place, onto each array's device)."""
+    missing = set(params) ^ set(ck.params)
+    if missing:
+        raise ValueError(f"checkpoint and model disagree on parameters {sorted(missing)}")
+    for k, p in params.items():
+        if p.shape != ck.params[k].shape:
+            raise ValueError(f"parameter {k!r}: checkpoint shape {ck.params[k].shape}, model {p.shape}")
+        p[...] = like(ck.params[k], p)
+
+
+def restore_learner(learner: Any, ck: Checkpoint) -> None:
+    """Restore the local learner's state and, for a distributed learner, its own state."""
+    local = _local_learner(learner)
+    if ck.learner_name and ck.learner_name != local.name:
+        raise ValueError(f"checkpoint holds a {ck.learner_name!r} learner, not {local.name!r}")
+    local.state.clear()
+    for pname, slots in ck.local.items():
+        ref = local.params[pname]
+        local.state[pname] = {s: (v if _is_scalar(v) else like(v.copy(), ref)) for s, v in slots.items()}
+    local.steps = ck.local_steps
+    if local is not learner:
+        learner.load_state_dict(ck.dist)

@@ -1,0 +1,116 @@
+"""``Communicator``: CNTK's distributed communicator over a KV store.
+
+>>> comm = Communicator(kv)        # collective: every worker constructs it (hostnames are exchanged)
+>>> comm.rank(), comm.num_workers(), comm.is_main()
+>>> comm.current_worker().host_id  # WorkerDescriptor(global_rank, host_id)
+>>> comm.barrier()
+>>> comm.finalize()                # closes the KV store; only after successful training, as CNTK
+
+The hostnames of all workers are gathered once, in the constructor: every worker writes its own
+name (``DMLC_NODE_HOST``, else ``socket.gethostname()``) as bytes into its row of a
+``(num_workers, HOST_BYTES)`` float32 array and the KV store sums the rows (``pushpull`` on the
+key ``__comm_hosts__``; with ``dist_async``, one key per worker). The distributed learners build
+their communicator before they turn gradient compression on, since that exchange must travel
+uncompressed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+HOSTS_KEY = "__comm_hosts__"
+HOST_BYTES = 256
+
+
+@dataclass(frozen=True)
+class WorkerDescriptor:
+    """One worker: its global rank and the id (hostname) of the host it runs on."""
+
+    global_rank: int
+    host_id: str
+
+
+def local_host_id(environ: dict[str, str] | None = None) -> str:
+    """This process's host id: ``DMLC_NODE_HOST`` when the launcher set it, else the hostname."""
+    env = os.environ if environ is None else environ
+    return env.get("DMLC_NODE_HOST") or socket.gethostname()
+
+
+def encode_host(name: str) -> np.ndarray:
+    """A hostname as ``HOST_BYTES`` float32 byte values (zero padded, truncated if longer)."""
+    raw = name.encode("utf-8")[:HOST_BYTES]
+    row = np.zeros(HOST_BYTES, dtype=np.float32)
+    row[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    return row
+
+
+def decode_host(row: np.ndarray) -> str:
+    """The inverse of ``encode_host``."""
+    values = np.rint(np.asarray(row, dtype=np.float64)).astype(np.uint8)
+    return bytes(values).rstrip(b"\x00").decode("utf-8", errors="replace")
+
+
+def exchange_hosts(kv: Any, n: int, rank: int, row: np.ndarray) -> np.ndarray:
+    """Every worker's ``row``, stacked by rank. Sync stores sum one ``(n, HOST_BYTES)`` key; in an
+    async store a push replaces the value, so each worker writes its own key and all read them all."""
+    if "async" not in str(kv.type):
+        table = np.zeros((n, row.size), dtype=np.float32)
+        kv.init(HOSTS_KEY, table)
+        table[rank] = row
+        out = np.empty_like(table)
+        kv.pushpull(HOSTS_KEY, table, out)
+        return out
+    keys = [f"{HOSTS_KEY}{i}" for i in range(n)]
+    kv.init(keys, [np.zeros_like(row) for _ in keys])
+    kv.pushpull(keys[rank], row, np.empty_like(row))  # answered: the server holds it
+    kv.barrier()
+    out = np.empty((n, row.size), dtype=np.float32)
+    kv.pull(keys, list(out))
+    return out
+
+
+class Communicator:
+    """Rank, size, barrier and the worker table of a KV-store job (CNTK's ``Communicator``)."""
+
+    def __init__(self, kv: Any, host_id: str | None = None) -> None:
+        self.kv = kv
+        self._finalized = False
+        mine = local_host_id() if host_id is None else host_id
+        n, r = int(kv.num_workers), int(kv.rank)
+        hosts = exchange_hosts(kv, n, r, encode_host(mine))
+        self._workers = [WorkerDescriptor(i, decode_host(hosts[i])) for i in range(n)]
+
+    def rank(self) -> int:
+        """This worker's rank, 0 .. num_workers - 1."""
+        return int(self.kv.rank)
+
+    def num_workers(self) -> int:
+        """How many workers the job has."""
+        return int(self.kv.num_workers)
+
+    def is_main(self) -> bool:
+        """True on rank 0 (the worker that prints and writes checkpoints)."""
+        return self.rank() == 0
+
+    def barrier(self) -> None:
+        """Wait until every worker reached this point."""
+        self.kv.barrier()
+
+    def workers(self) -> list[WorkerDescriptor]:
+        """Every worker of the job, by rank."""
+        return list(self._workers)
+
+    def current_worker(self) -> WorkerDescriptor:
+        """This worker's descriptor."""
+        return self._workers[self.rank()]
+
+    def finalize(self) -> None:
+        """End communication: close the KV store (waits for every worker). Idempotent."""
+        if not self._finalized:
+            self._finalized = True
+            self.kv.close()
