@@ -9,4 +9,4 @@ cd "$(dirname "$0")/.."
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[examples]'
 exec .venv/bin/launchkit launch -n 4 -s 2 --launcher local --dashboard \
-    .venv/bin/python examples/train_digits.py "$@"
+    .venv/bin/python examples/train_digits.py --compression 1bit "$@"

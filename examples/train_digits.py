@@ -1,0 +1,230 @@
+"""Distributed training of a small MLP on scikit-learn's bundled digits data set.
+
+    launchkit launch -n 4 -s 2 --launcher local python examples/train_digits.py
+    launchkit launch -n 4 -s 2 --launcher local python examples/train_digits.py --compression 1bit
+    launchkit launch -n 4 -s 2 --launcher local python examples/train_digits.py --learner block_momentum
+    launchkit launch -n 4 -s 2 --launcher local python examples/train_digits.py --learner async
+
+Every role runs this same script: with ``DMLC_ROLE=scheduler`` or ``server`` the
+``import trainer_core`` below runs that role and exits when the job ends (as MXNet does).
+Workers each train on their own shard (``SplitSampler``) through a distributed learner
+(``trainer_core.learners``):
+
+* ``data_parallel`` (default): every step the workers' gradients are summed by the servers
+  (``pushpull``) and every worker applies the same averaged update; ``--compression 1bit|2bit|topk``
+  sends them compressed (the KV store's ``set_gradient_compression``);
+* ``block_momentum``: local steps, the models are merged every ``--block-size`` samples (BMUF);
+* ``model_averaging``: local steps, the models are averaged every ``--sync-period`` samples per worker;
+* ``async``: asynchronous SGD, the servers apply each worker's gradients at once (``dist_async``;
+  every push is an update, so the default learning rate is divided by the number of workers).
+
+Rank 0 prints the loss and the test accuracy after every epoch, and at the end the bytes one
+worker put on the wire per step. ``--checkpoint PATH`` (a ``.npz``) is written by rank 0 after
+every epoch; with ``--resume`` a run continues from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+import trainer_core  # noqa: F401  (runs the scheduler / server roles)
+from trainer_core import checkpoint
+from trainer_core import kv as kvstore
+from trainer_core.data import SplitSampler
+from trainer_core.learners import (
+    DistributedLearner,
+    async_sgd_distributed_learner,
+    block_momentum_distributed_learner,
+    data_parallel_distributed_learner,
+    model_averaging_distributed_learner,
+)
+from trainer_core.nn import MLP
+from trainer_core.optim_local import get_learner
+
+COMPRESSION = {
+    "none": None,
+    "1bit": {"type": "1bit"},
+    "2bit": {"type": "2bit"},  # the threshold comes from --threshold
+    "topk": {"type": "topk"},
+}
+LEARNERS = ("data_parallel", "block_momentum", "model_averaging", "async")
+
+
+def load_digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits as sk_digits
+    from sklearn.model_selection import train_test_split
+
+    data = sk_digits()
+    x = (data.data / 16.0).astype(np.float32)
+    y = data.target.astype(np.int64)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=seed, stratify=y)
+    return x_train, y_train, x_test, y_test
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=None, help="default 0.03; 0.03 / workers for async")
+    p.add_argument("--optimizer", default="momentum", choices=["sgd", "momentum", "nesterov", "adam"])
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--learner", default="data_parallel", choices=LEARNERS)
+    p.add_argument("--compression", default="none", choices=sorted(COMPRESSION))
+    p.add_argument("--threshold", type=float, default=0.05, help="2bit threshold, on the gradients' scale (periodic learners: times lr and local steps per sync)")  # fmt: skip
+    p.add_argument("--topk-ratio", type=float, default=0.01, help="fraction of values topk sends")
+    p.add_argument("--block-size", type=int, default=0, help="block_momentum: samples per block over all workers (default: 2 minibatches per worker)")  # fmt: skip
+    p.add_argument("--sync-period", type=int, default=0, help="model_averaging: samples per worker between averages (default: 4 minibatches)")  # fmt: skip
+    p.add_argument(
+        "--distributed-after", type=int, default=0, help="samples per worker trained locally first"
+    )
+    p.add_argument("--checkpoint", default=None, help="a .npz file rank 0 writes after every epoch")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
+    p.add_argument("--kvstore", default=None, help="dist_sync (dist_async for --learner async), or local")
+    return p.parse_args()
+
+
+def local_steps_per_sync(args: argparse.Namespace, workers: int) -> int:
+    """Local steps between two exchanges (1 for data parallel)."""
+    if args.learner == "block_momentum":
+        return max(1, (args.block_size or 2 * args.batch_size * workers) // workers // args.batch_size)
+    if args.learner == "model_averaging":
+        return max(1, (args.sync_period or 4 * args.batch_size) // args.batch_size)
+    return 1
+
+
+def compression_params(args: argparse.Namespace, workers: int) -> dict[str, Any] | None:
+    params = COMPRESSION[args.compression]
+    if params is None:
+        return None
+    if args.compression == "2bit":
+        # periodic learners push model deltas, about lr * local steps times a gradient
+        scale = 1.0 if args.learner == "data_parallel" else args.lr_used * local_steps_per_sync(args, workers)
+        return {**params, "threshold": args.threshold * scale}
+    if args.compression == "topk":
+        return {**params, "ratio": args.topk_ratio}
+    return dict(params)
+
+
+def make_learner(args: argparse.Namespace, kv: Any, model: MLP) -> DistributedLearner:
+    kw = {"momentum": 0.9} if args.optimizer in ("momentum", "nesterov") else {}
+    local = get_learner(args.optimizer, model.params, lr=args.lr_used, **kw)
+    comp = compression_params(args, kv.num_workers)
+    if args.learner == "data_parallel":
+        return data_parallel_distributed_learner(local, args.distributed_after, kv=kv, compression=comp)
+    if args.learner == "block_momentum":
+        block = args.block_size or 2 * args.batch_size * kv.num_workers
+        return block_momentum_distributed_learner(
+            local, block, distributed_after=args.distributed_after, kv=kv, compression=comp
+        )
+    if args.learner == "model_averaging":
+        period = args.sync_period or 4 * args.batch_size
+        return model_averaging_distributed_learner(
+            local, period, args.distributed_after, kv=kv, compression=comp
+        )
+    if comp is not None:
+        raise SystemExit(
+            "--learner async sends 32-bit gradients (its pulls are parameters): use --compression none"
+        )
+    return async_sgd_distributed_learner(local, args.distributed_after, kv=kv)
+
+
+def wire_counters(kv: Any) -> dict[str, int] | None:
+    """The KV store's byte counters (``wire_stats``), when it keeps them."""
+    stats = getattr(kv, "wire_stats", None)
+    return dict(stats()) if callable(stats) else None
+
+
+def wire_bytes_per_step(
+    kv: Any, learner: DistributedLearner, steps: int, before: dict[str, int] | None
+) -> tuple[float, str]:
+    """Bytes this worker put on the wire per training step (pushed plus pulled payloads): measured
+    by the KV store since ``before`` when it counts them, else the compressors' payload sizes."""
+    now = wire_counters(kv)
+    if now is not None and before is not None:
+        moved = now["sent"] + now["received"] - before["sent"] - before["received"]
+        return moved / max(1, steps), "measured"
+    return learner.syncs * learner.payload_bytes_per_sync() / max(1, steps), "payload"
+
+
+def save_checkpoint(
+    args: argparse.Namespace, kv: Any, model: MLP, learner: DistributedLearner, epoch: int, step: int
+) -> None:
+    """Rank 0: parameters, learner state, its compression residuals, epoch and step."""
+    comp = compression_params(args, kv.num_workers)
+    state = getattr(kv, "compression_state", None)
+    residuals = state() if comp is not None and callable(state) else None
+    not_saved = []
+    if args.learner == "async":
+        not_saved.append("the servers' optimizer state (the KV store has no call to read it)")
+    if comp is not None:
+        not_saved.append("the servers' pull residuals and the other workers' push residuals")
+    checkpoint.save(
+        args.checkpoint, params=model.params, learner=learner, residuals=residuals, step=step,
+        epoch=epoch, compression=comp, extra={"learner": args.learner}, not_saved=not_saved,
+    )  # fmt: skip
+
+
+def main() -> None:
+    args = parse_args()
+    kv_type = args.kvstore or ("dist_async" if args.learner == "async" else "dist_sync")
+    kv = kvstore.create(kv_type)
+    rank, workers = kv.rank, kv.num_workers
+    args.lr_used = args.lr if args.lr is not None else 0.03 / (workers if args.learner == "async" else 1)
+    x_train, y_train, x_test, y_test = load_digits(args.seed)
+    model = MLP([x_train.shape[1], args.hidden, 10], seed=args.seed)
+    ck = None
+    if args.resume and args.checkpoint and os.path.exists(args.checkpoint):
+        ck = checkpoint.load(args.checkpoint)
+        checkpoint.restore_params(model.params, ck)
+    learner = make_learner(args, kv, model)
+    if ck is not None:
+        checkpoint.restore_learner(learner, ck)
+        load_residuals = getattr(kv, "load_compression_state", None)
+        if rank == 0 and ck.residuals and callable(load_residuals):
+            load_residuals(ck.residuals)  # the file holds rank 0's residuals
+    start_epoch = ck.epoch if ck is not None else 0
+
+    sampler = SplitSampler(len(x_train), workers, rank, seed=args.seed)
+    steps = (len(x_train) // workers) // args.batch_size  # the same on every worker (sync rounds)
+    main_rank = learner.communicator().is_main()
+    if main_rank:
+        resumed = f", resumed at epoch {start_epoch}" if ck is not None else ""
+        print(f"{workers} workers, {steps} steps of {args.batch_size} per worker per epoch, "
+              f"{model.num_parameters()} parameters, {args.learner}, compression {args.compression}{resumed}",
+              flush=True)  # fmt: skip
+    total_steps = 0
+    before = wire_counters(kv)  # training traffic only: not the setup's exchanges
+    for epoch in range(start_epoch, args.epochs):
+        t0 = time.monotonic()
+        idx = sampler.indices(epoch)
+        losses = []
+        for step in range(steps):
+            batch = idx[step * args.batch_size : (step + 1) * args.batch_size]
+            loss, grads = model.loss_and_grads(x_train[batch], y_train[batch])
+            losses.append(loss)
+            learner.update(grads, len(batch))
+            total_steps += 1
+        learner.flush()
+        if args.checkpoint and main_rank:
+            save_checkpoint(args, kv, model, learner, epoch + 1, (epoch + 1) * steps)
+        if main_rank:
+            acc = model.accuracy(x_test, y_test)
+            print(f"epoch {epoch + 1:3d}  loss {np.mean(losses):.4f}  test accuracy {acc * 100:.2f}%  "
+                  f"({time.monotonic() - t0:.2f}s)", flush=True)  # fmt: skip
+    if main_rank:
+        per_step, how = wire_bytes_per_step(kv, learner, total_steps, before)
+        raw = 2 * 4 * model.num_parameters()
+        print(f"wire: {per_step:.0f} bytes per step per worker ({how}; 32-bit push+pull {raw}, "
+              f"{raw / max(per_step, 1e-9):.1f}x less)", flush=True)  # fmt: skip
+    kv.barrier()
+    kv.close()
+
+
+if __name__ == "__main__":
+    main()
