@@ -185,6 +185,12 @@ def test_kill_all_on_hosts_with_launcher_gone(netns_hosts, jobdir: Path, launchk
     assert res.returncode == 0, res.stderr
     assert f"{group[1].hostfile_line()}: ended 1 process(es)" in res.stdout
     assert not group[1].pids_with_env("LAUNCHKIT_JOB_ID=orphan-1")
+    # a host that cannot be reached is reported, and the exit code says so
+    group[0].stop()
+    res = run(["kill", "--all", "-H", str(hostfile), *ssh_flags(group)])
+    assert res.returncode == 1
+    assert f"{group[0].hostfile_line()}: unreachable" in " ".join(res.stderr.split())
+    assert f"{group[1].hostfile_line()}: ended 0 process(es)" in res.stdout
 
 
 def test_link_cut_ends_that_hosts_processes(netns_hosts, jobdir: Path, launchkit_home) -> None:
