@@ -67,10 +67,21 @@ def run_one(name: str, quick: bool) -> tuple[str, Any]:
         if res.returncode != 0:
             return f"_failed (exit {res.returncode}):_\n\n```\n{res.stderr[-1500:]}\n```", None
         data = json.loads(Path(out).read_text()) if Path(out).exists() else None
-    table = "\n".join(
-        line for line in res.stdout.splitlines() if line.startswith(("|", "#")) or not line.strip()
-    )
+    table = to_markdown(res.stdout)
     return table.strip() + f"\n\n_({took:.0f} s, {time.strftime('%Y-%m-%d %H:%M')} UTC)_", data
+
+
+def to_markdown(stdout: str) -> str:
+    """A benchmark's printout as Markdown: its tables, its ``# note`` lines in italics."""
+    lines: list[str] = []
+    for line in stdout.splitlines():
+        if line.startswith("|"):
+            lines.append(line)
+        elif line.startswith("# "):
+            lines += ["", f"_{line[2:].strip()}_", ""]
+        elif not line.strip() and lines and lines[-1]:
+            lines.append("")
+    return "\n".join(lines)
 
 
 def plot(name: str, data: Any) -> str | None:
