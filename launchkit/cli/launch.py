@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import typer
 
 from launchkit import backends, contract, jobs
 from launchkit.cli.app import get_app
+from launchkit.cli.planview import plan_to_json, show_plan
 from launchkit.console import Ui
 from launchkit.dashboard import Dashboard
 from launchkit.errors import UsageError
@@ -25,12 +25,11 @@ from launchkit.hostfile import read_hostfile
 from launchkit.netutil import PortReservation, fallback_address, interface_address, route_address
 from launchkit.placement import assign_hosts
 from launchkit.plan import make_plan, new_job_id, new_secret
-from launchkit.spec import LOCALHOST, JobResult, LaunchSpec, Plan
+from launchkit.spec import LOCALHOST, JobResult, LaunchSpec
 from launchkit.sshconn import SshOptions
 from launchkit.supervisor import Supervisor
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-PORT_PLACEHOLDER = "<chosen at launch>"
 
 
 def parse_env_items(items: list[str], flag: str, environ: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -127,58 +126,6 @@ def build_spec(
         time_limit=time_limit,
         cwd=os.getcwd(),
     )
-
-
-def plan_to_json(plan: Plan, backend: backends.Backend, port_known: bool) -> dict[str, object]:
-    def env_of(env: dict[str, str]) -> dict[str, str]:
-        shown = contract.redact(env)
-        if not port_known:
-            shown[contract.DMLC_PS_ROOT_PORT] = PORT_PLACEHOLDER
-        return shown
-
-    return {
-        "job_id": plan.job_id,
-        "job_name": plan.job_name,
-        "backend": plan.backend,
-        "scheduler": f"{plan.root_uri}:{plan.root_port if port_known else PORT_PLACEHOLDER}",
-        "tasks": [
-            {
-                "role": t.role,
-                "rank": t.rank,
-                "task_id": t.task_id,
-                "host": str(t.host),
-                "local_rank": t.local_rank,
-                "cwd": t.cwd,
-                "argv": list(t.argv),
-                "command_line": backend.describe(t),
-                "env": env_of(dict(t.env)),
-            }
-            for t in plan.tasks
-        ],
-    }
-
-
-def show_plan(ui: Ui, data: dict[str, object]) -> None:
-    tasks = data["tasks"]
-    assert isinstance(tasks, list)
-    ui.text(
-        f"job {data['job_name']} ({data['job_id']}), launcher {data['backend']}, scheduler {data['scheduler']}"
-    )
-    ui.table(
-        None,
-        ["role", "rank", "task id", "host", "local rank", "cwd"],
-        [[t["role"], t["rank"], t["task_id"], t["host"], t["local_rank"], t["cwd"]] for t in tasks],
-    )
-    common = dict(tasks[0]["env"])
-    for t in tasks[1:]:
-        common = {k: v for k, v in common.items() if t["env"].get(k) == v}
-    ui.text("environment of every process:")
-    for k, v in sorted(common.items()):
-        ui.text(f"  {k}={v}")
-    for t in tasks:
-        own = {k: v for k, v in t["env"].items() if k not in common}
-        ui.text(f"{t['role']} {t['rank']}: " + " ".join(f"{k}={v}" for k, v in sorted(own.items())))
-        ui.text(f"  $ {shlex.join(t['command_line'])}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,63 @@
+"""``--dry-run``: a plan as data (``--json``) and as text. Pure apart from printing through the Ui."""
+
+from __future__ import annotations
+
+import shlex
+
+from launchkit import backends, contract
+from launchkit.console import Ui
+from launchkit.spec import Plan
+
+PORT_PLACEHOLDER = "<chosen at launch>"
+
+
+def plan_to_json(plan: Plan, backend: backends.Backend, port_known: bool) -> dict[str, object]:
+    def env_of(env: dict[str, str]) -> dict[str, str]:
+        shown = contract.redact(env)
+        if not port_known:
+            shown[contract.DMLC_PS_ROOT_PORT] = PORT_PLACEHOLDER
+        return shown
+
+    return {
+        "job_id": plan.job_id,
+        "job_name": plan.job_name,
+        "backend": plan.backend,
+        "scheduler": f"{plan.root_uri}:{plan.root_port if port_known else PORT_PLACEHOLDER}",
+        "tasks": [
+            {
+                "role": t.role,
+                "rank": t.rank,
+                "task_id": t.task_id,
+                "host": str(t.host),
+                "local_rank": t.local_rank,
+                "cwd": t.cwd,
+                "argv": list(t.argv),
+                "command_line": backend.describe(t),
+                "env": env_of(dict(t.env)),
+            }
+            for t in plan.tasks
+        ],
+    }
+
+
+def show_plan(ui: Ui, data: dict[str, object]) -> None:
+    tasks = data["tasks"]
+    assert isinstance(tasks, list)
+    ui.text(
+        f"job {data['job_name']} ({data['job_id']}), launcher {data['backend']}, scheduler {data['scheduler']}"
+    )
+    ui.table(
+        None,
+        ["role", "rank", "task id", "host", "local rank", "cwd"],
+        [[t["role"], t["rank"], t["task_id"], t["host"], t["local_rank"], t["cwd"]] for t in tasks],
+    )
+    common = dict(tasks[0]["env"])
+    for t in tasks[1:]:
+        common = {k: v for k, v in common.items() if t["env"].get(k) == v}
+    ui.text("environment of every process:")
+    for k, v in sorted(common.items()):
+        ui.text(f"  {k}={v}")
+    for t in tasks:
+        own = {k: v for k, v in t["env"].items() if k not in common}
+        ui.text(f"{t['role']} {t['rank']}: " + " ".join(f"{k}={v}" for k, v in sorted(own.items())))
+        ui.text(f"  $ {shlex.join(t['command_line'])}")
