@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[examples]'
+log=$(mktemp)
+.venv/bin/python -m pip install -q -e '.[examples]' >"$log" 2>&1 || { cat "$log"; exit 1; }
+rm -f "$log"
 exec .venv/bin/launchkit launch -n 4 -s 2 --launcher local --dashboard \
     .venv/bin/python examples/train_digits.py --compression 1bit "$@"

@@ -20,7 +20,9 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test,fast]'
+log=$(mktemp)
+.venv/bin/python -m pip install -q -e '.[test,fast]' >"$log" 2>&1 || { cat "$log"; exit 1; }
+rm -f "$log"
 
 echo "[test.sh] ruff"
 .venv/bin/ruff check .
