@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zmq
@@ -107,26 +108,20 @@ NETNS_HOSTS = 3
 NETNS_ROOT = "10.231.0.1"
 
 
+_CLUSTER: list[Any] = []  # the HostGroup while --netns runs
+
+
 def netns_up() -> None:
-    """Three hosts as network namespaces on a bridge (10.231.0.11-13), as ../shared/CLUSTER.md."""
-    netns_down()
-    run = lambda *a: subprocess.run(list(a), check=True)  # noqa: E731
-    run("ip", "link", "add", "lkbench0", "type", "bridge")
-    run("ip", "addr", "add", f"{NETNS_ROOT}/24", "dev", "lkbench0")
-    run("ip", "link", "set", "lkbench0", "up")
-    for n in range(1, NETNS_HOSTS + 1):
-        run("ip", "netns", "add", f"lkb{n}")
-        run("ip", "link", "add", f"lkbv{n}", "type", "veth", "peer", "name", "eth0", "netns", f"lkb{n}")
-        run("ip", "link", "set", f"lkbv{n}", "master", "lkbench0", "up")
-        run("ip", "netns", "exec", f"lkb{n}", "ip", "addr", "add", f"10.231.0.1{n}/24", "dev", "eth0")
-        run("ip", "netns", "exec", f"lkb{n}", "ip", "link", "set", "eth0", "up")
-        run("ip", "netns", "exec", f"lkb{n}", "ip", "link", "set", "lo", "up")
+    """Three hosts in network namespaces on a bridge (10.231.0.11-13): the test fixtures' own
+    builder (tests/cluster/netns.py), which holds the machine-wide cluster lock."""
+    from tests.cluster.netns import HostGroup
+
+    _CLUSTER.append(HostGroup.create(NETNS_HOSTS))
 
 
 def netns_down() -> None:
-    for n in range(1, NETNS_HOSTS + 1):
-        subprocess.run(["ip", "netns", "del", f"lkb{n}"], capture_output=True)
-    subprocess.run(["ip", "link", "del", "lkbench0"], capture_output=True)
+    while _CLUSTER:
+        _CLUSTER.pop().close()
 
 
 def run_job(
@@ -165,12 +160,13 @@ def run_job(
             env = dict(base, DMLC_ROLE=role, DMLC_TASK_ID=str(task), LAUNCHKIT_ROLE_RANK=str(rank))
             prefix: list[str] = []
             if netns:
+                group = _CLUSTER[-1]
                 if role == "scheduler":
-                    env.update(DMLC_NODE_HOST=NETNS_ROOT, DMLC_INTERFACE="lkbench0")
+                    env.update(DMLC_NODE_HOST=NETNS_ROOT, DMLC_INTERFACE=group.bridge)
                 else:
-                    host = 1 + (task - 1) % NETNS_HOSTS
-                    env.update(DMLC_NODE_HOST=f"10.231.0.1{host}", DMLC_INTERFACE="eth0")
-                    prefix = ["ip", "netns", "exec", f"lkb{host}"]
+                    host = group[(task - 1) % NETNS_HOSTS]
+                    env.update(DMLC_NODE_HOST=host.address, DMLC_INTERFACE="eth0")
+                    prefix = ["ip", "netns", "exec", host.netns]
             log = tmp / f"{role}{rank}.log"
             logs.append(log)
             with open(log, "wb") as out:
