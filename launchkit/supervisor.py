@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import signal
@@ -290,7 +291,7 @@ class Supervisor:
             )
             for run in self._procs
         )
-        self.record = jobs.JobRecord(**{**self.record.__dict__, "processes": procs})
+        self.record = dataclasses.replace(self.record, processes=procs)
         jobs.save(self.record)
 
     def _save_finished(self, result: JobResult) -> None:
