@@ -13,6 +13,8 @@ the ``<!-- bench:NAME -->`` markers of docs/performance.md and the plots in docs
 | allreduce | trainer_core pushpull vs torch.distributed gloo all_reduce | |
 | launch | launchkit over ssh vs one ssh at a time, 3 and 12 hosts | root (namespace hosts) |
 | accuracy | 32-bit vs 1-bit vs 2-bit training on digits, bytes on the wire | |
+| compressed_kv | compressed push+pull vs MXNet's 2-bit dist_sync (not in the default list) | |
+| capped_links | 1/2-bit vs 32-bit training step on 1 Gbit/s namespace links (not in the default list) | root |
 
 Numbers on a shared machine are noisy: read the ratios, which come from one run.
 """
@@ -42,6 +44,8 @@ def bench_args(name: str, quick: bool, out: str) -> list[str] | None:
         "allreduce": ["--json", out],
         "launch": ["--json", out],
         "accuracy": [],
+        "compressed_kv": ["--json", out, "--repeat", "3"],
+        "capped_links": ["--json", out, "--steps", "20"],
     }
     fast = {
         "kv": ["--json", out, "--sizes", "1e3,1e5,1e6"],
@@ -49,6 +53,8 @@ def bench_args(name: str, quick: bool, out: str) -> list[str] | None:
         "allreduce": ["--json", out, "--workers", "2", "--sizes", "1e3", "1e5", "1e6", "--reps", "10"],
         "launch": ["--json", out, "--repeat", "1"],
         "accuracy": ["--seeds", "1", "--epochs", "5"],
+        "compressed_kv": ["--json", out, "--sizes", "1e6"],
+        "capped_links": ["--json", out, "--steps", "5"],
     }
     return (fast if quick else full).get(name)
 
@@ -172,7 +178,7 @@ def main() -> None:
     args = ap.parse_args()
     doc = DOC.read_text() if DOC.exists() else "# Performance\n"
     for name in args.only.split(","):
-        if name == "launch" and os.geteuid() != 0:
+        if name in ("launch", "capped_links") and os.geteuid() != 0:
             body = "_skipped: the launch benchmark builds namespace hosts and needs root_"
         else:
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
