@@ -269,8 +269,8 @@ def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: b
             remote=backend.record_info(),
         )
         ui.info(
-            f"job {plan.job_id} ({plan.job_name}): 1 scheduler, {spec.num_servers} servers, "
-            f"{spec.num_workers} workers on {plan.backend}; scheduler {root_uri}:{port}"
+            f"job {plan.job_id} ({plan.job_name}): 1 scheduler, {_count(spec.num_servers, 'server')}, "
+            f"{_count(spec.num_workers, 'worker')} on {plan.backend}; scheduler {root_uri}:{port}"
         )
         result = Supervisor(
             plan,
@@ -287,6 +287,10 @@ def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: b
             reservation.close()
     report(ui, result)
     return result.exit_code
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def report(ui: Ui, result: JobResult) -> None:
