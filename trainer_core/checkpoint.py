@@ -1,9 +1,14 @@
 """Checkpoints: one ``.npz`` file of named arrays plus a small JSON manifest; never pickle.
 
->>> save(path, params=model.params, learner=dl, residuals=kv_residuals, step=s, epoch=e)  # rank 0
+>>> server = kv.server_state()                # every worker (collective); rank 0 gets the state
+>>> save(path, params=model.params, learner=dl, residuals=kv.compression_state(),
+...      server_state=server, step=s, epoch=e)  # rank 0
+>>> save_worker(path, kv.rank, kv.compression_state(), step=s)  # every other worker
 >>> ck = load(path)                          # every worker
 >>> restore_params(model.params, ck)         # then build the distributed learner, then
 >>> restore_learner(dl, ck); ck.epoch, ck.step
+>>> restore_server(kv, ck)                   # every worker (collective), after init
+>>> kv.load_compression_state(ck.residuals if kv.rank == 0 else load_worker(path, kv.rank, ck.step))
 
 What a checkpoint holds (array names inside the ``.npz``):
 
@@ -14,10 +19,19 @@ What a checkpoint holds (array names inside the ``.npz``):
   smoothed gradient), its scalars (samples seen, samples since the last sync) in the manifest;
 * ``residual/<key>/<name>``: the gradient-compression residuals the caller passes (the worker's
   per-key error-feedback residuals, ``Compressor.state_dict()``);
+* ``server/<i>/<slot>``: the servers' state of the ``i``-th key of the manifest's ``server`` list
+  (``kv.server_state()``): ``value`` (the stored value), ``opt/<slot>`` (server optimizer arrays:
+  momentum, Adam moments), ``pull/<part>/<slot>`` (the pull compressors' residuals); the scalars
+  (Adam's ``opt/t``) and the keys themselves (ints stay ints) are in the manifest;
 * ``manifest.json``: a uint8 array holding the UTF-8 JSON manifest: format and version, ``step``,
   ``epoch``, the local learner's name and scalars, the distributed learner's scalars, the
-  compression params, ``extra`` (anything JSON the caller adds) and ``not_saved`` (a list of what
-  the caller says this checkpoint cannot hold, e.g. the servers' optimizer state).
+  compression params, ``server`` (the keys and scalars of the server state), ``extra`` (anything
+  JSON the caller adds) and ``not_saved`` (a list of what the caller says this checkpoint cannot
+  hold).
+
+The other workers' own compression residuals go into one small file per worker next to the
+checkpoint (``worker_path``: ``ck.npz`` -> ``ck.worker1.npz``), same format, written by that worker
+(``save_worker``) with the step, so ``load_worker`` refuses a file of another step.
 
 Writing is atomic: a temporary file in the same directory, flushed and fsynced, then
 ``os.replace``; a reader sees the old checkpoint or the new one, never a torn file. Loading uses
@@ -50,6 +64,7 @@ class Checkpoint:
     local: dict[str, dict[str, Any]]
     dist: dict[str, Any]
     residuals: dict[str, dict[str, np.ndarray]]
+    server: dict[Any, dict[str, Any]] = field(default_factory=dict)
     step: int = 0
     epoch: int = 0
     learner_name: str = ""
@@ -84,13 +99,14 @@ def arrays_and_manifest(
     compression: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
     not_saved: list[str] | None = None,
+    server_state: dict[Any, dict[str, Any]] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The arrays and the manifest of a checkpoint (pure: no file is touched)."""
     arrays: dict[str, np.ndarray] = {f"param/{k}": to_host(v) for k, v in params.items()}
     manifest: dict[str, Any] = {
         "format": FORMAT, "version": VERSION, "step": int(step), "epoch": int(epoch),
         "compression": compression, "extra": extra or {}, "not_saved": list(not_saved or []),
-        "local": None, "dist": None,
+        "local": None, "dist": None, "server": None,
     }  # fmt: skip
     if learner is not None:
         local = _local_learner(learner)
@@ -109,6 +125,13 @@ def arrays_and_manifest(
     for key, state in (residuals or {}).items():
         for name, value in state.items():
             arrays[f"residual/{key}/{name}"] = to_host(value)
+    if server_state is not None:
+        keys: list[dict[str, Any]] = []
+        for i, (key, state) in enumerate(server_state.items()):
+            slot_arrays, slot_scalars = _split(state)
+            arrays.update({f"server/{i}/{slot}": to_host(v) for slot, v in slot_arrays.items()})
+            keys.append({"key": key, "scalars": slot_scalars})
+        manifest["server"] = keys
     return arrays, manifest
 
 
@@ -154,6 +177,7 @@ def load(path: str | os.PathLike[str]) -> Checkpoint:
         raise ValueError(f"{path}: unsupported checkpoint format {manifest.get('format')!r} "
                          f"version {manifest.get('version')!r}")  # fmt: skip
     ck = Checkpoint(params={}, local={}, dist=dict(manifest.get("dist") or {}), residuals={})
+    server_arrays: dict[int, dict[str, np.ndarray]] = {}
     for name, arr in data.items():
         group, _, rest = name.partition("/")
         if group == "param":
@@ -166,6 +190,9 @@ def load(path: str | os.PathLike[str]) -> Checkpoint:
         elif group == "residual":
             key, _, slot = rest.rpartition("/")
             ck.residuals.setdefault(key, {})[slot] = arr
+        elif group == "server":
+            index, _, slot = rest.partition("/")
+            server_arrays.setdefault(int(index), {})[slot] = arr
     local = manifest.get("local") or {}
     for pname, scalars in (local.get("scalars") or {}).items():
         ck.local.setdefault(pname, {}).update(scalars)
@@ -173,6 +200,10 @@ def load(path: str | os.PathLike[str]) -> Checkpoint:
     ck.step, ck.epoch = int(manifest["step"]), int(manifest["epoch"])
     ck.compression, ck.extra = manifest.get("compression"), manifest.get("extra") or {}
     ck.not_saved = list(manifest.get("not_saved") or [])
+    for i, entry in enumerate(manifest.get("server") or []):
+        ck.server[entry["key"]] = {**server_arrays.pop(i, {}), **(entry.get("scalars") or {})}
+    if server_arrays:
+        raise ValueError(f"{path}: server state arrays without a key in the manifest")
     return ck
 
 
@@ -199,3 +230,38 @@ def restore_learner(learner: Any, ck: Checkpoint) -> None:
     local.steps = ck.local_steps
     if local is not learner:
         learner.load_state_dict(ck.dist)
+
+
+def restore_server(kv: Any, ck: Checkpoint) -> None:
+    """Restore the servers' state (``kv.load_server_state``; collective: every worker calls it at the
+    same point, after ``set_optimizer``, ``set_gradient_compression`` and ``init``)."""
+    kv.load_server_state(ck.server)
+
+
+def worker_path(path: str | os.PathLike[str], rank: int) -> Path:
+    """The file of worker ``rank``'s own state next to checkpoint ``path`` (``ck.npz`` -> ``ck.worker1.npz``)."""
+    target = Path(path)
+    return target.with_name(f"{target.stem}.worker{int(rank)}.npz")
+
+
+def save_worker(
+    path: str | os.PathLike[str], rank: int, residuals: dict[str, dict[str, Any]], step: int = 0
+) -> Path:
+    """Write worker ``rank``'s compression residuals (``kv.compression_state()``) atomically into
+    ``worker_path(path, rank)``; each worker writes its own (they differ per worker)."""
+    arrays, manifest = arrays_and_manifest(params={}, residuals=residuals, step=step)
+    manifest["extra"] = {"rank": int(rank)}
+    return write(worker_path(path, rank), arrays, manifest)
+
+
+def load_worker(
+    path: str | os.PathLike[str], rank: int, step: int | None = None
+) -> dict[str, dict[str, np.ndarray]]:
+    """Worker ``rank``'s residuals saved next to checkpoint ``path``; ``ValueError`` when the file is
+    another worker's or (with ``step``) of another step than the checkpoint."""
+    ck = load(worker_path(path, rank))
+    if ck.extra.get("rank") != int(rank):
+        raise ValueError(f"{worker_path(path, rank)} holds worker {ck.extra.get('rank')!r}'s state")
+    if step is not None and ck.step != step:
+        raise ValueError(f"{worker_path(path, rank)} is of step {ck.step}, the checkpoint of step {step}")
+    return ck.residuals

@@ -144,6 +144,134 @@ class DistKVStore(KVStore):
         """Restore ``compression_state()`` (after ``set_gradient_compression`` and ``init``)."""
         self.codec.load_state(state, {str(k): k for k in self.meta})
 
+    def server_state(self) -> dict[Key, dict[str, Any]]:
+        """The servers' state of every key, for checkpoints (collective: every worker calls it at the
+        same point, between rounds; rank 0 gets the state, the others ``{}``).
+
+        Per key: ``value`` (the stored value; with compressed pulls it differs from what workers
+        pulled), ``opt/<slot>`` (the server optimizer's arrays, e.g. ``opt/mom``, ``opt/m``,
+        ``opt/v``, and its step counter ``opt/t`` as an int), the parts of a split key reassembled
+        into the key's shape; ``pull/<part>/<slot>`` (each part's pull compressor state, e.g. its
+        error-feedback ``residual``). Every worker first waits for its requests, then all meet, rank
+        0 asks every server (``get_state``), and all meet again before anyone pushes."""
+        self.client.drain()
+        self.client.barrier()
+        out: dict[Key, dict[str, Any]] = {}
+        if self.rank == 0:
+            seqs = [self.client.send(s, wire.GET_STATE, local=False) for s in range(self.num_servers)]
+            replies = self.client.wait(seqs)
+            for server, seq in enumerate(seqs):
+                self._take_state(server, replies[seq], out)
+            for k, state in out.items():
+                for name in [n for n in state if n.startswith("opt/") and isinstance(state[n], list)]:
+                    values = set(state[name])
+                    if len(values) != 1:
+                        raise KVError(f"key {k!r}: servers disagree on {name} ({sorted(values)})")
+                    state[name] = values.pop()
+        self.client.barrier()
+        return out
+
+    def _take_state(self, server: int, reply: Any, out: dict[Key, dict[str, Any]]) -> None:
+        """Check one ``get_state`` reply and copy its arrays into ``out`` (parts into whole keys)."""
+        h = reply.header
+        slots, scalars = wire.state_body(h)
+        if len(reply.frames) != len(h.entries):
+            raise KVError(
+                f"server {server}: state reply with {len(reply.frames)} frames for {len(h.entries)} entries"
+            )
+
+        def part_of(key: Key, index: int) -> tuple[KeyMeta, Part]:
+            m = self.meta.get(key)
+            if m is None or not 0 <= index < len(m.parts) or m.parts[index].server != server:
+                raise KVError(
+                    f"server {server} sent state of key {key!r} part {index}, which it does not hold"
+                )
+            return m, m.parts[index]
+
+        for e, slot, frame in zip(h.entries, slots, reply.frames, strict=True):
+            m, p = part_of(e.key, e.part)
+            dtype = np.dtype(e.dtype)
+            if len(frame.buffer) != e.size * dtype.itemsize:
+                raise KVError(f"server {server}: state of key {e.key!r} has a frame of the wrong size")
+            arr = np.frombuffer(frame.buffer, dtype=dtype)
+            state = out.setdefault(e.key, {})
+            if slot.startswith("pull/"):
+                state[f"pull/{p.index}/{slot[5:]}"] = arr.copy()
+                continue
+            if e.size != p.size or (slot == "value" and dtype != m.dtype):
+                raise KVError(f"server {server}: state {slot} of key {e.key!r} does not fit the key")
+            whole = state.get(slot)
+            if whole is None:
+                whole = state[slot] = np.zeros(m.shape, dtype=dtype)
+            whole.reshape(-1)[p.start : p.stop] = arr
+        for key, index, slot, value in scalars:
+            part_of(key, index)
+            if not slot.startswith("opt/"):
+                raise KVError(f"server {server}: unexpected state scalar {slot!r}")
+            out.setdefault(key, {}).setdefault(slot, []).append(value)
+
+    def load_server_state(self, state: dict[Key, dict[str, Any]]) -> None:
+        """Restore ``server_state()`` on the servers (collective, as ``server_state``: every worker
+        calls it at the same point, after ``set_optimizer``, ``set_gradient_compression`` and
+        ``init``; rank 0's ``state`` is sent, the others' is ignored). A key named in ``state`` gets
+        its value, optimizer state and pull residuals replaced (those missing start from zero);
+        other keys are untouched."""
+        self.client.drain()
+        self.client.barrier()
+        if self.rank == 0:
+            per_server: dict[int, tuple[list[wire.Entry], list[np.ndarray], list[str], list[list[Any]]]] = {
+                s: ([], [], [], []) for s in range(self.num_servers)
+            }
+            for k, slots in state.items():
+                m = self._meta(k)
+                for name, value in slots.items():
+                    self._put_state(m, k, name, value, per_server)
+            seqs = [
+                self.client.send(s, wire.SET_STATE, e, a, body={"slots": sl, "scalars": sc}, local=False)
+                for s, (e, a, sl, sc) in per_server.items()
+                if e or sc
+            ]
+            self.client.wait(seqs)
+        self.client.barrier()
+
+    @staticmethod
+    def _put_state(
+        m: KeyMeta,
+        k: Key,
+        name: str,
+        value: Any,
+        per_server: dict[int, tuple[list[wire.Entry], list[np.ndarray], list[str], list[list[Any]]]],
+    ) -> None:
+        """Split one state slot of key ``k`` into its parts' messages."""
+        if name.startswith("pull/"):
+            index_s, _, slot = name[5:].partition("/")
+            if not index_s.isdigit() or int(index_s) >= len(m.parts):
+                raise KVError(f"key {k!r}: bad state slot {name!r}")
+            p = m.parts[int(index_s)]
+            arr = np.ascontiguousarray(to_host(value)).reshape(-1)
+            entries, arrays, slots, _ = per_server[p.server]
+            entries.append(wire.Entry(k, p.index, arr.size, arr.dtype.str))
+            arrays.append(arr)
+            slots.append(f"pull/{slot}")
+            return
+        if not (name == "value" or name.startswith("opt/")):
+            raise KVError(f"key {k!r}: unknown state slot {name!r}")
+        if isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool):
+            number = value.item() if isinstance(value, np.generic) else value
+            for p in m.parts:
+                per_server[p.server][3].append([k, p.index, name, number])
+            return
+        flat = np.ascontiguousarray(to_host(value)).reshape(-1)
+        if flat.size != m.size:
+            raise KVError(f"key {k!r}: state {name!r} has {flat.size} elements, the key {m.size}")
+        if flat.dtype.str not in wire.DTYPES:
+            raise KVError(f"key {k!r}: state {name!r} has an unsupported dtype {flat.dtype}")
+        for p in m.parts:
+            entries, arrays, slots, _ = per_server[p.server]
+            entries.append(wire.Entry(k, p.index, p.size, flat.dtype.str))
+            arrays.append(flat[p.start : p.stop])
+            slots.append(name)
+
     # -- data ---------------------------------------------------------------------------------------
 
     def init(self, key: Key | Sequence[Key], value: Any) -> None:

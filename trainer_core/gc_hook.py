@@ -183,3 +183,12 @@ class ServerCodec:
         payload = np.ascontiguousarray(payload).view(np.uint8).reshape(-1)
         self.cache[kid] = (version, payload, meta)
         return payload, meta
+
+    def load_part(self, kid: Any, state: Mapping[str, np.ndarray]) -> None:
+        """Restore one part's compressor state (empty: a fresh compressor); drops its cached payload."""
+        self.cache.pop(kid, None)
+        self.parts.pop(kid, None)
+        if self.params is not None and state:
+            comp = _registry().get_compressor(self.params)
+            comp.load_state_dict(dict(state))
+            self.parts[kid] = comp

@@ -116,6 +116,14 @@ class KVStore:
     def set_gradient_compression(self, params: Any) -> None:
         raise NotImplementedError
 
+    def server_state(self) -> dict[Key, dict[str, Any]]:
+        """The servers' per-key state (value, optimizer state, pull residuals), for checkpoints."""
+        raise NotImplementedError
+
+    def load_server_state(self, state: dict[Key, dict[str, Any]]) -> None:
+        """Restore ``server_state()``."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """End this store (a worker waits for every other worker, as MXNet's finalize)."""
 
@@ -218,6 +226,60 @@ class LocalKVStore(KVStore):
 
     def load_compression_state(self, state: dict[str, dict[str, Any]]) -> None:
         self.codec.load_state(state, {str(k): k for k in self.values})
+
+    def server_state(self) -> dict[Key, dict[str, Any]]:
+        """The "server side" of every key, as ``DistKVStore.server_state`` (one part, index 0)."""
+        out: dict[Key, dict[str, Any]] = {}
+        for k, value in self.values.items():
+            state: dict[str, Any] = {"value": value.reshape(self.shapes[k]).copy()}
+            for name, v in (self.states.get(k) or {}).items():
+                state[f"opt/{name}"] = v.reshape(self.shapes[k]).copy() if isinstance(v, np.ndarray) else v
+            comp = self.server_codec.parts.get(k)
+            for name, v in (comp.state_dict() if comp is not None else {}).items():
+                state[f"pull/0/{name}"] = np.array(v, copy=True)
+            out[k] = state
+        return out
+
+    def load_server_state(self, state: dict[Key, dict[str, Any]]) -> None:
+        """Restore ``server_state()`` (after ``set_optimizer``, ``set_gradient_compression`` and ``init``);
+        every key is checked before any is changed."""
+        plans = []
+        for k, slots in state.items():
+            weight = self._get(check_key(k))
+            value: np.ndarray | None = None
+            opt = self.updater.create_state(weight) if self.updater is not None else {}
+            given_opt = False
+            pull: dict[str, np.ndarray] = {}
+            for name, v in slots.items():
+                if name == "value":
+                    value = to_host(v).reshape(-1)
+                    if value.size != weight.size:
+                        raise KVError(
+                            f"key {k!r}: state value has {value.size} elements, the key {weight.size}"
+                        )
+                elif name.startswith("opt/") and isinstance(opt.get(name[4:]), np.ndarray):
+                    arr = to_host(v).reshape(-1)
+                    if arr.size != weight.size:
+                        raise KVError(
+                            f"key {k!r}: state {name!r} has {arr.size} elements, the key {weight.size}"
+                        )
+                    np.copyto(opt[name[4:]], arr)
+                    given_opt = True
+                elif name.startswith("opt/") and name[4:] in opt:
+                    opt[name[4:]], given_opt = int(v), True
+                elif name.startswith("pull/0/") and self.server_codec.active(weight.dtype):
+                    pull[name[7:]] = to_host(v)
+                else:
+                    raise KVError(f"key {k!r}: state slot {name!r} does not fit this store's setup")
+            plans.append((k, weight, value, opt if given_opt else None, pull))
+        for k, weight, value, opt_state, pull in plans:
+            if value is not None:
+                np.copyto(weight, value)
+            self.versions[k] += 1
+            self.states.pop(k, None)
+            if opt_state is not None:
+                self.states[k] = opt_state
+            self.server_codec.load_part(k, pull)
 
 
 _OPEN: weakref.WeakSet[KVStore] = weakref.WeakSet()

@@ -185,7 +185,18 @@ class Server:
                 for r in done:
                     self._reply(r)
                 return
-            if h.op == wire.SET_MODE:
+            if h.op == wire.GET_STATE:
+                entries, arrays, slots, scalars = self.store.get_state()
+                body = {"slots": slots, "scalars": scalars}
+                self._send(
+                    msg.ident,
+                    wire.Header(op=wire.REPLY, seq=h.seq, entries=tuple(entries), body=body),
+                    arrays,
+                )
+                return
+            if h.op == wire.SET_STATE:
+                self.store.set_state(h.entries, self._state_arrays(msg), *wire.state_body(h))
+            elif h.op == wire.SET_MODE:
                 sync = h.body.get("sync")
                 if not isinstance(sync, bool):
                     raise WireError("sync must be true or false")
@@ -212,6 +223,20 @@ class Server:
         except (KVError, ValueError, TypeError) as exc:
             self.log.warning("%s: refused %s from worker: %s", getattr(self, "name", "server"), h.op, exc)
             self._send(msg.ident, wire.Header(op=wire.ERROR, seq=h.seq, body={"reason": str(exc)}))
+
+    @staticmethod
+    def _state_arrays(msg: Received) -> list[np.ndarray]:
+        """The arrays of a ``set_state`` request: one raw frame per entry, of exactly its size."""
+        h = msg.header
+        if len(msg.frames) != len(h.entries):
+            raise WireError("set_state needs one frame per entry")
+        out = []
+        for e, frame in zip(h.entries, msg.frames, strict=True):
+            dtype = np.dtype(e.dtype)
+            if e.shm is not None or e.comp is not None or len(frame.buffer) != e.size * dtype.itemsize:
+                raise WireError(f"key {e.key!r}: state frame missing or of the wrong size")
+            out.append(np.frombuffer(frame.buffer, dtype=dtype))
+        return out
 
     def _request(self, msg: Received, rank: int) -> Request:
         h = msg.header

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import optim, wire
+from .compression.base import work_dtype
 from .errors import KVError
 from .gc_hook import ServerCodec
 
@@ -99,6 +100,104 @@ class Store:
         self.updater = optim.build(spec)
         for st in self.keys.values():
             st.opt_state = None
+
+    # -- state for checkpoints (ops get_state / set_state) -------------------------------------------
+
+    def _closed_round(self, kid: tuple[wire.Key, int]) -> KeyState:
+        st = self.keys.get(kid)
+        if st is None:
+            raise StoreError(f"key {kid[0]!r} (part {kid[1]}) was not initialized")
+        if self.sync and (st.pushed or st.deferred):
+            raise StoreError(
+                f"key {kid[0]!r}: a sync round is open (state is read and written between rounds)"
+            )
+        return st
+
+    def get_state(self) -> tuple[list[wire.Entry], list[np.ndarray], list[str], list[list[Any]]]:
+        """Every key part's state: its value, its optimizer state and its pull compressor's state, as
+        (entries, arrays, slot names, ``[key, part, slot, number]`` scalars); copies."""
+        entries: list[wire.Entry] = []
+        arrays: list[np.ndarray] = []
+        slots: list[str] = []
+        scalars: list[list[Any]] = []
+
+        def add(kid: tuple[wire.Key, int], slot: str, value: Any) -> None:
+            if isinstance(value, np.ndarray):
+                arr = np.ascontiguousarray(value).reshape(-1).copy()
+                entries.append(wire.Entry(kid[0], kid[1], arr.size, arr.dtype.str))
+                arrays.append(arr)
+                slots.append(slot)
+            else:
+                scalars.append([kid[0], kid[1], slot, value])
+
+        for kid in self.keys:
+            st = self._closed_round(kid)
+            add(kid, "value", st.weight)
+            for name, value in (st.opt_state or {}).items():
+                add(kid, f"opt/{name}", value)
+            comp = self.codec.parts.get(kid)
+            for name, value in (comp.state_dict() if comp is not None else {}).items():
+                add(kid, f"pull/{name}", np.asarray(value))
+        return entries, arrays, slots, scalars
+
+    def set_state(
+        self,
+        entries: tuple[wire.Entry, ...],
+        arrays: list[np.ndarray],
+        slots: list[str],
+        scalars: list[tuple[wire.Key, int, str, int | float]],
+    ) -> None:
+        """Restore what ``get_state`` returned for the key parts it names (all checked first, then
+        applied): values, optimizer state (none given: starts from zero state), pull residuals (none
+        given: start from zero)."""
+        given: dict[tuple[wire.Key, int], dict[str, Any]] = {}
+        for e, arr, slot in zip(entries, arrays, slots, strict=True):
+            given.setdefault((e.key, e.part), {})[slot] = arr
+        for key, part, slot, value in scalars:
+            given.setdefault((key, part), {})[slot] = value
+        plans: list[tuple[KeyState, tuple[wire.Key, int], dict[str, Any]]] = []
+        for kid, slots_of in given.items():
+            st = self._closed_round(kid)
+            n, dt = st.weight.size, st.weight.dtype
+            template = self.updater.create_state(st.weight) if self.updater is not None else {}
+            for slot, value in slots_of.items():
+                group, _, name = slot.partition("/")
+                if slot == "value":
+                    ok = value.size == n and value.dtype == dt
+                elif group == "opt":
+                    ref = template.get(name)
+                    if isinstance(ref, np.ndarray):
+                        ok = (
+                            isinstance(value, np.ndarray)
+                            and value.size == ref.size
+                            and value.dtype == ref.dtype
+                        )
+                    else:
+                        ok = isinstance(ref, int) and isinstance(value, int) and value >= 0
+                elif not self.codec.active(dt):
+                    ok = False
+                elif name == "residual":
+                    ok = isinstance(value, np.ndarray) and value.size == n and value.dtype == work_dtype(dt)
+                else:
+                    ok = isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size <= n
+                if not ok:
+                    raise StoreError(f"key {kid[0]!r} (part {kid[1]}): state slot {slot!r} does not fit")
+            plans.append((st, kid, slots_of))
+        for st, kid, slots_of in plans:
+            if "value" in slots_of:
+                np.copyto(st.weight, slots_of["value"])
+            st.version = next(self._versions)
+            opt = {k[4:]: v for k, v in slots_of.items() if k.startswith("opt/")}
+            st.opt_state = None
+            if opt and self.updater is not None:
+                st.opt_state = self.updater.create_state(st.weight)
+                for name, value in opt.items():
+                    if isinstance(value, np.ndarray):
+                        np.copyto(st.opt_state[name], value)
+                    else:
+                        st.opt_state[name] = int(value)
+            pull = {k[5:]: np.array(v, copy=True) for k, v in slots_of.items() if k.startswith("pull/")}
+            self.codec.load_part(kid, pull)
 
     def handle(self, req: Request) -> list[Request]:
         """Serve ``req``; returns the requests (this one or earlier waiting ones) now complete."""

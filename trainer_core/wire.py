@@ -26,17 +26,21 @@ ABORT, TERMINATE = "abort", "terminate"
 # operations: worker -> server and replies
 INIT, PUSH, PULL, PUSHPULL = "init", "push", "pull", "pushpull"
 SET_MODE, SET_OPTIMIZER, SET_COMPRESSION = "set_mode", "set_optimizer", "set_compression"
+GET_STATE, SET_STATE = "get_state", "set_state"  # servers' per-key state, for checkpoints
 REPLY, ERROR = "reply", "error"
 
 OPS = frozenset(
     {
         REGISTER, BOOK, HEARTBEAT, HEARTBEAT_ACK, BARRIER, BARRIER_DONE, FINISH, FINISHED, ABORT, TERMINATE,
-        INIT, PUSH, PULL, PUSHPULL, SET_MODE, SET_OPTIMIZER, SET_COMPRESSION, REPLY, ERROR,
+        INIT, PUSH, PULL, PUSHPULL, SET_MODE, SET_OPTIMIZER, SET_COMPRESSION, GET_STATE, SET_STATE,
+        REPLY, ERROR,
     }
 )  # fmt: skip
 DATA_OPS = frozenset({INIT, PUSH, PULL, PUSHPULL})
 DTYPES = frozenset({"<f4", "<f8", "<f2", "<i4", "<i8", "<u1", "|u1", "|i1"})
 SHM_NAME = re.compile(r"^launchkit-[A-Za-z0-9._-]{1,200}$")
+#: slot names of ``get_state``/``set_state``: the stored value, an optimizer slot, a pull-compressor slot
+STATE_SLOT = re.compile(r"^(value|opt/[A-Za-z0-9_]{1,32}|pull/[A-Za-z0-9_]{1,32})$")
 
 Key = int | str
 
@@ -171,3 +175,32 @@ def body_int(h: Header, name: str, default: int | None = None) -> int:
         raise WireError(f"field {name!r} missing or not an integer")
     assert isinstance(v, int)
     return v
+
+
+def state_body(h: Header) -> tuple[list[str], list[tuple[Key, int, str, int | float]]]:
+    """The ``slots`` (one per entry) and ``scalars`` (``[key, part, slot, number]``) of a
+    ``get_state`` reply or a ``set_state`` request, validated; ``WireError`` otherwise."""
+    slots = h.body.get("slots", [])
+    if not isinstance(slots, list) or len(slots) != len(h.entries):
+        raise WireError("slots must be a list with one name per entry")
+    for name in slots:
+        if not isinstance(name, str) or not STATE_SLOT.match(name):
+            raise WireError(f"bad state slot {name!r}")
+    raw = h.body.get("scalars", [])
+    if not isinstance(raw, list) or len(raw) > 4096 * 16:
+        raise WireError("scalars must be a list")
+    scalars: list[tuple[Key, int, str, int | float]] = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 4):
+            raise WireError("a state scalar is [key, part, slot, number]")
+        key, part, name, value = item
+        if not (_is_int(key) or (isinstance(key, str) and len(key) <= MAX_KEY_LEN)):
+            raise WireError(f"bad key {key!r}")
+        if not _is_int(part) or not 0 <= part < 4096:
+            raise WireError("bad part index")
+        if not isinstance(name, str) or not STATE_SLOT.match(name) or name == "value":
+            raise WireError(f"bad state slot {name!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise WireError(f"state scalar {name!r} is not a number")
+        scalars.append((key, part, name, value))
+    return list(slots), scalars
