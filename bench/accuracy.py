@@ -78,7 +78,9 @@ Compressed gradients against 32-bit ones on the digits data set (`bench/accuracy
 with `launchkit launch --launcher local` on one machine, {args.epochs} epochs, batch {args.batch_size} per worker,
 momentum SGD (0.9, learning rate {args.lr}), mean over {args.seeds} seeds (split, initial weights and
 data order). Block momentum syncs every 2 minibatches per worker (block of {2 * args.batch_size * args.workers} samples), with
-CNTK's defaults (block momentum 1 - 1/N, Nesterov, local momentum reset). Pushes and pulls are
+CNTK's defaults (block momentum 1 - 1/N, Nesterov, local momentum reset), the paper's Nesterov
+step (NBM, not CNTK's heavy-ball form; `docs/learners.md`) and the example's warm start for it
+(the first epoch trained locally, then one model average; CNTK's advice). Pushes and pulls are
 both compressed (each worker and each server keeps its own error-feedback residual per key part).
 The 2-bit threshold is {args.threshold} on the gradients' scale (data parallel pushes each
 worker's gradient / N and pulls the mean); block momentum pushes model deltas, about learning
@@ -91,14 +93,22 @@ MXNet's default 0.5 is far above this model's gradients.
 
 {body}
 
-"wire bytes per step per worker" is what one worker pushes plus pulls per training step (payloads;
-for block momentum the exchanges every 2 steps, averaged per step); "measured" means the KV store
-counted them, "payload" that they come from the compressors' packed sizes.
+"wire bytes per step per worker" is what one worker pushes plus pulls per distributed training
+step (payloads; for block momentum the exchanges every 2 steps, averaged per step, over epochs
+2-{args.epochs}: its warm-start epoch moves nothing and its one 32-bit model average at the switch,
+{2 * 4 * (64 * args.hidden + args.hidden + args.hidden * 10 + 10)} bytes per worker, is left out); "measured" means the KV store counted them,
+"payload" that they come from the compressors' packed sizes.
 
 Notes:
 
 - With 4 workers a server sums the pushes in arrival order, so float rounding differs from run to
-  run: single seeds move by up to about 0.7 points between runs (the means by a few tenths).
+  run: single seeds move by up to about 0.7 points between runs (the means by a few tenths), at
+  1 bit sometimes more (data parallel 1-bit seed 1: 96.00, 94.44 and 95.78 in three runs of the
+  same code, means -0.22, -0.81, -0.37).
+- Block momentum at 1 bit was 0.74 and 1.48 points below its 32-bit run (seeds 94.89, 96.67,
+  94.00 against 97.33, 96.67, 96.00) with CNTK's Nesterov form (heavy-ball with 1.75x the block
+  learning rate, which multiplies the pulled 1-bit error by 7 in the model instead of 4) and no
+  warm start; `docs/learners.md` has the analysis.
 - Compressing the pulls as well as the pushes is what costs accuracy at coarser settings. Same
   model in one process (4 simulated workers, batch 32, 10 epochs, learning rate 0.03, seeds 0
   and 1): 1-bit push only 94.7 / 92.9%, push and pull 90.9 / 85.1%; 2-bit threshold 0.02 push only

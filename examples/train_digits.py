@@ -13,7 +13,8 @@ Workers each train on their own shard (``SplitSampler``) through a distributed l
 * ``data_parallel`` (default): every step the workers' gradients are summed by the servers
   (``pushpull``) and every worker applies the same averaged update; ``--compression 1bit|2bit|topk``
   sends them compressed (the KV store's ``set_gradient_compression``);
-* ``block_momentum``: local steps, the models are merged every ``--block-size`` samples (BMUF);
+* ``block_momentum``: local steps, the models are merged every ``--block-size`` samples (BMUF,
+  Nesterov block momentum); warm-started: the first epoch is trained locally (``--distributed-after``);
 * ``model_averaging``: local steps, the models are averaged every ``--sync-period`` samples per worker;
 * ``async``: asynchronous SGD, the servers apply each worker's gradients at once (``dist_async``;
   every push is an update, so the default learning rate is divided by the number of workers).
@@ -80,9 +81,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--topk-ratio", type=float, default=0.01, help="fraction of values topk sends")
     p.add_argument("--block-size", type=int, default=0, help="block_momentum: samples per block over all workers (default: 2 minibatches per worker)")  # fmt: skip
     p.add_argument("--sync-period", type=int, default=0, help="model_averaging: samples per worker between averages (default: 4 minibatches)")  # fmt: skip
-    p.add_argument(
-        "--distributed-after", type=int, default=0, help="samples per worker trained locally first"
-    )
+    p.add_argument("--distributed-after", type=int, default=None, help="samples per worker trained locally first (default: one epoch for block_momentum, else 0)")  # fmt: skip
     p.add_argument("--checkpoint", default=None, help="a .npz file rank 0 writes after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
     p.add_argument("--kvstore", default=None, help="dist_sync (dist_async for --learner async), or local")
@@ -177,6 +176,11 @@ def main() -> None:
     rank, workers = kv.rank, kv.num_workers
     args.lr_used = args.lr if args.lr is not None else 0.03 / (workers if args.learner == "async" else 1)
     x_train, y_train, x_test, y_test = load_digits(args.seed)
+    steps = (len(x_train) // workers) // args.batch_size  # the same on every worker (sync rounds)
+    if args.distributed_after is None:
+        # BMUF is warm-started (CNTK's advice for it and for 1-bit SGD): one epoch of local
+        # training, then the models are averaged once and the blocks start (docs/learners.md)
+        args.distributed_after = steps * args.batch_size if args.learner == "block_momentum" else 0
     model = MLP([x_train.shape[1], args.hidden, 10], seed=args.seed)
     ck = None
     if args.resume and args.checkpoint and os.path.exists(args.checkpoint):
@@ -191,14 +195,13 @@ def main() -> None:
     start_epoch = ck.epoch if ck is not None else 0
 
     sampler = SplitSampler(len(x_train), workers, rank, seed=args.seed)
-    steps = (len(x_train) // workers) // args.batch_size  # the same on every worker (sync rounds)
     main_rank = learner.communicator().is_main()
     if main_rank:
         resumed = f", resumed at epoch {start_epoch}" if ck is not None else ""
         print(f"{workers} workers, {steps} steps of {args.batch_size} per worker per epoch, "
               f"{model.num_parameters()} parameters, {args.learner}, compression {args.compression}{resumed}",
               flush=True)  # fmt: skip
-    total_steps = 0
+    dist_steps = 0  # steps trained distributed (the warm start's local steps move no bytes)
     before = wire_counters(kv)  # training traffic only: not the setup's exchanges
     for epoch in range(start_epoch, args.epochs):
         t0 = time.monotonic()
@@ -208,8 +211,10 @@ def main() -> None:
             batch = idx[step * args.batch_size : (step + 1) * args.batch_size]
             loss, grads = model.loss_and_grads(x_train[batch], y_train[batch])
             losses.append(loss)
+            if learner.start_if_due():  # the warm start ends: one 32-bit model average, not counted
+                before = wire_counters(kv)
             learner.update(grads, len(batch))
-            total_steps += 1
+            dist_steps += learner.distributed
         learner.flush()
         if args.checkpoint and main_rank:
             save_checkpoint(args, kv, model, learner, epoch + 1, (epoch + 1) * steps)
@@ -218,7 +223,7 @@ def main() -> None:
             print(f"epoch {epoch + 1:3d}  loss {np.mean(losses):.4f}  test accuracy {acc * 100:.2f}%  "
                   f"({time.monotonic() - t0:.2f}s)", flush=True)  # fmt: skip
     if main_rank:
-        per_step, how = wire_bytes_per_step(kv, learner, total_steps, before)
+        per_step, how = wire_bytes_per_step(kv, learner, dist_steps, before)
         raw = 2 * 4 * model.num_parameters()
         print(f"wire: {per_step:.0f} bytes per step per worker ({how}; 32-bit push+pull {raw}, "
               f"{raw / max(per_step, 1e-9):.1f}x less)", flush=True)  # fmt: skip

@@ -17,13 +17,19 @@ Algorithms (``N`` workers, sums are what the KV store returns for a ``pushpull``
   the servers' sum is the mean and pushes and pulls carry values on the gradient's scale (one
   2-bit threshold suits both). With 1 or 2 bits the gradients travel compressed
   (``kv.set_gradient_compression``, ``{'type': '1bit'}`` or ``{'type': '2bit', 'threshold': t}``).
-* ``block_momentum_distributed_learner`` (BMUF, Chen and Huo 2016, as CNTK): each worker runs the
-  local learner on its own data; every ``block_size / N`` samples per worker,
-  ``G = sum_i (w_prev - w_i)`` (each worker pushes its delta divided by ``N``, the servers' sum is
-  the mean, times ``N``); ``v = eta * v + (1 - eta) * zeta * G``; ``w = w_prev - v`` (Nesterov:
-  then ``w -= eta * v``); ``w_prev = w``; optionally the local momentum is reset. With the default
-  ``eta = 1 - 1/N`` this is the paper's ``v = eta * v + zeta * mean_i(w_prev - w_i)``;
-  ``eta = exp(-block_size / block_momentum_as_time_constant)``.
+* ``block_momentum_distributed_learner`` (BMUF, Chen and Huo 2016): each worker runs the local
+  learner on its own data; every ``block_size / N`` samples per worker, ``G = sum_i (w_prev -
+  w_i)`` (``w_prev``: where the block started; each worker pushes its delta divided by ``N``, the
+  servers' sum is the mean, times ``N``); ``v = eta * v + (1 - eta) * zeta * G``; ``W = W - v``;
+  the next block starts from ``w = w_prev = W``, or with Nesterov (the paper's NBM) from the
+  look-ahead ``W - eta * v``; optionally the local momentum is reset. The filtered iterate ``W``
+  is not stored: it is ``w_prev + eta * v_old`` (Nesterov) or ``w_prev``, so a Nesterov block
+  moves ``w_prev`` by ``-eta**2 * v_old - (1 + eta) * (1 - eta) * zeta * G``. CNTK's
+  ``BlockMomentumSGD`` keeps the look-ahead point as ``W`` (``w = w_prev - v - eta * v``): that is
+  heavy-ball momentum with ``1 + eta`` times the block learning rate, which amplifies every error
+  in ``G`` (a compressed exchange's) 1.75 times more at ``eta = 3/4`` (``docs/learners.md``).
+  With the default ``eta = 1 - 1/N`` the filter is the paper's ``v = eta * v + zeta *
+  mean_i(w_prev - w_i)``; ``eta = exp(-block_size / block_momentum_as_time_constant)``.
 * ``model_averaging_distributed_learner``: every ``sync_period`` samples per worker, the model
   becomes the mean of the workers' models (BMUF with ``eta = 0``, ``zeta = 1/N``).
 * ``async_sgd_distributed_learner``: the local learner's rule runs on the servers
@@ -134,13 +140,21 @@ class DistributedLearner:
     def update(self, grads: dict[str, Any], num_samples: int) -> bool:
         """One step with this worker's ``grads`` of ``num_samples`` samples. True when this step
         communicated (always for data parallel and async; at block ends for the periodic ones)."""
-        if not self.distributed and self.total_number_of_samples_seen >= self.distributed_after:
-            self._start()
+        self.start_if_due()
         self.total_number_of_samples_seen += int(num_samples)
         if not self.distributed:
             self.learner.update(grads)
             return False
         return self._step(grads, int(num_samples))
+
+    def start_if_due(self) -> bool:
+        """Start distributed training now if the warm start is over (``update`` calls it; a caller
+        may call it first to tell the one-time warm-start exchange from the training traffic).
+        Collective. True when it started now."""
+        if self.distributed or self.total_number_of_samples_seen < self.distributed_after:
+            return False
+        self._start()
+        return True
 
     def flush(self) -> bool:
         """Aggregate what is pending (periodic learners); every worker calls it at the same point."""
@@ -251,11 +265,13 @@ class BlockMomentumLearner(DistributedLearner):
         gain = (1.0 - eta) * self.block_learning_rate * workers  # times the mean: CNTK's sum
         for n in self.names:
             v, w = self.smoothed[n], self.params[n]
+            # the filtered iterate W(t-1): the block started from it minus the look-ahead eta * v
+            w[...] = self.prev[n] + eta * v if self.use_nesterov_momentum else self.prev[n]
             v *= eta
             v += gain * self._buf[n]
-            w[...] = self.prev[n] - v
+            w -= v  # W(t)
             if self.use_nesterov_momentum:
-                w -= eta * v
+                w -= eta * v  # the next block starts from the look-ahead W(t) - eta * v(t)
             self.prev[n][...] = w
         if self.reset_sgd_momentum_after_aggregation:
             self.learner.reset_momentum()

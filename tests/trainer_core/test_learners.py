@@ -260,8 +260,11 @@ def bmuf_reference(
     mu: float,
     lr: float,
 ) -> dict[str, np.ndarray]:
-    """Chen and Huo's BMUF written out: v = eta v + zeta (1-eta) N mean_i(w_prev - w_i)."""
+    """Chen and Huo's BMUF written out with both iterates kept: the filtered model ``big_w``
+    (``W(t) = W(t-1) - v``) and the block's start ``prev`` (``W(t) - eta v`` with Nesterov, the
+    paper's NBM, else ``W(t)``); ``v = eta v + zeta (1-eta) N mean_i(prev - w_i)``."""
     prev = make_params(0)
+    big_w = copy(prev)
     v = {k: np.zeros(s) for k, s in SHAPES.items()}
     ws = [copy(prev) for _ in range(n)]
     moms = [{k: np.zeros(s) for k, s in SHAPES.items()} for _ in range(n)]
@@ -277,8 +280,8 @@ def bmuf_reference(
             g_mean = mean([{k: prev[k] - w[k] for k in SHAPES} for w in ws])
             for k in SHAPES:
                 v[k] = eta * v[k] + (1 - eta) * zeta * n * g_mean[k]
-                new = prev[k] - v[k] - (eta * v[k] if nesterov else 0.0)
-                prev[k] = new
+                big_w[k] = big_w[k] - v[k]
+                prev[k] = big_w[k] - eta * v[k] if nesterov else big_w[k].copy()
             ws = [copy(prev) for _ in range(n)]
             if reset:
                 moms = [{k: np.zeros(s) for k, s in SHAPES.items()} for _ in range(n)]
@@ -327,6 +330,7 @@ def test_block_momentum_default_is_the_papers_mean_form() -> None:
 
     results = run_workers(n, worker)
     prev, v = make_params(0), {k: np.zeros(s) for k, s in SHAPES.items()}
+    big_w = copy(prev)  # the filtered model; prev is the look-ahead each block starts from
     eta = 0.75
     for block in range(2):
         ws = []
@@ -339,9 +343,28 @@ def test_block_momentum_default_is_the_papers_mean_form() -> None:
         g = mean([{k: prev[k] - w[k] for k in SHAPES} for w in ws])
         for k in SHAPES:
             v[k] = eta * v[k] + g[k]
-            prev[k] = prev[k] - v[k] - eta * v[k]
+            big_w[k] = big_w[k] - v[k]
+            prev[k] = big_w[k] - eta * v[k]
     for params in results:
         assert_params(params, prev)
+
+
+def test_start_if_due_ends_the_warm_start_once() -> None:
+    n = 2
+
+    def worker(kv: FakeKV) -> list[bool]:
+        params = make_params(kv.rank)
+        dl = block_momentum_distributed_learner(
+            get_learner("sgd", params, lr=0.1), 4, distributed_after=2, kv=kv
+        )
+        seen = [dl.start_if_due()]
+        for s in range(3):
+            dl.update(grad(kv.rank, s), 1)
+            seen.append(dl.start_if_due())
+        return seen
+
+    for seen in run_workers(n, worker):
+        assert seen == [False, False, True, False]
 
 
 def test_block_momentum_time_constant() -> None:
