@@ -154,19 +154,20 @@ def wire_bytes_per_step(
 def save_checkpoint(
     args: argparse.Namespace, kv: Any, model: MLP, learner: DistributedLearner, epoch: int, step: int
 ) -> None:
-    """Rank 0: parameters, learner state, its compression residuals, epoch and step."""
+    """Every worker takes part (fetching the servers' state is collective). Rank 0 writes the
+    parameters, learner state, servers' state (optimizer slots, pull residuals) and its own push
+    residuals; every other worker writes its own push residuals next to it."""
     comp = compression_params(args, kv.num_workers)
     state = getattr(kv, "compression_state", None)
     residuals = state() if comp is not None and callable(state) else None
-    not_saved = []
-    if args.learner == "async":
-        not_saved.append("the servers' optimizer state (the KV store has no call to read it)")
-    if comp is not None:
-        not_saved.append("the servers' pull residuals and the other workers' push residuals")
-    checkpoint.save(
-        args.checkpoint, params=model.params, learner=learner, residuals=residuals, step=step,
-        epoch=epoch, compression=comp, extra={"learner": args.learner}, not_saved=not_saved,
-    )  # fmt: skip
+    server = kv.server_state()
+    if kv.rank == 0:
+        checkpoint.save(
+            args.checkpoint, params=model.params, learner=learner, residuals=residuals, step=step,
+            epoch=epoch, compression=comp, extra={"learner": args.learner}, server_state=server,
+        )  # fmt: skip
+    elif residuals:
+        checkpoint.save_worker(args.checkpoint, kv.rank, residuals, step=step)
 
 
 def main() -> None:
@@ -189,9 +190,11 @@ def main() -> None:
     learner = make_learner(args, kv, model)
     if ck is not None:
         checkpoint.restore_learner(learner, ck)
+        checkpoint.restore_server(kv, ck)  # collective: every worker, after the learner's init
         load_residuals = getattr(kv, "load_compression_state", None)
-        if rank == 0 and ck.residuals and callable(load_residuals):
-            load_residuals(ck.residuals)  # the file holds rank 0's residuals
+        if ck.compression is not None and callable(load_residuals):
+            mine = ck.residuals if rank == 0 else checkpoint.load_worker(args.checkpoint, rank, step=ck.step)
+            load_residuals(mine)
     start_epoch = ck.epoch if ck is not None else 0
 
     sampler = SplitSampler(len(x_train), workers, rank, seed=args.seed)
@@ -216,7 +219,7 @@ def main() -> None:
             learner.update(grads, len(batch))
             dist_steps += learner.distributed
         learner.flush()
-        if args.checkpoint and main_rank:
+        if args.checkpoint:
             save_checkpoint(args, kv, model, learner, epoch + 1, (epoch + 1) * steps)
         if main_rank:
             acc = model.accuracy(x_test, y_test)

@@ -94,16 +94,21 @@ def test_block_momentum_reaches_90_percent() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_checkpoint_resume_continues(tmp_path: Path) -> None:
+@pytest.mark.parametrize("compression", ["none", "1bit"])
+def test_checkpoint_resume_continues(tmp_path: Path, compression: str) -> None:
     ck = tmp_path / "digits.npz"
-    first = launch("--epochs", "2", "--hidden", "32", "--checkpoint", str(ck))
+    opts = ("--hidden", "32", "--compression", compression)
+    first = launch("--epochs", "2", *opts, "--checkpoint", str(ck))
     assert [int(m.group(1)) for m in EPOCH.finditer(first)] == [1, 2]
-    assert ck.exists() and not [p for p in tmp_path.iterdir() if p != ck]
-    second = launch("--epochs", "4", "--hidden", "32", "--checkpoint", str(ck), "--resume")
+    # rank 0's file, plus worker 1's own residuals when compressing
+    extra = sorted(p.name for p in tmp_path.iterdir() if p != ck)
+    assert ck.exists() and extra == ([] if compression == "none" else ["digits.worker1.npz"])
+    second = launch("--epochs", "4", *opts, "--checkpoint", str(ck), "--resume")
     assert "resumed at epoch 2" in second, second
     assert [int(m.group(1)) for m in EPOCH.finditer(second)] == [3, 4]
-    # the resumed run is the uninterrupted one: same losses and accuracies (2 workers: exact sums)
-    straight = launch("--epochs", "4", "--hidden", "32")
+    # the resumed run is the uninterrupted one: same losses and accuracies (2 workers: exact
+    # sums; with 1 bit also the servers' and every worker's residuals are restored)
+    straight = launch("--epochs", "4", *opts)
     tail = [m.groups() for m in EPOCH.finditer(straight)][2:]
     assert [m.groups() for m in EPOCH.finditer(second)] == tail
 
