@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
 import socket
-import struct
 
+from launchkit import remote
 from launchkit.errors import UsageError
-
-_SIOCGIFADDR = 0x8915
 
 
 def interface_names() -> list[str]:
@@ -21,12 +18,10 @@ def interface_address(name: str) -> str:
     """The IPv4 address of a network interface, e.g. ``lo`` -> ``127.0.0.1``."""
     if name not in interface_names():
         raise UsageError(f"no network interface named {name!r} here (have: {', '.join(interface_names())})")
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-        except OSError:
-            raise UsageError(f"network interface {name!r} has no IPv4 address") from None
-    return socket.inet_ntoa(packed[20:24])
+    address = remote.interface_address(name)  # the same lookup the hosts' watchdogs do
+    if address is None:
+        raise UsageError(f"network interface {name!r} has no IPv4 address")
+    return address
 
 
 def route_address(host: str) -> str | None:

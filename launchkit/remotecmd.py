@@ -7,16 +7,13 @@ import inspect
 import json
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from launchkit import procscan
 from launchkit.errors import BackendError
 from launchkit.spec import Host
-from launchkit.sshconn import SshOptions, connect, run
-
-MAX_PARALLEL = 32
+from launchkit.sshconn import SshOptions, connect, on_each, run
 
 PROBE = r"""
 import json, os, platform, shutil, socket, subprocess, sys
@@ -81,8 +78,7 @@ def on_hosts(hosts: Sequence[Host], opts: SshOptions, work: Any) -> list[HostRes
         finally:
             client.close()
 
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(hosts)))) as pool:
-        return list(pool.map(one, hosts))
+    return on_each(one, hosts)
 
 
 def probe(hosts: Sequence[Host], opts: SshOptions) -> list[HostResult]:

@@ -12,12 +12,26 @@ import contextlib
 import os
 import shlex
 import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from launchkit.errors import BackendError
 from launchkit.spec import Host
+
+MAX_PARALLEL = 32  # hosts contacted at once
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def on_each(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """``fn`` over ``items`` in parallel, at most MAX_PARALLEL at a time, results in order."""
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(items))) as pool:
+        return list(pool.map(fn, items))
 
 
 @dataclass(frozen=True)

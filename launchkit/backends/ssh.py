@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from launchkit.agent import HostAgent, RemoteProcess
@@ -19,10 +18,8 @@ from launchkit.errors import BackendError
 from launchkit.hostfile import format_host
 from launchkit.placement import machine_key
 from launchkit.spec import Host, LaunchSpec, Plan, Task
-from launchkit.sshconn import SshOptions, connect
+from launchkit.sshconn import SshOptions, connect, on_each
 from launchkit.sync import source_dir, sync_all
-
-MAX_PARALLEL = 32
 
 
 def host_key(host: Host) -> tuple[str, int | None, str | None]:
@@ -47,8 +44,7 @@ def connect_all(hosts: Sequence[Host], opts: SshOptions) -> tuple[dict[Host, Any
         except BackendError as exc:
             errors[h] = exc.message.removeprefix("ssh: ")
 
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(hosts)))) as pool:
-        list(pool.map(one, hosts))
+    on_each(one, hosts)
     return clients, errors
 
 
@@ -129,8 +125,7 @@ class SshBackend(Backend):
             except Exception as exc:
                 errors[agent.host] = f"{agent.host}: {exc}"
 
-        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(agents))) as pool:
-            list(pool.map(start, agents.values()))
+        on_each(start, list(agents.values()))
         self.agents = agents
         if errors:
             self.close()
@@ -152,8 +147,7 @@ class SshBackend(Backend):
         agents = list(self.agents.values())
         if agents:
             timeout = (self.spec.grace_period if self.spec else 5.0) + 5.0
-            with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(agents))) as pool:
-                list(pool.map(lambda a: a.close(timeout), agents))
+            on_each(lambda a: a.close(timeout), agents)
         for c in self.clients.values():
             with contextlib.suppress(Exception):
                 c.close()
