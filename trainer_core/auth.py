@@ -7,10 +7,9 @@ Neither public key ever crosses the wire in the clear and the secret never does:
 does not hold the secret cannot complete the CURVE handshake, so libzmq drops it before any
 byte reaches the node. CURVE also encrypts every frame (docs/wire.md).
 
-Across hosts the arrays can instead go over an unencrypted data channel (the default; set
-``PS_ENCRYPT=1`` for CURVE there too): plain ZeroMQ sockets where every message carries an
-HMAC-SHA256 of its header under a key derived from the secret, and servers accept only
-increasing sequence numbers from each worker (no replay).
+The stream channels that carry arrays outside ZeroMQ (same host: ``unixsock.py``; across
+hosts, unless ``PS_ENCRYPT=1``: ``tcpchan.py``) open with a challenge instead: the server sends
+a nonce and each side proves the secret with an HMAC of it (``channel_key``, ``channel_proof``).
 """
 
 from __future__ import annotations
@@ -52,31 +51,13 @@ def derive_keys(secret: str) -> CurveKeys:
     )
 
 
-@dataclass(frozen=True)
-class MacKeys:
-    """HMAC-SHA256 keys of the unencrypted data channel, one per direction."""
-
-    to_server: bytes
-    to_worker: bytes
-
-
-def derive_mac_keys(secret: str) -> MacKeys:
-    """The data channel's keys (pure; every node gets the same)."""
+def channel_key(secret: str, label: bytes) -> bytes:
+    """The key of a stream channel's handshake (``label`` names the channel; pure)."""
     if not secret:
         raise ValueError("empty job secret")
-
-    def key(label: bytes) -> bytes:
-        return hashlib.blake2b(
-            secret.encode(), key=b"launchkit-kv-mac-v1", person=label, digest_size=32
-        ).digest()
-
-    return MacKeys(to_server=key(b"to-server"), to_worker=key(b"to-worker"))
+    return hashlib.blake2b(secret.encode(), key=label, digest_size=32).digest()
 
 
-def sign(key: bytes, header: bytes) -> bytes:
-    """The MAC frame of a header on the data channel."""
-    return hmac.new(key, header, hashlib.sha256).digest()
-
-
-def verify(key: bytes, header: bytes, mac: bytes) -> bool:
-    return hmac.compare_digest(sign(key, header), mac)
+def channel_proof(key: bytes, who: bytes, nonce: bytes) -> bytes:
+    """What ``who`` (``b"client"`` or ``b"server"``) answers to ``nonce``: HMAC-SHA256 under ``key``."""
+    return hmac.new(key, who + nonce, hashlib.sha256).digest()

@@ -370,16 +370,31 @@ class DistKVStore(KVStore):
                 else:
                     entries.append(wire.Entry(k, p.index, p.size, m.dtype.str))
                     if flat is not None:
-                        # zero-copy when the call waits for the reply (the bytes are gone by then)
+                        # zero-copy when the bytes are gone before the call returns: the call waits for
+                        # the reply, or the channel sends from this thread; else a private copy
                         part = flat[p.start : p.stop]
-                        frames.append(part if pulls is not None else np.array(part, copy=True))
+                        now = pulls is not None or self.client.sends_directly(p.server)
+                        frames.append(part if now else np.array(part, copy=True))
                 if flat is not None and not packed:
                     stats.sent += raw
                 where.append((m, p, seg))
+        results: dict[int, np.ndarray] = {}
+        direct: set[int] = set()  # indexes in ``pulls`` whose output receives the data directly
+        for i, (k, outs) in enumerate(pulls or []):
+            m = self._meta(k)
+            target = direct_target(outs, m)
+            if target is not None and id(m) not in results:
+                results[id(m)] = target
+                direct.add(i)
         sent: dict[int, list[tuple[KeyMeta, Part, Segment | None]]] = {}
         server_of: dict[int, int] = {}
         for server, (entries, frames, where) in per_server.items():
-            seq = self.client.send(server, op, entries, frames, keep=pulls is not None, local=not compressed)
+            into = None
+            if pulls is not None and not compressed and self.client.sends_directly(server):
+                into = [_bytes_of(self._result(results, m)[p.start : p.stop]) for m, p, _ in where]
+            seq = self.client.send(
+                server, op, entries, frames, keep=pulls is not None, local=not compressed, into=into
+            )
             sent[seq] = where
             server_of[seq] = server
             for m, p, seg in where:
@@ -390,14 +405,6 @@ class DistKVStore(KVStore):
         if pulls is None:
             return
         replies = self.client.wait(list(sent))
-        results: dict[int, np.ndarray] = {}
-        direct: set[int] = set()  # indexes in ``pulls`` whose output receives the data directly
-        for i, (k, outs) in enumerate(pulls):
-            m = self._meta(k)
-            target = direct_target(outs, m)
-            if target is not None and id(m) not in results:
-                results[id(m)] = target
-                direct.add(i)
         for seq, where in sent.items():
             reply = replies[seq]
             frames_in = iter(reply.frames)
@@ -406,9 +413,7 @@ class DistKVStore(KVStore):
             located = reply.header.entries  # set when values are read from the server's buffers
             for idx, (m, p, seg) in enumerate(where):
                 m.busy[p.index] = 0
-                if id(m) not in results:
-                    results[id(m)] = np.empty(m.size, dtype=m.dtype)
-                dst = results[id(m)][p.start : p.stop]
+                dst = self._result(results, m)[p.start : p.stop]
                 where_is = located[idx].shm if idx < len(located) else None
                 if where_is is not None:
                     np.copyto(dst, self.client.shared_view(server_of[seq], where_is, m.dtype, p.size))
@@ -422,11 +427,26 @@ class DistKVStore(KVStore):
             if i not in direct:
                 write_out(results[id(self._meta(k))], outs)
 
+    @staticmethod
+    def _result(results: dict[int, np.ndarray], m: KeyMeta) -> np.ndarray:
+        """Where key ``m``'s pulled value is assembled (the output itself, or a fresh array)."""
+        if id(m) not in results:
+            results[id(m)] = np.empty(m.size, dtype=m.dtype)
+        return results[id(m)]
+
     def _read_frame(self, dst: np.ndarray, m: KeyMeta, p: Part, frame: Any, meta: Any) -> None:
-        """Copy (or decode, when ``meta`` describes a compressed payload) one reply frame into ``dst``."""
+        """Copy (or decode, when ``meta`` describes a compressed payload) one reply frame into ``dst``
+        (nothing to copy when the channel read it there already)."""
         if frame is None:
             raise KVError("a server's reply is missing data")
         self.codec.stats.received += len(frame.buffer)
+        if (
+            getattr(frame, "placed", False)
+            and meta is None
+            and len(frame.buffer) == dst.nbytes
+            and np.frombuffer(frame.buffer, np.uint8).ctypes.data == dst.ctypes.data
+        ):
+            return
         if meta is not None:
             np.copyto(dst, gc_decode(frame.buffer, meta, p.size, m.dtype))
         elif len(frame.buffer) != p.size * m.dtype.itemsize:
@@ -483,3 +503,8 @@ class DistKVStore(KVStore):
                 if seg is not None:
                     seg.close()
         self.client.close()
+
+
+def _bytes_of(arr: np.ndarray) -> memoryview:
+    """A writable byte view of a contiguous 1-D array slice."""
+    return arr.view(np.uint8).data

@@ -25,7 +25,7 @@ class ServerInfo:
     endpoint: str
     host_key: str
     local: str = ""  # the server's same-host channel (``unixsock``), empty when it has none
-    data: str = ""  # the server's signed, unencrypted data endpoint, empty when it has none
+    data: str = ""  # the server's TCP data channel (tcpchan.py), empty with PS_ENCRYPT=1
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import zmq
 
 from . import optim, wire
-from .auth import derive_mac_keys
 from .config import NodeConfig
 from .errors import KVError, WireError
 from .gc_hook import decode as gc_decode
@@ -27,6 +28,7 @@ from .log import get_logger
 from .node import join, scheduler_endpoint
 from .shm import MemBuffer, Segment, job_prefix
 from .store import Request, Store, StoreError
+from .tcpchan import HANDSHAKE_TIMEOUT_S, ChannelClosed, TcpConn, TcpListener
 from .transport import Received, Transport, bind_and_publish_hosts
 from .unixsock import UnixConn, UnixListener
 
@@ -62,11 +64,13 @@ class Server:
         self.listener = UnixListener(cfg.job_id, cfg.secret) if cfg.use_shm else None
         local = self.listener.name if self.listener else ""
         data = ""
-        self.data_sock: Any = None
+        self.data_listener: TcpListener | None = None
         if not cfg.encrypt:
-            self.data_sock, data_endpoint = self.transport.bind_router(bind_host, curve=False)
-            data = f"tcp://{publish_host}:{data_endpoint.rsplit(':', 1)[1]}"
-        self.macs = derive_mac_keys(cfg.secret)
+            try:
+                self.data_listener = TcpListener(bind_host, cfg.secret)
+            except OSError as exc:
+                raise KVError(f"cannot listen for the data channel on {bind_host}: {exc}") from None
+            data = f"tcp://{publish_host}:{self.data_listener.port}"
         self.data_seq: dict[int, int] = {}  # per worker rank: the last sequence number on the data channel
         _, book = join(
             self.transport,
@@ -91,28 +95,36 @@ class Server:
         live.start()
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
-        if self.data_sock is not None:
-            poller.register(self.data_sock, zmq.POLLIN)
+        data_fd = -1
+        if self.data_listener is not None:
+            data_fd = self.data_listener.fileno()
+            poller.register(data_fd, zmq.POLLIN)
         if self.listener is not None:
             poller.register(self.listener.fileno(), zmq.POLLIN)
         conns: dict[int, UnixConn] = {}
+        self.tcp_conns: dict[int, TcpConn] = {}
+
+        def alive() -> None:
+            if live.failed.is_set() or live.terminated.is_set():
+                raise ChannelClosed("the job is ending")
+
         try:
             while True:
                 if live.failed.is_set():
                     return 1
                 if live.terminated.is_set():
                     return 0
+                self._expire_handshakes(poller)
                 for item, _ in poller.poll(100):
                     if item is self.sock:
                         while (msg := self.transport.recv(self.sock, router=True)) is not None:
                             self._serve(msg)
-                    elif item is self.data_sock:
-                        while (
-                            msg := self.transport.recv(item, router=True, mac=self.macs.to_server)
-                        ) is not None:
-                            if self._fresh(msg):
-                                msg.ident = ("data", msg.ident)
-                                self._serve(msg)
+                    elif item == data_fd and self.data_listener is not None:
+                        for tconn in self.data_listener.accept():
+                            self.tcp_conns[tconn.fileno()] = tconn
+                            poller.register(tconn.fileno(), zmq.POLLIN)
+                    elif item in self.tcp_conns:
+                        self._serve_tcp(self.tcp_conns[item], poller, alive)
                     elif self.listener is not None and item == self.listener.fileno():
                         for conn in self.listener.accept():
                             conns[conn.fileno()] = conn
@@ -123,8 +135,65 @@ class Server:
             live.stop()
             for conn in conns.values():
                 conn.close()
+            for tconn in self.tcp_conns.values():
+                tconn.close(flush_s=0.0 if live.failed.is_set() else 1.0)
             if self.listener is not None:
                 self.listener.close()
+            if self.data_listener is not None:
+                self.data_listener.close()
+
+    def _expire_handshakes(self, poller: zmq.Poller) -> None:
+        """Close data connections that did not prove the secret within the handshake timeout."""
+        for fd, tconn in list(self.tcp_conns.items()):
+            if not tconn.ready and time.monotonic() - tconn.born > HANDSHAKE_TIMEOUT_S:
+                self.log.warning("closed a data connection that did not authenticate in time")
+                self._drop_tcp(fd, poller)
+
+    def _drop_tcp(self, fd: int, poller: zmq.Poller) -> None:
+        poller.unregister(fd)
+        self.tcp_conns.pop(fd).close()
+
+    def _place(self, raw: bytes, lens: list[int]) -> tuple[wire.Header | WireError, list[memoryview | None]]:
+        """A data-channel request's header, decoded, and where its frames go: a push that opens a sync
+        round straight into the key's accumulator (``Store.landing``), the rest into the connection's
+        reusable buffer (the store consumes a request's arrays while handling it, copying any it keeps)."""
+        try:
+            h = wire.decode(raw)
+        except WireError as exc:
+            return exc, []
+        rank = h.body.get("rank")
+        if h.op not in (wire.PUSH, wire.PUSHPULL) or len(lens) != len(h.entries) or not isinstance(rank, int):
+            return h, []
+        dests: list[memoryview | None] = []
+        for e in h.entries:
+            acc = self.store.landing(rank, e)
+            dests.append(None if acc is None else acc.view(np.uint8).data)
+        return h, dests
+
+    def _serve_tcp(self, conn: TcpConn, poller: zmq.Poller, alive: Callable[[], None]) -> None:
+        """A data connection is readable: finish its handshake, or serve the messages waiting."""
+        fd = conn.fileno()
+        if not conn.ready:
+            done = conn.handshake()
+            if done is None:
+                self.log.warning("refused a data connection: it failed the handshake")
+                self._drop_tcp(fd, poller)
+            return
+        while True:
+            try:
+                header, frames = conn.read_message(self._place, alive)
+            except ChannelClosed:
+                self._drop_tcp(fd, poller)
+                return
+            if isinstance(header, WireError):
+                self.log.warning("dropped a malformed message: %s", header)
+            else:
+                self.transport.trace_recv(header)
+                msg = Received(ident=conn, header=header, frames=frames)
+                if self._fresh(msg):
+                    self._serve(msg)
+            if not conn.readable():
+                return
 
     def _serve_local(self, conns: dict[int, UnixConn], poller: zmq.Poller, fd: int) -> None:
         conn = conns[fd]
@@ -156,8 +225,9 @@ class Server:
 
     def _send(self, ident: Any, header: wire.Header, frames: list[Any] | None = None) -> None:
         """Answer a worker on the channel its request came from."""
-        if isinstance(ident, tuple):
-            self.transport.send(self.data_sock, header, frames or (), ident=ident[1], mac=self.macs.to_worker)
+        if isinstance(ident, TcpConn):
+            self.transport.trace_send(header, len(frames or ()))
+            ident.post(wire.encode(header), frames or ())
             return
         if isinstance(ident, UnixConn):
             if frames:

@@ -199,6 +199,27 @@ class Store:
             pull = {k[5:]: np.array(v, copy=True) for k, v in slots_of.items() if k.startswith("pull/")}
             self.codec.load_part(kid, pull)
 
+    def landing(self, rank: int, e: wire.Entry) -> np.ndarray | None:
+        """Where a raw push of entry ``e`` by worker ``rank`` may be received directly, saving a copy:
+        the key's round accumulator when this push will open a sync round (it is overwritten by
+        that push anyway; the previous value using that memory was read by every worker before
+        they pushed again, as for sharing, see ``_end_round``); else ``None``."""
+        st = self.keys.get((e.key, e.part))
+        if (
+            st is None
+            or not self.sync
+            or st.acc is None
+            or st.pushed
+            or st.deferred
+            or rank in self.finished
+            or e.shm is not None
+            or e.comp is not None
+            or st.acc.size != e.size
+            or st.acc.dtype.str != np.dtype(e.dtype).str
+        ):
+            return None
+        return st.acc
+
     def handle(self, req: Request) -> list[Request]:
         """Serve ``req``; returns the requests (this one or earlier waiting ones) now complete."""
         self._check(req)
@@ -260,7 +281,7 @@ class Store:
             st.acc = self.alloc(st.weight.dtype, st.weight.size)
         if st.pushed:
             np.add(st.acc, data, out=st.acc)
-        else:
+        elif data.ctypes.data != st.acc.ctypes.data:  # not received in place (``landing``)
             np.copyto(st.acc, data)
         st.pushed.add(req.rank)
         if op == wire.PUSHPULL:

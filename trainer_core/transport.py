@@ -18,7 +18,7 @@ from typing import Any
 import zmq
 
 from . import wire
-from .auth import CurveKeys, derive_keys, sign, verify
+from .auth import CurveKeys, derive_keys
 from .errors import ConfigError, WireError
 
 
@@ -29,7 +29,7 @@ class Received:
 
     ident: Any
     header: wire.Header
-    frames: list[zmq.Frame]
+    frames: list[Any]  # zmq.Frame, or tcpchan.Payload: each has ``.buffer``
 
 
 class Transport:
@@ -42,19 +42,16 @@ class Transport:
         self.verbose = verbose
         self._sockets: list[zmq.Socket[Any]] = []
 
-    def bind_router(
-        self, host: str, port: int | None = None, curve: bool = True
-    ) -> tuple[zmq.Socket[Any], str]:
+    def bind_router(self, host: str, port: int | None = None) -> tuple[zmq.Socket[Any], str]:
         """A CURVE-server ROUTER bound to ``host`` (``*`` for all) and ``port`` (``None``: any free port).
 
         A plain ``tcp://`` bind (libzmq sets SO_REUSEADDR), so a port the launcher holds reserved
         with a bound, non-listening SO_REUSEADDR socket can be taken over.
         """
         sock = self._socket(zmq.ROUTER)
-        if curve:
-            sock.curve_server = True
-            sock.curve_secretkey = self.keys.server_secret
-            sock.curve_publickey = self.keys.server_public
+        sock.curve_server = True
+        sock.curve_secretkey = self.keys.server_secret
+        sock.curve_publickey = self.keys.server_public
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         address = f"tcp://{host}:{'*' if port is None else port}"
         try:
@@ -66,16 +63,12 @@ class Transport:
             self.log.info("bound %s", endpoint)
         return sock, endpoint
 
-    def connect_dealer(
-        self, endpoint: str, identity: bytes | None = None, curve: bool = True
-    ) -> zmq.Socket[Any]:
-        """A CURVE-client DEALER connected to ``endpoint`` (``tcp://host:port``); ``curve=False``: a
-        plain one for the data channel, whose messages are signed instead (``mac`` of send/recv)."""
+    def connect_dealer(self, endpoint: str, identity: bytes | None = None) -> zmq.Socket[Any]:
+        """A CURVE-client DEALER connected to ``endpoint`` (``tcp://host:port``)."""
         sock = self._socket(zmq.DEALER)
-        if curve:
-            sock.curve_serverkey = self.keys.server_public
-            sock.curve_publickey = self.keys.client_public
-            sock.curve_secretkey = self.keys.client_secret
+        sock.curve_serverkey = self.keys.server_public
+        sock.curve_publickey = self.keys.client_public
+        sock.curve_secretkey = self.keys.client_secret
         if identity is not None:
             sock.setsockopt(zmq.IDENTITY, identity)
         sock.connect(endpoint)
@@ -97,25 +90,16 @@ class Transport:
         header: wire.Header,
         frames: Sequence[Any] = (),
         ident: bytes | None = None,
-        mac: bytes | None = None,
     ) -> None:
-        """Send ``[ident?, header, mac?, *frames]``; array frames go zero-copy. With a ``mac`` key the
-        header is followed by its HMAC (the data channel)."""
+        """Send ``[ident?, header, *frames]``; array frames go zero-copy."""
         parts: list[Any] = [] if ident is None else [ident]
-        raw = wire.encode(header)
-        parts.append(raw)
-        if mac is not None:
-            parts.append(sign(mac, raw))
+        parts.append(wire.encode(header))
         parts.extend(frames)
-        if self.verbose >= 2:
-            self.log.debug(
-                "send %s seq=%d entries=%d frames=%d", header.op, header.seq, len(header.entries), len(frames)
-            )
+        self.trace_send(header, len(frames))
         sock.send_multipart(parts, copy=False)
 
-    def recv(self, sock: zmq.Socket[Any], router: bool, mac: bytes | None = None) -> Received | None:
-        """Receive one message without blocking; ``None`` when nothing is there or it was malformed or,
-        with a ``mac`` key, not signed with it (dropped)."""
+    def recv(self, sock: zmq.Socket[Any], router: bool) -> Received | None:
+        """Receive one message without blocking; ``None`` when nothing is there or it was malformed (dropped)."""
         try:
             parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -127,19 +111,25 @@ class Transport:
                 return None
             ident = parts[0].bytes
             parts = parts[1:]
-        if mac is not None:
-            if len(parts) < 2 or not verify(mac, parts[0].bytes, parts[1].bytes):
-                self.log.warning("dropped a message with a bad or missing signature")
-                return None
-            parts = [parts[0], *parts[2:]]
         try:
             header = wire.decode(parts[0].buffer)
         except WireError as exc:
             self.log.warning("dropped a malformed message: %s", exc)
             return None
+        self.trace_recv(header)
+        return Received(ident=ident, header=header, frames=list(parts[1:]))
+
+    def trace_send(self, header: wire.Header, frames: int) -> None:
+        """Log a message sent (``PS_VERBOSE=2``), on any channel."""
+        if self.verbose >= 2:
+            self.log.debug(
+                "send %s seq=%d entries=%d frames=%d", header.op, header.seq, len(header.entries), frames
+            )
+
+    def trace_recv(self, header: wire.Header) -> None:
+        """Log a message received (``PS_VERBOSE=2``), on any channel."""
         if self.verbose >= 2:
             self.log.debug("recv %s seq=%d from %s", header.op, header.seq, header.src)
-        return Received(ident=ident, header=header, frames=list(parts[1:]))
 
     def close(self, linger_ms: int = 0) -> None:
         """Close every socket this transport made, then the context."""

@@ -17,13 +17,13 @@ A server may attach file descriptors (SCM_RIGHTS) to a reply: its own shared-mem
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import socket
 import struct
 
 from . import wire
+from .auth import channel_key, channel_proof
 from .errors import KVError
 
 _LEN = struct.Struct("<I")
@@ -33,11 +33,10 @@ HANDSHAKE_TIMEOUT_S = 10.0
 
 
 def _key(secret: str) -> bytes:
-    return hashlib.blake2b(secret.encode(), key=b"launchkit-kv-unix-v1", digest_size=32).digest()
+    return channel_key(secret, b"launchkit-kv-unix-v1")
 
 
-def _mac(key: bytes, who: bytes, nonce: bytes) -> bytes:
-    return hmac.new(key, who + nonce, hashlib.sha256).digest()
+_mac = channel_proof
 
 
 class UnixConn:

@@ -19,12 +19,12 @@ import numpy as np
 import zmq
 
 from . import wire
-from .auth import derive_mac_keys
 from .config import NodeConfig
 from .errors import KVError, NodeFailure, WireError
 from .liveness import Liveness
 from .node import Book, join, scheduler_endpoint
 from .shm import MemBuffer, host_key
+from .tcpchan import ChannelClosed, TcpConn
 from .transport import Received, Transport, poll
 from .unixsock import UnixConn
 
@@ -51,35 +51,37 @@ class WorkerClient:
             )
             self.live.start()
             mine = host_key(cfg.env.node_host)
+            n = len(self.book.servers)
             self.same_host = [cfg.use_shm and s.host_key == mine for s in self.book.servers]
-            # Another host's server is reached on its signed, unencrypted data channel unless
-            # PS_ENCRYPT=1 (then CURVE, as on every control connection).
-            macs = derive_mac_keys(cfg.secret)
-            self.signed = [
-                not same and bool(s.data) for s, same in zip(self.book.servers, self.same_host, strict=True)
+            self.local: list[UnixConn | None] = [self._connect_local(i) for i in range(n)]
+            # Another host's server (or any, with PS_SHM=0) is reached on its data channel
+            # (tcpchan.py) unless PS_ENCRYPT=1: then on CURVE, as every control connection.
+            self.tcp: list[TcpConn | None] = [
+                TcpConn.connect(s.data, cfg.secret) if s.data and not same else None
+                for s, same in zip(self.book.servers, self.same_host, strict=True)
             ]
-            self._mac_out = [macs.to_server if signed else None for signed in self.signed]
-            self._mac_in = [macs.to_worker if signed else None for signed in self.signed]
-            self.servers = [
-                self.transport.connect_dealer(s.data, curve=False)
-                if signed
-                else self.transport.connect_dealer(s.endpoint)
-                for s, signed in zip(self.book.servers, self.signed, strict=True)
+            self.servers: list[zmq.Socket[Any] | None] = [
+                None if t is not None else self.transport.connect_dealer(s.endpoint)
+                for s, t in zip(self.book.servers, self.tcp, strict=True)
             ]
-            self.local: list[UnixConn | None] = [self._connect_local(i) for i in range(len(self.servers))]
         except BaseException:
+            for conn in [*getattr(self, "local", []), *getattr(self, "tcp", [])]:
+                if conn is not None:
+                    conn.close()
             self.transport.close()
             raise
-        self._index: dict[Any, int] = {id(s): i for i, s in enumerate(self.servers)}
-        self._last_reply = [0] * len(self.servers)
+        self._index: dict[Any, int] = {id(s): i for i, s in enumerate(self.servers) if s is not None}
+        self._last_reply = [0] * n
         self._poller = zmq.Poller()
         for i, sock in enumerate(self.servers):
-            self._poller.register(sock, zmq.POLLIN)
-            conn = self.local[i]
-            if conn is not None:
-                self._poller.register(conn.fileno(), zmq.POLLIN)
-                self._index[conn.fileno()] = i
-        self._last_push = [0] * len(self.servers)
+            if sock is not None:
+                self._poller.register(sock, zmq.POLLIN)
+            for conn in (self.local[i], self.tcp[i]):
+                if conn is not None:
+                    self._poller.register(conn.fileno(), zmq.POLLIN)
+                    self._index[conn.fileno()] = i
+        self._places: dict[int, list[memoryview]] = {}  # seq -> where the reply's frames go (tcp channel)
+        self._last_push = [0] * n
         self._seq = itertools.count(1)
         self.outstanding: set[int] = set()
         self._replies: dict[int, Received] = {}
@@ -118,10 +120,13 @@ class WorkerClient:
         body: dict[str, Any] | None = None,
         keep: bool = True,
         local: bool = True,
+        into: list[memoryview] | None = None,
     ) -> int:
         """Send one request to ``server``. With ``keep`` its reply is awaited with ``wait``; without, the
         request is a push that gets no reply (unless refused): ``confirm`` tells when it was handled.
-        ``local=False`` keeps a request off the same-host channel (its reply carries data frames)."""
+        ``local=False`` keeps a request off the same-host channel (its reply carries data frames).
+        ``into``: where the reply's frames go, one byte view per frame, when the server is on the
+        TCP data channel (read there directly, see ``sends_directly``)."""
         self.check()
         seq = next(self._seq)
         header = wire.Header(
@@ -137,13 +142,28 @@ class WorkerClient:
                 conn.send(wire.encode(header))
             except OSError:
                 self._peer_closed(server)
+        elif (tcp := self.tcp[server]) is not None:
+            if into is not None:
+                self._places[seq] = into
+            self.transport.trace_send(header, len(frames))
+            try:
+                tcp.send(wire.encode(header), frames, self.check)
+            except ChannelClosed:
+                self._peer_closed(server)
         else:
-            self.transport.send(self.servers[server], header, frames, mac=self._mac_out[server])
+            sock = self.servers[server]
+            assert sock is not None
+            self.transport.send(sock, header, frames)
         if keep:
             self.outstanding.add(seq)
         else:
             self._last_push[server] = seq
         return seq
+
+    def sends_directly(self, server: int) -> bool:
+        """Whether requests to ``server`` leave from the caller's arrays before ``send`` returns (the
+        TCP data channel): then a push needs no private copy and replies can be read in place."""
+        return self.tcp[server] is not None
 
     def confirm(self, server: int, seq: int) -> None:
         """Until ``server`` has handled request ``seq``: a server handles one connection's messages in
@@ -181,12 +201,42 @@ class WorkerClient:
         for item, _ in self._poller.poll(100):
             if isinstance(item, int):
                 server = self._index[item]
+                if self.tcp[server] is not None:
+                    self._recv_tcp(server)
+                    continue
                 for msg in self._recv_local(server):
                     self._dispatch(server, msg)
             else:
                 server = self._index[id(item)]
-                while (zmsg := self.transport.recv(item, router=False, mac=self._mac_in[server])) is not None:
+                while (zmsg := self.transport.recv(item, router=False)) is not None:
                     self._dispatch(server, zmsg)
+
+    def _recv_tcp(self, server: int) -> None:
+        """Read the messages waiting on ``server``'s data channel, reply frames into their places."""
+        conn = self.tcp[server]
+        assert conn is not None
+        fd = conn.fileno()
+        while True:
+            try:
+                header, payloads = conn.read_message(self._place, self.check)
+            except ChannelClosed:
+                self._poller.unregister(fd)
+                self._peer_closed(server)
+            if isinstance(header, wire.Header):
+                self.transport.trace_recv(header)
+                self._dispatch(server, Received(ident=None, header=header, frames=payloads))
+            else:
+                self.log.warning("dropped a malformed message from server %d: %s", server, header)
+            if not conn.readable():
+                return
+
+    def _place(self, raw: bytes, lens: list[int]) -> tuple[wire.Header | WireError, list[memoryview]]:
+        try:
+            header = wire.decode(raw)
+        except WireError as exc:
+            return exc, []
+        into = self._places.pop(header.seq, None)
+        return header, into if into is not None and header.op == wire.REPLY else []
 
     def _recv_local(self, server: int) -> list[Received]:
         conn = self.local[server]
@@ -310,7 +360,7 @@ class WorkerClient:
         if self._closed:
             return
         self._closed = True
-        for conn in getattr(self, "local", []):
+        for conn in [*getattr(self, "local", []), *getattr(self, "tcp", [])]:
             if conn is not None:
                 conn.close()
         for buf in getattr(self, "_buffers", {}).values():

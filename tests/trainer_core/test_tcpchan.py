@@ -1,0 +1,181 @@
+"""The cross-host data channel (trainer_core/tcpchan.py) over real loopback TCP sockets."""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from trainer_core.errors import KVError
+from trainer_core.tcpchan import ChannelClosed, TcpConn, TcpListener
+
+SECRET = "tcpchan-test-secret"
+
+
+def _server_side(listener: TcpListener, timeout: float = 3.0) -> TcpConn:
+    """Accept one connection and drive its handshake to the end (as the server's loop does)."""
+    deadline = time.monotonic() + timeout
+    conns: list[TcpConn] = []
+    while not conns:
+        select.select([listener], [], [], 0.1)
+        conns = listener.accept()
+        assert time.monotonic() < deadline
+    conn = conns[0]
+    while not conn.ready:
+        select.select([conn], [], [], 0.1)
+        assert conn.handshake() is not None, "handshake failed"
+        assert time.monotonic() < deadline
+    return conn
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[TcpConn, TcpConn]]:
+    listener = TcpListener("127.0.0.1", SECRET)
+    box: list[TcpConn] = []
+    t = threading.Thread(target=lambda: box.append(_server_side(listener)))
+    t.start()
+    client = TcpConn.connect(f"tcp://127.0.0.1:{listener.port}", SECRET)
+    t.join(5)
+    server = box[0]
+    yield client, server
+    client.close()
+    server.close()
+    listener.close()
+
+
+def _decode(raw: bytes, lens: list[int]) -> tuple[bytes, list[memoryview | None]]:
+    return raw, []
+
+
+def test_a_message_round_trips_with_frames_in_order(pair: tuple[TcpConn, TcpConn]) -> None:
+    client, server = pair
+    a = np.arange(1000, dtype=np.float32)
+    b = np.arange(7, dtype=np.int64)
+    client.send(b'{"op":"x"}', [a, b, b""])
+    header, frames = server.read_message(_decode)
+    assert header == b'{"op":"x"}'
+    assert [len(f.buffer) for f in frames] == [4000, 56, 0]
+    assert np.array_equal(np.frombuffer(frames[0].buffer, np.float32), a)
+    assert np.array_equal(np.frombuffer(frames[1].buffer, np.int64), b)
+    assert not any(f.placed for f in frames)
+
+
+def test_frames_land_in_the_buffers_the_caller_places_them_in(pair: tuple[TcpConn, TcpConn]) -> None:
+    client, server = pair
+    dst = np.zeros(3000, np.float32)
+    wrong_size = np.zeros(10, np.float32)
+
+    def place(raw: bytes, lens: list[int]) -> tuple[bytes, list[memoryview | None]]:
+        return raw, [dst[1000:2000].view(np.uint8).data, wrong_size.view(np.uint8).data]
+
+    src = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    client.send(b"h", [src, src[:20]])
+    _, frames = server.read_message(place)
+    assert frames[0].placed and np.array_equal(dst[1000:2000], src)
+    assert dst[:1000].sum() == 0 and dst[2000:].sum() == 0
+    assert not frames[1].placed and np.array_equal(np.frombuffer(frames[1].buffer, np.float32), src[:20])
+    assert wrong_size.sum() == 0
+
+
+def test_a_big_message_while_the_reader_is_slow(pair: tuple[TcpConn, TcpConn]) -> None:
+    """64 MB: the sender blocks in slices until the reader drains it; nothing is lost."""
+    client, server = pair
+    big = np.random.default_rng(1).integers(0, 255, 64 << 20, dtype=np.uint8)
+    sender = threading.Thread(target=lambda: client.send(b"big", [big]))
+    sender.start()
+    time.sleep(0.3)
+    _, frames = server.read_message(_decode)
+    sender.join(10)
+    assert np.array_equal(np.frombuffer(frames[0].buffer, np.uint8), big)
+
+
+def test_posted_replies_are_sent_in_order_by_the_sender_thread(pair: tuple[TcpConn, TcpConn]) -> None:
+    client, server = pair
+    for i in range(20):
+        server.post(str(i).encode(), [np.full(50_000, i, np.float32)])
+    for i in range(20):
+        header, frames = client.read_message(_decode)
+        assert header == str(i).encode()
+        assert np.frombuffer(frames[0].buffer, np.float32)[-1] == i
+
+
+def test_a_wait_is_cut_short_by_the_alive_check(pair: tuple[TcpConn, TcpConn]) -> None:
+    client, _ = pair
+    calls = []
+
+    def alive() -> None:
+        calls.append(1)
+        if len(calls) >= 3:
+            raise KVError("the job failed")
+
+    t = time.monotonic()
+    with pytest.raises(KVError, match="the job failed"):
+        client.read_message(_decode, alive)
+    assert time.monotonic() - t < 2.0
+
+
+def test_the_peer_closing_is_reported(pair: tuple[TcpConn, TcpConn]) -> None:
+    client, server = pair
+    server.close()
+    with pytest.raises(ChannelClosed):
+        client.read_message(_decode)
+    assert client.closed
+
+
+def test_a_length_out_of_bounds_closes_the_connection(pair: tuple[TcpConn, TcpConn]) -> None:
+    client, server = pair
+    client.sock.sendall(struct.pack("<II", 1 << 30, 0))
+    with pytest.raises(ChannelClosed, match="out of bounds"):
+        server.read_message(_decode)
+    assert server.closed
+    client.sock.settimeout(2)
+    assert client.sock.recv(10) == b""
+
+
+def test_a_client_without_the_secret_is_refused() -> None:
+    listener = TcpListener("127.0.0.1", SECRET)
+    results: list[bool | None] = []
+
+    def serve() -> None:
+        deadline = time.monotonic() + 3
+        conns: list[TcpConn] = []
+        while not conns and time.monotonic() < deadline:
+            select.select([listener], [], [], 0.1)
+            conns = listener.accept()
+        state: bool | None = False
+        while state is False and time.monotonic() < deadline:
+            select.select([conns[0]], [], [], 0.1)
+            state = conns[0].handshake()
+        results.append(state)
+
+    t = threading.Thread(target=serve)
+    t.start()
+    with pytest.raises(KVError, match="data channel"):
+        TcpConn.connect(f"tcp://127.0.0.1:{listener.port}", "another-secret")
+    t.join(5)
+    assert results == [None]
+    # garbage instead of a proof: refused the same way, nothing is read past it
+    raw = socket.create_connection(("127.0.0.1", listener.port))
+    results.clear()
+    t = threading.Thread(target=serve)
+    t.start()
+    assert len(raw.recv(16)) == 16
+    raw.sendall(b"\0" * 32 + b'{"op":"pull"}')
+    t.join(5)
+    assert results == [None]
+    raw.close()
+    listener.close()
+
+
+def test_connecting_to_nothing_is_a_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(KVError, match=f"data channel tcp://127.0.0.1:{port}"):
+        TcpConn.connect(f"tcp://127.0.0.1:{port}", SECRET)
