@@ -1,6 +1,6 @@
 """KV-store round-trip benchmark: trainer_core vs MXNet 1.9.1 dist_sync vs raw pyzmq (loopback).
 
-Usage: ``python bench/kv.py [--configs 2x2,4x2] [--sizes 1e3,1e5,1e6,1e7] [--skip-mxnet] [--skip-zmq] [--netns]``
+Usage: ``python bench/kv.py [--configs 2x2,4x2] [--sizes 1e3,1e5,1e6,1e7] [--skip-mxnet] [--skip-zmq] [--netns] [--repeat R]``
 
 ``--netns`` (root) runs servers and workers on three network-namespace hosts instead of loopback
 (10.231.0.11-13 on a bridge, placed as MXNet's launcher places them: server i on host i, then the
@@ -14,7 +14,9 @@ message) is shown too. MXNet runs from its own venv (``bench/peers.py``, created
 use with ``pip install mxnet==1.9.1 'numpy<1.24'``) with DMLC_INTERFACE=lo and
 DMLC_NODE_HOST=127.0.0.1. The raw column is one pyzmq PUSH/PULL stream over tcp://127.0.0.1
 moving the same bytes (2 x 4N per round trip) with ``copy=False``: the socket ceiling.
-Benchmarks are not run in CI.
+``--repeat R`` runs both jobs of a configuration R times, alternating trainer_core and MXNet (so
+slow phases of a shared machine fall on both), and reports each system's median time, the median
+of the R per-run ratios and their range. Benchmarks are not run in CI.
 """
 
 from __future__ import annotations
@@ -255,6 +257,9 @@ def main() -> None:
     ap.add_argument("--skip-zmq", action="store_true")
     ap.add_argument("--json", help="also write the raw numbers here")
     ap.add_argument(
+        "--repeat", type=int, default=1, help="alternate the two jobs this many times; medians per cell"
+    )
+    ap.add_argument(
         "--netns", action="store_true", help="across hosts: three network-namespace hosts (root; CLUSTER.md)"
     )
     args = ap.parse_args()
@@ -274,12 +279,19 @@ def report(args: argparse.Namespace) -> None:
     rows = []
     for conf in args.configs.split(","):
         w, s = (int(x) for x in conf.lower().split("x"))
-        mine = ours(w, s, sizes, args.netns)
-        theirs = {} if args.skip_mxnet else mxnet(w, s, sizes, args.netns)
+        mine_runs: list[dict[str, float]] = []
+        theirs_runs: list[dict[str, float]] = []
+        for _ in range(max(1, args.repeat)):
+            mine_runs.append(ours(w, s, sizes, args.netns))
+            theirs_runs.append({} if args.skip_mxnet else mxnet(w, s, sizes, args.netns))
         for n in sizes:
-            rt = mine[f"push+pull/{n}"]
-            pp = mine[f"pushpull/{n}"]
-            mx_rt = theirs.get(f"push+pull/{n}")
+            rts = [m[f"push+pull/{n}"] for m in mine_runs]
+            pps = [m[f"pushpull/{n}"] for m in mine_runs]
+            mxs = [t[f"push+pull/{n}"] for t in theirs_runs if f"push+pull/{n}" in t]
+            rt, pp = statistics.median(rts), statistics.median(pps)
+            mx_rt = statistics.median(mxs) if mxs else None
+            ratios = [a / b for a, b in zip(rts, mxs, strict=True)] if mxs else []
+            ratios_pp = [a / b for a, b in zip(pps, mxs, strict=True)] if mxs else []
             raw = (
                 None
                 if args.skip_zmq
@@ -292,14 +304,33 @@ def report(args: argparse.Namespace) -> None:
                     "ours_ms": rt,
                     "ours_pushpull_ms": pp,
                     "mxnet_ms": mx_rt,
-                    "ratio": rt / mx_rt if mx_rt else None,
-                    "ratio_pushpull": pp / mx_rt if mx_rt else None,
+                    "ratio": statistics.median(ratios) if ratios else None,
+                    "ratio_pushpull": statistics.median(ratios_pp) if ratios_pp else None,
+                    "ratio_range": [min(ratios), max(ratios)] if ratios else None,
+                    "ratio_pushpull_range": [min(ratios_pp), max(ratios_pp)] if ratios_pp else None,
+                    "repeat": len(rts),
                     "ours_gbps": 2 * 4 * n / rt / 1e6,
                     "raw_zmq_gbps": raw,
                     "raw_zmq_ms": 2 * 4 * n / raw / 1e6 if raw else None,
                 }
             )
     fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+    if args.repeat > 1:
+        print(f"medians of {args.repeat} alternating runs; ratio = median of the per-run ratios [min-max]")
+        print(
+            "| config | N float32 | trainer_core push+pull ms | trainer_core pushpull ms | MXNet 1.9.1 ms | ratio push+pull | ratio pushpull |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        rng = lambda r: "" if r is None else f" [{r[0]:.2f}-{r[1]:.2f}]"  # noqa: E731
+        for r in rows:
+            print(
+                f"| {r['config']} | {r['n']:.0e} | {fmt(r['ours_ms'], '.3f')} | {fmt(r['ours_pushpull_ms'], '.3f')} | "
+                f"{fmt(r['mxnet_ms'], '.3f')} | {fmt(r['ratio'], '.2f')}{rng(r['ratio_range'])} | "
+                f"{fmt(r['ratio_pushpull'], '.2f')}{rng(r['ratio_pushpull_range'])} |"
+            )
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return
     print(
         "| config | N float32 | trainer_core push+pull ms | trainer_core pushpull ms | MXNet 1.9.1 ms | ratio push+pull | ratio pushpull | trainer_core GB/s per worker | raw pyzmq GB/s (ms for the same bytes) |"
     )
