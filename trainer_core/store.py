@@ -253,7 +253,9 @@ class Store:
             return
         st = self.keys[kid]
         if op == wire.PULL:
-            if self.sync and req.rank in st.pushed:
+            if self.sync and any(r.rank == req.rank for r, _ in st.deferred):
+                st.deferred.append((req, i))  # after this worker's queued push: its round's value
+            elif self.sync and req.rank in st.pushed:
                 st.waiting.append((req, i))
             else:
                 self._answer(st, req, i, done)

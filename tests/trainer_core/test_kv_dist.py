@@ -229,3 +229,31 @@ emit(v=out.tolist())
     )
     assert_clean(job)  # exit 0: create() ran the role and ended the process before SystemExit(5)
     assert job.workers[0].results() == [{"v": [1.0, 1.0, 1.0]}]
+
+
+REUSE = """
+n = 300_000  # split over both servers (bound 1000)
+kv.init('k', np.zeros(n, np.float32))
+kv.init('t', np.zeros((600, 500), np.float32))
+a = np.full(n, kv.rank + 1.0, np.float32)
+kv.push('k', a)
+a[:] = -999.0  # the caller may reuse its array as soon as push returns
+b = np.full(n, 10.0 * (kv.rank + 1), np.float32)
+kv.push('k', b)  # the next round, queued on the servers behind the other workers' first pushes
+b[:] = -999.0
+out = np.empty(n, np.float32)
+kv.pull('k', out)
+t = np.arange(600 * 500, dtype=np.float32).reshape(500, 600).T  # not contiguous
+kv.pushpull('t', t)  # no out: the result replaces the pushed array
+emit(uniq=np.unique(out).tolist(), t_ok=bool(np.array_equal(t, np.arange(300000, dtype=np.float32).reshape(500, 600).T * kv.num_workers)))
+"""
+
+
+@pytest.mark.parametrize("shm", ["1", "0"])  # 0: the TCP data channel sends from the caller's array
+def test_a_pushed_array_may_be_reused_as_soon_as_push_returns(shm: str) -> None:
+    job = run_job(worker_script(REUSE), 2, 2, {"PS_SHM": shm, "MXNET_KVSTORE_BIGARRAY_BOUND": "1000"})
+    assert_clean(job)
+    for w in job.workers:
+        (res,) = w.results()
+        assert res["uniq"] == [30.0]
+        assert res["t_ok"] is True

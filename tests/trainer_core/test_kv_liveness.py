@@ -60,8 +60,9 @@ def test_dead_or_stopped_worker_ends_the_job(sig: str) -> None:
     check_failed(job, "worker 1", time.monotonic() - t0)
 
 
+@pytest.mark.parametrize("shm", ["1", "0"])  # 0: every array on the TCP data channel (tcpchan)
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
-def test_dead_or_stopped_server_ends_the_job(sig: int) -> None:
+def test_dead_or_stopped_server_ends_the_job(sig: int, shm: str) -> None:
     marks: dict[str, float] = {}
 
     def kill_server(job: Job) -> None:
@@ -70,7 +71,9 @@ def test_dead_or_stopped_server_ends_the_job(sig: int) -> None:
         marks["t"] = time.monotonic()
         os.kill(job.of("server")[1].popen.pid, sig)
 
-    job = run_job(script(), 2, 2, timeout=BOUND_S + 10, during=kill_server, not_awaited=("server 1",))
+    job = run_job(
+        script(), 2, 2, {"PS_SHM": shm}, timeout=BOUND_S + 10, during=kill_server, not_awaited=("server 1",)
+    )
     check_failed(job, "server 1", time.monotonic() - marks["t"])
 
 

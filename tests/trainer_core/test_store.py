@@ -38,6 +38,20 @@ def test_sync_round_sums_and_answers_waiting_pulls() -> None:
     assert p0.results[0].tolist() == [101.0] * 4
 
 
+def test_a_pull_after_a_queued_push_answers_with_that_round() -> None:
+    """Worker 0 pushes twice before worker 1's first push, then pulls: it gets round 2's value."""
+    s = Store(num_workers=2)
+    s.handle(req(wire.INIT, 0, ones(0)))
+    s.handle(req(wire.PUSH, 0, ones(1)))
+    s.handle(req(wire.PUSH, 0, ones(10)))  # round 2, queued
+    pull = req(wire.PULL, 0)
+    assert s.handle(pull) == []  # not round 1's value: this worker's last push is in round 2
+    s.handle(req(wire.PUSH, 1, ones(2)))  # round 1 ends: 3
+    assert pull.remaining == 1
+    done = s.handle(req(wire.PUSH, 1, ones(20)))  # round 2 ends: 30
+    assert pull in done and pull.results[0].tolist() == [30.0] * 4
+
+
 def test_async_applies_each_push_and_unknown_keys_fail() -> None:
     s = Store(num_workers=2)
     s.sync = False
