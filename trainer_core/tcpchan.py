@@ -98,6 +98,10 @@ class TcpConn:
         self._proof = b""
         self._rpoll = select.poll()
         self._rpoll.register(sock.fileno(), select.POLLIN)
+        # Server side: frames without a place share one buffer, reused by the next message (a
+        # server handles each request before reading the next). Client side: fresh buffers, as
+        # replies may wait in a queue while later ones are read.
+        self.reuse = nonce is not None
         self._scratch = np.empty(0, np.uint8)
         self._outbox: queue.SimpleQueue[tuple[bytes, Sequence[Any]] | None] | None = None
         self._sender: threading.Thread | None = None
@@ -166,7 +170,8 @@ class TcpConn:
     def read_message(self, place: Place, alive: Callable[[], None] = _noop) -> tuple[Any, list[Payload]]:
         """Read one whole message (waiting in slices, calling ``alive`` between them, which raises to
         give up). Frames go where ``place`` says when the buffer it gives has the frame's exact length,
-        else into this connection's reusable buffer (valid until the next call) or a fresh one.
+        else into a fresh buffer (client side) or this connection's reusable one (server side: valid
+        until the next call).
         ``ChannelClosed`` when the peer left or broke the framing (the connection is closed)."""
         try:
             head = self._read(_PREFIX.size, alive)
@@ -200,9 +205,12 @@ class TcpConn:
             offsets.append(total)
             if dest is None or dest.nbytes != n:
                 total += -(-n // _ALIGN) * _ALIGN
-        if self._scratch.nbytes < total:
-            self._scratch = np.empty(total, np.uint8)
-        view = self._scratch.data
+        if not self.reuse:
+            view = np.empty(total, np.uint8).data
+        else:
+            if self._scratch.nbytes < total:
+                self._scratch = np.empty(total, np.uint8)
+            view = self._scratch.data
         return [view[o : o + n] for o, n in zip(offsets, lens, strict=True)]
 
     def _read(self, n: int, alive: Callable[[], None]) -> bytes:

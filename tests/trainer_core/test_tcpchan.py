@@ -179,3 +179,22 @@ def test_connecting_to_nothing_is_a_clear_error() -> None:
         port = s.getsockname()[1]
     with pytest.raises(KVError, match=f"data channel tcp://127.0.0.1:{port}"):
         TcpConn.connect(f"tcp://127.0.0.1:{port}", SECRET)
+
+
+def test_a_client_keeps_every_received_frame_a_server_reuses_its_buffer(
+    pair: tuple[TcpConn, TcpConn],
+) -> None:
+    client, server = pair
+    server.post(b"1", [np.full(1000, 1, np.int32)])
+    server.post(b"2", [np.full(1000, 2, np.int32)])
+    _, first = client.read_message(_decode)
+    _, second = client.read_message(_decode)
+    assert set(np.frombuffer(first[0].buffer, np.int32)) == {1}  # not overwritten by the second reply
+    assert set(np.frombuffer(second[0].buffer, np.int32)) == {2}
+    client.send(b"a", [np.full(1000, 1, np.int32)])
+    client.send(b"b", [np.full(1000, 2, np.int32)])
+    _, a = server.read_message(_decode)
+    _, b = server.read_message(_decode)
+    assert (
+        np.frombuffer(a[0].buffer, np.uint8).ctypes.data == np.frombuffer(b[0].buffer, np.uint8).ctypes.data
+    )
