@@ -9,6 +9,7 @@ the ``<!-- bench:NAME -->`` markers of docs/performance.md and the plots in docs
 | name | compares | needs |
 |---|---|---|
 | kv | trainer_core push+pull / pushpull vs MXNet 1.9.1 dist_sync vs raw pyzmq | |
+| kv_netns | the same across three namespace hosts, 5 alternating runs (not in the default list) | root |
 | compression | trainer_core's compression kernels vs MXNet's 2-bit quantizer vs memcpy | |
 | allreduce | trainer_core pushpull vs torch.distributed gloo all_reduce | |
 | launch | launchkit over ssh vs one ssh at a time, 3 and 12 hosts | root (namespace hosts) |
@@ -46,6 +47,7 @@ def bench_args(name: str, quick: bool, out: str) -> list[str] | None:
         "accuracy": [],
         "compressed_kv": ["--json", out, "--repeat", "3"],
         "capped_links": ["--json", out, "--steps", "20"],
+        "kv_netns": ["--json", out],
     }
     fast = {
         "kv": ["--json", out, "--sizes", "1e3,1e5,1e6"],
@@ -55,6 +57,7 @@ def bench_args(name: str, quick: bool, out: str) -> list[str] | None:
         "accuracy": ["--seeds", "1", "--epochs", "5"],
         "compressed_kv": ["--json", out, "--sizes", "1e6"],
         "capped_links": ["--json", out, "--steps", "5"],
+        "kv_netns": ["--json", out, "--repeat", "1"],
     }
     return (fast if quick else full).get(name)
 
@@ -178,8 +181,8 @@ def main() -> None:
     args = ap.parse_args()
     doc = DOC.read_text() if DOC.exists() else "# Performance\n"
     for name in args.only.split(","):
-        if name in ("launch", "capped_links") and os.geteuid() != 0:
-            body = "_skipped: the launch benchmark builds namespace hosts and needs root_"
+        if name in ("launch", "capped_links", "kv_netns") and os.geteuid() != 0:
+            body = f"_skipped: the {name} benchmark builds namespace hosts and needs root_"
         else:
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
             table, data = run_one(name, args.quick)

@@ -316,7 +316,7 @@ def report(args: argparse.Namespace) -> None:
             )
     fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
     if args.repeat > 1:
-        print(f"medians of {args.repeat} alternating runs; ratio = median of the per-run ratios [min-max]")
+        print(f"# medians of {args.repeat} alternating runs; ratio = median of the per-run ratios [min-max]")
         print(
             "| config | N float32 | trainer_core push+pull ms | trainer_core pushpull ms | MXNet 1.9.1 ms | ratio push+pull | ratio pushpull |"
         )
