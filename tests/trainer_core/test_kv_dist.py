@@ -245,15 +245,22 @@ out = np.empty(n, np.float32)
 kv.pull('k', out)
 t = np.arange(600 * 500, dtype=np.float32).reshape(500, 600).T  # not contiguous
 kv.pushpull('t', t)  # no out: the result replaces the pushed array
-emit(uniq=np.unique(out).tolist(), t_ok=bool(np.array_equal(t, np.arange(300000, dtype=np.float32).reshape(500, 600).T * kv.num_workers)))
+emit(uniq=np.unique(out).tolist(), t_ok=bool(np.array_equal(t, np.arange(300000, dtype=np.float32).reshape(500, 600).T * kv.num_workers)),
+     tcp=[c is not None for c in kv.client.tcp], data=[bool(s.data) for s in kv.client.book.servers])
 """
 
 
-@pytest.mark.parametrize("shm", ["1", "0"])  # 0: the TCP data channel sends from the caller's array
-def test_a_pushed_array_may_be_reused_as_soon_as_push_returns(shm: str) -> None:
-    job = run_job(worker_script(REUSE), 2, 2, {"PS_SHM": shm, "MXNET_KVSTORE_BIGARRAY_BOUND": "1000"})
+@pytest.mark.parametrize(
+    ("shm", "encrypt"),
+    [("1", "0"), ("0", "0"), ("0", "1")],  # shared memory; the TCP data channel; CURVE (a private copy)
+)
+def test_a_pushed_array_may_be_reused_as_soon_as_push_returns(shm: str, encrypt: str) -> None:
+    env = {"PS_SHM": shm, "PS_ENCRYPT": encrypt, "MXNET_KVSTORE_BIGARRAY_BOUND": "1000"}
+    job = run_job(worker_script(REUSE), 2, 2, env)
     assert_clean(job)
     for w in job.workers:
         (res,) = w.results()
         assert res["uniq"] == [30.0]
         assert res["t_ok"] is True
+        assert res["data"] == [encrypt == "0"] * 2  # PS_ENCRYPT=1: servers open no data channel
+        assert res["tcp"] == [shm == "0" and encrypt == "0"] * 2
