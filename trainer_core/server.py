@@ -123,6 +123,7 @@ class Server:
                         for tconn in self.data_listener.accept():
                             self.tcp_conns[tconn.fileno()] = tconn
                             poller.register(tconn.fileno(), zmq.POLLIN)
+                        self._limit_handshakes(poller)
                     elif item in self.tcp_conns:
                         self._serve_tcp(self.tcp_conns[item], poller, alive)
                     elif self.listener is not None and item == self.listener.fileno():
@@ -135,8 +136,11 @@ class Server:
             live.stop()
             for conn in conns.values():
                 conn.close()
+            for tconn in self.tcp_conns.values():  # queued replies go out in parallel, for at most 1 s
+                tconn.stop_sending()
+            deadline = time.monotonic() + (0.0 if live.failed.is_set() else 1.0)
             for tconn in self.tcp_conns.values():
-                tconn.close(flush_s=0.0 if live.failed.is_set() else 1.0)
+                tconn.close(flush_s=max(0.0, deadline - time.monotonic()))
             if self.listener is not None:
                 self.listener.close()
             if self.data_listener is not None:
@@ -149,6 +153,12 @@ class Server:
                 self.log.warning("closed a data connection that did not authenticate in time")
                 self._drop_tcp(fd, poller)
 
+    def _limit_handshakes(self, poller: zmq.Poller) -> None:
+        """At most ``_MAX_PENDING`` unauthenticated data connections: close the oldest beyond it."""
+        pending = sorted((c.born, fd) for fd, c in self.tcp_conns.items() if not c.ready)
+        for _, fd in pending[: max(0, len(pending) - _MAX_PENDING)]:
+            self._drop_tcp(fd, poller)
+
     def _drop_tcp(self, fd: int, poller: zmq.Poller) -> None:
         poller.unregister(fd)
         self.tcp_conns.pop(fd).close()
@@ -157,10 +167,20 @@ class Server:
         """A data-channel request's header, decoded, and where its frames go: a push that opens a sync
         round straight into the key's accumulator (``Store.landing``), the rest into the connection's
         reusable buffer (the store consumes a request's arrays while handling it, copying any it keeps)."""
+        declared = sum(lens)
         try:
             h = wire.decode(raw)
         except WireError as exc:
+            if declared > _SMALL_FRAMES:
+                raise ChannelClosed(
+                    f"a malformed message with {declared} bytes of frames ({exc})", True
+                ) from None
             return exc, []
+        # a request's frames are its entries' arrays (compressed ones are smaller): refuse to read
+        # more than they can hold before allocating anything
+        holds = sum(e.size * np.dtype(e.dtype).itemsize for e in h.entries)
+        if declared > 2 * holds + _SMALL_FRAMES:
+            raise ChannelClosed(f"a message declares {declared} bytes of frames for entries of {holds}", True)
         rank = h.body.get("rank")
         if h.op not in (wire.PUSH, wire.PUSHPULL) or len(lens) != len(h.entries) or not isinstance(rank, int):
             return h, []
@@ -179,10 +199,12 @@ class Server:
                 self.log.warning("refused a data connection: it failed the handshake")
                 self._drop_tcp(fd, poller)
             return
-        while True:
+        for _ in range(_MESSAGES_PER_TURN):  # then the other connections get their turn
             try:
                 header, frames = conn.read_message(self._place, alive)
-            except ChannelClosed:
+            except ChannelClosed as exc:
+                if exc.violation:
+                    self.log.warning("closed a data connection: %s", exc)
                 self._drop_tcp(fd, poller)
                 return
             if isinstance(header, WireError):
@@ -395,6 +417,11 @@ class Server:
                 conn.send(wire.encode(header), fds)
             except OSError:
                 conn.close()
+
+
+_SMALL_FRAMES = 1 << 20  # bytes of frames a request may carry beyond what its entries justify
+_MESSAGES_PER_TURN = 8  # messages served from one data connection before the others get a turn
+_MAX_PENDING = 64  # data connections still in their handshake; beyond it the oldest is closed
 
 
 def main(environ: dict[str, str] | None = None) -> int:

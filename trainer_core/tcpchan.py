@@ -27,6 +27,7 @@ A message is ``[u32 header length][u32 frame count][u64 length of each frame][he
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import os
 import queue
@@ -49,6 +50,7 @@ _U64 = struct.Struct("<Q")
 _NONCE = 16
 _MAC = 32
 _LABEL = b"launchkit-kv-tcp-v1"
+_TAG = 16  # bytes of HMAC-SHA256 that tag each message
 MAX_FRAMES = 1 << 16
 MAX_FRAME_BYTES = wire.MAX_ELEMENTS * 8
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -61,7 +63,19 @@ Place = Callable[[bytes, list[int]], tuple[Any, Sequence[memoryview | None]]]
 
 
 class ChannelClosed(KVError):
-    """The peer closed the connection, or sent something that is not a message."""
+    """The connection closed; ``violation`` when the peer broke the protocol (then it was closed on it)."""
+
+    def __init__(self, reason: str, violation: bool = False) -> None:
+        super().__init__(reason)
+        self.violation = violation
+
+
+class _NothingRead(Exception):
+    """``alive`` raised before a message began: the stream is still in step (internal)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(repr(cause))
+        self.cause = cause
 
 
 class Payload:
@@ -105,6 +119,20 @@ class TcpConn:
         self._scratch = np.empty(0, np.uint8)
         self._outbox: queue.SimpleQueue[tuple[bytes, Sequence[Any]] | None] | None = None
         self._sender: threading.Thread | None = None
+        self.interrupted = ""  # why a message was abandoned half-way (the stream is closed then)
+        self._tag_out = self._tag_in = b""  # per-connection MAC keys, one per direction
+        self._count_out = self._count_in = 0
+        self._released = False
+
+    def _start_session(self, nonce: bytes, client: bool) -> None:
+        """Keys that tag every message of this connection, derived from the handshake's nonce (so a
+        message of another connection, or a replayed or reordered one, fails its tag)."""
+        to_server = channel_proof(self.key, b"session to server", nonce)
+        to_client = channel_proof(self.key, b"session to client", nonce)
+        self._tag_out, self._tag_in = (to_server, to_client) if client else (to_client, to_server)
+
+    def _tag(self, key: bytes, count: int, head: bytes) -> bytes:
+        return hmac.new(key, _U64.pack(count) + head, hashlib.sha256).digest()[:_TAG]
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -126,7 +154,9 @@ class TcpConn:
         except (OSError, KVError) as exc:
             sock.close()
             raise KVError(f"data channel {endpoint}: {exc}") from None
-        return cls(sock, key)
+        conn = cls(sock, key)
+        conn._start_session(nonce, client=True)
+        return conn
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -153,6 +183,7 @@ class TcpConn:
             self.close()
             return None
         server_proof = channel_proof(self.key, b"server", self.nonce)
+        self._start_session(self.nonce, client=False)
         self.ready, self.nonce = True, None
         try:
             self._send_all([server_proof], _noop)
@@ -173,19 +204,42 @@ class TcpConn:
         else into a fresh buffer (client side) or this connection's reusable one (server side: valid
         until the next call).
         ``ChannelClosed`` when the peer left or broke the framing (the connection is closed)."""
+        if self.closed:
+            raise ChannelClosed(self.interrupted or "the connection is closed")
         try:
-            head = self._read(_PREFIX.size, alive)
+            head = self._read(_PREFIX.size, alive, first=True)
+        except _NothingRead as exc:  # nothing of a message was read: the stream is in step
+            raise exc.cause from None
+        except BaseException as exc:
+            self._abandon(exc)
+            raise
+        try:
             hlen, count = _PREFIX.unpack(head)
             if hlen > wire.MAX_HEADER_BYTES or count > MAX_FRAMES:
-                raise ChannelClosed("a message declares a header or frame count out of bounds")
+                raise ChannelClosed(
+                    "a message declares a header or frame count out of bounds", violation=True
+                )
             raw_lens = self._read(_U64.size * count, alive) if count else b""
             lens = [_U64.unpack_from(raw_lens, i * _U64.size)[0] for i in range(count)]
             if any(n > MAX_FRAME_BYTES for n in lens):
-                raise ChannelClosed("a message declares a frame out of bounds")
+                raise ChannelClosed("a message declares a frame out of bounds", violation=True)
             header = self._read(hlen, alive)
+            tag = self._read(_TAG, alive)
+            if not hmac.compare_digest(
+                tag, self._tag(self._tag_in, self._count_in, head + raw_lens + header)
+            ):
+                raise ChannelClosed(
+                    "a message with a wrong tag (altered, replayed or out of order)", violation=True
+                )
+            self._count_in += 1
             state, wanted = place(header, lens)
             out: list[Payload] = []
-            spare = self._spare(lens, wanted)
+            try:
+                spare = self._spare(lens, wanted)
+            except MemoryError:
+                raise ChannelClosed(
+                    f"a message declares {sum(lens)} bytes, more than fit in memory", violation=True
+                ) from None
             for i, n in enumerate(lens):
                 dest = wanted[i] if i < len(wanted) else None
                 placed = dest is not None and dest.nbytes == n
@@ -193,8 +247,8 @@ class TcpConn:
                 self._read_into(buf, alive)
                 out.append(Payload(buf, placed))
             return state, out
-        except ChannelClosed:
-            self.close()
+        except BaseException as exc:  # the rest of this message is unread: the stream is unusable
+            self._abandon(exc)
             raise
 
     def _spare(self, lens: list[int], wanted: Sequence[memoryview | None]) -> list[memoryview]:
@@ -213,23 +267,37 @@ class TcpConn:
             view = self._scratch.data
         return [view[o : o + n] for o, n in zip(offsets, lens, strict=True)]
 
-    def _read(self, n: int, alive: Callable[[], None]) -> bytes:
+    def _read(self, n: int, alive: Callable[[], None], first: bool = False) -> bytes:
+        """``n`` bytes; with ``first`` (the start of a message) a failure before any byte arrived
+        raises ``_NothingRead`` (the stream is intact)."""
         buf = bytearray(n)
-        self._read_into(memoryview(buf), alive)
+        self._read_into(memoryview(buf), alive, first)
         return bytes(buf)
 
-    def _read_into(self, buf: memoryview, alive: Callable[[], None]) -> None:
+    def _read_into(self, buf: memoryview, alive: Callable[[], None], first: bool = False) -> None:
         view = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
         got, n = 0, view.nbytes
         while got < n:
             try:
                 r = self.sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
             except (BlockingIOError, InterruptedError):  # a slice passed with nothing
-                alive()
+                if first and got == 0:
+                    try:
+                        alive()
+                    except BaseException as exc:
+                        raise _NothingRead(exc) from None
+                else:
+                    alive()
                 continue
-            except OSError as exc:
-                raise ChannelClosed(f"connection lost: {exc}") from None
+            except BaseException as exc:
+                if first and got == 0 and not isinstance(exc, OSError):
+                    raise _NothingRead(exc) from None
+                if isinstance(exc, OSError):
+                    self._abandon(ChannelClosed(f"connection lost: {exc}"))
+                    raise ChannelClosed(f"connection lost: {exc}") from None
+                raise
             if r == 0:
+                self._abandon(ChannelClosed("the peer closed the connection"))
                 raise ChannelClosed("the peer closed the connection")
             got += r
             if got < n:  # a slice passed with part of it
@@ -239,9 +307,17 @@ class TcpConn:
 
     def send(self, header: bytes, frames: Sequence[Any] = (), alive: Callable[[], None] = _noop) -> None:
         """Send one message from the calling thread; returns when every byte is in the kernel."""
+        if self.closed:
+            raise ChannelClosed(self.interrupted or "the connection is closed")
         views = [_bytes_view(f) for f in frames]
-        prefix = _PREFIX.pack(len(header), len(views)) + b"".join(_U64.pack(v.nbytes) for v in views)
-        self._send_all([prefix + header, *views], alive)
+        head = _PREFIX.pack(len(header), len(views)) + b"".join(_U64.pack(v.nbytes) for v in views) + header
+        tag = self._tag(self._tag_out, self._count_out, head)
+        self._count_out += 1
+        try:
+            self._send_all([head + tag, *views], alive)
+        except BaseException as exc:  # part of the message may be out: the stream is unusable
+            self._abandon(exc)
+            raise
 
     def _send_all(self, parts: Sequence[Any], alive: Callable[[], None]) -> None:
         pending = [memoryview(p).cast("B") for p in parts if len(p)]
@@ -286,20 +362,40 @@ class TcpConn:
 
     # -- end -----------------------------------------------------------------------------------
 
-    def close(self, flush_s: float = 0.0) -> None:
-        """Close; with ``flush_s``, first give the sender thread that long to send what is queued."""
+    def _abandon(self, exc: BaseException) -> None:
+        """A message was cut off half-way by ``exc``: nothing after it can be framed, so close. When
+        this side cut it (``alive`` raised, an interrupt), ``interrupted`` says so."""
+        if not self.closed:
+            if not isinstance(exc, ChannelClosed | OSError):
+                self.interrupted = f"the data channel was closed after a message was cut off ({exc!r})"
+            self.close()
+
+    def stop_sending(self) -> None:
+        """Let the sender thread finish what is queued, then end (see ``close``)."""
         if self._sender is not None and self._outbox is not None:
             self._outbox.put(None)
-            if flush_s > 0:
-                self._sender.join(flush_s)
-        if self.closed:
-            return
-        self.closed = True
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        if self._sender is not None:
-            self._sender.join(1.0)  # it sees ``closed`` within a slice; then the descriptor is ours alone
-        self.sock.close()
+
+    def close(self, flush_s: float = 0.0) -> None:
+        """Close; with ``flush_s``, first give the sender thread that long to send what is queued.
+        The descriptor is released only once no other thread can still use it (it could be reused)."""
+        self.stop_sending()
+        sender = self._sender
+        on_sender = sender is threading.current_thread()
+        if sender is not None and flush_s > 0 and not on_sender:
+            sender.join(flush_s)
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+        if on_sender:
+            return  # the owner's own ``close`` releases the descriptor
+        if sender is not None:
+            sender.join(1.0)  # shut down: its send fails at once and it ends
+            if sender.is_alive():
+                return
+        if not self._released:
+            self._released = True
+            self.sock.close()
 
 
 class TcpListener:

@@ -147,9 +147,9 @@ class WorkerClient:
                 self._places[seq] = into
             self.transport.trace_send(header, len(frames))
             try:
-                tcp.send(wire.encode(header), frames, self.check)
+                tcp.send(wire.encode(header), frames, self._job_alive)
             except ChannelClosed:
-                self._peer_closed(server)
+                self._channel_lost(server)
         else:
             sock = self.servers[server]
             assert sock is not None
@@ -218,10 +218,10 @@ class WorkerClient:
         fd = conn.fileno()
         while True:
             try:
-                header, payloads = conn.read_message(self._place, self.check)
+                header, payloads = conn.read_message(self._place, self._job_alive)
             except ChannelClosed:
                 self._poller.unregister(fd)
-                self._peer_closed(server)
+                self._channel_lost(server)
             if isinstance(header, wire.Header):
                 self.transport.trace_recv(header)
                 self._dispatch(server, Received(ident=None, header=header, frames=payloads))
@@ -229,6 +229,22 @@ class WorkerClient:
                 self.log.warning("dropped a malformed message from server %d: %s", server, header)
             if not conn.readable():
                 return
+
+    def _job_alive(self) -> None:
+        """Between the slices of a data-channel transfer: raise only if the job failed (an error reply
+        to an earlier push is reported between messages, by ``check``, never in the middle of one)."""
+        failure = self.failure
+        if failure is not None:
+            self._raised.set()
+            raise failure
+
+    def _channel_lost(self, server: int) -> NoReturn:
+        """``server``'s data channel closed: this side cut a message off (an interrupt), or the peer left."""
+        conn = self.tcp[server]
+        if conn is not None and conn.interrupted:
+            self.check()
+            raise KVError(f"server {server}: {conn.interrupted}; this KV store cannot be used any more")
+        self._peer_closed(server)
 
     def _place(self, raw: bytes, lens: list[int]) -> tuple[wire.Header | WireError, list[memoryview]]:
         try:

@@ -102,6 +102,19 @@ if kv.rank == 0:
         except OSError:
             pass
         good.close()
+        # a well-formed, correctly tagged push that declares a 256 GiB frame for a 16-element key:
+        # closed before anything is allocated
+        huge = TcpConn.connect(s.data, os.environ['LAUNCHKIT_JOB_SECRET'])
+        hdr = wire.encode(wire.Header(op=wire.PUSH, seq=10**6, src='worker 0', entries=(wire.Entry('w', 0, 16, '<f4'),), body={'rank': 0}))
+        head = struct.pack('<II', len(hdr), 1) + struct.pack('<Q', 1 << 38) + hdr
+        huge.sock.sendall(head + huge._tag(huge._tag_out, 0, head))
+        huge.sock.settimeout(2.0)
+        try:
+            if huge.sock.recv(100) != b'':
+                answered.append((s.data, 'huge'))
+        except OSError:
+            pass
+        huge.close()
     # a peer holding the secret, sending malformed frames to every server and to the scheduler
     ctx = zmq.Context()
     right = auth.derive_keys(os.environ['LAUNCHKIT_JOB_SECRET'])
@@ -138,6 +151,7 @@ def test_intruders_are_refused_and_garbage_is_survived(shm: str) -> None:
         assert res["v"] == [3.0] * 16
     servers = job.of("server")[0].output() + job.of("server")[1].output()
     assert "failed the handshake" in servers and "dropped a malformed message" in servers
+    assert "declares 274877906944 bytes of frames for entries of 64" in servers
     if shm == "0":  # the worker's own data channels were in use: seq 1 was a replay
         assert "replayed" in servers
 

@@ -198,3 +198,63 @@ def test_a_client_keeps_every_received_frame_a_server_reuses_its_buffer(
     assert (
         np.frombuffer(a[0].buffer, np.uint8).ctypes.data == np.frombuffer(b[0].buffer, np.uint8).ctypes.data
     )
+
+
+def _raw_message(conn: TcpConn, header: bytes, lens: list[int], tag: bytes | None = None) -> bytes:
+    """The bytes ``conn.send`` would put before the frames (for cutting a message off by hand)."""
+    head = struct.pack("<II", len(header), len(lens)) + b"".join(struct.pack("<Q", n) for n in lens) + header
+    good = conn._tag(conn._tag_out, conn._count_out, head)
+    conn._count_out += 1
+    return head + (good if tag is None else tag)
+
+
+def test_an_altered_or_replayed_message_closes_the_connection(pair: tuple[TcpConn, TcpConn]) -> None:
+    client, server = pair
+    client.send(b"first")
+    assert server.read_message(_decode)[0] == b"first"
+    client.sock.sendall(_raw_message(client, b"forged", [], tag=bytes(16)))
+    with pytest.raises(ChannelClosed, match="wrong tag") as err:
+        server.read_message(_decode)
+    assert err.value.violation and server.closed
+
+
+def test_a_message_is_tagged_for_its_connection_and_place_in_the_stream(
+    pair: tuple[TcpConn, TcpConn],
+) -> None:
+    client, server = pair
+    replay = _raw_message(client, b"once", [])
+    client.sock.sendall(replay)
+    assert server.read_message(_decode)[0] == b"once"
+    client.sock.sendall(replay)  # the same bytes again: the counter moved on
+    with pytest.raises(ChannelClosed, match="wrong tag"):
+        server.read_message(_decode)
+
+
+def test_giving_up_before_a_message_keeps_the_stream_giving_up_inside_one_closes_it(
+    pair: tuple[TcpConn, TcpConn],
+) -> None:
+    client, server = pair
+
+    def fail() -> None:
+        raise KVError("job failed")
+
+    with pytest.raises(KVError, match="job failed"):
+        client.read_message(_decode, fail)  # nothing had arrived
+    assert not client.closed and not client.interrupted
+    server.send(b"next", [np.arange(10, dtype=np.float32)])
+    assert client.read_message(_decode)[0] == b"next"
+    # half a message, then the wait is given up: the rest could never be framed
+    server.sock.sendall(_raw_message(server, b"half", [4000]) + bytes(1000))
+    with pytest.raises(KVError, match="job failed"):
+        client.read_message(_decode, fail)
+    assert client.closed and "cut off" in client.interrupted
+    with pytest.raises(ChannelClosed, match="cut off"):
+        client.send(b"more")
+
+
+def test_a_frame_too_big_for_memory_closes_the_connection(pair: tuple[TcpConn, TcpConn]) -> None:
+    client, server = pair
+    server.sock.sendall(_raw_message(server, b"huge", [1 << 39]))
+    with pytest.raises(ChannelClosed, match="more than fit in memory"):
+        client.read_message(_decode)
+    assert client.closed
