@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import os
 import queue
 import select
 import socket
@@ -44,11 +43,10 @@ import numpy as np
 from . import wire
 from .auth import channel_key, channel_proof
 from .errors import KVError
+from .unixsock import PROOF_BYTES, answer_challenge, offer_nonce
 
 _PREFIX = struct.Struct("<II")
 _U64 = struct.Struct("<Q")
-_NONCE = 16
-_MAC = 32
 _LABEL = b"launchkit-kv-tcp-v1"
 _TAG = 16  # bytes of HMAC-SHA256 that tag each message
 MAX_FRAMES = 1 << 16
@@ -68,14 +66,6 @@ class ChannelClosed(KVError):
     def __init__(self, reason: str, violation: bool = False) -> None:
         super().__init__(reason)
         self.violation = violation
-
-
-class _NothingRead(Exception):
-    """``alive`` raised before a message began: the stream is still in step (internal)."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(repr(cause))
-        self.cause = cause
 
 
 class Payload:
@@ -100,6 +90,7 @@ class TcpConn:
         # Blocking calls that the kernel cuts into 0.1 s slices (SO_RCVTIMEO/SO_SNDTIMEO): a whole
         # array moves in one or a few system calls, and every slice ends in an ``alive`` check.
         sock.setblocking(True)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         slice_tv = struct.pack("ll", 0, SLICE_MS * 1000)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, slice_tv)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, slice_tv)
@@ -146,11 +137,7 @@ class TcpConn:
         except (OSError, ValueError) as exc:
             raise KVError(f"data channel {endpoint}: {exc}") from None
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            nonce = _recv_exact(sock, _NONCE)
-            sock.sendall(channel_proof(key, b"client", nonce))
-            if not hmac.compare_digest(_recv_exact(sock, _MAC), channel_proof(key, b"server", nonce)):
-                raise KVError("the server does not hold the job secret")
+            nonce = answer_challenge(sock, key)
         except (OSError, KVError) as exc:
             sock.close()
             raise KVError(f"data channel {endpoint}: {exc}") from None
@@ -167,7 +154,7 @@ class TcpConn:
         closed) when it failed or the client left."""
         assert self.nonce is not None
         try:
-            chunk = self.sock.recv(_MAC - len(self._proof), socket.MSG_DONTWAIT)
+            chunk = self.sock.recv(PROOF_BYTES - len(self._proof), socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
@@ -177,7 +164,7 @@ class TcpConn:
             self.close()
             return None
         self._proof += chunk
-        if len(self._proof) < _MAC:
+        if len(self._proof) < PROOF_BYTES:
             return False
         if not hmac.compare_digest(self._proof, channel_proof(self.key, b"client", self.nonce)):
             self.close()
@@ -206,14 +193,10 @@ class TcpConn:
         ``ChannelClosed`` when the peer left or broke the framing (the connection is closed)."""
         if self.closed:
             raise ChannelClosed(self.interrupted or "the connection is closed")
+        while not self._rpoll.poll(SLICE_MS):  # giving up here leaves the stream in step
+            alive()
         try:
-            head = self._read(_PREFIX.size, alive, first=True)
-        except _NothingRead as exc:  # nothing of a message was read: the stream is in step
-            raise exc.cause from None
-        except BaseException as exc:
-            self._abandon(exc)
-            raise
-        try:
+            head = self._read(_PREFIX.size, alive)
             hlen, count = _PREFIX.unpack(head)
             if hlen > wire.MAX_HEADER_BYTES or count > MAX_FRAMES:
                 raise ChannelClosed(
@@ -267,37 +250,23 @@ class TcpConn:
             view = self._scratch.data
         return [view[o : o + n] for o, n in zip(offsets, lens, strict=True)]
 
-    def _read(self, n: int, alive: Callable[[], None], first: bool = False) -> bytes:
-        """``n`` bytes; with ``first`` (the start of a message) a failure before any byte arrived
-        raises ``_NothingRead`` (the stream is intact)."""
+    def _read(self, n: int, alive: Callable[[], None]) -> bytes:
         buf = bytearray(n)
-        self._read_into(memoryview(buf), alive, first)
+        self._read_into(memoryview(buf), alive)
         return bytes(buf)
 
-    def _read_into(self, buf: memoryview, alive: Callable[[], None], first: bool = False) -> None:
+    def _read_into(self, buf: memoryview, alive: Callable[[], None]) -> None:
         view = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
         got, n = 0, view.nbytes
         while got < n:
             try:
                 r = self.sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
             except (BlockingIOError, InterruptedError):  # a slice passed with nothing
-                if first and got == 0:
-                    try:
-                        alive()
-                    except BaseException as exc:
-                        raise _NothingRead(exc) from None
-                else:
-                    alive()
+                alive()
                 continue
-            except BaseException as exc:
-                if first and got == 0 and not isinstance(exc, OSError):
-                    raise _NothingRead(exc) from None
-                if isinstance(exc, OSError):
-                    self._abandon(ChannelClosed(f"connection lost: {exc}"))
-                    raise ChannelClosed(f"connection lost: {exc}") from None
-                raise
+            except OSError as exc:
+                raise ChannelClosed(f"connection lost: {exc}") from None
             if r == 0:
-                self._abandon(ChannelClosed("the peer closed the connection"))
                 raise ChannelClosed("the peer closed the connection")
             got += r
             if got < n:  # a slice passed with part of it
@@ -419,22 +388,11 @@ class TcpListener:
         while True:
             try:
                 sock, _ = self.sock.accept()
-            except (BlockingIOError, InterruptedError):
+            except OSError:  # none waiting (or none can be taken now)
                 return conns
-            except OSError:
-                return conns
-            nonce = os.urandom(_NONCE)
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.setblocking(True)
-                sock.settimeout(1.0)
-                sock.sendall(nonce)
-                sock.settimeout(None)
-            except OSError:
-                sock.close()
-                continue
-            conn = TcpConn(sock, self.key, nonce)
-            conns.append(conn)
+            nonce = offer_nonce(sock)
+            if nonce is not None:
+                conns.append(TcpConn(sock, self.key, nonce))
 
     def close(self) -> None:
         self.sock.close()
@@ -448,13 +406,3 @@ def _bytes_view(obj: Any) -> memoryview:
         return obj.reshape(-1).view(np.uint8).data
     view = memoryview(obj)
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise KVError("connection closed during the handshake")
-        data += chunk
-    return data

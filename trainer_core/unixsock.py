@@ -27,8 +27,8 @@ from .auth import channel_key, channel_proof
 from .errors import KVError
 
 _LEN = struct.Struct("<I")
-_NONCE = 16
-_MAC = 32
+NONCE_BYTES = 16
+PROOF_BYTES = 32
 HANDSHAKE_TIMEOUT_S = 10.0
 
 
@@ -61,10 +61,7 @@ class UnixConn:
         try:
             sock.settimeout(HANDSHAKE_TIMEOUT_S)
             sock.connect("\0" + name)
-            nonce = _recv_exact(sock, _NONCE)
-            sock.sendall(_mac(key, b"client", nonce))
-            if not hmac.compare_digest(_recv_exact(sock, _MAC), _mac(key, b"server", nonce)):
-                raise KVError(f"local channel {name}: the server does not hold the job secret")
+            answer_challenge(sock, key)
             sock.settimeout(None)
         except (OSError, KVError) as exc:
             sock.close()
@@ -107,10 +104,10 @@ class UnixConn:
             if len(chunk) < 1 << 16:
                 break
         if not self.ready:
-            if len(self._buf) < _MAC:
+            if len(self._buf) < PROOF_BYTES:
                 return []
             assert self.nonce is not None
-            proof, self._buf = bytes(self._buf[:_MAC]), self._buf[_MAC:]
+            proof, self._buf = bytes(self._buf[:PROOF_BYTES]), self._buf[PROOF_BYTES:]
             if not hmac.compare_digest(proof, _mac(self.key, b"client", self.nonce)):
                 self.close()
                 return None
@@ -166,17 +163,37 @@ class UnixListener:
                 sock, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return conns
-            nonce = os.urandom(_NONCE)
-            try:
-                sock.setblocking(True)
-                sock.sendall(nonce)
-            except OSError:
-                sock.close()
-                continue
-            conns.append(UnixConn(sock, self.key, nonce))
+            nonce = offer_nonce(sock)
+            if nonce is not None:
+                conns.append(UnixConn(sock, self.key, nonce))
 
     def close(self) -> None:
         self.sock.close()
+
+
+def offer_nonce(sock: socket.socket) -> bytes | None:
+    """Server side of the challenge (this channel's and ``tcpchan``'s): send a just-accepted
+    connection a fresh nonce, leaving it blocking; ``None`` (and closed) if that fails."""
+    nonce = os.urandom(NONCE_BYTES)
+    try:
+        sock.setblocking(True)
+        sock.settimeout(1.0)
+        sock.sendall(nonce)
+        sock.settimeout(None)
+    except OSError:
+        sock.close()
+        return None
+    return nonce
+
+
+def answer_challenge(sock: socket.socket, key: bytes) -> bytes:
+    """Client side of the challenge on a connected socket: read the server's nonce, prove the
+    secret, check the server's proof; returns the nonce (``KVError`` if the server lacks the secret)."""
+    nonce = _recv_exact(sock, NONCE_BYTES)
+    sock.sendall(_mac(key, b"client", nonce))
+    if not hmac.compare_digest(_recv_exact(sock, PROOF_BYTES), _mac(key, b"server", nonce)):
+        raise KVError("the server does not hold the job secret")
+    return nonce
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
