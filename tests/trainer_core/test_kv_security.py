@@ -14,6 +14,39 @@ kv.init('w', np.zeros(16, np.float32))
 ports = [int(s.endpoint.rsplit(':', 1)[1]) for s in kv.client.book.servers] + [int(os.environ['DMLC_PS_ROOT_PORT'])]
 data_ports = [int(s.data.rsplit(':', 1)[1]) for s in kv.client.book.servers if s.data]
 answered = []
+
+
+# a stream channel (same-host or data): garbage after the nonce gets no answer, and a client with
+# another secret cannot connect
+def refuses(connect, where, payloads, conn_class):
+    for payload in payloads:
+        c = connect()
+        c.recv(16)
+        try:
+            c.sendall(payload)
+            c.settimeout(0.5)
+            if c.recv(100):
+                answered.append((where, 'garbage'))
+        except OSError:
+            pass
+        c.close()
+    try:
+        conn_class.connect(where, 'not-the-secret')
+        answered.append((where, 'wrong-secret'))
+    except Exception:
+        pass
+
+
+# sending raw on an authenticated data connection makes the server close it
+def closed_on(conn, raw, where, what):
+    conn.sock.sendall(raw)
+    conn.sock.settimeout(2.0)
+    try:
+        if conn.sock.recv(100) != b'':
+            answered.append((where, what))
+    except OSError:
+        pass
+    conn.close()
 stalled = []  # data connections that never finish the handshake, open until the end
 if kv.rank == 0:
     ctx = zmq.Context()
@@ -42,23 +75,12 @@ if kv.rank == 0:
     for s in kv.client.book.servers:
         if not s.local:
             continue
-        for payload in (os.urandom(40), bytes(32) + b'{"v":1,"op":"pull"}', b'\\xff' * 100000):
+        def unix(name=s.local):
             c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            c.connect('\\0' + s.local)
-            c.recv(16)
-            try:
-                c.sendall(payload)
-                c.settimeout(0.5)
-                if c.recv(100):
-                    answered.append((s.local, 'garbage'))
-            except OSError:
-                pass
-            c.close()
-        try:
-            UnixConn.connect(s.local, 'not-the-secret')
-            answered.append((s.local, 'wrong-secret'))
-        except Exception:
-            pass
+            c.connect('\\0' + name)
+            return c
+
+        refuses(unix, s.local, (os.urandom(40), bytes(32) + b'{"v":1,"op":"pull"}', b'\\xff' * 100000), UnixConn)
     # the data channels (tcpchan): garbage, a wrong-secret client, a client that never finishes the
     # handshake (kept open to the end: the server serves everyone else meanwhile), and a client holding
     # the secret that sends a malformed header, a replayed sequence number and a broken framing
@@ -69,22 +91,8 @@ if kv.rank == 0:
         if not s.data:
             continue
         host, port = s.data.removeprefix('tcp://').rsplit(':', 1)
-        for payload in (os.urandom(5000), bytes(32) + pull, b'GET / HTTP/1.0\\r\\n\\r\\n'):
-            c = socket.create_connection((host, int(port)))
-            c.recv(16)
-            try:
-                c.sendall(payload)
-                c.settimeout(0.5)
-                if c.recv(100):
-                    answered.append((s.data, 'garbage'))
-            except OSError:
-                pass
-            c.close()
-        try:
-            TcpConn.connect(s.data, 'not-the-secret')
-            answered.append((s.data, 'wrong-secret'))
-        except Exception:
-            pass
+        refuses(lambda: socket.create_connection((host, int(port))), s.data,
+                (os.urandom(5000), bytes(32) + pull, b'GET / HTTP/1.0\\r\\n\\r\\n'), TcpConn)
         stalled.append(socket.create_connection((host, int(port))))
         good = TcpConn.connect(s.data, os.environ['LAUNCHKIT_JOB_SECRET'])
         good.send(b'{not json')
@@ -94,27 +102,13 @@ if kv.rank == 0:
         time.sleep(0.3)
         if good.readable():
             answered.append((s.data, 'data'))
-        good.sock.sendall(struct.pack('<II', 1 << 30, 0))  # a header length out of bounds: closed
-        good.sock.settimeout(2.0)
-        try:
-            if good.sock.recv(100) != b'':
-                answered.append((s.data, 'framing'))
-        except OSError:
-            pass
-        good.close()
+        closed_on(good, struct.pack('<II', 1 << 30, 0), s.data, 'framing')  # a header length out of bounds
         # a well-formed, correctly tagged push that declares a 256 GiB frame for a 16-element key:
         # closed before anything is allocated
         huge = TcpConn.connect(s.data, os.environ['LAUNCHKIT_JOB_SECRET'])
         hdr = wire.encode(wire.Header(op=wire.PUSH, seq=10**6, src='worker 0', entries=(wire.Entry('w', 0, 16, '<f4'),), body={'rank': 0}))
         head = struct.pack('<II', len(hdr), 1) + struct.pack('<Q', 1 << 38) + hdr
-        huge.sock.sendall(head + huge._tag(huge._tag_out, 0, head))
-        huge.sock.settimeout(2.0)
-        try:
-            if huge.sock.recv(100) != b'':
-                answered.append((s.data, 'huge'))
-        except OSError:
-            pass
-        huge.close()
+        closed_on(huge, head + huge._tag(huge._tag_out, 0, head), s.data, 'huge')
     # a peer holding the secret, sending malformed frames to every server and to the scheduler
     ctx = zmq.Context()
     right = auth.derive_keys(os.environ['LAUNCHKIT_JOB_SECRET'])
