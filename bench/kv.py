@@ -315,32 +315,25 @@ def report(args: argparse.Namespace) -> None:
                 }
             )
     fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+    rng = lambda r: "" if args.repeat <= 1 or r is None else f" [{r[0]:.2f}-{r[1]:.2f}]"  # noqa: E731
+    names = ["config", "N float32", "trainer_core push+pull ms", "trainer_core pushpull ms", "MXNet 1.9.1 ms"]
+    names += ["ratio push+pull", "ratio pushpull"]
     if args.repeat > 1:
         print(f"# medians of {args.repeat} alternating runs; ratio = median of the per-run ratios [min-max]")
-        print(
-            "| config | N float32 | trainer_core push+pull ms | trainer_core pushpull ms | MXNet 1.9.1 ms | ratio push+pull | ratio pushpull |"
-        )
-        print("|---|---|---|---|---|---|---|")
-        rng = lambda r: "" if r is None else f" [{r[0]:.2f}-{r[1]:.2f}]"  # noqa: E731
-        for r in rows:
-            print(
-                f"| {r['config']} | {r['n']:.0e} | {fmt(r['ours_ms'], '.3f')} | {fmt(r['ours_pushpull_ms'], '.3f')} | "
-                f"{fmt(r['mxnet_ms'], '.3f')} | {fmt(r['ratio'], '.2f')}{rng(r['ratio_range'])} | "
-                f"{fmt(r['ratio_pushpull'], '.2f')}{rng(r['ratio_pushpull_range'])} |"
-            )
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1))
-        return
-    print(
-        "| config | N float32 | trainer_core push+pull ms | trainer_core pushpull ms | MXNet 1.9.1 ms | ratio push+pull | ratio pushpull | trainer_core GB/s per worker | raw pyzmq GB/s (ms for the same bytes) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+    else:  # one run: its throughput and the socket ceiling beside it
+        names += ["trainer_core GB/s per worker", "raw pyzmq GB/s (ms for the same bytes)"]
+    print("| " + " | ".join(names) + " |")
+    print("|" + "---|" * len(names))
     for r in rows:
-        print(
-            f"| {r['config']} | {r['n']:.0e} | {fmt(r['ours_ms'], '.3f')} | {fmt(r['ours_pushpull_ms'], '.3f')} | "
-            f"{fmt(r['mxnet_ms'], '.3f')} | {fmt(r['ratio'], '.2f')} | {fmt(r['ratio_pushpull'], '.2f')} | "
-            f"{fmt(r['ours_gbps'], '.2f')} | {fmt(r['raw_zmq_gbps'], '.2f')} ({fmt(r['raw_zmq_ms'], '.3f')}) |"
-        )
+        cells = [r["config"], f"{r['n']:.0e}", fmt(r["ours_ms"], ".3f"), fmt(r["ours_pushpull_ms"], ".3f")]
+        cells += [fmt(r["mxnet_ms"], ".3f"), fmt(r["ratio"], ".2f") + rng(r["ratio_range"])]
+        cells += [fmt(r["ratio_pushpull"], ".2f") + rng(r["ratio_pushpull_range"])]
+        if args.repeat <= 1:
+            cells += [
+                fmt(r["ours_gbps"], ".2f"),
+                f"{fmt(r['raw_zmq_gbps'], '.2f')} ({fmt(r['raw_zmq_ms'], '.3f')})",
+            ]
+        print("| " + " | ".join(cells) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
