@@ -319,10 +319,7 @@ class WorkerClient:
 
     def check(self) -> None:
         """Raise a failure of the job, or an error reply to an earlier push."""
-        failure = self.failure
-        if failure is not None:
-            self._raised.set()
-            raise failure
+        self._job_alive()
         if self._async_error is not None:
             err, self._async_error = self._async_error, None
             raise err
