@@ -64,6 +64,7 @@ class JobRecord:
     log_dir: str | None = None
     processes: tuple[ProcessRecord, ...] = field(default_factory=tuple)
     remote: dict[str, Any] | None = None  # how to reach the hosts again (ssh options; no secrets)
+    detached: bool = False  # submitted to a batch engine with --detach: no launcher follows it
 
     def launcher_alive(self) -> bool:
         start = process_start_time(self.launcher_pid)
@@ -72,7 +73,7 @@ class JobRecord:
     @property
     def shown_state(self) -> str:
         """``running`` only while the launcher lives; otherwise ``lost``."""
-        if self.state == "running" and not self.launcher_alive():
+        if self.state == "running" and not self.detached and not self.launcher_alive():
             return "lost"
         return self.state
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from pathlib import PurePath
@@ -17,6 +18,22 @@ def render_argv(command: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     if len(command) == 1 and any(c.isspace() for c in command[0]):
         return ("sh", "-c", command[0])
     return tuple(command)
+
+
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def split_assignments(
+    command: tuple[str, ...] | list[str],
+) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """Leading ``NAME=VALUE`` words set variables, as launch.py's shell (and ``env``) does:
+    ``PS_VERBOSE=1 python3 train.py`` -> ((PS_VERBOSE, 1),), (python3, train.py)."""
+    words = list(command)
+    pairs: list[tuple[str, str]] = []
+    while len(words) > 1 and _ASSIGNMENT.match(words[0]):
+        name, _, value = words.pop(0).partition("=")
+        pairs.append((name, value))
+    return tuple(pairs), tuple(words)
 
 
 def default_job_name(command: tuple[str, ...] | list[str]) -> str:
@@ -61,7 +78,8 @@ def make_plan(
         num_workers=spec.num_workers,
         interface=spec.interface,
     )
-    argv = render_argv(spec.command)
+    assignments, words = split_assignments(spec.command)
+    argv = render_argv(words)
     per_role = {"server": dict(spec.env_server), "worker": dict(spec.env_worker), "scheduler": {}}
 
     def node_host(role: str, host: Host) -> str:
@@ -86,7 +104,7 @@ def make_plan(
                 cuda_visible_devices=cuda,
             ),
         )
-        user = {**dict(spec.env), **per_role[role]}
+        user = {**dict(spec.env), **per_role[role], **dict(assignments)}
         for name in contract.SECRET_VARS | {contract.LAUNCHKIT_JOB_ID}:
             user.pop(name, None)  # the job's identity cannot be overridden
         env.update(user)
@@ -109,7 +127,7 @@ def make_plan(
         tasks.append(make_task(s.role, s.rank, s.task_id, s.host, s.local_rank, cwd))
     return Plan(
         job_id=job_id,
-        job_name=spec.job_name or default_job_name(spec.command),
+        job_name=spec.job_name or default_job_name(words),
         backend=spec.backend,
         root_uri=root_uri,
         root_port=root_port,

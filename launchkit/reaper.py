@@ -1,14 +1,17 @@
 """The reaper: a tiny process that outlives the launcher just long enough to clean up.
 
 The launcher starts it first, in a session of its own, holding the write end of a pipe whose
-read end is the reaper's stdin. The launcher never writes to it; when the launcher exits for
-any reason (including SIGKILL), the kernel closes the pipe, the reaper reads EOF and ends every
-process that still carries the job's id in its environment, then removes the job's
-shared-memory segments. Usage: ``python -m launchkit.reaper JOB_ID GRACE_SECONDS``.
+read end is the reaper's stdin. When the launcher exits for any reason (including SIGKILL), the
+kernel closes the pipe, the reaper reads EOF, runs the cleanup commands the launcher sent it
+(``add_cleanup``: e.g. ``scancel JOB`` for a job a cluster engine runs), ends every process that
+still carries the job's id in its environment, then removes the job's shared-memory segments.
+Usage: ``python -m launchkit.reaper JOB_ID GRACE_SECONDS``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -35,18 +38,40 @@ def start(job_id: str, grace: float) -> tuple[subprocess.Popen[bytes], int]:
     return proc, write_end
 
 
+def add_cleanup(pipe: int, argv: list[str]) -> None:
+    """Tell the reaper to run ``argv`` (no shell) when the launcher is gone."""
+    with contextlib.suppress(OSError):
+        os.write(pipe, json.dumps(argv).encode() + b"\n")
+
+
+def run_cleanups(data: bytes, timeout: float = 20.0) -> None:
+    for line in data.splitlines():
+        try:
+            argv = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=timeout, check=False)  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     job_id, grace = argv[0], float(argv[1])
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    received = b""
     while True:
         try:
-            if not os.read(0, 4096):
-                break
+            chunk = os.read(0, 4096)
         except InterruptedError:
             continue
         except OSError:
             break
+        if not chunk:
+            break
+        received += chunk
+    run_cleanups(received)
     sweep_job(job_id, grace)
     remove_shm(job_id)
     return 0

@@ -155,6 +155,7 @@ class Supervisor:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         reaper_proc, reaper_pipe = reaper.start(self.plan.job_id, self.grace)
+        self.backend.set_cleanup_sink(lambda argv: reaper.add_cleanup(reaper_pipe, argv))
         old_handlers = self._install_signals()
         teardown_at: float | None = None  # when we began ending the job
         kill_at: float | None = None

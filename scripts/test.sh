@@ -2,11 +2,13 @@
 # Set up everything the tests need on a fresh Debian 12 machine, then run lint, types and tests.
 #   bash scripts/test.sh [PYTEST ARGS...]
 # Installs (as root, when missing) the Debian packages the test fixtures use, creates .venv,
+# (Open MPI, Slurm and munge for the engine tests; Grid Engine through scripts/install-gridengine.sh),
 # installs launchkit with its test extra, then runs ruff, mypy and pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS=(procps iproute2 tmux util-linux openssh-server openssh-client rsync libgomp1 libquadmath0)
+DEBS=(procps iproute2 tmux util-linux openssh-server openssh-client rsync libgomp1 libquadmath0
+      openmpi-bin slurm-wlm munge)
 missing=()
 for pkg in "${DEBS[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
@@ -17,6 +19,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+[ ! -f scripts/install-gridengine.sh ] || bash scripts/install-gridengine.sh
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null

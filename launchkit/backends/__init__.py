@@ -14,7 +14,7 @@ from launchkit.errors import NotImplementedBackend, UsageError
 REGISTRY: dict[str, str | None] = {
     "local": "launchkit.backends.local:LocalBackend",
     "ssh": "launchkit.backends.ssh:SshBackend",
-    "mpi": None,
+    "mpi": "launchkit.backends.mpi:MpiBackend",
     "sge": None,
     "slurm": None,
     "yarn": None,

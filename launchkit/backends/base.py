@@ -3,9 +3,10 @@ a backend only fills in a few hooks: prepare the hosts, start one process, close
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import IO, Any, Protocol
 
-from launchkit.spec import LaunchSpec, Plan, Task
+from launchkit.spec import Host, LaunchSpec, Plan, Task
 
 
 class ProcessHandle(Protocol):
@@ -39,8 +40,27 @@ class Backend:
         which they are reached, if the backend knows it."""
         return None
 
+    def finds_scheduler_address(self) -> bool:
+        """True when the job itself picks the scheduler's address and port (a batch job)."""
+        return False
+
+    def node_hosts(self, spec: LaunchSpec) -> dict[Host, str] | None:
+        """``DMLC_NODE_HOST`` per host when not the hostfile's names ("" : the node finds it)."""
+        return None
+
     def prepare(self, plan: Plan) -> None:
         """Check hosts, sync code, open connections. Raise LaunchkitError to stop the launch."""
+
+    def set_cleanup_sink(self, sink: Callable[[list[str]], None]) -> None:
+        """Where to send commands that must run if the launcher dies (the reaper runs them)."""
+
+    def describe_job(self, plan: Plan) -> list[list[str]]:
+        """Engine command lines that start the whole job (``--dry-run``); none by default."""
+        return []
+
+    def notes(self, plan: Plan) -> list[str]:
+        """What the backend adds on its own and the user should know (``--dry-run``)."""
+        return []
 
     def start(self, task: Task) -> ProcessHandle:
         """Start one process; raise OSError when the command cannot be started."""

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -20,15 +22,17 @@ from launchkit.cli.app import get_app
 from launchkit.cli.planview import plan_to_json, show_plan
 from launchkit.console import Ui
 from launchkit.dashboard import Dashboard
-from launchkit.errors import UsageError
+from launchkit.errors import BackendError, UsageError
 from launchkit.hostfile import read_hostfile
 from launchkit.netutil import PortReservation, fallback_address, interface_address, route_address
 from launchkit.placement import assign_hosts
 from launchkit.plan import make_plan, new_job_id, new_secret
-from launchkit.spec import LOCALHOST, JobResult, LaunchSpec
+from launchkit.spec import LOCALHOST, Host, JobResult, LaunchSpec
 from launchkit.sshconn import SshOptions
 from launchkit.supervisor import Supervisor
 
+# launch.py's --p3: MXNet's P3 van (priority-based parameter propagation), for every process.
+P3_ENV = (("DMLC_PS_VAN_TYPE", "p3"), ("DMLC_PS_WATER_MARK", "10"))
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -60,6 +64,20 @@ def scheduler_address(spec: LaunchSpec, reached_from: str | None = None) -> str:
     return reached_from or route_address(spec.hosts[0].name) or fallback_address()
 
 
+def slurm_hosts(nodes: int | None) -> tuple[Host, ...]:
+    """Inside an allocation its nodes (``--nodes`` takes the first N); outside, N placeholders."""
+    from launchkit.backends import slurm
+
+    if nodes is not None and nodes < 1:
+        raise UsageError(f"--nodes must be at least 1, got {nodes}")
+    if slurm.in_allocation(os.environ):
+        hosts = slurm.allocation_hosts()
+        if nodes is not None and nodes > len(hosts):
+            raise UsageError(f"--nodes {nodes}: the allocation has only {len(hosts)} node(s)")
+        return hosts[:nodes] if nodes else hosts
+    return slurm.placeholder_hosts(nodes or 1)
+
+
 def build_spec(
     *,
     num_workers: int,
@@ -79,6 +97,8 @@ def build_spec(
     grace_period: float,
     command: list[str],
     time_limit: float | None = None,
+    p3: bool = False,
+    slurm_nodes: int | None = None,
     ui: Ui,
 ) -> LaunchSpec:
     if not command:
@@ -90,7 +110,11 @@ def build_spec(
     if backend == "local" and hostfile:
         ui.warn("--launcher local runs every process on this machine; the hostfile is ignored")
         hosts = (LOCALHOST,)
-    if backend in ("ssh", "mpi") and not hostfile:
+    if backend == "slurm":
+        if hostfile:
+            ui.warn("--launcher slurm places the job on the allocation's nodes; the hostfile is ignored")
+        hosts = slurm_hosts(slurm_nodes)
+    if backend == "ssh" and not hostfile:
         raise UsageError(f"--launcher {backend} needs a hostfile: -H FILE")
     if sync_dst_dir and backend != "ssh":
         ui.warn(f"--sync-dst-dir only applies to --launcher ssh; ignored for {backend}")
@@ -112,7 +136,7 @@ def build_spec(
         command=tuple(command),
         backend=backend,
         hosts=hosts,
-        env=parse_env_items(env, "--env", environ),
+        env=parse_env_items(env, "--env", environ) + (P3_ENV if p3 else ()),
         env_server=parse_env_items(env_server, "--env-server", environ),
         env_worker=parse_env_items(env_worker, "--env-worker", environ),
         job_name=job_name,
@@ -174,6 +198,26 @@ def register(app: typer.Typer) -> None:
             10.0, "--heartbeat-timeout", help="Seconds of silence that end a host."
         ),
         connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to reach each host."),
+        p3: bool = typer.Option(False, "--p3", help="MXNet's P3 van (DMLC_PS_VAN_TYPE=p3), as launch.py."),
+        mpirun: str = typer.Option("mpirun", "--mpirun", help="mpi: the mpirun to use."),
+        mpi_args: str = typer.Option("", "--mpi-args", help="mpi: extra mpirun flags, one string."),
+        node_python: str = typer.Option(
+            None, "--node-python", help="mpi/slurm: Python on the nodes (default: this one)."
+        ),
+        partition: str = typer.Option(None, "--partition", help="slurm: partition (-p)."),
+        slurm_time: str = typer.Option(None, "--time", help="slurm: time limit of the batch job (-t)."),
+        nodes: int = typer.Option(None, "--nodes", help="slurm: number of nodes (default: all / 1)."),
+        account: str = typer.Option(None, "--account", help="slurm: account to charge."),
+        qos: str = typer.Option(None, "--qos", help="slurm: quality of service."),
+        constraint: str = typer.Option(None, "--constraint", help="slurm: node features."),
+        cpus_per_task: int = typer.Option(None, "--cpus-per-task", help="slurm: CPUs of every task."),
+        cpus_per_server: int = typer.Option(None, "--cpus-per-server", help="slurm: CPUs of a server."),
+        cpus_per_worker: int = typer.Option(None, "--cpus-per-worker", help="slurm: CPUs of a worker."),
+        mem: str = typer.Option(None, "--mem", help="slurm: memory of every task (e.g. 4G)."),
+        mem_per_server: str = typer.Option(None, "--mem-per-server", help="slurm: memory of a server."),
+        mem_per_worker: str = typer.Option(None, "--mem-per-worker", help="slurm: memory of a worker."),
+        slurm_args: str = typer.Option("", "--slurm-args", help="slurm: extra sbatch flags, one string."),
+        detach: bool = typer.Option(False, "--detach", help="slurm: submit, print the job id, return."),
         dashboard: bool = typer.Option(False, "--dashboard", help="Show a live dashboard of the job."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; start nothing."),
         as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as JSON."),
@@ -197,15 +241,42 @@ def register(app: typer.Typer) -> None:
             interface=interface,
             grace_period=grace_period,
             time_limit=time_limit,
+            p3=p3,
+            slurm_nodes=nodes,
             command=command or [],
             ui=ui,
         )
-        if dry_run:
-            root_uri = scheduler_address(spec)
-            plan = make_plan(
-                spec, job_id=new_job_id(), secret="", root_uri=root_uri, root_port=spec.scheduler_port or 0
+        if detach and spec.backend != "slurm":
+            raise UsageError(f"--detach needs a batch engine (--launcher slurm), not {spec.backend}")
+        engine_options: dict[str, Any] = {"mpirun": mpirun, "mpi_args": mpi_args, "node_python": node_python}
+        if spec.backend == "slurm":
+            engine_options["slurm"] = slurm_options(
+                partition=partition,
+                time=slurm_time,
+                nodes=nodes,
+                account=account,
+                qos=qos,
+                constraint=constraint,
+                cpus_per_server=cpus_per_server or cpus_per_task,
+                cpus_per_worker=cpus_per_worker or cpus_per_task,
+                mem_per_server=mem_per_server or mem,
+                mem_per_worker=mem_per_worker or mem,
+                gpus_per_worker=gpus_per_worker,
+                extra=_split("--slurm-args", slurm_args),
             )
-            data = plan_to_json(plan, _describer(spec.backend), spec.scheduler_port is not None)
+        if dry_run:
+            describer = _describer(spec.backend, engine_options)
+            own_address = describer.finds_scheduler_address()
+            root_uri = "<its node's address>" if own_address else scheduler_address(spec)
+            plan = make_plan(
+                spec,
+                job_id=new_job_id(),
+                secret="",
+                root_uri=root_uri,
+                root_port=spec.scheduler_port or 0,
+                node_host_of=describer.node_hosts(spec),
+            )
+            data = plan_to_json(plan, describer, spec.scheduler_port is not None)
             if as_json:
                 ui.json(data)
             else:
@@ -226,13 +297,65 @@ def register(app: typer.Typer) -> None:
             heartbeat_interval=min(1.0, heartbeat_timeout / 3),
             sync_excludes=sync_exclude,
             console=ui.err,
+            **engine_options,
         )
+        if detach:
+            raise typer.Exit(submit_detached(spec, backend, ui))
         raise typer.Exit(run_job(spec, backend, ui, dashboard=dashboard))
 
 
-def _describer(name: str) -> backends.Backend:
+def _split(flag: str, value: str) -> tuple[str, ...]:
     try:
-        return backends.get_backend(name)
+        return tuple(shlex.split(value))
+    except ValueError as exc:
+        raise UsageError(f"{flag} {value!r}: {exc}") from None
+
+
+def slurm_options(**fields: Any) -> Any:
+    from launchkit.backends.slurm import SlurmOptions
+
+    for name in ("cpus_per_server", "cpus_per_worker"):
+        if fields[name] is not None and fields[name] < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {fields[name]}")
+    return SlurmOptions(**fields)
+
+
+def submit_detached(spec: LaunchSpec, backend: backends.Backend, ui: Ui) -> int:
+    """``--detach``: submit the batch job, record it, print both ids; the job runs on its own."""
+    from launchkit.backends.slurm import SlurmBackend, output_path
+
+    assert isinstance(backend, SlurmBackend)
+    if backend.inside:
+        raise UsageError("--detach submits a batch job: run it outside an allocation (SLURM_JOB_ID is set)")
+    plan = make_plan(spec, job_id=new_job_id(), secret=new_secret(), root_uri="", root_port=0)
+    backend.prepare(plan)
+    try:
+        slurm_job = backend.submit(plan)
+    except OSError as exc:
+        raise BackendError("slurm", str(exc)) from None
+    record = jobs.JobRecord(
+        id=plan.job_id,
+        name=plan.job_name,
+        backend=plan.backend,
+        hosts=(),
+        command=spec.command,
+        cwd=spec.cwd,
+        launcher_pid=os.getpid(),
+        launcher_start=jobs.process_start_time(os.getpid()),
+        started_at=time.time(),
+        log_dir=spec.log_dir,
+        remote={"engine": "slurm", "engine_job": slurm_job, "output": output_path(spec.cwd, plan.job_id)},
+        detached=True,
+    )
+    jobs.save(record)
+    ui.info(f"job {plan.job_id} submitted as slurm job {slurm_job}; output in {record.remote['output']}")  # type: ignore[index]
+    ui.text(plan.job_id)
+    return 0
+
+
+def _describer(name: str, options: dict[str, Any]) -> backends.Backend:
+    try:
+        return backends.get_backend(name, **options)
     except UsageError:
         return backends.Backend()
 
@@ -245,11 +368,19 @@ def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: b
         else:
             ui.warn("--dashboard needs a terminal; showing the plain merged output instead")
     reached = backend.connect(spec)
-    root_uri = scheduler_address(spec, reached)
-    reservation = None if spec.scheduler_port else PortReservation(root_uri)
+    own_address = backend.finds_scheduler_address()
+    root_uri = "" if own_address else scheduler_address(spec, reached)
+    reservation = None if spec.scheduler_port or own_address else PortReservation(root_uri)
     try:
         port = spec.scheduler_port or (reservation.port if reservation else 0)
-        plan = make_plan(spec, job_id=new_job_id(), secret=new_secret(), root_uri=root_uri, root_port=port)
+        plan = make_plan(
+            spec,
+            job_id=new_job_id(),
+            secret=new_secret(),
+            root_uri=root_uri,
+            root_port=port,
+            node_host_of=backend.node_hosts(spec),
+        )
         try:
             backend.prepare(plan)
         except BaseException:

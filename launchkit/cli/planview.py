@@ -23,6 +23,8 @@ def plan_to_json(plan: Plan, backend: backends.Backend, port_known: bool) -> dic
         "job_name": plan.job_name,
         "backend": plan.backend,
         "scheduler": f"{plan.root_uri}:{plan.root_port if port_known else PORT_PLACEHOLDER}",
+        "engine_commands": backend.describe_job(plan),
+        "notes": backend.notes(plan),
         "tasks": [
             {
                 "role": t.role,
@@ -61,3 +63,11 @@ def show_plan(ui: Ui, data: dict[str, object]) -> None:
         own = {k: v for k, v in t["env"].items() if k not in common}
         ui.text(f"{t['role']} {t['rank']}: " + " ".join(f"{k}={v}" for k, v in sorted(own.items())))
         ui.text(f"  $ {shlex.join(t['command_line'])}")
+    engine = data.get("engine_commands") or []
+    assert isinstance(engine, list)
+    if engine:
+        ui.text(f"started by {data['backend']} with:")
+        for argv in engine:
+            ui.text(f"  $ {shlex.join(argv)}")
+    for note in data.get("notes") or []:  # type: ignore[attr-defined]
+        ui.text(f"note: {note}")

@@ -142,7 +142,7 @@ def test_missing_required_flag_is_usage_error() -> None:
 
 def test_unimplemented_backend_says_so(tmp_path: Path) -> None:
     (tmp_path / "hf").write_text("127.0.0.1\n")
-    res = run(["launch", "-n", "1", "-H", "hf", "--launcher", "mpi", "true"], cwd=tmp_path)
+    res = run(["launch", "-n", "1", "-H", "hf", "--launcher", "sge", "true"], cwd=tmp_path)
     assert res.returncode == 2
     assert "not implemented yet" in res.stderr
 
@@ -186,3 +186,31 @@ def test_hosts_add_and_remove_keep_comments(tmp_path: Path) -> None:
     new = tmp_path / "new"
     assert run(["hosts", "add", "[fe80::1]:22", "-H", str(new)]).returncode == 0
     assert new.read_text() == "[fe80::1]:22\n"
+
+
+def test_leading_assignments_set_variables(tmp_path: Path) -> None:
+    """launch.py runs the command through a shell: `PS_VERBOSE=1 python3 train.py` sets it."""
+    plan = dry(["-n", "2", "--launcher", "local", "PS_VERBOSE=1", "A=x y", "python3", "train.py"], tmp_path)
+    for t in plan["tasks"]:
+        assert t["argv"] == ["python3", "train.py"]
+        assert t["env"]["PS_VERBOSE"] == "1" and t["env"]["A"] == "x y"
+    assert plan["job_name"] == "train"
+
+
+def test_p3_sets_the_van_for_every_process(tmp_path: Path) -> None:
+    plan = dry(["-n", "2", "--launcher", "local", "--p3", "python3", "train.py"], tmp_path)
+    for t in plan["tasks"]:
+        assert t["env"]["DMLC_PS_VAN_TYPE"] == "p3" and t["env"]["DMLC_PS_WATER_MARK"] == "10"
+
+
+def test_mpi_dry_run_shows_mpirun_without_values(tmp_path: Path) -> None:
+    plan = dry(
+        ["-n", "2", "-s", "2", "--launcher", "mpi", "--env", "TOKEN:s3cr$t", "python3", "t.py"], tmp_path
+    )
+    (line,) = plan["engine_commands"]
+    assert line[0] == "mpirun" and line[line.index("-np") + 1] == "4"
+    assert "--host" in line and line[line.index("--host") + 1] == "localhost:4"
+    assert line[line.index("TOKEN") - 1 : line.index("TOKEN") + 1] == ["-x", "TOKEN"]
+    assert "s3cr$t" not in " ".join(line)
+    assert line[-5:] == ["-m", "launchkit.shim", "--", "python3", "t.py"]
+    assert any("allow-run-as-root" in n for n in plan["notes"])

@@ -1,0 +1,336 @@
+"""What the cluster-engine backends (mpi, slurm, ...) share.
+
+An engine starts the job's servers and workers itself (one ``mpirun``, one ``srun`` step, one
+batch job), each under ``launchkit.shim``, and hands back one merged stream of framed lines. This
+module splits that stream into one process per task again (``EngineProcess``: its own stdout and
+stderr pipes, its pid and host from the shim, its exit code), so the supervisor, output merging,
+job records and the kill path are the same as for the local and ssh backends. An engine module
+supplies only a pure renderer (plan -> argv lists) and an ``EngineRun`` that starts and follows
+the engine's own process or job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import IO, Any
+
+from launchkit import contract, shim
+from launchkit.backends.base import Backend, ProcessHandle
+from launchkit.backends.local import LocalBackend
+from launchkit.spec import Plan, Task
+
+ENGINE_TAIL = 20
+#: How long an exit caused by the engine's own teardown waits for a real failure to be seen first.
+TEARDOWN_HOLD = 1.0
+Feed = Callable[[bytes], None]
+
+
+def shim_argv(python: str, task: Task) -> list[str]:
+    """What the engine runs for every task: the shim, then the task's command."""
+    return [python, "-m", "launchkit.shim", "--", *task.argv]
+
+
+def split_env(tasks: Sequence[Task]) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """The variables every task shares (passed by name through the engine) and each task's own
+    (in the shim's table). The job secret is always shared: it never enters the table."""
+    common = dict(tasks[0].env) if tasks else {}
+    for t in tasks[1:]:
+        common = {k: v for k, v in common.items() if t.env.get(k) == v}
+    for name in contract.SECRET_VARS:
+        if any(name in t.env for t in tasks):
+            common[name] = tasks[0].env[name]
+    own = [{k: v for k, v in t.env.items() if k not in common} for t in tasks]
+    return common, own
+
+
+def shim_table(plan: Plan, ordered: Sequence[Task]) -> str:
+    """``LAUNCHKIT_SHIM_TASKS``: row r is what engine rank r runs (the plan index and its own
+    variables)."""
+    import json
+
+    _, own = split_env(ordered)
+    index = {t.task_id: i for i, t in enumerate(plan.tasks)}
+    rows = [{"i": index[t.task_id], "env": env} for t, env in zip(ordered, own, strict=True)]
+    return json.dumps({"v": 1, "tasks": rows}, separators=(",", ":"))
+
+
+def engine_env(plan: Plan, ordered: Sequence[Task]) -> dict[str, str]:
+    """The variables the engine must pass to every rank by name: the shared contract values,
+    the shim's table, and the defaults (unbuffered Python)."""
+    common, _ = split_env(ordered)
+    env = {**contract.DEFAULTS, **common, shim.TASKS_VAR: shim_table(plan, ordered)}
+    return env
+
+
+def show_argv(argv: Sequence[str]) -> str:
+    return shlex.join(argv)
+
+
+class EngineRun:
+    """One running engine process or job. Subclasses start it and feed framed lines."""
+
+    def start(self, feed_out: Feed, feed_err: Feed) -> None:
+        raise NotImplementedError
+
+    def wait(self) -> int:
+        """Block until the engine's job has ended and its output is read; a shell-style code."""
+        raise NotImplementedError
+
+    def signal(self, sig: int) -> None:
+        raise NotImplementedError
+
+    def cleanup_commands(self) -> list[list[str]]:
+        """Commands that end the engine's job if the launcher dies (run by the reaper)."""
+        return []
+
+
+class PopenRun(EngineRun):
+    """An engine that is one local process (``mpirun``, ``srun``): its stdout and stderr carry
+    the framed lines; SIGTERM goes to it (it forwards), SIGKILL to its whole group."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str], cwd: str) -> None:
+        self.argv, self.env, self.cwd = argv, dict(env), cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.readers: list[threading.Thread] = []
+
+    def start(self, feed_out: Feed, feed_err: Feed) -> None:
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            cwd=self.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        for stream, feed in ((self.proc.stdout, feed_out), (self.proc.stderr, feed_err)):
+            t = threading.Thread(target=_read_lines, args=(stream, feed), daemon=True)
+            t.start()
+            self.readers.append(t)
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        rc = self.proc.wait()
+        for t in self.readers:
+            t.join(5.0)
+        return 128 - rc if rc < 0 else rc
+
+    def signal(self, sig: int) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if sig == signal.SIGKILL:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
+
+
+def _read_lines(stream: IO[bytes], feed: Feed) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        for line in iter(stream.readline, b""):
+            feed(line)
+    with contextlib.suppress(OSError):
+        stream.close()
+
+
+class EngineProcess:
+    """One task run by the engine, as the supervisor sees it (a ProcessHandle)."""
+
+    def __init__(self, task: Task, backend: EngineBackend) -> None:
+        self.task = task
+        self.pid: int | None = None
+        self.node: str | None = None
+        self._backend = backend
+        out_r, self._out_w = os.pipe()
+        err_r, self._err_w = os.pipe()
+        self.stdout: IO[bytes] = os.fdopen(out_r, "rb")
+        self.stderr: IO[bytes] = os.fdopen(err_r, "rb")
+        self._partial: dict[str, bytes] = {"o": b"", "e": b""}
+        self._ends = 0
+        self._code: int | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+
+    # fed by the backend's demultiplexer (reader threads)
+    def output(self, stream: str, data: bytes, continued: bool) -> None:
+        with self._lock:
+            if continued:
+                self._partial[stream] += data
+                return
+            line = self._partial[stream] + data + b"\n"
+            self._partial[stream] = b""
+            fd = self._out_w if stream == "o" else self._err_w
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.write(fd, line)
+
+    def ended(self, code: int, stopped: bool) -> None:
+        """One of the shim's two end marks (one per stream); the second one ends the task."""
+        with self._lock:
+            self._ends += 1
+            self._code = code
+            if self._ends < 2:
+                return
+        self._close_streams()
+        if stopped and not self._backend.tearing_down:
+            threading.Timer(TEARDOWN_HOLD, self._done.set).start()
+        else:
+            self._done.set()
+
+    def lost(self, code: int, lines: Iterable[str]) -> None:
+        """The engine ended without this task's end mark: ``code`` from the engine, and its lines."""
+        if self._done.is_set():
+            return
+        with self._lock:
+            if self._code is None:
+                self._code = code
+                for text in lines:
+                    if self._err_w >= 0:
+                        with contextlib.suppress(OSError):
+                            os.write(self._err_w, text.encode() + b"\n")
+        self._close_streams()
+        self._done.set()
+
+    def _close_streams(self) -> None:
+        with self._lock:
+            for name in ("_out_w", "_err_w"):
+                fd = getattr(self, name)
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                    setattr(self, name, -1)
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    # the ProcessHandle side
+    def wait(self) -> int:
+        self._done.wait()
+        code = self._code if self._code is not None else 1
+        return -(code - 128) if 128 < code < 160 else code
+
+    def send_signal(self, sig: int) -> None:
+        self._backend.signal_engine(sig)
+
+
+class EngineBackend(Backend):
+    """Base class of the engine backends: the scheduler runs on this machine (unless the engine
+    runs it, see ``engine_runs``), every other task through one ``EngineRun``."""
+
+    engine_label = "engine"
+
+    def __init__(self, console: Any = None) -> None:
+        self.console = console
+        self.local = LocalBackend()
+        self.plan: Plan | None = None
+        self.run: EngineRun | None = None
+        self.procs: dict[int, EngineProcess] = {}  # plan index -> process
+        self.tearing_down = False
+        self.engine_tail: deque[str] = deque(maxlen=ENGINE_TAIL)
+        self._signalled: set[int] = set()
+        self._lock = threading.Lock()
+        self._cleanup_sink: Callable[[list[str]], None] | None = None
+
+    # -- what an engine module provides --------------------------------------------------------
+    def engine_runs(self, task: Task) -> bool:
+        return task.role != "scheduler"
+
+    def make_run(self, plan: Plan) -> EngineRun:
+        raise NotImplementedError
+
+    # -- Backend --------------------------------------------------------------------------------
+    def prepare(self, plan: Plan) -> None:
+        self.plan = plan
+
+    def set_cleanup_sink(self, sink: Callable[[list[str]], None]) -> None:
+        """Where to send commands that end the engine's job should the launcher die (the reaper)."""
+        self._cleanup_sink = sink
+
+    def start(self, task: Task) -> ProcessHandle:
+        assert self.plan is not None, "prepare() first"
+        if not self.engine_runs(task):
+            return self.local.start(task)
+        if self.run is None:
+            for i, t in enumerate(self.plan.tasks):
+                if self.engine_runs(t):
+                    self.procs[i] = EngineProcess(t, self)
+            run = self.make_run(self.plan)
+            run.start(self._feed, self._feed)
+            self.run = run
+            self._register_cleanup(run)
+            threading.Thread(target=self._follow, args=(run,), daemon=True).start()
+        index = self.plan.tasks.index(task)
+        return self.procs[index]
+
+    def _register_cleanup(self, run: EngineRun) -> None:
+        if self._cleanup_sink is not None:
+            for argv in run.cleanup_commands():
+                self._cleanup_sink(argv)
+
+    def _feed(self, line: bytes) -> None:
+        frame = shim.parse_frame(line)
+        proc = self.procs.get(frame.task) if frame is not None else None
+        if frame is None or proc is None:
+            text = line.decode(errors="replace").rstrip("\r\n")
+            if text.strip():
+                self.engine_tail.append(text)
+                if self.console is not None:
+                    self.console.print(f"[{self.engine_label}] {text}", markup=False, highlight=False)
+            return
+        if frame.kind in ("o", "e"):
+            proc.output(frame.kind, frame.data, frame.continued)
+        elif frame.kind == "s":
+            fields = frame.fields()
+            with contextlib.suppress(ValueError, IndexError):
+                proc.pid = int(fields[0])
+                proc.node = fields[1]
+            self.on_task_started(proc, fields)
+        elif frame.kind == "x":
+            fields = frame.fields()
+            try:
+                code, stopped = int(fields[0]), fields[1:2] == ["1"]
+            except (ValueError, IndexError):
+                code, stopped = 1, False
+            proc.ended(code, stopped)
+
+    def on_task_started(self, proc: EngineProcess, fields: list[str]) -> None:
+        """Hook: an engine learns its job/step ids from the shims' start marks."""
+
+    def _follow(self, run: EngineRun) -> None:
+        code = run.wait()
+        lost = [p for p in self.procs.values() if not p.finished]
+        if lost and self.tearing_down:  # ended by the launcher's own teardown
+            for p in lost:
+                p.lost(128 + signal.SIGTERM, [])
+        elif lost:
+            why = self.engine_end_message(code)
+            lines = [why, *self.engine_tail] if why else list(self.engine_tail)
+            first = True
+            for p in lost:
+                p.lost(code or 1, lines if first else [])
+                first = False
+
+    def engine_end_message(self, code: int) -> str:
+        return f"{self.engine_label} ended (exit {code}) before this process reported its end"
+
+    def signal_engine(self, sig: int) -> None:
+        with self._lock:
+            if sig in self._signalled or self.run is None:
+                return
+            self._signalled.add(sig)
+            self.tearing_down = True
+        self.run.signal(sig)
+
+    def close(self) -> None:
+        if self.run is not None and any(not p.finished for p in self.procs.values()):
+            self.run.signal(signal.SIGKILL)

@@ -1,0 +1,216 @@
+"""``--launcher mpi``: one ``mpirun`` starts every server and worker (the scheduler runs here).
+
+Open MPI, MPICH (Hydra) and Intel MPI are told apart from ``mpirun --version``. Rank r runs the
+r-th task of ``rank_order``: tasks grouped by host, in the order the host list is given to
+mpirun with each host's slot count, so MPI's by-slot mapping puts every task where launchkit's
+placement put it. The job's variables travel by name (``-x NAME`` / ``-genvlist``), never by
+value; the shim turns the MPI rank into the role and ranks. See docs/backends.md.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from launchkit.backends.engine import EngineBackend, EngineRun, PopenRun, engine_env, shim_argv
+from launchkit.contract import merge_env
+from launchkit.errors import BackendError, UsageError
+from launchkit.spec import LOCALHOST, Plan, Task
+from launchkit.sshconn import SshOptions
+
+FLAVORS = ("openmpi", "mpich", "intel")
+EXIT_ENGINE_SETUP = 2
+
+
+def detect_flavor(version_text: str) -> str:
+    """The MPI implementation from ``mpirun --version``'s output. Raises ValueError."""
+    text = version_text.lower()
+    if "open mpi" in text or "open-mpi" in text or "openrte" in text:
+        return "openmpi"
+    if "intel(r) mpi" in text or "intel mpi" in text:
+        return "intel"
+    if "hydra" in text or "mpich" in text:
+        return "mpich"
+    first = version_text.strip().splitlines()[0] if version_text.strip() else "(no output)"
+    raise ValueError(f"unknown MPI implementation: `mpirun --version` said {first!r}")
+
+
+def rank_order(plan: Plan) -> list[Task]:
+    """The servers and workers, grouped by host in order of first appearance."""
+    tasks = [t for t in plan.tasks if t.role != "scheduler"]
+    hosts: list[str] = []
+    for t in tasks:
+        if t.host.name not in hosts:
+            hosts.append(t.host.name)
+    return sorted(tasks, key=lambda t: hosts.index(t.host.name))
+
+
+def host_slots(ordered: Sequence[Task]) -> list[tuple[str, int]]:
+    slots: list[tuple[str, int]] = []
+    for t in ordered:
+        if slots and slots[-1][0] == t.host.name:
+            slots[-1] = (t.host.name, slots[-1][1] + 1)
+        else:
+            slots.append((t.host.name, 1))
+    return slots
+
+
+def rsh_args(opts: SshOptions, ordered: Sequence[Task]) -> list[str]:
+    """ssh options for Open MPI's remote starts (``plm_rsh_args``); one user and port for all."""
+    users = {t.host.user for t in ordered}
+    ports = {t.host.port for t in ordered}
+    if len(users) > 1 or len(ports) > 1:
+        raise UsageError(
+            "--launcher mpi: every host must use the same ssh user and port "
+            f"(found users {sorted(str(u) for u in users)}, ports {sorted(str(p) for p in ports)})"
+        )
+    args: list[str] = []
+    user, port = users.pop(), ports.pop() or opts.port
+    if opts.identity:
+        args += ["-i", opts.identity]
+    if port:
+        args += ["-p", str(port)]
+    if user:
+        args += ["-l", user]
+    if opts.known_hosts:
+        args += ["-o", f"UserKnownHostsFile={opts.known_hosts}"]
+    args += ["-o", f"StrictHostKeyChecking={'yes' if opts.strict_host_keys else 'accept-new'}"]
+    args += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(opts.connect_timeout)}"]
+    return args
+
+
+@dataclass(frozen=True)
+class MpiOptions:
+    mpirun: str = "mpirun"
+    flavor: str = "openmpi"
+    extra: tuple[str, ...] = ()  # --mpi-args, split
+    interface: str | None = None
+    as_root: bool = False
+    python: str = sys.executable
+    local: bool = False  # no hostfile: every rank on this machine
+
+
+def render(plan: Plan, opts: MpiOptions, ssh: SshOptions) -> list[str]:
+    """The mpirun command line for the job. Pure: values of the job's variables never appear."""
+    ordered = rank_order(plan)
+    names = sorted(engine_env(plan, ordered))
+    hosts = ",".join(f"{h}:{n}" for h, n in host_slots(ordered))
+    cwd = ordered[0].cwd
+    program = shim_argv(opts.python, ordered[0])
+    if opts.flavor == "openmpi":
+        argv = [opts.mpirun, "-np", str(len(ordered))]
+        if opts.as_root:
+            argv.append("--allow-run-as-root")
+        argv += ["--host", hosts, "--map-by", "slot", "--bind-to", "none", "--oversubscribe"]
+        # a failed rank ends the job through the launcher (root cause, grace period), not mpirun
+        argv += ["--mca", "orte_abort_on_non_zero_status", "0"]
+        argv += ["--wdir", cwd]
+        if not opts.local:
+            argv += ["--mca", "plm_rsh_args", shlex.join(rsh_args(ssh, ordered))]
+            argv += ["--mca", "plm_rsh_no_tree_spawn", "1"]
+        if opts.interface:
+            argv += ["--mca", "btl_tcp_if_include", opts.interface]
+            argv += ["--mca", "oob_tcp_if_include", opts.interface]
+        for name in names:
+            argv += ["-x", name]
+    else:  # Hydra: MPICH and Intel MPI
+        argv = [opts.mpirun, "-n", str(len(ordered)), "-hosts", hosts, "-wdir", cwd]
+        argv += ["-genvlist", ",".join(names)]
+        if opts.interface:
+            argv += ["-iface", opts.interface]
+    return [*argv, *opts.extra, *program]
+
+
+def root_note(flavor: str) -> str | None:
+    if flavor == "openmpi" and os.geteuid() == 0:
+        return "running as root: --allow-run-as-root added (Open MPI refuses root without it)"
+    return None
+
+
+def find_flavor(mpirun: str) -> str:
+    """Run ``mpirun --version`` and tell the implementation; a clear error when it cannot."""
+    path = shutil.which(mpirun)
+    if path is None:
+        raise BackendError(
+            "mpi",
+            f"{mpirun!r} not found on PATH: install Open MPI, MPICH or Intel MPI "
+            "(e.g. apt-get install openmpi-bin), or name it with --mpirun PATH",
+            EXIT_ENGINE_SETUP,
+        )
+    try:
+        proc = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BackendError("mpi", f"`{mpirun} --version` failed: {exc}", EXIT_ENGINE_SETUP) from None
+    try:
+        return detect_flavor(proc.stdout + proc.stderr)
+    except ValueError as exc:
+        raise BackendError(
+            "mpi", f"{exc}; expected Open MPI, MPICH or Intel MPI", EXIT_ENGINE_SETUP
+        ) from None
+
+
+class MpiBackend(EngineBackend):
+    name = "mpi"
+    engine_label = "mpirun"
+
+    def __init__(
+        self,
+        options: SshOptions | None = None,
+        *,
+        mpirun: str = "mpirun",
+        mpi_args: str = "",
+        node_python: str | None = None,
+        console: object = None,
+    ) -> None:
+        super().__init__(console)
+        self.ssh = options or SshOptions()
+        self.mpirun = mpirun
+        try:
+            self.extra = tuple(shlex.split(mpi_args))
+        except ValueError as exc:
+            raise UsageError(f"--mpi-args {mpi_args!r}: {exc}") from None
+        self.python = node_python or sys.executable
+        self._flavor: str | None = None
+
+    def options(self, plan: Plan) -> MpiOptions:
+        if self._flavor is None:
+            self._flavor = find_flavor(self.mpirun)
+        local = all(t.host == LOCALHOST for t in plan.tasks)
+        interface = next(
+            (t.env.get("DMLC_INTERFACE") for t in plan.tasks if t.env.get("DMLC_INTERFACE")), None
+        )
+        return MpiOptions(
+            mpirun=self.mpirun,
+            flavor=self._flavor,
+            extra=self.extra,
+            interface=interface,
+            as_root=os.geteuid() == 0,
+            python=self.python,
+            local=local,
+        )
+
+    def describe(self, task: Task) -> list[str]:
+        return list(task.argv) if task.role == "scheduler" else shim_argv(self.python, task)
+
+    def describe_job(self, plan: Plan) -> list[list[str]]:
+        return [render(plan, self.options(plan), self.ssh)]
+
+    def notes(self, plan: Plan) -> list[str]:
+        note = root_note(self.options(plan).flavor)
+        return [note] if note else []
+
+    def prepare(self, plan: Plan) -> None:
+        self.options(plan)  # the implementation, or a clear error, before anything starts
+        super().prepare(plan)
+
+    def make_run(self, plan: Plan) -> EngineRun:
+        argv = render(plan, self.options(plan), self.ssh)
+        env = merge_env(os.environ, engine_env(plan, rank_order(plan)))
+        return PopenRun(argv, env, rank_order(plan)[0].cwd)

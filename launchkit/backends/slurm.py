@@ -1,0 +1,379 @@
+"""``--launcher slurm``: the job as ``srun`` steps of a Slurm allocation.
+
+Inside an allocation (``SLURM_JOB_ID`` set, e.g. under ``salloc``) the launcher runs
+``launchkit.batchjob`` here: the scheduler on this machine, the servers and the workers as one
+``srun`` step each on the allocated nodes. Outside one it submits the same program as a batch
+job (``sbatch --parsable``); the scheduler then runs on the batch job's first node, so a
+``--detach``ed job needs nothing from the launcher. Either way every task runs under the shim,
+and its framed output comes back through srun (or the batch output file) to the supervisor.
+See docs/backends.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from launchkit import batchjob, contract
+from launchkit.backends.engine import EngineBackend, EngineProcess, EngineRun, Feed, PopenRun, engine_env
+from launchkit.contract import merge_env
+from launchkit.errors import UsageError
+from launchkit.netutil import route_address
+from launchkit.spec import Host, LaunchSpec, Plan, Task
+
+#: Slurm end states -> exit codes (docs/exit-codes.md); FAILED uses the job's own code.
+STATE_CODES = {
+    "COMPLETED": 0,
+    "TIMEOUT": 124,
+    "DEADLINE": 124,
+    "CANCELLED": 143,
+    "PREEMPTED": 143,
+    "OUT_OF_MEMORY": 137,
+    "NODE_FAIL": 255,
+    "BOOT_FAIL": 255,
+}
+FINAL_STATES = {*STATE_CODES, "FAILED", "SPECIAL_EXIT", "REVOKED"}
+POLL = 0.5
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    partition: str | None = None
+    time: str | None = None
+    nodes: int | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    cpus_per_server: int | None = None
+    cpus_per_worker: int | None = None
+    mem_per_server: str | None = None
+    mem_per_worker: str | None = None
+    gpus_per_worker: int | None = None
+    extra: tuple[str, ...] = ()  # --slurm-args, split
+    python: str = sys.executable
+
+
+def placeholder_hosts(n: int) -> tuple[Host, ...]:
+    """Hosts of a batch job not yet placed: node 1..n of the allocation Slurm will give."""
+    return tuple(Host(f"<node {i} of the allocation>") for i in range(1, n + 1))
+
+
+def end_code(state: str, exit_code: str) -> int:
+    """A Slurm end state and its ``ExitCode=N:S`` -> the launcher's exit code."""
+    state = state.split()[0].rstrip("+") if state else ""
+    if state in STATE_CODES:
+        return STATE_CODES[state]
+    code, _, sig = exit_code.partition(":")
+    with contextlib.suppress(ValueError):
+        if int(sig or 0):
+            return 128 + int(sig)
+        if int(code):
+            return int(code)
+    return 1
+
+
+def _step_srun(plan: Plan, tasks: Sequence[Task], opts: SlurmOptions, role: str) -> list[str]:
+    argv = ["srun", f"--job-name={plan.job_id}-{role}s", f"--ntasks={len(tasks)}"]
+    argv += [f"--nodes={len({t.host for t in tasks})}", "--distribution=arbitrary", "--overlap"]
+    argv += ["--overcommit", "--kill-on-bad-exit=1", "--export=ALL", "--unbuffered", "--input=none"]
+    cpus = opts.cpus_per_server if role == "server" else opts.cpus_per_worker
+    mem = opts.mem_per_server if role == "server" else opts.mem_per_worker
+    if cpus:
+        argv.append(f"--cpus-per-task={cpus}")
+    if mem:
+        argv.append(f"--mem={mem}")
+    if role == "worker" and opts.gpus_per_worker:
+        argv.append(f"--gpus-per-task={opts.gpus_per_worker}")
+    return argv
+
+
+def batch_spec(plan: Plan, opts: SlurmOptions, grace: float) -> dict[str, Any]:
+    """``LAUNCHKIT_BATCH`` for ``launchkit.batchjob``: one srun step per role. Pure."""
+    ordered = engine_tasks(plan)
+    hosts = list(dict.fromkeys(t.host for t in plan.tasks if t.role != "scheduler"))
+    steps = []
+    offset = 0
+    for role in ("server", "worker"):
+        tasks = [t for t in ordered if t.role == role]
+        if tasks:
+            steps.append(
+                {
+                    "srun": _step_srun(plan, tasks, opts, role),
+                    "offset": offset,
+                    "slots": [hosts.index(t.host) for t in tasks],
+                }
+            )
+        offset += len(tasks)
+    scheduler_row = len(ordered) - 1
+    return {
+        "scheduler": scheduler_row,
+        "steps": steps,
+        "program": [opts.python, "-m", "launchkit.shim", "--", *plan.tasks[0].argv],
+        "grace": grace,
+    }
+
+
+def engine_tasks(plan: Plan) -> list[Task]:
+    """Shim table order: servers, workers, then the scheduler (run by the batch job itself)."""
+    order = {"server": 0, "worker": 1, "scheduler": 2}
+    return sorted(plan.tasks, key=lambda t: (order[t.role], t.rank))
+
+
+def sbatch_argv(plan: Plan, opts: SlurmOptions, script: str, output: str, cwd: str) -> list[str]:
+    """The submission of a batch job that runs ``launchkit.batchjob``. Pure."""
+    nodes = len({t.host for t in plan.tasks if t.role != "scheduler"})
+    argv = ["sbatch", "--parsable", f"--job-name={plan.job_id}", f"--output={output}", f"--chdir={cwd}"]
+    argv += [f"--nodes={opts.nodes or nodes}", f"--ntasks={len(plan.tasks) - 1}", "--overcommit"]
+    argv += ["--export=ALL", "--kill-on-invalid-dep=yes"]
+    for flag, value in (
+        ("--partition", opts.partition),
+        ("--time", opts.time),
+        ("--account", opts.account),
+        ("--qos", opts.qos),
+        ("--constraint", opts.constraint),
+    ):
+        if value:
+            argv.append(f"{flag}={value}")
+    workers = len([t for t in plan.tasks if t.role == "worker"])
+    if opts.gpus_per_worker:
+        argv.append(f"--gpus={workers * opts.gpus_per_worker}")
+    return [*argv, *opts.extra, script]
+
+
+def batch_script(python: str) -> str:
+    return f"#!/bin/sh\n# launchkit batch job: the scheduler here, servers and workers as srun steps\nexec {shlex.quote(python)} -m launchkit.batchjob\n"
+
+
+def batch_env(plan: Plan, opts: SlurmOptions, grace: float, *, in_allocation: bool) -> dict[str, str]:
+    """What the batch job's environment carries (by name, never on a command line)."""
+    env = engine_env(plan, engine_tasks(plan))
+    if not in_allocation:  # the batch job finds its own address and port on its first node
+        env[contract.DMLC_PS_ROOT_URI] = ""
+        env[contract.DMLC_PS_ROOT_PORT] = "0"
+    env[batchjob.BATCH_VAR] = json.dumps(batch_spec(plan, opts, grace), separators=(",", ":"))
+    return env
+
+
+def in_allocation(environ: Mapping[str, str]) -> bool:
+    return bool(environ.get("SLURM_JOB_ID"))
+
+
+def allocation_hosts() -> tuple[Host, ...]:
+    try:
+        return tuple(Host(n) for n in batchjob.allocation_nodes())
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        raise UsageError(f"--launcher slurm: cannot list the allocation's nodes: {exc}") from None
+
+
+def output_path(cwd: str, job_id: str) -> str:
+    return str(Path(cwd) / f"launchkit-{job_id}.out")
+
+
+def job_state(slurm_job: str) -> tuple[str, str] | None:
+    """(JobState, ExitCode) from ``scontrol show job``, or None once Slurm forgot the job."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", slurm_job], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    fields = dict(w.split("=", 1) for w in out.stdout.split() if "=" in w)
+    if out.returncode != 0 or "JobState" not in fields:
+        return None
+    return fields["JobState"], fields.get("ExitCode", "0:0")
+
+
+class BatchRun(EngineRun):
+    """A submitted batch job, followed to its end: its output file tailed, its state polled."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str], cwd: str, output: str, say: object) -> None:
+        self.argv, self.env, self.cwd, self.output = argv, dict(env), cwd, output
+        self.say = say
+        self.slurm_job: str | None = None
+        self.state = ""
+        self._ended = threading.Event()
+        self._code = 0
+
+    def start(self, feed_out: Feed, feed_err: Feed) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.output)
+        proc = subprocess.run(
+            self.argv, env=self.env, cwd=self.cwd, capture_output=True, text=True, timeout=60,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise OSError(
+                f"sbatch failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
+            )
+        self.slurm_job = proc.stdout.strip().split(";")[0]
+        threading.Thread(target=self._follow, args=(feed_out,), daemon=True).start()
+
+    def _follow(self, feed: Feed) -> None:
+        assert self.slurm_job is not None
+        pos = 0
+        final_reads = 0
+        partial = b""
+        shown = ""
+        while final_reads < 3:
+            state = job_state(self.slurm_job)
+            with contextlib.suppress(OSError), open(self.output, "rb") as f:
+                f.seek(pos)
+                data = f.read()
+                pos += len(data)
+                partial += data
+                *lines, partial = partial.split(b"\n")
+                for line in lines:
+                    feed(line + b"\n")
+            if state is None or state[0].split()[0] in FINAL_STATES:
+                if state is not None:
+                    self.state, self._code = state[0], end_code(*state)
+                final_reads += 1
+            elif state[0] != shown and callable(self.say):
+                shown = state[0]
+                self.say(f"slurm job {self.slurm_job}: {shown.lower()}")
+            time.sleep(POLL)
+        if partial:
+            feed(partial + b"\n")
+        self._ended.set()
+
+    def wait(self) -> int:
+        self._ended.wait()
+        return self._code
+
+    def signal(self, sig: int) -> None:
+        if self.slurm_job is None:
+            return
+        argv = ["scancel", self.slurm_job]
+        if sig != signal.SIGKILL:
+            argv = [
+                "scancel",
+                "--full",
+                f"--signal={signal.Signals(sig).name.removeprefix('SIG')}",
+                self.slurm_job,
+            ]
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(argv, env=self.env, capture_output=True, timeout=30)
+
+    def cleanup_commands(self) -> list[list[str]]:
+        return [["scancel", self.slurm_job]] if self.slurm_job else []
+
+
+class SlurmBackend(EngineBackend):
+    name = "slurm"
+    engine_label = "slurm"
+
+    def __init__(
+        self,
+        *,
+        slurm: SlurmOptions | None = None,
+        node_python: str | None = None,
+        console: object = None,
+    ) -> None:
+        super().__init__(console)
+        base = slurm or SlurmOptions()
+        self.opts = replace(base, python=node_python or base.python)
+        self.grace = 5.0
+        self.inside = in_allocation(os.environ)
+        self.steps: set[str] = set()
+        self.batch: BatchRun | None = None
+
+    def connect(self, spec: LaunchSpec) -> str | None:
+        """Inside an allocation: the local address that reaches the first node (its NodeAddr)."""
+        if not self.inside or not spec.hosts:
+            return None
+        return route_address(batchjob.node_address(spec.hosts[0].name))
+
+    def finds_scheduler_address(self) -> bool:
+        return not self.inside
+
+    def node_hosts(self, spec: LaunchSpec) -> dict[Host, str] | None:
+        return dict.fromkeys(spec.hosts, "")  # each task's shim finds its node's address
+
+    def engine_runs(self, task: Task) -> bool:
+        return True  # the scheduler runs under launchkit.batchjob too
+
+    def _plan(self, plan: Plan) -> Plan:
+        if not self.opts.gpus_per_worker:
+            return plan
+        # Slurm binds the GPUs it gives (--gpus-per-task): its CUDA_VISIBLE_DEVICES stands
+        tasks = tuple(
+            replace(t, env={k: v for k, v in t.env.items() if k != contract.CUDA_VISIBLE_DEVICES})
+            for t in plan.tasks
+        )
+        return replace(plan, tasks=tasks)
+
+    def _sbatch(self, plan: Plan) -> list[str]:
+        cwd = plan.tasks[0].cwd
+        script = str(Path(cwd) / f".launchkit-{plan.job_id}.sbatch")
+        return sbatch_argv(plan, self.opts, script, output_path(cwd, plan.job_id), cwd)
+
+    def describe(self, task: Task) -> list[str]:
+        return [self.opts.python, "-m", "launchkit.shim", "--", *task.argv]
+
+    def describe_job(self, plan: Plan) -> list[list[str]]:
+        plan = self._plan(plan)
+        spec = batch_spec(plan, self.opts, self.grace)
+        steps = [[*s["srun"], *spec["program"]] for s in spec["steps"]]
+        head = [self.opts.python, "-m", "launchkit.batchjob"]
+        return [head if self.inside else self._sbatch(plan), *steps]
+
+    def notes(self, plan: Plan) -> list[str]:
+        if self.inside:
+            return [f"inside allocation {os.environ.get('SLURM_JOB_ID')}: steps start at once"]
+        return [
+            "outside an allocation: submitted with sbatch; the scheduler runs on the batch job's "
+            "first node, which finds its own address and port"
+        ]
+
+    def make_run(self, plan: Plan) -> EngineRun:
+        plan = self._plan(plan)
+        cwd = plan.tasks[0].cwd
+        env = merge_env(os.environ, batch_env(plan, self.opts, self.grace, in_allocation=self.inside))
+        if self.inside:
+            return PopenRun([self.opts.python, "-m", "launchkit.batchjob"], env, cwd)
+        Path(cwd, f".launchkit-{plan.job_id}.sbatch").write_text(batch_script(self.opts.python))
+        say = None if self.console is None else (lambda m: self.console.print(f"[slurm] {m}", markup=False))
+        self.batch = BatchRun(self._sbatch(plan), env, cwd, output_path(cwd, plan.job_id), say)
+        return self.batch
+
+    def submit(self, plan: Plan) -> str:
+        """``--detach``: submit the batch job and return its Slurm id (nothing is followed)."""
+        run = self.make_run(plan)
+        assert isinstance(run, BatchRun)
+        proc = subprocess.run(run.argv, env=run.env, cwd=run.cwd, capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            raise OSError(f"sbatch failed (exit {proc.returncode}): {proc.stderr.strip()}")
+        return proc.stdout.strip().split(";")[0]
+
+    def on_task_started(self, proc: EngineProcess, fields: list[str]) -> None:
+        if len(fields) >= 4 and fields[3] not in ("-", "batch") and fields[2] != "-":
+            step = f"{fields[2]}.{fields[3]}"
+            if step not in self.steps:
+                self.steps.add(step)
+                if self.inside and self._cleanup_sink is not None:
+                    self._cleanup_sink(["scancel", step])
+
+    def signal_engine(self, sig: int) -> None:
+        super().signal_engine(sig)
+        if sig == signal.SIGKILL and self.inside and self.steps:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(["scancel", *sorted(self.steps)], capture_output=True, timeout=30)
+
+    def close(self) -> None:
+        super().close()
+        if self.batch is not None and self.batch.slurm_job and self.batch.state == "":
+            self.batch.signal(signal.SIGKILL)  # the launcher is leaving: the job goes with it
+        if self.inside and self.steps:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(["scancel", *sorted(self.steps)], capture_output=True, timeout=30)

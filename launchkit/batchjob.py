@@ -1,0 +1,130 @@
+"""The job inside a Slurm allocation: the scheduler here, the servers and workers as ``srun`` steps.
+
+Run as ``python -m launchkit.batchjob`` by the launcher itself inside an allocation (``salloc``),
+or as the batch script of ``sbatch``. Its instructions come in ``LAUNCHKIT_BATCH`` (JSON, no
+secret; the job's variables arrive in the environment by name):
+
+    {"scheduler": ROW or null, "steps": [{"srun": [...], "offset": K, "slots": [node index...]}],
+     "program": [python, "-m", "launchkit.shim", "--", ...], "grace": SECONDS}
+
+Each step gets ``SLURM_HOSTFILE`` (one allocated node per task, ``--distribution=arbitrary``),
+so the tasks land where launchkit's placement put them. When ``DMLC_PS_ROOT_URI`` is empty (a
+batch job: the launcher cannot know the node), the scheduler's address is this node's
+``NodeAddr`` and its port a free one. The first step or scheduler to fail ends the rest; the
+exit code is the first failure's. Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+BATCH_VAR = "LAUNCHKIT_BATCH"
+RANK_OVERRIDE = "LAUNCHKIT_SHIM_RANK"
+
+
+def allocation_nodes() -> list[str]:
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
+    if not nodelist:
+        raise RuntimeError("SLURM_JOB_NODELIST is not set: not inside a Slurm allocation")
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    return out.split()
+
+
+def node_address(node: str) -> str:
+    """This node's address as Slurm knows it (``NodeAddr``), else its resolved name."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(
+            ["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=30
+        ).stdout
+        for word in out.split():
+            if word.startswith("NodeAddr="):
+                addr = word.split("=", 1)[1]
+                with contextlib.suppress(OSError):
+                    return socket.gethostbyname(addr)
+    return socket.gethostbyname(socket.gethostname())
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return int(s.getsockname()[1])
+
+
+def hostfile_text(slots: list[int], nodes: list[str]) -> str:
+    return "".join(f"{nodes[k % len(nodes)]}\n" for k in slots)
+
+
+def main() -> int:
+    try:
+        spec: dict[str, Any] = json.loads(os.environ[BATCH_VAR])
+        nodes = allocation_nodes()
+    except (KeyError, ValueError, RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        sys.stderr.write(f"launchkit batch job: cannot start: {exc}\n")
+        return 2
+    env = dict(os.environ)
+    env.pop(BATCH_VAR, None)
+    if not env.get("DMLC_PS_ROOT_URI"):
+        here = os.environ.get("SLURMD_NODENAME") or nodes[0]
+        env["DMLC_PS_ROOT_URI"] = node_address(here)
+    if env.get("DMLC_PS_ROOT_PORT", "0") in ("", "0"):
+        env["DMLC_PS_ROOT_PORT"] = str(free_port(env["DMLC_PS_ROOT_URI"]))
+    program = list(spec["program"])
+    procs: list[subprocess.Popen[bytes]] = []
+    tmp = tempfile.mkdtemp(prefix="launchkit-batch-")
+    if spec.get("scheduler") is not None:
+        procs.append(subprocess.Popen(program, env={**env, RANK_OVERRIDE: str(spec["scheduler"])}))
+    for n, step in enumerate(spec["steps"]):
+        path = os.path.join(tmp, f"hosts.{n}")
+        with open(path, "w") as f:
+            f.write(hostfile_text(step["slots"], nodes))
+        step_env = {**env, "SLURM_HOSTFILE": path, "LAUNCHKIT_SHIM_OFFSET": str(step["offset"])}
+        procs.append(subprocess.Popen([*step["srun"], *program], env=step_env))
+    grace = float(spec.get("grace", 5.0))
+    stop_at: list[float] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop_at.append(time.monotonic())
+        for p in procs:
+            with contextlib.suppress(OSError):
+                p.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    first_failure = 0
+    while any(p.poll() is None for p in procs):
+        for p in procs:
+            if p.returncode is not None and p.returncode != 0 and not first_failure:
+                rc = p.returncode
+                first_failure = 128 - rc if rc < 0 else rc
+                stop_at.append(time.monotonic())
+                for q in procs:
+                    if q.poll() is None:
+                        q.send_signal(signal.SIGTERM)
+        if stop_at and time.monotonic() - stop_at[0] > grace + 5:
+            for q in procs:
+                if q.poll() is None:
+                    q.kill()
+        time.sleep(0.1)
+    for p in procs:
+        if p.returncode and not first_failure:
+            first_failure = 128 - p.returncode if p.returncode < 0 else p.returncode
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmp):
+            os.unlink(os.path.join(tmp, name))
+        os.rmdir(tmp)
+    return first_failure
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,252 @@
+"""The rank shim: what a cluster engine (mpirun, srun, qsub) starts in place of the command.
+
+An engine starts N copies of ``python -m launchkit.shim COMMAND...``; each finds its place in
+the job from the engine's rank variable (``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``,
+``SLURM_PROCID``, 1-based ``SGE_TASK_ID``, ...) and the task table in ``LAUNCHKIT_SHIM_TASKS``,
+adds that task's variables (role, ranks, task id) to the environment the engine passed by name,
+runs the command, and frames its output so that the launcher can split the engine's merged
+stream back into processes:
+
+    ``\\x1elk <task> o <line>``   a line of the task's stdout (``e`` for stderr)
+    ``\\x1elk <task> s <pid> <host> <engine job> <engine step>``   the command started
+    ``\\x1elk <task> x <code> <t>``   it ended with shell-style ``code``; ``t`` is 1 when the shim
+                                      was told to stop it (engine teardown), else 0
+
+``<task>`` is the task's index in the plan. Lines longer than ``CHUNK`` bytes are cut into
+several framed pieces. The shim exits with the command's code, so the engine sees failures too.
+Signals (TERM, INT, HUP) go to the command's process group; if the engine's daemon that started
+the shim goes away, the shim ends the command itself. Standard library only: it runs on nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+TASKS_VAR = "LAUNCHKIT_SHIM_TASKS"
+MARK = b"\x1elk "
+CHUNK = 2048
+GRACE = 5.0
+#: Where each engine puts a process's rank, in the order they are tried, and the rank's base.
+RANK_VARS = (
+    ("LAUNCHKIT_SHIM_RANK", 0),  # set by launchkit.batchjob for the scheduler it runs itself
+    ("OMPI_COMM_WORLD_RANK", 0),
+    ("PMIX_RANK", 0),
+    ("PMI_RANK", 0),
+    ("SLURM_PROCID", 0),
+    ("SGE_TASK_ID", 1),
+)
+
+
+# -- the line protocol (pure; the launcher imports these) -----------------------------------------
+def frame_output(task: int, stream: str, line: bytes) -> list[bytes]:
+    """One output line (with or without its newline) as framed lines of at most CHUNK bytes."""
+    body = line[:-1] if line.endswith(b"\n") else line
+    body = body.replace(b"\x1e", b"")
+    pieces = [body[i : i + CHUNK] for i in range(0, len(body), CHUNK)] or [b""]
+    head = MARK + f"{task} {stream} ".encode()
+    out = [head + p + b"\\\n" for p in pieces[:-1]]  # a trailing backslash: continued
+    out.append(head + pieces[-1] + b"\n")
+    return out
+
+
+def frame_event(task: int, kind: str, *fields: object) -> bytes:
+    return MARK + f"{task} {kind} {' '.join(str(f) for f in fields)}".encode() + b"\n"
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One parsed framed line."""
+
+    task: int
+    kind: str  # o, e (output), s (started), x (exited)
+    data: bytes  # output bytes, or the event's fields
+    continued: bool = False
+
+    def fields(self) -> list[str]:
+        return self.data.decode(errors="replace").split()
+
+
+def parse_frame(line: bytes) -> Frame | None:
+    """A framed line back into its parts; None for a line that is not framed (engine output)."""
+    at = line.find(MARK)
+    if at < 0:
+        return None
+    rest = line[at + len(MARK) :].rstrip(b"\r\n")
+    parts = rest.split(b" ", 2)
+    if len(parts) < 2 or not parts[0].isdigit() or parts[1] not in (b"o", b"e", b"s", b"x"):
+        return None
+    data = parts[2] if len(parts) == 3 else b""
+    kind = parts[1].decode()
+    continued = kind in ("o", "e") and len(data) == CHUNK + 1 and data.endswith(b"\\")
+    if continued:
+        data = data[:-1]
+    return Frame(int(parts[0]), kind, data, continued)
+
+
+def engine_rank(environ: Mapping[str, str]) -> int | None:
+    """This process's 0-based rank from the engine's variables."""
+    for name, base in RANK_VARS:
+        value = environ.get(name, "")
+        if value.strip().isdigit():
+            return int(value) - base
+    return None
+
+
+def task_of(environ: Mapping[str, str]) -> tuple[int, dict[str, str]]:
+    """(the plan's task index, the task's own variables) for this rank. ValueError says what is wrong."""
+    raw = environ.get(TASKS_VAR)
+    if not raw:
+        raise ValueError(f"{TASKS_VAR} is not set: the shim runs only under a launchkit engine job")
+    table = json.loads(raw)
+    rank = engine_rank(environ)
+    if rank is None:
+        names = ", ".join(n for n, _ in RANK_VARS)
+        raise ValueError(f"no rank from the engine: none of {names} is set")
+    offset = int(environ.get("LAUNCHKIT_SHIM_OFFSET", "0") or 0)
+    rows = table["tasks"]
+    if not 0 <= rank + offset < len(rows):
+        raise ValueError(f"engine rank {rank} (+{offset}) outside the job's {len(rows)} tasks")
+    row = rows[rank + offset]
+    return int(row["i"]), {str(k): str(v) for k, v in row["env"].items()}
+
+
+def route_address(target: str) -> str | None:
+    """The local address this node uses to reach ``target`` (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((target, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return None
+
+
+# -- running the command (effects) ---------------------------------------------------------------
+class _Out:
+    """Framed writes to one of the shim's own streams, one write per line (atomic in pipes)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        with self.lock, contextlib.suppress(OSError):
+            os.write(self.fd, data)
+
+
+def _pump(task: int, stream: str, src: int, out: _Out) -> None:
+    with os.fdopen(src, "rb", buffering=0) as f, contextlib.suppress(OSError, ValueError):
+        for line in iter(f.readline, b""):
+            for piece in frame_output(task, stream, line):
+                out.write(piece)
+
+
+def _die_with_shim() -> None:  # pragma: no cover - runs between fork and exec
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _killpg(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def run(argv: list[str], environ: Mapping[str, str]) -> int:
+    try:
+        index, own = task_of(environ)
+    except (ValueError, KeyError, TypeError) as exc:
+        sys.stderr.write(f"launchkit shim: {exc}\n")
+        return 2
+    env = dict(environ)
+    env.update(own)
+    if env.get("DMLC_NODE_HOST") == "" and env.get("DMLC_PS_ROOT_URI"):
+        env["DMLC_NODE_HOST"] = route_address(env["DMLC_PS_ROOT_URI"]) or socket.gethostname()
+    out, err = _Out(1), _Out(2)
+    stop = {"asked": 0.0}
+    started: list[int] = []  # the child's pid, once there is one
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if not stop["asked"]:
+            stop["asked"] = time.monotonic()
+        for pid in started:
+            _killpg(pid, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, on_signal)
+    try:
+        o_r, o_w = os.pipe()
+        e_r, e_w = os.pipe()
+        child = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=o_w,
+            stderr=e_w,
+            start_new_session=True,
+            preexec_fn=_die_with_shim,
+        )
+    except OSError as exc:
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        for piece in frame_output(index, "e", f"cannot start {argv[0]!r}: {exc.strerror or exc}".encode()):
+            err.write(piece)
+        for stream in (out, err):
+            stream.write(frame_event(index, "x", code, 0))
+        return code
+    started.append(child.pid)
+    if stop["asked"]:  # a signal came while it was starting
+        _killpg(child.pid, signal.SIGTERM)
+    os.close(o_w)
+    os.close(e_w)
+    job = env.get("SLURM_JOB_ID") or env.get("JOB_ID") or "-"
+    step = env.get("SLURM_STEP_ID") or "-"
+    out.write(frame_event(index, "s", child.pid, socket.gethostname(), job, step))
+    pumps = [
+        threading.Thread(target=_pump, args=(index, "o", o_r, out), daemon=True),
+        threading.Thread(target=_pump, args=(index, "e", e_r, err), daemon=True),
+    ]
+    for t in pumps:
+        t.start()
+
+    parent = os.getppid()
+    grace = float(environ.get("LAUNCHKIT_SHIM_GRACE", GRACE) or GRACE)
+    while child.poll() is None:
+        if not stop["asked"] and os.getppid() != parent:  # the engine's daemon is gone
+            stop["asked"] = time.monotonic()
+            _killpg(child.pid, signal.SIGTERM)
+        if stop["asked"] and time.monotonic() - stop["asked"] > grace:
+            _killpg(child.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(0.1)
+    _killpg(child.pid, signal.SIGKILL)  # what the command left in its group
+    for t in pumps:
+        t.join(2.0)
+    rc = child.returncode
+    code = 128 - rc if rc < 0 else rc
+    for stream in (out, err):  # one end mark per stream: each says that stream is complete
+        stream.write(frame_event(index, "x", code, 1 if stop["asked"] else 0))
+    return code
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        sys.stderr.write("usage: python -m launchkit.shim COMMAND [ARGS...]\n")
+        return 2
+    return run(argv, os.environ)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

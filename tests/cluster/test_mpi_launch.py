@@ -1,0 +1,115 @@
+"""--launcher mpi on a real Open MPI: on this machine, and across two namespace hosts over ssh."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.launchkit.procs import (
+    PROG,
+    parse_prefixed,
+    pids_with_job,
+    record,
+    run,
+    start,
+    wait_for_job,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def check_contract(envs: dict, servers: int, workers: int, cluster: str = "mpi") -> None:
+    assert sorted(envs) == sorted(
+        [("scheduler", 0)] + [("server", i) for i in range(servers)] + [("worker", i) for i in range(workers)]
+    )
+    secrets = {e["LAUNCHKIT_JOB_SECRET"] for e in envs.values()}
+    assert len(secrets) == 1 and len(secrets.pop()) == 64
+    for (role, rank), e in envs.items():
+        assert e["DMLC_ROLE"] == role and e["LAUNCHKIT_ROLE_RANK"] == str(rank)
+        assert e["DMLC_JOB_CLUSTER"] == cluster
+        assert e["DMLC_NUM_SERVER"] == str(servers) and e["DMLC_NUM_WORKER"] == str(workers)
+        task_id = rank if role == "server" else servers + rank if role == "worker" else servers + workers
+        assert e["DMLC_TASK_ID"] == str(task_id)
+    assert len({e["LAUNCHKIT_JOB_ID"] for e in envs.values()}) == 1
+
+
+def test_local_job_roles_ranks_and_environment(tmp_path: Path, launchkit_home: Path) -> None:
+    res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "--log-dir", str(tmp_path / "logs"),
+               "--env", "X_HOSTILE:a b $HOME '\"", "python3", PROG, "env"], cwd=tmp_path, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    envs = parse_prefixed(res.stdout)
+    check_contract(envs, 2, 2)
+    assert all(e["X_HOSTILE"] == "a b $HOME '\"" for e in envs.values())
+    assert (tmp_path / "logs" / "worker-1.stdout").read_text().startswith("{")
+    job = envs[("worker", 0)]["LAUNCHKIT_JOB_ID"]
+    assert record(launchkit_home, job)["state"] == "succeeded"
+    assert not pids_with_job(job)
+
+
+def test_local_failing_worker_is_the_root_cause(tmp_path: Path, launchkit_home: Path) -> None:
+    res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "--grace-period", "2",
+               "python3", PROG, "fail", "worker", "1", "3"], cwd=tmp_path, timeout=60)  # fmt: skip
+    assert res.returncode == 3, res.stderr[-3000:]
+    assert "worker 1 on localhost exited with code 3" in res.stderr
+    job = wait_for_job(launchkit_home)
+    assert wait_until(lambda: not pids_with_job(job), 5)
+    assert not subprocess.run(["pgrep", "-f", "launchkit.shim"], capture_output=True).stdout
+
+
+def test_local_kill_ends_the_job(tmp_path: Path, launchkit_home: Path) -> None:
+    proc = start(
+        ["launch", "-n", "2", "-s", "1", "--launcher", "mpi", "python3", PROG, "wait", "60"], cwd=tmp_path
+    )
+    try:
+        job = wait_for_job(launchkit_home)
+        assert wait_until(lambda: len(pids_with_job(job)) >= 8, 20)  # mpirun, shims, programs, scheduler
+        res = run(["kill", job])
+        assert res.returncode == 0, res.stderr
+        assert proc.wait(20) == 128 + signal.SIGTERM
+        assert wait_until(lambda: not pids_with_job(job), 5)
+        assert record(launchkit_home, job)["state"] == "killed"
+    finally:
+        proc.kill()
+
+
+def test_sigkill_of_launcher_leaves_no_rank(tmp_path: Path, launchkit_home: Path) -> None:
+    proc = start(
+        ["launch", "-n", "2", "-s", "1", "--launcher", "mpi", "python3", PROG, "wait", "60"], cwd=tmp_path
+    )
+    job = wait_for_job(launchkit_home)
+    assert wait_until(lambda: len(pids_with_job(job)) >= 8, 20)
+    proc.kill()
+    proc.wait(5)
+    assert wait_until(lambda: not pids_with_job(job), 15)
+
+
+def test_two_namespace_hosts(netns_hosts, tmp_path: Path, launchkit_home: Path) -> None:
+    group = netns_hosts(2, private_tmp=False)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("".join(f"{h.address}\n" for h in group))
+    # the hosts cannot run this venv's interpreter (it may live under /root, private to each
+    # host): Debian's python3 runs the shim from this checkout
+    root = str(Path(__file__).resolve().parents[2])
+    flags = ["--node-python", "/usr/bin/python3", "--env", f"PYTHONPATH:{root}", "--mpi-args", "--mca oob_tcp_if_include 10.231.0.0/24 --mca btl_tcp_if_include 10.231.0.0/24",
+             "-i", str(group.identity), "--known-hosts", str(group.known_hosts)]  # fmt: skip
+    res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "-H", str(hostfile), *flags,
+               "python3", PROG, "env"], cwd=tmp_path, timeout=80)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    envs = parse_prefixed(res.stdout)
+    check_contract(envs, 2, 2)
+    for (role, rank), e in envs.items():
+        if role != "scheduler":
+            i = rank if role == "server" else 2 + rank  # process i on hosts[i % 2]
+            assert e["DMLC_NODE_HOST"] == group[i % 2].address
+            assert e["DMLC_PS_ROOT_URI"] == "10.231.0.1"
+    # a failing worker on a remote host: exit 3, nothing left on either host
+    res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "-H", str(hostfile), *flags,
+               "--grace-period", "2", "python3", PROG, "fail", "worker", "1", "3"], cwd=tmp_path, timeout=80)  # fmt: skip
+    assert res.returncode == 3, res.stderr[-3000:]
+    assert f"worker 1 on {group[1].address} exited with code 3" in res.stderr
+    job = sorted((launchkit_home / "jobs").glob("*.json"))[-1].stem
+    assert wait_until(lambda: not any(h.pids_with_env(f"LAUNCHKIT_JOB_ID={job}") for h in group), 10)
