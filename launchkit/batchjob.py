@@ -102,7 +102,7 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
     first_failure = 0
-    while any(p.poll() is None for p in procs):
+    while [p.poll() for p in procs].count(None):  # poll every one (any() would stop early)
         for p in procs:
             if p.returncode is not None and p.returncode != 0 and not first_failure:
                 rc = p.returncode

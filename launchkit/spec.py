@@ -98,6 +98,11 @@ class TaskResult:
     ended_at: float
     killed_by_launcher: bool = False
     tail: tuple[str, ...] = ()
+    node: str | None = None  # where it ran, when the backend learned it (an engine's node)
+
+    @property
+    def where(self) -> str:
+        return self.node or str(self.task.host)
 
     @property
     def ok(self) -> bool:

@@ -9,7 +9,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from launchkit import jobs, procscan, remotecmd
+from launchkit import detached, jobs, procscan, remotecmd
 from launchkit.hostfile import parse_host
 from launchkit.remotecmd import HostResult
 from launchkit.spec import Host
@@ -22,6 +22,7 @@ class StopResult:
     ended: int  # processes of the job on this machine that were running and are gone now
     launcher_stopped: bool
     hosts: tuple[HostResult, ...] = ()  # per remote host: processes ended there, or the error
+    cancelled: str | None = None  # a detached job: the engine job that was cancelled
 
 
 def remote_hosts(record: jobs.JobRecord) -> tuple[list[Host], SshOptions] | None:
@@ -48,6 +49,15 @@ def _stop_launcher(record: jobs.JobRecord, grace: float) -> bool:
 def stop_job(job_id: str, grace: float = 3.0) -> StopResult:
     running = set(procscan.find_job_pids(job_id))
     record = jobs.load(job_id)
+    if record is not None and detached.engine_job(record) is not None:
+        info = record.remote or {}
+        if record.state == "running":
+            error = detached.cancel(record)
+            if error is not None:
+                return StopResult(
+                    job_id, 0, False, (HostResult(Host(str(info.get("engine"))), False, error=error),)
+                )
+        return StopResult(job_id, 0, True, cancelled=f"{info.get('engine')} job {info.get('engine_job')}")
     stopped = False
     if record is not None and record.state == "running":
         stopped = _stop_launcher(record, grace)

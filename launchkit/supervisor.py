@@ -210,6 +210,7 @@ class Supervisor:
                     teardown_at = time.monotonic()
                     kill_at = teardown_at + self.grace
                     self._signal_all(signal.SIGTERM)
+            self.backend.wait_ended(self.grace + 5.0)
             strays = procscan.sweep_job(self.plan.job_id, self.grace, exclude=(reaper_proc.pid,))
             procscan.remove_shm(self.plan.job_id)
             for run in self._procs:
@@ -258,7 +259,7 @@ class Supervisor:
                 ProcRow(
                     run.task.role,
                     run.task.rank,
-                    str(run.task.host),
+                    getattr(run.handle, "node", None) or str(run.task.host),
                     pid,
                     state,
                     detail,
@@ -280,7 +281,8 @@ class Supervisor:
     def _final(self, run: _Running) -> TaskResult:
         assert run.result is not None
         r = run.result
-        return TaskResult(r.task, r.exit_code, r.signal, r.ended_at, r.killed_by_launcher, tuple(run.tail))
+        node = getattr(run.handle, "node", None)
+        return TaskResult(r.task, r.exit_code, r.signal, r.ended_at, r.killed_by_launcher, tuple(run.tail), node)
 
     # -- job record ----------------------------------------------------------------------------
     def _save_started(self) -> None:

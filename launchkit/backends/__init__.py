@@ -16,7 +16,7 @@ REGISTRY: dict[str, str | None] = {
     "ssh": "launchkit.backends.ssh:SshBackend",
     "mpi": "launchkit.backends.mpi:MpiBackend",
     "sge": None,
-    "slurm": None,
+    "slurm": "launchkit.backends.slurm:SlurmBackend",
     "yarn": None,
 }
 

@@ -70,5 +70,9 @@ class Backend:
         """What ``launchkit kill`` needs later to reach this job's hosts (stored in the job record)."""
         return None
 
+    def wait_ended(self, timeout: float) -> None:
+        """After every process reported its end: wait (bounded) for the backend's own helpers
+        (an engine's mpirun or srun) to exit, so the final sweep does not count them as strays."""
+
     def close(self) -> None:
         """Release connections (after every process has ended)."""

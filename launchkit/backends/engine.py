@@ -240,6 +240,8 @@ class EngineBackend(Backend):
         self._signalled: set[int] = set()
         self._lock = threading.Lock()
         self._cleanup_sink: Callable[[list[str]], None] | None = None
+        self.engine_code: int | None = None  # the engine's own exit code, once it ended
+        self._engine_ended = threading.Event()
 
     # -- what an engine module provides --------------------------------------------------------
     def engine_runs(self, task: Task) -> bool:
@@ -293,7 +295,8 @@ class EngineBackend(Backend):
             fields = frame.fields()
             with contextlib.suppress(ValueError, IndexError):
                 proc.pid = int(fields[0])
-                proc.node = fields[1]
+                if self.node_unknown(proc.task):
+                    proc.node = fields[1]
             self.on_task_started(proc, fields)
         elif frame.kind == "x":
             fields = frame.fields()
@@ -303,11 +306,25 @@ class EngineBackend(Backend):
                 code, stopped = 1, False
             proc.ended(code, stopped)
 
+    def node_unknown(self, task: Task) -> bool:
+        """True when the plan could not know the task's node (the shim reports its hostname)."""
+        return False
+
     def on_task_started(self, proc: EngineProcess, fields: list[str]) -> None:
         """Hook: an engine learns its job/step ids from the shims' start marks."""
 
     def _follow(self, run: EngineRun) -> None:
-        code = run.wait()
+        try:
+            self._settle(run.wait())
+        finally:
+            self._engine_ended.set()
+
+    def wait_ended(self, timeout: float) -> None:
+        if self.run is not None:
+            self._engine_ended.wait(timeout)
+
+    def _settle(self, code: int) -> None:
+        self.engine_code = code
         lost = [p for p in self.procs.values() if not p.finished]
         if lost and self.tearing_down:  # ended by the launcher's own teardown
             for p in lost:
@@ -332,5 +349,5 @@ class EngineBackend(Backend):
         self.run.signal(sig)
 
     def close(self) -> None:
-        if self.run is not None and any(not p.finished for p in self.procs.values()):
+        if self.run is not None and not self._engine_ended.is_set():
             self.run.signal(signal.SIGKILL)

@@ -356,6 +356,9 @@ class SlurmBackend(EngineBackend):
             raise OSError(f"sbatch failed (exit {proc.returncode}): {proc.stderr.strip()}")
         return proc.stdout.strip().split(";")[0]
 
+    def node_unknown(self, task: Task) -> bool:
+        return task.host.name.startswith("<")  # a batch job's placeholder
+
     def on_task_started(self, proc: EngineProcess, fields: list[str]) -> None:
         if len(fields) >= 4 and fields[3] not in ("-", "batch") and fields[2] != "-":
             step = f"{fields[2]}.{fields[3]}"
@@ -371,9 +374,8 @@ class SlurmBackend(EngineBackend):
                 subprocess.run(["scancel", *sorted(self.steps)], capture_output=True, timeout=30)
 
     def close(self) -> None:
-        super().close()
-        if self.batch is not None and self.batch.slurm_job and self.batch.state == "":
-            self.batch.signal(signal.SIGKILL)  # the launcher is leaving: the job goes with it
-        if self.inside and self.steps:
+        clean = self.engine_code == 0
+        super().close()  # scancel of the batch job if it has not ended
+        if self.inside and self.steps and not clean:
             with contextlib.suppress(OSError, subprocess.SubprocessError):
                 subprocess.run(["scancel", *sorted(self.steps)], capture_output=True, timeout=30)

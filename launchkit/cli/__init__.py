@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import sys
 
-from launchkit.cli import hosts, kill, launch, ps, top
+from launchkit.cli import hosts, kill, launch, logs, ps, top
 from launchkit.cli.app import app
 from launchkit.console import Ui
 from launchkit.errors import EXIT_INTERNAL, EXIT_SIGINT, LaunchkitError
 
-for module in (launch, ps, kill, top):
+for module in (launch, ps, kill, top, logs):
     module.register(app)
 app.add_typer(hosts.hosts_app, name="hosts")
 

@@ -51,7 +51,10 @@ def register(app: typer.Typer) -> None:
             if jobs.load(job_id) is None and job_id not in active_job_ids():
                 raise UsageError(f"no job {job_id!r} here (see launchkit ps --all)")
             res = stop_job(job_id, grace)
-            ui.text(f"{job_id}: ended {res.ended} process(es) here")
+            if res.cancelled:
+                ui.text(f"{job_id}: cancelled {res.cancelled}")
+            else:
+                ui.text(f"{job_id}: ended {res.ended} process(es) here")
             reached = _report_hosts(ui, res.hosts)
         else:
             ids = active_job_ids()

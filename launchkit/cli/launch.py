@@ -346,6 +346,7 @@ def submit_detached(spec: LaunchSpec, backend: backends.Backend, ui: Ui) -> int:
         log_dir=spec.log_dir,
         remote={"engine": "slurm", "engine_job": slurm_job, "output": output_path(spec.cwd, plan.job_id)},
         detached=True,
+        processes=tuple(jobs.ProcessRecord(t.role, t.rank, str(t.host)) for t in plan.tasks),
     )
     jobs.save(record)
     ui.info(f"job {plan.job_id} submitted as slurm job {slurm_job}; output in {record.remote['output']}")  # type: ignore[index]
@@ -401,7 +402,8 @@ def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: b
         )
         ui.info(
             f"job {plan.job_id} ({plan.job_name}): 1 scheduler, {_count(spec.num_servers, 'server')}, "
-            f"{_count(spec.num_workers, 'worker')} on {plan.backend}; scheduler {root_uri}:{port}"
+            f"{_count(spec.num_workers, 'worker')} on {plan.backend}; "
+            + (f"scheduler {root_uri}:{port}" if root_uri else "scheduler on the batch job's first node")
         )
         result = Supervisor(
             plan,
@@ -431,7 +433,7 @@ def report(ui: Ui, result: JobResult) -> None:
     if root is not None:
         t = root.task
         how = f"was killed by signal {root.signal}" if root.signal else f"exited with code {root.exit_code}"
-        ui.error(f"job {result.job_id} failed: {t.role} {t.rank} on {t.host} {how}")
+        ui.error(f"job {result.job_id} failed: {t.role} {t.rank} on {root.where} {how}")
         if root.tail:
             ui.err.print(f"  last lines of {t.role} {t.rank}:", style="dim")
             ui.lines(root.tail)

@@ -6,7 +6,7 @@ import time
 
 import typer
 
-from launchkit import jobs
+from launchkit import detached, jobs
 from launchkit.cli.app import get_app
 
 
@@ -22,7 +22,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     ) -> None:
         ui = get_app(ctx).ui
-        records = [r for r in jobs.load_all() if show_all or r.shown_state in ("running", "lost")]
+        records = [detached.refresh(r) for r in jobs.load_all()]
+        records = [r for r in records if show_all or r.shown_state in ("running", "lost")]
         if as_json:
             ui.json([r.to_json() for r in records])
             return

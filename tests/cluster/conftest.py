@@ -9,9 +9,14 @@
     def test_loopback(sshd_loopback):
         subprocess.run(["ssh", *sshd_loopback.ssh_options(), "root@127.0.0.1", "true"], check=True)
 
+    def test_slurm(slurm_local):                  # real Slurm: one node "localhost", CPUs=2
+        slurm_local.run(["srun", "-n2", "hostname"])  # SLURM_CONF added (slurm_local.env)
+
 Tests in other directories can use them by importing the fixtures into their module or conftest
-(netns_hosts needs netns_session beside it):
+(netns_hosts and slurm_netns need netns_session beside them):
 `from tests.cluster.conftest import netns_hosts, netns_session, sshd_loopback  # noqa: F401`.
+slurm_netns holds the machine-wide netns lock for its whole module, so a module using it must
+not use netns_hosts.
 A machine that cannot host them (not root, packages missing, no namespace support) fails the
 tests that use them with the reason; they are never skipped. See docs/testing.md.
 """
@@ -23,6 +28,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from .netns import HostGroup, preflight, sweep_if_idle
+from .slurm import SlurmCluster
 from .sshd import ClusterSetupError, LoopbackSshd
 
 MakeHosts = Callable[..., HostGroup]
@@ -71,3 +77,29 @@ def netns_hosts(netns_session: None) -> Iterator[MakeHosts]:
     yield make_hosts
     for group in groups:
         group.close()
+
+
+@pytest.fixture(scope="session")
+def slurm_local() -> Iterator[SlurmCluster]:
+    """A real Slurm cluster for the whole session: one node `localhost` (CPUs=2) on this machine.
+
+    Run clients with `slurm_local.run([...])` or with `slurm_local.env` (SLURM_CONF) added.
+    """
+    try:
+        cluster = SlurmCluster.start_local()
+    except ClusterSetupError as e:
+        pytest.fail(f"slurm_local: {e}", pytrace=False)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def slurm_netns(netns_session: None) -> Iterator[SlurmCluster]:
+    """A real Slurm cluster of three namespace hosts node1..node3 (10.231.0.11-13, CPUs=2 each)
+    for one module; slurmctld at 10.231.0.1. Holds the machine-wide netns lock while alive."""
+    try:
+        cluster = SlurmCluster.start_netns(3)
+    except ClusterSetupError as e:
+        pytest.fail(f"slurm_netns: {e}", pytrace=False)
+    yield cluster
+    cluster.stop()

@@ -1,0 +1,90 @@
+"""Slurm command lines and state mapping (pure), line by line, with hostile values."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from launchkit.backends.slurm import (
+    SlurmOptions,
+    batch_env,
+    batch_script,
+    batch_spec,
+    end_code,
+    engine_tasks,
+    placeholder_hosts,
+    sbatch_argv,
+)
+from launchkit.plan import make_plan
+from launchkit.spec import Host, LaunchSpec
+
+HOSTILE = "a b'c\"$HOME\n`x`"
+
+
+def plan_for(hosts: tuple[Host, ...], n: int = 2, s: int = 2):
+    spec = LaunchSpec(
+        num_workers=n, num_servers=s, command=("python3", "t.py", HOSTILE), backend="slurm", hosts=hosts,
+        env=(("HOSTILE", HOSTILE),), cwd="/work dir/$x",
+    )  # fmt: skip
+    return make_plan(
+        spec, job_id="j1", secret="topsecret", root_uri="", root_port=0, node_host_of=dict.fromkeys(hosts, "")
+    )
+
+
+def test_one_step_per_role_placed_round_robin_on_the_nodes() -> None:
+    plan = plan_for((Host("n1"), Host("n2"), Host("n3")), n=3, s=2)
+    spec = batch_spec(plan, SlurmOptions(python="/py", cpus_per_worker=4, mem_per_server="2G"), 5.0)
+    servers, workers = spec["steps"]
+    # MXNet's placement: process i on node i % 3 (servers 0, 1; workers 2, 3, 4)
+    assert servers["slots"] == [0, 1] and workers["slots"] == [2, 0, 1]
+    assert servers["offset"] == 0 and workers["offset"] == 2 and spec["scheduler"] == 5
+    assert "--ntasks=2" in servers["srun"] and "--mem=2G" in servers["srun"]
+    assert "--cpus-per-task=4" in workers["srun"] and "--distribution=arbitrary" in workers["srun"]
+    assert spec["program"] == ["/py", "-m", "launchkit.shim", "--", "python3", "t.py", HOSTILE]
+    rows = [t.role for t in engine_tasks(plan)]
+    assert rows == ["server"] * 2 + ["worker"] * 3 + ["scheduler"]
+
+
+def test_sbatch_line_and_values_only_in_the_environment() -> None:
+    plan = plan_for(placeholder_hosts(2))
+    opts = SlurmOptions(
+        partition="debug", time="10:00", account="acc", qos="q", constraint="x&y", gpus_per_worker=2,
+        extra=("--exclusive",), python="/py",
+    )  # fmt: skip
+    argv = sbatch_argv(plan, opts, "/w/.s", "/w/out", "/work dir/$x")
+    assert argv[:5] == ["sbatch", "--parsable", "--job-name=j1", "--output=/w/out", "--chdir=/work dir/$x"]
+    for flag in ("--nodes=2", "--ntasks=4", "--partition=debug", "--time=10:00", "--account=acc", "--qos=q",
+                 "--constraint=x&y", "--gpus=4"):  # fmt: skip
+        assert flag in argv
+    assert argv[-2:] == ["--exclusive", "/w/.s"]
+    env = batch_env(plan, opts, 5.0, in_allocation=False)
+    text = shlex.join(argv) + json.dumps(json.loads(env["LAUNCHKIT_BATCH"]))
+    assert "topsecret" not in text and "topsecret" not in env["LAUNCHKIT_SHIM_TASKS"]
+    assert env["LAUNCHKIT_JOB_SECRET"] == "topsecret"  # travels in the environment, by name
+    assert env["DMLC_PS_ROOT_URI"] == "" and env["DMLC_PS_ROOT_PORT"] == "0"  # found by the batch job
+    workers = json.loads(env["LAUNCHKIT_BATCH"])["steps"][1]["srun"]
+    assert "--gpus-per-task=2" in workers
+
+
+def test_batch_script_quotes_the_python() -> None:
+    assert batch_script("/opt/my env/py").splitlines()[-1] == "exec '/opt/my env/py' -m launchkit.batchjob"
+
+
+@pytest.mark.parametrize(
+    ("state", "exit_code", "code"),
+    [
+        ("COMPLETED", "0:0", 0),
+        ("FAILED", "3:0", 3),
+        ("FAILED", "0:9", 137),
+        ("TIMEOUT", "0:15", 124),
+        ("CANCELLED", "0:15", 143),
+        ("CANCELLED by 0", "0:15", 143),
+        ("OUT_OF_MEMORY", "0:125", 137),
+        ("NODE_FAIL", "0:0", 255),
+        ("PREEMPTED", "0:0", 143),
+    ],
+)
+def test_end_states(state: str, exit_code: str, code: int) -> None:
+    assert end_code(state, exit_code) == code
