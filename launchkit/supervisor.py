@@ -282,7 +282,9 @@ class Supervisor:
         assert run.result is not None
         r = run.result
         node = getattr(run.handle, "node", None)
-        return TaskResult(r.task, r.exit_code, r.signal, r.ended_at, r.killed_by_launcher, tuple(run.tail), node)
+        return TaskResult(
+            r.task, r.exit_code, r.signal, r.ended_at, r.killed_by_launcher, tuple(run.tail), node
+        )
 
     # -- job record ----------------------------------------------------------------------------
     def _save_started(self) -> None:

@@ -1,0 +1,68 @@
+"""--launcher slurm on a real three-node Slurm: node1..node3 are namespace hosts (own address,
+hostname and process table), slurmctld on this machine. Inside an allocation and via sbatch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.test_mpi_launch import check_contract
+from tests.launchkit.procs import LAUNCHKIT, PROG, parse_prefixed, wait_for_job, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+ROOT = str(Path(__file__).resolve().parents[2])
+# the nodes cannot run this venv's interpreter (it may live under /root, private to each node):
+# Debian's python3 runs launchkit's shim and batch job from this checkout
+NODE_PYTHON = ["--node-python", "/usr/bin/python3", "--env", f"PYTHONPATH:{ROOT}"]
+
+
+def launch(cluster, tmp_path: Path, home: Path, where: str, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [*LAUNCHKIT, "launch", "--launcher", "slurm", *NODE_PYTHON, *args]
+    if where == "allocation":
+        argv = ["salloc", "-N3", "-n6", "--overcommit", "--quiet", *argv]
+    env = {**os.environ, **cluster.env, "LAUNCHKIT_HOME": str(home)}
+    return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100,
+                          stdin=subprocess.DEVNULL)  # fmt: skip
+
+
+def on_nodes(cluster, job: str) -> list[int]:
+    assert cluster.hosts is not None
+    return [p for h in cluster.hosts for p in h.pids_with_env(f"LAUNCHKIT_JOB_ID={job}")]
+
+
+@pytest.mark.parametrize("where", ["allocation", "sbatch"])
+def test_three_nodes_placement_and_contract(slurm_netns, tmp_path: Path, launchkit_home: Path, where) -> None:
+    nodes = ["--nodes", "3"] if where == "sbatch" else []
+    res = launch(
+        slurm_netns, tmp_path, launchkit_home, where, "-n", "2", "-s", "2", *nodes, "python3", PROG, "env"
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    envs = parse_prefixed(res.stdout)
+    check_contract(envs, 2, 2, cluster="slurm")
+    addresses = slurm_netns.addresses  # node1..node3
+    for (role, rank), e in envs.items():
+        if role == "scheduler":
+            # here inside an allocation; on the batch job's first node otherwise
+            expect = "10.231.0.1" if where == "allocation" else addresses[0]
+            assert e["DMLC_PS_ROOT_URI"] == expect and e["DMLC_NODE_HOST"] == expect
+            continue
+        i = rank if role == "server" else 2 + rank  # MXNet's placement: process i on node i % 3
+        assert e["DMLC_NODE_HOST"] == addresses[i % 3], (role, rank, e["DMLC_NODE_HOST"])
+    job = envs[("worker", 0)]["LAUNCHKIT_JOB_ID"]
+    assert wait_until(lambda: not slurm_netns.job_ids() and not on_nodes(slurm_netns, job), 10)
+
+
+@pytest.mark.parametrize("where", ["allocation", "sbatch"])
+def test_failing_worker_on_a_node(slurm_netns, tmp_path: Path, launchkit_home: Path, where) -> None:
+    nodes = ["--nodes", "3"] if where == "sbatch" else []
+    res = launch(slurm_netns, tmp_path, launchkit_home, where, "-n", "2", "-s", "2", "--grace-period", "2", *nodes,
+                 "python3", PROG, "fail", "worker", "1", "3")  # fmt: skip
+    assert res.returncode == 3, res.stderr[-3000:]
+    assert "worker 1 on node1 exited with code 3" in res.stderr  # process 3 of 4: node 3 % 3 = node1
+    job = wait_for_job(launchkit_home)
+    assert wait_until(lambda: not slurm_netns.job_ids() and not on_nodes(slurm_netns, job), 10), (
+        slurm_netns.run(["squeue"]).stdout
+    )
