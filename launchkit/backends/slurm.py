@@ -130,8 +130,8 @@ def engine_tasks(plan: Plan) -> list[Task]:
     return sorted(plan.tasks, key=lambda t: (order[t.role], t.rank))
 
 
-def sbatch_argv(plan: Plan, opts: SlurmOptions, script: str, output: str, cwd: str) -> list[str]:
-    """The submission of a batch job that runs ``launchkit.batchjob``. Pure."""
+def sbatch_argv(plan: Plan, opts: SlurmOptions, output: str, cwd: str) -> list[str]:
+    """The submission of a batch job that runs ``launchkit.batchjob`` (its script on stdin). Pure."""
     nodes = len({t.host for t in plan.tasks if t.role != "scheduler"})
     argv = ["sbatch", "--parsable", f"--job-name={plan.job_id}", f"--output={output}", f"--chdir={cwd}"]
     argv += [f"--nodes={opts.nodes or nodes}", f"--ntasks={len(plan.tasks) - 1}", "--overcommit"]
@@ -148,7 +148,7 @@ def sbatch_argv(plan: Plan, opts: SlurmOptions, script: str, output: str, cwd: s
     workers = len([t for t in plan.tasks if t.role == "worker"])
     if opts.gpus_per_worker:
         argv.append(f"--gpus={workers * opts.gpus_per_worker}")
-    return [*argv, *opts.extra, script]
+    return [*argv, *opts.extra]
 
 
 def batch_script(python: str) -> str:
@@ -197,8 +197,10 @@ def job_state(slurm_job: str) -> tuple[str, str] | None:
 class BatchRun(EngineRun):
     """A submitted batch job, followed to its end: its output file tailed, its state polled."""
 
-    def __init__(self, argv: list[str], env: Mapping[str, str], cwd: str, output: str, say: object) -> None:
-        self.argv, self.env, self.cwd, self.output = argv, dict(env), cwd, output
+    def __init__(
+        self, argv: list[str], script: str, env: Mapping[str, str], cwd: str, output: str, say: object
+    ) -> None:
+        self.argv, self.script, self.env, self.cwd, self.output = argv, script, dict(env), cwd, output
         self.say = say
         self.slurm_job: str | None = None
         self.state = ""
@@ -208,16 +210,25 @@ class BatchRun(EngineRun):
     def start(self, feed_out: Feed, feed_err: Feed) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.output)
+        self.slurm_job = self.submit()
+        threading.Thread(target=self._follow, args=(feed_out,), daemon=True).start()
+
+    def submit(self) -> str:
+        """``sbatch`` with the script on its stdin (no file left behind); the Slurm job id."""
         proc = subprocess.run(
-            self.argv, env=self.env, cwd=self.cwd, capture_output=True, text=True, timeout=60,
-            stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            self.argv,
+            input=self.script,
+            env=self.env,
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if proc.returncode != 0:
             raise OSError(
                 f"sbatch failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
             )
-        self.slurm_job = proc.stdout.strip().split(";")[0]
-        threading.Thread(target=self._follow, args=(feed_out,), daemon=True).start()
+        return proc.stdout.strip().split(";")[0]
 
     def _follow(self, feed: Feed) -> None:
         assert self.slurm_job is not None
@@ -315,8 +326,7 @@ class SlurmBackend(EngineBackend):
 
     def _sbatch(self, plan: Plan) -> list[str]:
         cwd = plan.tasks[0].cwd
-        script = str(Path(cwd) / f".launchkit-{plan.job_id}.sbatch")
-        return sbatch_argv(plan, self.opts, script, output_path(cwd, plan.job_id), cwd)
+        return sbatch_argv(plan, self.opts, output_path(cwd, plan.job_id), cwd)
 
     def describe(self, task: Task) -> list[str]:
         return [self.opts.python, "-m", "launchkit.shim", "--", *task.argv]
@@ -333,7 +343,8 @@ class SlurmBackend(EngineBackend):
             return [f"inside allocation {os.environ.get('SLURM_JOB_ID')}: steps start at once"]
         return [
             "outside an allocation: submitted with sbatch; the scheduler runs on the batch job's "
-            "first node, which finds its own address and port"
+            "first node, which finds its own address and port",
+            f"the batch script, on sbatch's stdin: {batch_script(self.opts.python).splitlines()[-1]}",
         ]
 
     def make_run(self, plan: Plan) -> EngineRun:
@@ -342,19 +353,16 @@ class SlurmBackend(EngineBackend):
         env = merge_env(os.environ, batch_env(plan, self.opts, self.grace, in_allocation=self.inside))
         if self.inside:
             return PopenRun([self.opts.python, "-m", "launchkit.batchjob"], env, cwd)
-        Path(cwd, f".launchkit-{plan.job_id}.sbatch").write_text(batch_script(self.opts.python))
         say = None if self.console is None else (lambda m: self.console.print(f"[slurm] {m}", markup=False))
-        self.batch = BatchRun(self._sbatch(plan), env, cwd, output_path(cwd, plan.job_id), say)
+        script = batch_script(self.opts.python)
+        self.batch = BatchRun(self._sbatch(plan), script, env, cwd, output_path(cwd, plan.job_id), say)
         return self.batch
 
     def submit(self, plan: Plan) -> str:
         """``--detach``: submit the batch job and return its Slurm id (nothing is followed)."""
         run = self.make_run(plan)
         assert isinstance(run, BatchRun)
-        proc = subprocess.run(run.argv, env=run.env, cwd=run.cwd, capture_output=True, text=True, timeout=60)
-        if proc.returncode != 0:
-            raise OSError(f"sbatch failed (exit {proc.returncode}): {proc.stderr.strip()}")
-        return proc.stdout.strip().split(";")[0]
+        return run.submit()
 
     def node_unknown(self, task: Task) -> bool:
         return task.host.name.startswith("<")  # a batch job's placeholder

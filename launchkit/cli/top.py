@@ -6,20 +6,24 @@ import time
 
 import typer
 
-from launchkit import jobs, procscan
+from launchkit import detached, jobs, procscan
 from launchkit.cli.app import get_app
 from launchkit.dashboard import CpuMeter, DashboardState, ProcRow, render
 from launchkit.errors import UsageError
 
 
 def state_of(record: jobs.JobRecord, meter: CpuMeter) -> DashboardState:
+    record = detached.refresh(record)  # a batch job: its state from the engine
     pids = {p.pid for p in record.processes if p.pid and procscan.alive(p.pid)}
     usage = meter.sample(pids) if record.backend == "local" else {}
     rows = []
     for p in record.processes:
         live = p.pid in pids
         cpu, rss = usage.get(p.pid, (None, None)) if p.pid else (None, None)
-        rows.append(ProcRow(p.role, p.rank, p.host, p.pid, "running" if live else "ended", "", cpu, rss))
+        state = "running" if live else "ended"
+        if record.detached:  # a batch job: what the engine says, for every process
+            state = record.shown_state
+        rows.append(ProcRow(p.role, p.rank, p.host, p.pid, state, "", cpu, rss))
     elapsed = (record.ended_at or time.time()) - record.started_at
     message = "" if record.shown_state == "running" else f"job {record.shown_state}"
     return DashboardState(record.id, record.name, record.backend, elapsed, tuple(rows), (), message)

@@ -10,6 +10,7 @@ import pytest
 
 from tests.launchkit.procs import (
     PROG,
+    job_ids,
     parse_prefixed,
     pids_with_job,
     record,
@@ -19,7 +20,7 @@ from tests.launchkit.procs import (
     wait_until,
 )
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(120)
 
 
 def check_contract(envs: dict, servers: int, workers: int, cluster: str = "mpi") -> None:
@@ -113,3 +114,18 @@ def test_two_namespace_hosts(netns_hosts, tmp_path: Path, launchkit_home: Path) 
     assert f"worker 1 on {group[1].address} exited with code 3" in res.stderr
     job = sorted((launchkit_home / "jobs").glob("*.json"))[-1].stem
     assert wait_until(lambda: not any(h.pids_with_env(f"LAUNCHKIT_JOB_ID={job}") for h in group), 10)
+
+    # the launcher killed outright: the reaper ends mpirun, the remote ranks go with it
+    before = set(job_ids(launchkit_home))
+    proc = start(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "-H", str(hostfile), *flags,
+                  "python3", PROG, "wait", "60"], cwd=tmp_path)  # fmt: skip
+    try:
+        assert wait_until(lambda: set(job_ids(launchkit_home)) - before, 10)
+        (job,) = set(job_ids(launchkit_home)) - before
+        on_hosts = lambda: [p for h in group for p in h.pids_with_env(f"LAUNCHKIT_JOB_ID={job}")]  # noqa: E731
+        assert wait_until(lambda: len(on_hosts()) >= 8, 30)  # a shim and a program per rank
+        proc.kill()
+        proc.wait(5)
+        assert wait_until(lambda: not on_hosts() and not pids_with_job(job), 15)
+    finally:
+        proc.kill()

@@ -120,6 +120,8 @@ def test_detach_then_ps_logs_and_kill(slurm_local, tmp_path: Path, launchkit_hom
     ps = run(["ps"], env=env)
     assert job in ps.stdout and "running" in ps.stdout
     assert wait_until(lambda: "[worker 0] ready" in run(["logs", job], env=env).stdout, 10)
+    top = run(["top", job, "--once"], env=env)
+    assert top.returncode == 0 and top.stdout.count("running") >= 3, top.stdout
     res = run(["kill", job], env=env)
     assert res.returncode == 0 and "cancelled slurm job" in res.stdout, res.stderr
     assert wait_until(lambda: gone(slurm_local, job), 15), slurm_local.run(["squeue"]).stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -214,3 +215,33 @@ def test_mpi_dry_run_shows_mpirun_without_values(tmp_path: Path) -> None:
     assert "s3cr$t" not in " ".join(line)
     assert line[-5:] == ["-m", "launchkit.shim", "--", "python3", "t.py"]
     assert any("allow-run-as-root" in n for n in plan["notes"])
+
+
+def test_slurm_dry_run_outside_an_allocation(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    res = run(["launch", "--dry-run", "--json", "-n", "2", "-s", "1", "--launcher", "slurm", "--nodes", "2",
+               "--partition", "gpu q", "--slurm-args", "--exclusive --comment 'a b'", "python3", "t.py"],
+              cwd=tmp_path, env=env)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    sbatch, servers, workers = plan["engine_commands"]
+    assert sbatch[:2] == ["sbatch", "--parsable"] and "--partition=gpu q" in sbatch
+    assert sbatch[-3:] == ["--exclusive", "--comment", "a b"]
+    assert servers[0] == "srun" and "--ntasks=1" in servers and "--ntasks=2" in workers
+    assert workers[-3:] == ["--", "python3", "t.py"]
+    assert [t["host"] for t in plan["tasks"][1:]] == [
+        "<node 1 of the allocation>", "<node 2 of the allocation>", "<node 1 of the allocation>",
+    ]  # fmt: skip
+    assert any("stdin" in note for note in plan["notes"])
+
+
+def test_unknown_mpi_is_a_clear_error(tmp_path: Path) -> None:
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\necho 'FancyMPI 9.9 (c) nobody'\n")
+    fake.chmod(0o755)
+    res = run(["launch", "-n", "1", "--launcher", "mpi", "--mpirun", str(fake), "true"], cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "unknown MPI implementation" in res.stderr and "FancyMPI 9.9" in res.stderr
+    assert "Traceback" not in res.stderr
+    res = run(["launch", "-n", "1", "--launcher", "mpi", "--mpirun", "no-such-mpirun", "true"], cwd=tmp_path)
+    assert res.returncode == 2 and "not found on PATH" in res.stderr
