@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -65,6 +66,34 @@ def hostfile_text(slots: list[int], nodes: list[str]) -> str:
     return "".join(f"{nodes[k % len(nodes)]}\n" for k in slots)
 
 
+class _Relay:
+    """Every child's output goes through here, a whole line per write, so lines of the srun
+    steps and the scheduler never interleave in the one output file (or pipe) they share."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+
+    def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)  # fmt: skip
+        for src, fd in ((proc.stdout, 1), (proc.stderr, 2)):
+            t = threading.Thread(target=self._copy, args=(src, fd), daemon=True)
+            t.start()
+            self.threads.append(t)
+        return proc
+
+    def _copy(self, src: Any, fd: int) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for line in iter(src.readline, b""):
+                with self.lock:
+                    os.write(fd, line)
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join(5.0)
+
+
 def main() -> int:
     try:
         spec: dict[str, Any] = json.loads(os.environ[BATCH_VAR])
@@ -81,15 +110,16 @@ def main() -> int:
         env["DMLC_PS_ROOT_PORT"] = str(free_port(env["DMLC_PS_ROOT_URI"]))
     program = list(spec["program"])
     procs: list[subprocess.Popen[bytes]] = []
+    relay = _Relay()
     tmp = tempfile.mkdtemp(prefix="launchkit-batch-")
     if spec.get("scheduler") is not None:
-        procs.append(subprocess.Popen(program, env={**env, RANK_OVERRIDE: str(spec["scheduler"])}))
+        procs.append(relay.start(program, {**env, RANK_OVERRIDE: str(spec["scheduler"])}))
     for n, step in enumerate(spec["steps"]):
         path = os.path.join(tmp, f"hosts.{n}")
         with open(path, "w") as f:
             f.write(hostfile_text(step["slots"], nodes))
         step_env = {**env, "SLURM_HOSTFILE": path, "LAUNCHKIT_SHIM_OFFSET": str(step["offset"])}
-        procs.append(subprocess.Popen([*step["srun"], *program], env=step_env))
+        procs.append(relay.start([*step["srun"], *program], step_env))
     grace = float(spec.get("grace", 5.0))
     stop_at: list[float] = []
 
@@ -119,6 +149,7 @@ def main() -> int:
     for p in procs:
         if p.returncode and not first_failure:
             first_failure = 128 - p.returncode if p.returncode < 0 else p.returncode
+    relay.join()
     with contextlib.suppress(OSError):
         for name in os.listdir(tmp):
             os.unlink(os.path.join(tmp, name))

@@ -15,7 +15,7 @@ stream back into processes:
 ``<task>`` is the task's index in the plan. Lines longer than ``CHUNK`` bytes are cut into
 several framed pieces. The shim exits with the command's code, so the engine sees failures too.
 Signals (TERM, INT, HUP) go to the command's process group; if the engine's daemon that started
-the shim goes away, the shim ends the command itself. Standard library only: it runs on nodes.
+the shim goes away, the shim ends the command itself. It needs nothing but the standard library and launchkit.
 """
 
 from __future__ import annotations
@@ -120,14 +120,19 @@ def task_of(environ: Mapping[str, str]) -> tuple[int, dict[str, str]]:
     return int(row["i"]), {str(k): str(v) for k, v in row["env"].items()}
 
 
-def route_address(target: str) -> str | None:
-    """The local address this node uses to reach ``target`` (no packet is sent)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((target, 9))
-            return str(s.getsockname()[0])
-    except OSError:
-        return None
+def node_address(environ: Mapping[str, str]) -> str:
+    """``DMLC_NODE_HOST`` where the plan left it to the node: the interface's address when
+    ``DMLC_INTERFACE`` names one, else the address this node reaches the scheduler through."""
+    from launchkit.netutil import route_address
+    from launchkit.remote import interface_address
+
+    found = None
+    if environ.get("DMLC_INTERFACE"):
+        found = interface_address(environ["DMLC_INTERFACE"])
+    if found is None and environ.get("DMLC_PS_ROOT_URI"):
+        with contextlib.suppress(OSError):
+            found = route_address(socket.gethostbyname(environ["DMLC_PS_ROOT_URI"]))
+    return found or socket.gethostname()
 
 
 # -- running the command (effects) ---------------------------------------------------------------
@@ -170,8 +175,8 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int:
         return 2
     env = dict(environ)
     env.update(own)
-    if env.get("DMLC_NODE_HOST") == "" and env.get("DMLC_PS_ROOT_URI"):
-        env["DMLC_NODE_HOST"] = route_address(env["DMLC_PS_ROOT_URI"]) or socket.gethostname()
+    if env.get("DMLC_NODE_HOST") == "":
+        env["DMLC_NODE_HOST"] = node_address(env)
     out, err = _Out(1), _Out(2)
     stop = {"asked": 0.0}
     started: list[int] = []  # the child's pid, once there is one

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from launchkit.backends.engine import EngineBackend, EngineRun, PopenRun, engine_env, shim_argv
 from launchkit.contract import merge_env
 from launchkit.errors import BackendError, UsageError
-from launchkit.spec import LOCALHOST, Plan, Task
+from launchkit.spec import LOCALHOST, Host, LaunchSpec, Plan, Task
 from launchkit.sshconn import SshOptions
 
 FLAVORS = ("openmpi", "mpich", "intel")
@@ -195,6 +195,9 @@ class MpiBackend(EngineBackend):
             python=self.python,
             local=local,
         )
+
+    def node_hosts(self, spec: LaunchSpec) -> dict[Host, str] | None:
+        return dict.fromkeys(spec.hosts, "")  # resolved on the node by the shim, as ssh does
 
     def describe(self, task: Task) -> list[str]:
         return list(task.argv) if task.role == "scheduler" else shim_argv(self.python, task)

@@ -86,7 +86,7 @@ def end_code(state: str, exit_code: str) -> int:
 def _step_srun(plan: Plan, tasks: Sequence[Task], opts: SlurmOptions, role: str) -> list[str]:
     argv = ["srun", f"--job-name={plan.job_id}-{role}s", f"--ntasks={len(tasks)}"]
     argv += [f"--nodes={len({t.host for t in tasks})}", "--distribution=arbitrary", "--overlap"]
-    argv += ["--overcommit", "--kill-on-bad-exit=1", "--export=ALL", "--unbuffered", "--input=none"]
+    argv += ["--overcommit", "--kill-on-bad-exit=1", "--export=ALL", "--input=none"]
     cpus = opts.cpus_per_server if role == "server" else opts.cpus_per_worker
     mem = opts.mem_per_server if role == "server" else opts.mem_per_worker
     if cpus:

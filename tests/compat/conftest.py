@@ -26,3 +26,6 @@ def mxnet_python() -> str:
     )
     assert res.returncode == 0, f"could not set up MXNet 1.9.1: {res.stderr[-2000:]}"
     return res.stdout.strip().splitlines()[-1]
+
+
+from tests.cluster.conftest import slurm_local  # noqa: E402, F401  (MXNet as a Slurm batch job)

@@ -77,3 +77,30 @@ def test_failing_mxnet_worker_ends_the_job(mxnet_python: str, launchkit_home) ->
     assert "worker 1 on localhost exited with code 3" in res.stderr
     assert "worker crashed on purpose" in res.stderr
     assert pids_with_job(wait_for_job(launchkit_home)) == []
+
+
+def test_mxnet_under_mpi_with_launch_py_assignments(mxnet_python: str) -> None:
+    """MXNet's nightly tests write `launch.py -n 2 PS_VERBOSE=1 python3 ...`: the leading word sets
+    the variable (ps-lite then logs its connections), here with one mpirun for all servers and workers."""
+    res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", *MX_ENV, "PS_VERBOSE=1", mxnet_python,
+               str(PROGS / "mx_sum.py")], timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len(worker_json(res.stdout)) == 2
+    assert all(o["results"]["9/2"] == [9.0] for o in worker_json(res.stdout))
+    assert "connected to" in res.stderr.lower() or "van.cc" in res.stderr, res.stderr[-2000:]
+
+
+def test_mxnet_as_a_slurm_batch_job(mxnet_python: str, slurm_local, tmp_path: Path, launchkit_home) -> None:
+    import os
+    import subprocess
+
+    from tests.launchkit.procs import LAUNCHKIT
+
+    env = {**os.environ, **slurm_local.env, "LAUNCHKIT_HOME": str(launchkit_home)}
+    res = subprocess.run([*LAUNCHKIT, "launch", "-n", "2", "-s", "2", "--launcher", "slurm", *MX_ENV, mxnet_python,
+                          str(PROGS / "mx_sum.py")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=150, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = worker_json(res.stdout)
+    assert sorted(o["rank"] for o in out) == [0, 1]
+    assert all(o["results"]["9/2"] == [9.0] for o in out)
