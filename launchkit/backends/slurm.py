@@ -18,15 +18,14 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from launchkit import batchjob, contract
-from launchkit.backends.engine import EngineBackend, EngineProcess, EngineRun, Feed, PopenRun, engine_env
+from launchkit.backends.batch import BatchRun
+from launchkit.backends.engine import EngineBackend, EngineProcess, EngineRun, PopenRun, engine_env
 from launchkit.contract import merge_env
 from launchkit.errors import UsageError
 from launchkit.netutil import route_address
@@ -44,7 +43,6 @@ STATE_CODES = {
     "BOOT_FAIL": 255,
 }
 FINAL_STATES = {*STATE_CODES, "FAILED", "SPECIAL_EXIT", "REVOKED"}
-POLL = 0.5
 
 
 @dataclass(frozen=True)
@@ -194,90 +192,38 @@ def job_state(slurm_job: str) -> tuple[str, str] | None:
     return fields["JobState"], fields.get("ExitCode", "0:0")
 
 
-class BatchRun(EngineRun):
-    """A submitted batch job, followed to its end: its output file tailed, its state polled."""
+class SbatchRun(BatchRun):
+    """A Slurm batch job: state from ``scontrol show job``, output in one file."""
 
-    def __init__(
-        self, argv: list[str], script: str, env: Mapping[str, str], cwd: str, output: str, say: object
-    ) -> None:
-        self.argv, self.script, self.env, self.cwd, self.output = argv, script, dict(env), cwd, output
-        self.say = say
-        self.slurm_job: str | None = None
-        self.state = ""
-        self._ended = threading.Event()
-        self._code = 0
+    engine = "slurm"
 
-    def start(self, feed_out: Feed, feed_err: Feed) -> None:
+    def __init__(self, *args: Any, output: str, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.output = output
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.output)
-        self.slurm_job = self.submit()
-        threading.Thread(target=self._follow, args=(feed_out,), daemon=True).start()
+            os.unlink(output)
 
-    def submit(self) -> str:
-        """``sbatch`` with the script on its stdin (no file left behind); the Slurm job id."""
-        proc = subprocess.run(
-            self.argv,
-            input=self.script,
-            env=self.env,
-            cwd=self.cwd,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if proc.returncode != 0:
-            raise OSError(
-                f"sbatch failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
-            )
-        return proc.stdout.strip().split(";")[0]
+    def parse_submit(self, stdout: str) -> str:
+        return stdout.strip().split(";")[0]
 
-    def _follow(self, feed: Feed) -> None:
-        assert self.slurm_job is not None
-        pos = 0
-        final_reads = 0
-        partial = b""
-        shown = ""
-        while final_reads < 3:
-            state = job_state(self.slurm_job)
-            with contextlib.suppress(OSError), open(self.output, "rb") as f:
-                f.seek(pos)
-                data = f.read()
-                pos += len(data)
-                partial += data
-                *lines, partial = partial.split(b"\n")
-                for line in lines:
-                    feed(line + b"\n")
-            if state is None or state[0].split()[0] in FINAL_STATES:
-                if state is not None:
-                    self.state, self._code = state[0], end_code(*state)
-                final_reads += 1
-            elif state[0] != shown and callable(self.say):
-                shown = state[0]
-                self.say(f"slurm job {self.slurm_job}: {shown.lower()}")
-            time.sleep(POLL)
-        if partial:
-            feed(partial + b"\n")
-        self._ended.set()
+    def poll(self) -> tuple[str, int | None]:
+        assert self.job_id is not None
+        state = job_state(self.job_id)
+        if state is None:  # Slurm forgot it: it ended (seen before, or a code from the tasks' marks)
+            return (self.ended_state, self._code) if self.ended_state else ("GONE", 1)
+        if state[0].split()[0] in FINAL_STATES:
+            return state[0], end_code(*state)
+        return state[0], None
 
-    def wait(self) -> int:
-        self._ended.wait()
-        return self._code
+    def output_files(self) -> list[str]:
+        return [self.output]
 
-    def signal(self, sig: int) -> None:
-        if self.slurm_job is None:
-            return
-        argv = ["scancel", self.slurm_job]
-        if sig != signal.SIGKILL:
-            argv = [
-                "scancel",
-                "--full",
-                f"--signal={signal.Signals(sig).name.removeprefix('SIG')}",
-                self.slurm_job,
-            ]
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(argv, env=self.env, capture_output=True, timeout=30)
-
-    def cleanup_commands(self) -> list[list[str]]:
-        return [["scancel", self.slurm_job]] if self.slurm_job else []
+    def cancel_argv(self, sig: int) -> list[list[str]]:
+        assert self.job_id is not None
+        if sig == signal.SIGKILL:
+            return [["scancel", self.job_id]]
+        name = signal.Signals(sig).name.removeprefix("SIG")
+        return [["scancel", "--full", f"--signal={name}", self.job_id]]
 
 
 class SlurmBackend(EngineBackend):
@@ -297,7 +243,7 @@ class SlurmBackend(EngineBackend):
         self.grace = 5.0
         self.inside = in_allocation(os.environ)
         self.steps: set[str] = set()
-        self.batch: BatchRun | None = None
+        self.batch: SbatchRun | None = None
 
     def connect(self, spec: LaunchSpec) -> str | None:
         """Inside an allocation: the local address that reaches the first node (its NodeAddr)."""
@@ -355,13 +301,15 @@ class SlurmBackend(EngineBackend):
             return PopenRun([self.opts.python, "-m", "launchkit.batchjob"], env, cwd)
         say = None if self.console is None else (lambda m: self.console.print(f"[slurm] {m}", markup=False))
         script = batch_script(self.opts.python)
-        self.batch = BatchRun(self._sbatch(plan), script, env, cwd, output_path(cwd, plan.job_id), say)
+        self.batch = SbatchRun(
+            self._sbatch(plan), script, env, cwd, say, output=output_path(cwd, plan.job_id)
+        )
         return self.batch
 
     def submit(self, plan: Plan) -> str:
         """``--detach``: submit the batch job and return its Slurm id (nothing is followed)."""
         run = self.make_run(plan)
-        assert isinstance(run, BatchRun)
+        assert isinstance(run, SbatchRun)
         return run.submit()
 
     def node_unknown(self, task: Task) -> bool:

@@ -1,0 +1,140 @@
+"""A batch job submitted to an engine's queue (sbatch, qsub), followed to its end.
+
+What a batch engine supplies: how to submit (argv + a script on the submitter's stdin), how to
+read the job's state (``poll``: None while it runs, else its exit code), which files hold its
+output, and how to cancel it. This class tails those files as they grow (a line at a time, a
+partial line kept until its end arrives), reports state changes, and after the end reads the
+files a few more times so nothing written last is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from launchkit.backends.engine import EngineRun, Feed
+
+POLL = 0.5
+FINAL_READS = 3
+
+
+class FileTail:
+    """New complete lines of a growing set of files."""
+
+    def __init__(self, files: Callable[[], list[str]]) -> None:
+        self.files = files
+        self.pos: dict[str, int] = {}
+        self.partial: dict[str, bytes] = {}
+
+    def read(self, feed: Feed) -> None:
+        for path in self.files():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.pos.get(path, 0))
+                    data = f.read()
+            except OSError:  # not there yet
+                continue
+            self.pos[path] = self.pos.get(path, 0) + len(data)
+            *lines, self.partial[path] = (self.partial.get(path, b"") + data).split(b"\n")
+            for line in lines:
+                feed(line + b"\n")
+
+    def flush(self, feed: Feed) -> None:
+        for rest in self.partial.values():
+            if rest:
+                feed(rest + b"\n")
+        self.partial.clear()
+
+
+class BatchRun(EngineRun):
+    """Subclasses set ``engine`` and implement ``parse_submit``, ``poll``, ``output_files`` and
+    ``cancel_argv``."""
+
+    engine = "batch"
+
+    def __init__(
+        self,
+        argv: list[str],
+        script: str,
+        env: Mapping[str, str],
+        cwd: str,
+        say: Callable[[str], None] | None,
+    ) -> None:
+        self.argv, self.script, self.env, self.cwd, self.say = argv, script, dict(env), cwd, say
+        self.job_id: str | None = None
+        self.ended_state = ""  # the engine's word for how it ended, once it has
+        self._ended = threading.Event()
+        self._code = 0
+
+    # -- what an engine supplies ---------------------------------------------------------------
+    def parse_submit(self, stdout: str) -> str:
+        raise NotImplementedError
+
+    def poll(self) -> tuple[str, int | None]:
+        """(the engine's state, the exit code once the job has ended, else None)."""
+        raise NotImplementedError
+
+    def output_files(self) -> list[str]:
+        raise NotImplementedError
+
+    def cancel_argv(self, sig: int) -> list[list[str]]:
+        raise NotImplementedError
+
+    # -- EngineRun ---------------------------------------------------------------------------------
+    def submit(self) -> str:
+        """Submit (the script on the submitter's stdin: no file left behind); the engine's job id."""
+        proc = subprocess.run(
+            self.argv,
+            input=self.script,
+            env=self.env,
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if proc.returncode != 0:
+            detail = proc.stderr.strip() or proc.stdout.strip()
+            raise OSError(f"{self.argv[0]} failed (exit {proc.returncode}): {detail}")
+        return self.parse_submit(proc.stdout)
+
+    def start(self, feed_out: Feed, feed_err: Feed) -> None:
+        self.job_id = self.submit()
+        threading.Thread(target=self._follow, args=(feed_out,), daemon=True).start()
+
+    def _follow(self, feed: Feed) -> None:
+        tail = FileTail(self.output_files)
+        shown = ""
+        final_reads = 0
+        try:
+            while final_reads < FINAL_READS:
+                state, code = self.poll()
+                tail.read(feed)
+                if code is not None:
+                    self.ended_state, self._code = state, code
+                    final_reads += 1
+                elif state != shown and self.say is not None:
+                    shown = state
+                    self.say(f"{self.engine} job {self.job_id}: {state.lower()}")
+                time.sleep(POLL)
+            tail.flush(feed)
+        finally:
+            self._ended.set()
+
+    def wait(self) -> int:
+        self._ended.wait()
+        return self._code
+
+    def signal(self, sig: int) -> None:
+        if self.job_id is None:
+            return
+        for argv in self.cancel_argv(sig):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(argv, env=self.env, capture_output=True, timeout=30)
+
+    def cleanup_commands(self) -> list[list[str]]:
+        import signal
+
+        return self.cancel_argv(signal.SIGKILL) if self.job_id else []
