@@ -4,6 +4,7 @@ ask the engine (``scontrol``, ``scancel``) through the ids kept in the job recor
 from __future__ import annotations
 
 import contextlib
+import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,20 +20,66 @@ def engine_job(record: jobs.JobRecord) -> tuple[str, str] | None:
     return str(info["engine"]), str(info["engine_job"])
 
 
+def _status(engine: str, job: str) -> tuple[str, int | None] | None:
+    """(state, exit code once ended) from the engine; None when it no longer knows the job."""
+    if engine == "slurm":
+        from launchkit.backends import slurm
+
+        state = slurm.job_state(job)
+        if state is None:
+            return None
+        final = state[0].split()[0] in slurm.FINAL_STATES
+        return state[0], slurm.end_code(*state) if final else None
+    if engine == "sge":
+        from launchkit.backends import sge
+
+        return sge.job_status(job)
+    return None
+
+
+def _cancel_argv(engine: str, job: str) -> list[str]:
+    return ["scancel", job] if engine == "slurm" else ["qdel", job]
+
+
+def _ended(record: jobs.JobRecord) -> None:
+    info = record.remote or {}
+    if info.get("engine") == "sge" and info.get("output"):
+        from launchkit.backends import sge
+
+        sge.forget_files(str(info["output"]))
+
+
 def refresh(record: jobs.JobRecord) -> jobs.JobRecord:
     """A detached job's record brought up to date with the engine's view (recorded when it ended)."""
     which = engine_job(record)
     if which is None or record.state != "running":
         return record
-    from launchkit.backends import slurm
-
-    state = slurm.job_state(which[1])
-    if state is not None and state[0].split()[0] not in slurm.FINAL_STATES:
+    status = _status(*which)
+    if status is not None and status[1] is None:
         return record
-    code = slurm.end_code(*state) if state is not None else None
-    if state is None:
-        return jobs.finish(record, "lost", None)  # Slurm forgot it before we looked
+    _ended(record)
+    if status is None:
+        return jobs.finish(record, "lost", None)  # the engine forgot it before we looked
+    code = marked_code(record)
+    if code is None:
+        code = status[1]
     return jobs.finish(record, "succeeded" if code == 0 else "failed", code)
+
+
+def marked_code(record: jobs.JobRecord) -> int | None:
+    """The job's code from the end marks its tasks wrote: the first failure that was not a
+    consequence of stopping the job; None when not every task left its marks."""
+    ends: dict[int, tuple[int, bool]] = {}
+    for line in _raw_lines(record):
+        frame = shim.parse_frame(line)
+        if frame is not None and frame.kind == "x":
+            with contextlib.suppress(ValueError, IndexError):
+                fields = frame.fields()
+                ends[frame.task] = (int(fields[0]), fields[1:2] == ["1"])
+    if len(ends) < len(record.processes):
+        return None
+    failures = [code for code, stopped in ends.values() if code and not stopped]
+    return failures[0] if failures else next((c for c, _ in ends.values() if c), 0)
 
 
 def cancel(record: jobs.JobRecord) -> str | None:
@@ -40,38 +87,54 @@ def cancel(record: jobs.JobRecord) -> str | None:
     which = engine_job(record)
     if which is None:
         return None
+    argv = _cancel_argv(*which)
     try:
-        proc = subprocess.run(["scancel", which[1]], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
-        return f"scancel {which[1]}: {exc}"
+        return f"{shlex.join(argv)}: {exc}"
     if proc.returncode != 0:
-        return f"scancel {which[1]}: {proc.stderr.strip() or f'exit {proc.returncode}'}"
+        return f"{shlex.join(argv)}: {proc.stderr.strip() or f'exit {proc.returncode}'}"
+    _ended(record)
     jobs.finish(record, "killed", None)
     return None
 
 
+def _output_files(path: str) -> list[Path]:
+    p = Path(path)
+    return sorted(p.glob("task-*.out"), key=lambda f: int(f.stem.split("-")[-1])) if p.is_dir() else [p]
+
+
+def _raw_lines(record: jobs.JobRecord) -> list[bytes]:
+    path = (record.remote or {}).get("output")
+    lines: list[bytes] = []
+    for file in _output_files(str(path)) if path else []:
+        with contextlib.suppress(OSError), file.open("rb") as f:
+            lines.extend(f)
+    return lines
+
+
 def output_lines(record: jobs.JobRecord) -> Iterator[tuple[str, str, str]]:
-    """(label, stream, text) for each line of a batch job's output file, split by process."""
+    """(label, stream, text) for each line of a batch job's output (one file, or a directory of
+    per-task files), split by process."""
     info = record.remote or {}
     path = info.get("output")
     if not path:
         return
     labels = {i: (p.role, p.rank) for i, p in enumerate(record.processes)}
     partial: dict[tuple[int, str], bytes] = {}
-    with contextlib.suppress(OSError), Path(path).open("rb") as f:
-        for line in f:
-            frame = shim.parse_frame(line)
-            if frame is None:
-                text = line.decode(errors="replace").rstrip("\n")
-                if text.strip():
-                    yield ("slurm", "err", text)
-                continue
-            if frame.kind not in ("o", "e"):
-                continue
-            key = (frame.task, frame.kind)
-            if frame.continued:
-                partial[key] = partial.get(key, b"") + frame.data
-                continue
-            data = partial.pop(key, b"") + frame.data
-            role, rank = labels.get(frame.task, ("task", frame.task))
-            yield (f"{role} {rank}", "out" if frame.kind == "o" else "err", data.decode(errors="replace"))
+    for line in _raw_lines(record):
+        frame = shim.parse_frame(line)
+        if frame is None:
+            text = line.decode(errors="replace").rstrip("\n")
+            if text.strip():
+                yield (str(info.get("engine", "engine")), "err", text)
+            continue
+        if frame.kind not in ("o", "e"):
+            continue
+        key = (frame.task, frame.kind)
+        if frame.continued:
+            partial[key] = partial.get(key, b"") + frame.data
+            continue
+        data = partial.pop(key, b"") + frame.data
+        role, rank = labels.get(frame.task, ("task", frame.task))
+        yield (f"{role} {rank}", "out" if frame.kind == "o" else "err", data.decode(errors="replace"))

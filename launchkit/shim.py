@@ -32,6 +32,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from launchkit import rendezvous
+
 TASKS_VAR = "LAUNCHKIT_SHIM_TASKS"
 MARK = b"\x1elk "
 CHUNK = 2048
@@ -44,6 +46,7 @@ RANK_VARS = (
     ("PMI_RANK", 0),
     ("SLURM_PROCID", 0),
     ("SGE_TASK_ID", 1),
+    ("COMPONENT_ID", 0),  # a YARN Service component's instance index (with LAUNCHKIT_SHIM_OFFSET)
 )
 
 
@@ -162,6 +165,19 @@ def _die_with_shim() -> None:  # pragma: no cover - runs between fork and exec
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def _end_job(environ: Mapping[str, str]) -> None:
+    """A failed task ends its whole engine job where nothing else would (a detached Grid Engine
+    array job): ``LAUNCHKIT_SHIM_ON_FAILURE`` is a JSON argv; ``$JOB_ID`` words become the id."""
+    raw = environ.get("LAUNCHKIT_SHIM_ON_FAILURE")
+    if not raw:
+        return
+    with contextlib.suppress(ValueError, TypeError, OSError, subprocess.SubprocessError):
+        argv = [environ.get("JOB_ID", "") if w == "$JOB_ID" else str(w) for w in json.loads(raw)]
+        # not waited for: this task's own end must be recorded before the engine acts on it
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)  # fmt: skip
+
+
 def _killpg(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
@@ -175,17 +191,31 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int:
         return 2
     env = dict(environ)
     env.update(own)
+    try:
+        rendezvous.resolve(env)
+    except (OSError, TimeoutError) as exc:
+        sys.stderr.write(f"launchkit shim: {exc}\n")
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                os.write(fd, frame_event(index, "x", 1, 0))
+        return 1
     if env.get("DMLC_NODE_HOST") == "":
         env["DMLC_NODE_HOST"] = node_address(env)
     out, err = _Out(1), _Out(2)
     stop = {"asked": 0.0}
     started: list[int] = []  # the child's pid, once there is one
 
+    # Grid Engine's qdel -notify sends SIGUSR2 before SIGKILL: with LAUNCHKIT_SHIM_NOTIFY=1 it
+    # means "stop" (SIGTERM to the command, SIGKILL after the grace period)
+    notify = environ.get("LAUNCHKIT_SHIM_NOTIFY") == "1"
+    stopping = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP} | ({signal.SIGUSR2} if notify else set())
+
     def on_signal(signum: int, _frame: object) -> None:
-        if not stop["asked"]:
+        if signum in stopping and not stop["asked"]:
             stop["asked"] = time.monotonic()
+        forward = signal.SIGTERM if notify and signum == signal.SIGUSR2 else signum
         for pid in started:
-            _killpg(pid, signum)
+            _killpg(pid, forward)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, on_signal)
@@ -240,6 +270,8 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int:
     code = 128 - rc if rc < 0 else rc
     for stream in (out, err):  # one end mark per stream: each says that stream is complete
         stream.write(frame_event(index, "x", code, 1 if stop["asked"] else 0))
+    if code and not stop["asked"]:  # after the end marks: this failure is the job's root cause
+        _end_job(environ)
     return code
 
 

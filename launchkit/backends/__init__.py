@@ -15,9 +15,9 @@ REGISTRY: dict[str, str | None] = {
     "local": "launchkit.backends.local:LocalBackend",
     "ssh": "launchkit.backends.ssh:SshBackend",
     "mpi": "launchkit.backends.mpi:MpiBackend",
-    "sge": None,
+    "sge": "launchkit.backends.sge:SgeBackend",
     "slurm": "launchkit.backends.slurm:SlurmBackend",
-    "yarn": None,
+    "yarn": "launchkit.backends.yarn:YarnBackend",
 }
 
 

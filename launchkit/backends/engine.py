@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import signal
 import subprocess
 import threading
@@ -69,8 +68,10 @@ def engine_env(plan: Plan, ordered: Sequence[Task]) -> dict[str, str]:
     return env
 
 
-def show_argv(argv: Sequence[str]) -> str:
-    return shlex.join(argv)
+def scheduler_last(plan: Plan) -> list[Task]:
+    """Table order for engines that run the scheduler too: servers, workers, the scheduler."""
+    order = {"server": 0, "worker": 1, "scheduler": 2}
+    return sorted(plan.tasks, key=lambda t: (order[t.role], t.rank))
 
 
 class EngineRun:
@@ -336,6 +337,26 @@ class EngineBackend(Backend):
             for p in lost:
                 p.lost(code or 1, lines if first else [])
                 first = False
+
+    # -- --detach (batch engines) ------------------------------------------------------------------
+    def can_detach(self) -> bool:
+        return False
+
+    def detach_refusal(self) -> str:
+        return f"--launcher {self.name} has no batch jobs to submit"
+
+    def submit(self, plan: Plan) -> str:
+        """Submit the job and return the engine's id for it (nothing is followed)."""
+        raise NotImplementedError
+
+    def output_of(self, plan: Plan) -> str | None:
+        """Where a submitted job's output lands (``launchkit logs`` reads it)."""
+        return None
+
+    def say(self, message: str) -> None:
+        """A line of the engine's own (state changes), on the launcher's console."""
+        if self.console is not None:
+            self.console.print(f"[{self.engine_label}] {message}", markup=False, highlight=False)
 
     def engine_end_message(self, code: int) -> str:
         return f"{self.engine_label} ended (exit {code}) before this process reported its end"

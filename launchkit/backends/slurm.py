@@ -25,7 +25,14 @@ from typing import Any
 
 from launchkit import batchjob, contract
 from launchkit.backends.batch import BatchRun
-from launchkit.backends.engine import EngineBackend, EngineProcess, EngineRun, PopenRun, engine_env
+from launchkit.backends.engine import (
+    EngineBackend,
+    EngineProcess,
+    EngineRun,
+    PopenRun,
+    engine_env,
+    scheduler_last,
+)
 from launchkit.contract import merge_env
 from launchkit.errors import UsageError
 from launchkit.netutil import route_address
@@ -98,7 +105,7 @@ def _step_srun(plan: Plan, tasks: Sequence[Task], opts: SlurmOptions, role: str)
 
 def batch_spec(plan: Plan, opts: SlurmOptions, grace: float) -> dict[str, Any]:
     """``LAUNCHKIT_BATCH`` for ``launchkit.batchjob``: one srun step per role. Pure."""
-    ordered = engine_tasks(plan)
+    ordered = scheduler_last(plan)
     hosts = list(dict.fromkeys(t.host for t in plan.tasks if t.role != "scheduler"))
     steps = []
     offset = 0
@@ -120,12 +127,6 @@ def batch_spec(plan: Plan, opts: SlurmOptions, grace: float) -> dict[str, Any]:
         "program": [opts.python, "-m", "launchkit.shim", "--", *plan.tasks[0].argv],
         "grace": grace,
     }
-
-
-def engine_tasks(plan: Plan) -> list[Task]:
-    """Shim table order: servers, workers, then the scheduler (run by the batch job itself)."""
-    order = {"server": 0, "worker": 1, "scheduler": 2}
-    return sorted(plan.tasks, key=lambda t: (order[t.role], t.rank))
 
 
 def sbatch_argv(plan: Plan, opts: SlurmOptions, output: str, cwd: str) -> list[str]:
@@ -155,7 +156,7 @@ def batch_script(python: str) -> str:
 
 def batch_env(plan: Plan, opts: SlurmOptions, grace: float, *, in_allocation: bool) -> dict[str, str]:
     """What the batch job's environment carries (by name, never on a command line)."""
-    env = engine_env(plan, engine_tasks(plan))
+    env = engine_env(plan, scheduler_last(plan))
     if not in_allocation:  # the batch job finds its own address and port on its first node
         env[contract.DMLC_PS_ROOT_URI] = ""
         env[contract.DMLC_PS_ROOT_PORT] = "0"
@@ -299,12 +300,20 @@ class SlurmBackend(EngineBackend):
         env = merge_env(os.environ, batch_env(plan, self.opts, self.grace, in_allocation=self.inside))
         if self.inside:
             return PopenRun([self.opts.python, "-m", "launchkit.batchjob"], env, cwd)
-        say = None if self.console is None else (lambda m: self.console.print(f"[slurm] {m}", markup=False))
         script = batch_script(self.opts.python)
         self.batch = SbatchRun(
-            self._sbatch(plan), script, env, cwd, say, output=output_path(cwd, plan.job_id)
+            self._sbatch(plan), script, env, cwd, self.say, output=output_path(cwd, plan.job_id)
         )
         return self.batch
+
+    def can_detach(self) -> bool:
+        return not self.inside
+
+    def detach_refusal(self) -> str:
+        return "run it outside an allocation (SLURM_JOB_ID is set here)"
+
+    def output_of(self, plan: Plan) -> str | None:
+        return output_path(plan.tasks[0].cwd, plan.job_id)
 
     def submit(self, plan: Plan) -> str:
         """``--detach``: submit the batch job and return its Slurm id (nothing is followed)."""

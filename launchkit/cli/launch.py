@@ -78,6 +78,14 @@ def slurm_hosts(nodes: int | None) -> tuple[Host, ...]:
     return slurm.placeholder_hosts(nodes or 1)
 
 
+def sge_hosts(num_workers: int, num_servers: int | None) -> tuple[Host, ...]:
+    from launchkit.backends import sge
+
+    return sge.placeholder_hosts(
+        max(num_workers, 0) + max(num_workers if num_servers is None else num_servers, 0)
+    )
+
+
 def build_spec(
     *,
     num_workers: int,
@@ -110,6 +118,10 @@ def build_spec(
     if backend == "local" and hostfile:
         ui.warn("--launcher local runs every process on this machine; the hostfile is ignored")
         hosts = (LOCALHOST,)
+    if backend == "sge":
+        if hostfile:
+            ui.warn("--launcher sge lets Grid Engine place the tasks; the hostfile is ignored")
+        hosts = sge_hosts(num_workers, num_servers)
     if backend == "slurm":
         if hostfile:
             ui.warn("--launcher slurm places the job on the allocation's nodes; the hostfile is ignored")
@@ -217,7 +229,13 @@ def register(app: typer.Typer) -> None:
         mem_per_server: str = typer.Option(None, "--mem-per-server", help="slurm: memory of a server."),
         mem_per_worker: str = typer.Option(None, "--mem-per-worker", help="slurm: memory of a worker."),
         slurm_args: str = typer.Option("", "--slurm-args", help="slurm: extra sbatch flags, one string."),
-        detach: bool = typer.Option(False, "--detach", help="slurm: submit, print the job id, return."),
+        queue: str = typer.Option(None, "--queue", help="sge: queue (-q)."),
+        pe: str = typer.Option(None, "--pe", help="sge: parallel environment per task, NAME[:SLOTS]."),
+        sge_resource: list[str] = typer.Option(
+            [], "--sge-resource", help="sge: a resource (-l), repeatable."
+        ),
+        sge_args: str = typer.Option("", "--sge-args", help="sge: extra qsub flags, one string."),
+        detach: bool = typer.Option(False, "--detach", help="slurm, sge: submit, print the job id, return."),
         dashboard: bool = typer.Option(False, "--dashboard", help="Show a live dashboard of the job."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; start nothing."),
         as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as JSON."),
@@ -246,9 +264,15 @@ def register(app: typer.Typer) -> None:
             command=command or [],
             ui=ui,
         )
-        if detach and spec.backend != "slurm":
-            raise UsageError(f"--detach needs a batch engine (--launcher slurm), not {spec.backend}")
+        if detach and spec.backend not in ("slurm", "sge"):
+            raise UsageError(f"--detach needs a batch engine (--launcher slurm or sge), not {spec.backend}")
         engine_options: dict[str, Any] = {"mpirun": mpirun, "mpi_args": mpi_args, "node_python": node_python}
+        if spec.backend == "sge":
+            from launchkit.backends.sge import SgeOptions
+
+            engine_options["sge"] = SgeOptions(
+                queue=queue, pe=pe, resources=tuple(sge_resource), extra=_split("--sge-args", sge_args)
+            )
         if spec.backend == "slurm":
             engine_options["slurm"] = slurm_options(
                 partition=partition,
@@ -322,17 +346,26 @@ def slurm_options(**fields: Any) -> Any:
 
 def submit_detached(spec: LaunchSpec, backend: backends.Backend, ui: Ui) -> int:
     """``--detach``: submit the batch job, record it, print both ids; the job runs on its own."""
-    from launchkit.backends.slurm import SlurmBackend, output_path
+    from launchkit.backends.engine import EngineBackend
 
-    assert isinstance(backend, SlurmBackend)
-    if backend.inside:
-        raise UsageError("--detach submits a batch job: run it outside an allocation (SLURM_JOB_ID is set)")
-    plan = make_plan(spec, job_id=new_job_id(), secret=new_secret(), root_uri="", root_port=0)
+    if not isinstance(backend, EngineBackend):
+        raise UsageError(f"--detach needs a batch engine, not --launcher {backend.name}")
+    if not backend.can_detach():
+        raise UsageError(f"--detach submits a batch job: {backend.detach_refusal()}")
+    plan = make_plan(
+        spec,
+        job_id=new_job_id(),
+        secret=new_secret(),
+        root_uri="",
+        root_port=0,
+        node_host_of=backend.node_hosts(spec),
+    )
     backend.prepare(plan)
     try:
-        slurm_job = backend.submit(plan)
+        engine_job = backend.submit(plan)
     except OSError as exc:
-        raise BackendError("slurm", str(exc)) from None
+        raise BackendError(backend.name, str(exc)) from None
+    output = backend.output_of(plan)
     record = jobs.JobRecord(
         id=plan.job_id,
         name=plan.job_name,
@@ -344,12 +377,12 @@ def submit_detached(spec: LaunchSpec, backend: backends.Backend, ui: Ui) -> int:
         launcher_start=jobs.process_start_time(os.getpid()),
         started_at=time.time(),
         log_dir=spec.log_dir,
-        remote={"engine": "slurm", "engine_job": slurm_job, "output": output_path(spec.cwd, plan.job_id)},
+        remote={"engine": backend.name, "engine_job": engine_job, "output": output},
         detached=True,
         processes=tuple(jobs.ProcessRecord(t.role, t.rank, str(t.host)) for t in plan.tasks),
     )
     jobs.save(record)
-    ui.info(f"job {plan.job_id} submitted as slurm job {slurm_job}; output in {record.remote['output']}")  # type: ignore[index]
+    ui.info(f"job {plan.job_id} submitted as {backend.name} job {engine_job}; output in {output}")
     ui.text(plan.job_id)
     return 0
 
@@ -403,7 +436,7 @@ def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: b
         ui.info(
             f"job {plan.job_id} ({plan.job_name}): 1 scheduler, {_count(spec.num_servers, 'server')}, "
             f"{_count(spec.num_workers, 'worker')} on {plan.backend}; "
-            + (f"scheduler {root_uri}:{port}" if root_uri else "scheduler on the batch job's first node")
+            + (f"scheduler {root_uri}:{port}" if root_uri else "scheduler started inside the batch job")
         )
         result = Supervisor(
             plan,

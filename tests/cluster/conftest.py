@@ -103,3 +103,6 @@ def slurm_netns(netns_session: None) -> Iterator[SlurmCluster]:
         pytest.fail(f"slurm_netns: {e}", pytrace=False)
     yield cluster
     cluster.stop()
+
+
+from .sge import sge_local  # noqa: E402, F401  (a real Grid Engine, session scope)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .sge import GridEngine, sge_local  # noqa: F401
+from .sge import GridEngine
 
 
 def _qsub(sge: GridEngine, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
@@ -29,7 +29,7 @@ def _shell(line: str) -> list[str]:
 
 
 @pytest.mark.timeout(30)
-def test_sync_true_exits_0(sge_local: GridEngine, tmp_path: Path) -> None:  # noqa: F811
+def test_sync_true_exits_0(sge_local: GridEngine, tmp_path: Path) -> None:
     t0 = time.monotonic()
     r = sge_local.run(
         ["qsub", "-sync", "y", "-wd", str(tmp_path), "-j", "y", "-o", str(tmp_path), "-b", "y", "true"]
@@ -41,7 +41,7 @@ def test_sync_true_exits_0(sge_local: GridEngine, tmp_path: Path) -> None:  # no
 
 
 @pytest.mark.timeout(30)
-def test_exit_status_reaches_sync_and_qacct(sge_local: GridEngine, tmp_path: Path) -> None:  # noqa: F811
+def test_exit_status_reaches_sync_and_qacct(sge_local: GridEngine, tmp_path: Path) -> None:
     r = sge_local.run(["qsub", "-sync", "y", "-terse", "-wd", str(tmp_path), *_shell("exit 3")])
     assert r.returncode == 3, r.stdout + r.stderr
     job = r.stdout.split()[0]
@@ -53,7 +53,7 @@ def test_exit_status_reaches_sync_and_qacct(sge_local: GridEngine, tmp_path: Pat
 
 
 @pytest.mark.timeout(30)
-def test_array_job_sees_task_ids(sge_local: GridEngine, tmp_path: Path) -> None:  # noqa: F811
+def test_array_job_sees_task_ids(sge_local: GridEngine, tmp_path: Path) -> None:
     job = _qsub(
         sge_local,
         tmp_path,
@@ -69,7 +69,7 @@ def test_array_job_sees_task_ids(sge_local: GridEngine, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_five_tasks_run_at_once(sge_local: GridEngine, tmp_path: Path) -> None:  # noqa: F811
+def test_five_tasks_run_at_once(sge_local: GridEngine, tmp_path: Path) -> None:
     """all.q has 8 slots on 2 cores: each task waits until all 5 have started."""
     line = (
         f"touch {tmp_path}/started.$SGE_TASK_ID; i=0; "
@@ -97,7 +97,7 @@ def test_five_tasks_run_at_once(sge_local: GridEngine, tmp_path: Path) -> None: 
 
 
 @pytest.mark.timeout(30)
-def test_qdel_removes_running_job(sge_local: GridEngine, tmp_path: Path) -> None:  # noqa: F811
+def test_qdel_removes_running_job(sge_local: GridEngine, tmp_path: Path) -> None:
     job = _qsub(sge_local, tmp_path, "-b", "y", "sleep", "60")
     deadline = time.monotonic() + 10
     while " r " not in sge_local.run(["qstat", "-u", "*"]).stdout:
@@ -115,7 +115,7 @@ def test_qdel_removes_running_job(sge_local: GridEngine, tmp_path: Path) -> None
 
 
 @pytest.mark.timeout(30)
-def test_variables_pass_by_name(sge_local: GridEngine, tmp_path: Path) -> None:  # noqa: F811
+def test_variables_pass_by_name(sge_local: GridEngine, tmp_path: Path) -> None:
     """`-v NAME` (no value) and `-V` take values from qsub's environment, not from its command line;
     a variable neither names does not reach the job (the execd's environment is an init script's)."""
     secret = "s3cr3t value; $HOME 'q'"

@@ -7,13 +7,13 @@ import shlex
 
 import pytest
 
+from launchkit.backends.engine import scheduler_last
 from launchkit.backends.slurm import (
     SlurmOptions,
     batch_env,
     batch_script,
     batch_spec,
     end_code,
-    engine_tasks,
     placeholder_hosts,
     sbatch_argv,
 )
@@ -43,7 +43,7 @@ def test_one_step_per_role_placed_round_robin_on_the_nodes() -> None:
     assert "--ntasks=2" in servers["srun"] and "--mem=2G" in servers["srun"]
     assert "--cpus-per-task=4" in workers["srun"] and "--distribution=arbitrary" in workers["srun"]
     assert spec["program"] == ["/py", "-m", "launchkit.shim", "--", "python3", "t.py", HOSTILE]
-    rows = [t.role for t in engine_tasks(plan)]
+    rows = [t.role for t in scheduler_last(plan)]
     assert rows == ["server"] * 2 + ["worker"] * 3 + ["scheduler"]
 
 

@@ -1,0 +1,274 @@
+"""``--launcher sge``: the whole job as one Grid Engine array job.
+
+Task ``k`` (1-based ``SGE_TASK_ID``) runs row ``k-1`` of the shim's table: the servers, the
+workers, then the scheduler as the last task. Grid Engine places the tasks; the scheduler's task
+publishes its address and port in the job's directory on the shared filesystem and the others
+wait for it (``launchkit.rendezvous``), so a ``--detach``ed job needs nothing from the launcher.
+The job secret travels in a file only the user can read, never in the job's environment (which
+``qstat -j`` shows to every user). One array job, not one job per role: one submission, one id
+to follow, cancel and show. See docs/backends.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from launchkit import contract, rendezvous
+from launchkit.backends.batch import BatchRun
+from launchkit.backends.engine import EngineBackend, EngineRun, engine_env, scheduler_last
+from launchkit.contract import merge_env
+from launchkit.spec import Host, LaunchSpec, Plan, Task
+
+#: Also passed by name: what a task needs to find python and its libraries.
+PASSED_THROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
+
+
+@dataclass(frozen=True)
+class SgeOptions:
+    queue: str | None = None
+    pe: str | None = None  # NAME or NAME:SLOTS, per task
+    resources: tuple[str, ...] = ()  # -l, each
+    extra: tuple[str, ...] = ()  # --sge-args, split
+    python: str = sys.executable
+
+
+def placeholder_hosts(n: int) -> tuple[Host, ...]:
+    """Grid Engine places every task itself: one placeholder per task."""
+    return tuple(Host(f"<sge task {i}>") for i in range(1, n + 1))
+
+
+def job_dir(cwd: str, job_id: str) -> str:
+    """Output, the scheduler's address and the secret file: on the filesystem the tasks share."""
+    return str(Path(cwd) / f"launchkit-{job_id}")
+
+
+def job_name(job_id: str) -> str:
+    return f"lk-{job_id}"  # Grid Engine job names may not start with a digit
+
+
+def task_env(plan: Plan, directory: str) -> dict[str, str]:
+    """What every task gets by name (``-v``): the shared contract values without the secret,
+    the shim's table, and where the secret and the scheduler's address are."""
+    env = engine_env(plan, scheduler_last(plan))
+    env.pop(contract.LAUNCHKIT_JOB_SECRET, None)
+    env[contract.DMLC_PS_ROOT_URI] = ""
+    env[contract.DMLC_PS_ROOT_PORT] = "0"
+    env[rendezvous.RENDEZVOUS_VAR] = f"{directory}/scheduler"
+    env[rendezvous.SECRET_FILE_VAR] = f"{directory}/secret"
+    env["LAUNCHKIT_SHIM_NOTIFY"] = "1"
+    env["LAUNCHKIT_SHIM_ON_FAILURE"] = '["qdel", "$JOB_ID"]'  # a failed task ends the array job
+    return env
+
+
+def qsub_argv(plan: Plan, opts: SgeOptions, names: list[str], directory: str, cwd: str) -> list[str]:
+    """The submission: one array job with a task per process, its script on stdin. Pure."""
+    argv = ["qsub", "-terse", "-N", job_name(plan.job_id), "-t", f"1-{len(plan.tasks)}", "-wd", cwd]
+    argv += ["-o", f"{directory}/task-$TASK_ID.out", "-j", "y", "-S", "/bin/sh", "-notify", "-r", "n"]
+    argv += ["-v", ",".join(names)]
+    if opts.queue:
+        argv += ["-q", opts.queue]
+    if opts.pe:
+        name, _, slots = opts.pe.partition(":")
+        argv += ["-pe", name, slots or "1"]
+    for res in opts.resources:
+        argv += ["-l", res]
+    return [*argv, *opts.extra]
+
+
+def job_script(python: str, task: Task) -> str:
+    """The array job's script (Grid Engine runs it with /bin/sh). Every word quoted."""
+    words = shlex.join([python, "-m", "launchkit.shim", "--", *task.argv])
+    return f"#!/bin/sh\n# launchkit array job: task $SGE_TASK_ID runs row SGE_TASK_ID-1 of the shim's table\nexec {words}\n"
+
+
+def parse_qacct(text: str) -> dict[int, int]:
+    """``qacct -j ID`` -> {task id: exit code}. A task Grid Engine failed to run (``failed``
+    set, ``exit_status`` 0) counts as 1."""
+    codes: dict[int, int] = {}
+    for block in re.split(r"^=+\s*$", text, flags=re.M):
+        fields = dict(
+            (m.group(1), m.group(2).strip()) for m in re.finditer(r"^(\w+)\s+(.*)$", block, flags=re.M)
+        )
+        if "exit_status" not in fields:
+            continue
+        task = fields.get("taskid", "1")
+        try:
+            tid = int(task) if task.isdigit() else 1
+            status = int(fields["exit_status"].split()[0])
+            failed = int(fields.get("failed", "0").split()[0])
+        except ValueError:
+            continue
+        codes[tid] = status if status or not failed else 1
+    return codes
+
+
+def job_code(codes: dict[int, int]) -> int:
+    """The array job's code: its first failed task's, by task id."""
+    return next((codes[t] for t in sorted(codes) if codes[t]), 0)
+
+
+def error_state(qstat_text: str, job: str) -> bool:
+    """Does ``qstat``'s listing show the job in an error state (``Eqw``: it will never run)?"""
+    for line in qstat_text.splitlines():
+        words = line.split()
+        if len(words) > 4 and words[0] == job and "E" in words[4]:
+            return True
+    return False
+
+
+def _run(argv: list[str], env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=30, env=None if env is None else dict(env)
+    )
+
+
+def job_status(job: str, env: Mapping[str, str] | None = None) -> tuple[str, int | None]:
+    """(state, exit code once ended): ``qstat -j`` while it exists, then ``qacct``."""
+    try:
+        if _run(["qstat", "-j", job], env).returncode == 0:
+            listing = _run(["qstat"], env).stdout
+            return ("ERROR" if error_state(listing, job) else "QUEUED_OR_RUNNING"), None
+        acct = _run(["qacct", "-j", job], env)
+    except (OSError, subprocess.SubprocessError):
+        return "UNKNOWN", None
+    codes = parse_qacct(acct.stdout) if acct.returncode == 0 else {}
+    return "ENDED", job_code(codes) if codes else 0
+
+
+class QsubRun(BatchRun):
+    """A Grid Engine array job: state from qstat (then qacct), output in one file per task."""
+
+    engine = "sge"
+
+    def __init__(self, *args: Any, directory: str, secret: str, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.directory = directory
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        path = Path(directory, "secret")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secret)
+
+    def parse_submit(self, stdout: str) -> str:
+        return stdout.strip().split(".")[0]  # "123.1-5:1" for an array job
+
+    def poll(self) -> tuple[str, int | None]:
+        assert self.job_id is not None
+        state, code = job_status(self.job_id, self.env)
+        if state == "ERROR":  # never going to run: say why, and end it
+            why = _run(["qstat", "-j", self.job_id], self.env).stdout
+            reason = next((ln.strip() for ln in why.splitlines() if "error reason" in ln), "an error state")
+            if self.say is not None:
+                self.say(f"sge job {self.job_id} cannot run: {reason}")
+            for argv in self.cancel_argv(signal.SIGKILL):
+                with contextlib.suppress(OSError, subprocess.SubprocessError):
+                    _run(argv, self.env)
+            return state, 1
+        if code is not None:
+            forget_files(self.directory)
+        return ("RUNNING" if state == "QUEUED_OR_RUNNING" else state), code
+
+    def output_files(self) -> list[str]:
+        with contextlib.suppress(OSError):
+            return sorted(str(p) for p in Path(self.directory).glob("task-*.out"))
+        return []
+
+    def cancel_argv(self, sig: int) -> list[list[str]]:
+        assert self.job_id is not None
+        # qdel: with -notify the tasks get SIGUSR2 (the shim ends its command: TERM, then KILL
+        # after the grace period) before Grid Engine's SIGKILL
+        return [["qdel", self.job_id]] if sig != signal.SIGKILL else [["qdel", "-f", self.job_id]]
+
+
+def forget_files(directory: str) -> None:
+    """The secret and the scheduler's address are not needed once the job has ended."""
+    for name in ("secret", "scheduler"):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, name))
+
+
+class SgeBackend(EngineBackend):
+    name = "sge"
+    engine_label = "sge"
+
+    def __init__(
+        self, *, sge: SgeOptions | None = None, node_python: str | None = None, console: object = None
+    ):
+        super().__init__(console)
+        base = sge or SgeOptions()
+        self.opts = replace(base, python=node_python or base.python)
+        self.qsub: QsubRun | None = None
+
+    def finds_scheduler_address(self) -> bool:
+        return True
+
+    def node_hosts(self, spec: LaunchSpec) -> dict[Host, str] | None:
+        return dict.fromkeys(spec.hosts, "")
+
+    def engine_runs(self, task: Task) -> bool:
+        return True
+
+    def node_unknown(self, task: Task) -> bool:
+        return True
+
+    def _names(self, plan: Plan, directory: str) -> list[str]:
+        env = task_env(plan, directory)
+        return sorted({*env, *(n for n in PASSED_THROUGH if n in os.environ)})
+
+    def _qsub(self, plan: Plan) -> list[str]:
+        cwd = plan.tasks[0].cwd
+        directory = job_dir(cwd, plan.job_id)
+        return qsub_argv(plan, self.opts, self._names(plan, directory), directory, cwd)
+
+    def describe(self, task: Task) -> list[str]:
+        return [self.opts.python, "-m", "launchkit.shim", "--", *task.argv]
+
+    def describe_job(self, plan: Plan) -> list[list[str]]:
+        return [self._qsub(plan)]
+
+    def notes(self, plan: Plan) -> list[str]:
+        return [
+            "one array job; task k runs row k-1 (servers, workers, then the scheduler); the "
+            "scheduler's task publishes its address in the job's directory",
+            f"the job script, on qsub's stdin: {job_script(self.opts.python, plan.tasks[0]).splitlines()[-1]}",
+        ]
+
+    def make_run(self, plan: Plan) -> EngineRun:
+        cwd = plan.tasks[0].cwd
+        directory = job_dir(cwd, plan.job_id)
+        env = merge_env(os.environ, task_env(plan, directory))
+        env.pop(contract.LAUNCHKIT_JOB_SECRET, None)
+        secret = plan.tasks[0].env.get(contract.LAUNCHKIT_JOB_SECRET, secrets.token_hex(32))
+        self.qsub = QsubRun(
+            self._qsub(plan), job_script(self.opts.python, plan.tasks[0]), env, cwd, self.say,
+            directory=directory, secret=secret,
+        )  # fmt: skip
+        return self.qsub
+
+    def can_detach(self) -> bool:
+        return True
+
+    def output_of(self, plan: Plan) -> str | None:
+        return job_dir(plan.tasks[0].cwd, plan.job_id)
+
+    def submit(self, plan: Plan) -> str:
+        """``--detach``: submit and return Grid Engine's job id."""
+        run = self.make_run(plan)
+        assert isinstance(run, QsubRun)
+        return run.submit()
+
+    def close(self) -> None:
+        super().close()
+        if self.qsub is not None:
+            forget_files(self.qsub.directory)

@@ -1,0 +1,101 @@
+"""Grid Engine command lines, the job script and qacct parsing (pure), with hostile values."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+
+from launchkit.backends.engine import scheduler_last
+from launchkit.backends.sge import (
+    SgeOptions,
+    error_state,
+    job_code,
+    job_script,
+    parse_qacct,
+    placeholder_hosts,
+    qsub_argv,
+    task_env,
+)
+from launchkit.plan import make_plan
+from launchkit.spec import LaunchSpec
+
+HOSTILE = "a b'c\"$HOME\n`x`;rm -rf /nope"
+
+
+def plan_for(n: int = 2, s: int = 2):
+    hosts = placeholder_hosts(n + s)
+    spec = LaunchSpec(
+        num_workers=n, num_servers=s, command=("python3", "t.py", HOSTILE), backend="sge", hosts=hosts,
+        env=(("HOSTILE", HOSTILE),), cwd="/work dir/$x",
+    )  # fmt: skip
+    return make_plan(
+        spec, job_id="j1", secret="topsecret", root_uri="", root_port=0, node_host_of=dict.fromkeys(hosts, "")
+    )
+
+
+def test_one_array_job_with_a_task_per_process_and_names_only() -> None:
+    plan = plan_for()
+    env = task_env(plan, "/w/launchkit-j1")
+    opts = SgeOptions(queue="all.q", pe="smp:2", resources=("h_vmem=2G", "gpu=1"), extra=("-P", "proj"))
+    argv = qsub_argv(plan, opts, sorted(env), "/w/launchkit-j1", "/work dir/$x")
+    assert argv[:9] == ["qsub", "-terse", "-N", "lk-j1", "-t", "1-5", "-wd", "/work dir/$x", "-o"]
+    assert argv[9] == "/w/launchkit-j1/task-$TASK_ID.out"  # Grid Engine expands $TASK_ID itself
+    assert argv[argv.index("-q") : argv.index("-q") + 2] == ["-q", "all.q"]
+    assert argv[argv.index("-pe") + 1 : argv.index("-pe") + 3] == ["smp", "2"]
+    assert argv.count("-l") == 2 and argv[-2:] == ["-P", "proj"]
+    names = argv[argv.index("-v") + 1].split(",")
+    assert "LAUNCHKIT_JOB_SECRET" not in names and "LAUNCHKIT_SECRET_FILE" in names
+    assert "topsecret" not in shlex.join(argv) and HOSTILE not in shlex.join(argv)
+    assert "topsecret" not in str(env)  # the secret goes in a file, not the job's environment
+    assert env["DMLC_PS_ROOT_URI"] == "" and env["LAUNCHKIT_RENDEZVOUS"] == "/w/launchkit-j1/scheduler"
+
+
+def test_rows_put_the_scheduler_last_for_1_based_task_ids() -> None:
+    rows = [(t.role, t.rank) for t in scheduler_last(plan_for(2, 1))]
+    assert rows == [("server", 0), ("worker", 0), ("worker", 1), ("scheduler", 0)]  # SGE_TASK_ID k -> row k-1
+
+
+def test_job_script_runs_hostile_words_literally() -> None:
+    plan = plan_for()
+    script = job_script("/usr/bin/printf", plan.tasks[0])
+    # the script is /bin/sh: run it with a printf in place of python to see the words arrive
+    script = script.replace("-m launchkit.shim --", "'%s\\n'")
+    out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out == f"python3\nt.py\n{HOSTILE}\n"
+
+
+QACCT = """==============================================================
+qname        all.q
+jobnumber    15
+taskid       1
+failed       0
+exit_status  3
+==============================================================
+qname        all.q
+jobnumber    15
+taskid       2
+failed       100 : assumedly after job
+exit_status  137                  (Killed)
+==============================================================
+qname        all.q
+jobnumber    15
+taskid       3
+failed       26  : opening input/output file
+exit_status  0
+"""
+
+
+def test_qacct_codes() -> None:
+    codes = parse_qacct(QACCT)
+    assert codes == {1: 3, 2: 137, 3: 1}
+    assert job_code(codes) == 3 and job_code({1: 0, 2: 0}) == 0
+
+
+def test_error_state_from_the_listing() -> None:
+    listing = (
+        "job-ID  prior   name       user  state submit/start at     queue  slots ja-task-ID\n"
+        "-------------------------------------------------------------------------\n"
+        "     15 0.55500 lk-1123-01 root  Eqw   11/23/2026 01:08:38        1 1-3:1\n"
+        "     16 0.55500 lk-1123-02 root  r     11/23/2026 01:08:38 all.q  1 1\n"
+    )
+    assert error_state(listing, "15") and not error_state(listing, "16") and not error_state(listing, "1")

@@ -1,0 +1,55 @@
+"""The scheduler's address through a shared file, and the secret from a file (in-process)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from launchkit import rendezvous
+
+
+def test_scheduler_publishes_and_the_others_read(tmp_path: Path) -> None:
+    path = str(tmp_path / "scheduler")
+    found: dict[str, str] = {}
+
+    def worker() -> None:
+        env = {"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "", rendezvous.RENDEZVOUS_VAR: path}
+        rendezvous.resolve(env)
+        found.update(env)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    time.sleep(0.3)  # the worker waits for the file
+    sched = {
+        "DMLC_ROLE": "scheduler",
+        "DMLC_PS_ROOT_URI": "",
+        rendezvous.RENDEZVOUS_VAR: path,
+        "SGE_O_HOST": "127.0.0.1",
+    }
+    rendezvous.resolve(sched)
+    t.join(5)
+    assert sched["DMLC_PS_ROOT_URI"] == "127.0.0.1" and int(sched["DMLC_PS_ROOT_PORT"]) > 0
+    assert (found["DMLC_PS_ROOT_URI"], found["DMLC_PS_ROOT_PORT"]) == (
+        sched["DMLC_PS_ROOT_URI"],
+        sched["DMLC_PS_ROOT_PORT"],
+    )
+
+
+def test_wait_gives_up_with_a_clear_message(tmp_path: Path) -> None:
+    with pytest.raises(TimeoutError, match="did not publish its address"):
+        rendezvous.wait_for(str(tmp_path / "never"), 0.3)
+
+
+def test_known_address_and_secret_file(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text("s3cr3t\n")
+    env = {"DMLC_PS_ROOT_URI": "10.0.0.1", rendezvous.RENDEZVOUS_VAR: str(tmp_path / "x"),
+           rendezvous.SECRET_FILE_VAR: str(tmp_path / "secret")}  # fmt: skip
+    rendezvous.resolve(env)
+    assert env["LAUNCHKIT_JOB_SECRET"] == "s3cr3t" and env["DMLC_PS_ROOT_URI"] == "10.0.0.1"
+    assert rendezvous.parse_root("garbage") is None and rendezvous.parse_root("1.2.3.4 80\n") == (
+        "1.2.3.4",
+        80,
+    )
