@@ -11,6 +11,7 @@ import typer
 from launchkit import remotecmd
 from launchkit.backends.ssh import unique_hosts
 from launchkit.cli.app import get_app
+from launchkit.enginehosts import engine_hosts
 from launchkit.errors import UsageError
 from launchkit.hostfile import format_host, host_key, parse_host, parse_line, read_hostfile
 from launchkit.spec import Host
@@ -19,14 +20,22 @@ from launchkit.sshconn import SshOptions
 hosts_app = typer.Typer(help="Inspect and manage hostfiles.", no_args_is_help=True)
 
 
-@hosts_app.command("list", help="Print the parsed hosts of a hostfile.")
+@hosts_app.command("list", help="Print the parsed hosts of a hostfile, or those an engine gives (--from).")
 def list_hosts(
     ctx: typer.Context,
-    hostfile: Path = typer.Option(..., "-H", "--hostfile", help="The hostfile."),
+    hostfile: Path = typer.Option(None, "-H", "--hostfile", help="The hostfile."),
+    engine: str = typer.Option(
+        None, "--from", help="slurm (the allocation), sge (PE_HOSTFILE) or mpi (the MPI hostfile)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     ui = get_app(ctx).ui
-    hosts = read_hostfile(hostfile)
+    if (hostfile is None) == (engine is None):
+        raise UsageError("give a hostfile (-H FILE) or an engine (--from slurm|sge|mpi), not both")
+    if engine is not None:
+        source, hosts = engine_hosts(engine)
+    else:
+        source, hosts = str(hostfile), read_hostfile(hostfile)
     if as_json:
         ui.json(
             [
@@ -36,7 +45,7 @@ def list_hosts(
         )
         return
     ui.table(
-        f"{hostfile}: {len(hosts)} host(s)",
+        f"{source}: {len(hosts)} host(s)",
         ["line", "host", "user", "port", "slots"],
         [[h.line, h.name, h.user or "", h.port or "", h.slots or ""] for h in hosts],
     )

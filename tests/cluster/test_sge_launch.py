@@ -3,7 +3,9 @@ roles from the 1-based SGE_TASK_ID, failure, kill, Ctrl-C, the launcher's death 
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -143,3 +145,13 @@ def test_detached_failure_is_recorded(sge_local, tmp_path: Path, launchkit_home:
     assert wait_until(lambda: not sge_local.job_ids(), 30), sge_local.run(["qstat"]).stdout
     assert wait_until(lambda: "failed" in run(["ps", "--all"], env=env).stdout, 10)
     assert record(launchkit_home, job)["exit_code"] == 3
+
+
+def test_hosts_from_a_parallel_job(sge_local, tmp_path: Path, launchkit_home: Path) -> None:
+    """Inside a real PE job, `launchkit hosts list --from sge` reads Grid Engine's PE_HOSTFILE."""
+    script = f"#!/bin/sh\nexec {shlex.join([*LAUNCHKIT, 'hosts', 'list', '--from', 'sge', '--json'])}\n"
+    out = tmp_path / "hosts.json"
+    res = sge_local.run(["qsub", "-sync", "y", "-pe", "smp", "2", "-S", "/bin/sh", "-o", str(out), "-j", "y",
+                         "-wd", str(tmp_path), "-v", "PATH"], input=script)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert [(h["host"], h["slots"]) for h in json.loads(out.read_text())] == [(socket.gethostname(), 2)]

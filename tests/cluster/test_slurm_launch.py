@@ -3,6 +3,7 @@ failure, kill, Ctrl-C, the launcher's death and --detach."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -137,3 +138,11 @@ def test_detach_finished_job_shows_its_end(slurm_local, tmp_path: Path, launchki
     assert wait_until(lambda: not slurm_local.job_ids(), 20)
     assert wait_until(lambda: "failed" in run(["ps", "--all"], env=env).stdout, 5)
     assert record(launchkit_home, job)["exit_code"] == 3
+
+
+def test_hosts_from_the_allocation(slurm_local, tmp_path: Path, launchkit_home: Path) -> None:
+    res = subprocess.run(salloc(slurm_local, "hosts", "list", "--from", "slurm", "--json"), cwd=tmp_path,
+                         env=env_of(slurm_local, launchkit_home), capture_output=True, text=True, timeout=60,
+                         stdin=subprocess.DEVNULL)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert [(h["host"], h["slots"]) for h in json.loads(res.stdout)] == [("localhost", 4)]

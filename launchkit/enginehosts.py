@@ -1,0 +1,106 @@
+"""The hosts a cluster engine gives a job: a Slurm allocation, a Grid Engine PE hostfile, an MPI
+hostfile. ``launchkit hosts list --from ENGINE`` shows them, so a user can see where a job will go.
+Parsing is pure; reading the environment and files is at the edges."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Mapping
+
+from launchkit.errors import UsageError
+from launchkit.spec import Host
+
+ENGINES = ("slurm", "sge", "mpi")
+MPI_HOSTFILE_VARS = ("OMPI_MCA_orte_default_hostfile", "HYDRA_HOST_FILE")
+
+
+def tasks_per_node(text: str) -> list[int]:
+    """``SLURM_TASKS_PER_NODE`` (``2(x3),1``) -> ``[2, 2, 2, 1]``."""
+    counts: list[int] = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise ValueError(f"SLURM_TASKS_PER_NODE={text!r}: expected N or N(xM), comma-separated")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def parse_pe_hostfile(text: str, path: str = "PE_HOSTFILE") -> list[Host]:
+    """Grid Engine's ``PE_HOSTFILE``: ``host slots queue processors`` per line."""
+    hosts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        words = line.split()
+        if not words:
+            continue
+        if len(words) < 2 or not words[1].isdigit():
+            raise UsageError(f"{path}:{n}: expected `HOST SLOTS QUEUE PROCESSORS`, got {line!r}")
+        hosts.append(Host(words[0], slots=int(words[1]), line=n))
+    return hosts
+
+
+def parse_mpi_hostfile(text: str, path: str) -> list[Host]:
+    """An Open MPI (``host slots=N``) or Hydra (``host:N``) hostfile; ``#`` comments."""
+    hosts = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        words = line.split()
+        name, _, count = words[0].partition(":")
+        slots = int(count) if count.isdigit() else None
+        for w in words[1:]:
+            key, _, value = w.partition("=")
+            if key == "slots" and value.isdigit():
+                slots = int(value)
+        if count and slots is None:
+            raise UsageError(f"{path}:{n}: bad slot count in {raw!r}")
+        hosts.append(Host(name, slots=slots, line=n))
+    return hosts
+
+
+def _slurm(environ: Mapping[str, str]) -> list[Host]:
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not nodelist:
+        raise UsageError(
+            "--from slurm: SLURM_JOB_NODELIST is not set (run it inside an allocation, e.g. under salloc)"
+        )
+    try:
+        names = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.split()
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise UsageError(f"--from slurm: `scontrol show hostnames {nodelist}` failed: {exc}") from None
+    counts = tasks_per_node(environ["SLURM_TASKS_PER_NODE"]) if environ.get("SLURM_TASKS_PER_NODE") else []
+    return [Host(n, slots=counts[i] if i < len(counts) else None) for i, n in enumerate(names)]
+
+
+def _read(path: str, what: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as exc:
+        raise UsageError(f"--from {what}: cannot read {path}: {exc.strerror}") from None
+
+
+def engine_hosts(engine: str, environ: Mapping[str, str] | None = None) -> tuple[str, list[Host]]:
+    """(where they came from, the hosts) for ``engine``."""
+    env = os.environ if environ is None else environ
+    if engine == "slurm":
+        return f"slurm allocation {env.get('SLURM_JOB_ID', '')}".strip(), _slurm(env)
+    if engine == "sge":
+        path = env.get("PE_HOSTFILE")
+        if not path:
+            raise UsageError("--from sge: PE_HOSTFILE is not set (run it inside a Grid Engine parallel job)")
+        return path, parse_pe_hostfile(_read(path, "sge"), path)
+    if engine == "mpi":
+        var = next((v for v in MPI_HOSTFILE_VARS if env.get(v)), None)
+        if var is None:
+            raise UsageError(f"--from mpi: none of {', '.join(MPI_HOSTFILE_VARS)} names a hostfile")
+        return env[var], parse_mpi_hostfile(_read(env[var], "mpi"), env[var])
+    raise UsageError(f"--from {engine!r}: expected one of {', '.join(ENGINES)}")
