@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.enginejobs import check_contract
 from tests.launchkit.procs import (
     PROG,
     job_ids,
@@ -23,27 +24,12 @@ from tests.launchkit.procs import (
 pytestmark = pytest.mark.timeout(120)
 
 
-def check_contract(envs: dict, servers: int, workers: int, cluster: str = "mpi") -> None:
-    assert sorted(envs) == sorted(
-        [("scheduler", 0)] + [("server", i) for i in range(servers)] + [("worker", i) for i in range(workers)]
-    )
-    secrets = {e["LAUNCHKIT_JOB_SECRET"] for e in envs.values()}
-    assert len(secrets) == 1 and len(secrets.pop()) == 64
-    for (role, rank), e in envs.items():
-        assert e["DMLC_ROLE"] == role and e["LAUNCHKIT_ROLE_RANK"] == str(rank)
-        assert e["DMLC_JOB_CLUSTER"] == cluster
-        assert e["DMLC_NUM_SERVER"] == str(servers) and e["DMLC_NUM_WORKER"] == str(workers)
-        task_id = rank if role == "server" else servers + rank if role == "worker" else servers + workers
-        assert e["DMLC_TASK_ID"] == str(task_id)
-    assert len({e["LAUNCHKIT_JOB_ID"] for e in envs.values()}) == 1
-
-
 def test_local_job_roles_ranks_and_environment(tmp_path: Path, launchkit_home: Path) -> None:
     res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "--log-dir", str(tmp_path / "logs"),
                "--env", "X_HOSTILE:a b $HOME '\"", "python3", PROG, "env"], cwd=tmp_path, timeout=60)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     envs = parse_prefixed(res.stdout)
-    check_contract(envs, 2, 2)
+    check_contract(envs, 2, 2, cluster="mpi")
     assert all(e["X_HOSTILE"] == "a b $HOME '\"" for e in envs.values())
     assert (tmp_path / "logs" / "worker-1.stdout").read_text().startswith("{")
     job = envs[("worker", 0)]["LAUNCHKIT_JOB_ID"]
@@ -101,7 +87,7 @@ def test_two_namespace_hosts(netns_hosts, tmp_path: Path, launchkit_home: Path) 
                "python3", PROG, "env"], cwd=tmp_path, timeout=80)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     envs = parse_prefixed(res.stdout)
-    check_contract(envs, 2, 2)
+    check_contract(envs, 2, 2, cluster="mpi")
     for (role, rank), e in envs.items():
         if role != "scheduler":
             i = rank if role == "server" else 2 + rank  # process i on hosts[i % 2]

@@ -13,14 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_mpi_launch import check_contract
+from tests.cluster.enginejobs import (
+    check_contract,
+    detach_round_trip,
+    detached_failure,
+    end_running_job,
+    start_waiting_job,
+)
 from tests.launchkit.procs import (
     LAUNCHKIT,
     PROG,
     parse_prefixed,
     pids_with_job,
-    record,
-    run,
     wait_for_job,
     wait_until,
 )
@@ -62,9 +66,7 @@ def test_array_job_roles_ranks_and_environment(sge_local, tmp_path: Path, launch
 
 def test_secret_is_not_in_the_job_environment(sge_local, tmp_path: Path, launchkit_home: Path) -> None:
     env = env_of(sge_local, launchkit_home)
-    proc = subprocess.Popen([*LAUNCHKIT, "launch", "--launcher", "sge", "-n", "1", "-s", "1", "python3", PROG, "wait",
-                             "60"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = start_waiting_job("sge", tmp_path, env)
     try:
         job = wait_for_job(launchkit_home)
         assert wait_until(lambda: len(pids_with_job(job)) >= 6, 30)
@@ -98,53 +100,18 @@ def test_kill_ctrl_c_and_launcher_death_qdel_the_job(
     sge_local, tmp_path: Path, launchkit_home: Path, how
 ) -> None:
     env = env_of(sge_local, launchkit_home)
-    proc = subprocess.Popen([*LAUNCHKIT, "launch", "--launcher", "sge", "-n", "2", "-s", "1", "python3", PROG, "wait",
-                             "60"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    try:
-        job = wait_for_job(launchkit_home)
-        assert wait_until(lambda: len(pids_with_job(job)) >= 8, 30)  # a shim and a program per task
-        if how == "kill":
-            res = run(["kill", job], env=env)
-            assert res.returncode == 0, res.stderr
-            assert proc.wait(30) == 143
-        elif how == "sigint":
-            proc.send_signal(signal.SIGINT)
-            assert proc.wait(30) == 130
-        else:
-            proc.kill()
-            proc.wait(5)
-        assert wait_until(lambda: gone(sge_local, job), 20), sge_local.run(["qstat"]).stdout
-    finally:
-        proc.kill()
+    end_running_job(how, "sge", tmp_path, launchkit_home, env, lambda job: gone(sge_local, job))
 
 
-def test_detach_then_ps_logs_and_kill(sge_local, tmp_path: Path, launchkit_home: Path) -> None:
+def test_detach_then_ps_logs_top_and_kill(sge_local, tmp_path: Path, launchkit_home: Path) -> None:
     env = env_of(sge_local, launchkit_home)
-    res = run(["launch", "-n", "1", "-s", "1", "--launcher", "sge", "--detach", "python3", PROG, "wait", "60"],
-              cwd=tmp_path, env=env)  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    job = res.stdout.strip().splitlines()[-1]
-    assert "submitted as sge job" in res.stderr
-    assert wait_until(lambda: len(pids_with_job(job)) >= 6, 30)  # runs with no launcher at all
-    assert "running" in run(["ps"], env=env).stdout
-    assert wait_until(lambda: "[worker 0] ready" in run(["logs", job], env=env).stdout, 10)
-    res = run(["kill", job], env=env)
-    assert res.returncode == 0 and "cancelled sge job" in res.stdout, res.stderr
-    assert wait_until(lambda: gone(sge_local, job), 20), sge_local.run(["qstat"]).stdout
-    assert record(launchkit_home, job)["state"] == "killed"
+    job = detach_round_trip("sge", tmp_path, launchkit_home, env, lambda job: gone(sge_local, job))
     assert not (tmp_path / f"launchkit-{job}" / "secret").exists()
 
 
 def test_detached_failure_is_recorded(sge_local, tmp_path: Path, launchkit_home: Path) -> None:
     env = env_of(sge_local, launchkit_home)
-    res = run(["launch", "-n", "1", "-s", "0", "--launcher", "sge", "--detach", "--grace-period", "1", "python3",
-               PROG, "fail", "worker", "0", "3"], cwd=tmp_path, env=env)  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    job = res.stdout.strip().splitlines()[-1]
-    assert wait_until(lambda: not sge_local.job_ids(), 30), sge_local.run(["qstat"]).stdout
-    assert wait_until(lambda: "failed" in run(["ps", "--all"], env=env).stdout, 10)
-    assert record(launchkit_home, job)["exit_code"] == 3
+    detached_failure("sge", tmp_path, launchkit_home, env, lambda: not sge_local.job_ids())
 
 
 def test_hosts_from_a_parallel_job(sge_local, tmp_path: Path, launchkit_home: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_mpi_launch import check_contract
+from tests.cluster.enginejobs import check_contract
 from tests.launchkit.procs import LAUNCHKIT, PROG, parse_prefixed, wait_for_job, wait_until
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,0 +1,95 @@
+"""What the engine backends' tests share: the contract check, starting a launch that keeps
+running, ending it each way (launchkit kill, Ctrl-C, SIGKILL of the launcher), and the
+--detach round trip (submit, ps, logs, top, kill)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.launchkit.procs import LAUNCHKIT, PROG, pids_with_job, record, run, wait_for_job, wait_until
+
+
+def check_contract(envs: dict, servers: int, workers: int, cluster: str) -> None:
+    """Every process once, with its role, ranks, task id, counts and one job id and secret."""
+    assert sorted(envs) == sorted(
+        [("scheduler", 0)] + [("server", i) for i in range(servers)] + [("worker", i) for i in range(workers)]
+    )
+    secrets = {e["LAUNCHKIT_JOB_SECRET"] for e in envs.values()}
+    assert len(secrets) == 1 and len(secrets.pop()) == 64
+    for (role, rank), e in envs.items():
+        assert e["DMLC_ROLE"] == role and e["LAUNCHKIT_ROLE_RANK"] == str(rank)
+        assert e["DMLC_JOB_CLUSTER"] == cluster
+        assert e["DMLC_NUM_SERVER"] == str(servers) and e["DMLC_NUM_WORKER"] == str(workers)
+        task_id = rank if role == "server" else servers + rank if role == "worker" else servers + workers
+        assert e["DMLC_TASK_ID"] == str(task_id)
+    assert len({e["LAUNCHKIT_JOB_ID"] for e in envs.values()}) == 1
+
+
+def start_waiting_job(launcher: str, cwd: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
+    """A 2-worker, 1-server job whose processes wait 60 s, launched in a session of its own."""
+    return subprocess.Popen(
+        [*LAUNCHKIT, "launch", "--launcher", launcher, "-n", "2", "-s", "1", *extra, "python3", PROG, "wait", "60"],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+
+
+def end_running_job(
+    how: str, launcher: str, cwd: Path, home: Path, env: dict[str, str], gone: Callable[[str], bool]
+) -> None:
+    """Start a job, wait until all of it runs, end it by ``how`` and check nothing is left."""
+    proc = start_waiting_job(launcher, cwd, env)
+    try:
+        job = wait_for_job(home)
+        assert wait_until(lambda: len(pids_with_job(job)) >= 8, 30)  # a shim and a program per process
+        if how == "kill":
+            res = run(["kill", job], env=env)
+            assert res.returncode == 0, res.stderr
+            assert proc.wait(30) == 143
+        elif how == "sigint":
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 130
+        else:
+            proc.kill()
+            proc.wait(5)
+        assert wait_until(lambda: gone(job), 20)
+    finally:
+        proc.kill()
+
+
+def detach_round_trip(
+    launcher: str, cwd: Path, home: Path, env: dict[str, str], gone: Callable[[str], bool]
+) -> str:
+    """--detach, then ps, logs, top and kill on the running job; returns the job id."""
+    res = run(["launch", "-n", "1", "-s", "1", "--launcher", launcher, "--detach", "python3", PROG, "wait", "60"],
+              cwd=cwd, env=env)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.strip().splitlines()[-1]
+    assert f"submitted as {launcher} job" in res.stderr
+    assert wait_until(lambda: len(pids_with_job(job)) >= 6, 30)  # it runs with no launcher at all
+    ps = run(["ps"], env=env)
+    assert job in ps.stdout and "running" in ps.stdout
+    assert wait_until(lambda: "[worker 0] ready" in run(["logs", job], env=env).stdout, 10)
+    top = run(["top", job, "--once"], env=env)
+    assert top.returncode == 0 and top.stdout.count("running") >= 3, top.stdout
+    res = run(["kill", job], env=env)
+    assert res.returncode == 0 and f"cancelled {launcher} job" in res.stdout, res.stderr
+    assert wait_until(lambda: gone(job), 20)
+    assert record(home, job)["state"] == "killed"
+    return job
+
+
+def detached_failure(
+    launcher: str, cwd: Path, home: Path, env: dict[str, str], idle: Callable[[], bool]
+) -> None:
+    """A detached job whose worker exits 3: recorded as failed with 3 once the engine is done."""
+    res = run(["launch", "-n", "1", "-s", "0", "--launcher", launcher, "--detach", "--grace-period", "1",
+               "python3", PROG, "fail", "worker", "0", "3"], cwd=cwd, env=env)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.strip().splitlines()[-1]
+    assert wait_until(idle, 30)
+    assert wait_until(lambda: "failed" in run(["ps", "--all"], env=env).stdout, 10)
+    assert record(home, job)["exit_code"] == 3
