@@ -12,7 +12,7 @@ stream back into processes:
     ``\\x1elk <task> x <code> <t>``   it ended with shell-style ``code``; ``t`` is 1 when the shim
                                       was told to stop it (engine teardown), else 0
 
-``<task>`` is the task's index in the plan. Lines longer than ``CHUNK`` bytes are cut into
+``<task>`` is the task's index in the plan. Lines longer than ``CHUNK`` (900) bytes are cut into
 several framed pieces. The shim exits with the command's code, so the engine sees failures too.
 Signals (TERM, INT, HUP) go to the command's process group; if the engine's daemon that started
 the shim goes away, the shim ends the command itself. It needs nothing but the standard library and launchkit.
@@ -36,7 +36,7 @@ from launchkit import rendezvous
 
 TASKS_VAR = "LAUNCHKIT_SHIM_TASKS"
 MARK = b"\x1elk "
-CHUNK = 2048
+CHUNK = 900  # a framed line stays under 1024 bytes: Slurm forwards task output in 1 KiB messages
 GRACE = 5.0
 #: Where each engine puts a process's rank, in the order they are tried, and the rank's base.
 RANK_VARS = (

@@ -38,10 +38,16 @@ def start_waiting_job(launcher: str, cwd: Path, env: dict[str, str], *extra: str
 
 
 def end_running_job(
-    how: str, launcher: str, cwd: Path, home: Path, env: dict[str, str], gone: Callable[[str], bool]
+    how: str,
+    launcher: str,
+    cwd: Path,
+    home: Path,
+    env: dict[str, str],
+    gone: Callable[[str], bool],
+    extra: tuple[str, ...] = (),
 ) -> None:
     """Start a job, wait until all of it runs, end it by ``how`` and check nothing is left."""
-    proc = start_waiting_job(launcher, cwd, env)
+    proc = start_waiting_job(launcher, cwd, env, *extra)
     try:
         job = wait_for_job(home)
         assert wait_until(lambda: len(pids_with_job(job)) >= 8, 30)  # a shim and a program per process

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.enginejobs import check_contract
+from tests.cluster.enginejobs import check_contract, end_running_job
 from tests.launchkit.procs import LAUNCHKIT, PROG, parse_prefixed, wait_for_job, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -66,3 +66,13 @@ def test_failing_worker_on_a_node(slurm_netns, tmp_path: Path, launchkit_home: P
     assert wait_until(lambda: not slurm_netns.job_ids() and not on_nodes(slurm_netns, job), 10), (
         slurm_netns.run(["squeue"]).stdout
     )
+
+
+@pytest.mark.parametrize("how", ["sigint", "sigkill"])
+def test_launcher_stopped_or_killed_leaves_no_process_on_any_node(
+    slurm_netns, tmp_path: Path, launchkit_home: Path, how: str
+) -> None:
+    env = {**os.environ, **slurm_netns.env, "LAUNCHKIT_HOME": str(launchkit_home)}
+    end_running_job(how, "slurm", tmp_path, launchkit_home, env,
+                    lambda job: not slurm_netns.job_ids() and not on_nodes(slurm_netns, job),
+                    extra=(*NODE_PYTHON, "--nodes", "3"))  # fmt: skip
