@@ -52,10 +52,6 @@ class BackendError(LaunchkitError):
         self.exit_code = exit_code
 
 
-class NotImplementedBackend(UsageError):
-    """A backend name that is known but not available in this version."""
-
-
 @dataclass(frozen=True)
 class ProcessFailure:
     """One process that ended badly: the root cause of a failed job is the earliest of these."""

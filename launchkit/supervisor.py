@@ -250,7 +250,7 @@ class Supervisor:
             pid = run.handle.pid if run.handle else None
             r = run.result
             if r is None:
-                state, detail = ("running" if pid else "starting"), ""
+                state, detail = ("running" if pid is not None else "starting"), ""
             else:
                 state = "ok" if r.ok else ("ended" if r.killed_by_launcher else "failed")
                 detail = "" if r.ok else (f"signal {r.signal}" if r.signal else f"exit {r.exit_code}")

@@ -8,10 +8,10 @@ import inspect
 from typing import Any
 
 from launchkit.backends.base import Backend
-from launchkit.errors import NotImplementedBackend, UsageError
+from launchkit.errors import UsageError
 
-# name -> "module:Class", or None while the backend is not available in this version.
-REGISTRY: dict[str, str | None] = {
+# name -> "module:Class"
+REGISTRY: dict[str, str] = {
     "local": "launchkit.backends.local:LocalBackend",
     "ssh": "launchkit.backends.ssh:SshBackend",
     "mpi": "launchkit.backends.mpi:MpiBackend",
@@ -30,13 +30,7 @@ def get_backend(name: str, **options: Any) -> Backend:
     take none ignore them)."""
     if name not in REGISTRY:
         raise UsageError(f"unknown launcher {name!r}: expected one of {', '.join(REGISTRY)}")
-    target = REGISTRY[name]
-    if target is None:
-        raise NotImplementedBackend(
-            f"the {name!r} launcher is not implemented yet in this version; "
-            "use --launcher local, or --dry-run to see the plan"
-        )
-    module, _, cls = target.partition(":")
+    module, _, cls = REGISTRY[name].partition(":")
     factory = getattr(importlib.import_module(module), cls)
     params = inspect.signature(factory).parameters
     backend: Backend = factory(**{k: v for k, v in options.items() if k in params})

@@ -44,6 +44,10 @@ class Backend:
         """True when the job itself picks the scheduler's address and port (a batch job)."""
         return False
 
+    def scheduler_summary(self, root_uri: str, port: int) -> str:
+        """Where the scheduler is, for the launch's first line."""
+        return f"scheduler {root_uri}:{port}"
+
     def node_hosts(self, spec: LaunchSpec) -> dict[Host, str] | None:
         """``DMLC_NODE_HOST`` per host when not the hostfile's names ("" : the node finds it)."""
         return None

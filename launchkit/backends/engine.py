@@ -338,6 +338,11 @@ class EngineBackend(Backend):
                 p.lost(code or 1, lines if first else [])
                 first = False
 
+    def scheduler_summary(self, root_uri: str, port: int) -> str:
+        if self.finds_scheduler_address() and not root_uri:
+            return "scheduler started inside the engine's job (it finds its own address)"
+        return super().scheduler_summary(root_uri, port)
+
     # -- --detach (batch engines) ------------------------------------------------------------------
     def can_detach(self) -> bool:
         return False

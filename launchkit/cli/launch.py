@@ -118,6 +118,9 @@ def build_spec(
     if backend == "local" and hostfile:
         ui.warn("--launcher local runs every process on this machine; the hostfile is ignored")
         hosts = (LOCALHOST,)
+    if backend == "yarn" and hostfile:
+        ui.warn("--launcher yarn lets YARN place the containers; the hostfile is ignored")
+        hosts = (LOCALHOST,)
     if backend == "sge":
         if hostfile:
             ui.warn("--launcher sge lets Grid Engine place the tasks; the hostfile is ignored")
@@ -229,12 +232,18 @@ def register(app: typer.Typer) -> None:
         mem_per_server: str = typer.Option(None, "--mem-per-server", help="slurm: memory of a server."),
         mem_per_worker: str = typer.Option(None, "--mem-per-worker", help="slurm: memory of a worker."),
         slurm_args: str = typer.Option("", "--slurm-args", help="slurm: extra sbatch flags, one string."),
-        queue: str = typer.Option(None, "--queue", help="sge: queue (-q)."),
+        queue: str = typer.Option(None, "--queue", help="sge, yarn: the queue."),
         pe: str = typer.Option(None, "--pe", help="sge: parallel environment per task, NAME[:SLOTS]."),
         sge_resource: list[str] = typer.Option(
             [], "--sge-resource", help="sge: a resource (-l), repeatable."
         ),
         sge_args: str = typer.Option("", "--sge-args", help="sge: extra qsub flags, one string."),
+        yarn_rm: str = typer.Option(None, "--yarn-rm", help="yarn: the ResourceManager's URL."),
+        yarn_user: str = typer.Option(None, "--yarn-user", help="yarn: user.name (simple auth)."),
+        yarn_domain: str = typer.Option(None, "--yarn-domain", help="yarn: the Registry DNS domain."),
+        yarn_file: list[str] = typer.Option(
+            [], "--yarn-file", help="yarn: SRC[#NAME] on HDFS, shipped to every container (repeatable)."
+        ),
         detach: bool = typer.Option(False, "--detach", help="slurm, sge: submit, print the job id, return."),
         dashboard: bool = typer.Option(False, "--dashboard", help="Show a live dashboard of the job."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; start nothing."),
@@ -272,6 +281,20 @@ def register(app: typer.Typer) -> None:
 
             engine_options["sge"] = SgeOptions(
                 queue=queue, pe=pe, resources=tuple(sge_resource), extra=_split("--sge-args", sge_args)
+            )
+        if spec.backend == "yarn":
+            from launchkit.backends.yarnspec import YarnOptions
+
+            engine_options["yarn"] = YarnOptions(
+                rm_url=yarn_rm,
+                user=yarn_user,
+                queue=queue,
+                domain=yarn_domain,
+                cpus_per_server=cpus_per_server or cpus_per_task,
+                cpus_per_worker=cpus_per_worker or cpus_per_task,
+                mem_per_server=mem_per_server or mem,
+                mem_per_worker=mem_per_worker or mem,
+                files=tuple(yarn_file),
             )
         if spec.backend == "slurm":
             engine_options["slurm"] = slurm_options(
@@ -436,7 +459,7 @@ def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: b
         ui.info(
             f"job {plan.job_id} ({plan.job_name}): 1 scheduler, {_count(spec.num_servers, 'server')}, "
             f"{_count(spec.num_workers, 'worker')} on {plan.backend}; "
-            + (f"scheduler {root_uri}:{port}" if root_uri else "scheduler started inside the batch job")
+            + backend.scheduler_summary(root_uri, port)
         )
         result = Supervisor(
             plan,

@@ -141,13 +141,6 @@ def test_missing_required_flag_is_usage_error() -> None:
     assert "-n" in res.stderr and "Traceback" not in res.stderr
 
 
-def test_unimplemented_backend_says_so(tmp_path: Path) -> None:
-    (tmp_path / "hf").write_text("127.0.0.1\n")
-    res = run(["launch", "-n", "1", "-H", "hf", "--launcher", "yarn", "true"], cwd=tmp_path)
-    assert res.returncode == 2
-    assert "not implemented yet" in res.stderr
-
-
 def test_hosts_list_table_and_json() -> None:
     res = run(["hosts", "list", "-H", "hostfiles/example"])
     assert res.returncode == 0, res.stderr
