@@ -106,3 +106,19 @@ def slurm_netns(netns_session: None) -> Iterator[SlurmCluster]:
 
 
 from .sge import sge_local  # noqa: E402, F401  (a real Grid Engine, session scope)
+
+
+@pytest.fixture(scope="session")
+def node_python() -> Iterator[list[str]]:
+    """launch flags that make namespace hosts run launchkit's shim: Debian's python3 with a copy
+    of the launchkit package in /var/tmp, the one place they share with this machine (the
+    checkout may be under /root or /tmp, private to each host)."""
+    import secrets
+    import shutil
+    from pathlib import Path
+
+    root = Path(f"/var/tmp/launchkit-test-node-{secrets.token_hex(4)}")
+    package = Path(__file__).resolve().parents[2] / "launchkit"
+    shutil.copytree(package, root / "launchkit", ignore=shutil.ignore_patterns("__pycache__"))
+    yield ["--node-python", "/usr/bin/python3", "--env", f"PYTHONPATH:{root}"]
+    shutil.rmtree(root, ignore_errors=True)

@@ -4,6 +4,7 @@ running, ending it each way (launchkit kill, Ctrl-C, SIGKILL of the launcher), a
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 from collections.abc import Callable
@@ -28,10 +29,18 @@ def check_contract(envs: dict, servers: int, workers: int, cluster: str) -> None
     assert len({e["LAUNCHKIT_JOB_ID"] for e in envs.values()}) == 1
 
 
+def program(cwd: Path) -> str:
+    """The test program, copied into the job's directory: every node sees that directory (a
+    namespace host need not see the checkout)."""
+    shutil.copy(PROG, cwd / "jobprog.py")
+    return "jobprog.py"
+
+
 def start_waiting_job(launcher: str, cwd: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
     """A 2-worker, 1-server job whose processes wait 60 s, launched in a session of its own."""
+    prog = program(cwd)
     return subprocess.Popen(
-        [*LAUNCHKIT, "launch", "--launcher", launcher, "-n", "2", "-s", "1", *extra, "python3", PROG, "wait", "60"],
+        [*LAUNCHKIT, "launch", "--launcher", launcher, "-n", "2", "-s", "1", *extra, "python3", prog, "wait", "60"],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         stdin=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
@@ -70,7 +79,7 @@ def detach_round_trip(
     launcher: str, cwd: Path, home: Path, env: dict[str, str], gone: Callable[[str], bool]
 ) -> str:
     """--detach, then ps, logs, top and kill on the running job; returns the job id."""
-    res = run(["launch", "-n", "1", "-s", "1", "--launcher", launcher, "--detach", "python3", PROG, "wait", "60"],
+    res = run(["launch", "-n", "1", "-s", "1", "--launcher", launcher, "--detach", "python3", program(cwd), "wait", "60"],
               cwd=cwd, env=env)  # fmt: skip
     assert res.returncode == 0, res.stderr
     job = res.stdout.strip().splitlines()[-1]
@@ -93,7 +102,7 @@ def detached_failure(
 ) -> None:
     """A detached job whose worker exits 3: recorded as failed with 3 once the engine is done."""
     res = run(["launch", "-n", "1", "-s", "0", "--launcher", launcher, "--detach", "--grace-period", "1",
-               "python3", PROG, "fail", "worker", "0", "3"], cwd=cwd, env=env)  # fmt: skip
+               "python3", program(cwd), "fail", "worker", "0", "3"], cwd=cwd, env=env)  # fmt: skip
     assert res.returncode == 0, res.stderr
     job = res.stdout.strip().splitlines()[-1]
     assert wait_until(idle, 30)

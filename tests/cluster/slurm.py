@@ -25,6 +25,7 @@ import errno
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -367,7 +368,14 @@ class SlurmCluster:
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
         for i, node in enumerate(self.nodes):
             if self.hosts is None:
-                self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-f", str(self.conf), "-N", node])
+                argv = ["slurmd", "-D", "-f", str(self.conf), "-N", node]
+                if not os.path.ismount("/sys/fs/cgroup"):
+                    # a machine (or container) without a cgroup mount: slurmd's cgroup plugin
+                    # refuses to start, so give it the same private named hierarchy as the
+                    # namespace nodes, in a mount namespace of its own
+                    script = f"{_NODE_CGROUP_SH} && exec {shlex.join(argv)}"
+                    argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script]
+                self._spawn(f"slurmd-{node}", argv)
             else:
                 self._spawn_in_host(self.hosts[i], node)
         self._wait_ready(timeout=10 + 0.5 * len(self.nodes))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -74,17 +75,15 @@ def test_sigkill_of_launcher_leaves_no_rank(tmp_path: Path, launchkit_home: Path
     assert wait_until(lambda: not pids_with_job(job), 15)
 
 
-def test_two_namespace_hosts(netns_hosts, tmp_path: Path, launchkit_home: Path) -> None:
+def test_two_namespace_hosts(netns_hosts, node_python, tmp_path: Path, launchkit_home: Path) -> None:
     group = netns_hosts(2, private_tmp=False)
     hostfile = tmp_path / "hosts"
     hostfile.write_text("".join(f"{h.address}\n" for h in group))
-    # the hosts cannot run this venv's interpreter (it may live under /root, private to each
-    # host): Debian's python3 runs the shim from this checkout
-    root = str(Path(__file__).resolve().parents[2])
-    flags = ["--node-python", "/usr/bin/python3", "--env", f"PYTHONPATH:{root}", "--mpi-args", "--mca oob_tcp_if_include 10.231.0.0/24 --mca btl_tcp_if_include 10.231.0.0/24",
+    shutil.copy(PROG, tmp_path / "jobprog.py")  # the hosts see /tmp, not necessarily the checkout
+    flags = [*node_python, "--mpi-args", "--mca oob_tcp_if_include 10.231.0.0/24 --mca btl_tcp_if_include 10.231.0.0/24",
              "-i", str(group.identity), "--known-hosts", str(group.known_hosts)]  # fmt: skip
     res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "-H", str(hostfile), *flags,
-               "python3", PROG, "env"], cwd=tmp_path, timeout=80)  # fmt: skip
+               "python3", "jobprog.py", "env"], cwd=tmp_path, timeout=80)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     envs = parse_prefixed(res.stdout)
     check_contract(envs, 2, 2, cluster="mpi")
@@ -95,7 +94,7 @@ def test_two_namespace_hosts(netns_hosts, tmp_path: Path, launchkit_home: Path) 
             assert e["DMLC_PS_ROOT_URI"] == "10.231.0.1"
     # a failing worker on a remote host: exit 3, nothing left on either host
     res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "-H", str(hostfile), *flags,
-               "--grace-period", "2", "python3", PROG, "fail", "worker", "1", "3"], cwd=tmp_path, timeout=80)  # fmt: skip
+               "--grace-period", "2", "python3", "jobprog.py", "fail", "worker", "1", "3"], cwd=tmp_path, timeout=80)  # fmt: skip
     assert res.returncode == 3, res.stderr[-3000:]
     assert f"worker 1 on {group[1].address} exited with code 3" in res.stderr
     job = sorted((launchkit_home / "jobs").glob("*.json"))[-1].stem
@@ -104,7 +103,7 @@ def test_two_namespace_hosts(netns_hosts, tmp_path: Path, launchkit_home: Path) 
     # the launcher killed outright: the reaper ends mpirun, the remote ranks go with it
     before = set(job_ids(launchkit_home))
     proc = start(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "-H", str(hostfile), *flags,
-                  "python3", PROG, "wait", "60"], cwd=tmp_path)  # fmt: skip
+                  "python3", "jobprog.py", "wait", "60"], cwd=tmp_path)  # fmt: skip
     try:
         assert wait_until(lambda: set(job_ids(launchkit_home)) - before, 10)
         (job,) = set(job_ids(launchkit_home)) - before

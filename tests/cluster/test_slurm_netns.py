@@ -4,6 +4,7 @@ hostname and process table), slurmctld on this machine. Inside an allocation and
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,18 +14,23 @@ from tests.cluster.enginejobs import check_contract, end_running_job
 from tests.launchkit.procs import LAUNCHKIT, PROG, parse_prefixed, wait_for_job, wait_until
 
 pytestmark = pytest.mark.timeout(120)
-ROOT = str(Path(__file__).resolve().parents[2])
-# the nodes cannot run this venv's interpreter (it may live under /root, private to each node):
-# Debian's python3 runs launchkit's shim and batch job from this checkout
-NODE_PYTHON = ["--node-python", "/usr/bin/python3", "--env", f"PYTHONPATH:{ROOT}"]
 
 
-def launch(cluster, tmp_path: Path, home: Path, where: str, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [*LAUNCHKIT, "launch", "--launcher", "slurm", *NODE_PYTHON, *args]
+@pytest.fixture
+def jobdir(tmp_path: Path) -> Path:
+    """The job's directory, with the test program: the nodes see /tmp, not necessarily the checkout."""
+    shutil.copy(PROG, tmp_path / "jobprog.py")
+    return tmp_path
+
+
+def launch(
+    cluster, flags: list[str], cwd: Path, home: Path, where: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    argv = [*LAUNCHKIT, "launch", "--launcher", "slurm", *flags, *args]
     if where == "allocation":
         argv = ["salloc", "-N3", "-n6", "--overcommit", "--quiet", *argv]
     env = {**os.environ, **cluster.env, "LAUNCHKIT_HOME": str(home)}
-    return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100,
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=100,
                           stdin=subprocess.DEVNULL)  # fmt: skip
 
 
@@ -34,10 +40,24 @@ def on_nodes(cluster, job: str) -> list[int]:
 
 
 @pytest.mark.parametrize("where", ["allocation", "sbatch"])
-def test_three_nodes_placement_and_contract(slurm_netns, tmp_path: Path, launchkit_home: Path, where) -> None:
+def test_three_nodes_placement_and_contract(
+    slurm_netns, node_python, jobdir: Path, launchkit_home: Path, where
+) -> None:
     nodes = ["--nodes", "3"] if where == "sbatch" else []
     res = launch(
-        slurm_netns, tmp_path, launchkit_home, where, "-n", "2", "-s", "2", *nodes, "python3", PROG, "env"
+        slurm_netns,
+        node_python,
+        jobdir,
+        launchkit_home,
+        where,
+        "-n",
+        "2",
+        "-s",
+        "2",
+        *nodes,
+        "python3",
+        "jobprog.py",
+        "env",
     )
     assert res.returncode == 0, res.stderr[-3000:]
     envs = parse_prefixed(res.stdout)
@@ -56,10 +76,12 @@ def test_three_nodes_placement_and_contract(slurm_netns, tmp_path: Path, launchk
 
 
 @pytest.mark.parametrize("where", ["allocation", "sbatch"])
-def test_failing_worker_on_a_node(slurm_netns, tmp_path: Path, launchkit_home: Path, where) -> None:
+def test_failing_worker_on_a_node(
+    slurm_netns, node_python, jobdir: Path, launchkit_home: Path, where
+) -> None:
     nodes = ["--nodes", "3"] if where == "sbatch" else []
-    res = launch(slurm_netns, tmp_path, launchkit_home, where, "-n", "2", "-s", "2", "--grace-period", "2", *nodes,
-                 "python3", PROG, "fail", "worker", "1", "3")  # fmt: skip
+    res = launch(slurm_netns, node_python, jobdir, launchkit_home, where, "-n", "2", "-s", "2", "--grace-period", "2", *nodes,
+                 "python3", "jobprog.py", "fail", "worker", "1", "3")  # fmt: skip
     assert res.returncode == 3, res.stderr[-3000:]
     assert "worker 1 on node1 exited with code 3" in res.stderr  # process 3 of 4: node 3 % 3 = node1
     job = wait_for_job(launchkit_home)
@@ -70,9 +92,9 @@ def test_failing_worker_on_a_node(slurm_netns, tmp_path: Path, launchkit_home: P
 
 @pytest.mark.parametrize("how", ["sigint", "sigkill"])
 def test_launcher_stopped_or_killed_leaves_no_process_on_any_node(
-    slurm_netns, tmp_path: Path, launchkit_home: Path, how: str
+    slurm_netns, node_python, jobdir: Path, launchkit_home: Path, how: str
 ) -> None:
     env = {**os.environ, **slurm_netns.env, "LAUNCHKIT_HOME": str(launchkit_home)}
-    end_running_job(how, "slurm", tmp_path, launchkit_home, env,
+    end_running_job(how, "slurm", jobdir, launchkit_home, env,
                     lambda job: not slurm_netns.job_ids() and not on_nodes(slurm_netns, job),
-                    extra=(*NODE_PYTHON, "--nodes", "3"))  # fmt: skip
+                    extra=(*node_python, "--nodes", "3"))  # fmt: skip
