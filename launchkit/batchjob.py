@@ -111,15 +111,6 @@ def main() -> int:
     program = list(spec["program"])
     procs: list[subprocess.Popen[bytes]] = []
     relay = _Relay()
-    tmp = tempfile.mkdtemp(prefix="launchkit-batch-")
-    if spec.get("scheduler") is not None:
-        procs.append(relay.start(program, {**env, RANK_OVERRIDE: str(spec["scheduler"])}))
-    for n, step in enumerate(spec["steps"]):
-        path = os.path.join(tmp, f"hosts.{n}")
-        with open(path, "w") as f:
-            f.write(hostfile_text(step["slots"], nodes))
-        step_env = {**env, "SLURM_HOSTFILE": path, "LAUNCHKIT_SHIM_OFFSET": str(step["offset"])}
-        procs.append(relay.start([*step["srun"], *program], step_env))
     grace = float(spec.get("grace", 5.0))
     stop_at: list[float] = []
 
@@ -129,8 +120,23 @@ def main() -> int:
             with contextlib.suppress(OSError):
                 p.send_signal(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # before any child exists
         signal.signal(sig, on_signal)
+    tmp = tempfile.mkdtemp(prefix="launchkit-batch-")
+    if spec.get("scheduler") is not None:
+        # not a step: it must not pass for one (a user's own step would be cancelled with ours)
+        own = {k: v for k, v in env.items() if not k.startswith(("SLURM_STEP", "SLURM_STEPID"))}
+        procs.append(relay.start(program, {**own, RANK_OVERRIDE: str(spec["scheduler"])}))
+    for n, step in enumerate(spec["steps"]):
+        path = os.path.join(tmp, f"hosts.{n}")
+        with open(path, "w") as f:
+            f.write(hostfile_text(step["slots"], nodes))
+        step_env = {**env, "SLURM_HOSTFILE": path, "LAUNCHKIT_SHIM_OFFSET": str(step["offset"])}
+        procs.append(relay.start([*step["srun"], *program], step_env))
+    if stop_at:  # a signal came while the children were starting
+        for p in procs:
+            with contextlib.suppress(OSError):
+                p.send_signal(signal.SIGTERM)
     first_failure = 0
     while [p.poll() for p in procs].count(None):  # poll every one (any() would stop early)
         for p in procs:

@@ -13,9 +13,12 @@ from launchkit import jobs, shim
 
 
 def engine_job(record: jobs.JobRecord) -> tuple[str, str] | None:
-    """(engine, its job id) of a detached job, else None."""
+    """(engine, its job id) of a batch job that no launcher follows any more (submitted with
+    ``--detach``, or its launcher is gone), else None."""
     info = record.remote or {}
-    if not record.detached or not info.get("engine") or not info.get("engine_job"):
+    if not info.get("engine") or not info.get("engine_job"):
+        return None
+    if not record.detached and record.launcher_alive():
         return None
     return str(info["engine"]), str(info["engine_job"])
 
@@ -52,17 +55,17 @@ def _ended(record: jobs.JobRecord) -> None:
 def refresh(record: jobs.JobRecord) -> jobs.JobRecord:
     """A detached job's record brought up to date with the engine's view (recorded when it ended)."""
     which = engine_job(record)
-    if which is None or record.state != "running":
+    if which is None or not record.detached or record.state != "running":
         return record
     status = _status(*which)
     if status is not None and status[1] is None:
-        return record
+        return record  # queued, running, or the engine did not answer this time
     _ended(record)
-    if status is None:
-        return jobs.finish(record, "lost", None)  # the engine forgot it before we looked
-    code = marked_code(record)
+    code = marked_code(record)  # the tasks' own end marks first: they outlive the engine's memory
+    if code is None and status is None:
+        return jobs.finish(record, "lost", None)  # forgotten by the engine, and no marks
     if code is None:
-        code = status[1]
+        code = status[1] if status is not None else None
     return jobs.finish(record, "succeeded" if code == 0 else "failed", code)
 
 
@@ -92,10 +95,13 @@ def cancel(record: jobs.JobRecord) -> str | None:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{shlex.join(argv)}: {exc}"
-    if proc.returncode != 0:
+    said = (proc.stderr + proc.stdout).lower()
+    gone = "invalid job id" in said or "do not exist" in said or "does not exist" in said
+    if proc.returncode != 0 and not gone:
         return f"{shlex.join(argv)}: {proc.stderr.strip() or f'exit {proc.returncode}'}"
     _ended(record)
-    jobs.finish(record, "killed", None)
+    if record.state == "running":
+        jobs.finish(record, "killed", None)
     return None
 
 

@@ -76,7 +76,12 @@ def _slurm(environ: Mapping[str, str]) -> list[Host]:
         ).stdout.split()
     except (OSError, subprocess.SubprocessError) as exc:
         raise UsageError(f"--from slurm: `scontrol show hostnames {nodelist}` failed: {exc}") from None
-    counts = tasks_per_node(environ["SLURM_TASKS_PER_NODE"]) if environ.get("SLURM_TASKS_PER_NODE") else []
+    try:
+        counts = (
+            tasks_per_node(environ["SLURM_TASKS_PER_NODE"]) if environ.get("SLURM_TASKS_PER_NODE") else []
+        )
+    except ValueError as exc:
+        raise UsageError(f"--from slurm: {exc}") from None
     return [Host(n, slots=counts[i] if i < len(counts) else None) for i, n in enumerate(names)]
 
 

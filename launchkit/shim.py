@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from launchkit import rendezvous
 
 TASKS_VAR = "LAUNCHKIT_SHIM_TASKS"
+#: Variables that instruct the shim (and the batch programs) and that the command does not get.
+CONTROL_PREFIXES = ("LAUNCHKIT_SHIM_", "LAUNCHKIT_BATCH", "LAUNCHKIT_RENDEZVOUS", "LAUNCHKIT_SECRET_FILE")
 MARK = b"\x1elk "
 CHUNK = 900  # a framed line stays under 1024 bytes: Slurm forwards task output in 1 KiB messages
 GRACE = 5.0
@@ -152,7 +154,8 @@ class _Out:
 
 
 def _pump(task: int, stream: str, src: int, out: _Out) -> None:
-    with os.fdopen(src, "rb", buffering=0) as f, contextlib.suppress(OSError, ValueError):
+    # buffered: readline returns as soon as a line is complete, without a read() per byte
+    with os.fdopen(src, "rb") as f, contextlib.suppress(OSError, ValueError):
         for line in iter(f.readline, b""):
             for piece in frame_output(task, stream, line):
                 out.write(piece)
@@ -178,6 +181,39 @@ def _end_job(environ: Mapping[str, str]) -> None:
                          start_new_session=True)  # fmt: skip
 
 
+def _guard(shim: int, group: int, poll: float = 0.2) -> None:
+    """Fork a guardian in a session of its own: if the shim is killed outright (an engine's
+    SIGKILL, which the shim cannot pass on), it kills the command's process group, so that
+    nothing the command started outlives the shim. It ends by itself once the group is gone."""
+    try:
+        pid = os.fork()
+    except OSError:
+        return
+    if pid:
+        return
+    try:  # the guardian: no Python cleanup, no inherited streams
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_IGN)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(3, 65536)
+        while True:
+            try:
+                os.killpg(group, 0)
+            except OSError:
+                break  # the command's group is gone: nothing to guard
+            try:
+                os.kill(shim, 0)
+            except ProcessLookupError:
+                _killpg(group, signal.SIGKILL)
+                break
+            time.sleep(poll)
+    finally:
+        os._exit(0)
+
+
 def _killpg(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
@@ -198,19 +234,25 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int:
         for fd in (1, 2):
             with contextlib.suppress(OSError):
                 os.write(fd, frame_event(index, "x", 1, 0))
+        _end_job(environ)  # without its scheduler the job cannot run: end it, do not let it wait
         return 1
     if env.get("DMLC_NODE_HOST") == "":
         env["DMLC_NODE_HOST"] = node_address(env)
+    for name in [k for k in env if k.startswith(CONTROL_PREFIXES)]:
+        del env[name]  # the shim's own instructions are not the command's business
     out, err = _Out(1), _Out(2)
     stop = {"asked": 0.0}
     started: list[int] = []  # the child's pid, once there is one
 
     # Grid Engine's qdel -notify sends SIGUSR2 before SIGKILL: with LAUNCHKIT_SHIM_NOTIFY=1 it
     # means "stop" (SIGTERM to the command, SIGKILL after the grace period)
+    # (its SIGUSR1 announces a suspension, which SIGSTOP then does: nothing to pass on)
     notify = environ.get("LAUNCHKIT_SHIM_NOTIFY") == "1"
     stopping = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP} | ({signal.SIGUSR2} if notify else set())
 
     def on_signal(signum: int, _frame: object) -> None:
+        if notify and signum == signal.SIGUSR1:
+            return
         if signum in stopping and not stop["asked"]:
             stop["asked"] = time.monotonic()
         forward = signal.SIGTERM if notify and signum == signal.SIGUSR2 else signum
@@ -239,6 +281,7 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int:
             stream.write(frame_event(index, "x", code, 0))
         return code
     started.append(child.pid)
+    _guard(os.getpid(), child.pid)
     if stop["asked"]:  # a signal came while it was starting
         _killpg(child.pid, signal.SIGTERM)
     os.close(o_w)

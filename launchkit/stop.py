@@ -50,13 +50,13 @@ def stop_job(job_id: str, grace: float = 3.0) -> StopResult:
     running = set(procscan.find_job_pids(job_id))
     record = jobs.load(job_id)
     if record is not None and detached.engine_job(record) is not None:
+        # a batch job no launcher follows: the engine ends it (harmless if it already ended)
         info = record.remote or {}
-        if record.state == "running":
-            error = detached.cancel(record)
-            if error is not None:
-                return StopResult(
-                    job_id, 0, False, (HostResult(Host(str(info.get("engine"))), False, error=error),)
-                )
+        error = detached.cancel(record)
+        if error is not None:
+            return StopResult(
+                job_id, 0, False, (HostResult(Host(str(info.get("engine"))), False, error=error),)
+            )
         return StopResult(job_id, 0, True, cancelled=f"{info.get('engine')} job {info.get('engine_job')}")
     stopped = False
     if record is not None and record.state == "running":

@@ -32,6 +32,7 @@ from launchkit.spec import JobResult, Plan, Task, TaskResult
 
 TAIL_LINES = 20
 EXIT_TIMEOUT = 124  # as timeout(1)
+KILL_CONFIRM = 30.0  # seconds after SIGKILL before a process that has not confirmed its end is given up
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -72,7 +73,9 @@ class Supervisor:
         time_limit: float | None = None,
         record: jobs.JobRecord | None = None,
         dashboard: Dashboard | None = None,
+        kill_confirm: float = KILL_CONFIRM,
     ) -> None:
+        self.kill_confirm = kill_confirm
         self.plan = plan
         self.backend = backend
         self.ui = ui
@@ -146,6 +149,18 @@ class Supervisor:
                 run.readers.append(t)
             threading.Thread(target=self._wait, args=(index, handle), daemon=True).start()
 
+    def _give_up(self, since: float) -> None:
+        """Processes that did not confirm their end ``kill_confirm`` s after SIGKILL (an engine
+        that does not answer) count as killed; the backend's cleanup (and the reaper) remain."""
+        late = [i for i, run in enumerate(self._procs) if run.result is None and run.handle is not None]
+        if late:
+            self.ui.warn(
+                f"{len(late)} process(es) did not confirm their end {self.kill_confirm:g}s after SIGKILL; "
+                "counting them as killed (the engine's own cleanup goes on)"
+            )
+        for i in late:
+            self._events.put((i, -signal.SIGKILL, time.time()))
+
     def _signal_all(self, sig: int) -> None:
         for run in self._procs:
             if run.handle is not None and run.result is None:
@@ -159,6 +174,7 @@ class Supervisor:
         old_handlers = self._install_signals()
         teardown_at: float | None = None  # when we began ending the job
         kill_at: float | None = None
+        given_up_at: float | None = None
         interrupted_by: int | None = None
         root: TaskResult | None = None
         try:
@@ -189,14 +205,20 @@ class Supervisor:
                 if kill_at is not None and time.monotonic() >= kill_at:
                     self._signal_all(signal.SIGKILL)
                     kill_at = float("inf")
+                    given_up_at = time.monotonic() + self.kill_confirm
+                if given_up_at is not None and time.monotonic() >= given_up_at:
+                    self._give_up(given_up_at)  # never wait forever for an engine to confirm
+                    given_up_at = float("inf")
                 if self.dashboard is not None and self.dashboard.due():
                     self.dashboard.update(self.snapshot())
                 try:
                     index, code, ended = self._events.get(timeout=0.1)
                 except queue.Empty:
                     continue
-                pending -= 1
                 run = self._procs[index]
+                if run.result is not None:  # already settled (given up on, then it ended after all)
+                    continue
+                pending -= 1
                 exit_code, sig_no = exit_code_of(code)
                 run.result = TaskResult(
                     run.task,
@@ -213,9 +235,10 @@ class Supervisor:
             self.backend.wait_ended(self.grace + 5.0)
             strays = procscan.sweep_job(self.plan.job_id, self.grace, exclude=(reaper_proc.pid,))
             procscan.remove_shm(self.plan.job_id)
+            drained_by = time.monotonic() + 2.0  # one bound for all (a given-up stream may never close)
             for run in self._procs:
                 for t in run.readers:
-                    t.join(timeout=2.0)
+                    t.join(timeout=max(0.0, drained_by - time.monotonic()))
         finally:
             if self.dashboard is not None:
                 self.dashboard.stop(self.snapshot())
@@ -296,7 +319,9 @@ class Supervisor:
             )
             for run in self._procs
         )
-        self.record = dataclasses.replace(self.record, processes=procs)
+        # an engine knows its own job's id (and output file) only once it has submitted it
+        remote = self.backend.record_info() or self.record.remote
+        self.record = dataclasses.replace(self.record, processes=procs, remote=remote)
         jobs.save(self.record)
 
     def _save_finished(self, result: JobResult) -> None:

@@ -112,12 +112,14 @@ class BatchRun(EngineRun):
             while final_reads < FINAL_READS:
                 state, code = self.poll()
                 tail.read(feed)
-                if code is not None:
+                if code is None:
+                    final_reads = 0  # an end counts only when seen FINAL_READS times in a row
+                    if state not in (shown, "UNKNOWN") and self.say is not None:
+                        shown = state
+                        self.say(f"{self.engine} job {self.job_id}: {state.lower()}")
+                else:
                     self.ended_state, self._code = state, code
                     final_reads += 1
-                elif state != shown and self.say is not None:
-                    shown = state
-                    self.say(f"{self.engine} job {self.job_id}: {state.lower()}")
                 time.sleep(POLL)
             tail.flush(feed)
         finally:

@@ -9,6 +9,8 @@ value; the shim turns the MPI rank into the role and ranks. See docs/backends.md
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import shlex
 import shutil
@@ -16,10 +18,12 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from launchkit.backends.engine import EngineBackend, EngineRun, PopenRun, engine_env, shim_argv
 from launchkit.contract import merge_env
 from launchkit.errors import BackendError, UsageError
+from launchkit.hostfile import format_host
 from launchkit.spec import LOCALHOST, Host, LaunchSpec, Plan, Task
 from launchkit.sshconn import SshOptions
 
@@ -93,6 +97,7 @@ class MpiOptions:
     as_root: bool = False
     python: str = sys.executable
     local: bool = False  # no hostfile: every rank on this machine
+    grace: float = 5.0  # --grace-period: how long a rank may take to end after SIGTERM
 
 
 def render(plan: Plan, opts: MpiOptions, ssh: SshOptions) -> list[str]:
@@ -107,8 +112,10 @@ def render(plan: Plan, opts: MpiOptions, ssh: SshOptions) -> list[str]:
         if opts.as_root:
             argv.append("--allow-run-as-root")
         argv += ["--host", hosts, "--map-by", "slot", "--bind-to", "none", "--oversubscribe"]
-        # a failed rank ends the job through the launcher (root cause, grace period), not mpirun
+        # a failed rank ends the job through the launcher (root cause, grace period), not mpirun;
+        # and an ending rank gets the grace period before orted's SIGKILL (default: 1 s)
         argv += ["--mca", "orte_abort_on_non_zero_status", "0"]
+        argv += ["--mca", "odls_base_sigkill_timeout", str(math.ceil(opts.grace) + 2)]
         argv += ["--wdir", cwd]
         if not opts.local:
             argv += ["--mca", "plm_rsh_args", shlex.join(rsh_args(ssh, ordered))]
@@ -124,6 +131,24 @@ def render(plan: Plan, opts: MpiOptions, ssh: SshOptions) -> list[str]:
         if opts.interface:
             argv += ["-iface", opts.interface]
     return [*argv, *opts.extra, *program]
+
+
+def check_hosts(hosts: Sequence[Host], ssh: SshOptions) -> None:
+    """mpirun's host lists are ``name:slots``, and Open MPI splits ``plm_rsh_args`` at spaces
+    without honouring quotes: refuse what would be misread."""
+    for h in hosts:
+        if ":" in h.name:
+            where = f" (hostfile line {h.line})" if h.line else ""
+            raise UsageError(
+                f"--launcher mpi: host {h.name!r}{where}: IPv6 addresses cannot be given to mpirun's "
+                "host list (HOST:SLOTS); use a host name"
+            )
+    for flag, value in (("-i/--identity", ssh.identity), ("--known-hosts", ssh.known_hosts)):
+        if value and any(c.isspace() for c in value):
+            raise UsageError(
+                f"--launcher mpi: {flag} {value!r}: Open MPI splits its ssh options at spaces; "
+                "use a path without spaces"
+            )
 
 
 def root_note(flavor: str) -> str | None:
@@ -178,6 +203,22 @@ class MpiBackend(EngineBackend):
             raise UsageError(f"--mpi-args {mpi_args!r}: {exc}") from None
         self.python = node_python or sys.executable
         self._flavor: str | None = None
+        self.grace = 5.0
+        self.hosts: tuple[Host, ...] = ()
+
+    def connect(self, spec: LaunchSpec) -> str | None:
+        """Refuse what mpirun's host and ssh syntax cannot carry, before anything starts."""
+        self.grace = spec.grace_period
+        self.hosts = () if all(h == LOCALHOST for h in spec.hosts) else spec.hosts
+        check_hosts(self.hosts, self.ssh)
+        return None
+
+    def record_info(self) -> dict[str, Any] | None:
+        """The hosts and ssh options, so that ``launchkit kill`` can sweep them by job id too."""
+        if not self.hosts:
+            return None
+        unique = list(dict.fromkeys(self.hosts))
+        return {"hosts": [format_host(h) for h in unique], "ssh": dataclasses.asdict(self.ssh)}
 
     def options(self, plan: Plan) -> MpiOptions:
         if self._flavor is None:
@@ -194,6 +235,7 @@ class MpiBackend(EngineBackend):
             as_root=os.geteuid() == 0,
             python=self.python,
             local=local,
+            grace=self.grace,
         )
 
     def node_hosts(self, spec: LaunchSpec) -> dict[Host, str] | None:
@@ -203,6 +245,7 @@ class MpiBackend(EngineBackend):
         return list(task.argv) if task.role == "scheduler" else shim_argv(self.python, task)
 
     def describe_job(self, plan: Plan) -> list[list[str]]:
+        check_hosts([t.host for t in plan.tasks if t.host != LOCALHOST], self.ssh)
         return [render(plan, self.options(plan), self.ssh)]
 
     def notes(self, plan: Plan) -> list[str]:

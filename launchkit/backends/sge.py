@@ -1,7 +1,7 @@
 """``--launcher sge``: the whole job as one Grid Engine array job.
 
-Task ``k`` (1-based ``SGE_TASK_ID``) runs row ``k-1`` of the shim's table: the servers, the
-workers, then the scheduler as the last task. Grid Engine places the tasks; the scheduler's task
+Task ``k`` (1-based ``SGE_TASK_ID``) runs row ``k-1`` of the shim's table: the scheduler first,
+then the servers, then the workers. Grid Engine places the tasks; the scheduler's task
 publishes its address and port in the job's directory on the shared filesystem and the others
 wait for it (``launchkit.rendezvous``), so a ``--detach``ed job needs nothing from the launcher.
 The job secret travels in a file only the user can read, never in the job's environment (which
@@ -26,8 +26,9 @@ from typing import Any
 
 from launchkit import contract, rendezvous
 from launchkit.backends.batch import BatchRun
-from launchkit.backends.engine import EngineBackend, EngineRun, engine_env, scheduler_last
+from launchkit.backends.engine import EngineBackend, EngineRun, engine_env
 from launchkit.contract import merge_env
+from launchkit.errors import UsageError
 from launchkit.spec import Host, LaunchSpec, Plan, Task
 
 #: Also passed by name: what a task needs to find python and its libraries.
@@ -43,9 +44,24 @@ class SgeOptions:
     python: str = sys.executable
 
 
+def parse_pe(value: str) -> tuple[str, int]:
+    """``--pe NAME[:SLOTS]`` (slots per task, default 1)."""
+    name, colon, slots = value.partition(":")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or (colon and not (slots.isdigit() and int(slots) > 0)):
+        raise UsageError(f"--pe {value!r}: expected NAME or NAME:SLOTS (a parallel environment, slots > 0)")
+    return name, int(slots) if colon else 1
+
+
 def placeholder_hosts(n: int) -> tuple[Host, ...]:
     """Grid Engine places every task itself: one placeholder per task."""
     return tuple(Host(f"<sge task {i}>") for i in range(1, n + 1))
+
+
+def scheduler_first(plan: Plan) -> list[Task]:
+    """Task 1 is the scheduler: Grid Engine dispatches an array's tasks in order, so with fewer
+    free slots than tasks the scheduler still starts, and the others do not wait for it in vain."""
+    order = {"scheduler": 0, "server": 1, "worker": 2}
+    return sorted(plan.tasks, key=lambda t: (order[t.role], t.rank))
 
 
 def job_dir(cwd: str, job_id: str) -> str:
@@ -60,7 +76,7 @@ def job_name(job_id: str) -> str:
 def task_env(plan: Plan, directory: str) -> dict[str, str]:
     """What every task gets by name (``-v``): the shared contract values without the secret,
     the shim's table, and where the secret and the scheduler's address are."""
-    env = engine_env(plan, scheduler_last(plan))
+    env = engine_env(plan, scheduler_first(plan))
     env.pop(contract.LAUNCHKIT_JOB_SECRET, None)
     env[contract.DMLC_PS_ROOT_URI] = ""
     env[contract.DMLC_PS_ROOT_PORT] = "0"
@@ -75,12 +91,13 @@ def qsub_argv(plan: Plan, opts: SgeOptions, names: list[str], directory: str, cw
     """The submission: one array job with a task per process, its script on stdin. Pure."""
     argv = ["qsub", "-terse", "-N", job_name(plan.job_id), "-t", f"1-{len(plan.tasks)}", "-wd", cwd]
     argv += ["-o", f"{directory}/task-$TASK_ID.out", "-j", "y", "-S", "/bin/sh", "-notify", "-r", "n"]
+    argv += ["-C", ""]  # no `#$` directives read from the script: its words are the command's
     argv += ["-v", ",".join(names)]
     if opts.queue:
         argv += ["-q", opts.queue]
     if opts.pe:
-        name, _, slots = opts.pe.partition(":")
-        argv += ["-pe", name, slots or "1"]
+        name, slots = parse_pe(opts.pe)
+        argv += ["-pe", name, str(slots)]
     for res in opts.resources:
         argv += ["-l", res]
     return [*argv, *opts.extra]
@@ -136,9 +153,12 @@ def _run(argv: list[str], env: Mapping[str, str] | None = None) -> subprocess.Co
 def job_status(job: str, env: Mapping[str, str] | None = None) -> tuple[str, int | None]:
     """(state, exit code once ended): ``qstat -j`` while it exists, then ``qacct``."""
     try:
-        if _run(["qstat", "-j", job], env).returncode == 0:
+        shown = _run(["qstat", "-j", job], env)
+        if shown.returncode == 0:
             listing = _run(["qstat"], env).stdout
             return ("ERROR" if error_state(listing, job) else "QUEUED_OR_RUNNING"), None
+        if "do not exist" not in (shown.stderr + shown.stdout):
+            return "UNKNOWN", None  # qmaster busy or unreachable: ask again later
         acct = _run(["qacct", "-j", job], env)
     except (OSError, subprocess.SubprocessError):
         return "UNKNOWN", None
@@ -208,6 +228,8 @@ class SgeBackend(EngineBackend):
         super().__init__(console)
         base = sge or SgeOptions()
         self.opts = replace(base, python=node_python or base.python)
+        if self.opts.pe:
+            parse_pe(self.opts.pe)
         self.qsub: QsubRun | None = None
 
     def finds_scheduler_address(self) -> bool:
@@ -239,7 +261,7 @@ class SgeBackend(EngineBackend):
 
     def notes(self, plan: Plan) -> list[str]:
         return [
-            "one array job; task k runs row k-1 (servers, workers, then the scheduler); the "
+            "one array job; task k runs row k-1 (the scheduler, servers, workers); the "
             "scheduler's task publishes its address in the job's directory",
             f"the job script, on qsub's stdin: {job_script(self.opts.python, plan.tasks[0]).splitlines()[-1]}",
         ]
@@ -255,6 +277,11 @@ class SgeBackend(EngineBackend):
             directory=directory, secret=secret,
         )  # fmt: skip
         return self.qsub
+
+    def record_info(self) -> dict[str, Any] | None:
+        if self.qsub is None or self.qsub.job_id is None:
+            return None
+        return {"engine": "sge", "engine_job": self.qsub.job_id, "output": self.qsub.directory}
 
     def can_detach(self) -> bool:
         return True

@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -50,6 +52,7 @@ STATE_CODES = {
     "BOOT_FAIL": 255,
 }
 FINAL_STATES = {*STATE_CODES, "FAILED", "SPECIAL_EXIT", "REVOKED"}
+UNKNOWN = "UNKNOWN"  # Slurm did not answer this time
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,14 @@ class SlurmOptions:
     gpus_per_worker: int | None = None
     extra: tuple[str, ...] = ()  # --slurm-args, split
     python: str = sys.executable
+
+
+def parse_mem(value: str) -> tuple[int, str]:
+    """``--mem-per-server``/``--mem-per-worker``: a number with Slurm's unit (K, M, G, T; M if none)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGTkmgt]?)[Bb]?\s*", value)
+    if not m or int(m.group(1)) == 0:
+        raise UsageError(f"memory {value!r}: expected a number with an optional unit K, M, G or T (e.g. 4G)")
+    return int(m.group(1)), (m.group(2) or "M").upper()
 
 
 def placeholder_hosts(n: int) -> tuple[Host, ...]:
@@ -97,7 +108,10 @@ def _step_srun(plan: Plan, tasks: Sequence[Task], opts: SlurmOptions, role: str)
     if cpus:
         argv.append(f"--cpus-per-task={cpus}")
     if mem:
-        argv.append(f"--mem={mem}")
+        # Slurm's --mem is per node: what the step's busiest node runs of this role, times mem
+        per_node = max(Counter(t.host for t in tasks).values())
+        number, unit = parse_mem(mem)
+        argv.append(f"--mem={number * per_node}{unit}")
     if role == "worker" and opts.gpus_per_worker:
         argv.append(f"--gpus-per-task={opts.gpus_per_worker}")
     return argv
@@ -180,16 +194,19 @@ def output_path(cwd: str, job_id: str) -> str:
 
 
 def job_state(slurm_job: str) -> tuple[str, str] | None:
-    """(JobState, ExitCode) from ``scontrol show job``, or None once Slurm forgot the job."""
+    """(JobState, ExitCode) from ``scontrol show job``; None once Slurm has forgotten the job
+    (``Invalid job id``); ``UNKNOWN`` when Slurm did not answer (a transient failure)."""
     try:
         out = subprocess.run(
             ["scontrol", "show", "job", "-o", slurm_job], capture_output=True, text=True, timeout=30
         )
     except (OSError, subprocess.SubprocessError):
-        return None
+        return UNKNOWN, ""
     fields = dict(w.split("=", 1) for w in out.stdout.split() if "=" in w)
-    if out.returncode != 0 or "JobState" not in fields:
+    if out.returncode != 0 and "invalid job id" in (out.stderr + out.stdout).lower():
         return None
+    if out.returncode != 0 or "JobState" not in fields:
+        return UNKNOWN, ""  # slurmctld busy or unreachable: ask again later
     return fields["JobState"], fields.get("ExitCode", "0:0")
 
 
@@ -306,6 +323,11 @@ class SlurmBackend(EngineBackend):
         )
         return self.batch
 
+    def record_info(self) -> dict[str, Any] | None:
+        if self.batch is None or self.batch.job_id is None:
+            return None
+        return {"engine": "slurm", "engine_job": self.batch.job_id, "output": self.batch.output}
+
     def can_detach(self) -> bool:
         return not self.inside
 
@@ -325,6 +347,8 @@ class SlurmBackend(EngineBackend):
         return task.host.name.startswith("<")  # a batch job's placeholder
 
     def on_task_started(self, proc: EngineProcess, fields: list[str]) -> None:
+        if proc.task.role == "scheduler":
+            return  # it runs beside the steps, in no step of ours
         if len(fields) >= 4 and fields[3] not in ("-", "batch") and fields[2] != "-":
             step = f"{fields[2]}.{fields[3]}"
             if step not in self.steps:

@@ -311,26 +311,10 @@ def register(app: typer.Typer) -> None:
                 gpus_per_worker=gpus_per_worker,
                 extra=_split("--slurm-args", slurm_args),
             )
-        if dry_run:
-            describer = _describer(spec.backend, engine_options)
-            own_address = describer.finds_scheduler_address()
-            root_uri = "<its node's address>" if own_address else scheduler_address(spec)
-            plan = make_plan(
-                spec,
-                job_id=new_job_id(),
-                secret="",
-                root_uri=root_uri,
-                root_port=spec.scheduler_port or 0,
-                node_host_of=describer.node_hosts(spec),
-            )
-            data = plan_to_json(plan, describer, spec.scheduler_port is not None)
-            if as_json:
-                ui.json(data)
-            else:
-                show_plan(ui, data)
-            return
         if heartbeat_timeout <= 0 or connect_timeout <= 0:
             raise UsageError("--heartbeat-timeout and --connect-timeout must be more than 0")
+        # one backend, built the same way for --dry-run as for the launch, so the plan shows the
+        # exact command lines (ssh options included) and bad options fail the same way
         backend = backends.get_backend(
             spec.backend,
             options=SshOptions(
@@ -346,6 +330,9 @@ def register(app: typer.Typer) -> None:
             console=ui.err,
             **engine_options,
         )
+        if dry_run:
+            show_dry_run(spec, backend, ui, as_json=as_json)
+            return
         if detach:
             raise typer.Exit(submit_detached(spec, backend, ui))
         raise typer.Exit(run_job(spec, backend, ui, dashboard=dashboard))
@@ -359,11 +346,19 @@ def _split(flag: str, value: str) -> tuple[str, ...]:
 
 
 def slurm_options(**fields: Any) -> Any:
-    from launchkit.backends.slurm import SlurmOptions
+    from launchkit.backends.slurm import SlurmOptions, parse_mem
 
     for name in ("cpus_per_server", "cpus_per_worker"):
         if fields[name] is not None and fields[name] < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {fields[name]}")
+            raise UsageError(
+                f"--{name.replace('_', '-')} (or --cpus-per-task) must be at least 1, got {fields[name]}"
+            )
+    for name in ("mem_per_server", "mem_per_worker"):
+        if fields[name] is not None:
+            try:
+                parse_mem(fields[name])
+            except UsageError as exc:
+                raise UsageError(f"--{name.replace('_', '-')} (or --mem): {exc.message}") from None
     return SlurmOptions(**fields)
 
 
@@ -410,11 +405,22 @@ def submit_detached(spec: LaunchSpec, backend: backends.Backend, ui: Ui) -> int:
     return 0
 
 
-def _describer(name: str, options: dict[str, Any]) -> backends.Backend:
-    try:
-        return backends.get_backend(name, **options)
-    except UsageError:
-        return backends.Backend()
+def show_dry_run(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, as_json: bool) -> None:
+    own_address = backend.finds_scheduler_address()
+    root_uri = "<its node's address>" if own_address else scheduler_address(spec)
+    plan = make_plan(
+        spec,
+        job_id=new_job_id(),
+        secret="",
+        root_uri=root_uri,
+        root_port=spec.scheduler_port or 0,
+        node_host_of=backend.node_hosts(spec),
+    )
+    data = plan_to_json(plan, backend, spec.scheduler_port is not None)
+    if as_json:
+        ui.json(data)
+    else:
+        show_plan(ui, data)
 
 
 def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: bool = False) -> int:

@@ -5,17 +5,21 @@ from __future__ import annotations
 import shlex
 import subprocess
 
-from launchkit.backends.engine import scheduler_last
+import pytest
+
 from launchkit.backends.sge import (
     SgeOptions,
     error_state,
     job_code,
     job_script,
+    parse_pe,
     parse_qacct,
     placeholder_hosts,
     qsub_argv,
+    scheduler_first,
     task_env,
 )
+from launchkit.errors import UsageError
 from launchkit.plan import make_plan
 from launchkit.spec import LaunchSpec
 
@@ -50,9 +54,16 @@ def test_one_array_job_with_a_task_per_process_and_names_only() -> None:
     assert env["DMLC_PS_ROOT_URI"] == "" and env["LAUNCHKIT_RENDEZVOUS"] == "/w/launchkit-j1/scheduler"
 
 
-def test_rows_put_the_scheduler_last_for_1_based_task_ids() -> None:
-    rows = [(t.role, t.rank) for t in scheduler_last(plan_for(2, 1))]
-    assert rows == [("server", 0), ("worker", 0), ("worker", 1), ("scheduler", 0)]  # SGE_TASK_ID k -> row k-1
+def test_rows_put_the_scheduler_first_for_1_based_task_ids() -> None:
+    rows = [(t.role, t.rank) for t in scheduler_first(plan_for(2, 1))]
+    assert rows == [("scheduler", 0), ("server", 0), ("worker", 0), ("worker", 1)]  # SGE_TASK_ID k -> row k-1
+
+
+def test_pe_values() -> None:
+    assert parse_pe("smp") == ("smp", 1) and parse_pe("mpi-fill:4") == ("mpi-fill", 4)
+    for bad in ("smp:x", ":3", "smp:0", "a b"):
+        with pytest.raises(UsageError, match="expected NAME or NAME:SLOTS"):
+            parse_pe(bad)
 
 
 def test_job_script_runs_hostile_words_literally() -> None:

@@ -14,9 +14,11 @@ from launchkit.backends.slurm import (
     batch_script,
     batch_spec,
     end_code,
+    parse_mem,
     placeholder_hosts,
     sbatch_argv,
 )
+from launchkit.errors import UsageError
 from launchkit.plan import make_plan
 from launchkit.spec import Host, LaunchSpec
 
@@ -88,3 +90,12 @@ def test_batch_script_quotes_the_python() -> None:
 )
 def test_end_states(state: str, exit_code: str, code: int) -> None:
     assert end_code(state, exit_code) == code
+
+
+def test_memory_is_per_task_though_slurm_counts_it_per_node() -> None:
+    plan = plan_for((Host("n1"),), n=3, s=2)  # every task on one node
+    spec = batch_spec(plan, SlurmOptions(python="/py", mem_per_server="4G", mem_per_worker="512"), 5.0)
+    servers, workers = spec["steps"]
+    assert "--mem=8G" in servers["srun"] and "--mem=1536M" in workers["srun"]
+    with pytest.raises(UsageError, match="expected a number with an optional unit"):
+        parse_mem("lots")

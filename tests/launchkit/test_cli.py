@@ -238,3 +238,23 @@ def test_unknown_mpi_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
     res = run(["launch", "-n", "1", "--launcher", "mpi", "--mpirun", "no-such-mpirun", "true"], cwd=tmp_path)
     assert res.returncode == 2 and "not found on PATH" in res.stderr
+
+
+def test_mpi_dry_run_is_the_real_line_and_bad_options_fail_the_same(tmp_path: Path) -> None:
+    (tmp_path / "hosts").write_text("nodea\nnodeb\n")
+    plan = dry(["-n", "2", "--launcher", "mpi", "-H", "hosts", "-i", "/keys/id", "--ssh-port", "2222", "true"],
+               tmp_path)  # fmt: skip
+    (line,) = plan["engine_commands"]
+    rsh = line[line.index("plm_rsh_args") + 1]
+    assert "-i /keys/id" in rsh and "-p 2222" in rsh
+    for args, message in (
+        (["--mpi-args", '"unclosed'], "--mpi-args"),
+        (["-H", "v6", "--launcher", "mpi"], "IPv6 addresses cannot be given"),
+        (["--launcher", "sge", "--pe", "smp:x"], "expected NAME or NAME:SLOTS"),
+        (["--launcher", "slurm", "--mem-per-worker", "lots"], "--mem-per-worker (or --mem)"),
+    ):
+        (tmp_path / "v6").write_text("[fe80::1]\n")
+        launcher = [] if "--launcher" in args else ["--launcher", "mpi"]
+        res = run(["launch", "--dry-run", "-n", "1", *launcher, *args, "true"], cwd=tmp_path)
+        assert res.returncode == 2, (args, res.stderr)
+        assert message in res.stderr and "Traceback" not in res.stderr

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -98,3 +99,49 @@ def test_shim_forwards_sigterm_and_says_it_was_stopped() -> None:
     assert p.wait(10) == 143
     end = shim.parse_frame(rest.splitlines(keepends=True)[-1])
     assert end is not None and end.kind == "x" and end.fields() == ["143", "1"]
+
+
+def test_a_killed_shim_takes_the_commands_whole_group_with_it() -> None:
+    """An engine's SIGKILL reaches only the shim: its guardian ends what the command started."""
+    table = json.dumps({"v": 1, "tasks": [{"i": 0, "env": {}}]})
+    marker = f"lk-guard-{os.getpid()}"
+    env = {**os.environ, shim.TASKS_VAR: table, "PMI_RANK": "0", "X_MARK": marker}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "launchkit.shim", "--", "sh", "-c", "sleep 300 & sleep 301"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert p.stdout is not None
+    assert shim.parse_frame(p.stdout.readline()) is not None  # started
+
+    def sleepers() -> list[int]:
+        return [int(d) for d in os.listdir("/proc") if d.isdigit() and _has_mark(int(d), marker)]
+
+    deadline = time.monotonic() + 5
+    while len(sleepers()) < 3 and time.monotonic() < deadline:  # sh, sleep 300, sleep 301
+        time.sleep(0.05)
+    assert len(sleepers()) >= 2
+    p.kill()
+    p.wait(5)
+    deadline = time.monotonic() + 5
+    while sleepers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not sleepers()
+
+
+def _has_mark(pid: int, marker: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+    except OSError:
+        return False
+    return f"X_MARK={marker}".encode() in env and state not in (b"Z", b"X") and b"launchkit.shim" not in cmd
+
+
+def test_the_command_does_not_see_the_shims_instructions() -> None:
+    res = _run_shim([sys.executable, "-c", "import os; print(sorted(k for k in os.environ if 'SHIM' in k))"])
+    out = [shim.parse_frame(line) for line in res.stdout.splitlines(keepends=True)]
+    assert any(f is not None and f.kind == "o" and f.data == b"[]" for f in out)

@@ -1,0 +1,72 @@
+"""The supervisor with an engine that never confirms an end (in-process, a fake backend)."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+
+from rich.console import Console
+
+from launchkit.backends.base import Backend
+from launchkit.console import OutputWriter, Ui
+from launchkit.plan import make_plan
+from launchkit.spec import LaunchSpec, Task
+from launchkit.supervisor import Supervisor
+
+
+class Stuck:
+    """A process whose end is never reported (an engine that stopped answering)."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.pid: int | None = 4242
+        r1, self._w1 = os.pipe()
+        r2, self._w2 = os.pipe()
+        self.stdout = os.fdopen(r1, "rb")
+        self.stderr = os.fdopen(r2, "rb")
+        self.signals: list[int] = []
+
+    def wait(self) -> int:
+        threading.Event().wait()  # forever
+        return 0
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+
+class Quick(Stuck):
+    def wait(self) -> int:
+        time.sleep(0.2)
+        return 3  # fails: the job is torn down
+
+
+class StuckBackend(Backend):
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.handles: list[Stuck] = []
+
+    def start(self, task: Task) -> Stuck:
+        h: Stuck = Quick(task) if task.role == "worker" else Stuck(task)
+        self.handles.append(h)
+        return h
+
+
+def test_a_process_that_never_confirms_its_end_is_given_up(tmp_path) -> None:
+    spec = LaunchSpec(num_workers=1, num_servers=1, command=("x",), cwd=str(tmp_path))
+    plan = make_plan(spec, job_id="t-giveup", secret="s", root_uri="127.0.0.1", root_port=1)
+    err = io.StringIO()
+    ui = Ui(Console(file=io.StringIO()), Console(file=err))
+    backend = StuckBackend()
+    sup = Supervisor(plan, backend, ui, writer=OutputWriter(io.BytesIO(), io.BytesIO()), grace=0.2,
+                     kill_confirm=0.5)  # fmt: skip
+    t0 = time.monotonic()
+    result = sup.run()
+    assert time.monotonic() - t0 < 10
+    assert result.exit_code == 3 and result.root_cause is not None and result.root_cause.task.role == "worker"
+    stuck = [h for h in backend.handles if not isinstance(h, Quick)]
+    assert all(h.signals[:2] == [15, 9] for h in stuck)
+    assert "did not confirm their end" in err.getvalue()
+    assert {r.exit_code for r in result.results if r.task.role != "worker"} == {137}
