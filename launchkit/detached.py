@@ -127,7 +127,7 @@ def output_lines(record: jobs.JobRecord) -> Iterator[tuple[str, str, str]]:
     if not path:
         return
     labels = {i: (p.role, p.rank) for i, p in enumerate(record.processes)}
-    partial: dict[tuple[int, str], bytes] = {}
+    lines = shim.Reassembler()
     for line in _raw_lines(record):
         frame = shim.parse_frame(line)
         if frame is None:
@@ -137,10 +137,8 @@ def output_lines(record: jobs.JobRecord) -> Iterator[tuple[str, str, str]]:
             continue
         if frame.kind not in ("o", "e"):
             continue
-        key = (frame.task, frame.kind)
-        if frame.continued:
-            partial[key] = partial.get(key, b"") + frame.data
+        data = lines.line(frame)
+        if data is None:
             continue
-        data = partial.pop(key, b"") + frame.data
         role, rank = labels.get(frame.task, ("task", frame.task))
         yield (f"{role} {rank}", "out" if frame.kind == "o" else "err", data.decode(errors="replace"))

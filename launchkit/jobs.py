@@ -91,6 +91,14 @@ class JobRecord:
         return cls(**fields, processes=procs)
 
 
+def started_here(**fields: Any) -> JobRecord:
+    """A record of a job this process launches now (its pid, start time and the time)."""
+    pid = os.getpid()
+    return JobRecord(
+        launcher_pid=pid, launcher_start=process_start_time(pid), started_at=time.time(), **fields
+    )
+
+
 def save(record: JobRecord) -> Path:
     d = jobs_dir()
     d.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 RENDEZVOUS_VAR = "LAUNCHKIT_RENDEZVOUS"
 SECRET_FILE_VAR = "LAUNCHKIT_SECRET_FILE"
@@ -31,19 +31,19 @@ def parse_root(text: str) -> tuple[str, int] | None:
     return parts[0], int(parts[1])
 
 
-def scheduler_address(env: MutableMapping[str, str]) -> str:
-    """The address the scheduler's node publishes: ``DMLC_INTERFACE``'s, else the one it reaches
-    the submitting host through (``SGE_O_HOST``), else its name's."""
+def local_address(env: Mapping[str, str], toward: str | None) -> str | None:
+    """The address this node publishes: ``DMLC_INTERFACE``'s, else the one it reaches ``toward``
+    through (a host name or address), else its own name's; None when none can be found."""
     from launchkit.netutil import route_address
     from launchkit.remote import interface_address
 
     found = interface_address(env["DMLC_INTERFACE"]) if env.get("DMLC_INTERFACE") else None
     with contextlib.suppress(OSError):
-        if found is None and env.get("SGE_O_HOST"):
-            found = route_address(socket.gethostbyname(env["SGE_O_HOST"]))
+        if found is None and toward:
+            found = route_address(socket.gethostbyname(toward))
         if found is None:
             found = socket.gethostbyname(socket.gethostname())
-    return found or "127.0.0.1"
+    return found
 
 
 def publish(path: str, address: str) -> tuple[str, int]:
@@ -81,7 +81,8 @@ def resolve(env: MutableMapping[str, str]) -> None:
     if not path or env.get("DMLC_PS_ROOT_URI"):
         return
     if env.get("DMLC_ROLE") == "scheduler":
-        address, port = publish(path, scheduler_address(env))
+        # the address it reaches the submitting host through (Grid Engine's SGE_O_HOST)
+        address, port = publish(path, local_address(env, env.get("SGE_O_HOST")) or "127.0.0.1")
     else:
         wait = float(env.get("PS_START_TIMEOUT") or DEFAULT_WAIT)
         address, port = wait_for(path, wait)

@@ -128,16 +128,22 @@ def task_of(environ: Mapping[str, str]) -> tuple[int, dict[str, str]]:
 def node_address(environ: Mapping[str, str]) -> str:
     """``DMLC_NODE_HOST`` where the plan left it to the node: the interface's address when
     ``DMLC_INTERFACE`` names one, else the address this node reaches the scheduler through."""
-    from launchkit.netutil import route_address
-    from launchkit.remote import interface_address
+    return rendezvous.local_address(environ, environ.get("DMLC_PS_ROOT_URI")) or socket.gethostname()
 
-    found = None
-    if environ.get("DMLC_INTERFACE"):
-        found = interface_address(environ["DMLC_INTERFACE"])
-    if found is None and environ.get("DMLC_PS_ROOT_URI"):
-        with contextlib.suppress(OSError):
-            found = route_address(socket.gethostbyname(environ["DMLC_PS_ROOT_URI"]))
-    return found or socket.gethostname()
+
+class Reassembler:
+    """Output frames back into whole lines (a long line comes as several continued frames)."""
+
+    def __init__(self) -> None:
+        self.partial: dict[tuple[int, str], bytes] = {}
+
+    def line(self, frame: Frame) -> bytes | None:
+        """The complete line this output frame ends, or None while it continues."""
+        key = (frame.task, frame.kind)
+        if frame.continued:
+            self.partial[key] = self.partial.get(key, b"") + frame.data
+            return None
+        return self.partial.pop(key, b"") + frame.data
 
 
 # -- running the command (effects) ---------------------------------------------------------------

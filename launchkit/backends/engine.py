@@ -155,21 +155,20 @@ class EngineProcess:
         err_r, self._err_w = os.pipe()
         self.stdout: IO[bytes] = os.fdopen(out_r, "rb")
         self.stderr: IO[bytes] = os.fdopen(err_r, "rb")
-        self._partial: dict[str, bytes] = {"o": b"", "e": b""}
+        self._lines = shim.Reassembler()
         self._ends = 0
         self._code: int | None = None
         self._done = threading.Event()
         self._lock = threading.Lock()
 
     # fed by the backend's demultiplexer (reader threads)
-    def output(self, stream: str, data: bytes, continued: bool) -> None:
+    def output(self, frame: shim.Frame) -> None:
         with self._lock:
-            if continued:
-                self._partial[stream] += data
+            data = self._lines.line(frame)
+            if data is None:
                 return
-            line = self._partial[stream] + data + b"\n"
-            self._partial[stream] = b""
-            fd = self._out_w if stream == "o" else self._err_w
+            line = data + b"\n"
+            fd = self._out_w if frame.kind == "o" else self._err_w
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.write(fd, line)
@@ -291,7 +290,7 @@ class EngineBackend(Backend):
                     self.console.print(f"[{self.engine_label}] {text}", markup=False, highlight=False)
             return
         if frame.kind in ("o", "e"):
-            proc.output(frame.kind, frame.data, frame.continued)
+            proc.output(frame)
         elif frame.kind == "s":
             fields = frame.fields()
             with contextlib.suppress(ValueError, IndexError):

@@ -10,24 +10,22 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
-import time
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from launchkit import backends, contract, jobs
 from launchkit.cli.app import get_app
+from launchkit.cli.engines import EngineFlags, engine_backend_options, engine_hosts, submit_detached
 from launchkit.cli.planview import plan_to_json, show_plan
 from launchkit.console import Ui
 from launchkit.dashboard import Dashboard
-from launchkit.errors import BackendError, UsageError
+from launchkit.errors import UsageError
 from launchkit.hostfile import read_hostfile
 from launchkit.netutil import PortReservation, fallback_address, interface_address, route_address
 from launchkit.placement import assign_hosts
 from launchkit.plan import make_plan, new_job_id, new_secret
-from launchkit.spec import LOCALHOST, Host, JobResult, LaunchSpec
+from launchkit.spec import LOCALHOST, JobResult, LaunchSpec
 from launchkit.sshconn import SshOptions
 from launchkit.supervisor import Supervisor
 
@@ -64,28 +62,6 @@ def scheduler_address(spec: LaunchSpec, reached_from: str | None = None) -> str:
     return reached_from or route_address(spec.hosts[0].name) or fallback_address()
 
 
-def slurm_hosts(nodes: int | None) -> tuple[Host, ...]:
-    """Inside an allocation its nodes (``--nodes`` takes the first N); outside, N placeholders."""
-    from launchkit.backends import slurm
-
-    if nodes is not None and nodes < 1:
-        raise UsageError(f"--nodes must be at least 1, got {nodes}")
-    if slurm.in_allocation(os.environ):
-        hosts = slurm.allocation_hosts()
-        if nodes is not None and nodes > len(hosts):
-            raise UsageError(f"--nodes {nodes}: the allocation has only {len(hosts)} node(s)")
-        return hosts[:nodes] if nodes else hosts
-    return slurm.placeholder_hosts(nodes or 1)
-
-
-def sge_hosts(num_workers: int, num_servers: int | None) -> tuple[Host, ...]:
-    from launchkit.backends import sge
-
-    return sge.placeholder_hosts(
-        max(num_workers, 0) + max(num_workers if num_servers is None else num_servers, 0)
-    )
-
-
 def build_spec(
     *,
     num_workers: int,
@@ -118,17 +94,9 @@ def build_spec(
     if backend == "local" and hostfile:
         ui.warn("--launcher local runs every process on this machine; the hostfile is ignored")
         hosts = (LOCALHOST,)
-    if backend == "yarn" and hostfile:
-        ui.warn("--launcher yarn lets YARN place the containers; the hostfile is ignored")
-        hosts = (LOCALHOST,)
-    if backend == "sge":
-        if hostfile:
-            ui.warn("--launcher sge lets Grid Engine place the tasks; the hostfile is ignored")
-        hosts = sge_hosts(num_workers, num_servers)
-    if backend == "slurm":
-        if hostfile:
-            ui.warn("--launcher slurm places the job on the allocation's nodes; the hostfile is ignored")
-        hosts = slurm_hosts(slurm_nodes)
+    placed = engine_hosts(backend, num_workers, num_servers, slurm_nodes, bool(hostfile), ui)
+    if placed is not None:
+        hosts = placed
     if backend == "ssh" and not hostfile:
         raise UsageError(f"--launcher {backend} needs a hostfile: -H FILE")
     if sync_dst_dir and backend != "ssh":
@@ -275,42 +243,18 @@ def register(app: typer.Typer) -> None:
         )
         if detach and spec.backend not in ("slurm", "sge"):
             raise UsageError(f"--detach needs a batch engine (--launcher slurm or sge), not {spec.backend}")
-        engine_options: dict[str, Any] = {"mpirun": mpirun, "mpi_args": mpi_args, "node_python": node_python}
-        if spec.backend == "sge":
-            from launchkit.backends.sge import SgeOptions
-
-            engine_options["sge"] = SgeOptions(
-                queue=queue, pe=pe, resources=tuple(sge_resource), extra=_split("--sge-args", sge_args)
-            )
-        if spec.backend == "yarn":
-            from launchkit.backends.yarnspec import YarnOptions
-
-            engine_options["yarn"] = YarnOptions(
-                rm_url=yarn_rm,
-                user=yarn_user,
-                queue=queue,
-                domain=yarn_domain,
-                cpus_per_server=cpus_per_server or cpus_per_task,
-                cpus_per_worker=cpus_per_worker or cpus_per_task,
-                mem_per_server=mem_per_server or mem,
-                mem_per_worker=mem_per_worker or mem,
-                files=tuple(yarn_file),
-            )
-        if spec.backend == "slurm":
-            engine_options["slurm"] = slurm_options(
-                partition=partition,
-                time=slurm_time,
-                nodes=nodes,
-                account=account,
-                qos=qos,
-                constraint=constraint,
-                cpus_per_server=cpus_per_server or cpus_per_task,
-                cpus_per_worker=cpus_per_worker or cpus_per_task,
-                mem_per_server=mem_per_server or mem,
-                mem_per_worker=mem_per_worker or mem,
-                gpus_per_worker=gpus_per_worker,
-                extra=_split("--slurm-args", slurm_args),
-            )
+        engine_options = engine_backend_options(
+            spec,
+            EngineFlags(
+                mpirun=mpirun, mpi_args=mpi_args, node_python=node_python, partition=partition,
+                slurm_time=slurm_time, nodes=nodes, account=account, qos=qos, constraint=constraint,
+                cpus_per_task=cpus_per_task, cpus_per_server=cpus_per_server,
+                cpus_per_worker=cpus_per_worker, mem=mem, mem_per_server=mem_per_server,
+                mem_per_worker=mem_per_worker, slurm_args=slurm_args, queue=queue, pe=pe,
+                sge_resource=tuple(sge_resource), sge_args=sge_args, yarn_rm=yarn_rm, yarn_user=yarn_user,
+                yarn_domain=yarn_domain, yarn_file=tuple(yarn_file),
+            ),
+        )  # fmt: skip
         if heartbeat_timeout <= 0 or connect_timeout <= 0:
             raise UsageError("--heartbeat-timeout and --connect-timeout must be more than 0")
         # one backend, built the same way for --dry-run as for the launch, so the plan shows the
@@ -336,73 +280,6 @@ def register(app: typer.Typer) -> None:
         if detach:
             raise typer.Exit(submit_detached(spec, backend, ui))
         raise typer.Exit(run_job(spec, backend, ui, dashboard=dashboard))
-
-
-def _split(flag: str, value: str) -> tuple[str, ...]:
-    try:
-        return tuple(shlex.split(value))
-    except ValueError as exc:
-        raise UsageError(f"{flag} {value!r}: {exc}") from None
-
-
-def slurm_options(**fields: Any) -> Any:
-    from launchkit.backends.slurm import SlurmOptions, parse_mem
-
-    for name in ("cpus_per_server", "cpus_per_worker"):
-        if fields[name] is not None and fields[name] < 1:
-            raise UsageError(
-                f"--{name.replace('_', '-')} (or --cpus-per-task) must be at least 1, got {fields[name]}"
-            )
-    for name in ("mem_per_server", "mem_per_worker"):
-        if fields[name] is not None:
-            try:
-                parse_mem(fields[name])
-            except UsageError as exc:
-                raise UsageError(f"--{name.replace('_', '-')} (or --mem): {exc.message}") from None
-    return SlurmOptions(**fields)
-
-
-def submit_detached(spec: LaunchSpec, backend: backends.Backend, ui: Ui) -> int:
-    """``--detach``: submit the batch job, record it, print both ids; the job runs on its own."""
-    from launchkit.backends.engine import EngineBackend
-
-    if not isinstance(backend, EngineBackend):
-        raise UsageError(f"--detach needs a batch engine, not --launcher {backend.name}")
-    if not backend.can_detach():
-        raise UsageError(f"--detach submits a batch job: {backend.detach_refusal()}")
-    plan = make_plan(
-        spec,
-        job_id=new_job_id(),
-        secret=new_secret(),
-        root_uri="",
-        root_port=0,
-        node_host_of=backend.node_hosts(spec),
-    )
-    backend.prepare(plan)
-    try:
-        engine_job = backend.submit(plan)
-    except OSError as exc:
-        raise BackendError(backend.name, str(exc)) from None
-    output = backend.output_of(plan)
-    record = jobs.JobRecord(
-        id=plan.job_id,
-        name=plan.job_name,
-        backend=plan.backend,
-        hosts=(),
-        command=spec.command,
-        cwd=spec.cwd,
-        launcher_pid=os.getpid(),
-        launcher_start=jobs.process_start_time(os.getpid()),
-        started_at=time.time(),
-        log_dir=spec.log_dir,
-        remote={"engine": backend.name, "engine_job": engine_job, "output": output},
-        detached=True,
-        processes=tuple(jobs.ProcessRecord(t.role, t.rank, str(t.host)) for t in plan.tasks),
-    )
-    jobs.save(record)
-    ui.info(f"job {plan.job_id} submitted as {backend.name} job {engine_job}; output in {output}")
-    ui.text(plan.job_id)
-    return 0
 
 
 def show_dry_run(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, as_json: bool) -> None:
@@ -449,16 +326,13 @@ def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: b
         except BaseException:
             backend.close()
             raise
-        record = jobs.JobRecord(
+        record = jobs.started_here(
             id=plan.job_id,
             name=plan.job_name,
             backend=plan.backend,
             hosts=tuple(sorted({str(t.host) for t in plan.tasks})),
             command=spec.command,
             cwd=spec.cwd,
-            launcher_pid=os.getpid(),
-            launcher_start=jobs.process_start_time(os.getpid()),
-            started_at=time.time(),
             log_dir=spec.log_dir,
             remote=backend.record_info(),
         )
