@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEBS=(procps iproute2 tmux util-linux openssh-server openssh-client rsync libgomp1 libquadmath0
-      openmpi-bin slurm-wlm munge)
+      openmpi-bin mpich slurm-wlm munge)
 missing=()
 for pkg in "${DEBS[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")

@@ -25,8 +25,13 @@ from tests.launchkit.procs import (
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_local_job_roles_ranks_and_environment(tmp_path: Path, launchkit_home: Path) -> None:
-    res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "--log-dir", str(tmp_path / "logs"),
+#: Open MPI's mpirun, and MPICH's (Hydra) beside it: Debian installs both, Open MPI as `mpirun`
+MPIRUNS = ["mpirun", "mpirun.mpich"]
+
+
+@pytest.mark.parametrize("mpirun", MPIRUNS)
+def test_local_job_roles_ranks_and_environment(tmp_path: Path, launchkit_home: Path, mpirun: str) -> None:
+    res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "--mpirun", mpirun, "--log-dir", str(tmp_path / "logs"),
                "--env", "X_HOSTILE:a b $HOME '\"", "python3", PROG, "env"], cwd=tmp_path, timeout=60)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     envs = parse_prefixed(res.stdout)
@@ -38,8 +43,9 @@ def test_local_job_roles_ranks_and_environment(tmp_path: Path, launchkit_home: P
     assert not pids_with_job(job)
 
 
-def test_local_failing_worker_is_the_root_cause(tmp_path: Path, launchkit_home: Path) -> None:
-    res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "--grace-period", "2",
+@pytest.mark.parametrize("mpirun", MPIRUNS)
+def test_local_failing_worker_is_the_root_cause(tmp_path: Path, launchkit_home: Path, mpirun: str) -> None:
+    res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "--mpirun", mpirun, "--grace-period", "2",
                "python3", PROG, "fail", "worker", "1", "3"], cwd=tmp_path, timeout=60)  # fmt: skip
     assert res.returncode == 3, res.stderr[-3000:]
     assert "worker 1 on localhost exited with code 3" in res.stderr
