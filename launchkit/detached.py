@@ -4,44 +4,32 @@ ask the engine (``scontrol``, ``scancel``) through the ids kept in the job recor
 from __future__ import annotations
 
 import contextlib
+import importlib
 import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from launchkit import jobs, shim
+
+#: The engines whose jobs can be left to run; each module has ``job_status`` and ``end_argv``.
+ENGINES = {"slurm": "launchkit.backends.slurm", "sge": "launchkit.backends.sge"}
+
+
+def _engine(name: str) -> Any:
+    return importlib.import_module(ENGINES[name])
 
 
 def engine_job(record: jobs.JobRecord) -> tuple[str, str] | None:
     """(engine, its job id) of a batch job that no launcher follows any more (submitted with
     ``--detach``, or its launcher is gone), else None."""
     info = record.remote or {}
-    if not info.get("engine") or not info.get("engine_job"):
+    if info.get("engine") not in ENGINES or not info.get("engine_job"):
         return None
     if not record.detached and record.launcher_alive():
         return None
     return str(info["engine"]), str(info["engine_job"])
-
-
-def _status(engine: str, job: str) -> tuple[str, int | None] | None:
-    """(state, exit code once ended) from the engine; None when it no longer knows the job."""
-    if engine == "slurm":
-        from launchkit.backends import slurm
-
-        state = slurm.job_state(job)
-        if state is None:
-            return None
-        final = state[0].split()[0] in slurm.FINAL_STATES
-        return state[0], slurm.end_code(*state) if final else None
-    if engine == "sge":
-        from launchkit.backends import sge
-
-        return sge.job_status(job)
-    return None
-
-
-def _cancel_argv(engine: str, job: str) -> list[str]:
-    return ["scancel", job] if engine == "slurm" else ["qdel", job]
 
 
 def _ended(record: jobs.JobRecord) -> None:
@@ -57,7 +45,7 @@ def refresh(record: jobs.JobRecord) -> jobs.JobRecord:
     which = engine_job(record)
     if which is None or not record.detached or record.state != "running":
         return record
-    status = _status(*which)
+    status = _engine(which[0]).job_status(which[1])
     if status is not None and status[1] is None:
         return record  # queued, running, or the engine did not answer this time
     _ended(record)
@@ -90,7 +78,7 @@ def cancel(record: jobs.JobRecord) -> str | None:
     which = engine_job(record)
     if which is None:
         return None
-    argv = _cancel_argv(*which)
+    argv = _engine(which[0]).end_argv(which[1])
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:

@@ -14,8 +14,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
-from launchkit.backends.engine import EngineRun, Feed
+from launchkit.backends.engine import EngineBackend, EngineRun, Feed
+from launchkit.spec import Plan
 
 POLL = 0.5
 FINAL_READS = 3
@@ -83,6 +85,10 @@ class BatchRun(EngineRun):
     def cancel_argv(self, sig: int) -> list[list[str]]:
         raise NotImplementedError
 
+    def output_location(self) -> str:
+        """Where the job's output lands (a file, or a directory of per-task files)."""
+        raise NotImplementedError
+
     # -- EngineRun ---------------------------------------------------------------------------------
     def submit(self) -> str:
         """Submit (the script on the submitter's stdin: no file left behind); the engine's job id."""
@@ -140,3 +146,33 @@ class BatchRun(EngineRun):
         import signal
 
         return self.cancel_argv(signal.SIGKILL) if self.job_id else []
+
+
+class BatchBackend(EngineBackend):
+    """An engine backend whose job is a batch job (``BatchRun``): it can be submitted and left
+    (``--detach``), and its id and output go into the job record."""
+
+    def __init__(self, console: object = None) -> None:
+        super().__init__(console)
+        self.batch: BatchRun | None = None
+
+    def can_detach(self) -> bool:
+        return True
+
+    def detach_refusal(self) -> str:
+        return f"--launcher {self.name} cannot submit one here"
+
+    def submit(self, plan: Plan) -> str:
+        """``--detach``: submit the job and return the engine's id for it (nothing is followed)."""
+        run = self.make_run(plan)
+        assert isinstance(run, BatchRun), "can_detach() first"
+        return run.submit()
+
+    def output_of(self, plan: Plan) -> str | None:
+        return self.batch.output_location() if self.batch is not None else None
+
+    def record_info(self) -> dict[str, Any] | None:
+        # known only once the job is submitted: the supervisor records it after the start
+        if self.batch is None or self.batch.job_id is None:
+            return None
+        return {"engine": self.name, "engine_job": self.batch.job_id, "output": self.batch.output_location()}

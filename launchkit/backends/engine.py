@@ -342,21 +342,6 @@ class EngineBackend(Backend):
             return "scheduler started inside the engine's job (it finds its own address)"
         return super().scheduler_summary(root_uri, port)
 
-    # -- --detach (batch engines) ------------------------------------------------------------------
-    def can_detach(self) -> bool:
-        return False
-
-    def detach_refusal(self) -> str:
-        return f"--launcher {self.name} has no batch jobs to submit"
-
-    def submit(self, plan: Plan) -> str:
-        """Submit the job and return the engine's id for it (nothing is followed)."""
-        raise NotImplementedError
-
-    def output_of(self, plan: Plan) -> str | None:
-        """Where a submitted job's output lands (``launchkit logs`` reads it)."""
-        return None
-
     def say(self, message: str) -> None:
         """A line of the engine's own (state changes), on the launcher's console."""
         if self.console is not None:

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from launchkit import contract, rendezvous
-from launchkit.backends.batch import BatchRun
-from launchkit.backends.engine import EngineBackend, EngineRun, engine_env
+from launchkit.backends.batch import BatchBackend, BatchRun
+from launchkit.backends.engine import EngineRun, engine_env
 from launchkit.contract import merge_env
 from launchkit.errors import UsageError
 from launchkit.spec import Host, LaunchSpec, Plan, Task
@@ -166,6 +166,11 @@ def job_status(job: str, env: Mapping[str, str] | None = None) -> tuple[str, int
     return "ENDED", job_code(codes) if codes else 0
 
 
+def end_argv(job: str) -> list[str]:
+    """End the whole job, Grid Engine's way (with -notify: SIGUSR2, then SIGKILL)."""
+    return ["qdel", job]
+
+
 class QsubRun(BatchRun):
     """A Grid Engine array job: state from qstat (then qacct), output in one file per task."""
 
@@ -199,6 +204,9 @@ class QsubRun(BatchRun):
             forget_files(self.directory)
         return ("RUNNING" if state == "QUEUED_OR_RUNNING" else state), code
 
+    def output_location(self) -> str:
+        return self.directory
+
     def output_files(self) -> list[str]:
         with contextlib.suppress(OSError):
             return sorted(str(p) for p in Path(self.directory).glob("task-*.out"))
@@ -208,7 +216,7 @@ class QsubRun(BatchRun):
         assert self.job_id is not None
         # qdel: with -notify the tasks get SIGUSR2 (the shim ends its command: TERM, then KILL
         # after the grace period) before Grid Engine's SIGKILL
-        return [["qdel", self.job_id]] if sig != signal.SIGKILL else [["qdel", "-f", self.job_id]]
+        return [end_argv(self.job_id)] if sig != signal.SIGKILL else [["qdel", "-f", self.job_id]]
 
 
 def forget_files(directory: str) -> None:
@@ -218,7 +226,7 @@ def forget_files(directory: str) -> None:
             os.unlink(os.path.join(directory, name))
 
 
-class SgeBackend(EngineBackend):
+class SgeBackend(BatchBackend):
     name = "sge"
     engine_label = "sge"
 
@@ -230,7 +238,6 @@ class SgeBackend(EngineBackend):
         self.opts = replace(base, python=node_python or base.python)
         if self.opts.pe:
             parse_pe(self.opts.pe)
-        self.qsub: QsubRun | None = None
 
     def finds_scheduler_address(self) -> bool:
         return True
@@ -272,30 +279,13 @@ class SgeBackend(EngineBackend):
         env = merge_env(os.environ, task_env(plan, directory))
         env.pop(contract.LAUNCHKIT_JOB_SECRET, None)
         secret = plan.tasks[0].env.get(contract.LAUNCHKIT_JOB_SECRET, secrets.token_hex(32))
-        self.qsub = QsubRun(
+        self.batch = QsubRun(
             self._qsub(plan), job_script(self.opts.python, plan.tasks[0]), env, cwd, self.say,
             directory=directory, secret=secret,
         )  # fmt: skip
-        return self.qsub
-
-    def record_info(self) -> dict[str, Any] | None:
-        if self.qsub is None or self.qsub.job_id is None:
-            return None
-        return {"engine": "sge", "engine_job": self.qsub.job_id, "output": self.qsub.directory}
-
-    def can_detach(self) -> bool:
-        return True
-
-    def output_of(self, plan: Plan) -> str | None:
-        return job_dir(plan.tasks[0].cwd, plan.job_id)
-
-    def submit(self, plan: Plan) -> str:
-        """``--detach``: submit and return Grid Engine's job id."""
-        run = self.make_run(plan)
-        assert isinstance(run, QsubRun)
-        return run.submit()
+        return self.batch
 
     def close(self) -> None:
         super().close()
-        if self.qsub is not None:
-            forget_files(self.qsub.directory)
+        if self.batch is not None:
+            forget_files(self.batch.output_location())

@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from launchkit import batchjob, contract
-from launchkit.backends.batch import BatchRun
+from launchkit.backends.batch import BatchBackend, BatchRun
 from launchkit.backends.engine import (
-    EngineBackend,
     EngineProcess,
     EngineRun,
     PopenRun,
@@ -210,6 +209,19 @@ def job_state(slurm_job: str) -> tuple[str, str] | None:
     return fields["JobState"], fields.get("ExitCode", "0:0")
 
 
+def job_status(slurm_job: str) -> tuple[str, int | None] | None:
+    """(state, exit code once the job has ended); None once Slurm has forgotten the job."""
+    state = job_state(slurm_job)
+    if state is None:
+        return None
+    return state[0], end_code(*state) if state[0].split()[0] in FINAL_STATES else None
+
+
+def end_argv(slurm_job: str) -> list[str]:
+    """End the whole job, Slurm's way (SIGTERM, then SIGKILL after KillWait)."""
+    return ["scancel", slurm_job]
+
+
 class SbatchRun(BatchRun):
     """A Slurm batch job: state from ``scontrol show job``, output in one file."""
 
@@ -226,25 +238,26 @@ class SbatchRun(BatchRun):
 
     def poll(self) -> tuple[str, int | None]:
         assert self.job_id is not None
-        state = job_state(self.job_id)
-        if state is None:  # Slurm forgot it: it ended (seen before, or a code from the tasks' marks)
+        status = job_status(self.job_id)
+        if status is None:  # Slurm forgot it: it ended (seen before, or a code from the tasks' marks)
             return (self.ended_state, self._code) if self.ended_state else ("GONE", 1)
-        if state[0].split()[0] in FINAL_STATES:
-            return state[0], end_code(*state)
-        return state[0], None
+        return status
 
     def output_files(self) -> list[str]:
         return [self.output]
 
+    def output_location(self) -> str:
+        return self.output
+
     def cancel_argv(self, sig: int) -> list[list[str]]:
         assert self.job_id is not None
         if sig == signal.SIGKILL:
-            return [["scancel", self.job_id]]
+            return [end_argv(self.job_id)]
         name = signal.Signals(sig).name.removeprefix("SIG")
         return [["scancel", "--full", f"--signal={name}", self.job_id]]
 
 
-class SlurmBackend(EngineBackend):
+class SlurmBackend(BatchBackend):
     name = "slurm"
     engine_label = "slurm"
 
@@ -261,7 +274,6 @@ class SlurmBackend(EngineBackend):
         self.grace = 5.0
         self.inside = in_allocation(os.environ)
         self.steps: set[str] = set()
-        self.batch: SbatchRun | None = None
 
     def connect(self, spec: LaunchSpec) -> str | None:
         """Inside an allocation: the local address that reaches the first node (its NodeAddr)."""
@@ -323,25 +335,11 @@ class SlurmBackend(EngineBackend):
         )
         return self.batch
 
-    def record_info(self) -> dict[str, Any] | None:
-        if self.batch is None or self.batch.job_id is None:
-            return None
-        return {"engine": "slurm", "engine_job": self.batch.job_id, "output": self.batch.output}
-
     def can_detach(self) -> bool:
         return not self.inside
 
     def detach_refusal(self) -> str:
         return "run it outside an allocation (SLURM_JOB_ID is set here)"
-
-    def output_of(self, plan: Plan) -> str | None:
-        return output_path(plan.tasks[0].cwd, plan.job_id)
-
-    def submit(self, plan: Plan) -> str:
-        """``--detach``: submit the batch job and return its Slurm id (nothing is followed)."""
-        run = self.make_run(plan)
-        assert isinstance(run, SbatchRun)
-        return run.submit()
 
     def node_unknown(self, task: Task) -> bool:
         return task.host.name.startswith("<")  # a batch job's placeholder

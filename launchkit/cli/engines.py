@@ -139,9 +139,9 @@ def engine_backend_options(spec: LaunchSpec, f: EngineFlags) -> dict[str, Any]:
 
 def submit_detached(spec: LaunchSpec, backend: backends.Backend, ui: Ui) -> int:
     """``--detach``: submit the batch job, record it, print both ids; the job runs on its own."""
-    from launchkit.backends.engine import EngineBackend
+    from launchkit.backends.batch import BatchBackend
 
-    if not isinstance(backend, EngineBackend):
+    if not isinstance(backend, BatchBackend):
         raise UsageError(f"--detach needs a batch engine, not --launcher {backend.name}")
     if not backend.can_detach():
         raise UsageError(f"--detach submits a batch job: {backend.detach_refusal()}")
