@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from launchkit import contract, shim
 from launchkit.backends.base import Backend, ProcessHandle
-from launchkit.backends.local import LocalBackend
+from launchkit.backends.local import LocalBackend, spawn
 from launchkit.spec import Plan, Task
 
 ENGINE_TAIL = 20
@@ -102,16 +102,7 @@ class PopenRun(EngineRun):
         self.readers: list[threading.Thread] = []
 
     def start(self, feed_out: Feed, feed_err: Feed) -> None:
-        self.proc = subprocess.Popen(
-            self.argv,
-            env=self.env,
-            cwd=self.cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-        )
+        self.proc = spawn(self.argv, self.env, self.cwd)
         assert self.proc.stdout is not None and self.proc.stderr is not None
         for stream, feed in ((self.proc.stdout, feed_out), (self.proc.stderr, feed_err)):
             t = threading.Thread(target=_read_lines, args=(stream, feed), daemon=True)

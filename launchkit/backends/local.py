@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+from collections.abc import Mapping
 from typing import IO
 
 from launchkit.backends.base import Backend
@@ -37,14 +38,19 @@ class LocalBackend(Backend):
     name = "local"
 
     def start(self, task: Task) -> LocalProcess:
-        popen = subprocess.Popen(
-            list(task.argv),
-            env=merge_env(os.environ, task.env),
-            cwd=task.cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-        )
-        return LocalProcess(task, popen)
+        return LocalProcess(task, spawn(list(task.argv), merge_env(os.environ, task.env), task.cwd))
+
+
+def spawn(argv: list[str], env: Mapping[str, str], cwd: str) -> subprocess.Popen[bytes]:
+    """A process on this machine in a session of its own (its group is its pid), no stdin, its
+    stdout and stderr piped to us."""
+    return subprocess.Popen(
+        argv,
+        env=dict(env),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+    )

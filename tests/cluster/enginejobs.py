@@ -4,6 +4,7 @@ running, ending it each way (launchkit kill, Ctrl-C, SIGKILL of the launcher), a
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -11,6 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.launchkit.procs import LAUNCHKIT, PROG, pids_with_job, record, run, wait_for_job, wait_until
+
+
+def env_of(cluster, home: Path) -> dict[str, str]:
+    """The launcher's environment for a job on ``cluster``'s engine, with its own job records."""
+    return {**os.environ, **cluster.env, "LAUNCHKIT_HOME": str(home)}
+
+
+def gone(cluster, job: str) -> bool:
+    """Nothing of the job left: no job in the engine's queue, no process on this machine."""
+    return not cluster.job_ids() and not pids_with_job(job)
 
 
 def check_contract(envs: dict, servers: int, workers: int, cluster: str) -> None:

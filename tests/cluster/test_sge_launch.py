@@ -4,7 +4,6 @@ roles from the 1-based SGE_TASK_ID, failure, kill, Ctrl-C, the launcher's death 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import socket
@@ -18,6 +17,8 @@ from tests.cluster.enginejobs import (
     detach_round_trip,
     detached_failure,
     end_running_job,
+    env_of,
+    gone,
     start_waiting_job,
 )
 from tests.launchkit.procs import (
@@ -30,14 +31,6 @@ from tests.launchkit.procs import (
 )
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def env_of(cluster, home: Path) -> dict[str, str]:
-    return {**os.environ, **cluster.env, "LAUNCHKIT_HOME": str(home)}
-
-
-def gone(cluster, job: str) -> bool:
-    return not cluster.job_ids() and not pids_with_job(job)
 
 
 def launch(cluster, tmp_path: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -4,19 +4,24 @@ failure, kill, Ctrl-C, the launcher's death and --detach."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.cluster.enginejobs import check_contract, detach_round_trip, detached_failure, end_running_job
+from tests.cluster.enginejobs import (
+    check_contract,
+    detach_round_trip,
+    detached_failure,
+    end_running_job,
+    env_of,
+    gone,
+)
 from tests.launchkit.procs import (
     LAUNCHKIT,
     PROG,
     parse_prefixed,
-    pids_with_job,
     record,
     wait_for_job,
     wait_until,
@@ -25,17 +30,9 @@ from tests.launchkit.procs import (
 pytestmark = pytest.mark.timeout(90)
 
 
-def env_of(cluster, launchkit_home: Path) -> dict[str, str]:
-    return {**os.environ, **cluster.env, "LAUNCHKIT_HOME": str(launchkit_home)}
-
-
 def salloc(cluster, *args: str) -> list[str]:
     """The launcher run inside a fresh allocation of the one node."""
     return ["salloc", "-N1", "-n4", "--overcommit", "--quiet", *LAUNCHKIT, *args]
-
-
-def gone(cluster, job: str) -> bool:
-    return not cluster.job_ids() and not pids_with_job(job)
 
 
 @pytest.mark.parametrize("where", ["allocation", "sbatch"])

@@ -3,14 +3,13 @@ hostname and process table), slurmctld on this machine. Inside an allocation and
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.cluster.enginejobs import check_contract, end_running_job
+from tests.cluster.enginejobs import check_contract, end_running_job, env_of
 from tests.launchkit.procs import LAUNCHKIT, PROG, parse_prefixed, wait_for_job, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,7 +28,7 @@ def launch(
     argv = [*LAUNCHKIT, "launch", "--launcher", "slurm", *flags, *args]
     if where == "allocation":
         argv = ["salloc", "-N3", "-n6", "--overcommit", "--quiet", *argv]
-    env = {**os.environ, **cluster.env, "LAUNCHKIT_HOME": str(home)}
+    env = env_of(cluster, home)
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=100,
                           stdin=subprocess.DEVNULL)  # fmt: skip
 
@@ -94,7 +93,7 @@ def test_failing_worker_on_a_node(
 def test_launcher_stopped_or_killed_leaves_no_process_on_any_node(
     slurm_netns, node_python, jobdir: Path, launchkit_home: Path, how: str
 ) -> None:
-    env = {**os.environ, **slurm_netns.env, "LAUNCHKIT_HOME": str(launchkit_home)}
+    env = env_of(slurm_netns, launchkit_home)
     end_running_job(how, "slurm", jobdir, launchkit_home, env,
                     lambda job: not slurm_netns.job_ids() and not on_nodes(slurm_netns, job),
                     extra=(*node_python, "--nodes", "3"))  # fmt: skip
