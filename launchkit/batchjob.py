@@ -26,14 +26,18 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 BATCH_VAR = "LAUNCHKIT_BATCH"
 RANK_OVERRIDE = "LAUNCHKIT_SHIM_RANK"
 
 
-def allocation_nodes() -> list[str]:
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
+def allocation_nodes(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The allocation's node names (``scontrol show hostnames $SLURM_JOB_NODELIST``).
+    RuntimeError outside an allocation; OSError/SubprocessError when scontrol fails."""
+    env = os.environ if environ is None else environ
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
     if not nodelist:
         raise RuntimeError("SLURM_JOB_NODELIST is not set: not inside a Slurm allocation")
     out = subprocess.run(

@@ -61,21 +61,16 @@ def parse_mpi_hostfile(text: str, path: str) -> list[Host]:
 
 
 def _slurm(environ: Mapping[str, str]) -> list[Host]:
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
-    if not nodelist:
+    from launchkit.batchjob import allocation_nodes
+
+    try:
+        names = allocation_nodes(environ)
+    except RuntimeError:
         raise UsageError(
             "--from slurm: SLURM_JOB_NODELIST is not set (run it inside an allocation, e.g. under salloc)"
-        )
-    try:
-        names = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout.split()
+        ) from None
     except (OSError, subprocess.SubprocessError) as exc:
-        raise UsageError(f"--from slurm: `scontrol show hostnames {nodelist}` failed: {exc}") from None
+        raise UsageError(f"--from slurm: `scontrol show hostnames` failed: {exc}") from None
     try:
         counts = (
             tasks_per_node(environ["SLURM_TASKS_PER_NODE"]) if environ.get("SLURM_TASKS_PER_NODE") else []

@@ -12,6 +12,7 @@ the engine's own process or job.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -52,8 +53,6 @@ def split_env(tasks: Sequence[Task]) -> tuple[dict[str, str], list[dict[str, str
 def shim_table(plan: Plan, ordered: Sequence[Task]) -> str:
     """``LAUNCHKIT_SHIM_TASKS``: row r is what engine rank r runs (the plan index and its own
     variables)."""
-    import json
-
     _, own = split_env(ordered)
     index = {t.task_id: i for i, t in enumerate(plan.tasks)}
     rows = [{"i": index[t.task_id], "env": env} for t, env in zip(ordered, own, strict=True)]
