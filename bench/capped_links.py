@@ -57,9 +57,9 @@ import json, statistics, sys, time
 import numpy as np
 import trainer_core  # noqa: F401  (the scheduler and server roles run here and exit)
 from trainer_core import kv as kvmod
-from trainer_core.learners import data_parallel_distributed_learner
-from trainer_core.nn import MLP
-from trainer_core.optim_local import get_learner
+from trainer_core.train.learners import data_parallel_distributed_learner
+from trainer_core.train.nn import MLP
+from trainer_core.optim.local import get_learner
 
 
 def link_bytes(dev='eth0'):
@@ -154,7 +154,7 @@ def job_dir(root: Path) -> Path:
     """The directory synced to the hosts: the step script and copies of the two packages."""
     d = root / "job"
     d.mkdir()
-    for pkg in ("trainer_core", "launchkit"):
+    for pkg in ("trainer_core", "dmlc_env", "launchkit"):
         shutil.copytree(REPO / pkg, d / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (d / "capped_step.py").write_text(STEP)
     return d

@@ -8,7 +8,7 @@
 Every role runs this same script: with ``DMLC_ROLE=scheduler`` or ``server`` the
 ``import trainer_core`` below runs that role and exits when the job ends (as MXNet does).
 Workers each train on their own shard (``SplitSampler``) through a distributed learner
-(``trainer_core.learners``):
+(``trainer_core.train.learners``):
 
 * ``data_parallel`` (default): every step the workers' gradients are summed by the servers
   (``pushpull``) and every worker applies the same averaged update; ``--compression 1bit|2bit|topk``
@@ -34,18 +34,18 @@ from typing import Any
 import numpy as np
 
 import trainer_core  # noqa: F401  (runs the scheduler / server roles)
-from trainer_core import checkpoint
 from trainer_core import kv as kvstore
-from trainer_core.data import SplitSampler
-from trainer_core.learners import (
+from trainer_core.optim.local import get_learner
+from trainer_core.train import checkpoint
+from trainer_core.train.data import SplitSampler
+from trainer_core.train.learners import (
     DistributedLearner,
     async_sgd_distributed_learner,
     block_momentum_distributed_learner,
     data_parallel_distributed_learner,
     model_averaging_distributed_learner,
 )
-from trainer_core.nn import MLP
-from trainer_core.optim_local import get_learner
+from trainer_core.train.nn import MLP
 
 COMPRESSION = {
     "none": None,

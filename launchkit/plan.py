@@ -7,7 +7,7 @@ import secrets
 import time
 from pathlib import PurePath
 
-from launchkit import contract
+import dmlc_env
 from launchkit.placement import gpu_slice, place
 from launchkit.spec import Host, LaunchSpec, Plan, Task
 
@@ -68,7 +68,7 @@ def make_plan(
     """Every process of the job. ``node_host_of`` maps a host to the address it publishes
     (``DMLC_NODE_HOST``); by default the local backend publishes ``root_uri`` and others the
     hostfile name."""
-    job = contract.JobEnv(
+    job = dmlc_env.JobEnv(
         job_id=job_id,
         secret=secret,
         cluster=spec.backend,
@@ -93,9 +93,9 @@ def make_plan(
         cuda: str | None = None
         if spec.gpus_per_worker:
             cuda = gpu_slice(local_rank, spec.gpus_per_worker) if role == "worker" else ""
-        env = contract.build_env(
+        env = dmlc_env.build_env(
             job,
-            contract.TaskEnv(
+            dmlc_env.TaskEnv(
                 role=role,
                 role_rank=rank,
                 task_id=task_id,
@@ -105,7 +105,7 @@ def make_plan(
             ),
         )
         user = {**dict(spec.env), **per_role[role], **dict(assignments)}
-        for name in contract.SECRET_VARS | {contract.LAUNCHKIT_JOB_ID}:
+        for name in dmlc_env.SECRET_VARS | {dmlc_env.LAUNCHKIT_JOB_ID}:
             user.pop(name, None)  # the job's identity cannot be overridden
         env.update(user)
         return Task(role, rank, task_id, host, local_rank, argv, env, cwd)

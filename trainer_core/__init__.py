@@ -10,6 +10,6 @@ import os as _os
 __version__ = "0.1.0"
 
 if _os.environ.get("DMLC_ROLE") in ("scheduler", "server"):
-    from .roles import autostart as _autostart
+    from trainer_core.ps.roles import autostart as _autostart
 
     _autostart()

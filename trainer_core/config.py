@@ -6,21 +6,20 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from launchkit.contract import (
-    MXNET_KVSTORE_BIGARRAY_BOUND,
-    PS_ENCRYPT,
-    PS_HEARTBEAT_INTERVAL,
-    PS_HEARTBEAT_TIMEOUT,
-    PS_SHM,
-    PS_START_TIMEOUT,
-    PS_VERBOSE,
-    TRAINER_CORE_AUTOSTART,
-    NodeEnv,
-)
+from dmlc_env import NodeEnv
+from trainer_core.errors import ConfigError
 
-from .errors import ConfigError
+# ps-lite's knobs, read here only (a user sets them; launchers pass them through)
+PS_VERBOSE = "PS_VERBOSE"
+PS_HEARTBEAT_INTERVAL = "PS_HEARTBEAT_INTERVAL"
+PS_HEARTBEAT_TIMEOUT = "PS_HEARTBEAT_TIMEOUT"
+MXNET_KVSTORE_BIGARRAY_BOUND = "MXNET_KVSTORE_BIGARRAY_BOUND"
+# trainer_core's own knobs (documented in docs/kvstore.md)
+PS_START_TIMEOUT = "PS_START_TIMEOUT"  # seconds to wait for every node to register
+PS_SHM = "PS_SHM"  # 0: no shared memory between processes of one host
+PS_ENCRYPT = "PS_ENCRYPT"  # 1: CURVE-encrypt array data across hosts too
+TRAINER_CORE_AUTOSTART = "TRAINER_CORE_AUTOSTART"  # 0: importing trainer_core does not run the role
 
-__all__ = ["PS_ENCRYPT", "PS_SHM", "PS_START_TIMEOUT", "TRAINER_CORE_AUTOSTART"]
 
 DEFAULT_HEARTBEAT_INTERVAL = 1.0
 DEFAULT_HEARTBEAT_TIMEOUT = 10.0

@@ -21,7 +21,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
-from launchkit import contract, shim
+import dmlc_env
+from launchkit import shim
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.backends.local import LocalBackend, spawn
 from launchkit.spec import Plan, Task
@@ -43,7 +44,7 @@ def split_env(tasks: Sequence[Task]) -> tuple[dict[str, str], list[dict[str, str
     common = dict(tasks[0].env) if tasks else {}
     for t in tasks[1:]:
         common = {k: v for k, v in common.items() if t.env.get(k) == v}
-    for name in contract.SECRET_VARS:
+    for name in dmlc_env.SECRET_VARS:
         if any(name in t.env for t in tasks):
             common[name] = tasks[0].env[name]
     own = [{k: v for k, v in t.env.items() if k not in common} for t in tasks]
@@ -63,7 +64,7 @@ def engine_env(plan: Plan, ordered: Sequence[Task]) -> dict[str, str]:
     """The variables the engine must pass to every rank by name: the shared contract values,
     the shim's table, and the defaults (unbuffered Python)."""
     common, _ = split_env(ordered)
-    env = {**contract.DEFAULTS, **common, shim.TASKS_VAR: shim_table(plan, ordered)}
+    env = {**dmlc_env.DEFAULTS, **common, shim.TASKS_VAR: shim_table(plan, ordered)}
     return env
 
 

@@ -8,8 +8,8 @@ import subprocess
 from collections.abc import Mapping
 from typing import IO
 
+from dmlc_env import merge_env
 from launchkit.backends.base import Backend
-from launchkit.contract import merge_env
 from launchkit.spec import Task
 
 

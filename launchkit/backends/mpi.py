@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dmlc_env import merge_env
 from launchkit.backends.engine import EngineBackend, EngineRun, PopenRun, engine_env, shim_argv
-from launchkit.contract import merge_env
 from launchkit.errors import BackendError, UsageError
 from launchkit.hostfile import format_host
 from launchkit.spec import LOCALHOST, Host, LaunchSpec, Plan, Task

@@ -24,10 +24,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from launchkit import contract, rendezvous
+import dmlc_env
+from dmlc_env import merge_env
+from launchkit import rendezvous
 from launchkit.backends.batch import BatchBackend, BatchRun
 from launchkit.backends.engine import EngineRun, engine_env
-from launchkit.contract import merge_env
 from launchkit.errors import UsageError
 from launchkit.spec import Host, LaunchSpec, Plan, Task
 
@@ -77,9 +78,9 @@ def task_env(plan: Plan, directory: str) -> dict[str, str]:
     """What every task gets by name (``-v``): the shared contract values without the secret,
     the shim's table, and where the secret and the scheduler's address are."""
     env = engine_env(plan, scheduler_first(plan))
-    env.pop(contract.LAUNCHKIT_JOB_SECRET, None)
-    env[contract.DMLC_PS_ROOT_URI] = ""
-    env[contract.DMLC_PS_ROOT_PORT] = "0"
+    env.pop(dmlc_env.LAUNCHKIT_JOB_SECRET, None)
+    env[dmlc_env.DMLC_PS_ROOT_URI] = ""
+    env[dmlc_env.DMLC_PS_ROOT_PORT] = "0"
     env[rendezvous.RENDEZVOUS_VAR] = f"{directory}/scheduler"
     env[rendezvous.SECRET_FILE_VAR] = f"{directory}/secret"
     env["LAUNCHKIT_SHIM_NOTIFY"] = "1"
@@ -277,8 +278,8 @@ class SgeBackend(BatchBackend):
         cwd = plan.tasks[0].cwd
         directory = job_dir(cwd, plan.job_id)
         env = merge_env(os.environ, task_env(plan, directory))
-        env.pop(contract.LAUNCHKIT_JOB_SECRET, None)
-        secret = plan.tasks[0].env.get(contract.LAUNCHKIT_JOB_SECRET, secrets.token_hex(32))
+        env.pop(dmlc_env.LAUNCHKIT_JOB_SECRET, None)
+        secret = plan.tasks[0].env.get(dmlc_env.LAUNCHKIT_JOB_SECRET, secrets.token_hex(32))
         self.batch = QsubRun(
             self._qsub(plan), job_script(self.opts.python, plan.tasks[0]), env, cwd, self.say,
             directory=directory, secret=secret,

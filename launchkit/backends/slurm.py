@@ -25,7 +25,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from launchkit import batchjob, contract
+import dmlc_env
+from dmlc_env import merge_env
+from launchkit import batchjob
 from launchkit.backends.batch import BatchBackend, BatchRun
 from launchkit.backends.engine import (
     EngineProcess,
@@ -34,7 +36,6 @@ from launchkit.backends.engine import (
     engine_env,
     scheduler_last,
 )
-from launchkit.contract import merge_env
 from launchkit.errors import UsageError
 from launchkit.netutil import route_address
 from launchkit.spec import Host, LaunchSpec, Plan, Task
@@ -171,8 +172,8 @@ def batch_env(plan: Plan, opts: SlurmOptions, grace: float, *, in_allocation: bo
     """What the batch job's environment carries (by name, never on a command line)."""
     env = engine_env(plan, scheduler_last(plan))
     if not in_allocation:  # the batch job finds its own address and port on its first node
-        env[contract.DMLC_PS_ROOT_URI] = ""
-        env[contract.DMLC_PS_ROOT_PORT] = "0"
+        env[dmlc_env.DMLC_PS_ROOT_URI] = ""
+        env[dmlc_env.DMLC_PS_ROOT_PORT] = "0"
     env[batchjob.BATCH_VAR] = json.dumps(batch_spec(plan, opts, grace), separators=(",", ":"))
     return env
 
@@ -295,7 +296,7 @@ class SlurmBackend(BatchBackend):
             return plan
         # Slurm binds the GPUs it gives (--gpus-per-task): its CUDA_VISIBLE_DEVICES stands
         tasks = tuple(
-            replace(t, env={k: v for k, v in t.env.items() if k != contract.CUDA_VISIBLE_DEVICES})
+            replace(t, env={k: v for k, v in t.env.items() if k != dmlc_env.CUDA_VISIBLE_DEVICES})
             for t in plan.tasks
         )
         return replace(plan, tasks=tasks)

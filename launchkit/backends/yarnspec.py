@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from launchkit import contract
+import dmlc_env
 from launchkit.backends.engine import engine_env
 from launchkit.errors import UsageError
 from launchkit.spec import Plan, Task
@@ -249,14 +249,14 @@ def service_spec(
     tasks = list(plan.tasks)
     if gpus_per_worker:  # YARN binds the GPUs it gives (yarn.io/gpu): its CUDA_VISIBLE_DEVICES stands
         tasks = [
-            replace(t, env={k: v for k, v in t.env.items() if k != contract.CUDA_VISIBLE_DEVICES})
+            replace(t, env={k: v for k, v in t.env.items() if k != dmlc_env.CUDA_VISIBLE_DEVICES})
             for t in tasks
         ]
     ordered = table_order(tasks)
     shared = engine_env(plan, ordered)
     env = {k: script_value(v) for k, v in shared.items()}
-    env[contract.DMLC_PS_ROOT_URI] = scheduler_host(name, opts.domain)
-    env[contract.DMLC_PS_ROOT_PORT] = str(plan.root_port or DEFAULT_PORT)
+    env[dmlc_env.DMLC_PS_ROOT_URI] = scheduler_host(name, opts.domain)
+    env[dmlc_env.DMLC_PS_ROOT_PORT] = str(plan.root_port or DEFAULT_PORT)
     command = launch_command([opts.python, "-m", "launchkit.shim", "--", *plan.tasks[0].argv])
     files = [parse_file(f).to_json() for f in opts.files]
     resources = {
@@ -301,8 +301,8 @@ def redacted(spec: Mapping[str, Any]) -> dict[str, Any]:
     out = json.loads(json.dumps(spec))
     for comp in out.get("components", []):
         env = comp.get("configuration", {}).get("env", {})
-        for name in contract.SECRET_VARS & set(env):
-            env[name] = contract.SECRET_PLACEHOLDER
+        for name in dmlc_env.SECRET_VARS & set(env):
+            env[name] = dmlc_env.SECRET_PLACEHOLDER
     return out
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import typer
 
-from launchkit import backends, contract, jobs
+import dmlc_env
+from launchkit import backends, jobs
 from launchkit.cli.app import get_app
 from launchkit.cli.engines import EngineFlags, engine_backend_options, engine_hosts, submit_detached
 from launchkit.cli.planview import plan_to_json, show_plan
@@ -128,7 +129,7 @@ def build_spec(
         gpus_per_worker=gpus_per_worker,
         scheduler_ip=scheduler_ip,
         scheduler_port=scheduler_port,
-        interface=interface or os.environ.get(contract.DMLC_INTERFACE) or None,
+        interface=interface or os.environ.get(dmlc_env.DMLC_INTERFACE) or None,
         grace_period=grace_period,
         time_limit=time_limit,
         cwd=os.getcwd(),

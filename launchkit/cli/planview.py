@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from launchkit import backends, contract
+import dmlc_env
+from launchkit import backends
 from launchkit.console import Ui
 from launchkit.spec import Plan
 
@@ -13,9 +14,9 @@ PORT_PLACEHOLDER = "<chosen at launch>"
 
 def plan_to_json(plan: Plan, backend: backends.Backend, port_known: bool) -> dict[str, object]:
     def env_of(env: dict[str, str]) -> dict[str, str]:
-        shown = contract.redact(env)
+        shown = dmlc_env.redact(env)
         if not port_known:
-            shown[contract.DMLC_PS_ROOT_PORT] = PORT_PLACEHOLDER
+            shown[dmlc_env.DMLC_PS_ROOT_PORT] = PORT_PLACEHOLDER
         return shown
 
     return {

@@ -118,7 +118,8 @@ def node_python() -> Iterator[list[str]]:
     from pathlib import Path
 
     root = Path(f"/var/tmp/launchkit-test-node-{secrets.token_hex(4)}")
-    package = Path(__file__).resolve().parents[2] / "launchkit"
-    shutil.copytree(package, root / "launchkit", ignore=shutil.ignore_patterns("__pycache__"))
+    checkout = Path(__file__).resolve().parents[2]
+    for package in ("launchkit", "dmlc_env"):
+        shutil.copytree(checkout / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
     yield ["--node-python", "/usr/bin/python3", "--env", f"PYTHONPATH:{root}"]
     shutil.rmtree(root, ignore_errors=True)

@@ -70,7 +70,7 @@ def test_dist_sync_across_namespace_hosts_over_ssh(netns_hosts, host_python: str
     group = netns_hosts(3)
     job = tmp_path / "job"
     job.mkdir()
-    for pkg in ("trainer_core", "launchkit"):  # trainer_core reads the env contract from launchkit
+    for pkg in ("trainer_core", "dmlc_env"):  # trainer_core needs the env contract, not launchkit
         shutil.copytree(ROOT / pkg, job / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (job / "prog.py").write_text(PROG)
     hostfile = group.write_hostfile(tmp_path / "hosts")

@@ -14,7 +14,8 @@ import threading
 
 import pytest
 
-from launchkit import contract, shim
+import dmlc_env
+from launchkit import shim
 from launchkit.backends import yarn
 from launchkit.backends.yarn import YarnBackend, YarnError, YarnRun, stop_argv
 from launchkit.backends.yarnspec import (
@@ -180,7 +181,7 @@ def test_values_live_only_in_the_env_and_the_secret_only_where_needed() -> None:
         table = through_yarn_env(comp["configuration"]["env"][shim.TASKS_VAR])
         assert "topsecret" not in table and "HOSTILE" not in table  # shared values are not rows
     shown = json.dumps(redacted(spec))
-    assert "topsecret" not in shown and contract.SECRET_PLACEHOLDER in shown
+    assert "topsecret" not in shown and dmlc_env.SECRET_PLACEHOLDER in shown
 
 
 def test_shipped_files_gpus_and_no_empty_components() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launchkit import contract
+import dmlc_env
 from launchkit.plan import make_plan, render_argv
 from launchkit.spec import Host, LaunchSpec
 
@@ -19,7 +19,7 @@ def test_every_process_reads_back_what_the_launcher_set() -> None:
     plan = make_plan(spec(interface="lo"), job_id="j1", secret="s3cret", root_uri="127.0.0.1", root_port=9091)
     assert [t.role for t in plan.tasks] == ["scheduler", "server", "server", "worker", "worker"]
     for t in plan.tasks:
-        node = contract.NodeEnv.from_environ(t.env)
+        node = dmlc_env.NodeEnv.from_environ(t.env)
         assert node.role == t.role
         assert node.role_rank == t.rank
         assert node.task_id == t.task_id
@@ -81,13 +81,13 @@ def test_remote_backends_publish_the_host_and_run_in_sync_dir() -> None:
 
 
 def test_merge_env_defaults() -> None:
-    assert contract.merge_env({}, {"X": "1"})["PYTHONUNBUFFERED"] == "1"
-    assert contract.merge_env({"PYTHONUNBUFFERED": "0"}, {})["PYTHONUNBUFFERED"] == "0"
-    assert contract.merge_env({}, {"PYTHONUNBUFFERED": ""})["PYTHONUNBUFFERED"] == ""
+    assert dmlc_env.merge_env({}, {"X": "1"})["PYTHONUNBUFFERED"] == "1"
+    assert dmlc_env.merge_env({"PYTHONUNBUFFERED": "0"}, {})["PYTHONUNBUFFERED"] == "0"
+    assert dmlc_env.merge_env({}, {"PYTHONUNBUFFERED": ""})["PYTHONUNBUFFERED"] == ""
 
 
 def test_redact_hides_the_secret() -> None:
-    assert contract.redact({"LAUNCHKIT_JOB_SECRET": "s", "A": "b"}) == {
+    assert dmlc_env.redact({"LAUNCHKIT_JOB_SECRET": "s", "A": "b"}) == {
         "LAUNCHKIT_JOB_SECRET": "<hidden>",
         "A": "b",
     }
@@ -112,7 +112,7 @@ def test_redact_hides_the_secret() -> None:
 )
 def test_node_env_errors_name_the_variable(env: dict[str, str], msg: str) -> None:
     with pytest.raises((KeyError, ValueError), match=msg):
-        contract.NodeEnv.from_environ(env)
+        dmlc_env.NodeEnv.from_environ(env)
 
 
 def test_render_argv() -> None:
@@ -129,7 +129,7 @@ def test_trainer_core_reads_what_the_launcher_sets() -> None:
         spec(num_workers=3, num_servers=2), job_id="j7", secret="s" * 64, root_uri="127.0.0.1", root_port=9
     )
     for t in plan.tasks:
-        cfg = NodeConfig.from_environ(contract.merge_env({}, t.env))
+        cfg = NodeConfig.from_environ(dmlc_env.merge_env({}, t.env))
         assert cfg.role == t.role
         assert cfg.env.role_rank == t.rank
         assert cfg.job_id == "j7" and cfg.secret == "s" * 64

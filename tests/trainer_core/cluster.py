@@ -2,7 +2,7 @@
 
 Until the launcher runs these tests, this helper plays its part: it reserves the scheduler
 port the way the launcher does (a bound, non-listening SO_REUSEADDR socket), builds each
-process's environment with ``launchkit.contract.build_env``, waits with a bound, and kills
+process's environment with ``dmlc_env.build_env``, waits with a bound, and kills
 every process and removes every ``/dev/shm/launchkit-<job>-*`` segment in a ``finally``.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launchkit.contract import JobEnv, TaskEnv, build_env
+from dmlc_env import JobEnv, TaskEnv, build_env
 
 REPO = Path(__file__).resolve().parents[2]
 FAST_LIVENESS = {"PS_HEARTBEAT_INTERVAL": "0.3", "PS_HEARTBEAT_TIMEOUT": "3"}
@@ -100,7 +100,7 @@ def run_job(
     """Run a job whose workers execute ``worker_code``; returns when every process ended (or after
     ``timeout``, killing what is left). ``during(job)`` runs once every process has started;
     processes named in ``not_awaited`` (``"worker 1"``) are not waited for, only killed at the end;
-    ``role_args`` replaces the interpreter arguments of a role (``["-m", "trainer_core.server"]``)."""
+    ``role_args`` replaces the interpreter arguments of a role (``["-m", "trainer_core.ps.server"]``)."""
     reserved = reserve_port()
     port = reserved.getsockname()[1]
     job = Job(job_id=uuid.uuid4().hex[:10], port=port)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from tests.trainer_core.test_learners import FakeKV, grad, make_params, run_workers
-from trainer_core import checkpoint
 from trainer_core import kv as kvstore
-from trainer_core.learners import block_momentum_distributed_learner, data_parallel_distributed_learner
-from trainer_core.optim_local import get_learner
+from trainer_core.optim.local import get_learner
+from trainer_core.train import checkpoint
+from trainer_core.train.learners import block_momentum_distributed_learner, data_parallel_distributed_learner
 
 
 def test_round_trip(tmp_path: Path) -> None:

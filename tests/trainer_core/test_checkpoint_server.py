@@ -16,16 +16,17 @@ import numpy as np
 import pytest
 
 from tests.trainer_core.cluster import Job, run_job, worker_script
-from trainer_core import checkpoint, wire
 from trainer_core import kv as kvstore
-from trainer_core import store as store_mod
 from trainer_core.errors import KVError, WireError
+from trainer_core.ps import store as store_mod
+from trainer_core.train import checkpoint
+from trainer_core.transport import wire
 
 K, N = 3, 6
 COMP = {"type": "1bit", "block_size": 512}
 
 BODY = """
-from trainer_core import checkpoint
+from trainer_core.train import checkpoint
 cfg = json.loads(os.environ['TEST_CFG'])
 path, mode, K, N = cfg['path'], cfg['mode'], cfg['k'], cfg['n']
 kv.set_optimizer(cfg['spec'])
@@ -200,9 +201,9 @@ def test_state_messages_are_validated() -> None:
 
 
 LEARNER = """
-from trainer_core import checkpoint
-from trainer_core.learners import async_sgd_distributed_learner, data_parallel_distributed_learner
-from trainer_core.optim_local import get_learner
+from trainer_core.train import checkpoint
+from trainer_core.train.learners import async_sgd_distributed_learner, data_parallel_distributed_learner
+from trainer_core.optim.local import get_learner
 cfg = json.loads(os.environ['TEST_CFG'])
 path, mode, K, N = cfg['path'], cfg['mode'], cfg['k'], cfg['n']
 params = {'W': np.linspace(-1, 1, 1200, dtype=np.float32).reshape(40, 30), 'b': np.zeros(30, np.float32)}

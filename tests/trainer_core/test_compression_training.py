@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from trainer_core.compression import get_compressor
-from trainer_core.data import SplitSampler
-from trainer_core.nn import MLP
-from trainer_core.optim_local import get_learner
+from trainer_core.optim.local import get_learner
+from trainer_core.train.data import SplitSampler
+from trainer_core.train.nn import MLP
 
 load_digits = pytest.importorskip("sklearn.datasets").load_digits
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer_core.data import SplitSampler
+from trainer_core.train.data import SplitSampler
 
 
 @settings(max_examples=60, deadline=None)

@@ -13,11 +13,11 @@ import pytest
 
 from tests.trainer_core.cluster import Job, run_job, worker_script
 from trainer_core import kv as kvstore
-from trainer_core import store as store_mod
-from trainer_core import wire
 from trainer_core.compression import get_compressor
+from trainer_core.compression.codec import ServerCodec, WorkerCodec, resolve_compression
 from trainer_core.errors import CompressionError, WireError
-from trainer_core.gc_hook import ServerCodec, WorkerCodec, resolve_compression
+from trainer_core.ps import store as store_mod
+from trainer_core.transport import wire
 
 STEPS = 3
 

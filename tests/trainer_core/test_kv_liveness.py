@@ -130,7 +130,7 @@ except Exception as exc:
 
 
 def test_dead_scheduler_ends_the_job_and_module_entry_points_work() -> None:
-    """Roles started with ``python -m trainer_core.scheduler`` / ``.server``; then the scheduler dies."""
+    """Roles started with ``python -m trainer_core.ps.scheduler`` / ``.server``; then the scheduler dies."""
     marks: dict[str, float] = {}
 
     def kill_scheduler(job: Job) -> None:
@@ -146,7 +146,10 @@ def test_dead_scheduler_ends_the_job_and_module_entry_points_work() -> None:
         timeout=BOUND_S + 10,
         during=kill_scheduler,
         not_awaited=("scheduler 0",),
-        role_args={"scheduler": ["-m", "trainer_core.scheduler"], "server": ["-m", "trainer_core.server"]},
+        role_args={
+            "scheduler": ["-m", "trainer_core.ps.scheduler"],
+            "server": ["-m", "trainer_core.ps.server"],
+        },
     )
     elapsed = time.monotonic() - marks["t"]
     assert elapsed < BOUND_S, job.outputs()

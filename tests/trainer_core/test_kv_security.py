@@ -8,7 +8,8 @@ from tests.trainer_core.cluster import run_job, worker_script
 
 INTRUDER = """
 import socket, time, zmq
-from trainer_core import auth, wire
+from trainer_core.transport import auth
+from trainer_core.transport import wire
 
 kv.init('w', np.zeros(16, np.float32))
 ports = [int(s.endpoint.rsplit(':', 1)[1]) for s in kv.client.book.servers] + [int(os.environ['DMLC_PS_ROOT_PORT'])]
@@ -71,7 +72,7 @@ if kv.rank == 0:
             c.sendall(payload)
             c.close()
     # the servers' same-host channels: garbage, a wrong handshake, a wrong-secret client
-    from trainer_core.unixsock import UnixConn
+    from trainer_core.transport.unix import UnixConn
     for s in kv.client.book.servers:
         if not s.local:
             continue
@@ -85,7 +86,7 @@ if kv.rank == 0:
     # handshake (kept open to the end: the server serves everyone else meanwhile), and a client holding
     # the secret that sends a malformed header, a replayed sequence number and a broken framing
     import struct
-    from trainer_core.tcpchan import TcpConn
+    from trainer_core.transport.tcp import TcpConn
     pull = wire.encode(wire.Header(op=wire.PULL, seq=1, src='worker 0', entries=(wire.Entry('w', 0, 16, '<f4'),), body={'rank': 0}))
     for s in kv.client.book.servers:
         if not s.data:

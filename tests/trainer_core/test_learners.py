@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from trainer_core import kv as kvstore
-from trainer_core.learners import (
+from trainer_core.optim.local import get_learner
+from trainer_core.train.learners import (
     AsyncSGDLearner,
     async_sgd_distributed_learner,
     block_momentum_distributed_learner,
@@ -27,7 +28,6 @@ from trainer_core.learners import (
     model_averaging_distributed_learner,
     server_optimizer_spec,
 )
-from trainer_core.optim_local import get_learner
 
 
 class FakeGroup:

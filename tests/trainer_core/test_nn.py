@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer_core.nn import MLP, backward, forward, softmax_cross_entropy
+from trainer_core.train.nn import MLP, backward, forward, softmax_cross_entropy
 
 
 def test_parameter_layout():

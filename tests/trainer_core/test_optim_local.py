@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer_core.optim_local import LEARNERS, Adam, Momentum, Nesterov, get_learner
+from trainer_core.optim.local import LEARNERS, Adam, Momentum, Nesterov, get_learner
 
 
 def setup(seed=0):

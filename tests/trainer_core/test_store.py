@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer_core import wire
-from trainer_core.store import Request, Store, StoreError
+from trainer_core.ps.store import Request, Store, StoreError
+from trainer_core.transport import wire
 
 
 def req(op: str, rank: int, data: np.ndarray | None = None, key: wire.Key = "k") -> Request:

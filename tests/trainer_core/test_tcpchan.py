@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from trainer_core.errors import KVError
-from trainer_core.tcpchan import ChannelClosed, TcpConn, TcpListener
+from trainer_core.transport.tcp import ChannelClosed, TcpConn, TcpListener
 
 SECRET = "tcpchan-test-secret"
 

@@ -7,9 +7,11 @@ import os
 import numpy as np
 import pytest
 
-from trainer_core import auth, optim, sharding, shm
 from trainer_core.config import NodeConfig
 from trainer_core.errors import ConfigError, OptimizerError
+from trainer_core.optim import server as optim
+from trainer_core.ps import sharding
+from trainer_core.transport import auth, shm
 
 
 def test_small_keys_spread_evenly_and_big_keys_split() -> None:
@@ -93,7 +95,7 @@ def test_segments_are_removed() -> None:
 
 
 def test_rank_assignment_honours_launcher_ranks() -> None:
-    from trainer_core.scheduler import NodeRecord, assign_ranks
+    from trainer_core.ps.scheduler import NodeRecord, assign_ranks
 
     def rec(hint: int) -> NodeRecord:
         return NodeRecord(

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainer_core import wire
 from trainer_core.errors import WireError
+from trainer_core.transport import wire
 
 
 def test_round_trip() -> None:

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..xp import array_module, is_device_array
+from trainer_core.xp import array_module, is_device_array
 
 #: Gradient dtypes a compressor accepts.
 SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))

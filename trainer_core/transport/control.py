@@ -17,9 +17,9 @@ from typing import Any
 
 import zmq
 
-from . import wire
-from .auth import CurveKeys, derive_keys
-from .errors import ConfigError, WireError
+from trainer_core.errors import ConfigError, WireError
+from trainer_core.transport import wire
+from trainer_core.transport.auth import CurveKeys, derive_keys
 
 
 @dataclass

@@ -7,15 +7,15 @@ import sys
 from collections.abc import Mapping
 from typing import NoReturn
 
-from .config import TRAINER_CORE_AUTOSTART, NodeConfig
-from .errors import KVError
-from .log import get_logger
+from trainer_core.config import TRAINER_CORE_AUTOSTART, NodeConfig
+from trainer_core.errors import KVError
+from trainer_core.log import get_logger
 
 
 def run_role(role: str, environ: Mapping[str, str] | None = None) -> int:
     """Run ``role`` (scheduler or server) until the job ends; returns the exit code."""
-    from .scheduler import Scheduler
-    from .server import Server
+    from trainer_core.ps.scheduler import Scheduler
+    from trainer_core.ps.server import Server
 
     cfg = NodeConfig.from_environ(environ, role=role)
     if role == "scheduler":

@@ -49,9 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from .xp import like, to_host
+from trainer_core.xp import like, to_host
 
-FORMAT = "trainer_core.checkpoint"
+FORMAT = "trainer_core.train.checkpoint"
 VERSION = 1
 MANIFEST = "manifest.json"
 

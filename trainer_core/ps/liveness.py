@@ -16,9 +16,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import wire
-from .errors import NodeFailure
-from .transport import Transport, poll
+from trainer_core.errors import NodeFailure
+from trainer_core.transport import wire
+from trainer_core.transport.control import Transport, poll
 
 
 class Liveness:

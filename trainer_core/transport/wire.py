@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import WireError
+from trainer_core.errors import WireError
 
 VERSION = 1
 MAX_HEADER_BYTES = 1 << 20

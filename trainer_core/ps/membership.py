@@ -10,11 +10,11 @@ from typing import Any
 
 import zmq
 
-from . import wire
-from .config import NodeConfig
-from .errors import NodeFailure, StartupTimeout, WireError
-from .shm import host_key
-from .transport import Transport, poll
+from trainer_core.config import NodeConfig
+from trainer_core.errors import NodeFailure, StartupTimeout, WireError
+from trainer_core.transport import wire
+from trainer_core.transport.control import Transport, poll
+from trainer_core.transport.shm import host_key
 
 
 @dataclass(frozen=True)

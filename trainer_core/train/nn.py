@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .xp import array_module
+from trainer_core.xp import array_module
 
 Params = dict[str, Any]
 

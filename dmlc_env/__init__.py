@@ -5,7 +5,11 @@ This module is the single place where the names live, in both directions:
 (trainer_core, or any user program) reads back. ``docs/environment.md`` documents
 every variable; a test checks that both directions agree.
 
-Nothing here has side effects on import: ``trainer_core`` imports it too.
+It depends on nothing but the standard library and belongs to neither package: ``launchkit``
+imports it to build the environment, ``trainer_core`` to read it back, and any other launcher
+that sets the same variables (MXNet's ``tools/launch.py``, a job started by hand) is served just
+as well. Settings that only the trainer reads (ps-lite's knobs, ``PS_SHM``...) live in
+``trainer_core.config``. Nothing here has side effects on import.
 """
 
 from __future__ import annotations
@@ -24,17 +28,6 @@ DMLC_NODE_HOST = "DMLC_NODE_HOST"
 DMLC_TASK_ID = "DMLC_TASK_ID"
 DMLC_JOB_CLUSTER = "DMLC_JOB_CLUSTER"
 DMLC_INTERFACE = "DMLC_INTERFACE"
-
-# --- ps-lite knobs, read by the trainer core (set by the user, passed through) ---
-PS_VERBOSE = "PS_VERBOSE"
-PS_HEARTBEAT_INTERVAL = "PS_HEARTBEAT_INTERVAL"
-PS_HEARTBEAT_TIMEOUT = "PS_HEARTBEAT_TIMEOUT"
-MXNET_KVSTORE_BIGARRAY_BOUND = "MXNET_KVSTORE_BIGARRAY_BOUND"
-# trainer_core's own knobs (documented in docs/kvstore.md)
-PS_START_TIMEOUT = "PS_START_TIMEOUT"  # seconds to wait for every node to register
-PS_SHM = "PS_SHM"  # 0: no shared memory between processes of one host
-PS_ENCRYPT = "PS_ENCRYPT"  # 1: CURVE-encrypt array data across hosts too
-TRAINER_CORE_AUTOSTART = "TRAINER_CORE_AUTOSTART"  # 0: importing trainer_core does not run the role
 
 # --- launchkit additions ---
 LAUNCHKIT_JOB_ID = "LAUNCHKIT_JOB_ID"

@@ -1,7 +1,7 @@
 """The scheduler role: registers nodes, assigns ranks, hands out the address book, runs barriers,
 watches heartbeats and tells every node when the job ends (normally or by an abort).
 
-Run it with ``python -m trainer_core.scheduler`` or by importing trainer_core with
+Run it with ``python -m trainer_core.ps.scheduler`` or by importing trainer_core with
 ``DMLC_ROLE=scheduler``. It binds ``DMLC_PS_ROOT_PORT`` with a plain ZeroMQ tcp bind (on
 ``DMLC_INTERFACE``'s address when given). Exit code 0 when every worker finished, 1 on abort.
 """
@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import wire
-from .config import NodeConfig
-from .errors import WireError
-from .log import get_logger
-from .transport import Received, Transport, interface_address, poll
+from trainer_core.config import NodeConfig
+from trainer_core.errors import WireError
+from trainer_core.log import get_logger
+from trainer_core.transport import wire
+from trainer_core.transport.control import Received, Transport, interface_address, poll
 
 
 @dataclass
@@ -234,8 +234,8 @@ def assign_ranks(recs: list[NodeRecord], count: int) -> str | None:
 
 
 def main(environ: dict[str, str] | None = None) -> int:
-    """Entry point of ``python -m trainer_core.scheduler``."""
-    from .config import NodeConfig
+    """Entry point of ``python -m trainer_core.ps.scheduler``."""
+    from trainer_core.config import NodeConfig
 
     cfg = NodeConfig.from_environ(environ, role="scheduler")
     return Scheduler(cfg).run()

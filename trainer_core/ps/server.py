@@ -1,6 +1,6 @@
 """The server role: holds key parts and serves workers' init/push/pull/pushpull requests.
 
-Run it with ``python -m trainer_core.server`` or by importing trainer_core with
+Run it with ``python -m trainer_core.ps.server`` or by importing trainer_core with
 ``DMLC_ROLE=server``. It binds a ROUTER on ``DMLC_INTERFACE``'s address (else
 ``DMLC_NODE_HOST``) on a free port, registers with the scheduler, and serves until the
 scheduler ends the job (exit 0) or aborts it (exit 1). Arrays of workers on the same host
@@ -18,19 +18,20 @@ from typing import Any
 import numpy as np
 import zmq
 
-from . import optim, wire
-from .config import NodeConfig
-from .errors import KVError, WireError
-from .gc_hook import decode as gc_decode
-from .gc_hook import resolve_compression
-from .liveness import Liveness
-from .log import get_logger
-from .node import join, scheduler_endpoint
-from .shm import MemBuffer, Segment, job_prefix
-from .store import Request, Store, StoreError
-from .tcpchan import HANDSHAKE_TIMEOUT_S, ChannelClosed, TcpConn, TcpListener
-from .transport import Received, Transport, bind_and_publish_hosts
-from .unixsock import UnixConn, UnixListener
+from trainer_core.compression.codec import decode as gc_decode
+from trainer_core.compression.codec import resolve_compression
+from trainer_core.config import NodeConfig
+from trainer_core.errors import KVError, WireError
+from trainer_core.log import get_logger
+from trainer_core.optim import server as optim
+from trainer_core.ps.liveness import Liveness
+from trainer_core.ps.membership import join, scheduler_endpoint
+from trainer_core.ps.store import Request, Store, StoreError
+from trainer_core.transport import wire
+from trainer_core.transport.control import Received, Transport, bind_and_publish_hosts
+from trainer_core.transport.shm import MemBuffer, Segment, job_prefix
+from trainer_core.transport.tcp import HANDSHAKE_TIMEOUT_S, ChannelClosed, TcpConn, TcpListener
+from trainer_core.transport.unix import UnixConn, UnixListener
 
 
 class Server:
@@ -425,7 +426,7 @@ _MAX_PENDING = 64  # data connections still in their handshake; beyond it the ol
 
 
 def main(environ: dict[str, str] | None = None) -> int:
-    """Entry point of ``python -m trainer_core.server``."""
+    """Entry point of ``python -m trainer_core.ps.server``."""
     cfg = NodeConfig.from_environ(environ, role="server")
     return Server(cfg).run()
 

@@ -48,10 +48,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .comm import Communicator
-from .compression import get_compressor
-from .optim_local import Adam, Learner, Momentum, Nesterov
-from .xp import array_module
+from trainer_core.compression import get_compressor
+from trainer_core.optim.local import Adam, Learner, Momentum, Nesterov
+from trainer_core.train.comm import Communicator
+from trainer_core.xp import array_module
 
 COMPRESSION_BITS = (1, 2, 32)
 

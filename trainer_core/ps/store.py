@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from . import optim, wire
-from .compression.base import work_dtype
-from .errors import KVError
-from .gc_hook import ServerCodec
+from trainer_core.compression.base import work_dtype
+from trainer_core.compression.codec import ServerCodec
+from trainer_core.errors import KVError
+from trainer_core.optim import server as optim
+from trainer_core.transport import wire
 
 
 class StoreError(KVError):

@@ -1,137 +1,19 @@
-"""The KV store API: ``create(name)`` and the ``KVStore`` classes (MXNet's kvstore, reimplemented).
-
-Types: ``local`` and ``device`` (one process), ``dist_sync``, ``dist_async``,
-``dist_sync_device``, ``dist_async_device`` (a parameter-server job: the launcher, or the
-``DMLC_*`` variables set by hand, start a scheduler, servers and workers). Keys are ints or
-strings; values are numpy arrays (cupy arrays are moved to host in one place, ``xp.to_host``).
-Every method takes one key or a list of keys; a value may be a list of arrays (one per device),
-summed on push, all filled on pull.
-"""
+"""The one-process store (``local``, ``device``): the sums, compression and optimizer of a server, in process."""
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import os
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .config import NodeConfig
-from .errors import ConfigError, KVError
-from .gc_hook import ServerCodec, WorkerCodec, resolve_compression, validate_params
-from .gc_hook import decode as gc_decode
-from .optim import Updater, build, to_spec
-from .wire import Key
-from .xp import like, to_host
-
-TYPES = ("local", "device", "dist_sync", "dist_async", "dist_sync_device", "dist_async_device", "dist")
-
-Pairs = list[tuple[Key, list[Any]]]
-
-
-def create(name: str = "local", environ: dict[str, str] | None = None) -> KVStore:
-    """A KV store of type ``name``. With ``DMLC_ROLE`` set to ``scheduler`` or ``server`` this runs that
-    role instead and exits the process when the job ends (as MXNet)."""
-    if name not in TYPES:
-        raise ConfigError(f"unknown KV store type {name!r}; known: {', '.join(TYPES)}")
-    if name in ("local", "device"):
-        return LocalKVStore(name)
-    env = os.environ if environ is None else environ
-    role = env.get("DMLC_ROLE")
-    if role in ("scheduler", "server"):
-        from .roles import run_role_and_exit
-
-        run_role_and_exit(role, environ)
-    from .dist import DistKVStore
-
-    return DistKVStore(name, NodeConfig.from_environ(environ, role="worker"))
-
-
-def normalize(keys: Key | Sequence[Key], values: Any) -> Pairs:
-    """``[(key, [arrays...]), ...]`` from one key or a list of keys and matching values."""
-    if isinstance(keys, list | tuple):
-        if not isinstance(values, list | tuple) or len(values) != len(keys):
-            raise KVError("a list of keys needs a list of values of the same length")
-        return [(check_key(k), as_list(v)) for k, v in zip(keys, values, strict=True)]
-    return [(check_key(keys), as_list(values))]
-
-
-def check_key(key: Any) -> Key:
-    if isinstance(key, bool) or not isinstance(key, int | str):
-        raise KVError(f"keys are ints or strings, got {key!r}")
-    return key
-
-
-def as_list(value: Any) -> list[Any]:
-    if value is None:
-        raise KVError("a value is missing")
-    return list(value) if isinstance(value, list | tuple) else [value]
-
-
-def host_sum(values: list[Any], dtype: np.dtype | None = None) -> np.ndarray:
-    """The sum of one key's values, on host, as one flat array."""
-    first = to_host(values[0])
-    total = first if len(values) == 1 else sum((to_host(v) for v in values[1:]), start=first.copy())
-    if dtype is not None and total.dtype != dtype:
-        total = total.astype(dtype)
-    return np.asarray(total).reshape(-1)
-
-
-def write_out(host: np.ndarray, outs: list[Any]) -> None:
-    """Copy a flat host result into every output array (numpy or cupy)."""
-    for out in outs:
-        if out.size != host.size:
-            raise KVError(f"output has {out.size} elements, the value {host.size}")
-        out[...] = like(host.reshape(out.shape), out)
-
-
-class KVStore:
-    """The API shared by every store type."""
-
-    type: str
-    rank: int = 0
-    num_workers: int = 1
-
-    def init(self, key: Key | Sequence[Key], value: Any) -> None:
-        raise NotImplementedError
-
-    def push(self, key: Key | Sequence[Key], value: Any) -> None:
-        raise NotImplementedError
-
-    def pull(self, key: Key | Sequence[Key], out: Any) -> Any:
-        raise NotImplementedError
-
-    def pushpull(self, key: Key | Sequence[Key], value: Any, out: Any = None) -> Any:
-        raise NotImplementedError
-
-    def barrier(self) -> None:
-        """Wait until every worker reached the barrier (no-op in one process)."""
-
-    def set_optimizer(self, optimizer: Any, **kwargs: Any) -> None:
-        raise NotImplementedError
-
-    def set_gradient_compression(self, params: Any) -> None:
-        raise NotImplementedError
-
-    def server_state(self) -> dict[Key, dict[str, Any]]:
-        """The servers' per-key state (value, optimizer state, pull residuals), for checkpoints."""
-        raise NotImplementedError
-
-    def load_server_state(self, state: dict[Key, dict[str, Any]]) -> None:
-        """Restore ``server_state()``."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """End this store (a worker waits for every other worker, as MXNet's finalize)."""
-
-    def __enter__(self) -> KVStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+from trainer_core.compression.codec import ServerCodec, WorkerCodec, resolve_compression, validate_params
+from trainer_core.compression.codec import decode as gc_decode
+from trainer_core.errors import KVError
+from trainer_core.kv.api import KVStore, check_key, host_sum, normalize, write_out
+from trainer_core.optim.server import Updater, build, to_spec
+from trainer_core.transport.wire import Key
+from trainer_core.xp import to_host
 
 
 class LocalKVStore(KVStore):
@@ -280,13 +162,3 @@ class LocalKVStore(KVStore):
             if opt_state is not None:
                 self.states[k] = opt_state
             self.server_codec.load_part(k, pull)
-
-
-_OPEN: weakref.WeakSet[KVStore] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_stores() -> None:
-    for store in list(_OPEN):
-        with contextlib.suppress(Exception):  # already logged; the process is ending
-            store.close()

@@ -18,15 +18,15 @@ from typing import Any, NoReturn
 import numpy as np
 import zmq
 
-from . import wire
-from .config import NodeConfig
-from .errors import KVError, NodeFailure, WireError
-from .liveness import Liveness
-from .node import Book, join, scheduler_endpoint
-from .shm import MemBuffer, host_key
-from .tcpchan import ChannelClosed, TcpConn
-from .transport import Received, Transport, poll
-from .unixsock import UnixConn
+from trainer_core.config import NodeConfig
+from trainer_core.errors import KVError, NodeFailure, WireError
+from trainer_core.ps.liveness import Liveness
+from trainer_core.ps.membership import Book, join, scheduler_endpoint
+from trainer_core.transport import wire
+from trainer_core.transport.control import Received, Transport, poll
+from trainer_core.transport.shm import MemBuffer, host_key
+from trainer_core.transport.tcp import ChannelClosed, TcpConn
+from trainer_core.transport.unix import UnixConn
 
 
 class WorkerClient:

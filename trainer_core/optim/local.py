@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from .xp import array_module
+from trainer_core.xp import array_module
 
 
 def sgd_update(w: Any, g: Any, lr: float) -> None:

@@ -18,19 +18,19 @@ from typing import Any
 
 import numpy as np
 
-from . import wire
-from .config import NodeConfig
-from .errors import KVError
-from .gc_hook import WorkerCodec, resolve_compression, validate_params
-from .gc_hook import decode as gc_decode
-from .kv import _OPEN, KVStore, check_key, host_sum, normalize, write_out
-from .log import get_logger
-from .optim import to_spec
-from .sharding import Part, split
-from .shm import Segment, SegmentFactory
-from .wire import Key
-from .worker import WorkerClient
-from .xp import to_host
+from trainer_core.compression.codec import WorkerCodec, resolve_compression, validate_params
+from trainer_core.compression.codec import decode as gc_decode
+from trainer_core.config import NodeConfig
+from trainer_core.errors import KVError
+from trainer_core.kv.api import _OPEN, KVStore, check_key, host_sum, normalize, write_out
+from trainer_core.log import get_logger
+from trainer_core.optim.server import to_spec
+from trainer_core.ps.client import WorkerClient
+from trainer_core.ps.sharding import Part, split
+from trainer_core.transport import wire
+from trainer_core.transport.shm import Segment, SegmentFactory
+from trainer_core.transport.wire import Key
+from trainer_core.xp import to_host
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import OptimizerError
+from trainer_core.errors import OptimizerError
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def to_spec(opt: Any, **kwargs: Any) -> dict[str, Any]:
     if isinstance(opt, Mapping):
         return validate(dict(opt))
     raise OptimizerError(
-        f"unsupported optimizer {opt!r}: pass trainer_core.optim.SGD/Adam, a spec dict or a name"
+        f"unsupported optimizer {opt!r}: pass trainer_core.optim.server.SGD/Adam, a spec dict or a name"
     )
 
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CompressionError, WireError
-from .wire import comp_meta
+from trainer_core.errors import CompressionError, WireError
+from trainer_core.transport.wire import comp_meta
 
 #: dtypes whose parts are compressed (the compressors' float types).
 COMPRESSIBLE = frozenset({"<f2", "<f4", "<f8"})

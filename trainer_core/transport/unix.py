@@ -22,9 +22,9 @@ import os
 import socket
 import struct
 
-from . import wire
-from .auth import channel_key, channel_proof
-from .errors import KVError
+from trainer_core.errors import KVError
+from trainer_core.transport import wire
+from trainer_core.transport.auth import channel_key, channel_proof
 
 _LEN = struct.Struct("<I")
 NONCE_BYTES = 16

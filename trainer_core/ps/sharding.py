@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from .wire import Key
+from trainer_core.transport.wire import Key
 
 
 @dataclass(frozen=True)

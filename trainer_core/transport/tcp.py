@@ -40,10 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from . import wire
-from .auth import channel_key, channel_proof
-from .errors import KVError
-from .unixsock import PROOF_BYTES, answer_challenge, offer_nonce
+from trainer_core.errors import KVError
+from trainer_core.transport import wire
+from trainer_core.transport.auth import channel_key, channel_proof
+from trainer_core.transport.unix import PROOF_BYTES, answer_challenge, offer_nonce
 
 _PREFIX = struct.Struct("<II")
 _U64 = struct.Struct("<Q")

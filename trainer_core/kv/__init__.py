@@ -1,0 +1,40 @@
+"""The KV store API: ``create(name)`` and the ``KVStore`` classes (MXNet's kvstore, reimplemented).
+
+Types: ``local`` and ``device`` (one process), ``dist_sync``, ``dist_async``,
+``dist_sync_device``, ``dist_async_device`` (a parameter-server job: the launcher, or the
+``DMLC_*`` variables set by hand, start a scheduler, servers and workers). Keys are ints or
+strings; values are numpy arrays (cupy arrays are moved to host in one place, ``xp.to_host``).
+Every method takes one key or a list of keys; a value may be a list of arrays (one per device),
+summed on push, all filled on pull.
+"""
+
+from __future__ import annotations
+
+import os
+
+from trainer_core.config import NodeConfig
+from trainer_core.errors import ConfigError
+from trainer_core.kv.api import KVStore
+from trainer_core.kv.local import LocalKVStore
+
+TYPES = ("local", "device", "dist_sync", "dist_async", "dist_sync_device", "dist_async_device", "dist")
+
+__all__ = ["TYPES", "KVStore", "LocalKVStore", "create"]
+
+
+def create(name: str = "local", environ: dict[str, str] | None = None) -> KVStore:
+    """A KV store of type ``name``. With ``DMLC_ROLE`` set to ``scheduler`` or ``server`` this runs that
+    role instead and exits the process when the job ends (as MXNet)."""
+    if name not in TYPES:
+        raise ConfigError(f"unknown KV store type {name!r}; known: {', '.join(TYPES)}")
+    if name in ("local", "device"):
+        return LocalKVStore(name)
+    env = os.environ if environ is None else environ
+    role = env.get("DMLC_ROLE")
+    if role in ("scheduler", "server"):
+        from trainer_core.ps.roles import run_role_and_exit
+
+        run_role_and_exit(role, environ)
+    from trainer_core.kv.dist import DistKVStore
+
+    return DistKVStore(name, NodeConfig.from_environ(environ, role="worker"))

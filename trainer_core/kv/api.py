@@ -1,0 +1,111 @@
+"""The ``KVStore`` API every store type shares, and the key/value helpers they use."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from trainer_core.errors import KVError
+from trainer_core.transport.wire import Key
+from trainer_core.xp import like, to_host
+
+Pairs = list[tuple[Key, list[Any]]]
+
+
+def normalize(keys: Key | Sequence[Key], values: Any) -> Pairs:
+    """``[(key, [arrays...]), ...]`` from one key or a list of keys and matching values."""
+    if isinstance(keys, list | tuple):
+        if not isinstance(values, list | tuple) or len(values) != len(keys):
+            raise KVError("a list of keys needs a list of values of the same length")
+        return [(check_key(k), as_list(v)) for k, v in zip(keys, values, strict=True)]
+    return [(check_key(keys), as_list(values))]
+
+
+def check_key(key: Any) -> Key:
+    if isinstance(key, bool) or not isinstance(key, int | str):
+        raise KVError(f"keys are ints or strings, got {key!r}")
+    return key
+
+
+def as_list(value: Any) -> list[Any]:
+    if value is None:
+        raise KVError("a value is missing")
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def host_sum(values: list[Any], dtype: np.dtype | None = None) -> np.ndarray:
+    """The sum of one key's values, on host, as one flat array."""
+    first = to_host(values[0])
+    total = first if len(values) == 1 else sum((to_host(v) for v in values[1:]), start=first.copy())
+    if dtype is not None and total.dtype != dtype:
+        total = total.astype(dtype)
+    return np.asarray(total).reshape(-1)
+
+
+def write_out(host: np.ndarray, outs: list[Any]) -> None:
+    """Copy a flat host result into every output array (numpy or cupy)."""
+    for out in outs:
+        if out.size != host.size:
+            raise KVError(f"output has {out.size} elements, the value {host.size}")
+        out[...] = like(host.reshape(out.shape), out)
+
+
+class KVStore:
+    """The API shared by every store type."""
+
+    type: str
+    rank: int = 0
+    num_workers: int = 1
+
+    def init(self, key: Key | Sequence[Key], value: Any) -> None:
+        raise NotImplementedError
+
+    def push(self, key: Key | Sequence[Key], value: Any) -> None:
+        raise NotImplementedError
+
+    def pull(self, key: Key | Sequence[Key], out: Any) -> Any:
+        raise NotImplementedError
+
+    def pushpull(self, key: Key | Sequence[Key], value: Any, out: Any = None) -> Any:
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        """Wait until every worker reached the barrier (no-op in one process)."""
+
+    def set_optimizer(self, optimizer: Any, **kwargs: Any) -> None:
+        raise NotImplementedError
+
+    def set_gradient_compression(self, params: Any) -> None:
+        raise NotImplementedError
+
+    def server_state(self) -> dict[Key, dict[str, Any]]:
+        """The servers' per-key state (value, optimizer state, pull residuals), for checkpoints."""
+        raise NotImplementedError
+
+    def load_server_state(self, state: dict[Key, dict[str, Any]]) -> None:
+        """Restore ``server_state()``."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """End this store (a worker waits for every other worker, as MXNet's finalize)."""
+
+    def __enter__(self) -> KVStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_OPEN: weakref.WeakSet[KVStore] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_stores() -> None:
+    for store in list(_OPEN):
+        with contextlib.suppress(Exception):  # already logged; the process is ending
+            store.close()
