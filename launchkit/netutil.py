@@ -6,8 +6,8 @@ import contextlib
 import ipaddress
 import socket
 
-from launchkit import remote
 from launchkit.errors import UsageError
+from launchkit.hostside import watchdog as remote
 
 
 def interface_names() -> list[str]:

@@ -6,7 +6,7 @@
   earliest failure is the root cause, and its exit code becomes the job's;
 - SIGINT / SIGTERM / SIGHUP to the launcher end the job the same way (exit 130 / 143 / 129),
   a second one skips the grace period;
-- a reaper process (``launchkit.reaper``) ends the job's processes if the launcher itself is
+- a reaper process (``launchkit.jobs.reaper``) ends the job's processes if the launcher itself is
   killed, and a final sweep by job id ends strays (e.g. grandchildren in a new session).
 """
 
@@ -24,11 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from launchkit import jobs, procscan, reaper
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.console import OutputWriter, Ui
+from launchkit.core.spec import JobResult, Plan, Task, TaskResult
 from launchkit.dashboard import Dashboard, DashboardState, LineSink, ProcRow
-from launchkit.spec import JobResult, Plan, Task, TaskResult
+from launchkit.hostside import procscan
+from launchkit.jobs import reaper
+from launchkit.jobs import records as jobs
 
 TAIL_LINES = 20
 EXIT_TIMEOUT = 124  # as timeout(1)

@@ -13,7 +13,7 @@ from launchkit.errors import UsageError
 # name -> "module:Class"
 REGISTRY: dict[str, str] = {
     "local": "launchkit.backends.local:LocalBackend",
-    "ssh": "launchkit.backends.ssh:SshBackend",
+    "ssh": "launchkit.backends.ssh.backend:SshBackend",
     "mpi": "launchkit.backends.mpi:MpiBackend",
     "sge": "launchkit.backends.sge:SgeBackend",
     "slurm": "launchkit.backends.slurm:SlurmBackend",

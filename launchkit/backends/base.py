@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import IO, Any, Protocol
 
-from launchkit.spec import Host, LaunchSpec, Plan, Task
+from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 
 
 class ProcessHandle(Protocol):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from launchkit.backends.engine import EngineBackend, EngineRun, Feed
-from launchkit.spec import Plan
+from launchkit.core.spec import Plan
 
 POLL = 0.5
 FINAL_READS = 3

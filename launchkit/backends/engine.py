@@ -1,7 +1,7 @@
 """What the cluster-engine backends (mpi, slurm, ...) share.
 
 An engine starts the job's servers and workers itself (one ``mpirun``, one ``srun`` step, one
-batch job), each under ``launchkit.shim``, and hands back one merged stream of framed lines. This
+batch job), each under ``launchkit.hostside.shim``, and hands back one merged stream of framed lines. This
 module splits that stream into one process per task again (``EngineProcess``: its own stdout and
 stderr pipes, its pid and host from the shim, its exit code), so the supervisor, output merging,
 job records and the kill path are the same as for the local and ssh backends. An engine module
@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
 import dmlc_env
-from launchkit import shim
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.backends.local import LocalBackend, spawn
-from launchkit.spec import Plan, Task
+from launchkit.core.spec import Plan, Task
+from launchkit.hostside import shim
 
 ENGINE_TAIL = 20
 #: How long an exit caused by the engine's own teardown waits for a real failure to be seen first.
@@ -35,7 +35,7 @@ Feed = Callable[[bytes], None]
 
 def shim_argv(python: str, task: Task) -> list[str]:
     """What the engine runs for every task: the shim, then the task's command."""
-    return [python, "-m", "launchkit.shim", "--", *task.argv]
+    return [python, "-m", "launchkit.hostside.shim", "--", *task.argv]
 
 
 def split_env(tasks: Sequence[Task]) -> tuple[dict[str, str], list[dict[str, str]]]:

@@ -10,7 +10,7 @@ from typing import IO
 
 from dmlc_env import merge_env
 from launchkit.backends.base import Backend
-from launchkit.spec import Task
+from launchkit.core.spec import Task
 
 
 class LocalProcess:

@@ -22,10 +22,10 @@ from typing import Any
 
 from dmlc_env import merge_env
 from launchkit.backends.engine import EngineBackend, EngineRun, PopenRun, engine_env, shim_argv
+from launchkit.backends.ssh.connection import SshOptions
+from launchkit.core.hostfile import format_host
+from launchkit.core.spec import LOCALHOST, Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError, UsageError
-from launchkit.hostfile import format_host
-from launchkit.spec import LOCALHOST, Host, LaunchSpec, Plan, Task
-from launchkit.sshconn import SshOptions
 
 FLAVORS = ("openmpi", "mpich", "intel")
 EXIT_ENGINE_SETUP = 2

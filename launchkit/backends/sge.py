@@ -3,7 +3,7 @@
 Task ``k`` (1-based ``SGE_TASK_ID``) runs row ``k-1`` of the shim's table: the scheduler first,
 then the servers, then the workers. Grid Engine places the tasks; the scheduler's task
 publishes its address and port in the job's directory on the shared filesystem and the others
-wait for it (``launchkit.rendezvous``), so a ``--detach``ed job needs nothing from the launcher.
+wait for it (``launchkit.hostside.rendezvous``), so a ``--detach``ed job needs nothing from the launcher.
 The job secret travels in a file only the user can read, never in the job's environment (which
 ``qstat -j`` shows to every user). One array job, not one job per role: one submission, one id
 to follow, cancel and show. See docs/backends.md.
@@ -26,11 +26,11 @@ from typing import Any
 
 import dmlc_env
 from dmlc_env import merge_env
-from launchkit import rendezvous
 from launchkit.backends.batch import BatchBackend, BatchRun
 from launchkit.backends.engine import EngineRun, engine_env
+from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
-from launchkit.spec import Host, LaunchSpec, Plan, Task
+from launchkit.hostside import rendezvous
 
 #: Also passed by name: what a task needs to find python and its libraries.
 PASSED_THROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
@@ -106,7 +106,7 @@ def qsub_argv(plan: Plan, opts: SgeOptions, names: list[str], directory: str, cw
 
 def job_script(python: str, task: Task) -> str:
     """The array job's script (Grid Engine runs it with /bin/sh). Every word quoted."""
-    words = shlex.join([python, "-m", "launchkit.shim", "--", *task.argv])
+    words = shlex.join([python, "-m", "launchkit.hostside.shim", "--", *task.argv])
     return f"#!/bin/sh\n# launchkit array job: task $SGE_TASK_ID runs row SGE_TASK_ID-1 of the shim's table\nexec {words}\n"
 
 
@@ -262,7 +262,7 @@ class SgeBackend(BatchBackend):
         return qsub_argv(plan, self.opts, self._names(plan, directory), directory, cwd)
 
     def describe(self, task: Task) -> list[str]:
-        return [self.opts.python, "-m", "launchkit.shim", "--", *task.argv]
+        return [self.opts.python, "-m", "launchkit.hostside.shim", "--", *task.argv]
 
     def describe_job(self, plan: Plan) -> list[list[str]]:
         return [self._qsub(plan)]

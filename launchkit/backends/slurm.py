@@ -1,7 +1,7 @@
 """``--launcher slurm``: the job as ``srun`` steps of a Slurm allocation.
 
 Inside an allocation (``SLURM_JOB_ID`` set, e.g. under ``salloc``) the launcher runs
-``launchkit.batchjob`` here: the scheduler on this machine, the servers and the workers as one
+``launchkit.hostside.batchjob`` here: the scheduler on this machine, the servers and the workers as one
 ``srun`` step each on the allocated nodes. Outside one it submits the same program as a batch
 job (``sbatch --parsable``); the scheduler then runs on the batch job's first node, so a
 ``--detach``ed job needs nothing from the launcher. Either way every task runs under the shim,
@@ -27,7 +27,6 @@ from typing import Any
 
 import dmlc_env
 from dmlc_env import merge_env
-from launchkit import batchjob
 from launchkit.backends.batch import BatchBackend, BatchRun
 from launchkit.backends.engine import (
     EngineProcess,
@@ -36,9 +35,10 @@ from launchkit.backends.engine import (
     engine_env,
     scheduler_last,
 )
+from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
+from launchkit.hostside import batchjob
 from launchkit.netutil import route_address
-from launchkit.spec import Host, LaunchSpec, Plan, Task
 
 #: Slurm end states -> exit codes (docs/exit-codes.md); FAILED uses the job's own code.
 STATE_CODES = {
@@ -118,7 +118,7 @@ def _step_srun(plan: Plan, tasks: Sequence[Task], opts: SlurmOptions, role: str)
 
 
 def batch_spec(plan: Plan, opts: SlurmOptions, grace: float) -> dict[str, Any]:
-    """``LAUNCHKIT_BATCH`` for ``launchkit.batchjob``: one srun step per role. Pure."""
+    """``LAUNCHKIT_BATCH`` for ``launchkit.hostside.batchjob``: one srun step per role. Pure."""
     ordered = scheduler_last(plan)
     hosts = list(dict.fromkeys(t.host for t in plan.tasks if t.role != "scheduler"))
     steps = []
@@ -138,13 +138,13 @@ def batch_spec(plan: Plan, opts: SlurmOptions, grace: float) -> dict[str, Any]:
     return {
         "scheduler": scheduler_row,
         "steps": steps,
-        "program": [opts.python, "-m", "launchkit.shim", "--", *plan.tasks[0].argv],
+        "program": [opts.python, "-m", "launchkit.hostside.shim", "--", *plan.tasks[0].argv],
         "grace": grace,
     }
 
 
 def sbatch_argv(plan: Plan, opts: SlurmOptions, output: str, cwd: str) -> list[str]:
-    """The submission of a batch job that runs ``launchkit.batchjob`` (its script on stdin). Pure."""
+    """The submission of a batch job that runs ``launchkit.hostside.batchjob`` (its script on stdin). Pure."""
     nodes = len({t.host for t in plan.tasks if t.role != "scheduler"})
     argv = ["sbatch", "--parsable", f"--job-name={plan.job_id}", f"--output={output}", f"--chdir={cwd}"]
     argv += [f"--nodes={opts.nodes or nodes}", f"--ntasks={len(plan.tasks) - 1}", "--overcommit"]
@@ -165,7 +165,7 @@ def sbatch_argv(plan: Plan, opts: SlurmOptions, output: str, cwd: str) -> list[s
 
 
 def batch_script(python: str) -> str:
-    return f"#!/bin/sh\n# launchkit batch job: the scheduler here, servers and workers as srun steps\nexec {shlex.quote(python)} -m launchkit.batchjob\n"
+    return f"#!/bin/sh\n# launchkit batch job: the scheduler here, servers and workers as srun steps\nexec {shlex.quote(python)} -m launchkit.hostside.batchjob\n"
 
 
 def batch_env(plan: Plan, opts: SlurmOptions, grace: float, *, in_allocation: bool) -> dict[str, str]:
@@ -289,7 +289,7 @@ class SlurmBackend(BatchBackend):
         return dict.fromkeys(spec.hosts, "")  # each task's shim finds its node's address
 
     def engine_runs(self, task: Task) -> bool:
-        return True  # the scheduler runs under launchkit.batchjob too
+        return True  # the scheduler runs under launchkit.hostside.batchjob too
 
     def _plan(self, plan: Plan) -> Plan:
         if not self.opts.gpus_per_worker:
@@ -306,13 +306,13 @@ class SlurmBackend(BatchBackend):
         return sbatch_argv(plan, self.opts, output_path(cwd, plan.job_id), cwd)
 
     def describe(self, task: Task) -> list[str]:
-        return [self.opts.python, "-m", "launchkit.shim", "--", *task.argv]
+        return [self.opts.python, "-m", "launchkit.hostside.shim", "--", *task.argv]
 
     def describe_job(self, plan: Plan) -> list[list[str]]:
         plan = self._plan(plan)
         spec = batch_spec(plan, self.opts, self.grace)
         steps = [[*s["srun"], *spec["program"]] for s in spec["steps"]]
-        head = [self.opts.python, "-m", "launchkit.batchjob"]
+        head = [self.opts.python, "-m", "launchkit.hostside.batchjob"]
         return [head if self.inside else self._sbatch(plan), *steps]
 
     def notes(self, plan: Plan) -> list[str]:
@@ -329,7 +329,7 @@ class SlurmBackend(BatchBackend):
         cwd = plan.tasks[0].cwd
         env = merge_env(os.environ, batch_env(plan, self.opts, self.grace, in_allocation=self.inside))
         if self.inside:
-            return PopenRun([self.opts.python, "-m", "launchkit.batchjob"], env, cwd)
+            return PopenRun([self.opts.python, "-m", "launchkit.hostside.batchjob"], env, cwd)
         script = batch_script(self.opts.python)
         self.batch = SbatchRun(
             self._sbatch(plan), script, env, cwd, self.say, output=output_path(cwd, plan.job_id)

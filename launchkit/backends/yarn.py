@@ -2,7 +2,7 @@
 
 No Java on the client. The launcher POSTs a service spec to ``/app/v1/services`` (Hadoop 3.2+):
 one component per role (``scheduler`` x1, ``server`` xS, ``worker`` xW), every container running
-``PYTHON -m launchkit.shim -- COMMAND...`` with restart policy NEVER. It then polls
+``PYTHON -m launchkit.hostside.shim -- COMMAND...`` with restart policy NEVER. It then polls
 ``GET /app/v1/services/NAME`` and turns the containers' states into the shim's framed start and
 end marks, so the supervisor sees one process per task as with every engine. Containers' output
 is not streamed by the Service API (YARN keeps it: ``yarn logs -applicationId``). Ctrl-C,
@@ -33,7 +33,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from launchkit import shim
 from launchkit.backends.engine import EngineBackend, EngineRun, Feed
 from launchkit.backends.yarnspec import (
     APPS_PATH,
@@ -62,8 +61,9 @@ from launchkit.backends.yarnspec import (
     service_name,
     service_spec,
 )
+from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError, UsageError
-from launchkit.spec import Host, LaunchSpec, Plan, Task
+from launchkit.hostside import shim
 
 
 class YarnError(OSError):
@@ -518,7 +518,7 @@ class YarnBackend(EngineBackend):
         )
 
     def describe(self, task: Task) -> list[str]:
-        return [self.opts.python, "-m", "launchkit.shim", "--", *task.argv]
+        return [self.opts.python, "-m", "launchkit.hostside.shim", "--", *task.argv]
 
     def describe_job(self, plan: Plan) -> list[list[str]]:
         url = self.client.service_url()

@@ -24,8 +24,8 @@ from typing import Any
 
 import dmlc_env
 from launchkit.backends.engine import engine_env
+from launchkit.core.spec import Plan, Task
 from launchkit.errors import UsageError
-from launchkit.spec import Plan, Task
 
 DEFAULT_RM_URL = "http://localhost:8088"
 RM_URL_VAR = "YARN_RM_URL"
@@ -257,7 +257,7 @@ def service_spec(
     env = {k: script_value(v) for k, v in shared.items()}
     env[dmlc_env.DMLC_PS_ROOT_URI] = scheduler_host(name, opts.domain)
     env[dmlc_env.DMLC_PS_ROOT_PORT] = str(plan.root_port or DEFAULT_PORT)
-    command = launch_command([opts.python, "-m", "launchkit.shim", "--", *plan.tasks[0].argv])
+    command = launch_command([opts.python, "-m", "launchkit.hostside.shim", "--", *plan.tasks[0].argv])
     files = [parse_file(f).to_json() for f in opts.files]
     resources = {
         "scheduler": _resource(None, None, "scheduler"),

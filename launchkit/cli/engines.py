@@ -8,11 +8,12 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from launchkit import backends, jobs
+from launchkit import backends
 from launchkit.console import Ui
+from launchkit.core.plan import make_plan, new_job_id, new_secret
+from launchkit.core.spec import LOCALHOST, Host, LaunchSpec
 from launchkit.errors import BackendError, UsageError
-from launchkit.plan import make_plan, new_job_id, new_secret
-from launchkit.spec import LOCALHOST, Host, LaunchSpec
+from launchkit.jobs import records as jobs
 
 
 def slurm_hosts(nodes: int | None) -> tuple[Host, ...]:

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import typer
 
-from launchkit import remotecmd
-from launchkit.backends.ssh import unique_hosts
+from launchkit.backends.engine_hosts import engine_hosts
+from launchkit.backends.ssh import commands as remotecmd
+from launchkit.backends.ssh.backend import unique_hosts
+from launchkit.backends.ssh.connection import SshOptions
 from launchkit.cli.app import get_app
-from launchkit.enginehosts import engine_hosts
+from launchkit.core.hostfile import format_host, host_key, parse_host, parse_line, read_hostfile
+from launchkit.core.spec import Host
 from launchkit.errors import UsageError
-from launchkit.hostfile import format_host, host_key, parse_host, parse_line, read_hostfile
-from launchkit.spec import Host
-from launchkit.sshconn import SshOptions
 
 hosts_app = typer.Typer(help="Inspect and manage hostfiles.", no_args_is_help=True)
 

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import typer
 
-from launchkit import jobs, remotecmd
+from launchkit.backends.ssh import commands as remotecmd
+from launchkit.backends.ssh.commands import HostResult
+from launchkit.backends.ssh.connection import SshOptions
 from launchkit.cli.app import get_app
 from launchkit.console import Ui
+from launchkit.core.hostfile import read_hostfile
 from launchkit.errors import UsageError
-from launchkit.hostfile import read_hostfile
-from launchkit.remotecmd import HostResult
-from launchkit.sshconn import SshOptions
-from launchkit.stop import active_job_ids, stop_job
+from launchkit.jobs import records as jobs
+from launchkit.jobs.kill import active_job_ids, stop_job
 
 
 def _report_hosts(ui: Ui, results: tuple[HostResult, ...] | list[HostResult]) -> bool:

@@ -15,19 +15,20 @@ from pathlib import Path
 import typer
 
 import dmlc_env
-from launchkit import backends, jobs
+from launchkit import backends
+from launchkit.backends.ssh.connection import SshOptions
 from launchkit.cli.app import get_app
 from launchkit.cli.engines import EngineFlags, engine_backend_options, engine_hosts, submit_detached
 from launchkit.cli.planview import plan_to_json, show_plan
 from launchkit.console import Ui
+from launchkit.core.hostfile import read_hostfile
+from launchkit.core.placement import assign_hosts
+from launchkit.core.plan import make_plan, new_job_id, new_secret
+from launchkit.core.spec import LOCALHOST, JobResult, LaunchSpec
 from launchkit.dashboard import Dashboard
 from launchkit.errors import UsageError
-from launchkit.hostfile import read_hostfile
+from launchkit.jobs import records as jobs
 from launchkit.netutil import PortReservation, fallback_address, interface_address, route_address
-from launchkit.placement import assign_hosts
-from launchkit.plan import make_plan, new_job_id, new_secret
-from launchkit.spec import LOCALHOST, JobResult, LaunchSpec
-from launchkit.sshconn import SshOptions
 from launchkit.supervisor import Supervisor
 
 # launch.py's --p3: MXNet's P3 van (priority-based parameter propagation), for every process.

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import typer
 
-from launchkit import detached, jobs
 from launchkit.cli.app import get_app
 from launchkit.errors import UsageError
+from launchkit.jobs import detached
+from launchkit.jobs import records as jobs
 
 
 def register(app: typer.Typer) -> None:

@@ -7,7 +7,7 @@ import shlex
 import dmlc_env
 from launchkit import backends
 from launchkit.console import Ui
-from launchkit.spec import Plan
+from launchkit.core.spec import Plan
 
 PORT_PLACEHOLDER = "<chosen at launch>"
 

@@ -6,8 +6,9 @@ import time
 
 import typer
 
-from launchkit import detached, jobs
 from launchkit.cli.app import get_app
+from launchkit.jobs import detached
+from launchkit.jobs import records as jobs
 
 
 def _when(ts: float | None) -> str:

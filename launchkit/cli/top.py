@@ -6,10 +6,12 @@ import time
 
 import typer
 
-from launchkit import detached, jobs, procscan
 from launchkit.cli.app import get_app
 from launchkit.dashboard import CpuMeter, DashboardState, ProcRow, render
 from launchkit.errors import UsageError
+from launchkit.hostside import procscan
+from launchkit.jobs import detached
+from launchkit.jobs import records as jobs
 
 
 def state_of(record: jobs.JobRecord, meter: CpuMeter) -> DashboardState:

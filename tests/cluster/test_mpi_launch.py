@@ -51,7 +51,7 @@ def test_local_failing_worker_is_the_root_cause(tmp_path: Path, launchkit_home: 
     assert "worker 1 on localhost exited with code 3" in res.stderr
     job = wait_for_job(launchkit_home)
     assert wait_until(lambda: not pids_with_job(job), 5)
-    assert not subprocess.run(["pgrep", "-f", "launchkit.shim"], capture_output=True).stdout
+    assert not subprocess.run(["pgrep", "-f", "launchkit.hostside.shim"], capture_output=True).stdout
 
 
 def test_local_kill_ends_the_job(tmp_path: Path, launchkit_home: Path) -> None:

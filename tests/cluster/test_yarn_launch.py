@@ -20,8 +20,8 @@ import pytest
 
 from launchkit.backends.yarn import RmClient
 from launchkit.backends.yarnspec import YarnOptions, service_name, service_spec
-from launchkit.plan import make_plan
-from launchkit.spec import LOCALHOST, LaunchSpec
+from launchkit.core.plan import make_plan
+from launchkit.core.spec import LOCALHOST, LaunchSpec
 from tests.cluster.enginejobs import check_contract
 from tests.launchkit.procs import LAUNCHKIT, pids_with_job, record, wait_for_job, wait_until
 

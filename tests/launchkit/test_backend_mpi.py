@@ -8,10 +8,10 @@ import pytest
 
 from launchkit.backends.engine import split_env
 from launchkit.backends.mpi import MpiOptions, detect_flavor, host_slots, rank_order, render, rsh_args
+from launchkit.backends.ssh.connection import SshOptions
+from launchkit.core.plan import make_plan
+from launchkit.core.spec import Host, LaunchSpec
 from launchkit.errors import UsageError
-from launchkit.plan import make_plan
-from launchkit.spec import Host, LaunchSpec
-from launchkit.sshconn import SshOptions
 
 HOSTILE = "a b'c\"$HOME\n`x`"
 
@@ -64,7 +64,7 @@ def test_open_mpi_line_passes_variables_by_name_only() -> None:
     assert {"LAUNCHKIT_JOB_SECRET", "HOSTILE", "DMLC_PS_ROOT_URI", "LAUNCHKIT_SHIM_TASKS"} <= set(names)
     assert "DMLC_ROLE" not in names  # differs per task: in the shim's table
     assert argv[argv.index("btl_tcp_if_include") - 1 :][:3] == ["--mca", "btl_tcp_if_include", "eth0"]
-    assert argv[-6:] == ["/py", "-m", "launchkit.shim", "--", "python3", "t.py"]
+    assert argv[-6:] == ["/py", "-m", "launchkit.hostside.shim", "--", "python3", "t.py"]
 
 
 def test_hydra_line() -> None:

@@ -19,9 +19,9 @@ from launchkit.backends.sge import (
     scheduler_first,
     task_env,
 )
+from launchkit.core.plan import make_plan
+from launchkit.core.spec import LaunchSpec
 from launchkit.errors import UsageError
-from launchkit.plan import make_plan
-from launchkit.spec import LaunchSpec
 
 HOSTILE = "a b'c\"$HOME\n`x`;rm -rf /nope"
 
@@ -70,7 +70,7 @@ def test_job_script_runs_hostile_words_literally() -> None:
     plan = plan_for()
     script = job_script("/usr/bin/printf", plan.tasks[0])
     # the script is /bin/sh: run it with a printf in place of python to see the words arrive
-    script = script.replace("-m launchkit.shim --", "'%s\\n'")
+    script = script.replace("-m launchkit.hostside.shim --", "'%s\\n'")
     out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True).stdout
     assert out == f"python3\nt.py\n{HOSTILE}\n"
 

@@ -18,9 +18,9 @@ from launchkit.backends.slurm import (
     placeholder_hosts,
     sbatch_argv,
 )
+from launchkit.core.plan import make_plan
+from launchkit.core.spec import Host, LaunchSpec
 from launchkit.errors import UsageError
-from launchkit.plan import make_plan
-from launchkit.spec import Host, LaunchSpec
 
 HOSTILE = "a b'c\"$HOME\n`x`"
 
@@ -44,7 +44,7 @@ def test_one_step_per_role_placed_round_robin_on_the_nodes() -> None:
     assert servers["offset"] == 0 and workers["offset"] == 2 and spec["scheduler"] == 5
     assert "--ntasks=2" in servers["srun"] and "--mem=2G" in servers["srun"]
     assert "--cpus-per-task=4" in workers["srun"] and "--distribution=arbitrary" in workers["srun"]
-    assert spec["program"] == ["/py", "-m", "launchkit.shim", "--", "python3", "t.py", HOSTILE]
+    assert spec["program"] == ["/py", "-m", "launchkit.hostside.shim", "--", "python3", "t.py", HOSTILE]
     rows = [t.role for t in scheduler_last(plan)]
     assert rows == ["server"] * 2 + ["worker"] * 3 + ["scheduler"]
 
@@ -71,7 +71,10 @@ def test_sbatch_line_and_values_only_in_the_environment() -> None:
 
 
 def test_batch_script_quotes_the_python() -> None:
-    assert batch_script("/opt/my env/py").splitlines()[-1] == "exec '/opt/my env/py' -m launchkit.batchjob"
+    assert (
+        batch_script("/opt/my env/py").splitlines()[-1]
+        == "exec '/opt/my env/py' -m launchkit.hostside.batchjob"
+    )
 
 
 @pytest.mark.parametrize(

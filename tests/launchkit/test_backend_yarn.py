@@ -15,7 +15,6 @@ import threading
 import pytest
 
 import dmlc_env
-from launchkit import shim
 from launchkit.backends import yarn
 from launchkit.backends.yarn import YarnBackend, YarnError, YarnRun, stop_argv
 from launchkit.backends.yarnspec import (
@@ -33,9 +32,10 @@ from launchkit.backends.yarnspec import (
     service_name,
     service_spec,
 )
+from launchkit.core.plan import make_plan
+from launchkit.core.spec import LOCALHOST, LaunchSpec
 from launchkit.errors import UsageError
-from launchkit.plan import make_plan
-from launchkit.spec import LOCALHOST, LaunchSpec
+from launchkit.hostside import shim
 from tests.cluster.yarn_standin import (
     LaunchError,
     SpecError,
@@ -167,11 +167,11 @@ def test_launch_command_survives_yarn_and_bash_with_hostile_arguments() -> None:
     command = comp["launch_command"]
     for bad in ("${", "{{", "}}", "<LOG_DIR>", "<CPS>"):  # nothing left for YARN to replace
         assert bad not in command
-    argv = ["/usr/bin/env", "-m", "launchkit.shim", "--", *plan.tasks[0].argv]
-    # run it without the shim: drop "-m launchkit.shim --" (same quoting, one word each)
+    argv = ["/usr/bin/env", "-m", "launchkit.hostside.shim", "--", *plan.tasks[0].argv]
+    # run it without the shim: drop "-m launchkit.hostside.shim --" (same quoting, one word each)
     raw = launch_command(["python3", *argv[5:]])
     assert through_yarn_command(raw, comp["configuration"]["env"]) == list(HOSTILE)
-    assert command.startswith("/usr/bin/env -m launchkit.shim -- python3 -c ")
+    assert command.startswith("/usr/bin/env -m launchkit.hostside.shim -- python3 -c ")
 
 
 def test_values_live_only_in_the_env_and_the_secret_only_where_needed() -> None:
@@ -383,7 +383,7 @@ def test_dry_run_shows_the_spec_without_the_secret() -> None:
     assert "scheduler-0.lk-1123-011611-01551a.${USER}.${DOMAIN}:9091" in notes
     (curl,) = backend.describe_job(plan)
     assert curl[-1] == "http://rm:8088/app/v1/services?user.name=me"
-    assert backend.describe(plan.tasks[1])[:4] == ["/py", "-m", "launchkit.shim", "--"]
+    assert backend.describe(plan.tasks[1])[:4] == ["/py", "-m", "launchkit.hostside.shim", "--"]
 
 
 # -- the follower, against a scripted ResourceManager --------------------------------------------

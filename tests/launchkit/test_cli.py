@@ -206,7 +206,7 @@ def test_mpi_dry_run_shows_mpirun_without_values(tmp_path: Path) -> None:
     assert "--host" in line and line[line.index("--host") + 1] == "localhost:4"
     assert line[line.index("TOKEN") - 1 : line.index("TOKEN") + 1] == ["-x", "TOKEN"]
     assert "s3cr$t" not in " ".join(line)
-    assert line[-5:] == ["-m", "launchkit.shim", "--", "python3", "t.py"]
+    assert line[-5:] == ["-m", "launchkit.hostside.shim", "--", "python3", "t.py"]
     assert any("allow-run-as-root" in n for n in plan["notes"])
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import dmlc_env
-from launchkit.plan import make_plan, render_argv
-from launchkit.spec import Host, LaunchSpec
+from launchkit.core.plan import make_plan, render_argv
+from launchkit.core.spec import Host, LaunchSpec
 
 
 def spec(**kw) -> LaunchSpec:

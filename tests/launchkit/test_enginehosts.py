@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from launchkit.enginehosts import engine_hosts, parse_mpi_hostfile, parse_pe_hostfile, tasks_per_node
+from launchkit.backends.engine_hosts import (
+    engine_hosts,
+    parse_mpi_hostfile,
+    parse_pe_hostfile,
+    tasks_per_node,
+)
 from launchkit.errors import UsageError
 
 

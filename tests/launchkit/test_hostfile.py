@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from launchkit.core.hostfile import format_host, parse_hostfile, parse_line, read_hostfile
+from launchkit.core.spec import Host
 from launchkit.errors import HostfileError
-from launchkit.hostfile import format_host, parse_hostfile, parse_line, read_hostfile
-from launchkit.spec import Host
 
 
 def one(line: str) -> Host:

@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from launchkit.core.placement import assign_hosts, gpu_slice, place
+from launchkit.core.spec import Host
 from launchkit.errors import PlacementError
-from launchkit.placement import assign_hosts, gpu_slice, place
-from launchkit.spec import Host
 
 H = [Host(f"h{i}") for i in range(1, 6)]
 

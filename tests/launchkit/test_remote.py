@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from launchkit.agent import bootstrap_payload, remote_command
+from launchkit.backends.ssh.agent import bootstrap_payload, remote_command
 from tests.launchkit.procs import pids_with_job, wait_until
 
 

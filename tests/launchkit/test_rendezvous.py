@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launchkit import rendezvous
+from launchkit.hostside import rendezvous
 
 
 def test_scheduler_publishes_and_the_others_read(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from launchkit import shim
+from launchkit.hostside import shim
 
 
 def test_frames_round_trip_and_long_lines_are_cut() -> None:
@@ -64,7 +64,10 @@ def _run_shim(argv: list[str], rank: int = 0, **extra: str) -> subprocess.Comple
     )
     env = {**os.environ, shim.TASKS_VAR: table, "PMI_RANK": str(rank), **extra}
     return subprocess.run(
-        [sys.executable, "-m", "launchkit.shim", "--", *argv], env=env, capture_output=True, timeout=30
+        [sys.executable, "-m", "launchkit.hostside.shim", "--", *argv],
+        env=env,
+        capture_output=True,
+        timeout=30,
     )
 
 
@@ -89,7 +92,9 @@ def test_shim_forwards_sigterm_and_says_it_was_stopped() -> None:
     table = json.dumps({"v": 1, "tasks": [{"i": 0, "env": {}}]})
     env = {**os.environ, shim.TASKS_VAR: table, "PMI_RANK": "0"}
     p = subprocess.Popen(
-        [sys.executable, "-m", "launchkit.shim", "--", "sleep", "30"], env=env, stdout=subprocess.PIPE
+        [sys.executable, "-m", "launchkit.hostside.shim", "--", "sleep", "30"],
+        env=env,
+        stdout=subprocess.PIPE,
     )
     assert p.stdout is not None
     first = shim.parse_frame(p.stdout.readline())
@@ -107,7 +112,7 @@ def test_a_killed_shim_takes_the_commands_whole_group_with_it() -> None:
     marker = f"lk-guard-{os.getpid()}"
     env = {**os.environ, shim.TASKS_VAR: table, "PMI_RANK": "0", "X_MARK": marker}
     p = subprocess.Popen(
-        [sys.executable, "-m", "launchkit.shim", "--", "sh", "-c", "sleep 300 & sleep 301"],
+        [sys.executable, "-m", "launchkit.hostside.shim", "--", "sh", "-c", "sleep 300 & sleep 301"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     assert p.stdout is not None
@@ -138,7 +143,11 @@ def _has_mark(pid: int, marker: str) -> bool:
             cmd = f.read()
     except OSError:
         return False
-    return f"X_MARK={marker}".encode() in env and state not in (b"Z", b"X") and b"launchkit.shim" not in cmd
+    return (
+        f"X_MARK={marker}".encode() in env
+        and state not in (b"Z", b"X")
+        and b"launchkit.hostside.shim" not in cmd
+    )
 
 
 def test_the_command_does_not_see_the_shims_instructions() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from launchkit.spec import Host
-from launchkit.sshconn import SshOptions, resolve
-from launchkit.sync import rsync_argv
+from launchkit.backends.ssh.connection import SshOptions, resolve
+from launchkit.backends.ssh.sync import rsync_argv
+from launchkit.core.spec import Host
 
 
 def test_resolve_uses_ssh_config_but_hostfile_and_flags_win(tmp_path: Path) -> None:

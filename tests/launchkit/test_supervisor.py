@@ -11,8 +11,8 @@ from rich.console import Console
 
 from launchkit.backends.base import Backend
 from launchkit.console import OutputWriter, Ui
-from launchkit.plan import make_plan
-from launchkit.spec import LaunchSpec, Task
+from launchkit.core.plan import make_plan
+from launchkit.core.spec import LaunchSpec, Task
 from launchkit.supervisor import Supervisor
 
 

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launchkit import procscan
+from launchkit.backends.ssh.connection import SshOptions, connect, on_each, run
+from launchkit.core.spec import Host
 from launchkit.errors import BackendError
-from launchkit.spec import Host
-from launchkit.sshconn import SshOptions, connect, on_each, run
+from launchkit.hostside import procscan
 
 PROBE = r"""
 import json, os, platform, shutil, socket, subprocess, sys

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launchkit.core.spec import Host
 from launchkit.errors import PlacementError
-from launchkit.spec import Host
 
 
 @dataclass(frozen=True)

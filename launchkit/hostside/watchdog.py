@@ -1,6 +1,6 @@
 """The watchdog that runs a job's processes on one remote host.
 
-The launcher sends this module (with ``launchkit.procscan``) over its ssh connection and runs
+The launcher sends this module (with ``launchkit.hostside.procscan``) over its ssh connection and runs
 it with the host's ``python3``: nothing is installed on the host. It speaks JSON lines over
 the ssh channel (see docs/ssh.md, "watchdog protocol"): the launcher sends ``hello``, then
 ``spawn``, ``signal``, ``hb`` (heartbeat) and ``shutdown``; the watchdog answers ``ready``,
@@ -29,7 +29,7 @@ import threading
 import time
 from typing import IO, Any
 
-from launchkit.procscan import remove_shm, sweep_job
+from launchkit.hostside.procscan import remove_shm, sweep_job
 
 
 def interface_address(name: str) -> str | None:
@@ -218,7 +218,7 @@ BOOTSTRAP = (
     "for name,src in mods.items():\n"
     "    m=types.ModuleType(name);m.__file__='<'+name+'>';sys.modules[name]=m\n"
     "    exec(compile(src,'<'+name+'>','exec'),m.__dict__)\n"
-    "sys.modules['launchkit.remote'].main()\n"
+    "sys.modules['launchkit.hostside.watchdog'].main()\n"
 )
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from launchkit.core.spec import Host
 from launchkit.errors import BackendError
-from launchkit.spec import Host
 
 MAX_PARALLEL = 32  # hosts contacted at once
 _T = TypeVar("_T")

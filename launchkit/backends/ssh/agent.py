@@ -1,6 +1,6 @@
 """The launcher's side of one remote host: an ssh connection and the watchdog running there.
 
-``HostAgent`` starts ``launchkit.remote`` over the connection (sending its source), then
+``HostAgent`` starts ``launchkit.hostside.watchdog`` over the connection (sending its source), then
 multiplexes every process of that host over the one channel: spawn, signal, heartbeats, output.
 Each remote process appears to the supervisor as a ``RemoteProcess`` whose stdout/stderr are
 local pipes fed from the channel, so output handling is the same as for local processes.
@@ -18,16 +18,20 @@ import threading
 import time
 from typing import IO, Any
 
-from launchkit import procscan, remote
+from launchkit.core.spec import Host, Task
 from launchkit.errors import BackendError
-from launchkit.spec import Host, Task
+from launchkit.hostside import procscan
+from launchkit.hostside import watchdog as remote
 
 LOST_EXIT = 255  # as ssh reports a connection lost
 
 
 def bootstrap_payload() -> bytes:
     """The modules the watchdog needs, as the BOOTSTRAP command reads them from stdin."""
-    mods = {"launchkit.procscan": inspect.getsource(procscan), "launchkit.remote": inspect.getsource(remote)}
+    mods = {
+        "launchkit.hostside.procscan": inspect.getsource(procscan),
+        "launchkit.hostside.watchdog": inspect.getsource(remote),
+    }
     body = json.dumps(mods).encode()
     return str(len(body)).encode() + b"\n" + body
 

@@ -1,6 +1,6 @@
 """The rank shim: what a cluster engine (mpirun, srun, qsub) starts in place of the command.
 
-An engine starts N copies of ``python -m launchkit.shim COMMAND...``; each finds its place in
+An engine starts N copies of ``python -m launchkit.hostside.shim COMMAND...``; each finds its place in
 the job from the engine's rank variable (``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``,
 ``SLURM_PROCID``, 1-based ``SGE_TASK_ID``, ...) and the task table in ``LAUNCHKIT_SHIM_TASKS``,
 adds that task's variables (role, ranks, task id) to the environment the engine passed by name,
@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from launchkit import rendezvous
+from launchkit.hostside import rendezvous
 
 TASKS_VAR = "LAUNCHKIT_SHIM_TASKS"
 #: Variables that instruct the shim (and the batch programs) and that the command does not get.
@@ -42,7 +42,7 @@ CHUNK = 900  # a framed line stays under 1024 bytes: Slurm forwards task output 
 GRACE = 5.0
 #: Where each engine puts a process's rank, in the order they are tried, and the rank's base.
 RANK_VARS = (
-    ("LAUNCHKIT_SHIM_RANK", 0),  # set by launchkit.batchjob for the scheduler it runs itself
+    ("LAUNCHKIT_SHIM_RANK", 0),  # set by launchkit.hostside.batchjob for the scheduler it runs itself
     ("OMPI_COMM_WORLD_RANK", 0),
     ("PMIX_RANK", 0),
     ("PMI_RANK", 0),
@@ -329,7 +329,7 @@ def main() -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        sys.stderr.write("usage: python -m launchkit.shim COMMAND [ARGS...]\n")
+        sys.stderr.write("usage: python -m launchkit.hostside.shim COMMAND [ARGS...]\n")
         return 2
     return run(argv, os.environ)
 

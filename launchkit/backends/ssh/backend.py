@@ -1,7 +1,7 @@
 """The ssh backend: one connection and one watchdog per host, contacted in parallel.
 
 The scheduler runs on this machine (as with every backend); servers and workers run on the
-hosts under ``launchkit.remote``, which the launcher sends over the connection. See docs/ssh.md.
+hosts under ``launchkit.hostside.watchdog``, which the launcher sends over the connection. See docs/ssh.md.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from launchkit.agent import HostAgent, RemoteProcess
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.backends.local import LocalBackend
+from launchkit.backends.ssh.agent import HostAgent, RemoteProcess
+from launchkit.backends.ssh.connection import SshOptions, connect, on_each
+from launchkit.backends.ssh.sync import source_dir, sync_all
+from launchkit.core.hostfile import format_host
+from launchkit.core.placement import machine_key
+from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError
-from launchkit.hostfile import format_host
-from launchkit.placement import machine_key
-from launchkit.spec import Host, LaunchSpec, Plan, Task
-from launchkit.sshconn import SshOptions, connect, on_each
-from launchkit.sync import source_dir, sync_all
 
 
 def host_key(host: Host) -> tuple[str, int | None, str | None]:

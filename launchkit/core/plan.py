@@ -8,8 +8,8 @@ import time
 from pathlib import PurePath
 
 import dmlc_env
-from launchkit.placement import gpu_slice, place
-from launchkit.spec import Host, LaunchSpec, Plan, Task
+from launchkit.core.placement import gpu_slice, place
+from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 
 
 def render_argv(command: tuple[str, ...] | list[str]) -> tuple[str, ...]:

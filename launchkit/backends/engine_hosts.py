@@ -9,8 +9,8 @@ import re
 import subprocess
 from collections.abc import Mapping
 
+from launchkit.core.spec import Host
 from launchkit.errors import UsageError
-from launchkit.spec import Host
 
 ENGINES = ("slurm", "sge", "mpi")
 MPI_HOSTFILE_VARS = ("OMPI_MCA_orte_default_hostfile", "HYDRA_HOST_FILE")
@@ -61,7 +61,7 @@ def parse_mpi_hostfile(text: str, path: str) -> list[Host]:
 
 
 def _slurm(environ: Mapping[str, str]) -> list[Host]:
-    from launchkit.batchjob import allocation_nodes
+    from launchkit.hostside.batchjob import allocation_nodes
 
     try:
         names = allocation_nodes(environ)

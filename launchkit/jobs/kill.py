@@ -9,11 +9,14 @@ import signal
 import time
 from dataclasses import dataclass
 
-from launchkit import detached, jobs, procscan, remotecmd
-from launchkit.hostfile import parse_host
-from launchkit.remotecmd import HostResult
-from launchkit.spec import Host
-from launchkit.sshconn import SshOptions
+from launchkit.backends.ssh import commands as remotecmd
+from launchkit.backends.ssh.commands import HostResult
+from launchkit.backends.ssh.connection import SshOptions
+from launchkit.core.hostfile import parse_host
+from launchkit.core.spec import Host
+from launchkit.hostside import procscan
+from launchkit.jobs import detached
+from launchkit.jobs import records as jobs
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ import ipaddress
 import re
 from pathlib import Path
 
+from launchkit.core.spec import Host
 from launchkit.errors import HostfileError
-from launchkit.spec import Host
 
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})"
 _HOSTNAME_RE = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*\.?$")

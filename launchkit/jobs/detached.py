@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from launchkit import jobs, shim
+from launchkit.hostside import shim
+from launchkit.jobs import records as jobs
 
 #: The engines whose jobs can be left to run; each module has ``job_status`` and ``end_argv``.
 ENGINES = {"slurm": "launchkit.backends.slurm", "sge": "launchkit.backends.sge"}

@@ -18,9 +18,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from launchkit.backends.ssh.connection import SshOptions
+from launchkit.core.spec import Host
 from launchkit.errors import BackendError
-from launchkit.spec import Host
-from launchkit.sshconn import SshOptions
 
 _PROGRESS = re.compile(rb"^\s*([\d,]+)\s+(\d+)%")
 

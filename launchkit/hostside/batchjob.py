@@ -1,11 +1,11 @@
 """The job inside a Slurm allocation: the scheduler here, the servers and workers as ``srun`` steps.
 
-Run as ``python -m launchkit.batchjob`` by the launcher itself inside an allocation (``salloc``),
+Run as ``python -m launchkit.hostside.batchjob`` by the launcher itself inside an allocation (``salloc``),
 or as the batch script of ``sbatch``. Its instructions come in ``LAUNCHKIT_BATCH`` (JSON, no
 secret; the job's variables arrive in the environment by name):
 
     {"scheduler": ROW or null, "steps": [{"srun": [...], "offset": K, "slots": [node index...]}],
-     "program": [python, "-m", "launchkit.shim", "--", ...], "grace": SECONDS}
+     "program": [python, "-m", "launchkit.hostside.shim", "--", ...], "grace": SECONDS}
 
 Each step gets ``SLURM_HOSTFILE`` (one allocated node per task, ``--distribution=arbitrary``),
 so the tasks land where launchkit's placement put them. When ``DMLC_PS_ROOT_URI`` is empty (a

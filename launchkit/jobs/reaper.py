@@ -5,7 +5,7 @@ read end is the reaper's stdin. When the launcher exits for any reason (includin
 kernel closes the pipe, the reaper reads EOF, runs the cleanup commands the launcher sent it
 (``add_cleanup``: e.g. ``scancel JOB`` for a job a cluster engine runs), ends every process that
 still carries the job's id in its environment, then removes the job's shared-memory segments.
-Usage: ``python -m launchkit.reaper JOB_ID GRACE_SECONDS``.
+Usage: ``python -m launchkit.jobs.reaper JOB_ID GRACE_SECONDS``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 
-from launchkit.procscan import remove_shm, sweep_job
+from launchkit.hostside.procscan import remove_shm, sweep_job
 
 
 def start(job_id: str, grace: float) -> tuple[subprocess.Popen[bytes], int]:
@@ -26,7 +26,7 @@ def start(job_id: str, grace: float) -> tuple[subprocess.Popen[bytes], int]:
     read_end, write_end = os.pipe()
     env = {k: v for k, v in os.environ.items() if k != "LAUNCHKIT_JOB_ID"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launchkit.reaper", job_id, str(grace)],
+        [sys.executable, "-m", "launchkit.jobs.reaper", job_id, str(grace)],
         stdin=read_end,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
