@@ -1,0 +1,228 @@
+"""The dependency rules of the three packages, read from their source (no import is executed).
+
+trainer_core: ``train`` -> ``kv`` -> ``ps`` -> ``transport``, each layer importing only the ones
+below it; ``compression`` and ``optim`` are leaves any layer may use, which themselves use only the
+base modules (``errors``, ``log``, ``xp``, ``config``). Neither trainer_core nor ``dmlc_env``
+imports launchkit; ``dmlc_env`` and ``launchkit.hostside`` import only the standard library.
+Across all three packages there is no import cycle, and no module is longer than MAX_LINES.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("launchkit", "trainer_core", "dmlc_env")
+MAX_LINES = 400
+
+# trainer_core's layers, lowest first; the base and the leaves may be used from anywhere.
+TC_LAYERS = ("transport", "ps", "kv", "train")
+TC_LEAVES = ("compression", "optim")
+TC_BASE = ("errors", "log", "xp", "config")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            found[module_name(path)] = path
+    return found
+
+
+MODULES = modules()
+
+
+def imports_of(name: str, path: Path) -> list[tuple[str, int]]:
+    """Every module ``name`` imports (absolute names, with the line), at any depth of the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.append((base, node.lineno))
+            # ``from pkg import module`` imports that module
+            found += [
+                (f"{base}.{alias.name}", node.lineno)
+                for alias in node.names
+                if f"{base}.{alias.name}" in MODULES
+            ]
+    return found
+
+
+def internal(target: str) -> str | None:
+    """The project module ``target`` names (itself, or the package it is in), or None."""
+    while target:
+        if target in MODULES:
+            return target
+        target = target.rpartition(".")[0]
+    return None
+
+
+def edges() -> dict[str, set[tuple[str, int]]]:
+    graph: dict[str, set[tuple[str, int]]] = {}
+    for name, path in MODULES.items():
+        graph[name] = {
+            (t, line) for raw, line in imports_of(name, path) if (t := internal(raw)) and t != name
+        }
+    return graph
+
+
+GRAPH = edges()
+
+
+def where(name: str, line: int) -> str:
+    return f"{MODULES[name].relative_to(ROOT)}:{line}"
+
+
+def tc_part(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if parts[0] == "trainer_core" and len(parts) > 1 else None
+
+
+def allowed_tc(src: str, dst: str) -> bool:
+    a, b = tc_part(src), tc_part(dst)
+    if dst == "trainer_core" or b is None or a == b:
+        return dst != "trainer_core" or src == "trainer_core"
+    if b in TC_BASE:
+        return True
+    if a in TC_BASE:
+        return False  # the base uses nothing above it
+    if a in TC_LEAVES:
+        return False  # leaves use only the base
+    if b in TC_LEAVES:
+        return True
+    if a is None:  # trainer_core/__init__.py: only the role autostart
+        return b == "ps"
+    if a in TC_LAYERS and b in TC_LAYERS:
+        return TC_LAYERS.index(b) < TC_LAYERS.index(a)
+    return False
+
+
+def test_trainer_core_layers() -> None:
+    bad = [
+        f"{where(src, line)}: {src} imports {dst}"
+        for src, targets in GRAPH.items()
+        if src.startswith("trainer_core")
+        for dst, line in sorted(targets)
+        if dst.startswith("trainer_core") and not allowed_tc(src, dst)
+    ]
+    assert not bad, (
+        "layer rule broken (train -> kv -> ps -> transport; compression/optim are leaves):\n" + "\n".join(bad)
+    )
+
+
+@pytest.mark.parametrize("package", ["trainer_core", "dmlc_env"])
+def test_does_not_import_launchkit(package: str) -> None:
+    bad = [
+        f"{where(src, line)}: {src} imports {dst}"
+        for src, targets in GRAPH.items()
+        if src.split(".")[0] == package
+        for dst, line in sorted(targets)
+        if dst.split(".")[0] == "launchkit"
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_launchkit_does_not_import_trainer_core() -> None:
+    bad = [
+        f"{where(src, line)}: {src} imports {dst}"
+        for src, targets in GRAPH.items()
+        if src.startswith("launchkit")
+        for dst, line in sorted(targets)
+        if dst.startswith("trainer_core")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("prefix", ["dmlc_env", "launchkit.hostside"])
+def test_standard_library_only(prefix: str) -> None:
+    """What runs on a bare host, or in any launcher, needs Python and nothing else."""
+    bad = []
+    for name, path in MODULES.items():
+        if name != prefix and not name.startswith(prefix + "."):
+            continue
+        for raw, line in imports_of(name, path):
+            top = raw.split(".")[0]
+            if top == "__future__" or top in sys.stdlib_module_names:
+                continue
+            if internal(raw) and internal(raw).startswith(prefix):  # type: ignore[union-attr]
+                continue
+            bad.append(f"{where(name, line)}: {name} imports {raw}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycle() -> None:
+    graph = {src: {dst for dst, _ in targets} for src, targets in GRAPH.items()}
+    # a package's __init__ re-exporting its own modules is not a cycle of the design
+    for src in graph:
+        graph[src] = {dst for dst in graph[src] if not src.startswith(dst + ".")}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_modules_stay_small() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for path in MODULES.values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    ]
+    assert not long, f"modules over {MAX_LINES} lines (split them):\n" + "\n".join(long)
+
+
+def lk_part(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_launchkit_layers() -> None:
+    """The pure core uses only itself, the errors module and the env contract; nothing but the
+    command-line layer (and ``__main__``) imports ``launchkit.cli``."""
+    bad = []
+    for src, targets in GRAPH.items():
+        if not src.startswith("launchkit"):
+            continue
+        for dst, line in sorted(targets):
+            if lk_part(dst) == "cli" and lk_part(src) not in ("cli", "__main__"):
+                bad.append(f"{where(src, line)}: {src} imports {dst}")
+            if (
+                lk_part(src) == "core"
+                and dst.startswith("launchkit")
+                and lk_part(dst) not in ("core", "errors")
+            ):
+                bad.append(f"{where(src, line)}: {src} (pure core) imports {dst}")
+    assert not bad, "\n".join(bad)
