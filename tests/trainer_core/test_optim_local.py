@@ -65,10 +65,24 @@ def test_adam():
         for k in ref:
             m[k] = 0.9 * m[k] + 0.1 * g[k]
             v[k] = 0.99 * v[k] + 0.01 * g[k] ** 2
-            mh, vh = m[k] / (1 - 0.9**t), v[k] / (1 - 0.99**t)
-            ref[k] = ref[k] - 0.01 * mh / (np.sqrt(vh) + 1e-8)
+            # CNTK's (and MXNet's) form: the bias correction scales the step, not epsilon
+            step = 0.01 * np.sqrt(1 - 0.99**t) / (1 - 0.9**t)
+            ref[k] = ref[k] - step * m[k] / (np.sqrt(v[k]) + 1e-8)
     for k in ref:
-        np.testing.assert_allclose(params[k], ref[k], rtol=1e-10)
+        np.testing.assert_allclose(params[k], ref[k], rtol=1e-12)
+
+
+def test_nesterov_unit_gain_scales_the_learning_rate():
+    params, grads = setup()
+    ref, vel = {k: v.copy() for k, v in params.items()}, {k: 0.0 for k in params}
+    opt = Nesterov(params, lr=0.05, momentum=0.9, unit_gain=True)
+    for g in grads:
+        opt.update(g)
+        for k in ref:
+            vel[k] = 0.9 * vel[k] + 0.1 * g[k]
+            ref[k] = ref[k] - 0.05 * (0.1 * g[k] + 0.9 * vel[k])
+    for k in ref:
+        np.testing.assert_allclose(params[k], ref[k], rtol=1e-12)
 
 
 def test_weight_decay_and_reset():

@@ -1,16 +1,19 @@
 """Local learners: SGD, momentum SGD, Nesterov and Adam, on dicts of parameter arrays.
 
-The update rules are pure in-place functions on one array (numpy or cupy) each; a ``Learner``
-holds the per-parameter state (velocities, moments, step count) and applies a rule to every
-named parameter. Distributed learners wrap a local learner (``update``, ``reset_momentum``).
+A ``Learner`` holds the per-parameter state (momentum, moments, step count) and applies one of
+the update rules of ``optim.rules`` (the same rules as the server-side optimizers, so a learner
+and ``kv.set_optimizer(server_optimizer_spec(learner))`` compute the same numbers) to every named
+parameter, numpy or cupy. Distributed learners wrap a local learner (``update``, ``reset_momentum``).
 
-Rules (``g`` the gradient plus ``weight_decay * w`` when that is set):
+Rules (``g`` the gradient plus ``weight_decay * w`` when that is set; CNTK's learners, whose
+L2 regularization also adds to the gradient):
 
 * ``sgd``:       ``w -= lr * g``
-* ``momentum``:  ``v = mu * v + g`` (``(1 - mu) * g`` with ``unit_gain``, CNTK's default); ``w -= lr * v``
-* ``nesterov``:  ``v = mu * v + g``; ``w -= lr * (g + mu * v)``
-* ``adam``:      ``m = b1 m + (1 - b1) g``; ``v = b2 v + (1 - b2) g^2``; ``t += 1``;
-  ``w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``
+* ``momentum``:  ``mom = mu * mom - lr * g``; ``w += mom`` (with ``unit_gain``, CNTK's default
+  there, ``lr * (1 - mu)`` in place of ``lr``): ``rules.sgd_momentum``
+* ``nesterov``:  ``rules.nag``, ``lr * (1 - mu)`` in place of ``lr`` with ``unit_gain``
+* ``adam``:      ``rules.adam``: ``w -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)``,
+  epsilon not bias-corrected, as CNTK's ``adam`` (and MXNet's); see ``docs/learners.md``
 """
 
 from __future__ import annotations
@@ -18,37 +21,8 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
+from trainer_core.optim import rules
 from trainer_core.xp import array_module
-
-
-def sgd_update(w: Any, g: Any, lr: float) -> None:
-    w -= lr * g
-
-
-def momentum_update(w: Any, g: Any, v: Any, lr: float, mu: float, unit_gain: bool = False) -> None:
-    v *= mu
-    v += (1.0 - mu) * g if unit_gain else g
-    w -= lr * v
-
-
-def nesterov_update(w: Any, g: Any, v: Any, lr: float, mu: float) -> None:
-    v *= mu
-    v += g
-    w -= lr * (g + mu * v)
-
-
-def adam_update(
-    w: Any, g: Any, m: Any, v: Any, t: int, lr: float, beta1: float, beta2: float, eps: float
-) -> None:
-    """One Adam step; ``t`` is the step number after this update (1 for the first)."""
-    xp = array_module(w)
-    m *= beta1
-    m += (1.0 - beta1) * g
-    v *= beta2
-    v += (1.0 - beta2) * (g * g)
-    m_hat = m / (1.0 - beta1**t)
-    v_hat = v / (1.0 - beta2**t)
-    w -= lr * m_hat / (xp.sqrt(v_hat) + eps)
 
 
 def _positive(name: str, value: float, allow_zero: bool = False) -> float:
@@ -77,10 +51,7 @@ class Learner:
             raise KeyError(f"no gradient for {sorted(missing)}")
         self.steps += 1
         for key, w in self.params.items():
-            g = grads[key]
-            if self.weight_decay:
-                g = g + self.weight_decay * w
-            self._step(key, w, g)
+            self._step(key, w, grads[key])
 
     def reset_momentum(self) -> None:
         """Drop the optimizer state (block momentum resets local momentum after each sync)."""
@@ -101,7 +72,7 @@ class SGD(Learner):
     name: ClassVar[str] = "sgd"
 
     def _step(self, key: str, w: Any, g: Any) -> None:
-        sgd_update(w, g, self.lr)
+        rules.sgd(w, g, self.lr, self.weight_decay)
 
 
 class Momentum(Learner):
@@ -121,15 +92,21 @@ class Momentum(Learner):
         self.momentum = float(momentum)
         self.unit_gain = unit_gain
 
+    @property
+    def step_lr(self) -> float:
+        """The rule's learning rate: ``lr``, times ``1 - momentum`` with unit gain."""
+        return self.lr * (1.0 - self.momentum) if self.unit_gain else self.lr
+
     def _step(self, key: str, w: Any, g: Any) -> None:
-        momentum_update(w, g, self._slot(key, "v", w), self.lr, self.momentum, self.unit_gain)
+        mom = self._slot(key, "mom", w)
+        rules.sgd_momentum(w, g, mom, self.step_lr, self.momentum, self.weight_decay)
 
 
 class Nesterov(Momentum):
     name: ClassVar[str] = "nesterov"
 
     def _step(self, key: str, w: Any, g: Any) -> None:
-        nesterov_update(w, g, self._slot(key, "v", w), self.lr, self.momentum)
+        rules.nag(w, g, self._slot(key, "mom", w), self.step_lr, self.momentum, self.weight_decay)
 
 
 class Adam(Learner):
@@ -153,7 +130,7 @@ class Adam(Learner):
     def _step(self, key: str, w: Any, g: Any) -> None:
         m, v = self._slot(key, "m", w), self._slot(key, "v", w)
         t = self.state[key]["t"] = self.state[key].get("t", 0) + 1
-        adam_update(w, g, m, v, t, self.lr, self.beta1, self.beta2, self.eps)
+        rules.adam(w, g, m, v, t, self.lr, self.beta1, self.beta2, self.eps, self.weight_decay)
 
 
 LEARNERS: dict[str, type[Learner]] = {c.name: c for c in (SGD, Momentum, Nesterov, Adam)}

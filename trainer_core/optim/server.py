@@ -3,8 +3,11 @@
 A spec is a JSON object: ``{"type": "sgd", "learning_rate": 0.1, "momentum": 0.9, "wd": 1e-4,
 "nesterov": false, "rescale_grad": 1.0, "clip_gradient": null}`` or ``{"type": "adam",
 "learning_rate": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "wd": 0.0, ...}``.
-``validate`` fills defaults and rejects anything else; ``build`` turns a spec into an updater.
-The update rules are MXNet's (sgd_mom_update, nag_mom_update, adam_update).
+``validate`` fills defaults and rejects anything else; ``build`` turns a spec into an updater,
+which applies the rules of ``optim.rules`` (MXNet's ``sgd_update``, ``sgd_mom_update``,
+``nag_mom_update``, ``adam_update``) with the spec's fields and keeps the state per key part
+(``mom``; ``m``, ``v`` and the step count ``t``). ``clip_gradient`` of ``None``, zero or less is
+off, as in MXNet.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
 from trainer_core.errors import OptimizerError
+from trainer_core.optim import rules
+from trainer_core.xp import array_module
 
 
 @dataclass(frozen=True)
@@ -95,68 +98,44 @@ def validate(spec: Mapping[str, Any]) -> dict[str, Any]:
 class Updater(Protocol):
     """Applies one update in place: ``weight`` and ``grad`` are flat arrays, ``state`` is per key part."""
 
-    def create_state(self, weight: np.ndarray) -> dict[str, Any]: ...
+    def create_state(self, weight: Any) -> dict[str, Any]: ...
 
-    def update(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, Any]) -> None: ...
-
-
-def _prepare(spec: Mapping[str, Any], weight: np.ndarray, grad: np.ndarray) -> np.ndarray:
-    g = grad * np.asarray(spec["rescale_grad"], dtype=weight.dtype)
-    clip = spec.get("clip_gradient")
-    if clip is not None and clip >= 0:
-        np.clip(g, -clip, clip, out=g)
-    return g
+    def update(self, weight: Any, grad: Any, state: dict[str, Any]) -> None: ...
 
 
 class _SGDUpdater:
     def __init__(self, spec: Mapping[str, Any]) -> None:
         self.spec = spec
+        self.common = {k: spec[k] for k in ("wd", "rescale_grad", "clip_gradient")}
 
-    def create_state(self, weight: np.ndarray) -> dict[str, Any]:
-        return {"mom": np.zeros_like(weight)} if self.spec["momentum"] != 0 else {}
+    def create_state(self, weight: Any) -> dict[str, Any]:
+        return {"mom": array_module(weight).zeros_like(weight)} if self.spec["momentum"] != 0 else {}
 
-    def update(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, Any]) -> None:
-        s = self.spec
-        lr, mu, wd = s["learning_rate"], s["momentum"], s["wd"]
-        g = _prepare(s, weight, grad)
-        if wd:
-            g += wd * weight
+    def update(self, weight: Any, grad: Any, state: dict[str, Any]) -> None:
+        lr, mu = self.spec["learning_rate"], self.spec["momentum"]
         if mu == 0:
-            weight -= lr * g
-        elif s["nesterov"]:
-            mom = state["mom"]
-            mom *= mu
-            mom += g
-            weight -= lr * (g + mu * mom)
+            rules.sgd(weight, grad, lr, **self.common)
+        elif self.spec["nesterov"]:
+            rules.nag(weight, grad, state["mom"], lr, mu, **self.common)
         else:
-            mom = state["mom"]
-            mom *= mu
-            mom -= lr * g
-            weight += mom
+            rules.sgd_momentum(weight, grad, state["mom"], lr, mu, **self.common)
 
 
 class _AdamUpdater:
     def __init__(self, spec: Mapping[str, Any]) -> None:
         self.spec = spec
 
-    def create_state(self, weight: np.ndarray) -> dict[str, Any]:
-        return {"m": np.zeros_like(weight), "v": np.zeros_like(weight), "t": 0}
+    def create_state(self, weight: Any) -> dict[str, Any]:
+        xp = array_module(weight)
+        return {"m": xp.zeros_like(weight), "v": xp.zeros_like(weight), "t": 0}
 
-    def update(self, weight: np.ndarray, grad: np.ndarray, state: dict[str, Any]) -> None:
+    def update(self, weight: Any, grad: Any, state: dict[str, Any]) -> None:
         s = self.spec
-        b1, b2 = s["beta1"], s["beta2"]
         state["t"] += 1
-        t = state["t"]
-        g = _prepare(s, weight, grad)
-        if s["wd"]:
-            g += s["wd"] * weight
-        m, v = state["m"], state["v"]
-        m *= b1
-        m += (1 - b1) * g
-        v *= b2
-        v += (1 - b2) * g * g
-        lr_t = s["learning_rate"] * math.sqrt(1 - b2**t) / (1 - b1**t)
-        weight -= lr_t * m / (np.sqrt(v) + s["epsilon"])
+        rules.adam(
+            weight, grad, state["m"], state["v"], state["t"], s["learning_rate"], s["beta1"], s["beta2"],
+            s["epsilon"], s["wd"], s["rescale_grad"], s["clip_gradient"],
+        )  # fmt: skip
 
 
 def build(spec: Mapping[str, Any]) -> Updater:

@@ -1,6 +1,6 @@
 """Distributed learners with CNTK's Python names, over the KV store.
 
-Each wraps a local learner from ``optim_local`` (which owns ``params``, a dict of arrays updated
+Each wraps a local learner from ``optim.local`` (which owns ``params``, a dict of arrays updated
 in place) and a KV store (``kv.create(...)``: ``local`` in one process, ``dist_sync`` or
 ``dist_async`` in a launched job). Construction is collective: every worker builds the same
 learner at the same point (it builds a ``Communicator``, then calls ``kv.init``: rank 0's values
@@ -68,7 +68,8 @@ def compression_for_bits(bits: int, threshold: float = 0.5) -> dict[str, Any] | 
 
 
 def server_optimizer_spec(learner: Learner, rescale_grad: float = 1.0) -> dict[str, Any]:
-    """The server-side optimizer spec (``optim.py``) that applies ``learner``'s rule."""
+    """The server-side optimizer spec (``optim.server``) that applies ``learner``'s rule (both run
+    ``optim.rules``: the server computes what the local learner would)."""
     wd = learner.weight_decay
     if isinstance(learner, Adam):
         return {"type": "adam", "learning_rate": learner.lr, "beta1": learner.beta1,
@@ -80,9 +81,8 @@ def server_optimizer_spec(learner: Learner, rescale_grad: float = 1.0) -> dict[s
         "rescale_grad": rescale_grad,
     }
     if isinstance(learner, Momentum):
-        gain = (1.0 - learner.momentum) if learner.unit_gain and not isinstance(learner, Nesterov) else 1.0
         spec.update(momentum=learner.momentum, nesterov=isinstance(learner, Nesterov))
-        spec["learning_rate"] = learner.lr * gain
+        spec["learning_rate"] = learner.step_lr  # unit gain: lr * (1 - momentum)
     elif learner.name != "sgd":
         raise ValueError(f"no server-side optimizer for local learner {learner.name!r}")
     return spec
