@@ -1,13 +1,14 @@
-"""Addresses and ports of the launching host (the only socket code in the launcher core)."""
+"""Addresses and ports of the launching machine: the checked ``--interface`` lookup, the fallback
+address and the scheduler's port reservation. The lookups themselves are ``launchkit.hostside.netif``'s,
+shared with the hosts."""
 
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import socket
 
 from launchkit.errors import UsageError
-from launchkit.hostside import watchdog as remote
+from launchkit.hostside import netif
 
 
 def interface_names() -> list[str]:
@@ -18,26 +19,10 @@ def interface_address(name: str) -> str:
     """The IPv4 address of a network interface, e.g. ``lo`` -> ``127.0.0.1``."""
     if name not in interface_names():
         raise UsageError(f"no network interface named {name!r} here (have: {', '.join(interface_names())})")
-    address = remote.interface_address(name)  # the same lookup the hosts' watchdogs do
+    address = netif.interface_address(name)  # the same lookup the hosts' watchdogs do
     if address is None:
         raise UsageError(f"network interface {name!r} has no IPv4 address")
     return address
-
-
-def route_address(host: str) -> str | None:
-    """The local address the kernel would use to reach ``host`` (no packet is sent: a UDP
-    socket's connect only picks a route). None when ``host`` is not an IP address or has no route."""
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return None
-    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((str(ip), 9))
-            return str(s.getsockname()[0])
-        except OSError:
-            return None
 
 
 def fallback_address() -> str:

@@ -38,7 +38,7 @@ from launchkit.backends.engine import (
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
 from launchkit.hostside import batchjob
-from launchkit.netutil import route_address
+from launchkit.hostside.netif import route_address
 
 #: Slurm end states -> exit codes (docs/exit-codes.md); FAILED uses the job's own code.
 STATE_CODES = {

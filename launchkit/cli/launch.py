@@ -27,8 +27,9 @@ from launchkit.core.plan import make_plan, new_job_id, new_secret
 from launchkit.core.spec import LOCALHOST, JobResult, LaunchSpec
 from launchkit.dashboard import Dashboard
 from launchkit.errors import UsageError
+from launchkit.hostside.netif import route_address
 from launchkit.jobs import records as jobs
-from launchkit.netutil import PortReservation, fallback_address, interface_address, route_address
+from launchkit.netutil import PortReservation, fallback_address, interface_address
 from launchkit.supervisor import Supervisor
 
 # launch.py's --p3: MXNet's P3 van (priority-based parameter propagation), for every process.

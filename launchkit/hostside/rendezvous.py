@@ -15,6 +15,8 @@ import socket
 import time
 from collections.abc import Mapping, MutableMapping
 
+from launchkit.hostside.netif import interface_address, route_address
+
 RENDEZVOUS_VAR = "LAUNCHKIT_RENDEZVOUS"
 SECRET_FILE_VAR = "LAUNCHKIT_SECRET_FILE"
 DEFAULT_WAIT = 600.0
@@ -34,9 +36,6 @@ def parse_root(text: str) -> tuple[str, int] | None:
 def local_address(env: Mapping[str, str], toward: str | None) -> str | None:
     """The address this node publishes: ``DMLC_INTERFACE``'s, else the one it reaches ``toward``
     through (a host name or address), else its own name's; None when none can be found."""
-    from launchkit.hostside.watchdog import interface_address
-    from launchkit.netutil import route_address
-
     found = interface_address(env["DMLC_INTERFACE"]) if env.get("DMLC_INTERFACE") else None
     with contextlib.suppress(OSError):
         if found is None and toward:

@@ -1,8 +1,8 @@
 """The watchdog that runs a job's processes on one remote host.
 
-The launcher sends this module (with ``launchkit.hostside.procscan``) over its ssh connection and runs
-it with the host's ``python3``: nothing is installed on the host. It speaks JSON lines over
-the ssh channel (see docs/ssh.md, "watchdog protocol"): the launcher sends ``hello``, then
+The launcher sends this module, with the hostside modules it imports (``procscan``, ``netif``; the
+list is ``launchkit.backends.ssh.agent.SHIPPED``), over its ssh connection and runs it with the
+host's ``python3``: nothing is installed on the host. It speaks JSON lines over the ssh channel (see docs/ssh.md, "watchdog protocol"): the launcher sends ``hello``, then
 ``spawn``, ``signal``, ``hb`` (heartbeat) and ``shutdown``; the watchdog answers ``ready``,
 ``started``, ``error``, ``out``/``eof`` (output, base64), ``exit``, ``hb`` and ``bye``.
 
@@ -17,28 +17,18 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import json
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
 from typing import IO, Any
 
+from launchkit.hostside.netif import interface_address
 from launchkit.hostside.procscan import remove_shm, sweep_job
-
-
-def interface_address(name: str) -> str | None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
 
 
 def reached_address() -> str | None:

@@ -3,13 +3,15 @@ bootstrap command and module payload), on this machine."""
 
 from __future__ import annotations
 
+import ast
 import base64
+import inspect
 import json
 import subprocess
 import sys
 import time
 
-from launchkit.backends.ssh.agent import bootstrap_payload, remote_command
+from launchkit.backends.ssh.agent import SHIPPED, bootstrap_payload, remote_command
 from tests.launchkit.procs import pids_with_job, wait_until
 
 
@@ -126,3 +128,18 @@ def test_garbage_on_the_channel_is_reported_not_fatal() -> None:
         assert len(bad) == 2 and "JSONDecodeError" in bad[0] and "KeyError" in bad[1]
     finally:
         dog.p.kill()
+
+
+def launchkit_imports(module: object) -> set[str]:
+    tree = ast.parse(inspect.getsource(module))  # type: ignore[arg-type]
+    found = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    found |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    return {name for name in found if name.split(".")[0] == "launchkit"}
+
+
+def test_everything_the_watchdog_imports_is_shipped_before_it() -> None:
+    names = [m.__name__ for m in SHIPPED]
+    assert names[-1] == "launchkit.hostside.watchdog"
+    for i, module in enumerate(SHIPPED):
+        assert launchkit_imports(module) <= set(names[:i]), module.__name__
+    assert list(json.loads(bootstrap_payload().split(b"\n", 1)[1])) == names
