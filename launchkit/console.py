@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO
 
 from rich.console import Console
 from rich.table import Table
@@ -42,10 +42,6 @@ class Ui:
     def error(self, message: str) -> None:
         self.err.print("[bold red]launchkit: error:[/] ", end="")
         self.err.print(message, markup=False)
-
-    def abort(self, message: str, code: int) -> NoReturn:
-        self.error(message)
-        raise SystemExit(code)
 
     def lines(self, lines: Iterable[str], style: str = "dim") -> None:
         for line in lines:

@@ -3,13 +3,10 @@ message and an exit code (see docs/exit-codes.md), never a traceback."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 # Exit codes of the launcher itself (a failed job exits with its root cause's code instead).
 EXIT_USAGE = 2  # bad flags, bad hostfile, impossible placement: nothing was started
 EXIT_INTERNAL = 1  # a bug in launchkit, or a backend that failed in an unexpected way
 EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
 
 
 class LaunchkitError(Exception):
@@ -50,17 +47,3 @@ class BackendError(LaunchkitError):
         super().__init__(f"{backend}: {message}")
         self.backend = backend
         self.exit_code = exit_code
-
-
-@dataclass(frozen=True)
-class ProcessFailure:
-    """One process that ended badly: the root cause of a failed job is the earliest of these."""
-
-    role: str
-    rank: int
-    host: str
-    pid: int | None
-    exit_code: int  # shell convention: 128+N when killed by signal N
-    signal: int | None
-    ended_at: float
-    tail: tuple[str, ...] = ()

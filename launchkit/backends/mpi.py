@@ -27,7 +27,6 @@ from launchkit.core.hostfile import format_host
 from launchkit.core.spec import LOCALHOST, Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError, UsageError
 
-FLAVORS = ("openmpi", "mpich", "intel")
 EXIT_ENGINE_SETUP = 2
 
 

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
+from launchkit.core.placement import machine_key
 from launchkit.core.spec import Host
 from launchkit.errors import HostfileError
 
@@ -150,6 +152,16 @@ def format_host(host: Host) -> str:
     return f"{text} slots={host.slots}" if host.slots is not None else text
 
 
-def host_key(host: Host) -> tuple[str, str | None, int | None]:
-    """Identity of a host for add/remove (name, user, port); slots are an attribute."""
-    return (host.name.lower(), host.user, host.port)
+def host_key(host: Host) -> tuple[str, int | None, str | None]:
+    """Which login a hostfile entry names: the machine (name and port, as placement counts it) and
+    the user. Entries with the same key are one host for ``hosts add/remove`` and for the ssh
+    backend's one connection per host; slots and the line number are attributes."""
+    return (*machine_key(host), host.user)
+
+
+def unique_hosts(hosts: Sequence[Host]) -> list[Host]:
+    """The first entry of each host (by ``host_key``), in hostfile order."""
+    seen: dict[tuple[str, int | None, str | None], Host] = {}
+    for h in hosts:
+        seen.setdefault(host_key(h), h)
+    return list(seen.values())

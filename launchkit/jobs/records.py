@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-FINAL_STATES = ("succeeded", "failed", "interrupted", "killed")
 
 
 def home() -> Path:

@@ -16,21 +16,9 @@ from launchkit.backends.local import LocalBackend
 from launchkit.backends.ssh.agent import HostAgent, RemoteProcess
 from launchkit.backends.ssh.connection import SshOptions, connect, on_each
 from launchkit.backends.ssh.sync import source_dir, sync_all
-from launchkit.core.hostfile import format_host
-from launchkit.core.placement import machine_key
+from launchkit.core.hostfile import format_host, host_key, unique_hosts
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError
-
-
-def host_key(host: Host) -> tuple[str, int | None, str | None]:
-    return (*machine_key(host), host.user)
-
-
-def unique_hosts(hosts: Sequence[Host]) -> list[Host]:
-    seen: dict[tuple[str, int | None, str | None], Host] = {}
-    for h in hosts:
-        seen.setdefault(host_key(h), h)
-    return list(seen.values())
 
 
 def connect_all(hosts: Sequence[Host], opts: SshOptions) -> tuple[dict[Host, Any], dict[Host, str]]:
