@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -42,3 +44,36 @@ def test_errors() -> None:
         store.set_gradient_compression({"type": "zip"})
     with pytest.raises(CompressionError):
         store.set_gradient_compression("2bit")
+
+
+def test_local_store_server_state_round_trip_and_refusals() -> None:
+    """The local store's state is the server store's (one part): checked whole before any change."""
+    store = kv.create("local")
+    store.set_optimizer({"type": "adam", "learning_rate": 0.1})
+    store.set_gradient_compression({"type": "2bit", "threshold": 0.5})
+    store.init(["w", 7], [np.zeros((2, 3), np.float32), np.arange(4, dtype=np.int32)])
+    store.pushpull("w", np.ones((2, 3), np.float32), np.empty((2, 3), np.float32))
+    state = store.server_state()
+    assert sorted(state["w"]) == ["opt/m", "opt/t", "opt/v", "pull/0/residual", "value"]
+    assert state["w"]["value"].shape == state["w"]["opt/m"].shape == (2, 3) and state["w"]["opt/t"] == 1
+    assert sorted(state[7]) == ["value"] and state[7]["value"].tolist() == [0, 1, 2, 3]
+    before = state["w"]["value"].copy()
+    bad: list[tuple[dict[Any, dict[str, Any]], str]] = [
+        ({"w": {"value": np.ones(5, np.float32)}}, "does not fit"),  # wrong size
+        ({"w": {"opt/mom": np.ones(6, np.float32)}}, "does not fit"),  # not an Adam slot
+        ({"w": {"pull/1/residual": np.ones(6, np.float32)}}, "one part"),
+        ({"w": {"residual": np.ones(6, np.float32)}}, "does not fit"),  # no such slot
+        ({"w": {"value": np.ones(6, np.float32)}, 7: {"value": np.ones(3, np.int32)}}, "does not fit"),
+        ({"x": {"value": np.ones(6, np.float32)}}, "not initialized"),
+    ]
+    for given, match in bad:
+        with pytest.raises(KVError, match=match):
+            store.load_server_state(given)
+        np.testing.assert_array_equal(store.server_state()["w"]["value"], before)
+    store.load_server_state({"w": {**state["w"], "value": before + 1}, 7: {"value": np.full(4, 9, np.int32)}})
+    again = store.server_state()
+    np.testing.assert_array_equal(again["w"]["value"], before + 1)
+    np.testing.assert_array_equal(again["w"]["opt/v"], state["w"]["opt/v"])
+    assert again[7]["value"].tolist() == [9] * 4
+    store.push("w", np.ones((2, 3), np.float32))
+    assert store.server_state()["w"]["opt/t"] == 2  # Adam goes on from the restored step count

@@ -86,3 +86,15 @@ def test_results_are_shared_only_when_safe() -> None:
     d.share = True
     s.handle(d)
     assert d.shared == [False]
+
+
+def test_set_state_refuses_slots_that_are_not_value_opt_or_pull() -> None:
+    s = Store(num_workers=1)
+    s.set_compression({"type": "1bit"})  # pull slots are welcome now, others still not
+    s.handle(req(wire.INIT, 0, ones(0)))
+    e = wire.Entry("k", 0, 4, "<f4")
+    for slot in ("other", "pulls/residual", "value/x"):
+        with pytest.raises(StoreError, match="does not fit"):
+            s.set_state((e,), [ones(1)], [slot], [])
+    s.set_state((e,), [ones(0.5)], ["pull/residual"], [])
+    assert s.codec.parts[("k", 0)].state_dict()["residual"].tolist() == [0.5] * 4

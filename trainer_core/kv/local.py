@@ -1,4 +1,13 @@
-"""The one-process store (``local``, ``device``): the sums, compression and optimizer of a server, in process."""
+"""The one-process store (``local``, ``device``): the server's store (``ps.store.Store``) with one
+worker, in process.
+
+Every push, pull and state request is served by the same ``Store`` code as a ``dist`` job's server
+(sums, optimizer, compressed pulls, state for checkpoints), with a worker's side in front of it:
+the sum of a key's values on push, the worker's gradient compression (``WorkerCodec``: a push is
+encoded and decoded with the worker's residual, a compressed pull is decoded) and its byte
+counters. So it computes exactly what a ``dist`` job with one worker and one server computes: the
+single-process reference for compressed training.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from trainer_core.compression.codec import ServerCodec, WorkerCodec, resolve_compression, validate_params
+from trainer_core.compression.codec import WorkerCodec, resolve_compression, validate_params
 from trainer_core.compression.codec import decode as gc_decode
 from trainer_core.errors import KVError
 from trainer_core.kv.api import KVStore, check_key, host_sum, normalize, write_out
-from trainer_core.optim.server import Updater, build, to_spec
+from trainer_core.optim.server import to_spec
+from trainer_core.ps.store import Request, Store
+from trainer_core.transport import wire
 from trainer_core.transport.wire import Key
 from trainer_core.xp import to_host
 
@@ -21,35 +32,40 @@ class LocalKVStore(KVStore):
 
     With gradient compression on, a push goes through the worker's encode and decode (its residual)
     and a pull through the server's (one residual per key), exactly as in a ``dist`` job with one
-    worker: the single-process reference for compressed training."""
+    worker."""
 
     def __init__(self, name: str = "local") -> None:
         self.type = name
-        self.values: dict[Key, np.ndarray] = {}
+        self.store = Store(num_workers=1)
         self.shapes: dict[Key, tuple[int, ...]] = {}
-        self.updater: Updater | None = None
-        self.states: dict[Key, dict[str, Any]] = {}
         self.compression: dict[str, Any] | None = None
         self.codec = WorkerCodec()
-        self.server_codec = ServerCodec()
-        self.versions: dict[Key, int] = {}
+
+    def _weight(self, key: Key) -> np.ndarray:
+        st = self.store.keys.get((key, 0))
+        if st is None:
+            raise KVError(f"key {key!r} was not initialized")
+        return st.weight
+
+    def _serve(self, op: str, key: Key, data: np.ndarray | None, like: np.ndarray) -> Request:
+        """One request of worker 0 for ``key`` (``like``: its size and dtype); one worker's requests
+        complete at once."""
+        entry = wire.Entry(key, 0, like.size, like.dtype.str)
+        req = Request(None, wire.Header(op=op, entries=(entry,)), 0, [data], [None])
+        done = self.store.handle(req)
+        assert done == [req], "a one-worker store answers every request at once"
+        return req
 
     def init(self, key: Key | Sequence[Key], value: Any) -> None:
         for k, vals in normalize(key, value):
             host = to_host(vals[0])
-            self.values[k] = np.array(host, copy=True).reshape(-1)
+            flat = np.ascontiguousarray(host).reshape(-1)
+            self._serve(wire.INIT, k, flat, flat)
             self.shapes[k] = host.shape
-            self.versions[k] = self.versions.get(k, 0) + 1
-
-    def _get(self, key: Key) -> np.ndarray:
-        try:
-            return self.values[key]
-        except KeyError:
-            raise KVError(f"key {key!r} was not initialized") from None
 
     def push(self, key: Key | Sequence[Key], value: Any) -> None:
         for k, vals in normalize(key, value):
-            weight = self._get(k)
+            weight = self._weight(k)
             grad = host_sum(vals, weight.dtype)
             if grad.size != weight.size:
                 raise KVError(f"key {k!r}: pushed {grad.size} elements, stored {weight.size}")
@@ -61,27 +77,20 @@ class LocalKVStore(KVStore):
                 grad = gc_decode(payload, meta, grad.size, grad.dtype)
             else:
                 stats.sent += grad.nbytes
-            self.versions[k] += 1
-            if self.updater is None:
-                np.copyto(weight, grad)
-            else:
-                state = self.states.get(k)
-                if state is None:
-                    state = self.states[k] = self.updater.create_state(weight)
-                self.updater.update(weight, grad, state)
+            self._serve(wire.PUSH, k, grad, weight)
 
     def pull(self, key: Key | Sequence[Key], out: Any) -> Any:
         for k, outs in normalize(key, out):
-            value = self._get(k)
+            weight = self._weight(k)
+            req = self._serve(wire.PULL, k, None, weight)
+            result, meta = req.results[0], req.metas[0]
+            assert result is not None
             stats = self.codec.stats
-            stats.raw_received += value.nbytes
-            if self.server_codec.active(value.dtype):
-                payload, meta = self.server_codec.encode(k, self.versions[k], value)
-                stats.received += payload.nbytes
-                value = gc_decode(payload, meta, value.size, value.dtype)
-            else:
-                stats.received += value.nbytes
-            write_out(value, outs)
+            stats.raw_received += weight.nbytes
+            stats.received += result.nbytes
+            if meta is not None:  # the server's compressed payload
+                result = gc_decode(result, meta, weight.size, weight.dtype)
+            write_out(result, outs)
         return out
 
     def pushpull(self, key: Key | Sequence[Key], value: Any, out: Any = None) -> Any:
@@ -89,17 +98,16 @@ class LocalKVStore(KVStore):
         return self.pull(key, value if out is None else out)
 
     def set_optimizer(self, optimizer: Any, **kwargs: Any) -> None:
-        self.updater = build(to_spec(optimizer, **kwargs))
-        self.states.clear()
+        self.store.set_optimizer(to_spec(optimizer, **kwargs))
 
     def set_gradient_compression(self, params: Any) -> None:
         active = resolve_compression(params)
         self.compression = validate_params(params)
         self.codec.set_params(active)
-        self.server_codec.set_params(active)
+        self.store.set_compression(active)
 
     def wire_stats(self) -> dict[str, int]:
-        """Bytes that a worker of a ``dist`` job would have sent and received (see ``gc_hook``)."""
+        """Bytes that a worker of a ``dist`` job would have sent and received (see ``compression.codec``)."""
         return self.codec.stats.as_dict()
 
     def compression_state(self) -> dict[str, dict[str, Any]]:
@@ -107,58 +115,45 @@ class LocalKVStore(KVStore):
         return self.codec.state()
 
     def load_compression_state(self, state: dict[str, dict[str, Any]]) -> None:
-        self.codec.load_state(state, {str(k): k for k in self.values})
+        self.codec.load_state(state, {str(k): k for k in self.shapes})
 
     def server_state(self) -> dict[Key, dict[str, Any]]:
-        """The "server side" of every key, as ``DistKVStore.server_state`` (one part, index 0)."""
+        """The "server side" of every key, as ``DistKVStore.server_state`` (one part, index 0):
+        ``value`` and ``opt/<slot>`` arrays in the key's shape, ``opt/t`` an int,
+        ``pull/0/<slot>`` the pull compressor's state."""
+        entries, arrays, slots, scalars = self.store.get_state()
         out: dict[Key, dict[str, Any]] = {}
-        for k, value in self.values.items():
-            state: dict[str, Any] = {"value": value.reshape(self.shapes[k]).copy()}
-            for name, v in (self.states.get(k) or {}).items():
-                state[f"opt/{name}"] = v.reshape(self.shapes[k]).copy() if isinstance(v, np.ndarray) else v
-            comp = self.server_codec.parts.get(k)
-            for name, v in (comp.state_dict() if comp is not None else {}).items():
-                state[f"pull/0/{name}"] = np.array(v, copy=True)
-            out[k] = state
+        for e, arr, slot in zip(entries, arrays, slots, strict=True):
+            group, _, name = slot.partition("/")
+            named = out.setdefault(e.key, {})
+            if group == "pull":
+                named[f"pull/0/{name}"] = arr
+            else:
+                named[slot] = arr.reshape(self.shapes[e.key])
+        for k, _part, slot, number in scalars:
+            out.setdefault(k, {})[slot] = number
         return out
 
     def load_server_state(self, state: dict[Key, dict[str, Any]]) -> None:
-        """Restore ``server_state()`` (after ``set_optimizer``, ``set_gradient_compression`` and ``init``);
-        every key is checked before any is changed."""
-        plans = []
-        for k, slots in state.items():
-            weight = self._get(check_key(k))
-            value: np.ndarray | None = None
-            opt = self.updater.create_state(weight) if self.updater is not None else {}
-            given_opt = False
-            pull: dict[str, np.ndarray] = {}
-            for name, v in slots.items():
-                if name == "value":
-                    value = to_host(v).reshape(-1)
-                    if value.size != weight.size:
-                        raise KVError(
-                            f"key {k!r}: state value has {value.size} elements, the key {weight.size}"
-                        )
-                elif name.startswith("opt/") and isinstance(opt.get(name[4:]), np.ndarray):
-                    arr = to_host(v).reshape(-1)
-                    if arr.size != weight.size:
-                        raise KVError(
-                            f"key {k!r}: state {name!r} has {arr.size} elements, the key {weight.size}"
-                        )
-                    np.copyto(opt[name[4:]], arr)
-                    given_opt = True
-                elif name.startswith("opt/") and name[4:] in opt:
-                    opt[name[4:]], given_opt = int(v), True
-                elif name.startswith("pull/0/") and self.server_codec.active(weight.dtype):
-                    pull[name[7:]] = to_host(v)
-                else:
-                    raise KVError(f"key {k!r}: state slot {name!r} does not fit this store's setup")
-            plans.append((k, weight, value, opt if given_opt else None, pull))
-        for k, weight, value, opt_state, pull in plans:
-            if value is not None:
-                np.copyto(weight, value)
-            self.versions[k] += 1
-            self.states.pop(k, None)
-            if opt_state is not None:
-                self.states[k] = opt_state
-            self.server_codec.load_part(k, pull)
+        """Restore ``server_state()`` (after ``set_optimizer``, ``set_gradient_compression`` and
+        ``init``); every key is checked before any is changed (``Store.set_state``)."""
+        entries: list[wire.Entry] = []
+        arrays: list[np.ndarray] = []
+        slots: list[str] = []
+        scalars: list[tuple[Key, int, str, int | float]] = []
+        for k, named in state.items():
+            check_key(k)
+            for name, value in named.items():
+                if name.startswith("pull/"):
+                    part, _, slot = name[5:].partition("/")
+                    if part != "0":
+                        raise KVError(f"key {k!r}: state slot {name!r} does not fit this store (one part)")
+                    name = f"pull/{slot}"
+                if isinstance(value, int | np.integer) and not isinstance(value, bool):
+                    scalars.append((k, 0, name, int(value)))
+                    continue
+                arr = np.ascontiguousarray(to_host(value)).reshape(-1)
+                entries.append(wire.Entry(k, 0, arr.size, arr.dtype.str))
+                arrays.append(arr)
+                slots.append(name)
+        self.store.set_state(tuple(entries), arrays, slots, scalars)

@@ -175,7 +175,7 @@ class Store:
                         )
                     else:
                         ok = isinstance(ref, int) and isinstance(value, int) and value >= 0
-                elif not self.codec.active(dt):
+                elif group != "pull" or not self.codec.active(dt):
                     ok = False
                 elif name == "residual":
                     ok = isinstance(value, np.ndarray) and value.size == n and value.dtype == work_dtype(dt)
