@@ -23,11 +23,6 @@ def _load_cupy() -> Any:
 _cupy: Any = _load_cupy()
 
 
-def have_cupy() -> bool:
-    """True when cupy imported (a GPU build is installed)."""
-    return _cupy is not None
-
-
 def array_module(x: Any) -> ModuleType:
     """numpy for host arrays, cupy for device arrays."""
     if _cupy is not None and isinstance(x, _cupy.ndarray):
