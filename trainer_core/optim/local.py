@@ -9,8 +9,8 @@ Rules (``g`` the gradient plus ``weight_decay * w`` when that is set; CNTK's lea
 L2 regularization also adds to the gradient):
 
 * ``sgd``:       ``w -= lr * g``
-* ``momentum``:  ``mom = mu * mom - lr * g``; ``w += mom`` (with ``unit_gain``, CNTK's default
-  there, ``lr * (1 - mu)`` in place of ``lr``): ``rules.sgd_momentum``
+* ``momentum``:  ``mom = mu * mom - lr * g``; ``w += mom`` (with ``unit_gain``, CNTK's unit-gain
+  momentum, ``lr * (1 - mu)`` in place of ``lr``): ``rules.sgd_momentum``
 * ``nesterov``:  ``rules.nag``, ``lr * (1 - mu)`` in place of ``lr`` with ``unit_gain``
 * ``adam``:      ``rules.adam``: ``w -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)``,
   epsilon not bias-corrected, as CNTK's ``adam`` (and MXNet's); see ``docs/learners.md``
