@@ -14,7 +14,7 @@ import pytest
 from tests.trainer_core.cluster import Job, run_job, worker_script
 from trainer_core import kv as kvstore
 from trainer_core.compression import get_compressor
-from trainer_core.compression.codec import ServerCodec, WorkerCodec, resolve_compression
+from trainer_core.compression.codec import ServerCodec, WorkerCodec, check_meta, resolve_compression
 from trainer_core.errors import CompressionError, WireError
 from trainer_core.ps import store as store_mod
 from trainer_core.transport import wire
@@ -136,10 +136,17 @@ def test_entry_metadata_on_the_wire() -> None:
     e = wire.Entry("w", 1, 100, "<f4", comp={"type": "1bit", "block_size": 2048})
     h = wire.decode(wire.encode(wire.Header(op=wire.PUSH, seq=3, entries=(e,))))
     assert h.entries == (e,)
-    for bad in ({"block_size": 8}, {"type": 1}, {"type": "1bit", "x": [1]}, "1bit"):
-        raw = {"v": 1, "op": "push", "e": [{"k": "w", "p": 0, "n": 4, "dt": "<f4", "c": bad}]}
-        with pytest.raises(WireError, match="compression metadata"):
-            wire.decode(__import__("json").dumps(raw).encode())
+
+    def received(meta: object) -> dict:
+        raw = {"v": 1, "op": "push", "e": [{"k": "w", "p": 0, "n": 4, "dt": "<f4", "c": meta}]}
+        return check_meta(wire.decode(__import__("json").dumps(raw).encode()).entries[0].comp)
+
+    for bad in ({"type": "1bit", "x": [1]}, "1bit"):  # not an object of plain scalars: the wire refuses
+        with pytest.raises(WireError, match="metadata"):
+            received(bad)
+    for bad in ({"block_size": 8}, {"type": 1}):  # no compressor named: refused before any decoding
+        with pytest.raises((WireError, CompressionError), match="metadata"):
+            received(bad)
     raw = {"v": 1, "op": "push", "e": [{"k": "w", "p": 0, "n": 4, "dt": "<f4", "c": {"type": "1bit"}, "shm": "launchkit-j-1"}]}  # fmt: skip
     with pytest.raises(WireError, match="frame"):
         wire.decode(__import__("json").dumps(raw).encode())
