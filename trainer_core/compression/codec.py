@@ -10,8 +10,9 @@ Where compression plugs in (float16/32/64 keys only; other dtypes always travel 
 
 * push: the worker encodes each key part with that part's own compressor (its error-feedback
   residual, ``WorkerCodec``) and sends the packed payload as a data frame whose entry carries the
-  payload's metadata (``wire.Entry.comp``); the server decodes it (decoding is stateless) before
-  summing.
+  payload's metadata, a plain dict (the wire's ``Entry.comp``); the server decodes it (decoding is
+  stateless) before summing. This module uses only the base modules: the layers pass it plain
+  data, and the wire only bounds the metadata (``wire.payload_meta``).
 * pull: the server encodes each new value of a key part once, with that part's own compressor
   (the server's residual, ``ServerCodec``), and sends the same payload to every worker that pulls
   that value (so all workers decode identical values); the reply's body lists each frame's
@@ -32,8 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer_core.errors import CompressionError, WireError
-from trainer_core.transport.wire import comp_meta
+from trainer_core.errors import CompressionError
 
 #: dtypes whose parts are compressed (the compressors' float types).
 COMPRESSIBLE = frozenset({"<f2", "<f4", "<f8"})
@@ -81,11 +81,14 @@ def compressible(dtype: str | np.dtype) -> bool:
 
 
 def check_meta(meta: Any) -> dict[str, Any]:
-    """A payload's metadata as received (``wire.comp_meta``), or ``CompressionError``."""
-    try:
-        return comp_meta(meta)
-    except WireError as exc:
-        raise CompressionError(str(exc)) from None
+    """A payload's metadata as received (the wire carries it as plain scalars, see docs/wire.md):
+    at most 16 plain scalars with a string ``type``; ``CompressionError`` otherwise."""
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("type"), str) or len(meta) > 16:
+        raise CompressionError("bad compression metadata")
+    for k, v in meta.items():
+        if not isinstance(k, str) or not (v is None or isinstance(v, str | int | float | bool)):
+            raise CompressionError("bad compression metadata")
+    return dict(meta)
 
 
 def decode(payload: Any, meta: Any, size: int, dtype: Any) -> np.ndarray:

@@ -18,6 +18,7 @@ VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
 MAX_KEY_LEN = 256
 MAX_ELEMENTS = 1 << 36
+MAX_META = 16  # fields of an encoded payload's metadata
 
 # operations: scheduler protocol
 REGISTER, BOOK, HEARTBEAT, HEARTBEAT_ACK = "register", "book", "hb", "hb_ack"
@@ -51,8 +52,9 @@ class Entry:
 
     ``shm`` names the worker's shared-memory segment holding the part (same host); when it is
     ``None`` the data (if the op carries any) is the next raw frame of the message. ``comp``, on a
-    pushed entry, is the metadata of a compressed payload (``{"type": "1bit", ...}``): the frame
-    then holds the packed bytes, not ``size`` raw values (see ``gc_hook.py``).
+    pushed entry, is the metadata of an encoded payload (plain scalars, ``payload_meta``; what they
+    mean is the compressor's business, ``compression/codec.py``): the frame then holds the packed
+    bytes, not ``size`` raw values.
     """
 
     key: Key
@@ -144,19 +146,20 @@ def _entry(e: Any) -> Entry:
         raise WireError("bad shared-memory segment name")
     comp: Any = e.get("c")
     if comp is not None:
-        comp = comp_meta(comp)
+        comp = payload_meta(comp)
         if shm is not None:
             raise WireError("a compressed payload travels as a frame, not in shared memory")
     return Entry(key=key, part=part, size=size, dtype=dtype, shm=shm, comp=comp)
 
 
-def comp_meta(meta: Any) -> dict[str, Any]:
-    """Compression metadata as received: at most 16 plain scalars with a string ``type``."""
-    if not isinstance(meta, dict) or not isinstance(meta.get("type"), str) or len(meta) > 16:
-        raise WireError("bad compression metadata")
+def payload_meta(meta: Any) -> dict[str, Any]:
+    """An encoded payload's metadata as received: an object of at most ``MAX_META`` plain scalars
+    (the wire bounds it; the codec that reads it checks what it means)."""
+    if not isinstance(meta, dict) or len(meta) > MAX_META:
+        raise WireError("bad payload metadata")
     for k, v in meta.items():
         if not isinstance(k, str) or not (v is None or isinstance(v, str | int | float | bool)):
-            raise WireError("bad compression metadata")
+            raise WireError("bad payload metadata")
     return dict(meta)
 
 
