@@ -60,7 +60,7 @@ def test_dead_or_stopped_worker_ends_the_job(sig: str) -> None:
     check_failed(job, "worker 1", time.monotonic() - t0)
 
 
-@pytest.mark.parametrize("shm", ["1", "0"])  # 0: every array on the TCP data channel (tcpchan)
+@pytest.mark.parametrize("shm", ["1", "0"])  # 0: every array on the TCP data channel
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
 def test_dead_or_stopped_server_ends_the_job(sig: int, shm: str) -> None:
     marks: dict[str, float] = {}

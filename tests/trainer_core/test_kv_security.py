@@ -8,8 +8,12 @@ from tests.trainer_core.cluster import run_job, worker_script
 
 INTRUDER = """
 import socket, time, zmq
+import logging
+from trainer_core.errors import KVError
 from trainer_core.transport import auth
 from trainer_core.transport import wire
+from trainer_core.transport.channel import Trace
+TRACE = Trace(logging.getLogger('intruder'))
 
 kv.init('w', np.zeros(16, np.float32))
 ports = [int(s.endpoint.rsplit(':', 1)[1]) for s in kv.client.book.servers] + [int(os.environ['DMLC_PS_ROOT_PORT'])]
@@ -32,10 +36,10 @@ def refuses(connect, where, payloads, conn_class):
             pass
         c.close()
     try:
-        conn_class.connect(where, 'not-the-secret')
+        conn_class.connect(where, 'not-the-secret', TRACE)
         answered.append((where, 'wrong-secret'))
-    except Exception:
-        pass
+    except KVError as exc:
+        assert 'secret' in str(exc) or 'closed' in str(exc), exc
 
 
 # sending raw on an authenticated data connection makes the server close it
@@ -72,7 +76,7 @@ if kv.rank == 0:
             c.sendall(payload)
             c.close()
     # the servers' same-host channels: garbage, a wrong handshake, a wrong-secret client
-    from trainer_core.transport.unix import UnixConn
+    from trainer_core.transport.unix import UnixChannel
     for s in kv.client.book.servers:
         if not s.local:
             continue
@@ -81,32 +85,32 @@ if kv.rank == 0:
             c.connect('\\0' + name)
             return c
 
-        refuses(unix, s.local, (os.urandom(40), bytes(32) + b'{"v":1,"op":"pull"}', b'\\xff' * 100000), UnixConn)
-    # the data channels (tcpchan): garbage, a wrong-secret client, a client that never finishes the
+        refuses(unix, s.local, (os.urandom(40), bytes(32) + b'{"v":1,"op":"pull"}', b'\\xff' * 100000), UnixChannel)
+    # the TCP data channels: garbage, a wrong-secret client, a client that never finishes the
     # handshake (kept open to the end: the server serves everyone else meanwhile), and a client holding
     # the secret that sends a malformed header, a replayed sequence number and a broken framing
     import struct
-    from trainer_core.transport.tcp import TcpConn
+    from trainer_core.transport.tcp import TcpChannel
     pull = wire.encode(wire.Header(op=wire.PULL, seq=1, src='worker 0', entries=(wire.Entry('w', 0, 16, '<f4'),), body={'rank': 0}))
     for s in kv.client.book.servers:
         if not s.data:
             continue
         host, port = s.data.removeprefix('tcp://').rsplit(':', 1)
         refuses(lambda: socket.create_connection((host, int(port))), s.data,
-                (os.urandom(5000), bytes(32) + pull, b'GET / HTTP/1.0\\r\\n\\r\\n'), TcpConn)
+                (os.urandom(5000), bytes(32) + pull, b'GET / HTTP/1.0\\r\\n\\r\\n'), TcpChannel)
         stalled.append(socket.create_connection((host, int(port))))
-        good = TcpConn.connect(s.data, os.environ['LAUNCHKIT_JOB_SECRET'])
-        good.send(b'{not json')
-        good.send(b'{"v":1,"op":"pull","seq":5,"src":"worker 0","b":{"rank":99}}')
+        good = TcpChannel.connect(s.data, os.environ['LAUNCHKIT_JOB_SECRET'], TRACE)
+        good.write(b'{not json')
+        good.write(b'{"v":1,"op":"pull","seq":5,"src":"worker 0","b":{"rank":99}}')
         if os.environ['PS_SHM'] == '0':  # the worker used this channel: seq 1 is a replay
-            good.send(pull)
+            good.write(pull)
         time.sleep(0.3)
         if good.readable():
             answered.append((s.data, 'data'))
         closed_on(good, struct.pack('<II', 1 << 30, 0), s.data, 'framing')  # a header length out of bounds
         # a well-formed, correctly tagged push that declares a 256 GiB frame for a 16-element key:
         # closed before anything is allocated
-        huge = TcpConn.connect(s.data, os.environ['LAUNCHKIT_JOB_SECRET'])
+        huge = TcpChannel.connect(s.data, os.environ['LAUNCHKIT_JOB_SECRET'], TRACE)
         hdr = wire.encode(wire.Header(op=wire.PUSH, seq=10**6, src='worker 0', entries=(wire.Entry('w', 0, 16, '<f4'),), body={'rank': 0}))
         head = struct.pack('<II', len(hdr), 1) + struct.pack('<Q', 1 << 38) + hdr
         closed_on(huge, head + huge._tag(huge._tag_out, 0, head), s.data, 'huge')

@@ -1,7 +1,9 @@
-"""The cross-host data channel (trainer_core/tcpchan.py) over real loopback TCP sockets."""
+"""The cross-host data channel (transport/tcp.py, framing in transport/stream.py) over real loopback
+TCP sockets, at the stream level (raw header bytes); the Channel contract is in test_transport_channel.py."""
 
 from __future__ import annotations
 
+import logging
 import select
 import socket
 import struct
@@ -13,22 +15,26 @@ import numpy as np
 import pytest
 
 from trainer_core.errors import KVError
-from trainer_core.transport.tcp import ChannelClosed, TcpConn, TcpListener
+from trainer_core.transport.channel import ChannelClosed, Trace
+from trainer_core.transport.tcp import TcpChannel as TcpConn
+from trainer_core.transport.tcp import TcpListener
 
 SECRET = "tcpchan-test-secret"
+TRACE = Trace(logging.getLogger("test_tcpchan"))
 
 
 def _server_side(listener: TcpListener, timeout: float = 3.0) -> TcpConn:
     """Accept one connection and drive its handshake to the end (as the server's loop does)."""
     deadline = time.monotonic() + timeout
-    conns: list[TcpConn] = []
+    conns: list = []
     while not conns:
-        select.select([listener], [], [], 0.1)
+        select.select([listener.pollable()], [], [], 0.1)
         conns = listener.accept()
         assert time.monotonic() < deadline
     conn = conns[0]
+    assert isinstance(conn, TcpConn)
     while not conn.ready:
-        select.select([conn], [], [], 0.1)
+        select.select([conn.pollable()], [], [], 0.1)
         assert conn.handshake() is not None, "handshake failed"
         assert time.monotonic() < deadline
     return conn
@@ -36,11 +42,11 @@ def _server_side(listener: TcpListener, timeout: float = 3.0) -> TcpConn:
 
 @pytest.fixture
 def pair() -> Iterator[tuple[TcpConn, TcpConn]]:
-    listener = TcpListener("127.0.0.1", SECRET)
+    listener = TcpListener("127.0.0.1", SECRET, TRACE)
     box: list[TcpConn] = []
     t = threading.Thread(target=lambda: box.append(_server_side(listener)))
     t.start()
-    client = TcpConn.connect(f"tcp://127.0.0.1:{listener.port}", SECRET)
+    client = TcpConn.connect(f"tcp://127.0.0.1:{listener.port}", SECRET, TRACE)
     t.join(5)
     server = box[0]
     yield client, server
@@ -57,7 +63,7 @@ def test_a_message_round_trips_with_frames_in_order(pair: tuple[TcpConn, TcpConn
     client, server = pair
     a = np.arange(1000, dtype=np.float32)
     b = np.arange(7, dtype=np.int64)
-    client.send(b'{"op":"x"}', [a, b, b""])
+    client.write(b'{"op":"x"}', [a, b, b""])
     header, frames = server.read_message(_decode)
     assert header == b'{"op":"x"}'
     assert [len(f.buffer) for f in frames] == [4000, 56, 0]
@@ -75,7 +81,7 @@ def test_frames_land_in_the_buffers_the_caller_places_them_in(pair: tuple[TcpCon
         return raw, [dst[1000:2000].view(np.uint8).data, wrong_size.view(np.uint8).data]
 
     src = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
-    client.send(b"h", [src, src[:20]])
+    client.write(b"h", [src, src[:20]])
     _, frames = server.read_message(place)
     assert frames[0].placed and np.array_equal(dst[1000:2000], src)
     assert dst[:1000].sum() == 0 and dst[2000:].sum() == 0
@@ -87,7 +93,7 @@ def test_a_big_message_while_the_reader_is_slow(pair: tuple[TcpConn, TcpConn]) -
     """64 MB: the sender blocks in slices until the reader drains it; nothing is lost."""
     client, server = pair
     big = np.random.default_rng(1).integers(0, 255, 64 << 20, dtype=np.uint8)
-    sender = threading.Thread(target=lambda: client.send(b"big", [big]))
+    sender = threading.Thread(target=lambda: client.write(b"big", [big]))
     sender.start()
     time.sleep(0.3)
     _, frames = server.read_message(_decode)
@@ -139,25 +145,25 @@ def test_a_length_out_of_bounds_closes_the_connection(pair: tuple[TcpConn, TcpCo
 
 
 def test_a_client_without_the_secret_is_refused() -> None:
-    listener = TcpListener("127.0.0.1", SECRET)
+    listener = TcpListener("127.0.0.1", SECRET, TRACE)
     results: list[bool | None] = []
 
     def serve() -> None:
         deadline = time.monotonic() + 3
-        conns: list[TcpConn] = []
+        conns: list = []
         while not conns and time.monotonic() < deadline:
-            select.select([listener], [], [], 0.1)
+            select.select([listener.pollable()], [], [], 0.1)
             conns = listener.accept()
         state: bool | None = False
         while state is False and time.monotonic() < deadline:
-            select.select([conns[0]], [], [], 0.1)
+            select.select([conns[0].pollable()], [], [], 0.1)
             state = conns[0].handshake()
         results.append(state)
 
     t = threading.Thread(target=serve)
     t.start()
     with pytest.raises(KVError, match="data channel"):
-        TcpConn.connect(f"tcp://127.0.0.1:{listener.port}", "another-secret")
+        TcpConn.connect(f"tcp://127.0.0.1:{listener.port}", "another-secret", TRACE)
     t.join(5)
     assert results == [None]
     # garbage instead of a proof: refused the same way, nothing is read past it
@@ -178,7 +184,7 @@ def test_connecting_to_nothing_is_a_clear_error() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(KVError, match=f"data channel tcp://127.0.0.1:{port}"):
-        TcpConn.connect(f"tcp://127.0.0.1:{port}", SECRET)
+        TcpConn.connect(f"tcp://127.0.0.1:{port}", SECRET, TRACE)
 
 
 def test_a_client_keeps_every_received_frame_a_server_reuses_its_buffer(
@@ -191,8 +197,8 @@ def test_a_client_keeps_every_received_frame_a_server_reuses_its_buffer(
     _, second = client.read_message(_decode)
     assert set(np.frombuffer(first[0].buffer, np.int32)) == {1}  # not overwritten by the second reply
     assert set(np.frombuffer(second[0].buffer, np.int32)) == {2}
-    client.send(b"a", [np.full(1000, 1, np.int32)])
-    client.send(b"b", [np.full(1000, 2, np.int32)])
+    client.write(b"a", [np.full(1000, 1, np.int32)])
+    client.write(b"b", [np.full(1000, 2, np.int32)])
     _, a = server.read_message(_decode)
     _, b = server.read_message(_decode)
     assert (
@@ -210,7 +216,7 @@ def _raw_message(conn: TcpConn, header: bytes, lens: list[int], tag: bytes | Non
 
 def test_an_altered_or_replayed_message_closes_the_connection(pair: tuple[TcpConn, TcpConn]) -> None:
     client, server = pair
-    client.send(b"first")
+    client.write(b"first")
     assert server.read_message(_decode)[0] == b"first"
     client.sock.sendall(_raw_message(client, b"forged", [], tag=bytes(16)))
     with pytest.raises(ChannelClosed, match="wrong tag") as err:
@@ -241,7 +247,7 @@ def test_giving_up_before_a_message_keeps_the_stream_giving_up_inside_one_closes
     with pytest.raises(KVError, match="job failed"):
         client.read_message(_decode, fail)  # nothing had arrived
     assert not client.closed and not client.interrupted
-    server.send(b"next", [np.arange(10, dtype=np.float32)])
+    server.write(b"next", [np.arange(10, dtype=np.float32)])
     assert client.read_message(_decode)[0] == b"next"
     # half a message, then the wait is given up: the rest could never be framed
     server.sock.sendall(_raw_message(server, b"half", [4000]) + bytes(1000))
@@ -249,7 +255,7 @@ def test_giving_up_before_a_message_keeps_the_stream_giving_up_inside_one_closes
         client.read_message(_decode, fail)
     assert client.closed and "cut off" in client.interrupted
     with pytest.raises(ChannelClosed, match="cut off"):
-        client.send(b"more")
+        client.write(b"more")
 
 
 def test_a_frame_too_big_for_memory_closes_the_connection(pair: tuple[TcpConn, TcpConn]) -> None:

@@ -96,6 +96,9 @@ def test_segments_are_removed() -> None:
 
 def test_rank_assignment_honours_launcher_ranks() -> None:
     from trainer_core.ps.scheduler import NodeRecord, assign_ranks
+    from trainer_core.transport.memory import MemoryChannel
+
+    peer, other = MemoryChannel.pair()
 
     def rec(hint: int) -> NodeRecord:
         return NodeRecord(
@@ -107,10 +110,12 @@ def test_rank_assignment_honours_launcher_ranks() -> None:
             pid=1,
             local="",
             data="",
-            ident=b"",
+            peer=peer,
         )
 
     recs = [rec(-1), rec(0), rec(-1)]
     assert assign_ranks(recs, 3) is None and [r.rank for r in recs] == [1, 0, 2]
     assert assign_ranks([rec(1), rec(1)], 2) is not None
     assert assign_ranks([rec(5)], 1) is not None
+    peer.close()
+    other.close()

@@ -1,18 +1,18 @@
 """``DistKVStore``: the worker side of ``dist_sync``/``dist_async`` (and their ``_device`` variants).
 
 Each key is split into parts (``sharding.py``); one message per server carries all the parts
-of a call for that server. A part exchanged with a server on the same host goes through a
-shared-memory segment owned by this worker (the socket carries only the header); otherwise
-the part travels as a raw frame. Pushes do not wait for the server: a part's segment is
+of a call for that server. A part exchanged with a server whose channel shares this host's memory
+goes through a shared-memory segment owned by this worker (the channel carries only the header);
+otherwise the part travels as a frame. Pushes do not wait for the server: a part's segment is
 reused only after the server has handled the previous push from it (pushes get no reply; any
-later answered request to the same server proves it, see ``WorkerClient.confirm``).
+later answered request to the same server proves it, see ``WorkerClient.confirm``). The servers'
+state for checkpoints is in ``dist_state.py``.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -22,27 +22,18 @@ from trainer_core.compression.codec import WorkerCodec, resolve_compression, val
 from trainer_core.compression.codec import decode as gc_decode
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError
+from trainer_core.kv import dist_state
 from trainer_core.kv.api import _OPEN, KVStore, check_key, host_sum, normalize, write_out
+from trainer_core.kv.keys import KeyMeta, Outgoing, Where, direct_target
 from trainer_core.log import get_logger
 from trainer_core.optim.server import to_spec
 from trainer_core.ps.client import WorkerClient
 from trainer_core.ps.sharding import Part, split
 from trainer_core.transport import wire
+from trainer_core.transport.channel import Received
 from trainer_core.transport.shm import Segment, SegmentFactory
 from trainer_core.transport.wire import Key
 from trainer_core.xp import to_host
-
-
-@dataclass
-class KeyMeta:
-    """What a worker knows about one key: shape, dtype, parts, and its segments per part."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    size: int
-    parts: list[Part]
-    segments: list[Segment | None] = field(default_factory=list)
-    busy: list[int] = field(default_factory=list)  # seq of the last request using each segment (0: none)
 
 
 def install_excepthook() -> None:
@@ -62,23 +53,6 @@ def install_excepthook() -> None:
     sys.excepthook = hook
 
 
-def direct_target(outs: list[Any], m: KeyMeta) -> np.ndarray | None:
-    """A flat view of the one output array when results can be written into it directly (no temporary)."""
-    if len(outs) != 1:
-        return None
-    out = outs[0]
-    if (
-        not isinstance(out, np.ndarray)
-        or out.dtype != m.dtype
-        or out.size != m.size
-        or not out.flags.c_contiguous
-    ):
-        return None
-    if not out.flags.writeable:
-        return None
-    return out.reshape(-1)
-
-
 class DistKVStore(KVStore):
     """A worker of a parameter-server job."""
 
@@ -87,7 +61,7 @@ class DistKVStore(KVStore):
         self.sync = "async" not in name
         self.cfg = cfg
         self.log = get_logger(cfg.verbose)
-        self.client = WorkerClient(cfg, self.log, exit_on_failure=exit_on_failure)
+        self.client = WorkerClient.join(cfg, self.log, exit_on_failure=exit_on_failure)
         self.rank = self.client.rank
         self.num_workers = self.client.book.num_workers
         self.num_servers = self.client.book.num_servers
@@ -119,12 +93,12 @@ class DistKVStore(KVStore):
         self.client.barrier()
 
     def set_optimizer(self, optimizer: Any, **kwargs: Any) -> None:
-        """Server-side optimizer for every key (sent as a plain-data spec, see ``optim.py``)."""
+        """Server-side optimizer for every key (sent as a plain-data spec, see ``optim/server.py``)."""
         self._to_all_servers(wire.SET_OPTIMIZER, {"spec": to_spec(optimizer, **kwargs)})
 
     def set_gradient_compression(self, params: Any) -> None:
-        """Validate, keep, and forward compression params (see ``gc_hook.py``); every worker calls it
-        at the same point (it ends with a barrier). Residuals start from zero."""
+        """Validate, keep, and forward compression params (see ``compression/codec.py``); every worker
+        calls it at the same point (it ends with a barrier). Residuals start from zero."""
         active = resolve_compression(params)
         self.compression = validate_params(params)
         self.client.drain()
@@ -152,63 +126,8 @@ class DistKVStore(KVStore):
         pulled), ``opt/<slot>`` (the server optimizer's arrays, e.g. ``opt/mom``, ``opt/m``,
         ``opt/v``, and its step counter ``opt/t`` as an int), the parts of a split key reassembled
         into the key's shape; ``pull/<part>/<slot>`` (each part's pull compressor state, e.g. its
-        error-feedback ``residual``). Every worker first waits for its requests, then all meet, rank
-        0 asks every server (``get_state``), and all meet again before anyone pushes."""
-        self.client.drain()
-        self.client.barrier()
-        out: dict[Key, dict[str, Any]] = {}
-        if self.rank == 0:
-            seqs = [self.client.send(s, wire.GET_STATE, local=False) for s in range(self.num_servers)]
-            replies = self.client.wait(seqs)
-            for server, seq in enumerate(seqs):
-                self._take_state(server, replies[seq], out)
-            for k, state in out.items():
-                for name in [n for n in state if n.startswith("opt/") and isinstance(state[n], list)]:
-                    values = set(state[name])
-                    if len(values) != 1:
-                        raise KVError(f"key {k!r}: servers disagree on {name} ({sorted(values)})")
-                    state[name] = values.pop()
-        self.client.barrier()
-        return out
-
-    def _take_state(self, server: int, reply: Any, out: dict[Key, dict[str, Any]]) -> None:
-        """Check one ``get_state`` reply and copy its arrays into ``out`` (parts into whole keys)."""
-        h = reply.header
-        slots, scalars = wire.state_body(h)
-        if len(reply.frames) != len(h.entries):
-            raise KVError(
-                f"server {server}: state reply with {len(reply.frames)} frames for {len(h.entries)} entries"
-            )
-
-        def part_of(key: Key, index: int) -> tuple[KeyMeta, Part]:
-            m = self.meta.get(key)
-            if m is None or not 0 <= index < len(m.parts) or m.parts[index].server != server:
-                raise KVError(
-                    f"server {server} sent state of key {key!r} part {index}, which it does not hold"
-                )
-            return m, m.parts[index]
-
-        for e, slot, frame in zip(h.entries, slots, reply.frames, strict=True):
-            m, p = part_of(e.key, e.part)
-            dtype = np.dtype(e.dtype)
-            if len(frame.buffer) != e.size * dtype.itemsize:
-                raise KVError(f"server {server}: state of key {e.key!r} has a frame of the wrong size")
-            arr = np.frombuffer(frame.buffer, dtype=dtype)
-            state = out.setdefault(e.key, {})
-            if slot.startswith("pull/"):
-                state[f"pull/{p.index}/{slot[5:]}"] = arr.copy()
-                continue
-            if e.size != p.size or (slot == "value" and dtype != m.dtype):
-                raise KVError(f"server {server}: state {slot} of key {e.key!r} does not fit the key")
-            whole = state.get(slot)
-            if whole is None:
-                whole = state[slot] = np.zeros(m.shape, dtype=dtype)
-            whole.reshape(-1)[p.start : p.stop] = arr
-        for key, index, slot, value in scalars:
-            part_of(key, index)
-            if not slot.startswith("opt/"):
-                raise KVError(f"server {server}: unexpected state scalar {slot!r}")
-            out.setdefault(key, {}).setdefault(slot, []).append(value)
+        error-feedback ``residual``)."""
+        return dist_state.server_state(self.client, self.meta)
 
     def load_server_state(self, state: dict[Key, dict[str, Any]]) -> None:
         """Restore ``server_state()`` on the servers (collective, as ``server_state``: every worker
@@ -216,68 +135,14 @@ class DistKVStore(KVStore):
         ``init``; rank 0's ``state`` is sent, the others' is ignored). A key named in ``state`` gets
         its value, optimizer state and pull residuals replaced (those missing start from zero);
         other keys are untouched."""
-        self.client.drain()
-        self.client.barrier()
-        if self.rank == 0:
-            per_server: dict[int, tuple[list[wire.Entry], list[np.ndarray], list[str], list[list[Any]]]] = {
-                s: ([], [], [], []) for s in range(self.num_servers)
-            }
-            for k, slots in state.items():
-                m = self._meta(k)
-                for name, value in slots.items():
-                    self._put_state(m, k, name, value, per_server)
-            seqs = [
-                self.client.send(s, wire.SET_STATE, e, a, body={"slots": sl, "scalars": sc}, local=False)
-                for s, (e, a, sl, sc) in per_server.items()
-                if e or sc
-            ]
-            self.client.wait(seqs)
-        self.client.barrier()
-
-    @staticmethod
-    def _put_state(
-        m: KeyMeta,
-        k: Key,
-        name: str,
-        value: Any,
-        per_server: dict[int, tuple[list[wire.Entry], list[np.ndarray], list[str], list[list[Any]]]],
-    ) -> None:
-        """Split one state slot of key ``k`` into its parts' messages."""
-        if name.startswith("pull/"):
-            index_s, _, slot = name[5:].partition("/")
-            if not index_s.isdigit() or int(index_s) >= len(m.parts):
-                raise KVError(f"key {k!r}: bad state slot {name!r}")
-            p = m.parts[int(index_s)]
-            arr = np.ascontiguousarray(to_host(value)).reshape(-1)
-            entries, arrays, slots, _ = per_server[p.server]
-            entries.append(wire.Entry(k, p.index, arr.size, arr.dtype.str))
-            arrays.append(arr)
-            slots.append(f"pull/{slot}")
-            return
-        if not (name == "value" or name.startswith("opt/")):
-            raise KVError(f"key {k!r}: unknown state slot {name!r}")
-        if isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool):
-            number = value.item() if isinstance(value, np.generic) else value
-            for p in m.parts:
-                per_server[p.server][3].append([k, p.index, name, number])
-            return
-        flat = np.ascontiguousarray(to_host(value)).reshape(-1)
-        if flat.size != m.size:
-            raise KVError(f"key {k!r}: state {name!r} has {flat.size} elements, the key {m.size}")
-        if flat.dtype.str not in wire.DTYPES:
-            raise KVError(f"key {k!r}: state {name!r} has an unsupported dtype {flat.dtype}")
-        for p in m.parts:
-            entries, arrays, slots, _ = per_server[p.server]
-            entries.append(wire.Entry(k, p.index, p.size, flat.dtype.str))
-            arrays.append(flat[p.start : p.stop])
-            slots.append(name)
+        dist_state.load_server_state(self.client, self._meta, state)
 
     # -- data ---------------------------------------------------------------------------------------
 
     def init(self, key: Key | Sequence[Key], value: Any) -> None:
         """Every worker calls it with the same keys and shapes; rank 0's values are stored."""
         pairs = normalize(key, value)
-        per_server: dict[int, tuple[list[wire.Entry], list[Any]]] = {}
+        per_server: dict[int, Outgoing] = {}
         for k, vals in pairs:
             host = to_host(vals[0])
             dtype = np.dtype(host.dtype)
@@ -287,11 +152,13 @@ class DistKVStore(KVStore):
             self.meta[k] = KeyMeta(host.shape, dtype, host.size, parts, [None] * len(parts), [0] * len(parts))
             flat = np.ascontiguousarray(host).reshape(-1)
             for p in parts:
-                entries, frames = per_server.setdefault(p.server, ([], []))
-                entries.append(wire.Entry(k, p.index, p.size, dtype.str))
-                frames.append(flat[p.start : p.stop])
+                out = per_server.setdefault(p.server, Outgoing())
+                out.entries.append(wire.Entry(k, p.index, p.size, dtype.str))
+                out.frames.append(flat[p.start : p.stop])
         if self.rank == 0:
-            self.client.wait([self.client.send(s, wire.INIT, e, f) for s, (e, f) in per_server.items()])
+            self.client.wait(
+                [self.client.send(s, wire.INIT, o.entries, o.frames) for s, o in per_server.items()]
+            )
         self.client.barrier()
 
     def push(self, key: Key | Sequence[Key], value: Any) -> None:
@@ -315,9 +182,10 @@ class DistKVStore(KVStore):
             raise KVError(f"key {key!r} was not initialized (call init on every worker first)") from None
 
     def _segment(self, m: KeyMeta, p: Part, writing: bool) -> Segment | None:
-        """The part's segment (``None``: not on this host). Before ``writing`` into it, wait until the
-        server consumed the previous push from it. A pull needs no wait: the server handles the
-        messages of one connection in order, so it reads an earlier push before it writes the result."""
+        """The part's segment (``None``: the server shares no memory with this worker). Before
+        ``writing`` into it, wait until the server consumed the previous push from it. A pull needs
+        no wait: the server handles the messages of one channel in order, so it reads an earlier
+        push before it writes the result."""
         if not self.client.same_host[p.server]:
             return None
         seg = m.segments[p.index]
@@ -331,14 +199,34 @@ class DistKVStore(KVStore):
     def _exchange(
         self, op: str, pushes: list[tuple[Key, list[Any]]], pulls: list[tuple[Key, list[Any]]] | None
     ) -> None:
+        """One push, pull or pushpull call: one message per server, then (pulls) the replies."""
         self._release_names()
         if len({k for k, _ in pushes}) != len(pushes):
             raise KVError("a key appears more than once in one call")
-        per_server: dict[
-            int, tuple[list[wire.Entry], list[Any], list[tuple[KeyMeta, Part, Segment | None]]]
-        ] = {}
-        stats, compressed = self.codec.stats, False
-        stats.exchanges += 1
+        self.codec.stats.exchanges += 1
+        per_server, compressed = self._pack(pushes, pulls is not None)
+        results: dict[int, np.ndarray] = {}  # id(KeyMeta) -> where the key's pulled value is assembled
+        direct: set[int] = set()  # indexes in ``pulls`` whose output receives the data directly
+        for i, (k, outs) in enumerate(pulls or []):
+            m = self._meta(k)
+            target = direct_target(outs, m)
+            if target is not None and id(m) not in results:
+                results[id(m)] = target
+                direct.add(i)
+        sent = self._send(op, per_server, pulls is not None, compressed, results)
+        if pulls is None:
+            return
+        replies = self.client.wait(list(sent))
+        for seq, (server, where) in sent.items():
+            self._unpack(server, where, replies[seq], results)
+        for i, (k, outs) in enumerate(pulls):
+            if i not in direct:
+                write_out(results[id(self._meta(k))], outs)
+
+    def _pack(self, pushes: list[tuple[Key, list[Any]]], pulling: bool) -> tuple[dict[int, Outgoing], bool]:
+        """The message for each server, and whether any part is compressed."""
+        per_server: dict[int, Outgoing] = {}
+        compressed = False
         for k, vals in pushes:
             m = self._meta(k)
             flat = host_sum(vals, m.dtype) if vals else None
@@ -347,85 +235,89 @@ class DistKVStore(KVStore):
             packed = self.codec.active(m.dtype)
             compressed = compressed or packed
             for p in m.parts:
-                seg = None if packed else self._segment(m, p, writing=flat is not None)
-                entries, frames, where = per_server.setdefault(p.server, ([], [], []))
-                raw = p.size * m.dtype.itemsize
-                if flat is not None:
-                    stats.raw_sent += raw
-                if pulls is not None:
-                    stats.raw_received += raw
-                if packed:
-                    if flat is not None:
-                        payload, meta = self.codec.encode(k, p.index, flat[p.start : p.stop])
-                        entries.append(wire.Entry(k, p.index, p.size, m.dtype.str, comp=meta))
-                        frames.append(payload)
-                        stats.sent += payload.nbytes
-                    else:
-                        entries.append(wire.Entry(k, p.index, p.size, m.dtype.str))
-                elif seg is not None:
-                    view = seg.view(m.dtype, p.size)
-                    if flat is not None:
-                        np.copyto(view, flat[p.start : p.stop])
-                    entries.append(wire.Entry(k, p.index, p.size, m.dtype.str, seg.name))
-                else:
-                    entries.append(wire.Entry(k, p.index, p.size, m.dtype.str))
-                    if flat is not None:
-                        # zero-copy when the bytes are gone before the call returns: the call waits for
-                        # the reply, or the channel sends from this thread; else a private copy
-                        part = flat[p.start : p.stop]
-                        now = pulls is not None or self.client.sends_directly(p.server)
-                        frames.append(part if now else np.array(part, copy=True))
-                if flat is not None and not packed:
-                    stats.sent += raw
-                where.append((m, p, seg))
-        results: dict[int, np.ndarray] = {}
-        direct: set[int] = set()  # indexes in ``pulls`` whose output receives the data directly
-        for i, (k, outs) in enumerate(pulls or []):
-            m = self._meta(k)
-            target = direct_target(outs, m)
-            if target is not None and id(m) not in results:
-                results[id(m)] = target
-                direct.add(i)
-        sent: dict[int, list[tuple[KeyMeta, Part, Segment | None]]] = {}
-        server_of: dict[int, int] = {}
-        for server, (entries, frames, where) in per_server.items():
+                out = per_server.setdefault(p.server, Outgoing())
+                part = flat[p.start : p.stop] if flat is not None else None
+                self._pack_part(out, k, m, p, part, packed, pulling)
+        return per_server, compressed
+
+    def _pack_part(
+        self, out: Outgoing, k: Key, m: KeyMeta, p: Part, data: np.ndarray | None, packed: bool, pulling: bool
+    ) -> None:
+        """Add one part to its server's message: compressed in a frame, in a segment, or raw in a frame."""
+        stats = self.codec.stats
+        raw = p.size * m.dtype.itemsize
+        if data is not None:
+            stats.raw_sent += raw
+        if pulling:
+            stats.raw_received += raw
+        seg = None if packed else self._segment(m, p, writing=data is not None)
+        if packed and data is not None:
+            payload, meta = self.codec.encode(k, p.index, data)
+            out.entries.append(wire.Entry(k, p.index, p.size, m.dtype.str, comp=meta))
+            out.frames.append(payload)
+            stats.sent += payload.nbytes
+        elif seg is not None:
+            if data is not None:
+                np.copyto(seg.view(m.dtype, p.size), data)
+                stats.sent += raw
+            out.entries.append(wire.Entry(k, p.index, p.size, m.dtype.str, seg.name))
+        else:
+            out.entries.append(wire.Entry(k, p.index, p.size, m.dtype.str))
+            if data is not None and not packed:
+                # zero-copy when the bytes are gone before the call returns: the call waits for the
+                # reply, or the channel sends from this thread (``caps.direct``); else a private copy
+                now = pulling or self.client.sends_directly(p.server)
+                out.frames.append(data if now else np.array(data, copy=True))
+                stats.sent += raw
+        out.where.append((m, p, seg))
+
+    def _send(
+        self,
+        op: str,
+        per_server: dict[int, Outgoing],
+        pulling: bool,
+        compressed: bool,
+        results: dict[int, np.ndarray],
+    ) -> dict[int, tuple[int, Where]]:
+        """Send each server its message; returns ``seq -> (server, parts)``."""
+        sent: dict[int, tuple[int, Where]] = {}
+        for server, out in per_server.items():
             into = None
-            if pulls is not None and not compressed and self.client.sends_directly(server):
-                into = [_bytes_of(self._result(results, m)[p.start : p.stop]) for m, p, _ in where]
+            if pulling and not compressed and self.client.sends_directly(server):
+                into = [
+                    self._result(results, m)[p.start : p.stop].view(np.uint8).data for m, p, _ in out.where
+                ]
             seq = self.client.send(
-                server, op, entries, frames, keep=pulls is not None, local=not compressed, into=into
+                server, op, out.entries, out.frames, keep=pulling, local=not compressed, into=into
             )
-            sent[seq] = where
-            server_of[seq] = server
-            for m, p, seg in where:
+            sent[seq] = (server, out.where)
+            for m, p, seg in out.where:
                 if seg is not None:
                     if seg.named:
                         self._unlink.append((seg, server, seq))
                     m.busy[p.index] = seq
-        if pulls is None:
-            return
-        replies = self.client.wait(list(sent))
-        for seq, where in sent.items():
-            reply = replies[seq]
-            frames_in = iter(reply.frames)
-            metas = reply.header.body.get("c")
-            metas_in: Iterator[Any] = iter(metas if isinstance(metas, list) else [])
-            located = reply.header.entries  # set when values are read from the server's buffers
-            for idx, (m, p, seg) in enumerate(where):
-                m.busy[p.index] = 0
-                dst = self._result(results, m)[p.start : p.stop]
-                where_is = located[idx].shm if idx < len(located) else None
-                if where_is is not None:
-                    np.copyto(dst, self.client.shared_view(server_of[seq], where_is, m.dtype, p.size))
-                    stats.received += p.size * m.dtype.itemsize
-                elif seg is not None:
-                    np.copyto(dst, seg.view(m.dtype, p.size))
-                    stats.received += p.size * m.dtype.itemsize
-                else:
-                    self._read_frame(dst, m, p, next(frames_in, None), next(metas_in, None))
-        for i, (k, outs) in enumerate(pulls):
-            if i not in direct:
-                write_out(results[id(self._meta(k))], outs)
+        return sent
+
+    def _unpack(self, server: int, where: Where, reply: Received, results: dict[int, np.ndarray]) -> None:
+        """Copy one reply's values into the results: from the server's shared buffer, from this
+        worker's segment, or from (or already in) a frame."""
+        stats = self.codec.stats
+        frames_in = iter(reply.frames)
+        metas = reply.header.body.get("c")
+        metas_in: Iterator[Any] = iter(metas if isinstance(metas, list) else [])
+        located = reply.header.entries  # set when values are read from the server's buffers
+        for idx, (m, p, seg) in enumerate(where):
+            m.busy[p.index] = 0
+            dst = self._result(results, m)[p.start : p.stop]
+            where_is = located[idx].shm if idx < len(located) else None
+            if where_is is not None:
+                np.copyto(dst, self.client.shared_view(server, where_is, m.dtype, p.size))
+                stats.received += p.size * m.dtype.itemsize
+            elif seg is not None:
+                np.copyto(dst, seg.view(m.dtype, p.size))
+                stats.received += p.size * m.dtype.itemsize
+            else:
+                self._read_frame(dst, m, p, next(frames_in, None), next(metas_in, None))
 
     @staticmethod
     def _result(results: dict[int, np.ndarray], m: KeyMeta) -> np.ndarray:
@@ -468,7 +360,7 @@ class DistKVStore(KVStore):
     # -- end ----------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Wait for in-flight requests and for every worker to finish, then free sockets and segments."""
+        """Wait for in-flight requests and for every worker to finish, then free channels and segments."""
         if self._closed:
             return
         self._closed = True
@@ -503,8 +395,3 @@ class DistKVStore(KVStore):
                 if seg is not None:
                     seg.close()
         self.client.close()
-
-
-def _bytes_of(arr: np.ndarray) -> memoryview:
-    """A writable byte view of a contiguous 1-D array slice."""
-    return arr.view(np.uint8).data

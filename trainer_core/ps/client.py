@@ -1,8 +1,11 @@
 """The worker role's connection to the job: scheduler, servers, heartbeats, request tracking.
 
-``WorkerClient`` sends messages to servers, tracks outstanding requests by sequence number,
-and waits for replies. Every wait polls the sockets in short slices and checks the heartbeat
-thread between them, so it is bounded by the peers' liveness, never by a wall-clock timeout.
+``WorkerClient`` sends requests to servers on their ``routes.Route`` channels, tracks outstanding
+requests by sequence number, and waits for replies. It never asks which transport a channel is:
+it picks the route's ``fast`` channel for requests without frames and ``framed`` otherwise, and
+reads the rest from ``caps``. Every wait polls the channels in short slices and checks the job's
+``Health`` between them, so it is bounded by the peers' liveness, never by a wall-clock timeout.
+``WorkerClient.join`` connects a real worker; tests build one on ``transport.memory`` channels.
 ``kv.DistKVStore`` builds the KV API on top of it.
 """
 
@@ -16,71 +19,57 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
-import zmq
 
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, NodeFailure, WireError
-from trainer_core.ps.liveness import Liveness
+from trainer_core.ps.handler import SHARED_PREFIX
+from trainer_core.ps.liveness import Health, Liveness
 from trainer_core.ps.membership import Book, join, scheduler_endpoint
+from trainer_core.ps.routes import Route, open_routes
 from trainer_core.transport import wire
-from trainer_core.transport.control import Received, Transport, poll
-from trainer_core.transport.shm import MemBuffer, host_key
-from trainer_core.transport.tcp import ChannelClosed, TcpConn
-from trainer_core.transport.unix import UnixConn
+from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Received, Source
+from trainer_core.transport.control import Transport
+from trainer_core.transport.shm import MemBuffer
 
 
 class WorkerClient:
-    """One worker's sockets and in-flight requests."""
+    """One worker's channels and in-flight requests.
 
-    def __init__(self, cfg: NodeConfig, log: logging.Logger, exit_on_failure: bool = True) -> None:
-        self.cfg = cfg
+    ``routes[i]`` reaches server ``i``; ``sched`` is the channel to the scheduler (barriers, finish,
+    abort); ``health`` says whether the job failed; when a server's channel closes the client waits
+    ``grace_s`` for the scheduler to name the cause before blaming that server.
+    """
+
+    def __init__(
+        self,
+        book: Book,
+        routes: list[Route],
+        sched: Channel,
+        health: Health,
+        log: logging.Logger,
+        grace_s: float = 1.0,
+    ) -> None:
+        self.book = book
+        self.routes = routes
+        self.sched = sched
+        self.live = health
         self.log = log
-        self.transport = Transport(cfg.secret, log, cfg.verbose)
+        self.grace_s = grace_s
+        self.transport: Transport | None = None
         self._closed = False
         self._raised = threading.Event()
-        try:
-            self.sched, self.book = join(self.transport, cfg, cfg.env.node_host or "", None, log)
-            self.live = Liveness(
-                self.transport,
-                scheduler_endpoint(cfg),
-                self.book.name,
-                cfg.heartbeat_interval,
-                cfg.heartbeat_timeout,
-                log,
-                on_failure=self._on_failure if exit_on_failure else None,
-            )
-            self.live.start()
-            mine = host_key(cfg.env.node_host)
-            n = len(self.book.servers)
-            self.same_host = [cfg.use_shm and s.host_key == mine for s in self.book.servers]
-            self.local: list[UnixConn | None] = [self._connect_local(i) for i in range(n)]
-            # Another host's server (or any, with PS_SHM=0) is reached on its data channel
-            # (tcpchan.py) unless PS_ENCRYPT=1: then on CURVE, as every control connection.
-            self.tcp: list[TcpConn | None] = [
-                TcpConn.connect(s.data, cfg.secret) if s.data and not same else None
-                for s, same in zip(self.book.servers, self.same_host, strict=True)
-            ]
-            self.servers: list[zmq.Socket[Any] | None] = [
-                None if t is not None else self.transport.connect_dealer(s.endpoint)
-                for s, t in zip(self.book.servers, self.tcp, strict=True)
-            ]
-        except BaseException:
-            for conn in [*getattr(self, "local", []), *getattr(self, "tcp", [])]:
-                if conn is not None:
-                    conn.close()
-            self.transport.close()
-            raise
-        self._index: dict[Any, int] = {id(s): i for i, s in enumerate(self.servers) if s is not None}
+        self._poller = Poller()
+        self._server_of: dict[int, tuple[int, Channel]] = {}  # id(channel) -> (server, channel)
+        for i, route in enumerate(routes):
+            for ch in route.channels():
+                ch.alive = self._job_alive
+                ch.place = self._place
+                self._poller.add(ch)
+                self._server_of[id(ch)] = (i, ch)
+        n = len(routes)
+        self.same_host = [r.shares_memory for r in routes]
         self._last_reply = [0] * n
-        self._poller = zmq.Poller()
-        for i, sock in enumerate(self.servers):
-            if sock is not None:
-                self._poller.register(sock, zmq.POLLIN)
-            for conn in (self.local[i], self.tcp[i]):
-                if conn is not None:
-                    self._poller.register(conn.fileno(), zmq.POLLIN)
-                    self._index[conn.fileno()] = i
-        self._places: dict[int, list[memoryview]] = {}  # seq -> where the reply's frames go (tcp channel)
+        self._places: dict[int, list[memoryview]] = {}  # seq -> where the reply's frames go (direct)
         self._last_push = [0] * n
         self._seq = itertools.count(1)
         self.outstanding: set[int] = set()
@@ -90,26 +79,46 @@ class WorkerClient:
         self._buffers: dict[tuple[int, int], MemBuffer] = {}  # (server, id): servers' shared key storage
         self.before_exit: Callable[[], None] | None = None  # e.g. unlink shared-memory names
 
-    def _connect_local(self, server: int) -> UnixConn | None:
-        """The same-host channel to ``server``, or ``None`` (then also no shared memory with it: a
-        server whose channel cannot be reached is not really on this host, e.g. another namespace)."""
-        info = self.book.servers[server]
-        if not (self.same_host[server] and info.local):
-            return None
+    @classmethod
+    def join(cls, cfg: NodeConfig, log: logging.Logger, exit_on_failure: bool = True) -> WorkerClient:
+        """Join the job described by ``cfg``: register, start heartbeats, connect to every server."""
+        transport = Transport(cfg.secret, log, cfg.verbose)
+        live: Liveness | None = None
         try:
-            return UnixConn.connect(info.local, self.cfg.secret)
-        except KVError as exc:
-            self.log.warning("server %d: no same-host channel (%s); using TCP", server, exc)
-            self.same_host[server] = False
-            return None
+            sched, book = join(transport, cfg, cfg.env.node_host or "", None, log)
+            live = Liveness(
+                transport,
+                scheduler_endpoint(cfg),
+                book.name,
+                cfg.heartbeat_interval,
+                cfg.heartbeat_timeout,
+                log,
+            )
+            live.start()
+            routes = open_routes(cfg, book, transport, log)
+        except BaseException:
+            if live is not None:
+                live.stop()
+            transport.close()
+            raise
+        grace = cfg.heartbeat_timeout + cfg.heartbeat_interval if cfg.liveness_on else 1.0
+        client = cls(book, routes, sched, live, log, grace_s=grace)
+        client.transport = transport
+        if exit_on_failure:
+            live.on_failure = client._exit_soon
+        return client
 
     @property
     def rank(self) -> int:
         return self.book.rank
 
     @property
-    def info(self) -> Book:
-        return self.book
+    def tcp(self) -> list[Channel | None]:
+        """Per server: its channel when it is reached on a ``caps.direct`` stream (the TCP data
+        channel), else ``None``."""
+        return [r.framed if r.framed.caps.direct else None for r in self.routes]
+
+    # -- requests ------------------------------------------------------------------------------
 
     def send(
         self,
@@ -124,9 +133,9 @@ class WorkerClient:
     ) -> int:
         """Send one request to ``server``. With ``keep`` its reply is awaited with ``wait``; without, the
         request is a push that gets no reply (unless refused): ``confirm`` tells when it was handled.
-        ``local=False`` keeps a request off the same-host channel (its reply carries data frames).
-        ``into``: where the reply's frames go, one byte view per frame, when the server is on the
-        TCP data channel (read there directly, see ``sends_directly``)."""
+        ``local=False`` keeps a request off a channel that carries no frames (its reply does).
+        ``into``: where the reply's frames go, one byte view per frame, on a ``direct`` channel
+        (read there directly, see ``sends_directly``)."""
         self.check()
         seq = next(self._seq)
         header = wire.Header(
@@ -136,24 +145,14 @@ class WorkerClient:
             entries=tuple(entries),
             body={"rank": self.rank, **(body or {})},
         )
-        conn = self.local[server]
-        if conn is not None and local and not frames:  # same host: headers only, on the local channel
-            try:
-                conn.send(wire.encode(header))
-            except OSError:
-                self._peer_closed(server)
-        elif (tcp := self.tcp[server]) is not None:
-            if into is not None:
-                self._places[seq] = into
-            self.transport.trace_send(header, len(frames))
-            try:
-                tcp.send(wire.encode(header), frames, self._job_alive)
-            except ChannelClosed:
-                self._channel_lost(server)
-        else:
-            sock = self.servers[server]
-            assert sock is not None
-            self.transport.send(sock, header, frames)
+        route = self.routes[server]
+        ch = route.fast if local and not frames else route.framed
+        if into is not None and ch.caps.direct:
+            self._places[seq] = into
+        try:
+            ch.send(header, frames)
+        except ChannelClosed:
+            self._lost(server, ch)
         if keep:
             self.outstanding.add(seq)
         else:
@@ -161,9 +160,9 @@ class WorkerClient:
         return seq
 
     def sends_directly(self, server: int) -> bool:
-        """Whether requests to ``server`` leave from the caller's arrays before ``send`` returns (the
-        TCP data channel): then a push needs no private copy and replies can be read in place."""
-        return self.tcp[server] is not None
+        """Whether requests with frames to ``server`` leave from the caller's arrays before ``send``
+        returns (``caps.direct``): then a push needs no private copy and replies can be read in place."""
+        return self.routes[server].framed.caps.direct
 
     def confirm(self, server: int, seq: int) -> None:
         """Until ``server`` has handled request ``seq``: a server handles one connection's messages in
@@ -196,119 +195,29 @@ class WorkerClient:
                 self.confirm(server, seq)
         self.check()
 
+    # -- replies -------------------------------------------------------------------------------
+
     def _pump(self) -> None:
         self.check()
-        for item, _ in self._poller.poll(100):
-            if isinstance(item, int):
-                server = self._index[item]
-                if self.tcp[server] is not None:
-                    self._recv_tcp(server)
-                    continue
-                for msg in self._recv_local(server):
-                    self._dispatch(server, msg)
-            else:
-                server = self._index[id(item)]
-                while (zmsg := self.transport.recv(item, router=False)) is not None:
-                    self._dispatch(server, zmsg)
+        self._poller.serve(self._deliver, 0.1, self._closed_source)
 
-    def _recv_tcp(self, server: int) -> None:
-        """Read the messages waiting on ``server``'s data channel, reply frames into their places."""
-        conn = self.tcp[server]
-        assert conn is not None
-        fd = conn.fileno()
-        while True:
-            try:
-                header, payloads = conn.read_message(self._place, self._job_alive)
-            except ChannelClosed:
-                self._poller.unregister(fd)
-                self._channel_lost(server)
-            if isinstance(header, wire.Header):
-                self.transport.trace_recv(header)
-                self._dispatch(server, Received(ident=None, header=header, frames=payloads))
-            else:
-                self.log.warning("dropped a malformed message from server %d: %s", server, header)
-            if not conn.readable():
-                return
+    def _closed_source(self, source: Source) -> None:
+        server, ch = self._server_of[id(source)]
+        self._lost(server, ch)
 
-    def _job_alive(self) -> None:
-        """Between the slices of a data-channel transfer: raise only if the job failed (an error reply
-        to an earlier push is reported between messages, by ``check``, never in the middle of one)."""
-        failure = self.failure
-        if failure is not None:
-            self._raised.set()
-            raise failure
-
-    def _channel_lost(self, server: int) -> NoReturn:
-        """``server``'s data channel closed: this side cut a message off (an interrupt), or the peer left."""
-        conn = self.tcp[server]
-        if conn is not None and conn.interrupted:
-            self.check()
-            raise KVError(f"server {server}: {conn.interrupted}; this KV store cannot be used any more")
-        self._peer_closed(server)
-
-    def _place(self, raw: bytes, lens: list[int]) -> tuple[wire.Header | WireError, list[memoryview]]:
-        try:
-            header = wire.decode(raw)
-        except WireError as exc:
-            return exc, []
+    def _place(self, header: wire.Header, lens: list[int]) -> list[memoryview]:
         into = self._places.pop(header.seq, None)
-        return header, into if into is not None and header.op == wire.REPLY else []
+        return into if into is not None and header.op == wire.REPLY else []
 
-    def _recv_local(self, server: int) -> list[Received]:
-        conn = self.local[server]
-        assert conn is not None
-        fd = conn.fileno()
-        raw = conn.recv()
-        if raw is None:
-            self._poller.unregister(fd)
-            self._peer_closed(server)
-        out = []
-        for frame in raw:
+    def _deliver(self, msg: Received) -> None:
+        server, ch = self._server_of[id(msg.reply)]
+        announced = msg.header.body.get("fds")
+        if announced:
             try:
-                msg = Received(ident=None, header=wire.decode(frame), frames=[])
-                self._map_buffers(server, conn, msg.header)
+                self._map_buffers(server, ch, announced)
             except (WireError, KVError, ValueError, TypeError, OSError) as exc:
                 self.log.warning("dropped a malformed message from server %d: %s", server, exc)
-                continue
-            out.append(msg)
-        return out
-
-    def _map_buffers(self, server: int, conn: UnixConn, header: wire.Header) -> None:
-        """Map the shared buffers whose descriptors came with this reply (``[[id, nbytes], ...]``)."""
-        announced = header.body.get("fds") or []
-        if not isinstance(announced, list):
-            raise WireError("fds must be a list")
-        fds = conn.take_fds(len(announced))
-        for (ident, nbytes), fd in zip(announced, fds, strict=True):
-            if not (isinstance(ident, int) and isinstance(nbytes, int)):
-                os.close(fd)
-                raise WireError("bad shared buffer announcement")
-            self._buffers[(server, ident)] = MemBuffer(nbytes, fd=fd, ident=ident)
-
-    def shared_view(self, server: int, name: str, dtype: np.dtype, n: int) -> np.ndarray:
-        """A view of ``n`` elements of server buffer ``launchkit-mem-<id>`` (mapped on an earlier reply)."""
-        try:
-            buf = self._buffers[(server, int(name.rsplit("-", 1)[1]))]
-        except (KeyError, ValueError):
-            raise KVError(f"server {server} named an unknown shared buffer {name}") from None
-        if n * dtype.itemsize > buf.nbytes:
-            raise KVError(f"server {server}: shared buffer {name} is too small")
-        return buf.view(dtype, n)
-
-    def _peer_closed(self, server: int) -> NoReturn:
-        """A server's local channel closed: the server died or is leaving because the job ends. Give
-        the heartbeat thread its timeout to learn the cause from the scheduler, else blame the server."""
-        self.live.failed.wait(
-            self.cfg.heartbeat_timeout + self.cfg.heartbeat_interval if self.cfg.liveness_on else 1.0
-        )
-        if self.live.failure is None:
-            name = f"server {server}"
-            self.local_failure = NodeFailure(f"{name} closed its connection: it died", node=name)
-            self.abort(str(self.local_failure), node=name)
-        self.check()
-        raise AssertionError("unreachable")
-
-    def _dispatch(self, server: int, msg: Received) -> None:
+                return
         seq = msg.header.seq
         self._last_reply[server] = max(self._last_reply[server], seq)
         if seq in self.outstanding:
@@ -317,6 +226,55 @@ class WorkerClient:
         elif msg.header.op == wire.ERROR and self._async_error is None:
             self._async_error = KVError(f"server refused a push: {msg.header.body.get('reason')}")
 
+    def _map_buffers(self, server: int, ch: Channel, announced: Any) -> None:
+        """Map the shared buffers whose descriptors came with a reply (``[[id, nbytes], ...]``)."""
+        if not isinstance(announced, list):
+            raise WireError("fds must be a list")
+        fds = ch.take_fds(len(announced))
+        for item, fd in zip(announced, fds, strict=True):
+            if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, int) for x in item)):
+                os.close(fd)
+                raise WireError("bad shared buffer announcement")
+            self._buffers[(server, item[0])] = MemBuffer(item[1], fd=fd, ident=item[0])
+
+    def shared_view(self, server: int, name: str, dtype: np.dtype, n: int) -> np.ndarray:
+        """A view of ``n`` elements of server buffer ``launchkit-mem-<id>`` (mapped on an earlier reply)."""
+        try:
+            buf = self._buffers[(server, int(name.removeprefix(SHARED_PREFIX)))]
+        except (KeyError, ValueError):
+            raise KVError(f"server {server} named an unknown shared buffer {name}") from None
+        if n * dtype.itemsize > buf.nbytes:
+            raise KVError(f"server {server}: shared buffer {name} is too small")
+        return buf.view(dtype, n)
+
+    # -- failures ------------------------------------------------------------------------------
+
+    def _job_alive(self) -> None:
+        """Between the slices of a transfer: raise only if the job failed (an error reply to an earlier
+        push is reported between messages, by ``check``, never in the middle of one)."""
+        failure = self.failure
+        if failure is not None:
+            self._raised.set()
+            raise failure
+
+    def _lost(self, server: int, ch: Channel) -> NoReturn:
+        """A channel to ``server`` closed: this side cut a message off (an interrupt), or the peer left."""
+        if ch.interrupted:
+            self.check()
+            raise KVError(f"server {server}: {ch.interrupted}; this KV store cannot be used any more")
+        self._peer_closed(server)
+
+    def _peer_closed(self, server: int) -> NoReturn:
+        """A server closed its channel: it died or is leaving because the job ends. Give the heartbeat
+        thread ``grace_s`` to learn the cause from the scheduler, else blame the server."""
+        self.live.failed.wait(self.grace_s)
+        if self.live.failure is None:
+            name = f"server {server}"
+            self.local_failure = NodeFailure(f"{name} closed its connection: it died", node=name)
+            self.abort(str(self.local_failure), node=name)
+        self.check()
+        raise AssertionError("unreachable")
+
     def check(self) -> None:
         """Raise a failure of the job, or an error reply to an earlier push."""
         self._job_alive()
@@ -324,44 +282,17 @@ class WorkerClient:
             err, self._async_error = self._async_error, None
             raise err
 
-    def barrier(self) -> None:
-        """Until every worker has called ``barrier`` (bounded by heartbeats)."""
-        self._scheduler_call(wire.BARRIER, wire.BARRIER_DONE)
-
-    def finish(self) -> None:
-        """Tell the servers and the scheduler this worker is done; wait until every worker is (MXNet's finalize)."""
-        self.wait([self.send(s, wire.FINISH) for s in range(len(self.servers))])
-        self._scheduler_call(wire.FINISH, wire.FINISHED)
-
-    def abort(self, reason: str, node: str | None = None) -> None:
-        """Ask the scheduler to end the job now (``node`` failed, by default this worker); does not wait."""
-        if self.live.failure is None:
-            body = {"reason": reason, "node": node or self.book.name}
-            self.transport.send(self.sched, wire.Header(op=wire.ABORT, src=self.book.name, body=body))
-
     @property
     def failure(self) -> NodeFailure | None:
         """The failure that ended the job for this worker, if any."""
         return self.live.failure or self.local_failure
 
-    def _scheduler_call(self, op: str, reply_op: str) -> None:
-        self.check()
-        seq = next(self._seq)
-        self.transport.send(self.sched, wire.Header(op=op, seq=seq, src=self.book.name))
-        while True:
-            self.check()
-            if not poll([self.sched], 0.1):
-                continue
-            while (msg := self.transport.recv(self.sched, router=False)) is not None:
-                if msg.header.op == reply_op and msg.header.seq == seq:
-                    return
-
-    def _on_failure(self, failure: NodeFailure) -> None:
+    def _exit_soon(self, failure: NodeFailure) -> None:
         """From the heartbeat thread: if the user's code does not meet the failure in a KV call soon
         (a long computation), end the process, as the rest of the job is ending."""
 
         def watchdog() -> None:
-            if not self._raised.wait(max(self.cfg.heartbeat_timeout, 2.0)) and not self._closed:
+            if not self._raised.wait(max(self.grace_s, 2.0)) and not self._closed:
                 self.log.error("trainer_core %s: exiting: %s", self.book.name, failure)
                 if self.before_exit is not None:
                     self.before_exit()
@@ -369,14 +300,47 @@ class WorkerClient:
 
         threading.Thread(target=watchdog, daemon=True).start()
 
+    # -- the scheduler -------------------------------------------------------------------------
+
+    def barrier(self) -> None:
+        """Until every worker has called ``barrier`` (bounded by heartbeats)."""
+        self._scheduler_call(wire.BARRIER, wire.BARRIER_DONE)
+
+    def finish(self) -> None:
+        """Tell the servers and the scheduler this worker is done; wait until every worker is (MXNet's finalize)."""
+        self.wait([self.send(s, wire.FINISH) for s in range(len(self.routes))])
+        self._scheduler_call(wire.FINISH, wire.FINISHED)
+
+    def abort(self, reason: str, node: str | None = None) -> None:
+        """Ask the scheduler to end the job now (``node`` failed, by default this worker); does not wait."""
+        if self.live.failure is None:
+            body = {"reason": reason, "node": node or self.book.name}
+            self.sched.send(wire.Header(op=wire.ABORT, src=self.book.name, body=body))
+
+    def _scheduler_call(self, op: str, reply_op: str) -> None:
+        self.check()
+        seq = next(self._seq)
+        self.sched.send(wire.Header(op=op, seq=seq, src=self.book.name))
+        done: list[Received] = []
+
+        def take(msg: Received) -> None:
+            if msg.header.op == reply_op and msg.header.seq == seq:
+                done.append(msg)
+
+        while not done:
+            self.check()
+            if self.sched.wait(0.1):
+                self.sched.receive(take)
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        for conn in [*getattr(self, "local", []), *getattr(self, "tcp", [])]:
-            if conn is not None:
-                conn.close()
-        for buf in getattr(self, "_buffers", {}).values():
+        for route in self.routes:
+            for ch in route.channels():
+                ch.close()
+        for buf in self._buffers.values():
             buf.close()
         self.live.stop()
-        self.transport.close(linger_ms=0 if self.live.failure else 1000)
+        if self.transport is not None:
+            self.transport.close(linger_ms=0 if self.live.failure else 1000)

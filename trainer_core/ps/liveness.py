@@ -18,10 +18,38 @@ from collections.abc import Callable
 
 from trainer_core.errors import NodeFailure
 from trainer_core.transport import wire
-from trainer_core.transport.control import Transport, poll
+from trainer_core.transport.channel import Received
+from trainer_core.transport.control import Transport
 
 
-class Liveness:
+class Health:
+    """What a node knows about the job's state: ``failed`` (with ``failure``) or ``terminated``.
+
+    ``Liveness`` keeps it up to date from heartbeats; in-process tests set it by hand.
+    """
+
+    def __init__(self, node: str = "", log: logging.Logger | None = None) -> None:
+        self.node = node
+        self.log = log or logging.getLogger("trainer_core")
+        self.on_failure: Callable[[NodeFailure], None] | None = None
+        self.failed = threading.Event()
+        self.terminated = threading.Event()
+        self.failure: NodeFailure | None = None
+
+    def fail(self, failure: NodeFailure) -> None:
+        """Record the job's failure (the first one counts)."""
+        if self.failure is None:
+            self.failure = failure
+            self.failed.set()
+            self.log.error("trainer_core %s: %s", self.node, failure)
+            if self.on_failure is not None:
+                self.on_failure(failure)
+
+    def stop(self) -> None:
+        return None
+
+
+class Liveness(Health):
     """The heartbeat thread of one node."""
 
     def __init__(
@@ -34,17 +62,14 @@ class Liveness:
         log: logging.Logger,
         on_failure: Callable[[NodeFailure], None] | None = None,
     ) -> None:
+        super().__init__(node, log)
         self.transport = transport
         self.endpoint = scheduler_endpoint
-        self.node = node
         self.interval = interval
         self.timeout = timeout
-        self.log = log
         self.on_failure = on_failure
-        self.failed = threading.Event()
-        self.terminated = threading.Event()
-        self.failure: NodeFailure | None = None
         self._stop = threading.Event()
+        self._last_ack = 0.0
         self._thread = threading.Thread(target=self._run, name=f"trainer_core-heartbeat-{node}", daemon=True)
 
     def start(self) -> None:
@@ -55,51 +80,24 @@ class Liveness:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
 
-    def check(self) -> None:
-        """Raise the recorded failure, if any."""
-        if self.failure is not None:
-            raise self.failure
-
-    def _fail(self, failure: NodeFailure) -> None:
-        if self.failure is None:
-            self.failure = failure
-            self.failed.set()
-            self.log.error("trainer_core %s: %s", self.node, failure)
-            if self.on_failure is not None:
-                self.on_failure(failure)
-
     def _run(self) -> None:
-        sock = self.transport.connect_dealer(self.endpoint)
+        sched = self.transport.connect(self.endpoint)
         on = self.interval > 0 and self.timeout > 0
         period = self.interval if on else 0.2
-        last_ack = time.monotonic()
+        self._last_ack = time.monotonic()
         next_beat = 0.0
         sent_once = False
         try:
             while not self._stop.is_set() and not self.failed.is_set():
                 now = time.monotonic()
                 if (on or not sent_once) and now >= next_beat:
-                    self.transport.send(sock, wire.Header(op=wire.HEARTBEAT, src=self.node))
+                    sched.send(wire.Header(op=wire.HEARTBEAT, src=self.node))
                     sent_once = True
                     next_beat = now + self.interval
-                for _ in poll([sock], min(period, 0.2)):
-                    while (msg := self.transport.recv(sock, router=False)) is not None:
-                        h = msg.header
-                        if h.op == wire.HEARTBEAT_ACK:
-                            last_ack = time.monotonic()
-                        elif h.op == wire.ABORT:
-                            node = h.body.get("node")
-                            reason = h.body.get("reason")
-                            self._fail(
-                                NodeFailure(
-                                    f"job aborted by the scheduler: {reason if isinstance(reason, str) else '?'}",
-                                    node=node if isinstance(node, str) else None,
-                                )
-                            )
-                        elif h.op == wire.TERMINATE:
-                            self.terminated.set()
-                if on and time.monotonic() - last_ack > self.timeout and not self.terminated.is_set():
-                    self._fail(
+                if sched.wait(min(period, 0.2)):
+                    sched.receive(self._on_message)
+                if on and time.monotonic() - self._last_ack > self.timeout and not self.terminated.is_set():
+                    self.fail(
                         NodeFailure(
                             f"the scheduler ({self.endpoint}) answered no heartbeat for {self.timeout:g} s: "
                             "it died or stopped; the job is over",
@@ -107,4 +105,20 @@ class Liveness:
                         )
                     )
         finally:
-            sock.close(linger=0)
+            sched.close()
+
+    def _on_message(self, msg: Received) -> None:
+        h = msg.header
+        if h.op == wire.HEARTBEAT_ACK:
+            self._last_ack = time.monotonic()
+        elif h.op == wire.ABORT:
+            node = h.body.get("node")
+            reason = h.body.get("reason")
+            self.fail(
+                NodeFailure(
+                    f"job aborted by the scheduler: {reason if isinstance(reason, str) else '?'}",
+                    node=node if isinstance(node, str) else None,
+                )
+            )
+        elif h.op == wire.TERMINATE:
+            self.terminated.set()

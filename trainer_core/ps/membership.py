@@ -6,15 +6,13 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
-
-import zmq
 
 from trainer_core.config import NodeConfig
 from trainer_core.errors import NodeFailure, StartupTimeout, WireError
 from trainer_core.transport import wire
-from trainer_core.transport.control import Transport, poll
-from trainer_core.transport.shm import host_key
+from trainer_core.transport.channel import Received
+from trainer_core.transport.control import Transport, ZmqChannel
+from trainer_core.transport.host import machine_identity
 
 
 @dataclass(frozen=True)
@@ -23,9 +21,9 @@ class ServerInfo:
 
     rank: int
     endpoint: str
-    host_key: str
-    local: str = ""  # the server's same-host channel (``unixsock``), empty when it has none
-    data: str = ""  # the server's TCP data channel (tcpchan.py), empty with PS_ENCRYPT=1
+    host_key: str  # the server's ``machine_identity``: equal to a worker's, they share memory
+    local: str = ""  # the server's same-host channel (``transport/unix.py``), empty when it has none
+    data: str = ""  # the server's TCP data channel (``transport/tcp.py``), empty with PS_ENCRYPT=1
 
 
 @dataclass(frozen=True)
@@ -52,9 +50,10 @@ def join(
     log: logging.Logger,
     local: str = "",
     data: str = "",
-) -> tuple[zmq.Socket[Any], Book]:
-    """Register (role, rank hint, host, endpoint) and wait, at most ``start_timeout``, for the book."""
-    sock = transport.connect_dealer(scheduler_endpoint(cfg))
+) -> tuple[ZmqChannel, Book]:
+    """Register (role, rank hint, host, endpoint) and wait, at most ``start_timeout``, for the book;
+    returns the channel to the scheduler and the book."""
+    sched = transport.connect(scheduler_endpoint(cfg))
     body = {
         "role": cfg.role,
         "rank": -1 if cfg.env.role_rank is None else cfg.env.role_rank,
@@ -62,18 +61,18 @@ def join(
         "endpoint": endpoint or "",
         "local": local,
         "data": data,
-        "host_key": host_key(cfg.env.node_host),
+        "host_key": machine_identity(cfg.env.node_host),
         "pid": os.getpid(),
     }
-    transport.send(sock, wire.Header(op=wire.REGISTER, body=body))
+    sched.send(wire.Header(op=wire.REGISTER, body=body))
     deadline = time.monotonic() + cfg.start_timeout
+    inbox: list[Received] = []
     while time.monotonic() < deadline:
-        if not poll([sock], 0.2):
+        if not inbox and sched.wait(0.2):
+            sched.receive(inbox.append)
+        if not inbox:
             continue
-        msg = transport.recv(sock, router=False)
-        if msg is None:
-            continue
-        h = msg.header
+        h = inbox.pop(0).header
         if h.op == wire.ABORT or h.op == wire.ERROR:
             raise NodeFailure(
                 f"the scheduler refused to start the job: {h.body.get('reason')}", node="scheduler"
@@ -87,7 +86,7 @@ def join(
                 log.info(
                     "joined as %s (%d workers, %d servers)", book.name, book.num_workers, book.num_servers
                 )
-            return sock, book
+            return sched, book
     raise StartupTimeout(
         f"{cfg.role}: the scheduler at {scheduler_endpoint(cfg)} did not start the job within "
         f"{cfg.start_timeout:g} s (PS_START_TIMEOUT): not every node registered, or the scheduler is unreachable"

@@ -18,7 +18,9 @@ from trainer_core.config import NodeConfig
 from trainer_core.errors import WireError
 from trainer_core.log import get_logger
 from trainer_core.transport import wire
-from trainer_core.transport.control import Received, Transport, interface_address, poll
+from trainer_core.transport.channel import Peer, Received
+from trainer_core.transport.control import Transport
+from trainer_core.transport.host import interface_address
 
 
 @dataclass
@@ -33,10 +35,10 @@ class NodeRecord:
     pid: int
     local: str
     data: str
-    ident: bytes
+    peer: Peer  # where the registration came from (answered with the book)
     name: str = ""
     rank: int = -1
-    ctl_ident: bytes | None = None
+    ctl: Peer | None = None  # the node's heartbeat channel (aborts and terminate go there)
     last_seen: float = 0.0
     finished: bool = False
 
@@ -52,12 +54,13 @@ class Scheduler:
         self.log = log or get_logger(cfg.verbose)
         self.transport = Transport(cfg.secret, self.log, cfg.verbose)
         host = interface_address(cfg.env.interface) if cfg.env.interface else "*"
-        self.sock, self.endpoint = self.transport.bind_router(host, cfg.env.root_port)
+        self.router, self.endpoint = self.transport.bind_router(host, cfg.env.root_port)
         self.expected = {"server": cfg.env.num_servers, "worker": cfg.env.num_workers}
         self.pending: list[NodeRecord] = []
         self.nodes: dict[str, NodeRecord] = {}
-        self.barrier_waiters: list[tuple[bytes, int]] = []
-        self.finish_waiters: list[tuple[bytes, int]] = []
+        self.barrier_waiters: list[tuple[Peer, int]] = []
+        self.finish_waiters: list[tuple[Peer, int]] = []
+        self.exit_code: int | None = None
 
     def run(self) -> int:
         try:
@@ -70,22 +73,17 @@ class Scheduler:
         started = time.monotonic()
         check_every = min(0.2, cfg.heartbeat_interval) if cfg.liveness_on else 0.2
         while True:
-            if poll([self.sock], check_every):
-                while (msg := self.transport.recv(self.sock, router=True)) is not None:
-                    try:
-                        done = self._handle(msg)
-                    except (WireError, TypeError, ValueError) as exc:
-                        self.log.warning("dropped a bad %s message: %s", msg.header.op, exc)
-                        continue
-                    if done is not None:
-                        return done
+            if self.router.wait(check_every):
+                self.router.receive(self._on_message)
+                if self.exit_code is not None:
+                    return self.exit_code
             now = time.monotonic()
             if not self.nodes and now - started > cfg.start_timeout:
                 return self._abort(
                     f"only {len(self.pending)} of {sum(self.expected.values())} nodes registered within "
                     f"{cfg.start_timeout:g} s (PS_START_TIMEOUT)",
                     None,
-                    [r.ident for r in self.pending],
+                    [r.peer for r in self.pending],
                 )
             if self.nodes and cfg.liveness_on:
                 for rec in self.nodes.values():
@@ -96,18 +94,25 @@ class Scheduler:
                             rec.name,
                         )
 
+    def _on_message(self, msg: Received) -> None:
+        if self.exit_code is not None:
+            return  # the job is over: what else was waiting is moot
+        try:
+            self.exit_code = self._handle(msg)
+        except (WireError, TypeError, ValueError) as exc:
+            self.log.warning("dropped a bad %s message: %s", msg.header.op, exc)
+
     def _handle(self, msg: Received) -> int | None:
-        h, ident = msg.header, msg.ident
-        assert ident is not None
+        h, peer = msg.header, msg.reply
         if h.op == wire.REGISTER:
-            return self._register(h, ident)
+            return self._register(h, peer)
         rec = self.nodes.get(h.src)
         if rec is None:
             return None  # not a registered node's message; ignore
         rec.last_seen = time.monotonic()
         if h.op == wire.HEARTBEAT:
-            rec.ctl_ident = ident
-            self.transport.send(self.sock, wire.Header(op=wire.HEARTBEAT_ACK), ident=ident)
+            rec.ctl = peer
+            peer.send(wire.Header(op=wire.HEARTBEAT_ACK))
         elif h.op == wire.ABORT:
             reason = h.body.get("reason")
             culprit = self.nodes.get(str(h.body.get("node")), rec)
@@ -116,14 +121,14 @@ class Scheduler:
                 return self._abort(f"{rec.describe()} failed: {text}", rec.name)
             return self._abort(f"{culprit.describe()}: {text} (seen by {rec.name})", culprit.name)
         elif h.op == wire.BARRIER and rec.role == "worker":
-            self.barrier_waiters.append((ident, h.seq))
+            self.barrier_waiters.append((peer, h.seq))
             if len(self.barrier_waiters) == self.expected["worker"]:
                 for who, seq in self.barrier_waiters:
-                    self.transport.send(self.sock, wire.Header(op=wire.BARRIER_DONE, seq=seq), ident=who)
+                    who.send(wire.Header(op=wire.BARRIER_DONE, seq=seq))
                 self.barrier_waiters.clear()
         elif h.op == wire.FINISH and rec.role == "worker" and not rec.finished:
             rec.finished = True
-            self.finish_waiters.append((ident, h.seq))
+            self.finish_waiters.append((peer, h.seq))
             if len(self.finish_waiters) == self.expected["worker"]:
                 return self._finish()
         if (
@@ -136,12 +141,10 @@ class Scheduler:
             )
         return None
 
-    def _register(self, h: wire.Header, ident: bytes) -> int | None:
+    def _register(self, h: wire.Header, peer: Peer) -> int | None:
         role = wire.body_str(h, "role")
         if role not in self.expected or self.nodes:
-            self.transport.send(
-                self.sock, wire.Header(op=wire.ERROR, body={"reason": "unexpected registration"}), ident=ident
-            )
+            peer.send(wire.Header(op=wire.ERROR, body={"reason": "unexpected registration"}))
             return None
         rec = NodeRecord(
             role=role,
@@ -152,14 +155,10 @@ class Scheduler:
             pid=wire.body_int(h, "pid"),
             local=wire.body_str(h, "local", ""),
             data=wire.body_str(h, "data", ""),
-            ident=ident,
+            peer=peer,
         )
         if sum(1 for r in self.pending if r.role == role) >= self.expected[role]:
-            self.transport.send(
-                self.sock,
-                wire.Header(op=wire.ERROR, body={"reason": f"more than {self.expected[role]} {role}s"}),
-                ident=ident,
-            )
+            peer.send(wire.Header(op=wire.ERROR, body={"reason": f"more than {self.expected[role]} {role}s"}))
             return None
         self.pending.append(rec)
         if self.cfg.verbose:
@@ -174,7 +173,7 @@ class Scheduler:
             error = assign_ranks(recs, count)
             if error:
                 return self._abort(
-                    f"cannot assign {role} ranks: {error}", None, [r.ident for r in self.pending]
+                    f"cannot assign {role} ranks: {error}", None, [r.peer for r in self.pending]
                 )
             for r in recs:
                 r.name = f"{role} {r.rank}"
@@ -192,27 +191,27 @@ class Scheduler:
             r.last_seen = now
             self.nodes[r.name] = r
             body = {**book, "role": r.role, "rank": r.rank, "name": r.name}
-            self.transport.send(self.sock, wire.Header(op=wire.BOOK, body=body), ident=r.ident)
+            r.peer.send(wire.Header(op=wire.BOOK, body=body))
         if self.cfg.verbose:
             self.log.info("job started: %d servers, %d workers", len(servers), self.expected["worker"])
         return None
 
     def _finish(self) -> int:
         for rec in self.nodes.values():
-            if rec.role == "server" and rec.ctl_ident is not None:
-                self.transport.send(self.sock, wire.Header(op=wire.TERMINATE), ident=rec.ctl_ident)
+            if rec.role == "server" and rec.ctl is not None:
+                rec.ctl.send(wire.Header(op=wire.TERMINATE))
         for who, seq in self.finish_waiters:
-            self.transport.send(self.sock, wire.Header(op=wire.FINISHED, seq=seq), ident=who)
+            who.send(wire.Header(op=wire.FINISHED, seq=seq))
         if self.cfg.verbose:
             self.log.info("every worker finished: job done")
         return 0
 
-    def _abort(self, reason: str, node: str | None, extra: list[bytes] | None = None) -> int:
+    def _abort(self, reason: str, node: str | None, extra: list[Peer] | None = None) -> int:
         self.log.error("trainer_core scheduler: aborting the job: %s", reason)
         body = {"reason": reason, "node": node}
-        targets = [r.ctl_ident for r in self.nodes.values() if r.ctl_ident is not None and r.name != node]
-        for ident in targets + (extra or []):
-            self.transport.send(self.sock, wire.Header(op=wire.ABORT, body=body), ident=ident)
+        targets = [r.ctl for r in self.nodes.values() if r.ctl is not None and r.name != node]
+        for peer in targets + (extra or []):
+            peer.send(wire.Header(op=wire.ABORT, body=body))
         return 1
 
 

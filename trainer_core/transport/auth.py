@@ -7,19 +7,27 @@ Neither public key ever crosses the wire in the clear and the secret never does:
 does not hold the secret cannot complete the CURVE handshake, so libzmq drops it before any
 byte reaches the node. CURVE also encrypts every frame (docs/wire.md).
 
-The stream channels that carry arrays outside ZeroMQ (same host: ``unixsock.py``; across
-hosts, unless ``PS_ENCRYPT=1``: ``tcpchan.py``) open with a challenge instead: the server sends
-a nonce and each side proves the secret with an HMAC of it (``channel_key``, ``channel_proof``).
+The stream channels that carry arrays outside ZeroMQ (same host: ``unix.py``; across hosts,
+unless ``PS_ENCRYPT=1``: ``tcp.py``) open with a challenge instead: the server sends a nonce
+(``offer_nonce``) and each side proves the secret with an HMAC of it (``answer_challenge``,
+``channel_key``, ``channel_proof``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+import socket
 from dataclasses import dataclass
 
 import zmq
 from zmq.utils import z85
+
+from trainer_core.errors import KVError
+
+NONCE_BYTES = 16
+PROOF_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -61,3 +69,38 @@ def channel_key(secret: str, label: bytes) -> bytes:
 def channel_proof(key: bytes, who: bytes, nonce: bytes) -> bytes:
     """What ``who`` (``b"client"`` or ``b"server"``) answers to ``nonce``: HMAC-SHA256 under ``key``."""
     return hmac.new(key, who + nonce, hashlib.sha256).digest()
+
+
+def offer_nonce(sock: socket.socket) -> bytes | None:
+    """Server side of the challenge: send a just-accepted connection a fresh nonce, leaving it
+    blocking; ``None`` (and closed) if that fails."""
+    nonce = os.urandom(NONCE_BYTES)
+    try:
+        sock.setblocking(True)
+        sock.settimeout(1.0)
+        sock.sendall(nonce)
+        sock.settimeout(None)
+    except OSError:
+        sock.close()
+        return None
+    return nonce
+
+
+def answer_challenge(sock: socket.socket, key: bytes) -> bytes:
+    """Client side of the challenge on a connected socket: read the server's nonce, prove the
+    secret, check the server's proof; returns the nonce (``KVError`` if the server lacks the secret)."""
+    nonce = _recv_exact(sock, NONCE_BYTES)
+    sock.sendall(channel_proof(key, b"client", nonce))
+    if not hmac.compare_digest(_recv_exact(sock, PROOF_BYTES), channel_proof(key, b"server", nonce)):
+        raise KVError("the server does not hold the job secret")
+    return nonce
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise KVError("connection closed during the handshake")
+        data += chunk
+    return data

@@ -4,7 +4,8 @@ A worker creates one segment per key part it exchanges with a server on its own 
 names it ``launchkit-<job id>-...`` (the launcher removes ``/dev/shm/launchkit-<job id>-*``
 when a job ends, as a backstop). The worker unlinks the name as soon as the server has
 mapped the segment (after the first reply), so a crash later leaves nothing behind; both
-processes keep their mappings. ``close`` unlinks whatever is still named.
+processes keep their mappings. ``close`` unlinks whatever is still named. Which peers share
+this memory is decided by ``host.machine_identity``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import contextlib
 import itertools
 import mmap
 import os
-import socket
 
 import numpy as np
 
@@ -23,16 +23,6 @@ SHM_DIR = "/dev/shm"
 def job_prefix(job_id: str) -> str:
     """The name prefix of every segment of job ``job_id``."""
     return f"launchkit-{job_id}-"
-
-
-def host_key(node_host: str | None) -> str:
-    """Processes with equal host keys share /dev/shm: the published host plus this boot's id."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = "noboot"
-    return f"{node_host or socket.gethostname()}|{boot}"
 
 
 class Segment:
@@ -93,7 +83,7 @@ class MemBuffer:
     """An anonymous shared-memory buffer (``memfd``): never named in /dev/shm, so nothing can leak.
 
     A server keeps its key values in such buffers and passes the descriptor to same-host workers
-    (SCM_RIGHTS, ``unixsock``); they map it once and read pulled values straight from it.
+    (SCM_RIGHTS, the same-host channel ``unix.py``); they map it once and read pulled values straight from it.
     """
 
     _ids = itertools.count(1)

@@ -1,0 +1,54 @@
+"""What a dist worker keeps per key (shape, dtype, parts, their shared-memory segments) and per
+message being built (``Outgoing``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trainer_core.ps.sharding import Part
+from trainer_core.transport import wire
+from trainer_core.transport.shm import Segment
+
+
+@dataclass
+class KeyMeta:
+    """One key: shape, dtype, parts, and its segments per part (same-host servers)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    size: int
+    parts: list[Part]
+    segments: list[Segment | None] = field(default_factory=list)
+    busy: list[int] = field(default_factory=list)  # seq of the last request using each segment (0: none)
+
+
+#: the parts one message carries, in entry order: key, part, and the part's segment (or ``None``)
+Where = list[tuple[KeyMeta, Part, Segment | None]]
+
+
+@dataclass
+class Outgoing:
+    """One message being built for one server."""
+
+    entries: list[wire.Entry] = field(default_factory=list)
+    frames: list[Any] = field(default_factory=list)
+    where: Where = field(default_factory=list)
+
+
+def direct_target(outs: list[Any], m: KeyMeta) -> np.ndarray | None:
+    """A flat view of the one output array when results can be written into it directly (no temporary)."""
+    if len(outs) != 1:
+        return None
+    out = outs[0]
+    if (
+        not isinstance(out, np.ndarray)
+        or out.dtype != m.dtype
+        or out.size != m.size
+        or not out.flags.c_contiguous
+        or not out.flags.writeable
+    ):
+        return None
+    return out.reshape(-1)

@@ -1,0 +1,256 @@
+"""A server's request handling: one received message in, its replies out, on whatever channel it came.
+
+``RequestHandler.handle(msg)`` serves one worker message (init/push/pull/pushpull, mode, optimizer,
+compression, state, finish) against the server's ``Store`` and answers on ``msg.reply``; it never
+touches a socket or a poller, so tests drive it in one process with ``transport.memory``
+channels. What differs between channels is read from their ``caps``: replies with data frames
+are refused on a channel that carries headers only; a worker whose channel shares this host's
+memory (``caps.shared_memory``) gets pushed data and results through its shared-memory segments,
+and in sync mode is pointed at this server's own buffers (descriptors passed once per channel);
+on channels with ``caps.fresh_seq`` each worker's ``seq`` must increase (replays are dropped);
+``place`` tells a ``caps.direct`` channel where a push's frames can land without a copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import numpy as np
+
+from trainer_core.compression.codec import decode as gc_decode
+from trainer_core.compression.codec import resolve_compression
+from trainer_core.errors import KVError, WireError
+from trainer_core.optim import server as optim
+from trainer_core.ps.store import Request, Store, StoreError
+from trainer_core.transport import wire
+from trainer_core.transport.channel import ChannelClosed, Peer, Received
+from trainer_core.transport.shm import MemBuffer, Segment
+
+SMALL_FRAMES = 1 << 20  # bytes of frames a request may carry beyond what its entries justify
+SHARED_PREFIX = "launchkit-mem-"  # how a reply names one of this server's buffers
+
+
+class RequestHandler:
+    """The server's logic for one job: ``handle`` each message; ``close`` frees shared memory.
+
+    ``prefix`` is the job's shared-memory name prefix (segments of other jobs are refused);
+    ``shared``: keep key values in anonymous shared buffers that same-host workers can map.
+    """
+
+    def __init__(
+        self, num_workers: int, prefix: str, log: logging.Logger, shared: bool = False, name: str = "server"
+    ) -> None:
+        self.num_workers = num_workers
+        self.prefix = prefix
+        self.log = log
+        self.name = name
+        self.segments: dict[str, Segment] = {}
+        self.buffers: dict[int, MemBuffer] = {}  # by data address: this server's shared key storage
+        self.data_seq: dict[int, int] = {}  # per worker rank: the last seq on ``fresh_seq`` channels
+        self.store = Store(num_workers, alloc=self._alloc if shared else None)
+
+    def close(self) -> None:
+        for seg in self.segments.values():
+            seg.close()
+        self.segments.clear()
+        for buf in self.buffers.values():
+            buf.close()
+        self.buffers.clear()
+
+    # -- one message ---------------------------------------------------------------------------
+
+    def handle(self, msg: Received) -> None:
+        """Serve one message and answer it (an ``error`` reply when it is refused)."""
+        if msg.reply.caps.fresh_seq and not self._fresh(msg):
+            return
+        h = msg.header
+        try:
+            rank = wire.body_int(h, "rank")
+            if not 0 <= rank < self.num_workers:
+                raise WireError(f"bad worker rank {rank}")
+            if h.op in wire.DATA_OPS:
+                req = self._request(msg, rank)
+                for r in [req] if not h.entries else self.store.handle(req):
+                    self._reply(r)
+            elif h.op == wire.GET_STATE:
+                entries, arrays, slots, scalars = self.store.get_state()
+                body = {"slots": slots, "scalars": scalars}
+                self._send(
+                    msg.reply, wire.Header(wire.REPLY, h.seq, entries=tuple(entries), body=body), arrays
+                )
+            else:
+                self._command(msg, rank)
+                self._send(msg.reply, wire.Header(op=wire.REPLY, seq=h.seq))
+        except (KVError, ValueError, TypeError) as exc:
+            self.log.warning("%s: refused %s from worker: %s", self.name, h.op, exc)
+            self._send(msg.reply, wire.Header(op=wire.ERROR, seq=h.seq, body={"reason": str(exc)}))
+
+    def _command(self, msg: Received, rank: int) -> None:
+        """A request that changes the server's settings or state (answered with an empty reply)."""
+        h = msg.header
+        if h.op == wire.SET_STATE:
+            self.store.set_state(h.entries, self._state_arrays(msg), *wire.state_body(h))
+        elif h.op == wire.SET_MODE:
+            sync = h.body.get("sync")
+            if not isinstance(sync, bool):
+                raise WireError("sync must be true or false")
+            self.store.sync = sync
+        elif h.op == wire.SET_OPTIMIZER:
+            spec = h.body.get("spec")
+            if not isinstance(spec, dict):
+                raise WireError("spec must be an object")
+            self.store.set_optimizer(optim.validate(spec))
+        elif h.op == wire.FINISH:
+            for req in self.store.worker_finished(rank):
+                reason = f"worker {rank} finished while this request waited for its push (sync mode)"
+                self._send(req.ident, wire.Header(op=wire.ERROR, seq=req.header.seq, body={"reason": reason}))
+        elif h.op == wire.SET_COMPRESSION:
+            params = h.body.get("params")
+            if not isinstance(params, dict):
+                raise WireError("params must be an object")
+            self.store.set_compression(resolve_compression(params))
+        else:
+            raise WireError(f"op {h.op} is not served by a server")
+
+    def _fresh(self, msg: Received) -> bool:
+        """Replay protection: each worker's sequence numbers must increase (a bad rank is dropped too)."""
+        rank = msg.header.body.get("rank")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.num_workers:
+            return False
+        if msg.header.seq <= self.data_seq.get(rank, 0):
+            self.log.warning(
+                "dropped a replayed or reordered message (seq %d) of worker %d", msg.header.seq, rank
+            )
+            return False
+        self.data_seq[rank] = msg.header.seq
+        return True
+
+    def place(self, h: wire.Header, lens: list[int]) -> list[memoryview | None]:
+        """Where a request's frames land on a ``caps.direct`` channel: a push that opens a sync round
+        straight into the key's accumulator (``Store.landing``), the rest anywhere (the store
+        consumes a request's arrays while handling it, copying any it keeps). A request declaring
+        more frame bytes than its entries can hold closes the channel before anything is read."""
+        declared = sum(lens)
+        holds = sum(e.size * np.dtype(e.dtype).itemsize for e in h.entries)  # compressed ones are smaller
+        if declared > 2 * holds + SMALL_FRAMES:
+            raise ChannelClosed(f"a message declares {declared} bytes of frames for entries of {holds}", True)
+        rank = h.body.get("rank")
+        if h.op not in (wire.PUSH, wire.PUSHPULL) or len(lens) != len(h.entries) or not isinstance(rank, int):
+            return []
+        dests: list[memoryview | None] = []
+        for e in h.entries:
+            acc = self.store.landing(rank, e)
+            dests.append(None if acc is None else acc.view(np.uint8).data)
+        return dests
+
+    # -- reading a request ---------------------------------------------------------------------
+
+    @staticmethod
+    def _state_arrays(msg: Received) -> list[np.ndarray]:
+        """The arrays of a ``set_state`` request: one raw frame per entry, of exactly its size."""
+        h = msg.header
+        if len(msg.frames) != len(h.entries):
+            raise WireError("set_state needs one frame per entry")
+        out = []
+        for e, frame in zip(h.entries, msg.frames, strict=True):
+            dtype = np.dtype(e.dtype)
+            if e.shm is not None or e.comp is not None or len(frame.buffer) != e.size * dtype.itemsize:
+                raise WireError(f"key {e.key!r}: state frame missing or of the wrong size")
+            out.append(np.frombuffer(frame.buffer, dtype=dtype))
+        return out
+
+    def _request(self, msg: Received, rank: int) -> Request:
+        h = msg.header
+        frames = iter(msg.frames)
+        inputs: list[np.ndarray | None] = []
+        outputs: list[np.ndarray | None] = []
+        carries_data = h.op in (wire.INIT, wire.PUSH, wire.PUSHPULL)
+        answers = h.op in (wire.PULL, wire.PUSHPULL)
+        for e in h.entries:
+            dtype = np.dtype(e.dtype)
+            view = self._segment(e, dtype) if e.shm is not None else None
+            data: np.ndarray | None = None
+            if carries_data:
+                data = view if view is not None else self._frame_data(e, dtype, next(frames, None))
+            inputs.append(data)
+            outputs.append(view if answers else None)
+        share = msg.reply.caps.shared_memory and all(e.shm is not None for e in h.entries)
+        return Request(ident=msg.reply, header=h, rank=rank, inputs=inputs, outputs=outputs, share=share)
+
+    @staticmethod
+    def _frame_data(e: wire.Entry, dtype: np.dtype, frame: Any) -> np.ndarray:
+        """A pushed part's values from its frame: decoded when compressed, else viewed in place."""
+        if e.comp is not None:
+            if frame is None:
+                raise WireError(f"key {e.key!r}: compressed payload missing")
+            return gc_decode(frame.buffer, e.comp, e.size, dtype)
+        if frame is None or len(frame.buffer) != e.size * dtype.itemsize:
+            raise WireError(f"key {e.key!r}: data frame missing or of the wrong size")
+        return np.frombuffer(frame.buffer, dtype=dtype)
+
+    def _segment(self, e: wire.Entry, dtype: np.dtype) -> np.ndarray:
+        assert e.shm is not None
+        if not e.shm.startswith(self.prefix):
+            raise StoreError(f"segment {e.shm} does not belong to this job")
+        nbytes = e.size * dtype.itemsize
+        seg = self.segments.get(e.shm)
+        if seg is None:
+            try:
+                seg = Segment(e.shm, max(nbytes, 1), create=False)
+            except (OSError, ValueError) as exc:
+                raise StoreError(f"cannot map segment {e.shm}: {exc}") from None
+            self.segments[e.shm] = seg
+        if seg.nbytes < nbytes:
+            raise StoreError(f"segment {e.shm} is too small")
+        return seg.view(dtype, e.size)
+
+    # -- answering -----------------------------------------------------------------------------
+
+    def _send(self, peer: Peer, header: wire.Header, frames: list[Any] | None = None) -> None:
+        """Answer on the channel the request came from (a gone peer is no error: its channel closes)."""
+        if frames and not peer.caps.frames:
+            reason = "data frames on a channel that carries headers only"
+            header, frames = wire.Header(op=wire.ERROR, seq=header.seq, body={"reason": reason}), None
+        with contextlib.suppress(ChannelClosed):
+            peer.send(header, frames or ())
+
+    def _reply(self, req: Request) -> None:
+        if req.header.op == wire.PUSH and not req.header.body.get("ack"):
+            return  # pushes are not acknowledged (a later reply proves they were handled)
+        if any(req.shared):
+            self._reply_shared(req)
+            return
+        frames: list[Any] = [r for r in req.results if r is not None]
+        metas = [m for r, m in zip(req.results, req.metas, strict=True) if r is not None]
+        body = {"c": metas} if any(m is not None for m in metas) else {}
+        self._send(req.ident, wire.Header(op=wire.REPLY, seq=req.header.seq, body=body), frames)
+
+    def _alloc(self, dtype: np.dtype, n: int) -> np.ndarray:
+        """Key storage in an anonymous shared buffer that same-host workers can map."""
+        buf = MemBuffer(n * dtype.itemsize)
+        arr = buf.view(dtype, n)
+        self.buffers[arr.__array_interface__["data"][0]] = buf
+        return arr
+
+    def _reply_shared(self, req: Request) -> None:
+        """Answer with where each value lies in this server's buffers (``launchkit-mem-<id>``),
+        passing the descriptors of buffers this channel has not received yet."""
+        channel = req.ident  # a channel with ``caps.shared_memory`` (``Request.share``)
+        entries, fds, announced = [], [], []
+        for e, result, shared in zip(req.header.entries, req.results, req.shared, strict=True):
+            if not shared or result is None:
+                entries.append(wire.Entry(e.key, e.part, e.size, e.dtype))
+                continue
+            buf = self.buffers[result.__array_interface__["data"][0]]
+            entries.append(wire.Entry(e.key, e.part, e.size, e.dtype, f"{SHARED_PREFIX}{buf.id}"))
+            if buf.id not in channel.sent_buffers and buf.fd is not None:
+                channel.sent_buffers.add(buf.id)
+                fds.append(buf.fd)
+                announced.append([buf.id, buf.nbytes])
+        header = wire.Header(
+            op=wire.REPLY, seq=req.header.seq, entries=tuple(entries), body={"fds": announced}
+        )
+        with contextlib.suppress(ChannelClosed):
+            channel.send(header, fds=fds)

@@ -1,0 +1,262 @@
+"""One interface for every way a node sends and receives messages (docs/wire.md, "Channels").
+
+The roles (``trainer_core.ps``) talk through these types only and never ask which transport is
+under them:
+
+* a ``Peer`` is where a message can be sent: ``send(header, frames, fds)``. Its ``caps`` say what
+  it carries: data frames or headers only, shared-memory references and descriptors, frames
+  sent and received in place (no copy).
+* a ``Source`` is where messages arrive: ``receive(handle)`` hands each complete message waiting
+  to ``handle`` as a ``Received``, whose ``reply`` is the ``Peer`` that answers its sender.
+* a ``Channel`` is both: a connection to one peer (the reply goes back on it). A ZeroMQ ROUTER is
+  a ``Source`` only: each message's reply is the sender's routing identity on it.
+* a ``Listener`` accepts new channels (a server's same-host and TCP listeners).
+* ``Poller`` waits until sources or listeners are ready, whatever is under them.
+
+Implementations: ``control`` (ZeroMQ with CURVE), ``unix`` (same host: headers plus shared
+memory), ``tcp`` (the cross-host data stream) and ``memory`` (in one process, for tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from trainer_core.errors import KVError, WireError
+from trainer_core.transport import wire
+
+#: Given a received header and its frames' lengths: the buffer each frame should be read into
+#: (``None``: anywhere). Channels that read frames into place (``caps.direct``) ask it; it may raise
+#: ``ChannelClosed(violation=True)`` to refuse a message before its frames are read.
+Place = Callable[[wire.Header, list[int]], Sequence[memoryview | None]]
+
+
+class ChannelClosed(KVError):
+    """The channel closed; ``violation`` when the peer broke the protocol (then it was closed on it)."""
+
+    def __init__(self, reason: str, violation: bool = False) -> None:
+        super().__init__(reason)
+        self.violation = violation
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What a channel can carry.
+
+    ``frames``: data frames travel (the same-host unix channel carries headers only).
+    ``shared_memory``: headers may name shared-memory segments, and descriptors of a server's
+    buffers can be passed (``send(..., fds=...)``, ``take_fds``): the peer shares this host's memory.
+    ``direct``: frames leave the caller's arrays before ``send`` returns (no private copy needed),
+    and received frames are read straight into the buffers ``place`` gives.
+    ``fresh_seq``: a worker's requests to a server all travel on such channels, so the server
+    accepts only increasing ``seq`` from each worker on them (replay protection).
+    """
+
+    frames: bool = True
+    shared_memory: bool = False
+    direct: bool = False
+    fresh_seq: bool = False
+
+
+class Payload:
+    """One received frame: ``buffer`` holds its bytes; ``placed`` when they were read into the buffer
+    ``place`` chose (the caller's array), so there is nothing to copy."""
+
+    __slots__ = ("buffer", "placed")
+
+    def __init__(self, buffer: memoryview, placed: bool = False) -> None:
+        self.buffer = buffer
+        self.placed = placed
+
+
+class Peer(ABC):
+    """Where a message can be sent."""
+
+    caps: Caps = Caps()
+    closed: bool = False
+
+    @abstractmethod
+    def send(self, header: wire.Header, frames: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
+        """Send one message: ``frames`` are arrays or buffers, sent without copying; ``fds`` only where
+        ``caps.shared_memory``. ``ChannelClosed`` when the peer is gone."""
+
+
+@dataclass(slots=True)
+class Received:
+    """One received, validated message; ``reply`` answers its sender. Each frame has ``.buffer``
+    (``zmq.Frame`` or ``Payload``), valid until the next message of the same source is received."""
+
+    header: wire.Header
+    frames: list[Any]
+    reply: Peer
+
+
+def _noop() -> None:
+    return None
+
+
+class Source(ABC):
+    """Where messages arrive."""
+
+    closed: bool = False
+    #: a message abandoned half-way on this side (an interrupt) closed it: why (see ``ChannelClosed``)
+    interrupted: str = ""
+
+    @abstractmethod
+    def pollable(self) -> Any:
+        """What ``Poller`` waits on: a file descriptor, or a ZeroMQ socket."""
+
+    @abstractmethod
+    def receive(self, handle: Callable[[Received], None]) -> bool:
+        """Hand the complete messages waiting to ``handle``, each before the next is read (its frames
+        may live in a buffer the next one reuses); malformed ones are logged and dropped. ``False``
+        once the source is closed (the peer left or broke the protocol)."""
+
+    @abstractmethod
+    def close(self, flush_s: float = 0.0) -> None:
+        """Close; where messages wait to be sent (a sender thread), give them at most ``flush_s``."""
+
+    def stop_sending(self) -> None:
+        """Let queued messages go out, then send no more (``close`` waits for that)."""
+        return None
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether something is waiting (a message, or the peer's close), after at most ``timeout_s``."""
+        p = select.poll()
+        p.register(self.pollable(), select.POLLIN)
+        return bool(p.poll(int(timeout_s * 1000)))
+
+
+class Channel(Peer, Source):
+    """A connection to one peer: messages arrive on it and replies go back on it.
+
+    The role sets ``place`` (where frames go, for ``caps.direct``) and ``alive`` (called between the
+    0.1 s slices of a wait inside one message; raising there gives up, closing a stream channel).
+    ``sent_buffers`` records, where ``caps.shared_memory``, which of a server's buffers this peer
+    has received the descriptors of.
+    """
+
+    def __init__(self, caps: Caps, trace: Trace) -> None:
+        self.caps = caps
+        self.trace = trace
+        self.place: Place | None = None
+        self.alive: Callable[[], None] = _noop
+        self.sent_buffers: set[int] = set()
+
+    def take_fds(self, n: int) -> list[int]:
+        """The next ``n`` descriptors received (the caller owns them); ``KVError`` if they did not come."""
+        if n:
+            raise KVError("this channel carries no file descriptors")
+        return []
+
+
+class Listener(ABC):
+    """Accepts new channels (a server's)."""
+
+    #: called with each accepted channel before it is watched (the role sets its ``place`` and ``alive``)
+    on_accept: Callable[[Channel], None] | None = None
+
+    @abstractmethod
+    def pollable(self) -> Any: ...
+
+    @abstractmethod
+    def accept(self) -> list[Channel]:
+        """The channels waiting to be accepted."""
+
+    def stale(self) -> list[Channel]:
+        """Accepted channels that must go (e.g. not authenticated in time): the caller closes them."""
+        return []
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Trace:
+    """The logging every channel of a node shares: each message at ``PS_VERBOSE=2``, drops as warnings."""
+
+    def __init__(self, log: logging.Logger, verbose: int = 0) -> None:
+        self.log = log
+        self.verbose = verbose
+
+    def sent(self, header: wire.Header, frames: int) -> None:
+        if self.verbose >= 2:
+            self.log.debug(
+                "send %s seq=%d entries=%d frames=%d", header.op, header.seq, len(header.entries), frames
+            )
+
+    def received(self, header: wire.Header) -> None:
+        if self.verbose >= 2:
+            self.log.debug("recv %s seq=%d from %s", header.op, header.seq, header.src)
+
+    def decode(self, raw: bytes | memoryview) -> wire.Header | None:
+        """The header of a received message, or ``None`` (logged: the message is dropped)."""
+        try:
+            header = wire.decode(raw)
+        except WireError as exc:
+            self.log.warning("dropped a malformed message: %s", exc)
+            return None
+        self.received(header)
+        return header
+
+
+class Poller:
+    """Waits on sources and listeners of any transport (one ``zmq.Poller`` underneath)."""
+
+    def __init__(self) -> None:
+        self._poller = zmq.Poller()
+        self._items: dict[Any, Source | Listener] = {}
+        self._keys: dict[int, Any] = {}
+        self._listeners: list[Listener] = []
+
+    def add(self, item: Source | Listener) -> None:
+        key = item.pollable()
+        self._poller.register(key, zmq.POLLIN)
+        self._items[key] = item
+        self._keys[id(item)] = key
+        if isinstance(item, Listener):
+            self._listeners.append(item)
+
+    def remove(self, item: Source | Listener) -> None:
+        key = self._keys.pop(id(item), None)
+        if key is not None:
+            self._poller.unregister(key)
+            del self._items[key]
+        if isinstance(item, Listener):
+            self._listeners.remove(item)
+
+    def sources(self) -> list[Source]:
+        return [s for s in self._items.values() if isinstance(s, Source)]
+
+    def poll(self, timeout_s: float) -> list[Source | Listener]:
+        """The sources and listeners that are ready, after at most ``timeout_s``."""
+        return [self._items[key] for key, _ in self._poller.poll(int(timeout_s * 1000))]
+
+    def serve(
+        self,
+        handle: Callable[[Received], None],
+        timeout_s: float,
+        on_closed: Callable[[Source], None] | None = None,
+    ) -> None:
+        """One turn of a serving loop: close stale channels, wait at most ``timeout_s``, accept the
+        channels waiting (and watch them from now on), hand every message waiting to ``handle``, and
+        stop watching sources that closed (``on_closed`` is told)."""
+        for listener in list(self._listeners):
+            for ch in listener.stale():
+                self.remove(ch)
+                ch.close()
+        for item in self.poll(timeout_s):
+            if isinstance(item, Listener):
+                for ch in item.accept():
+                    if item.on_accept is not None:
+                        item.on_accept(ch)
+                    self.add(ch)
+            elif not item.receive(handle):
+                self.remove(item)
+                if on_closed is not None:
+                    on_closed(item)

@@ -1,0 +1,66 @@
+"""This machine: its identity (which peers share its memory) and the addresses it binds and publishes.
+
+The one place trainer_core asks the operating system about the host: ``machine_identity`` decides
+which peers can exchange arrays through shared memory, ``interface_address`` resolves
+``DMLC_INTERFACE``, ``bind_and_publish_hosts`` picks where a node listens and what it tells others.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import struct
+
+from trainer_core.errors import ConfigError
+
+
+def machine_identity(node_host: str | None) -> str:
+    """Processes with equal identities share ``/dev/shm``: the published host name plus this boot's id
+    (so two containers or a rebooted host under one name are told apart)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "noboot"
+    return f"{node_host or socket.gethostname()}|{boot}"
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of network interface ``name`` (Linux), or ``ConfigError`` naming it."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+    except OSError:
+        raise ConfigError(f"DMLC_INTERFACE={name!r}: no such interface with an IPv4 address") from None
+    finally:
+        s.close()
+    return socket.inet_ntoa(packed[20:24])
+
+
+def bind_and_publish_hosts(interface: str | None, node_host: str | None) -> tuple[str, str]:
+    """(host to bind, host to publish): the interface's address, else ``DMLC_NODE_HOST``, else this host's name."""
+    if interface:
+        ip = interface_address(interface)
+        return ip, ip
+    if node_host:
+        try:
+            ip = socket.gethostbyname(node_host)
+        except OSError:
+            return "*", node_host
+        return ("*", node_host) if not _is_local(ip) else (ip, ip)
+    name = socket.gethostname()
+    try:
+        return "*", socket.gethostbyname(name)
+    except OSError:
+        return "*", name
+
+
+def _is_local(ip: str) -> bool:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.bind((ip, 0))
+    except OSError:
+        return False
+    finally:
+        s.close()
+    return True
