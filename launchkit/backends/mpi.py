@@ -22,7 +22,7 @@ from typing import Any
 
 from dmlc_env import merge_env
 from launchkit.backends.engine import EngineBackend, EngineRun, PopenRun, engine_env, shim_argv
-from launchkit.backends.ssh.connection import SshOptions
+from launchkit.backends.ssh.options import SshOptions
 from launchkit.core.hostfile import format_host
 from launchkit.core.spec import LOCALHOST, Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError, UsageError

@@ -10,7 +10,7 @@ import typer
 
 from launchkit.backends.engine_hosts import engine_hosts
 from launchkit.backends.ssh import commands as remotecmd
-from launchkit.backends.ssh.connection import SshOptions
+from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app
 from launchkit.core.hostfile import format_host, host_key, parse_host, parse_line, read_hostfile, unique_hosts
 from launchkit.core.spec import Host

@@ -9,7 +9,7 @@ import typer
 
 from launchkit.backends.ssh import commands as remotecmd
 from launchkit.backends.ssh.commands import HostResult
-from launchkit.backends.ssh.connection import SshOptions
+from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app
 from launchkit.console import Ui
 from launchkit.core.hostfile import read_hostfile

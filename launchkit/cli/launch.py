@@ -16,7 +16,7 @@ import typer
 
 import dmlc_env
 from launchkit import backends
-from launchkit.backends.ssh.connection import SshOptions
+from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app
 from launchkit.cli.engines import EngineFlags, engine_backend_options, engine_hosts, submit_detached
 from launchkit.cli.planview import plan_to_json, show_plan

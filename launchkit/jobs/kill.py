@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from launchkit.backends.ssh import commands as remotecmd
 from launchkit.backends.ssh.commands import HostResult
-from launchkit.backends.ssh.connection import SshOptions
+from launchkit.backends.ssh.options import SshOptions
 from launchkit.core.hostfile import parse_host
 from launchkit.core.spec import Host
 from launchkit.hostside import procscan

@@ -8,7 +8,7 @@ import pytest
 
 from launchkit.backends.engine import split_env
 from launchkit.backends.mpi import MpiOptions, detect_flavor, host_slots, rank_order, render, rsh_args
-from launchkit.backends.ssh.connection import SshOptions
+from launchkit.backends.ssh.options import SshOptions
 from launchkit.core.plan import make_plan
 from launchkit.core.spec import Host, LaunchSpec
 from launchkit.errors import UsageError

@@ -1,26 +1,72 @@
-"""Pure parts of the ssh plumbing: option resolution and command rendering."""
+"""The ssh plumbing without a server: how a hostfile entry, the flags and ~/.ssh/config resolve
+into a fabric Connection (nothing is opened), and command rendering."""
 
 from __future__ import annotations
 
 import shlex
 from pathlib import Path
 
-from launchkit.backends.ssh.connection import SshOptions, resolve
+import fabric
+import paramiko
+import pytest
+
+from launchkit.backends.ssh.connection import connection
+from launchkit.backends.ssh.options import SshOptions
 from launchkit.backends.ssh.sync import rsync_argv
 from launchkit.core.spec import Host
+from launchkit.errors import BackendError
 
 
-def test_resolve_uses_ssh_config_but_hostfile_and_flags_win(tmp_path: Path) -> None:
+def test_ssh_config_alias_resolves_but_hostfile_and_flags_win(tmp_path: Path) -> None:
     cfg = tmp_path / "config"
     cfg.write_text("Host gpu*\n  HostName 10.9.9.9\n  User alice\n  Port 2200\n  IdentityFile ~/keys/gpu\n")
-    opts = SshOptions(config_file=str(cfg))
-    r = resolve(Host("gpu1"), opts)
-    assert (r.hostname, r.user, r.port) == ("10.9.9.9", "alice", 2200)
-    assert r.identities == (str(Path("~/keys/gpu").expanduser()),)
-    r = resolve(Host("gpu1", port=22, user="bob"), SshOptions(config_file=str(cfg), identity="/k"))
-    assert (r.user, r.port, r.identities) == ("bob", 22, ("/k",))
-    r = resolve(Host("other"), SshOptions(config_file=str(cfg), port=2022))
-    assert (r.hostname, r.port) == ("other", 2022)
+    c = connection(Host("gpu1"), SshOptions(config_file=str(cfg)))
+    assert (c.host, c.user, c.port, c.gateway) == ("10.9.9.9", "alice", 2200, None)
+    assert c.connect_kwargs["key_filename"] == [str(Path("~/keys/gpu").expanduser())]
+    assert c.connect_kwargs["look_for_keys"] is False and c.connect_kwargs["allow_agent"] is True
+    # -i comes first (ssh tries it first), the config's IdentityFile after it
+    c = connection(Host("gpu1", port=22, user="bob"), SshOptions(config_file=str(cfg), identity="/k"))
+    assert (c.user, c.port, c.connect_kwargs["key_filename"]) == (
+        "bob",
+        22,
+        ["/k", str(Path("~/keys/gpu").expanduser())],
+    )
+    c = connection(Host("other"), SshOptions(config_file=str(cfg), port=2022, connect_timeout=2.5))
+    assert (c.host, c.port, c.connect_kwargs["key_filename"], c.connect_kwargs["look_for_keys"]) == (
+        "other",
+        2022,
+        [],
+        True,
+    )
+    assert c.connect_kwargs["timeout"] == c.connect_kwargs["auth_timeout"] == 2.5 and not c.connect_timeout
+
+
+def test_proxy_jump_hops_get_the_same_host_key_policy_and_identity(tmp_path: Path) -> None:
+    cfg = tmp_path / "config"
+    cfg.write_text("Host inner\n  HostName 10.0.0.5\n  ProxyJump ops@bastion:2222,hop2\nHost hop2\n  User j\n"
+                   "Host pc\n  ProxyCommand nc %h %p\n")  # fmt: skip
+    known = tmp_path / "kh"
+    c = connection(Host("inner"), SshOptions(config_file=str(cfg), identity="/k", known_hosts=str(known)))
+    hops = []
+    hop = c
+    while isinstance(hop, fabric.Connection):
+        hops.append(hop)
+        hop = hop.gateway
+    assert [(h.host, h.user, h.port) for h in hops[1:]] == [("hop2", "j", 22), ("bastion", "ops", 2222)]
+    for h in hops:
+        assert h.connect_kwargs["key_filename"] == ["/k"]
+        assert h.client._policy.__class__.__name__ == "_AcceptNew" and h.client._policy.path == known
+    strict = connection(Host("inner"), SshOptions(config_file=str(cfg), strict_host_keys=True))
+    assert isinstance(strict.gateway.client._policy, paramiko.RejectPolicy)
+    assert connection(Host("pc"), SshOptions(config_file=str(cfg))).gateway == "nc pc 22"
+
+
+def test_unreadable_ssh_config_is_a_usage_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "config"
+    cfg.write_text("Host x\n  ProxyCommand\n")
+    with pytest.raises(BackendError) as err:
+        connection(Host("x"), SshOptions(config_file=str(cfg)))
+    assert err.value.exit_code == 2 and str(cfg) in err.value.message
 
 
 def test_system_ssh_command_mirrors_the_options() -> None:

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import IO, Any
 
+from launchkit.backends.ssh import connection as ssh
 from launchkit.core.spec import Host, Task
 from launchkit.errors import BackendError
 from launchkit.hostside import netif, procscan
@@ -89,10 +90,10 @@ class RemoteProcess:
 
 
 class HostAgent:
-    def __init__(self, host: Host, client: Any, job_id: str, *, hb_interval: float, hb_timeout: float, grace: float,
+    def __init__(self, host: Host, conn: Any, job_id: str, *, hb_interval: float, hb_timeout: float, grace: float,
                  interface: str | None, time_limit: float | None = None) -> None:  # fmt: skip
         self.host = host
-        self.client = client
+        self.conn = conn  # an open fabric.Connection: its paramiko transport carries the channel
         self.job_id = job_id
         self.hb_interval = hb_interval
         self.hb_timeout = hb_timeout
@@ -112,8 +113,7 @@ class HostAgent:
 
     # -- start ------------------------------------------------------------------------------
     def start(self, timeout: float) -> None:
-        transport = self.client.get_transport()
-        self.chan = transport.open_session(timeout=timeout)
+        self.chan = self.conn.transport.open_session(timeout=timeout)
         self.chan.exec_command(remote_command())
         self.chan.sendall(bootstrap_payload())
         self._out = self.chan.makefile("rb")
@@ -228,5 +228,4 @@ class HostAgent:
             proc.close_all()
         with contextlib.suppress(Exception):
             self.chan.close()
-        with contextlib.suppress(Exception):
-            self.client.close()
+        ssh.close(self.conn)

@@ -13,27 +13,30 @@ from typing import Any
 
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.backends.local import LocalBackend
+from launchkit.backends.ssh import connection as ssh
 from launchkit.backends.ssh.agent import HostAgent, RemoteProcess
-from launchkit.backends.ssh.connection import SshOptions, connect, on_each
+from launchkit.backends.ssh.options import SshOptions
 from launchkit.backends.ssh.sync import source_dir, sync_all
 from launchkit.core.hostfile import format_host, host_key, unique_hosts
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError
+from launchkit.hostside.netif import route_address
 
 
 def connect_all(hosts: Sequence[Host], opts: SshOptions) -> tuple[dict[Host, Any], dict[Host, str]]:
-    """Connect to every host in parallel (bounded). Returns clients and per-host errors."""
-    clients: dict[Host, Any] = {}
+    """Connect to every host in parallel (bounded). Returns open connections and per-host errors."""
+    conns: dict[Host, Any] = {}
     errors: dict[Host, str] = {}
+    config = ssh.fabric_config(opts)
 
     def one(h: Host) -> None:
         try:
-            clients[h] = connect(h, opts)
+            conns[h] = ssh.connect(h, opts, config)
         except BackendError as exc:
             errors[h] = exc.message.removeprefix("ssh: ")
 
-    on_each(one, hosts)
-    return clients, errors
+    ssh.on_each(one, hosts)
+    return conns, errors
 
 
 class SshBackend(Backend):
@@ -54,7 +57,7 @@ class SshBackend(Backend):
         self.sync_excludes = tuple(sync_excludes)
         self.console = console
         self.local = LocalBackend()
-        self.clients: dict[tuple[str, int | None, str | None], Any] = {}
+        self.conns: dict[tuple[str, int | None, str | None], Any] = {}
         self.agents: dict[tuple[str, int | None, str | None], HostAgent] = {}
         self.spec: LaunchSpec | None = None
 
@@ -63,20 +66,19 @@ class SshBackend(Backend):
         address through which the first host is reached."""
         self.spec = spec
         hosts = unique_hosts(spec.hosts)
-        clients, errors = connect_all(hosts, self.options)
+        conns, errors = connect_all(hosts, self.options)
         if errors:
-            for c in clients.values():
-                with contextlib.suppress(Exception):
-                    c.close()
+            for c in conns.values():
+                ssh.close(c)
             detail = "; ".join(errors[h] for h in hosts if h in errors)
             raise BackendError(
                 "ssh", f"{len(errors)} of {len(hosts)} host(s) unreachable, nothing started: {detail}"
             )
-        self.clients = {host_key(h): clients[h] for h in hosts}
-        first = clients[hosts[0]].get_transport()
-        with contextlib.suppress(Exception):
-            return str(first.sock.getsockname()[0])
-        return None
+        self.conns = {host_key(h): conns[h] for h in hosts}
+        first = conns[hosts[0]]
+        with contextlib.suppress(AttributeError, OSError):
+            return str(first.transport.sock.getsockname()[0])
+        return route_address(first.host)  # through a jump host or a ProxyCommand: no socket of ours
 
     def prepare(self, plan: Plan) -> None:
         assert self.spec is not None, "connect() first"
@@ -89,7 +91,7 @@ class SshBackend(Backend):
         agents = {
             host_key(h): HostAgent(
                 h,
-                self.clients[host_key(h)],
+                self.conns[host_key(h)],
                 plan.job_id,
                 hb_interval=self.hb_interval,
                 hb_timeout=self.hb_timeout,
@@ -113,7 +115,7 @@ class SshBackend(Backend):
             except Exception as exc:
                 errors[agent.host] = f"{agent.host}: {exc}"
 
-        on_each(start, list(agents.values()))
+        ssh.on_each(start, list(agents.values()))
         self.agents = agents
         if errors:
             self.close()
@@ -135,9 +137,8 @@ class SshBackend(Backend):
         agents = list(self.agents.values())
         if agents:
             timeout = (self.spec.grace_period if self.spec else 5.0) + 5.0
-            on_each(lambda a: a.close(timeout), agents)
-        for c in self.clients.values():
-            with contextlib.suppress(Exception):
-                c.close()
+            ssh.on_each(lambda a: a.close(timeout), agents)
+        for c in self.conns.values():
+            ssh.close(c)
         self.agents = {}
-        self.clients = {}
+        self.conns = {}

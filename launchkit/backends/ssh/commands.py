@@ -1,16 +1,21 @@
-"""One-shot commands on many hosts over ssh, in parallel: probing (``hosts check``) and
-ending jobs (``kill``). Partial failure is data: one ``HostResult`` per host."""
+"""One-shot commands on many hosts over ssh: probing (``hosts check``) and ending jobs (``kill``).
+
+Every host is reached in parallel (``connection``), then the command runs on all of them as one
+fabric ``ThreadingGroup``. Partial failure is data: the group's ``GroupResult`` (succeeded and
+failed, per connection) becomes one ``HostResult`` per host, in hostfile order. Commands are argv
+lists quoted with ``shlex``; nothing is read from this machine's stdin.
+"""
 
 from __future__ import annotations
 
 import inspect
 import json
-import time
-from collections.abc import Sequence
+import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launchkit.backends.ssh.connection import SshOptions, connect, on_each, run
+from launchkit.backends.ssh.options import SshOptions
 from launchkit.core.spec import Host
 from launchkit.errors import BackendError
 from launchkit.hostside import procscan
@@ -40,12 +45,13 @@ except Exception:
 print(json.dumps(info))
 """
 
+# procscan's source travels as the first argument, not on stdin: invoke forwards stdin one byte
+# per 10 ms (docs/ssh.md, "fabric").
 SWEEP = r"""
 import sys, types
-src = sys.stdin.read()
-m = types.ModuleType("procscan"); exec(compile(src, "<procscan>", "exec"), m.__dict__)
-job = sys.argv[1] or None
-n = m.sweep_job(job, float(sys.argv[2]))
+m = types.ModuleType("procscan"); exec(compile(sys.argv[1], "<procscan>", "exec"), m.__dict__)
+job = sys.argv[2] or None
+n = m.sweep_job(job, float(sys.argv[3]))
 if job:
     m.remove_shm(job)
 print(n)
@@ -57,57 +63,78 @@ class HostResult:
     host: Host
     ok: bool
     error: str = ""
-    latency_ms: float | None = None
+    latency_ms: float | None = None  # how long the connection took to open
     data: dict[str, Any] = field(default_factory=dict)
 
 
-def on_hosts(hosts: Sequence[Host], opts: SshOptions, work: Any) -> list[HostResult]:
-    """Run ``work(host, client) -> dict`` on every host in parallel (bounded), in host order."""
+def on_hosts(
+    hosts: Sequence[Host],
+    opts: SshOptions,
+    argv: list[str],
+    read: Callable[[str], dict[str, Any]],
+    *,
+    timeout: float,
+    what: str,
+) -> list[HostResult]:
+    """Run ``argv`` on every host; ``read(stdout)`` turns a zero exit's output into the host's data.
+    A non-zero exit is that host's error (``what`` failed, with the end of its stderr)."""
+    import fabric
+    from fabric.exceptions import GroupException
 
-    def one(h: Host) -> HostResult:
-        t0 = time.monotonic()
+    from launchkit.backends.ssh import connection as ssh
+
+    config = ssh.fabric_config(opts)
+    conns: dict[Host, Any] = {}
+    results: dict[Host, HostResult] = {}
+
+    def reach(h: Host) -> None:
         try:
-            client = connect(h, opts)
+            conn = ssh.connection(h, opts, config)
+            ms = ssh.open_connection(h, conn, opts)
         except BackendError as exc:
-            return HostResult(h, False, exc.message.removeprefix("ssh: "))
-        try:
-            latency = (time.monotonic() - t0) * 1000
-            return HostResult(h, True, latency_ms=latency, data=work(h, client))
-        except Exception as exc:
-            return HostResult(h, False, f"{h}: {exc}")
-        finally:
-            client.close()
+            results[h] = HostResult(h, False, exc.message.removeprefix("ssh: "))
+            return
+        conns[h] = conn
+        results[h] = HostResult(h, True, latency_ms=ms, data={"rtt_ms": ssh.round_trip_ms(conn)})
 
-    return on_each(one, hosts)
+    ssh.on_each(reach, list(hosts))
+    hosts_of: dict[Any, list[Host]] = {}  # entries naming one login (equal connections) run it once
+    for h, conn in conns.items():
+        hosts_of.setdefault(conn, []).append(h)
+    group = fabric.ThreadingGroup.from_connections(list(hosts_of))
+    try:
+        done = group.run(shlex.join(argv), hide=True, warn=True, in_stream=False, timeout=timeout)
+    except GroupException as exc:
+        done = exc.result
+    for conn, error in done.failed.items():
+        for h in hosts_of[conn]:
+            results[h] = HostResult(h, False, ssh.describe(h, conn, opts, error))
+    for conn, res in done.succeeded.items():
+        for h in hosts_of[conn]:
+            if res.exited != 0:
+                results[h] = HostResult(
+                    h, False, f"{h}: {what} failed ({res.exited}): {res.stderr.strip()[-200:]}"
+                )
+                continue
+            try:
+                data = {**results[h].data, **read(res.stdout)}
+            except ValueError as exc:
+                results[h] = HostResult(h, False, f"{h}: {what} said something unexpected: {exc}")
+                continue
+            results[h] = HostResult(h, True, latency_ms=results[h].latency_ms, data=data)
+    for conn in conns.values():
+        ssh.close(conn)
+    return [results[h] for h in hosts]
 
 
 def probe(hosts: Sequence[Host], opts: SshOptions) -> list[HostResult]:
-    def work(h: Host, client: Any) -> dict[str, Any]:
-        t0 = time.monotonic()
-        code, out, err = run(client, ["true"])
-        rtt = (time.monotonic() - t0) * 1000
-        code, out, err = run(client, ["python3", "-c", PROBE])
-        if code != 0:
-            raise RuntimeError(
-                f"python3 probe failed ({code}): {err.decode(errors='replace').strip()[-200:]}"
-            )
-        data: dict[str, Any] = json.loads(out)
-        data["rtt_ms"] = rtt
-        return data
-
-    return on_hosts(hosts, opts, work)
+    """Each host's name, CPUs, memory, GPUs and Python, with the connect time and round trip."""
+    return on_hosts(hosts, opts, ["python3", "-c", PROBE], json.loads, timeout=30.0, what="python3 probe")
 
 
 def sweep(hosts: Sequence[Host], opts: SshOptions, job_id: str | None, grace: float) -> list[HostResult]:
     """End every process of ``job_id`` (of every job when None) on every host."""
-    src = inspect.getsource(procscan).encode()
-
-    def work(h: Host, client: Any) -> dict[str, Any]:
-        code, out, err = run(
-            client, ["python3", "-c", SWEEP, job_id or "", str(grace)], stdin=src, timeout=grace + 30
-        )
-        if code != 0:
-            raise RuntimeError(f"sweep failed ({code}): {err.decode(errors='replace').strip()[-200:]}")
-        return {"ended": int(out.strip() or 0)}
-
-    return on_hosts(hosts, opts, work)
+    argv = ["python3", "-c", SWEEP, inspect.getsource(procscan), job_id or "", str(grace)]
+    return on_hosts(
+        hosts, opts, argv, lambda out: {"ended": int(out.strip() or 0)}, timeout=grace + 30, what="sweep"
+    )

@@ -1,27 +1,35 @@
-"""ssh connections with paramiko, configured the way ``ssh`` would be.
+"""ssh connections: fabric's ``Connection``, configured the way ``ssh`` would be.
 
-Honours ``~/.ssh/config`` (HostName, User, Port, IdentityFile, ProxyCommand), ``user@host:port``
-from the hostfile, ``--ssh-port``, ``-i/--identity`` and a running ssh-agent. Host keys:
-``accept-new`` by default (an unknown host's key is recorded in the known-hosts file, a changed
-key is refused), ``strict`` as an option (unknown hosts are refused); never disabled.
+fabric reads ``~/.ssh/config`` (or ``SshOptions.config_file``): a ``Host`` alias's ``HostName``,
+``User``, ``Port`` and ``IdentityFile``, and ``ProxyJump`` (each hop one more ``Connection``) or
+``ProxyCommand``. launchkit adds: ``user@host:port`` from the hostfile and ``--ssh-port`` win over
+the config file; ``-i/--identity`` is tried first, on every hop; ``~/.ssh/id_*`` only when no
+identity is named (as ``ssh`` does); a running ssh-agent always. Host keys, on every hop:
+``accept-new`` by default (an unknown host's key is appended to the known-hosts file, a changed
+key is refused), ``strict`` as an option (unknown hosts are refused); never disabled. Failures
+are ``BackendError`` naming the hostfile entry.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shlex
+import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import fabric
+import paramiko
+
+from launchkit.backends.ssh.options import SshOptions
 from launchkit.core.spec import Host
-from launchkit.errors import BackendError
+from launchkit.errors import EXIT_USAGE, BackendError
 
 MAX_PARALLEL = 32  # hosts contacted at once
+KEEPALIVE = 5  # seconds between ssh keepalives on an open connection
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
@@ -34,63 +42,8 @@ def on_each(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
         return list(pool.map(fn, items))
 
 
-@dataclass(frozen=True)
-class SshOptions:
-    port: int | None = None  # --ssh-port: default for hosts without their own port
-    identity: str | None = None  # -i/--identity
-    known_hosts: str | None = None  # default ~/.ssh/known_hosts
-    strict_host_keys: bool = False
-    connect_timeout: float = 10.0
-    config_file: str | None = None  # default ~/.ssh/config
-
-    def known_hosts_path(self) -> Path:
-        return Path(self.known_hosts or Path.home() / ".ssh" / "known_hosts").expanduser()
-
-    def ssh_command(self, host: Host) -> list[str]:
-        """The system ``ssh`` argv prefix with the same options (for rsync's ``-e``)."""
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(self.connect_timeout)}"]
-        argv += ["-o", f"StrictHostKeyChecking={'yes' if self.strict_host_keys else 'accept-new'}"]
-        argv += ["-o", f"UserKnownHostsFile={self.known_hosts_path()}"]
-        port = host.port or self.port
-        if port:
-            argv += ["-p", str(port)]
-        if self.identity:
-            argv += ["-i", str(Path(self.identity).expanduser())]
-        if self.config_file:
-            argv += ["-F", self.config_file]
-        return argv
-
-
-@dataclass(frozen=True)
-class Resolved:
-    hostname: str
-    port: int
-    user: str
-    identities: tuple[str, ...]
-    proxy_command: str | None
-
-
-def resolve(host: Host, opts: SshOptions) -> Resolved:
-    """Combine the hostfile entry, the flags and ~/.ssh/config (the entry and flags win)."""
-    import paramiko
-
-    cfg: dict[str, Any] = {}
-    path = Path(opts.config_file or Path.home() / ".ssh" / "config").expanduser()
-    if path.is_file():
-        with contextlib.suppress(Exception):
-            cfg = dict(paramiko.SSHConfig.from_path(str(path)).lookup(host.name))
-    identities = [opts.identity] if opts.identity else list(cfg.get("identityfile", []))
-    return Resolved(
-        hostname=str(cfg.get("hostname", host.name)),
-        port=int(host.port or opts.port or cfg.get("port", 22)),
-        user=str(host.user or cfg.get("user") or os.environ.get("USER") or "root"),
-        identities=tuple(str(Path(i).expanduser()) for i in identities if i),
-        proxy_command=cfg.get("proxycommand"),
-    )
-
-
-class _AcceptNew:
-    """paramiko policy for StrictHostKeyChecking=accept-new: record unknown keys."""
+class _AcceptNew(paramiko.MissingHostKeyPolicy):
+    """``StrictHostKeyChecking=accept-new``: append an unknown host's key to the known-hosts file."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -107,10 +60,6 @@ class _AcceptNew:
                 f.write(line + "\n")
 
 
-def known_hosts_name(hostname: str, port: int) -> str:
-    return hostname if port == 22 else f"[{hostname}]:{port}"
-
-
 _POLICIES: dict[Path, _AcceptNew] = {}
 _POLICIES_LOCK = threading.Lock()
 
@@ -121,65 +70,141 @@ def _accept_new(path: Path) -> _AcceptNew:
         return _POLICIES.setdefault(path, _AcceptNew(path))
 
 
-def connect(host: Host, opts: SshOptions) -> Any:
-    """An authenticated ``paramiko.SSHClient``; raises BackendError naming the host."""
-    import paramiko
-
-    r = resolve(host, opts)
-    client = paramiko.SSHClient()
-    known = opts.known_hosts_path()
-    with contextlib.suppress(OSError):
-        client.load_system_host_keys()
-    if known.is_file():
-        try:
-            client.load_host_keys(str(known))
-        except Exception as exc:
-            raise BackendError("ssh", f"{known}: cannot read known hosts: {exc}", exit_code=2) from None
-    client._host_keys_filename = None  # we append new keys ourselves, never rewrite the file
-    if opts.strict_host_keys:
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    else:
-        client.set_missing_host_key_policy(_accept_new(known))
-    sock = paramiko.ProxyCommand(r.proxy_command) if r.proxy_command else None
+def fabric_config(opts: SshOptions) -> fabric.Config:
+    """The fabric settings every connection of a launch shares: the ssh config file, parsed once
+    (only that one, as before: not ``/etc/ssh/ssh_config``, and no fabric/invoke config files),
+    and ``-i``. Given as an object, so that fabric's ``clone`` does not parse the file again."""
+    path = opts.config_path()
     try:
-        client.connect(
-            r.hostname,
-            port=r.port,
-            username=r.user,
-            key_filename=list(r.identities) or None,
-            allow_agent=True,
-            look_for_keys=not r.identities,
-            timeout=opts.connect_timeout,
-            banner_timeout=opts.connect_timeout,
-            auth_timeout=opts.connect_timeout,
-            sock=sock,
-        )
-    except paramiko.BadHostKeyException:
+        parsed = paramiko.SSHConfig.from_path(str(path)) if path.is_file() else paramiko.SSHConfig()
+    except Exception as exc:
         raise BackendError(
-            "ssh", f"{host}: host key does not match {known} (refusing to connect; fix known_hosts)"
+            "ssh", f"{path}: cannot read the ssh config: {exc}", exit_code=EXIT_USAGE
         ) from None
-    except paramiko.SSHException as exc:
-        raise BackendError("ssh", f"{host}: {exc}") from None
-    except OSError as exc:
-        raise BackendError("ssh", f"{host}: cannot connect: {exc.strerror or exc}") from None
-    transport = client.get_transport()
-    if transport is not None:
-        transport.set_keepalive(5)
-    return client
+    overrides: dict[str, Any] = {}
+    if opts.identity:
+        overrides["connect_kwargs"] = {"key_filename": [str(Path(opts.identity).expanduser())]}
+    return fabric.Config(ssh_config=parsed, lazy=True, overrides=overrides)
 
 
-def run(client: Any, argv: list[str], stdin: bytes = b"", timeout: float = 30.0) -> tuple[int, bytes, bytes]:
-    """Run one command (an argv, quoted for the remote shell) and collect its output."""
-    chan = client.get_transport().open_session(timeout=timeout)
-    chan.settimeout(timeout)
-    chan.exec_command(shlex.join(argv))
-    if stdin:
-        chan.sendall(stdin)
-    chan.shutdown_write()
-    out, err = bytearray(), bytearray()
-    stdout, stderr = chan.makefile("rb"), chan.makefile_stderr("rb")
-    out += stdout.read()
-    err += stderr.read()
-    code = chan.recv_exit_status()
-    chan.close()
-    return code, bytes(out), bytes(err)
+def _set_up(conn: fabric.Connection, opts: SshOptions) -> None:
+    """launchkit's host-key policy, identities and timeouts on ``conn`` and every jump host."""
+    known = opts.known_hosts_path()
+    hop: Any = conn
+    while isinstance(hop, fabric.Connection):
+        client = hop.client
+        with contextlib.suppress(OSError):
+            client.load_system_host_keys()
+        if known.is_file():
+            try:
+                client.load_host_keys(str(known))
+            except Exception as exc:
+                raise BackendError(
+                    "ssh", f"{known}: cannot read known hosts: {exc}", exit_code=EXIT_USAGE
+                ) from None
+        client._host_keys_filename = None  # we append new keys ourselves, never rewrite the file
+        policy = paramiko.RejectPolicy() if opts.strict_host_keys else _accept_new(known)
+        client.set_missing_host_key_policy(policy)
+        keys = list(
+            dict.fromkeys(str(Path(k).expanduser()) for k in hop.connect_kwargs.get("key_filename") or ())
+        )
+        t = opts.connect_timeout
+        hop.connect_kwargs = {"key_filename": keys, "look_for_keys": not keys, "allow_agent": True,
+                              "timeout": t, "banner_timeout": t, "auth_timeout": t}  # fmt: skip
+        hop.connect_timeout = None  # fabric's would be whole seconds; ours is in connect_kwargs
+        hop = hop.gateway
+
+
+def connection(host: Host, opts: SshOptions, config: fabric.Config | None = None) -> fabric.Connection:
+    """A fabric ``Connection`` for one hostfile entry, not yet open (``open`` opens it)."""
+    try:
+        conn = fabric.Connection(
+            host.name,
+            user=host.user,
+            port=host.port or opts.port,
+            config=(config or fabric_config(opts)).clone(),
+        )
+    except BackendError:
+        raise
+    except Exception as exc:  # a bad ProxyJump, Port or Match line in the ssh config
+        raise BackendError("ssh", f"{host}: {opts.config_path()}: {exc}", exit_code=EXIT_USAGE) from None
+    _jump_in_order(conn)
+    _set_up(conn, opts)
+    return conn
+
+
+def _jump_in_order(conn: fabric.Connection) -> None:
+    """``ProxyJump a,b`` means: reach ``a`` first, then ``b`` through it, then the host through ``b``.
+    fabric 3.2 links the hops the other way round (the host's gateway is ``a``, reached through
+    ``b``); put them in ssh's order."""
+    hops: list[Any] = []
+    hop = conn.gateway
+    while isinstance(hop, fabric.Connection):
+        hops.append(hop)
+        hop = hop.gateway
+    if len(hops) < 2 or "proxyjump" not in conn.ssh_config:
+        return
+    hops.reverse()
+    conn.gateway = hops[0]
+    for near, far in itertools.pairwise(hops):
+        near.gateway = far
+    hops[-1].gateway = None
+
+
+def describe(host: Host, conn: fabric.Connection, opts: SshOptions, exc: BaseException) -> str:
+    """What went wrong reaching ``host``, for the user (prefixed with the hostfile entry)."""
+    if isinstance(exc, BackendError):
+        return exc.message.removeprefix("ssh: ")
+    gateway = conn.gateway
+    if isinstance(gateway, fabric.Connection) and not gateway.is_connected:
+        return describe(host, gateway, opts, exc).replace(
+            f"{host}: ", f"{host}: jump host {gateway.host}: ", 1
+        )
+    if isinstance(exc, paramiko.BadHostKeyException):
+        which = "" if exc.hostname in (conn.host, f"[{conn.host}]:{conn.port}") else f" of {exc.hostname}"
+        return f"{host}: host key{which} does not match {opts.known_hosts_path()} (refusing to connect; fix known_hosts)"
+    if isinstance(exc, paramiko.ChannelException) and isinstance(gateway, fabric.Connection):
+        return f"{host}: jump host {gateway.host} cannot reach {conn.host}:{conn.port}: {exc.text}"
+    if isinstance(exc, paramiko.SSHException):
+        return f"{host}: {exc}"
+    if isinstance(exc, OSError):
+        return f"{host}: cannot connect: {exc.strerror or exc}"
+    return f"{host}: {type(exc).__name__}: {exc}"
+
+
+def open_connection(host: Host, conn: fabric.Connection, opts: SshOptions) -> float:
+    """Open ``conn`` (and its jump hosts); returns the milliseconds it took. Raises BackendError."""
+    t0 = time.monotonic()
+    try:
+        conn.open()
+    except Exception as exc:
+        message = describe(host, conn, opts, exc)
+        close(conn)
+        raise BackendError("ssh", message) from None
+    conn.transport.set_keepalive(KEEPALIVE)
+    return (time.monotonic() - t0) * 1000
+
+
+def round_trip_ms(conn: fabric.Connection) -> float:
+    """One ssh round trip on an open connection (a keepalive request, as ``ssh`` sends), in ms."""
+    t0 = time.monotonic()
+    conn.transport.global_request("keepalive@openssh.com", wait=True)
+    return (time.monotonic() - t0) * 1000
+
+
+def connect(host: Host, opts: SshOptions, config: fabric.Config | None = None) -> fabric.Connection:
+    """An open, authenticated ``fabric.Connection``; raises BackendError naming the host."""
+    conn = connection(host, opts, config)
+    open_connection(host, conn, opts)
+    return conn
+
+
+def close(conn: fabric.Connection) -> None:
+    """Close ``conn`` and the jump hosts it went through (fabric closes only the last hop)."""
+    hop: Any = conn
+    while isinstance(hop, fabric.Connection):
+        with contextlib.suppress(Exception):
+            hop.close()
+        with contextlib.suppress(Exception):
+            hop.client.close()  # also a transport whose authentication failed
+        hop = hop.gateway

@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from launchkit.backends.ssh.connection import SshOptions
+from launchkit.backends.ssh.options import SshOptions
 from launchkit.core.spec import Host
 from launchkit.errors import BackendError
 
