@@ -102,7 +102,8 @@ def reference(spec: dict, workers: int) -> list[list[np.ndarray]]:
                 g = sum(np.sin(np.arange(12, dtype=np.float32) + step + r) for r in range(workers))
             else:
                 g = sum(np.full(2000, 0.1 * (step - r), np.float32) for r in range(workers))
-            g = g.astype(np.float32) + wd * w[i]
+            g_raw = g.astype(np.float32)
+            g = g_raw + wd * w[i]
             s = state[i]
             if spec["type"] == "adam":
                 b1, b2, eps = 0.9, 0.999, 1e-8
@@ -110,9 +111,11 @@ def reference(spec: dict, workers: int) -> list[list[np.ndarray]]:
                 s["v"] = b2 * s["v"] + (1 - b2) * g * g
                 t = step + 1
                 w[i] = w[i] - lr * np.sqrt(1 - b2**t) / (1 - b1**t) * s["m"] / (np.sqrt(s["v"]) + eps)
-            elif spec.get("nesterov"):
-                s["mom"] = spec["momentum"] * s["mom"] + g
-                w[i] = w[i] - lr * (g + spec["momentum"] * s["mom"])
+            elif spec.get("nesterov"):  # MXNet's nag_mom_update: the momentum's decay uses the new weight
+                mu = spec["momentum"]
+                s["mom"] = mu * s["mom"]
+                w[i] = w[i] + (1 + mu) * (s["mom"] - lr * g) - s["mom"]
+                s["mom"] = s["mom"] - lr * (g_raw + wd * w[i])
             else:
                 s["mom"] = spec.get("momentum", 0.0) * s["mom"] - lr * g
                 w[i] = w[i] + s["mom"]
@@ -199,7 +202,7 @@ def test_interface_binding_verbose_logging_and_tcp_only_path() -> None:
 kv.init('k', np.zeros(5, np.float32))
 out = np.empty(5, np.float32)
 kv.pushpull('k', np.ones(5, np.float32), out)
-emit(endpoints=[s.endpoint for s in kv.client.book.servers], local=[c is not None for c in kv.client.local], v=out.tolist())
+emit(endpoints=[s.endpoint for s in kv.client.book.servers], local=kv.client.same_host, v=out.tolist())
 """
     job = run_job(worker_script(body), 2, 2, {"DMLC_INTERFACE": "lo", "PS_VERBOSE": "2", "PS_SHM": "0"})
     assert_clean(job)
@@ -246,7 +249,7 @@ kv.pull('k', out)
 t = np.arange(600 * 500, dtype=np.float32).reshape(500, 600).T  # not contiguous
 kv.pushpull('t', t)  # no out: the result replaces the pushed array
 emit(uniq=np.unique(out).tolist(), t_ok=bool(np.array_equal(t, np.arange(300000, dtype=np.float32).reshape(500, 600).T * kv.num_workers)),
-     tcp=[c is not None for c in kv.client.tcp], data=[bool(s.data) for s in kv.client.book.servers])
+     tcp=[kv.client.sends_directly(s) for s in range(kv.num_servers)], data=[bool(s.data) for s in kv.client.book.servers])
 """
 
 
