@@ -78,6 +78,8 @@ def _accept(listener: Listener, connect: Callable[[], Channel]) -> tuple[Channel
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Channel, Channel]]:
     kind = request.param
     listener: Listener | None = None
+    client: Channel
+    server: Channel
     if kind == "memory":
         client, server = MemoryChannel.pair(log=LOG)
     elif kind == "memory-shm":  # as the unix channel: headers only, shared memory

@@ -56,12 +56,15 @@ def install_excepthook() -> None:
 class DistKVStore(KVStore):
     """A worker of a parameter-server job."""
 
-    def __init__(self, name: str, cfg: NodeConfig, exit_on_failure: bool = True) -> None:
+    def __init__(
+        self, name: str, cfg: NodeConfig, exit_on_failure: bool = True, client: WorkerClient | None = None
+    ) -> None:
+        """Join the job (or use ``client``, already connected: tests on in-memory channels)."""
         self.type = name
         self.sync = "async" not in name
         self.cfg = cfg
         self.log = get_logger(cfg.verbose)
-        self.client = WorkerClient.join(cfg, self.log, exit_on_failure=exit_on_failure)
+        self.client = client or WorkerClient.join(cfg, self.log, exit_on_failure=exit_on_failure)
         self.rank = self.client.rank
         self.num_workers = self.client.book.num_workers
         self.num_servers = self.client.book.num_servers
