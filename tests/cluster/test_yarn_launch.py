@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launchkit.backends.yarn import RmClient
+from launchkit.backends.yarnrest import RmClient
 from launchkit.backends.yarnspec import YarnOptions, service_name, service_spec
 from launchkit.core.plan import make_plan
 from launchkit.core.spec import LOCALHOST, LaunchSpec
@@ -154,7 +154,7 @@ def test_kill_ctrl_c_and_the_launchers_death_stop_the_service(
         elif how == "ctrl-c":
             os.kill(proc.pid, signal.SIGINT)
         else:
-            os.kill(proc.pid, signal.SIGKILL)  # the reaper runs python -m launchkit.backends.yarn stop
+            os.kill(proc.pid, signal.SIGKILL)  # the reaper runs python -m launchkit.backends.yarnrest stop
         proc.wait(20)
     finally:
         if proc.poll() is None:

@@ -15,8 +15,10 @@ import threading
 import pytest
 
 import dmlc_env
-from launchkit.backends import yarn
-from launchkit.backends.yarn import YarnBackend, YarnError, YarnRun, stop_argv
+from launchkit.backends import yarnrest
+from launchkit.backends.yarn import YarnBackend
+from launchkit.backends.yarnrest import YarnError, stop_argv
+from launchkit.backends.yarnrun import YarnRun
 from launchkit.backends.yarnspec import (
     YarnOptions,
     app_code,
@@ -371,8 +373,8 @@ def test_state_mapping() -> None:
 
 def test_reaper_cleanup_is_an_argv_and_the_module_has_a_usage() -> None:
     argv = stop_argv("http://rm:8088", "lk-x", "me")
-    assert argv[1:] == ["-m", "launchkit.backends.yarn", "stop", "http://rm:8088", "lk-x", "--user", "me"]
-    assert yarn.main(["nonsense"]) == 2
+    assert argv[1:] == ["-m", "launchkit.backends.yarnrest", "stop", "http://rm:8088", "lk-x", "--user", "me"]
+    assert yarnrest.main(["nonsense"]) == 2
 
 
 def test_dry_run_shows_the_spec_without_the_secret() -> None:
