@@ -2,8 +2,8 @@
 
 A ``Learner`` holds the per-parameter state (momentum, moments, step count) and applies one of
 the update rules of ``optim.rules`` (the same rules as the server-side optimizers, so a learner
-and ``kv.set_optimizer(server_optimizer_spec(learner))`` compute the same numbers) to every named
-parameter, numpy or cupy. Distributed learners wrap a local learner (``update``, ``reset_momentum``).
+and ``kv.set_optimizer(server_optimizer_spec(learner))``, the spec made here, compute the same
+numbers) to every named parameter, numpy or cupy. Distributed learners wrap a local learner (``update``, ``reset_momentum``).
 
 Rules (``g`` the gradient plus ``weight_decay * w`` when that is set; CNTK's learners, whose
 L2 regularization also adds to the gradient):
@@ -141,3 +141,24 @@ def get_learner(name: str, params: dict[str, Any], **kwargs: Any) -> Learner:
     if name not in LEARNERS:
         raise ValueError(f"unknown learner {name!r}; known: {sorted(LEARNERS)}")
     return LEARNERS[name](params, **kwargs)
+
+
+def server_optimizer_spec(learner: Learner, rescale_grad: float = 1.0) -> dict[str, Any]:
+    """The server-side optimizer spec (``optim.server``) that applies ``learner``'s rule (both run
+    ``optim.rules``: the server computes what the local learner would)."""
+    wd = learner.weight_decay
+    if isinstance(learner, Adam):
+        return {"type": "adam", "learning_rate": learner.lr, "beta1": learner.beta1,
+                "beta2": learner.beta2, "epsilon": learner.eps, "wd": wd, "rescale_grad": rescale_grad}  # fmt: skip
+    spec: dict[str, Any] = {
+        "type": "sgd",
+        "learning_rate": learner.lr,
+        "wd": wd,
+        "rescale_grad": rescale_grad,
+    }
+    if isinstance(learner, Momentum):
+        spec.update(momentum=learner.momentum, nesterov=isinstance(learner, Nesterov))
+        spec["learning_rate"] = learner.step_lr  # unit gain: lr * (1 - momentum)
+    elif learner.name != "sgd":
+        raise ValueError(f"no server-side optimizer for local learner {learner.name!r}")
+    return spec

@@ -49,7 +49,7 @@ import math
 from typing import Any
 
 from trainer_core.compression import get_compressor
-from trainer_core.optim.local import Adam, Learner, Momentum, Nesterov
+from trainer_core.optim.local import Learner, server_optimizer_spec
 from trainer_core.train.comm import Communicator
 from trainer_core.xp import array_module
 
@@ -65,27 +65,6 @@ def compression_for_bits(bits: int, threshold: float = 0.5) -> dict[str, Any] | 
     if bits == 2:
         return {"type": "2bit", "threshold": float(threshold)}
     return None
-
-
-def server_optimizer_spec(learner: Learner, rescale_grad: float = 1.0) -> dict[str, Any]:
-    """The server-side optimizer spec (``optim.server``) that applies ``learner``'s rule (both run
-    ``optim.rules``: the server computes what the local learner would)."""
-    wd = learner.weight_decay
-    if isinstance(learner, Adam):
-        return {"type": "adam", "learning_rate": learner.lr, "beta1": learner.beta1,
-                "beta2": learner.beta2, "epsilon": learner.eps, "wd": wd, "rescale_grad": rescale_grad}  # fmt: skip
-    spec: dict[str, Any] = {
-        "type": "sgd",
-        "learning_rate": learner.lr,
-        "wd": wd,
-        "rescale_grad": rescale_grad,
-    }
-    if isinstance(learner, Momentum):
-        spec.update(momentum=learner.momentum, nesterov=isinstance(learner, Nesterov))
-        spec["learning_rate"] = learner.step_lr  # unit gain: lr * (1 - momentum)
-    elif learner.name != "sgd":
-        raise ValueError(f"no server-side optimizer for local learner {learner.name!r}")
-    return spec
 
 
 class DistributedLearner:
