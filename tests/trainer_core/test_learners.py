@@ -455,7 +455,9 @@ def test_periodic_learner_validation() -> None:
         ("momentum", {"lr": 0.1, "momentum": 0.9}),
         ("momentum", {"lr": 0.1, "momentum": 0.9, "unit_gain": True}),
         ("nesterov", {"lr": 0.1, "momentum": 0.9}),
+        ("nesterov", {"lr": 0.1, "momentum": 0.9, "unit_gain": True, "weight_decay": 0.01}),
         ("adam", {"lr": 0.01}),
+        ("adam", {"lr": 0.01, "eps": 1e-2, "weight_decay": 0.01}),  # epsilon's place shows
     ],
 )
 def test_async_learner_runs_the_local_rule_on_the_server(name: str, kw: dict[str, Any]) -> None:
