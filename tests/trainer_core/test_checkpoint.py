@@ -156,3 +156,43 @@ def test_compression_residuals_round_trip_into_the_store(tmp_path: Path) -> None
     kv2.load_compression_state(ck.residuals)
     for name, st in kv2.compression_state().items():
         np.testing.assert_array_equal(st["residual"], state[name]["residual"])
+
+
+def test_momentum_checkpoints_in_the_old_velocity_form_resume(tmp_path: Path) -> None:
+    """Checkpoints written before the learners shared optim.rules hold a velocity ``v`` (``v = mu v
+    + g``, ``w -= lr v``); restored, the momentum goes on as ``mom = -lr v``."""
+    lr, mu = 0.05, 0.8
+    params = make_params(0)
+    vel = {k: 0.5 * np.ones_like(v) for k, v in params.items()}
+    old = get_learner("momentum", params, lr=lr, momentum=mu)
+    old.state = {k: {"v": v.copy()} for k, v in vel.items()}  # what the old learner kept
+    path = checkpoint.save(tmp_path / "ck.npz", params=params, learner=old, step=1)
+    ck = checkpoint.load(path)
+    restored = make_params(3)
+    checkpoint.restore_params(restored, ck)
+    learner = get_learner("momentum", restored, lr=lr, momentum=mu)
+    checkpoint.restore_learner(learner, ck)
+    want = {k: v.copy() for k, v in params.items()}
+    for s in range(3):
+        learner.update(grad(0, s))
+        for k in want:
+            vel[k] = mu * vel[k] + grad(0, s)[k]
+            want[k] = want[k] - lr * vel[k]
+    for k in want:
+        np.testing.assert_allclose(restored[k], want[k], rtol=1e-12)
+
+
+def test_restore_refuses_state_the_learner_does_not_have(tmp_path: Path) -> None:
+    params = make_params(0)
+    adam = get_learner("adam", params, lr=0.01)
+    adam.update(grad(0, 0))
+    ck = checkpoint.load(checkpoint.save(tmp_path / "ck.npz", params=params, learner=adam))
+    sgd = get_learner("sgd", make_params(1), lr=0.1)
+    with pytest.raises(ValueError, match="adam"):
+        checkpoint.restore_learner(sgd, ck)  # another learner's checkpoint
+    ck.learner_name = ""  # even unnamed, its slots give it away
+    with pytest.raises(ValueError, match="no slot"):
+        checkpoint.restore_learner(sgd, ck)
+    assert sgd.state == {}
+    with pytest.raises(ValueError, match="not a parameter"):
+        get_learner("adam", {"w": np.zeros(2)}, lr=0.1).load_state({"x": {"m": np.zeros(2)}})

@@ -36,6 +36,7 @@ class Learner:
     """Base: holds ``params`` (dict name -> array, updated in place) and per-parameter state."""
 
     name: ClassVar[str] = ""
+    slots: ClassVar[tuple[str, ...]] = ()  # the per-parameter state it keeps
 
     def __init__(self, params: dict[str, Any], lr: float, weight_decay: float = 0.0) -> None:
         self.params = params
@@ -58,6 +59,20 @@ class Learner:
         self.state.clear()
         self.steps = 0
 
+    def load_state(self, state: dict[str, dict[str, Any]]) -> None:
+        """Replace the per-parameter state by ``state`` (``self.state``'s form, e.g. from a
+        checkpoint, arrays on the parameters' device); ``ValueError`` for a parameter or slot this
+        learner does not have, before anything changes."""
+        for key, per in state.items():
+            if key not in self.params:
+                raise ValueError(f"state for {key!r}, which is not a parameter")
+            extra = set(per) - set(self.slots)
+            if extra:
+                raise ValueError(
+                    f"{self.name} learner state has no slot {sorted(extra)} (its slots: {self.slots})"
+                )
+        self.state = {key: dict(per) for key, per in state.items()}
+
     def _slot(self, key: str, slot: str, like: Any) -> Any:
         per = self.state.setdefault(key, {})
         if slot not in per:
@@ -77,6 +92,7 @@ class SGD(Learner):
 
 class Momentum(Learner):
     name: ClassVar[str] = "momentum"
+    slots: ClassVar[tuple[str, ...]] = ("mom",)
 
     def __init__(
         self,
@@ -97,6 +113,13 @@ class Momentum(Learner):
         """The rule's learning rate: ``lr``, times ``1 - momentum`` with unit gain."""
         return self.lr * (1.0 - self.momentum) if self.unit_gain else self.lr
 
+    def load_state(self, state: dict[str, dict[str, Any]]) -> None:
+        """As ``Learner.load_state``; a velocity ``v`` (checkpoints from before the learners shared
+        ``optim.rules``: ``v = mu * v + g``, ``w -= lr * v``) becomes ``mom = -lr * v``."""
+        super().load_state(
+            {k: {"mom": -self.lr * per["v"]} if set(per) == {"v"} else per for k, per in state.items()}
+        )
+
     def _step(self, key: str, w: Any, g: Any) -> None:
         mom = self._slot(key, "mom", w)
         rules.sgd_momentum(w, g, mom, self.step_lr, self.momentum, self.weight_decay)
@@ -111,6 +134,7 @@ class Nesterov(Momentum):
 
 class Adam(Learner):
     name: ClassVar[str] = "adam"
+    slots: ClassVar[tuple[str, ...]] = ("m", "v", "t")
 
     def __init__(
         self,

@@ -223,10 +223,13 @@ def restore_learner(learner: Any, ck: Checkpoint) -> None:
     local = _local_learner(learner)
     if ck.learner_name and ck.learner_name != local.name:
         raise ValueError(f"checkpoint holds a {ck.learner_name!r} learner, not {local.name!r}")
-    local.state.clear()
+    state = {}
     for pname, slots in ck.local.items():
+        if pname not in local.params:
+            raise ValueError(f"checkpoint holds learner state for {pname!r}, which is not a parameter")
         ref = local.params[pname]
-        local.state[pname] = {s: (v if _is_scalar(v) else like(v.copy(), ref)) for s, v in slots.items()}
+        state[pname] = {s: (v if _is_scalar(v) else like(v.copy(), ref)) for s, v in slots.items()}
+    local.load_state(state)
     local.steps = ck.local_steps
     if local is not learner:
         learner.load_state_dict(ck.dist)
