@@ -1,5 +1,5 @@
 """What ``launchkit launch`` does for the cluster engines: the hosts they give (an allocation,
-placeholders for the engine to fill), their options from the command line, and ``--detach``."""
+placeholders for the engine to fill) and their options from the command line."""
 
 from __future__ import annotations
 
@@ -8,12 +8,9 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from launchkit import backends
 from launchkit.console import Ui
-from launchkit.core.plan import make_plan, new_job_id, new_secret
 from launchkit.core.spec import LOCALHOST, Host, LaunchSpec
-from launchkit.errors import BackendError, UsageError
-from launchkit.jobs import records as jobs
+from launchkit.errors import UsageError
 
 
 def slurm_hosts(nodes: int | None) -> tuple[Host, ...]:
@@ -136,43 +133,3 @@ def engine_backend_options(spec: LaunchSpec, f: EngineFlags) -> dict[str, Any]:
             extra=split_flag("--slurm-args", f.slurm_args), **roles,
         )  # fmt: skip
     return options
-
-
-def submit_detached(spec: LaunchSpec, backend: backends.Backend, ui: Ui) -> int:
-    """``--detach``: submit the batch job, record it, print both ids; the job runs on its own."""
-    from launchkit.backends.batch import BatchBackend
-
-    if not isinstance(backend, BatchBackend):
-        raise UsageError(f"--detach needs a batch engine, not --launcher {backend.name}")
-    if not backend.can_detach():
-        raise UsageError(f"--detach submits a batch job: {backend.detach_refusal()}")
-    plan = make_plan(
-        spec,
-        job_id=new_job_id(),
-        secret=new_secret(),
-        root_uri="",
-        root_port=0,
-        node_host_of=backend.node_hosts(spec),
-    )
-    backend.prepare(plan)
-    try:
-        engine_job = backend.submit(plan)
-    except OSError as exc:
-        raise BackendError(backend.name, str(exc)) from None
-    output = backend.output_of(plan)
-    record = jobs.started_here(
-        id=plan.job_id,
-        name=plan.job_name,
-        backend=plan.backend,
-        hosts=(),
-        command=spec.command,
-        cwd=spec.cwd,
-        log_dir=spec.log_dir,
-        remote={"engine": backend.name, "engine_job": engine_job, "output": output},
-        detached=True,
-        processes=tuple(jobs.ProcessRecord(t.role, t.rank, str(t.host)) for t in plan.tasks),
-    )
-    jobs.save(record)
-    ui.info(f"job {plan.job_id} submitted as {backend.name} job {engine_job}; output in {output}")
-    ui.text(plan.job_id)
-    return 0

@@ -4,6 +4,9 @@
 
 Option parsing stops at the first word of the command, so the command keeps its own flags
 (even ``-n``); ``--`` before the command is optional. See docs/launch.md.
+
+This module turns the flags into a ``LaunchSpec`` and a backend, and prints; running the job
+(planning, contacting hosts, recording, supervising) is ``launchkit.launching``'s.
 """
 
 from __future__ import annotations
@@ -15,22 +18,17 @@ from pathlib import Path
 import typer
 
 import dmlc_env
-from launchkit import backends
+from launchkit import backends, launching
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app
-from launchkit.cli.engines import EngineFlags, engine_backend_options, engine_hosts, submit_detached
+from launchkit.cli.engines import EngineFlags, engine_backend_options, engine_hosts
 from launchkit.cli.planview import plan_to_json, show_plan
 from launchkit.console import Ui
 from launchkit.core.hostfile import read_hostfile
 from launchkit.core.placement import assign_hosts
-from launchkit.core.plan import make_plan, new_job_id, new_secret
 from launchkit.core.spec import LOCALHOST, JobResult, LaunchSpec
 from launchkit.dashboard import Dashboard
 from launchkit.errors import UsageError
-from launchkit.hostside.netif import route_address
-from launchkit.jobs import records as jobs
-from launchkit.netutil import PortReservation, fallback_address, interface_address
-from launchkit.supervisor import Supervisor
 
 # launch.py's --p3: MXNet's P3 van (priority-based parameter propagation), for every process.
 P3_ENV = (("DMLC_PS_VAN_TYPE", "p3"), ("DMLC_PS_WATER_MARK", "10"))
@@ -51,18 +49,6 @@ def parse_env_items(items: list[str], flag: str, environ: dict[str, str]) -> tup
             value = environ[name]
         pairs.append((name, value))
     return tuple(pairs)
-
-
-def scheduler_address(spec: LaunchSpec, reached_from: str | None = None) -> str:
-    """--scheduler-ip, else the interface's address, else loopback (local), else the local
-    address through which the hosts were reached, else the route to the first host."""
-    if spec.scheduler_ip:
-        return spec.scheduler_ip
-    if spec.interface:
-        return interface_address(spec.interface)
-    if spec.backend == "local":
-        return "127.0.0.1"
-    return reached_from or route_address(spec.hosts[0].name) or fallback_address()
 
 
 def build_spec(
@@ -281,22 +267,17 @@ def register(app: typer.Typer) -> None:
             show_dry_run(spec, backend, ui, as_json=as_json)
             return
         if detach:
-            raise typer.Exit(submit_detached(spec, backend, ui))
+            done = launching.submit_detached(spec, backend)
+            ui.info(
+                f"job {done.job_id} submitted as {backend.name} job {done.engine_job}; output in {done.output}"
+            )
+            ui.text(done.job_id)
+            raise typer.Exit(0)
         raise typer.Exit(run_job(spec, backend, ui, dashboard=dashboard))
 
 
 def show_dry_run(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, as_json: bool) -> None:
-    own_address = backend.finds_scheduler_address()
-    root_uri = "<its node's address>" if own_address else scheduler_address(spec)
-    plan = make_plan(
-        spec,
-        job_id=new_job_id(),
-        secret="",
-        root_uri=root_uri,
-        root_port=spec.scheduler_port or 0,
-        node_host_of=backend.node_hosts(spec),
-    )
-    data = plan_to_json(plan, backend, spec.scheduler_port is not None)
+    data = plan_to_json(launching.dry_run_plan(spec, backend), backend, spec.scheduler_port is not None)
     if as_json:
         ui.json(data)
     else:
@@ -310,59 +291,9 @@ def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: b
             board = Dashboard(ui.out)
         else:
             ui.warn("--dashboard needs a terminal; showing the plain merged output instead")
-    reached = backend.connect(spec)
-    own_address = backend.finds_scheduler_address()
-    root_uri = "" if own_address else scheduler_address(spec, reached)
-    reservation = None if spec.scheduler_port or own_address else PortReservation(root_uri)
-    try:
-        port = spec.scheduler_port or (reservation.port if reservation else 0)
-        plan = make_plan(
-            spec,
-            job_id=new_job_id(),
-            secret=new_secret(),
-            root_uri=root_uri,
-            root_port=port,
-            node_host_of=backend.node_hosts(spec),
-        )
-        try:
-            backend.prepare(plan)
-        except BaseException:
-            backend.close()
-            raise
-        record = jobs.started_here(
-            id=plan.job_id,
-            name=plan.job_name,
-            backend=plan.backend,
-            hosts=tuple(sorted({str(t.host) for t in plan.tasks})),
-            command=spec.command,
-            cwd=spec.cwd,
-            log_dir=spec.log_dir,
-            remote=backend.record_info(),
-        )
-        ui.info(
-            f"job {plan.job_id} ({plan.job_name}): 1 scheduler, {_count(spec.num_servers, 'server')}, "
-            f"{_count(spec.num_workers, 'worker')} on {plan.backend}; "
-            + backend.scheduler_summary(root_uri, port)
-        )
-        result = Supervisor(
-            plan,
-            backend,
-            ui,
-            log_dir=spec.log_dir,
-            grace=spec.grace_period,
-            time_limit=spec.time_limit,
-            record=record,
-            dashboard=board,
-        ).run()
-    finally:
-        if reservation is not None:
-            reservation.close()
+    result = launching.run_job(spec, backend, ui, dashboard=board)
     report(ui, result)
     return result.exit_code
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def report(ui: Ui, result: JobResult) -> None:
