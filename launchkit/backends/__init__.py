@@ -1,5 +1,5 @@
 """Launch backends, chosen by name. A new backend is one module plus one line here; each is
-imported only when used, so a backend's heavy dependency (paramiko, ...) loads lazily."""
+imported only when used, so a backend's heavy dependency (fabric for ssh, ...) loads lazily."""
 
 from __future__ import annotations
 

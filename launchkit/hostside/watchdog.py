@@ -1,10 +1,11 @@
 """The watchdog that runs a job's processes on one remote host.
 
-The launcher sends this module, with the hostside modules it imports (``procscan``, ``netif``; the
-list is ``launchkit.backends.ssh.agent.SHIPPED``), over its ssh connection and runs it with the
-host's ``python3``: nothing is installed on the host. It speaks JSON lines over the ssh channel (see docs/ssh.md, "watchdog protocol"): the launcher sends ``hello``, then
-``spawn``, ``signal``, ``hb`` (heartbeat) and ``shutdown``; the watchdog answers ``ready``,
-``started``, ``error``, ``out``/``eof`` (output, base64), ``exit``, ``hb`` and ``bye``.
+The launcher sends this module, with the hostside modules it imports (``procscan``, ``netif``;
+the list is ``launchkit.backends.ssh.agent.SHIPPED``), over its ssh connection and runs it with
+the host's ``python3``: nothing is installed on the host. It speaks JSON lines over the ssh
+channel (see docs/ssh.md, "watchdog protocol"): the launcher sends ``hello``, then ``spawn``,
+``signal``, ``hb`` (heartbeat) and ``shutdown``; the watchdog answers ``ready``, ``started``,
+``error``, ``out``/``eof`` (output, base64), ``exit``, ``hb`` and ``bye``.
 
 Every process runs in its own session; the environment arrives in the ``spawn`` message, so
 it never shows on a command line and needs no ``AcceptEnv`` from sshd. The watchdog ends all of

@@ -1,3 +1,3 @@
-"""The ssh backend: connections (``connection``), the host agent that drives one host's watchdog
-(``agent``), working-directory sync (``sync``), one-shot commands over many hosts (``commands``)
-and the backend itself (``backend``)."""
+"""The ssh backend: the user's ssh options (``options``), fabric connections (``connection``), the
+host agent that drives one host's watchdog (``agent``), working-directory sync (``sync``), one-shot
+commands over many hosts as a fabric group (``commands``) and the backend itself (``backend``)."""

@@ -1,7 +1,9 @@
 """The launcher's side of one remote host: an ssh connection and the watchdog running there.
 
-``HostAgent`` starts ``launchkit.hostside.watchdog`` over the connection (sending its source), then
-multiplexes every process of that host over the one channel: spawn, signal, heartbeats, output.
+``HostAgent`` starts ``launchkit.hostside.watchdog`` over the connection (sending its source and
+the hostside modules it imports, ``SHIPPED``), on a session of the fabric connection's paramiko
+transport, then multiplexes every process of that host over that one channel: spawn, signal,
+heartbeats, output.
 Each remote process appears to the supervisor as a ``RemoteProcess`` whose stdout/stderr are
 local pipes fed from the channel, so output handling is the same as for local processes.
 """

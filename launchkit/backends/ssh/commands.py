@@ -1,8 +1,9 @@
 """One-shot commands on many hosts over ssh: probing (``hosts check``) and ending jobs (``kill``).
 
-Every host is reached in parallel (``connection``), then the command runs on all of them as one
-fabric ``ThreadingGroup``. Partial failure is data: the group's ``GroupResult`` (succeeded and
-failed, per connection) becomes one ``HostResult`` per host, in hostfile order. Commands are argv
+Hosts are reached in parallel (``connection``), at most MAX_PARALLEL at a time, and the command
+runs on each such batch as one fabric ``ThreadingGroup``. Partial failure is data: the group's
+``GroupResult`` (succeeded and failed, per connection) becomes one ``HostResult`` per host, in
+hostfile order. Commands are argv
 lists quoted with ``shlex``; nothing is read from this machine's stdin.
 """
 
@@ -77,54 +78,77 @@ def on_hosts(
     what: str,
 ) -> list[HostResult]:
     """Run ``argv`` on every host; ``read(stdout)`` turns a zero exit's output into the host's data.
-    A non-zero exit is that host's error (``what`` failed, with the end of its stderr)."""
+    A non-zero exit is that host's error (``what`` failed, with the end of its stderr). Hosts go
+    MAX_PARALLEL at a time: a batch is reached, runs the command as one group, and is closed."""
+    from launchkit.backends.ssh import connection as ssh
+
+    config = ssh.fabric_config(opts)
+    results: dict[Host, HostResult] = {}
+    hosts_of: dict[Any, list[Host]] = {}  # entries naming one login (equal connections) run it once
+    for h in hosts:
+        try:
+            hosts_of.setdefault(ssh.connection(h, opts, config), []).append(h)
+        except BackendError as exc:
+            results[h] = HostResult(h, False, exc.message.removeprefix("ssh: "))
+    distinct = list(hosts_of)
+    for start in range(0, len(distinct), ssh.MAX_PARALLEL):
+        batch = {conn: hosts_of[conn] for conn in distinct[start : start + ssh.MAX_PARALLEL]}
+        results.update(_run_batch(batch, opts, shlex.join(argv), read, timeout, what))
+    return [results[h] for h in hosts]
+
+
+def _run_batch(
+    batch: dict[Any, list[Host]],
+    opts: SshOptions,
+    command: str,
+    read: Callable[[str], dict[str, Any]],
+    timeout: float,
+    what: str,
+) -> dict[Host, HostResult]:
     import fabric
     from fabric.exceptions import GroupException
 
     from launchkit.backends.ssh import connection as ssh
 
-    config = ssh.fabric_config(opts)
-    conns: dict[Host, Any] = {}
     results: dict[Host, HostResult] = {}
+    reached: dict[Any, HostResult] = {}
 
-    def reach(h: Host) -> None:
+    def reach(conn: Any) -> None:
+        first = batch[conn][0]
         try:
-            conn = ssh.connection(h, opts, config)
-            ms = ssh.open_connection(h, conn, opts)
+            ms = ssh.open_connection(first, conn, opts)
         except BackendError as exc:
-            results[h] = HostResult(h, False, exc.message.removeprefix("ssh: "))
+            error = exc.message.removeprefix("ssh: ")
+            results.update(
+                {h: HostResult(h, False, error.replace(str(first), str(h), 1)) for h in batch[conn]}
+            )
             return
-        conns[h] = conn
-        results[h] = HostResult(h, True, latency_ms=ms, data={"rtt_ms": ssh.round_trip_ms(conn)})
+        reached[conn] = HostResult(first, True, latency_ms=ms, data={"rtt_ms": ssh.round_trip_ms(conn)})
 
-    ssh.on_each(reach, list(hosts))
-    hosts_of: dict[Any, list[Host]] = {}  # entries naming one login (equal connections) run it once
-    for h, conn in conns.items():
-        hosts_of.setdefault(conn, []).append(h)
-    group = fabric.ThreadingGroup.from_connections(list(hosts_of))
+    ssh.on_each(reach, list(batch))
     try:
-        done = group.run(shlex.join(argv), hide=True, warn=True, in_stream=False, timeout=timeout)
+        done = fabric.ThreadingGroup.from_connections(list(reached)).run(
+            command, hide=True, warn=True, in_stream=False, timeout=timeout
+        )
     except GroupException as exc:
         done = exc.result
     for conn, error in done.failed.items():
-        for h in hosts_of[conn]:
-            results[h] = HostResult(h, False, ssh.describe(h, conn, opts, error))
+        results.update({h: HostResult(h, False, ssh.describe(h, conn, opts, error)) for h in batch[conn]})
     for conn, res in done.succeeded.items():
-        for h in hosts_of[conn]:
+        for h in batch[conn]:
             if res.exited != 0:
-                results[h] = HostResult(
-                    h, False, f"{h}: {what} failed ({res.exited}): {res.stderr.strip()[-200:]}"
-                )
+                error = f"{h}: {what} failed ({res.exited}): {res.stderr.strip()[-200:]}"
+                results[h] = HostResult(h, False, error)
                 continue
             try:
-                data = {**results[h].data, **read(res.stdout)}
+                data = {**reached[conn].data, **read(res.stdout)}
             except ValueError as exc:
                 results[h] = HostResult(h, False, f"{h}: {what} said something unexpected: {exc}")
                 continue
-            results[h] = HostResult(h, True, latency_ms=results[h].latency_ms, data=data)
-    for conn in conns.values():
+            results[h] = HostResult(h, True, latency_ms=reached[conn].latency_ms, data=data)
+    for conn in batch:
         ssh.close(conn)
-    return [results[h] for h in hosts]
+    return results
 
 
 def probe(hosts: Sequence[Host], opts: SshOptions) -> list[HostResult]:

@@ -1,6 +1,6 @@
 """``--sync-dst-dir``: rsync the working directory to every host in parallel, with progress.
 
-One ``rsync -az`` per host over the same ssh options as the launch. Failures are collected per
+One ``rsync -az`` per host (at most 32 at a time) over the same ssh options as the launch. Failures are collected per
 host and are fatal: a launch never starts with half-synced hosts.
 """
 
@@ -10,7 +10,6 @@ import os
 import re
 import shlex
 import subprocess
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from launchkit.backends.ssh.connection import on_each
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.core.spec import Host
 from launchkit.errors import BackendError
@@ -46,9 +46,8 @@ class SyncResult:
 def sync_all(
     hosts: Sequence[Host], src: str, dst: str, opts: SshOptions, excludes: Sequence[str], console: Console
 ) -> list[SyncResult]:
-    """rsync ``src`` to ``dst`` on every host in parallel; raises BackendError if any failed."""
-    results: list[SyncResult] = []
-    lock = threading.Lock()
+    """rsync ``src`` to ``dst`` on every host in parallel (at most MAX_PARALLEL at a time); raises
+    BackendError if any failed."""
     with Progress(
         TextColumn("sync {task.description}"),
         BarColumn(),
@@ -58,7 +57,7 @@ def sync_all(
         transient=False,
     ) as progress:
 
-        def one(host: Host) -> None:
+        def one(host: Host) -> SyncResult:
             bar = progress.add_task(str(host), total=100)
             argv = rsync_argv(src, host, dst, opts, excludes)
             try:
@@ -66,9 +65,7 @@ def sync_all(
                     argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
                 )
             except FileNotFoundError:
-                with lock:
-                    results.append(SyncResult(host, 127, "rsync is not installed on this machine"))
-                return
+                return SyncResult(host, 127, "rsync is not installed on this machine")
             assert proc.stdout is not None and proc.stderr is not None
             buf = b""
             while chunk := os.read(proc.stdout.fileno(), 4096):
@@ -82,14 +79,9 @@ def sync_all(
             code = proc.wait()
             if code == 0:
                 progress.update(bar, completed=100)
-            with lock:
-                results.append(SyncResult(host, code, err))
+            return SyncResult(host, code, err)
 
-        threads = [threading.Thread(target=one, args=(h,)) for h in hosts]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        results = on_each(one, hosts)
     failed = [r for r in results if r.code != 0]
     if failed:
         lines = "; ".join(
