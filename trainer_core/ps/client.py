@@ -106,6 +106,8 @@ class WorkerClient:
         client.transport = transport
         if exit_on_failure:
             live.on_failure = client._exit_soon
+            if live.failure is not None:  # failed before the hook was in place
+                client._exit_soon(live.failure)
         return client
 
     @property
