@@ -178,9 +178,3 @@ class RouterPeer(Peer):
             raise KVError("a ZeroMQ channel carries no file descriptors")
         self.router.trace.sent(header, len(frames))
         self.router.sock.send_multipart([self.ident, wire.encode(header), *frames], copy=False)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RouterPeer) and other.router is self.router and other.ident == self.ident
-
-    def __hash__(self) -> int:
-        return hash(self.ident)

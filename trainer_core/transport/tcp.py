@@ -50,6 +50,7 @@ class TcpChannel(FramedStream, Channel):
         FramedStream.__init__(self, sock, reuse=nonce is not None)
         Channel.__init__(self, TCP_CAPS, trace)
         self.key = key
+        self.server_side = nonce is not None
         self.nonce = nonce  # server side: set until the client proved the secret
         self.ready = nonce is None
         self.born = time.monotonic()
@@ -152,7 +153,7 @@ class TcpChannel(FramedStream, Channel):
         if fds:
             raise KVError("the TCP data channel carries no file descriptors")
         self.trace.sent(header, len(frames))
-        if self.reuse:
+        if self.server_side:
             self.post(wire.encode(header), frames)
         else:
             self.write(wire.encode(header), frames, self.alive)
