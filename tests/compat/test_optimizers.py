@@ -156,3 +156,42 @@ def test_the_other_adam_form_would_not_match(mxnet_results: dict) -> None:
         w = w - h["alr"] * (m / (1 - h["b1"] ** t)) / (np.sqrt(v / (1 - h["b2"] ** t)) + h["eps"])
     want = np.array(mxnet_results[("exact", "server-adam-tiny", "float64")]["steps"][-1])
     assert rel_diff(w - start, want - start) > 0.1
+
+
+KV_CASES = {
+    "sgd": {"learning_rate": 0.1, **{"wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}},
+    "nag": {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3, "rescale_grad": 0.5},
+    "adam": {"learning_rate": 0.01, "wd": 1e-3, "clip_gradient": 1.0},
+}
+
+
+def test_local_kv_store_with_an_optimizer_matches_mxnets(mxnet_python: str) -> None:
+    """Through the KV API: ``set_optimizer``, ``init``, pushes of two values per key (summed before
+    the optimizer), pulls; our ``local`` store (the server's store) against MXNet's."""
+    from trainer_core import kv as kvstore
+
+    rng = np.random.default_rng(7)
+    runs = []
+    for name, kwargs in KV_CASES.items():
+        w = rng.standard_normal(N).astype(np.float32)
+        pushes = [[rng.standard_normal(N).astype(np.float32) for _ in range(2)] for _ in range(STEPS)]
+        runs.append((name, kwargs, w, pushes))
+    payload = [{"optimizer": n, "kwargs": k, "weight": w.tolist(), "pushes": [[v.tolist() for v in p] for p in ps]}
+               for n, k, w, ps in runs]  # fmt: skip
+    res = subprocess.run(
+        [mxnet_python, str(PROG.with_name("mx_kv_optim.py"))],
+        input=json.dumps(payload), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    theirs = json.loads(res.stdout.strip().splitlines()[-1])
+    for (name, kwargs, w, pushes), want_steps in zip(runs, theirs, strict=True):
+        store = kvstore.create("local")
+        store.set_optimizer(name, **kwargs)
+        store.init(3, w)
+        for t, (values, want) in enumerate(zip(pushes, want_steps, strict=True), start=1):
+            store.push(3, values)
+            got = np.empty(N, np.float32)
+            store.pull(3, got)
+            want = np.array(want, np.float32)
+            assert rel_diff(want, w) > 1e-4, name  # the optimizer did move the value
+            assert rel_diff(got, want) <= 1e-6, f"{name} step {t}: {rel_diff(got, want):.3g}"
