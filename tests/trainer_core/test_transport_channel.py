@@ -294,10 +294,18 @@ def test_the_poller_accepts_and_drops_stale_connections() -> None:
     tcp.close()
 
 
-def test_memory_channels_carry_no_os_resources_beyond_their_eventfd() -> None:
-    before = len(os.listdir("/proc/self/fd"))
+def test_memory_channels_are_pollable_eventfds_and_closing_one_ends_the_other() -> None:
     a, b = MemoryChannel.pair()
-    assert len(os.listdir("/proc/self/fd")) == before + 2
-    a.close()
+    fds = {a.pollable(), b.pollable()}
+    assert len(fds) == 2
+    assert all(os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[eventfd]" for fd in fds)
+    assert not b.wait(0.0)
+    a.send(header(1))
+    assert b.wait(0.0)
     b.close()
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert a.wait(0.0)  # woken: b is gone
+    assert not a.receive(lambda m: None) and a.peer_closed
+    with pytest.raises(ChannelClosed):
+        a.send(header(2))
+    a.close()
+    assert not a.receive(lambda m: None)

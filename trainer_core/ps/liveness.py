@@ -1,12 +1,13 @@
 """Heartbeats: a background thread per node that keeps the node and the scheduler in touch.
 
-The thread owns its own DEALER socket to the scheduler, sends a heartbeat every
+The thread owns its own channel to the scheduler (a ZeroMQ DEALER), sends a heartbeat every
 ``interval`` seconds and watches the replies. It sets ``failed`` (with ``failure``, a
 ``NodeFailure`` naming the dead node) when the scheduler reports an abort, or when the
 scheduler itself stays silent for ``timeout`` seconds; it sets ``terminated`` when the
 scheduler ends the job normally. It runs beside the user's code, so a long computation on a
 healthy node never misses a beat. With heartbeats off (interval 0) it still sends one
-heartbeat, so the scheduler can reach it, and relays aborts.
+heartbeat, so the scheduler can reach it, and relays aborts. What it learns is a ``Health``,
+which the roles read; in-process tests use a bare ``Health`` and set it by hand.
 """
 
 from __future__ import annotations
