@@ -122,22 +122,11 @@ class DistKVStore(KVStore):
         self.codec.load_state(state, {str(k): k for k in self.meta})
 
     def server_state(self) -> dict[Key, dict[str, Any]]:
-        """The servers' state of every key, for checkpoints (collective: every worker calls it at the
-        same point, between rounds; rank 0 gets the state, the others ``{}``).
-
-        Per key: ``value`` (the stored value; with compressed pulls it differs from what workers
-        pulled), ``opt/<slot>`` (the server optimizer's arrays, e.g. ``opt/mom``, ``opt/m``,
-        ``opt/v``, and its step counter ``opt/t`` as an int), the parts of a split key reassembled
-        into the key's shape; ``pull/<part>/<slot>`` (each part's pull compressor state, e.g. its
-        error-feedback ``residual``)."""
+        """The servers' state of every key, for checkpoints (collective; see ``dist_state.server_state``)."""
         return dist_state.server_state(self.client, self.meta)
 
     def load_server_state(self, state: dict[Key, dict[str, Any]]) -> None:
-        """Restore ``server_state()`` on the servers (collective, as ``server_state``: every worker
-        calls it at the same point, after ``set_optimizer``, ``set_gradient_compression`` and
-        ``init``; rank 0's ``state`` is sent, the others' is ignored). A key named in ``state`` gets
-        its value, optimizer state and pull residuals replaced (those missing start from zero);
-        other keys are untouched."""
+        """Restore ``server_state()`` on the servers (collective; see ``dist_state.load_server_state``)."""
         dist_state.load_server_state(self.client, self._meta, state)
 
     # -- data ---------------------------------------------------------------------------------------

@@ -26,7 +26,14 @@ PerServer = dict[int, tuple[list[wire.Entry], list[np.ndarray], list[str], list[
 
 
 def server_state(client: WorkerClient, meta: Mapping[Key, KeyMeta]) -> dict[Key, dict[str, Any]]:
-    """See ``DistKVStore.server_state``."""
+    """The servers' state of every key of ``meta`` (every worker calls it at the same point, between
+    rounds; rank 0 gets the state, the others ``{}``).
+
+    Per key: ``value`` (the stored value; with compressed pulls it differs from what workers
+    pulled), ``opt/<slot>`` (the server optimizer's arrays, e.g. ``opt/mom``, ``opt/m``, ``opt/v``,
+    and its step counter ``opt/t`` as an int), the parts of a split key reassembled into the key's
+    shape; ``pull/<part>/<slot>`` (each part's pull compressor state, e.g. its error-feedback
+    ``residual``)."""
     client.drain()
     client.barrier()
     out: dict[Key, dict[str, Any]] = {}
@@ -88,7 +95,11 @@ def _take_state(
 def load_server_state(
     client: WorkerClient, key_meta: Callable[[Key], KeyMeta], state: dict[Key, dict[str, Any]]
 ) -> None:
-    """See ``DistKVStore.load_server_state``; ``key_meta`` looks a key up (``KVError`` if unknown)."""
+    """Restore ``server_state()`` on the servers (every worker calls it at the same point, after
+    ``set_optimizer``, ``set_gradient_compression`` and ``init``; rank 0's ``state`` is sent, the
+    others' is ignored). A key named in ``state`` gets its value, optimizer state and pull
+    residuals replaced (those missing start from zero); other keys are untouched. ``key_meta``
+    looks a key up (``KVError`` if unknown)."""
     client.drain()
     client.barrier()
     if client.rank == 0:
