@@ -18,7 +18,7 @@ from trainer_core.config import NodeConfig
 from trainer_core.errors import WireError
 from trainer_core.log import get_logger
 from trainer_core.transport import wire
-from trainer_core.transport.channel import Peer, Received
+from trainer_core.transport.channel import Peer, Received, Source
 from trainer_core.transport.control import Transport
 from trainer_core.transport.host import interface_address
 
@@ -47,14 +47,21 @@ class NodeRecord:
 
 
 class Scheduler:
-    """One job's scheduler; ``run()`` returns the exit code."""
+    """One job's scheduler; ``run()`` returns the exit code. Every message goes to ``handle``, which
+    answers on its ``reply``; ``router`` replaces the bound ROUTER (in-process tests)."""
 
-    def __init__(self, cfg: NodeConfig, log: logging.Logger | None = None) -> None:
+    def __init__(
+        self, cfg: NodeConfig, log: logging.Logger | None = None, router: Source | None = None
+    ) -> None:
         self.cfg = cfg
         self.log = log or get_logger(cfg.verbose)
-        self.transport = Transport(cfg.secret, self.log, cfg.verbose)
-        host = interface_address(cfg.env.interface) if cfg.env.interface else "*"
-        self.router, self.endpoint = self.transport.bind_router(host, cfg.env.root_port)
+        self.transport: Transport | None = None
+        self.endpoint = ""
+        if router is None:
+            self.transport = Transport(cfg.secret, self.log, cfg.verbose)
+            host = interface_address(cfg.env.interface) if cfg.env.interface else "*"
+            router, self.endpoint = self.transport.bind_router(host, cfg.env.root_port)
+        self.router = router
         self.expected = {"server": cfg.env.num_servers, "worker": cfg.env.num_workers}
         self.pending: list[NodeRecord] = []
         self.nodes: dict[str, NodeRecord] = {}
@@ -66,7 +73,8 @@ class Scheduler:
         try:
             return self._run()
         finally:
-            self.transport.close(linger_ms=1000)
+            if self.transport is not None:
+                self.transport.close(linger_ms=1000)
 
     def _run(self) -> int:
         cfg = self.cfg
@@ -74,7 +82,7 @@ class Scheduler:
         check_every = min(0.2, cfg.heartbeat_interval) if cfg.liveness_on else 0.2
         while True:
             if self.router.wait(check_every):
-                self.router.receive(self._on_message)
+                self.router.receive(self.handle)
                 if self.exit_code is not None:
                     return self.exit_code
             now = time.monotonic()
@@ -94,7 +102,8 @@ class Scheduler:
                             rec.name,
                         )
 
-    def _on_message(self, msg: Received) -> None:
+    def handle(self, msg: Received) -> None:
+        """Serve one message; sets ``exit_code`` when it ends the job."""
         if self.exit_code is not None:
             return  # the job is over: what else was waiting is moot
         try:
