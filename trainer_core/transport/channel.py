@@ -183,16 +183,15 @@ class Trace:
     def __init__(self, log: logging.Logger, verbose: int = 0) -> None:
         self.log = log
         self.verbose = verbose
+        self.on = verbose >= 2  # callers test it before ``sent``/``received``: no call per message else
 
     def sent(self, header: wire.Header, frames: int) -> None:
-        if self.verbose >= 2:
-            self.log.debug(
-                "send %s seq=%d entries=%d frames=%d", header.op, header.seq, len(header.entries), frames
-            )
+        self.log.debug(
+            "send %s seq=%d entries=%d frames=%d", header.op, header.seq, len(header.entries), frames
+        )
 
     def received(self, header: wire.Header) -> None:
-        if self.verbose >= 2:
-            self.log.debug("recv %s seq=%d from %s", header.op, header.seq, header.src)
+        self.log.debug("recv %s seq=%d from %s", header.op, header.seq, header.src)
 
     def decode(self, raw: bytes | memoryview) -> wire.Header | None:
         """The header of a received message, or ``None`` (logged: the message is dropped)."""
@@ -201,7 +200,8 @@ class Trace:
         except WireError as exc:
             self.log.warning("dropped a malformed message: %s", exc)
             return None
-        self.received(header)
+        if self.on:
+            self.received(header)
         return header
 
 

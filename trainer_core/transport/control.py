@@ -119,7 +119,8 @@ class ZmqChannel(Channel):
     def send(self, header: wire.Header, frames: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
         if fds:
             raise KVError("a ZeroMQ channel carries no file descriptors")
-        self.trace.sent(header, len(frames))
+        if self.trace.on:
+            self.trace.sent(header, len(frames))
         self.sock.send_multipart([wire.encode(header), *frames], copy=False)
 
     def receive(self, handle: Callable[[Received], None]) -> bool:
@@ -176,5 +177,6 @@ class RouterPeer(Peer):
     def send(self, header: wire.Header, frames: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
         if fds:
             raise KVError("a ZeroMQ channel carries no file descriptors")
-        self.router.trace.sent(header, len(frames))
+        if self.router.trace.on:
+            self.router.trace.sent(header, len(frames))
         self.router.sock.send_multipart([self.ident, wire.encode(header), *frames], copy=False)

@@ -62,7 +62,8 @@ class MemoryChannel(Channel):
         other = self.other
         if self.closed or other is None:
             raise ChannelClosed("the peer closed the channel")
-        self.trace.sent(header, len(frames))
+        if self.trace.on:
+            self.trace.sent(header, len(frames))
         copies = [bytearray(_bytes(f)) for f in frames]
         other._deliver(wire.encode(header), copies, [os.dup(fd) for fd in fds])
 

@@ -130,7 +130,8 @@ class TcpChannel(FramedStream, Channel):
             if isinstance(header, WireError):
                 self.trace.log.warning("dropped a malformed message: %s", header)
             else:
-                self.trace.received(header)
+                if self.trace.on:
+                    self.trace.received(header)
                 handle(Received(header, frames, self))
             if self.closed or not self.readable():
                 break
@@ -152,7 +153,8 @@ class TcpChannel(FramedStream, Channel):
         Server side: queue for this connection's sender thread (never blocks)."""
         if fds:
             raise KVError("the TCP data channel carries no file descriptors")
-        self.trace.sent(header, len(frames))
+        if self.trace.on:
+            self.trace.sent(header, len(frames))
         if self.server_side:
             self.post(wire.encode(header), frames)
         else:

@@ -75,7 +75,8 @@ class UnixChannel(Channel):
             raise KVError("the same-host channel carries headers only")
         if self.closed:
             raise ChannelClosed("the same-host channel is closed")
-        self.trace.sent(header, 0)
+        if self.trace.on:
+            self.trace.sent(header, 0)
         raw = wire.encode(header)
         data = _LEN.pack(len(raw)) + raw
         try:
