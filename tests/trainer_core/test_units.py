@@ -1,4 +1,4 @@
-"""Pure parts: sharding, optimizer specs, config, auth keys, shared-memory segments."""
+"""Pure parts: sharding, optimizer specs, config, auth keys, shared-memory segments, host identity."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from trainer_core.config import NodeConfig
 from trainer_core.errors import ConfigError, OptimizerError
 from trainer_core.optim import server as optim
 from trainer_core.ps import sharding
-from trainer_core.transport import auth, shm
+from trainer_core.transport import auth, host, shm
 
 
 def test_small_keys_spread_evenly_and_big_keys_split() -> None:
@@ -119,3 +119,15 @@ def test_rank_assignment_honours_launcher_ranks() -> None:
     assert assign_ranks([rec(5)], 1) is not None
     peer.close()
     other.close()
+
+
+def test_machine_identity_tells_hosts_and_boots_apart_and_interfaces_resolve() -> None:
+    here = host.machine_identity("node-a")
+    assert here == host.machine_identity("node-a") != host.machine_identity("node-b")
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        assert here == f"node-a|{f.read().strip()}"
+    assert host.machine_identity(None).startswith(f"{os.uname().nodename}|")
+    assert host.interface_address("lo") == "127.0.0.1"
+    assert host.bind_and_publish_hosts("lo", "ignored") == ("127.0.0.1", "127.0.0.1")
+    with pytest.raises(ConfigError, match="no-such-if0"):
+        host.interface_address("no-such-if0")
