@@ -8,6 +8,9 @@ import os
 import subprocess
 from pathlib import Path
 
+from launchkit.backends.ssh.commands import on_hosts
+from launchkit.backends.ssh.options import SshOptions
+from launchkit.core.spec import Host
 from tests.launchkit.procs import run
 
 # on the host: the ssh client's address and port, the server's address and port; the scheduler's address
@@ -79,3 +82,26 @@ def test_ssh_config_alias_with_hostname_port_user_and_identity(sshd_loopback, tm
     hostfile.write_text("box:1\n")
     res = run(["hosts", "check", "-H", str(hostfile), "--connect-timeout", "2", "--json"], env=env)
     assert res.returncode == 1 and "cannot connect" in json.loads(res.stdout)[0]["error"]
+
+
+def test_one_shot_commands_give_one_result_per_host(sshd_loopback, tmp_path: Path) -> None:
+    """The fabric group's GroupResult, turned into HostResults: output, a non-zero exit, a timeout,
+    an unreachable host, and two entries naming one login (the command runs there once)."""
+    config = tmp_path / "config"
+    config.write_text(f"Host box\n  HostName 127.0.0.1\n  Port {sshd_loopback.port}\n  User root\n")
+    opts = SshOptions(identity=str(sshd_loopback.identity), known_hosts=str(tmp_path / "kh"),
+                      connect_timeout=2, config_file=str(config))  # fmt: skip
+    direct = Host("127.0.0.1", port=sshd_loopback.port, user="root")
+    hosts = [Host("box"), Host("127.0.0.1", port=1), direct]
+    mark = tmp_path / "ran"
+    count = ["sh", "-c", f"echo x >> {mark}; wc -l < {mark}"]
+    results = on_hosts(hosts, opts, count, lambda out: {"n": int(out)}, timeout=10, what="count")
+    assert [r.host for r in results] == hosts
+    assert [r.ok for r in results] == [True, False, True]
+    assert results[0].data["n"] == results[2].data["n"] == 1 and mark.read_text() == "x\n"
+    assert results[0].latency_ms and results[0].data["rtt_ms"] > 0
+    assert results[1].error.startswith("127.0.0.1:1: cannot connect")
+    failing = on_hosts([direct], opts, ["sh", "-c", "echo oops >&2; exit 3"], dict, timeout=10, what="test")
+    assert failing[0].error == f"{direct}: test failed (3): oops"
+    slow = on_hosts([direct], opts, ["sleep", "5"], dict, timeout=1, what="sleep")
+    assert not slow[0].ok and "did not complete within 1 seconds" in slow[0].error
