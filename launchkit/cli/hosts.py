@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from launchkit.backends.engine_hosts import engine_hosts
-from launchkit.backends.ssh import commands as remotecmd
+from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app
 from launchkit.core.hostfile import format_host, host_key, parse_host, parse_line, read_hostfile, unique_hosts
@@ -68,7 +68,7 @@ def check_hosts(
     ui = get_app(ctx).ui
     hosts = unique_hosts(read_hostfile(hostfile))
     opts = SshOptions(ssh_port, identity, known_hosts, strict_host_keys, connect_timeout)
-    results = remotecmd.probe(hosts, opts)
+    results = ssh_commands.probe(hosts, opts)
     if as_json:
         ui.json(
             [

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from launchkit.backends.ssh import commands as remotecmd
+from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.commands import HostResult
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app
@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
             ui.text(f"ended {total} process(es) in {len(ids)} job(s) here")
             if hostfile:
                 opts = SshOptions(port=ssh_port, identity=identity, known_hosts=known_hosts)
-                results = remotecmd.sweep(read_hostfile(hostfile), opts, None, grace)
+                results = ssh_commands.sweep(read_hostfile(hostfile), opts, None, grace)
                 reached = _report_hosts(ui, results) and reached
         if not reached:
             raise typer.Exit(1)

@@ -9,7 +9,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from launchkit.backends.ssh import commands as remotecmd
+from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.commands import HostResult
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.core.hostfile import parse_host
@@ -74,7 +74,7 @@ def stop_job(job_id: str, grace: float = 3.0) -> StopResult:
     remote: tuple[HostResult, ...] = ()
     where = remote_hosts(record) if record is not None else None
     if where is not None:
-        remote = tuple(remotecmd.sweep(where[0], where[1], job_id, grace))
+        remote = tuple(ssh_commands.sweep(where[0], where[1], job_id, grace))
     return StopResult(job_id, ended, stopped, remote)
 
 

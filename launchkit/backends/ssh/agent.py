@@ -23,13 +23,12 @@ from typing import IO, Any
 from launchkit.backends.ssh import connection as ssh
 from launchkit.core.spec import Host, Task
 from launchkit.errors import BackendError
-from launchkit.hostside import netif, procscan
-from launchkit.hostside import watchdog as remote
+from launchkit.hostside import netif, procscan, watchdog
 
 LOST_EXIT = 255  # as ssh reports a connection lost
 #: What the host runs, in import order: the watchdog last, after the hostside modules it imports
 #: (a test checks that nothing it imports is missing).
-SHIPPED = (procscan, netif, remote)
+SHIPPED = (procscan, netif, watchdog)
 
 
 def bootstrap_payload() -> bytes:
@@ -39,7 +38,7 @@ def bootstrap_payload() -> bytes:
 
 
 def remote_command(python: str = "python3") -> str:
-    return shlex.join([python, "-u", "-c", remote.BOOTSTRAP])
+    return shlex.join([python, "-u", "-c", watchdog.BOOTSTRAP])
 
 
 class RemoteProcess:
