@@ -36,7 +36,7 @@ class StoreError(KVError):
 class Request:
     """One worker message being served."""
 
-    ident: Any  # who to answer: a ZeroMQ routing id, or a same-host connection
+    ident: Any  # who to answer: the role's reply Peer (a channel, or a ZeroMQ routing peer); None in process
     header: wire.Header
     rank: int
     inputs: list[np.ndarray | None]

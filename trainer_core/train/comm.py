@@ -17,11 +17,12 @@ uncompressed.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from trainer_core.transport.host import host_name
 
 HOSTS_KEY = "__comm_hosts__"
 HOST_BYTES = 256
@@ -38,7 +39,7 @@ class WorkerDescriptor:
 def local_host_id(environ: dict[str, str] | None = None) -> str:
     """This process's host id: ``DMLC_NODE_HOST`` when the launcher set it, else the hostname."""
     env = os.environ if environ is None else environ
-    return env.get("DMLC_NODE_HOST") or socket.gethostname()
+    return host_name(env.get("DMLC_NODE_HOST"))
 
 
 def encode_host(name: str) -> np.ndarray:

@@ -14,6 +14,11 @@ import struct
 from trainer_core.errors import ConfigError
 
 
+def host_name(node_host: str | None) -> str:
+    """This host's name as the job knows it: ``DMLC_NODE_HOST`` when a launcher set it, else the hostname."""
+    return node_host or socket.gethostname()
+
+
 def machine_identity(node_host: str | None) -> str:
     """Processes with equal identities share ``/dev/shm``: the published host name plus this boot's id
     (so two containers or a rebooted host under one name are told apart)."""
@@ -22,7 +27,7 @@ def machine_identity(node_host: str | None) -> str:
             boot = f.read().strip()
     except OSError:
         boot = "noboot"
-    return f"{node_host or socket.gethostname()}|{boot}"
+    return f"{host_name(node_host)}|{boot}"
 
 
 def interface_address(name: str) -> str:
@@ -48,7 +53,7 @@ def bind_and_publish_hosts(interface: str | None, node_host: str | None) -> tupl
         except OSError:
             return "*", node_host
         return ("*", node_host) if not _is_local(ip) else (ip, ip)
-    name = socket.gethostname()
+    name = host_name(None)
     try:
         return "*", socket.gethostbyname(name)
     except OSError:
