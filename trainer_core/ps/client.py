@@ -57,7 +57,8 @@ class WorkerClient:
         self.grace_s = grace_s
         self.transport: Transport | None = None
         self._closed = False
-        self._raised = threading.Event()
+        self._raised = threading.Event()  # the failure reached the user (or the client closed)
+        self._watchdog: threading.Thread | None = None
         self._poller = Poller()
         self._server_of: dict[int, tuple[int, Channel]] = {}  # id(channel) -> (server, channel)
         for i, route in enumerate(routes):
@@ -300,7 +301,8 @@ class WorkerClient:
                     self.before_exit()
                 os._exit(1)
 
-        threading.Thread(target=watchdog, daemon=True).start()
+        self._watchdog = threading.Thread(target=watchdog, name="trainer_core-exit-watchdog", daemon=True)
+        self._watchdog.start()
 
     # -- the scheduler -------------------------------------------------------------------------
 
@@ -335,14 +337,20 @@ class WorkerClient:
                 self.sched.receive(take)
 
     def close(self) -> None:
+        """Release everything: the heartbeat thread and the exit watchdog are stopped and joined
+        before the channels and the transport they could still use are closed."""
         if self._closed:
             return
         self._closed = True
+        self._raised.set()  # the watchdog has nothing left to do
+        self.live.stop()
+        watchdog = self._watchdog
+        if watchdog is not None and watchdog is not threading.current_thread():
+            watchdog.join()
         for route in self.routes:
             for ch in route.channels():
                 ch.close()
         for buf in self._buffers.values():
             buf.close()
-        self.live.stop()
         if self.transport is not None:
             self.transport.close(linger_ms=0 if self.live.failure else 1000)

@@ -77,9 +77,12 @@ class Liveness(Health):
         self._thread.start()
 
     def stop(self) -> None:
+        """End the thread and wait until it has: it closes its own socket on the way out, so the
+        caller may close the transport afterwards (never under a thread still using it). Its loop
+        wakes every 0.2 s at most; from the thread itself (a failure hook) it only asks."""
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5)
+            self._thread.join()
 
     def _run(self) -> None:
         sched = self.transport.connect(self.endpoint)

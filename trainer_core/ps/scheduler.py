@@ -59,8 +59,13 @@ class Scheduler:
         self.endpoint = ""
         if router is None:
             self.transport = Transport(cfg.secret, self.log, cfg.verbose)
-            host = interface_address(cfg.env.interface) if cfg.env.interface else "*"
-            router, self.endpoint = self.transport.bind_router(host, cfg.env.root_port)
+            try:
+                host = interface_address(cfg.env.interface) if cfg.env.interface else "*"
+                router, self.endpoint = self.transport.bind_router(host, cfg.env.root_port)
+            except BaseException:  # e.g. the port is taken: no context (and its threads) left behind
+                self.transport.close()
+                self.transport = None
+                raise
         self.router = router
         self.expected = {"server": cfg.env.num_servers, "worker": cfg.env.num_workers}
         self.pending: list[NodeRecord] = []

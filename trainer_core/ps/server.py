@@ -41,26 +41,40 @@ class Server:
         self.live: Liveness | None = None
 
     def run(self) -> int:
+        """Serve until the job ends; a start-up failure (a listener that cannot bind, the scheduler
+        unreachable or refusing, ``PS_START_TIMEOUT``) raises a ``KVError`` with every thread
+        joined and every listener, channel, buffer and socket of this server closed."""
         try:
             return self._run()
         finally:
+            if self.live is not None:
+                self.live.stop()
+            for listener in self.listeners:
+                listener.close()
             if self.handler is not None:
                 self.handler.close()
-            self.transport.close(linger_ms=1000)
+            # before the book (no heartbeats yet) there is nothing to flush
+            self.transport.close(linger_ms=0 if self.live is None else 1000)
 
     def _run(self) -> int:
         cfg = self.cfg
         trace = self.transport.trace
         bind_host, publish_host = bind_and_publish_hosts(cfg.env.interface, cfg.env.node_host)
         router, endpoint = self.transport.bind_router(bind_host)
-        local = UnixListener(cfg.job_id, cfg.secret, trace) if cfg.use_shm else None
+        local: UnixListener | None = None
         data: TcpListener | None = None
+        if cfg.use_shm:
+            try:
+                local = UnixListener(cfg.job_id, cfg.secret, trace)
+            except OSError as exc:
+                raise KVError(f"cannot listen for same-host channels: {exc}") from None
+            self.listeners.append(local)
         if not cfg.encrypt:
             try:
                 data = TcpListener(bind_host, cfg.secret, trace)
             except OSError as exc:
                 raise KVError(f"cannot listen for the data channel on {bind_host}: {exc}") from None
-        self.listeners = [x for x in (local, data) if x is not None]
+            self.listeners.append(data)
         _, book = join(
             self.transport,
             cfg,

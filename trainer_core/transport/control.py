@@ -49,6 +49,8 @@ class Transport:
         try:
             sock.bind(address)
         except zmq.ZMQError as exc:
+            self._sockets.remove(sock)
+            sock.close(linger=0)
             raise ConfigError(f"cannot bind {address}: {exc}") from None
         endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         if self.trace.verbose:
@@ -63,7 +65,12 @@ class Transport:
         sock.curve_secretkey = self.keys.client_secret
         if identity is not None:
             sock.setsockopt(zmq.IDENTITY, identity)
-        sock.connect(endpoint)
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:  # a malformed address (a bad DMLC_PS_ROOT_URI, a bad book entry)
+            self._sockets.remove(sock)
+            sock.close(linger=0)
+            raise KVError(f"cannot connect to {endpoint}: {exc}") from None
         if self.trace.verbose:
             self.trace.log.info("connecting to %s", endpoint)
         return ZmqChannel(sock, self.trace)

@@ -220,10 +220,14 @@ class TcpListener(Listener):
         self.key = channel_key(secret, _LABEL)
         self.trace = trace
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("" if host == "*" else host, 0))
-        self.sock.listen(256)
-        self.sock.setblocking(False)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.sock.bind(("" if host == "*" else host, 0))
+            self.sock.listen(256)
+            self.sock.setblocking(False)
+        except BaseException:
+            self.sock.close()
+            raise
         self.port: int = self.sock.getsockname()[1]
         self._pending: list[TcpChannel] = []  # accepted, handshake not done yet (oldest first)
 

@@ -172,9 +172,13 @@ class UnixListener(Listener):
         self.key = _key(secret)
         self.trace = trace
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind("\0" + self.name)
-        self.sock.listen(256)
-        self.sock.setblocking(False)
+        try:
+            self.sock.bind("\0" + self.name)
+            self.sock.listen(256)
+            self.sock.setblocking(False)
+        except BaseException:
+            self.sock.close()
+            raise
 
     def pollable(self) -> int:
         return self.sock.fileno()
