@@ -72,19 +72,7 @@ def rsh_args(opts: SshOptions, ordered: Sequence[Task]) -> list[str]:
             "--launcher mpi: every host must use the same ssh user and port "
             f"(found users {sorted(str(u) for u in users)}, ports {sorted(str(p) for p in ports)})"
         )
-    args: list[str] = []
-    user, port = users.pop(), ports.pop() or opts.port
-    if opts.identity:
-        args += ["-i", opts.identity]
-    if port:
-        args += ["-p", str(port)]
-    if user:
-        args += ["-l", user]
-    if opts.known_hosts:
-        args += ["-o", f"UserKnownHostsFile={opts.known_hosts}"]
-    args += ["-o", f"StrictHostKeyChecking={'yes' if opts.strict_host_keys else 'accept-new'}"]
-    args += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(opts.connect_timeout)}"]
-    return args
+    return opts.client_args(ports.pop() or opts.port, users.pop())
 
 
 @dataclass(frozen=True)
@@ -142,7 +130,7 @@ def check_hosts(hosts: Sequence[Host], ssh: SshOptions) -> None:
                 f"--launcher mpi: host {h.name!r}{where}: IPv6 addresses cannot be given to mpirun's "
                 "host list (HOST:SLOTS); use a host name"
             )
-    for flag, value in (("-i/--identity", ssh.identity), ("--known-hosts", ssh.known_hosts)):
+    for flag, value in (("-i/--identity", ssh.identity), ("--known-hosts", str(ssh.known_hosts_path()))):
         if value and any(c.isspace() for c in value):
             raise UsageError(
                 f"--launcher mpi: {flag} {value!r}: Open MPI splits its ssh options at spaces; "

@@ -75,7 +75,10 @@ def test_system_ssh_command_mirrors_the_options() -> None:
     assert argv[:1] == ["ssh"]
     assert "StrictHostKeyChecking=yes" in argv and "UserKnownHostsFile=/kh" in argv
     assert argv[argv.index("-p") + 1] == "2200" and argv[argv.index("-i") + 1] == "/keys/id"
-    assert SshOptions().ssh_command(Host("n1", port=22))[-2:] == ["-p", "22"]
+    argv = SshOptions().ssh_command(Host("n1", port=22))
+    assert (
+        argv[argv.index("-p") + 1] == "22" and f"UserKnownHostsFile={SshOptions().known_hosts_path()}" in argv
+    )
     assert "StrictHostKeyChecking=accept-new" in SshOptions().ssh_command(Host("n1"))
 
 

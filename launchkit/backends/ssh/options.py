@@ -1,7 +1,8 @@
 """What the user said about ssh (``-i``, ``--ssh-port``, ``--known-hosts``, ...), as one frozen value.
 
-Pure data, light to import: the command line, the job records, the mpi backend and rsync's ``-e``
-use it without loading fabric, which only ``connection`` (and what opens connections) imports.
+Pure data, light to import: the command line, the job records, and the system ``ssh`` options it
+renders for rsync's ``-e`` and mpirun's ``plm_rsh_args`` need no fabric, which only ``connection``
+(and what opens connections) imports.
 """
 
 from __future__ import annotations
@@ -27,16 +28,22 @@ class SshOptions:
     def config_path(self) -> Path:
         return Path(self.config_file or Path.home() / ".ssh" / "config").expanduser()
 
-    def ssh_command(self, host: Host) -> list[str]:
-        """The system ``ssh`` argv prefix with the same options (for rsync's ``-e``)."""
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(self.connect_timeout)}"]
-        argv += ["-o", f"StrictHostKeyChecking={'yes' if self.strict_host_keys else 'accept-new'}"]
-        argv += ["-o", f"UserKnownHostsFile={self.known_hosts_path()}"]
-        port = host.port or self.port
-        if port:
-            argv += ["-p", str(port)]
+    def client_args(self, port: int | None, user: str | None = None) -> list[str]:
+        """The same options for the system ``ssh`` client (after ``ssh``; before the host)."""
+        args: list[str] = []
         if self.identity:
-            argv += ["-i", str(Path(self.identity).expanduser())]
+            args += ["-i", str(Path(self.identity).expanduser())]
+        if port:
+            args += ["-p", str(port)]
+        if user:
+            args += ["-l", user]
+        args += ["-o", f"UserKnownHostsFile={self.known_hosts_path()}"]  # the file paramiko checks too
+        args += ["-o", f"StrictHostKeyChecking={'yes' if self.strict_host_keys else 'accept-new'}"]
+        args += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(self.connect_timeout)}"]
         if self.config_file:
-            argv += ["-F", self.config_file]
-        return argv
+            args += ["-F", self.config_file]
+        return args
+
+    def ssh_command(self, host: Host) -> list[str]:
+        """The system ``ssh`` argv prefix for ``host`` (rsync's ``-e``; the target names the user)."""
+        return ["ssh", *self.client_args(host.port or self.port)]
