@@ -117,13 +117,14 @@ def _run_batch(
         first = batch[conn][0]
         try:
             ms = ssh.open_connection(first, conn, opts)
+            rtt = ssh.round_trip_ms(first, conn, opts)
         except BackendError as exc:
             error = exc.message.removeprefix("ssh: ")
             results.update(
                 {h: HostResult(h, False, error.replace(str(first), str(h), 1)) for h in batch[conn]}
             )
             return
-        reached[conn] = HostResult(first, True, latency_ms=ms, data={"rtt_ms": ssh.round_trip_ms(conn)})
+        reached[conn] = HostResult(first, True, latency_ms=ms, data={"rtt_ms": rtt})
 
     ssh.on_each(reach, list(batch))
     try:

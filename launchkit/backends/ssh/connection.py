@@ -185,10 +185,14 @@ def open_connection(host: Host, conn: fabric.Connection, opts: SshOptions) -> fl
     return (time.monotonic() - t0) * 1000
 
 
-def round_trip_ms(conn: fabric.Connection) -> float:
-    """One ssh round trip on an open connection (a keepalive request, as ``ssh`` sends), in ms."""
+def round_trip_ms(host: Host, conn: fabric.Connection, opts: SshOptions) -> float:
+    """One ssh round trip on an open connection, in ms: a session channel opened (the server
+    confirms it; nothing runs) and closed. Raises BackendError after ``connect_timeout``."""
     t0 = time.monotonic()
-    conn.transport.global_request("keepalive@openssh.com", wait=True)
+    try:
+        conn.transport.open_session(timeout=opts.connect_timeout).close()
+    except Exception as exc:
+        raise BackendError("ssh", describe(host, conn, opts, exc)) from None
     return (time.monotonic() - t0) * 1000
 
 
