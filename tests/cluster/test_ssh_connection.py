@@ -55,8 +55,16 @@ def test_proxy_jump_reaches_a_host_through_another(netns_hosts, tmp_path: Path) 
     res = run(["launch", *flags, "-n", "1", "-s", "0", "true"], cwd="/", env=env)
     assert res.returncode == 1
     assert f"trainer: jump host {jump.address}: host key does not match" in " ".join(res.stderr.split())
-    # the jump host down: the error says which hop failed
+    # a host the jump host cannot reach (no such address on its network)
+    lost = home_with_config(
+        tmp_path / "lost", f"Host trainer\n  HostName 10.231.0.77\n  ProxyJump root@{jump.address}\n"
+    )
     known.unlink()
+    res = run(["hosts", "check", *flags, "--connect-timeout", "5", "--json"], env=lost)
+    assert res.returncode == 1
+    error = json.loads(res.stdout)[0]["error"]
+    assert error.startswith(f"trainer: jump host {jump.address} cannot reach 10.231.0.77:22"), error
+    # the jump host down: the error says which hop failed
     jump.stop()
     res = run(["hosts", "check", *flags, "--connect-timeout", "2", "--json"], env=env)
     assert res.returncode == 1

@@ -176,6 +176,7 @@ def open_connection(host: Host, conn: fabric.Connection, opts: SshOptions) -> fl
     """Open ``conn`` (and its jump hosts); returns the milliseconds it took. Raises BackendError."""
     t0 = time.monotonic()
     try:
+        _open_hops(conn, opts.connect_timeout)
         conn.open()
     except Exception as exc:
         message = describe(host, conn, opts, exc)
@@ -183,6 +184,16 @@ def open_connection(host: Host, conn: fabric.Connection, opts: SshOptions) -> fl
         raise BackendError("ssh", message) from None
     conn.transport.set_keepalive(KEEPALIVE)
     return (time.monotonic() - t0) * 1000
+
+
+def _open_hops(conn: fabric.Connection, timeout: float) -> None:
+    """Open the jump hosts first, outermost first, each with ``timeout`` for the channels opened
+    through it (fabric opens the channel to the next hop with paramiko's default, one hour)."""
+    gateway = conn.gateway
+    if isinstance(gateway, fabric.Connection):
+        _open_hops(gateway, timeout)
+        gateway.open()
+        gateway.transport.channel_timeout = timeout
 
 
 def round_trip_ms(host: Host, conn: fabric.Connection, opts: SshOptions) -> float:
