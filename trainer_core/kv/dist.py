@@ -5,8 +5,9 @@ of a call for that server. A part exchanged with a server whose channel shares t
 goes through a shared-memory segment owned by this worker (the channel carries only the header);
 otherwise the part travels as a frame. Pushes do not wait for the server: a part's segment is
 reused only after the server has handled the previous push from it (pushes get no reply; any
-later answered request to the same server proves it, see ``WorkerClient.confirm``). The servers'
-state for checkpoints is in ``dist_state.py``.
+later answered request to the same server proves it, see ``WorkerClient.confirm``). A push is held
+until the next call (at most ``held.HOLD_S``), so that a pull of its keys right after it goes out
+with it as one ``pushpull`` (``held.py``). The servers' state for checkpoints is in ``dist_state.py``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from typing import Any
 import numpy as np
 
 from trainer_core.compression.codec import WorkerCodec, resolve_compression, validate_params
-from trainer_core.compression.codec import decode as gc_decode
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError
 from trainer_core.kv import dist_state
 from trainer_core.kv.api import _OPEN, KVStore, check_key, host_sum, normalize, write_out
-from trainer_core.kv.keys import KeyMeta, Outgoing, Where, direct_target
+from trainer_core.kv.held import Held, PushHold, serial
+from trainer_core.kv.keys import KeyMeta, Outgoing, Where, direct_target, read_frame, result_of
 from trainer_core.log import get_logger
 from trainer_core.optim.server import to_spec
 from trainer_core.ps.client import WorkerClient
@@ -74,6 +75,7 @@ class DistKVStore(KVStore):
         self._closed = False
         self.compression: dict[str, Any] | None = None
         self.codec = WorkerCodec()
+        self.hold = PushHold(self._send_held)
         _OPEN.add(self)
         install_excepthook()
         self.client.before_exit = self._unlink_names
@@ -91,14 +93,17 @@ class DistKVStore(KVStore):
             self.client.wait([self.client.send(s, op, body=body) for s in range(self.num_servers)])
         self.client.barrier()
 
+    @serial()
     def barrier(self) -> None:
         self.client.drain()
         self.client.barrier()
 
+    @serial()
     def set_optimizer(self, optimizer: Any, **kwargs: Any) -> None:
         """Server-side optimizer for every key (sent as a plain-data spec, see ``optim/server.py``)."""
         self._to_all_servers(wire.SET_OPTIMIZER, {"spec": to_spec(optimizer, **kwargs)})
 
+    @serial()
     def set_gradient_compression(self, params: Any) -> None:
         """Validate, keep, and forward compression params (see ``compression/codec.py``); every worker
         calls it at the same point (it ends with a barrier). Residuals start from zero."""
@@ -121,16 +126,19 @@ class DistKVStore(KVStore):
         """Restore ``compression_state()`` (after ``set_gradient_compression`` and ``init``)."""
         self.codec.load_state(state, {str(k): k for k in self.meta})
 
+    @serial()
     def server_state(self) -> dict[Key, dict[str, Any]]:
         """The servers' state of every key, for checkpoints (collective; see ``dist_state.server_state``)."""
         return dist_state.server_state(self.client, self.meta)
 
+    @serial()
     def load_server_state(self, state: dict[Key, dict[str, Any]]) -> None:
         """Restore ``server_state()`` on the servers (collective; see ``dist_state.load_server_state``)."""
         dist_state.load_server_state(self.client, self._meta, state)
 
     # -- data ---------------------------------------------------------------------------------------
 
+    @serial()
     def init(self, key: Key | Sequence[Key], value: Any) -> None:
         """Every worker calls it with the same keys and shapes; rank 0's values are stored."""
         pairs = normalize(key, value)
@@ -153,14 +161,17 @@ class DistKVStore(KVStore):
             )
         self.client.barrier()
 
+    @serial(flush=False)
     def push(self, key: Key | Sequence[Key], value: Any) -> None:
         self._exchange(wire.PUSH, normalize(key, value), None)
 
+    @serial(flush=False)
     def pull(self, key: Key | Sequence[Key], out: Any) -> Any:
         pairs = normalize(key, out)
         self._exchange(wire.PULL, [(k, []) for k, _ in pairs], pairs)
         return out
 
+    @serial(flush=False)
     def pushpull(self, key: Key | Sequence[Key], value: Any, out: Any = None) -> Any:
         """Push and pull in one message per server (one round trip)."""
         target = value if out is None else out
@@ -191,12 +202,21 @@ class DistKVStore(KVStore):
     def _exchange(
         self, op: str, pushes: list[tuple[Key, list[Any]]], pulls: list[tuple[Key, list[Any]]] | None
     ) -> None:
-        """One push, pull or pushpull call: one message per server, then (pulls) the replies."""
-        self._release_names()
-        if len({k for k, _ in pushes}) != len(pushes):
+        """One push, pull or pushpull call: one message per server, then (pulls) the replies. A push
+        is held (``held.py``); a pull of exactly its keys sends it as a ``pushpull``."""
+        keys = frozenset(k for k, _ in pushes)
+        if len(keys) != len(pushes):
             raise KVError("a key appears more than once in one call")
+        held = self.hold.take(keys) if op == wire.PULL else None
+        self.hold.flush()  # before packing: a held push's segments must be sent before reuse
+        self._release_names()
         self.codec.stats.exchanges += 1
-        per_server, compressed = self._pack(pushes, pulls is not None)
+        if held is None:
+            per_server, compressed = self._pack(pushes, pulls is not None)
+        else:
+            op, per_server, compressed = wire.PUSHPULL, held.per_server, held.compressed
+            for out in per_server.values():
+                self.codec.stats.raw_received += sum(p.size * m.dtype.itemsize for m, p, _ in out.where)
         results: dict[int, np.ndarray] = {}  # id(KeyMeta) -> where the key's pulled value is assembled
         direct: set[int] = set()  # indexes in ``pulls`` whose output receives the data directly
         for i, (k, outs) in enumerate(pulls or []):
@@ -205,6 +225,10 @@ class DistKVStore(KVStore):
             if target is not None and id(m) not in results:
                 results[id(m)] = target
                 direct.add(i)
+        if pulls is None and not any(o.borrowed for o in per_server.values()):
+            self.hold.hold(Held(per_server, compressed, keys))
+            self.client.check()  # an error reply to an earlier push, as a send would raise it
+            return
         sent = self._send(op, per_server, pulls is not None, compressed, results)
         if pulls is None:
             return
@@ -260,8 +284,14 @@ class DistKVStore(KVStore):
                 # reply, or the channel sends from this thread (``caps.direct``); else a private copy
                 now = pulling or self.client.sends_directly(p.server)
                 out.frames.append(data if now else np.array(data, copy=True))
+                out.borrowed = out.borrowed or (now and not pulling)
                 stats.sent += raw
         out.where.append((m, p, seg))
+
+    def _send_held(self, held: Held) -> None:
+        """Send a held push as plain pushes (not once the job failed: the next call raises that)."""
+        if self.client.failure is None:
+            self._send(wire.PUSH, held.per_server, False, held.compressed, {})
 
     def _send(
         self,
@@ -276,9 +306,7 @@ class DistKVStore(KVStore):
         for server, out in per_server.items():
             into = None
             if pulling and not compressed and self.client.sends_directly(server):
-                into = [
-                    self._result(results, m)[p.start : p.stop].view(np.uint8).data for m, p, _ in out.where
-                ]
+                into = [result_of(results, m)[p.start : p.stop].view(np.uint8).data for m, p, _ in out.where]
             seq = self.client.send(
                 server, op, out.entries, out.frames, keep=pulling, local=not compressed, into=into
             )
@@ -300,7 +328,7 @@ class DistKVStore(KVStore):
         located = reply.header.entries  # set when values are read from the server's buffers
         for idx, (m, p, seg) in enumerate(where):
             m.busy[p.index] = 0
-            dst = self._result(results, m)[p.start : p.stop]
+            dst = result_of(results, m)[p.start : p.stop]
             where_is = located[idx].shm if idx < len(located) else None
             if where_is is not None:
                 np.copyto(dst, self.client.shared_view(server, where_is, m.dtype, p.size))
@@ -309,34 +337,7 @@ class DistKVStore(KVStore):
                 np.copyto(dst, seg.view(m.dtype, p.size))
                 stats.received += p.size * m.dtype.itemsize
             else:
-                self._read_frame(dst, m, p, next(frames_in, None), next(metas_in, None))
-
-    @staticmethod
-    def _result(results: dict[int, np.ndarray], m: KeyMeta) -> np.ndarray:
-        """Where key ``m``'s pulled value is assembled (the output itself, or a fresh array)."""
-        if id(m) not in results:
-            results[id(m)] = np.empty(m.size, dtype=m.dtype)
-        return results[id(m)]
-
-    def _read_frame(self, dst: np.ndarray, m: KeyMeta, p: Part, frame: Any, meta: Any) -> None:
-        """Copy (or decode, when ``meta`` describes a compressed payload) one reply frame into ``dst``
-        (nothing to copy when the channel read it there already)."""
-        if frame is None:
-            raise KVError("a server's reply is missing data")
-        self.codec.stats.received += len(frame.buffer)
-        if (
-            getattr(frame, "placed", False)
-            and meta is None
-            and len(frame.buffer) == dst.nbytes
-            and np.frombuffer(frame.buffer, np.uint8).ctypes.data == dst.ctypes.data
-        ):
-            return
-        if meta is not None:
-            np.copyto(dst, gc_decode(frame.buffer, meta, p.size, m.dtype))
-        elif len(frame.buffer) != p.size * m.dtype.itemsize:
-            raise KVError("a server's reply is missing data")
-        else:
-            np.copyto(dst, np.frombuffer(frame.buffer, dtype=m.dtype))
+                read_frame(dst, m, p, next(frames_in, None), next(metas_in, None), stats)
 
     def _release_names(self) -> None:
         """Unlink segment names the servers have mapped already (answered requests)."""
@@ -357,9 +358,11 @@ class DistKVStore(KVStore):
             return
         self._closed = True
         try:
-            if self.client.failure is None:
-                self.client.drain()
-                self.client.finish()
+            with self.hold.lock:
+                if self.client.failure is None:
+                    self.hold.flush()
+                    self.client.drain()
+                    self.client.finish()
         finally:
             self._cleanup()
 
@@ -367,6 +370,7 @@ class DistKVStore(KVStore):
         """End the whole job now (an uncaught exception in this worker): tell the scheduler, free everything."""
         if self._closed:
             return
+        self.hold.drop()
         try:
             self.client.abort(reason)
         finally:
@@ -381,6 +385,7 @@ class DistKVStore(KVStore):
 
     def _cleanup(self) -> None:
         self._closed = True
+        self.hold.close()
         _OPEN.discard(self)
         for m in self.meta.values():
             for seg in m.segments:

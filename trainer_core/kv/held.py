@@ -1,0 +1,142 @@
+"""A push held back briefly, so that the pull right after it travels in the same message.
+
+MXNet code and Gluon's trainer write ``kv.push(k, g); kv.pull(k, out=w)``. Sent as they come,
+that is two messages per server (two header encodes, two sends, two server wake-ups) where
+``pushpull`` needs one. So ``DistKVStore.push`` packs its data at once (the caller may reuse the
+array when ``push`` returns: the values are in a segment, a compressed payload or a private
+copy) but keeps the messages here instead of sending them. The next call on the store decides:
+
+* a ``pull`` of exactly the held push's keys sends the held messages as ``pushpull`` (same
+  order, same server handling: the pull sees that push's round);
+* any other call first sends the held messages as plain pushes, then does its own work;
+* if no call comes within ``HOLD_S``, a helper thread sends them (a worker that pushes and then
+  waits on something outside the store must not hold up the other workers' round).
+
+Errors are never lost: a refused ``pushpull`` raises from the ``pull``, a refused push surfaces
+at a later call (``WorkerClient.check``), and an exception while the helper thread sends is kept
+and raised by the next call. A push whose frames would leave from the caller's own array (a
+``caps.direct`` channel sends them before ``send`` returns, without a copy) is never held.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+from trainer_core.kv.keys import Outgoing
+from trainer_core.transport.wire import Key
+
+#: the longest a push waits for the next call before the helper thread sends it (seconds)
+HOLD_S = 0.001
+
+
+@dataclass
+class Held:
+    """One push call's messages, packed but not sent."""
+
+    per_server: dict[int, Outgoing]
+    compressed: bool
+    keys: frozenset[Key]
+    since: float = field(default_factory=time.monotonic)
+
+
+class PushHold:
+    """The held push of one store, its lock (every call on the store runs under it) and the
+    helper thread that sends a push nobody took within ``HOLD_S``."""
+
+    def __init__(self, send: Callable[[Held], None], hold_s: float = HOLD_S) -> None:
+        self.lock = threading.RLock()
+        self.held: Held | None = None
+        self.error: BaseException | None = None
+        self.hold_s = hold_s
+        self._send = send
+        self._kick = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def hold(self, held: Held) -> None:
+        """Keep ``held`` (under ``lock``; nothing may be held already)."""
+        assert self.held is None
+        self.held = held
+        if not self._kick.is_set():
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="trainer_core push", daemon=True)
+                self._thread.start()
+            self._kick.set()
+
+    def take(self, keys: frozenset[Key]) -> Held | None:
+        """The held push if it is of exactly ``keys`` (it is then no longer held)."""
+        held = self.held
+        if held is None or held.keys != keys:
+            return None
+        self.held = None
+        return held
+
+    def check(self) -> None:
+        """Raise what the helper thread met while sending (once)."""
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise err
+
+    def flush(self) -> None:
+        """Send the held push now (under ``lock``)."""
+        held, self.held = self.held, None
+        if held is not None:
+            self._send(held)
+
+    def drop(self) -> None:
+        """Forget the held push (the job is being aborted) and stop the helper thread."""
+        self.held = None
+        self.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._kick.set()
+
+    def _run(self) -> None:
+        while True:
+            self._kick.wait()
+            if self._closed:
+                return
+            time.sleep(self.hold_s)
+            if self._closed:
+                return
+            if not self.lock.acquire(blocking=False):
+                continue  # a call is running: it sends (or takes) what is held
+            try:
+                held = self.held
+                if held is None:
+                    self._kick.clear()
+                elif time.monotonic() - held.since >= self.hold_s:
+                    self.held = None
+                    self._kick.clear()
+                    self._send(held)
+            except BaseException as exc:  # raised by the next call
+                self.error = exc
+            finally:
+                self.lock.release()
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def serial(flush: bool = True) -> Callable[[F], F]:
+    """Run a store method under its ``hold.lock``, after raising what the helper thread met and
+    (``flush``) sending a held push; ``_exchange`` flushes by itself, as a pull may take it."""
+
+    def wrap(method: F) -> F:
+        @functools.wraps(method)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with self.hold.lock:
+                self.hold.check()
+                if flush:
+                    self.hold.flush()
+                return method(self, *args, **kwargs)
+
+        return cast(F, call)
+
+    return wrap
