@@ -201,6 +201,30 @@ def test_a_corrupt_compressed_payload_is_refused(workers: list[Worker]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("meta", "n", "reason"),
+    [
+        ({"type": "topk"}, N, "cannot decode its topk payload"),  # the codec raised KeyError: the server died
+        ({"type": "1bit", "block_size": 8}, 1 << 34, "must be pushed to a stored part"),
+        ({"type": "topk", "k": 1}, 1 << 34, "must be pushed to a stored part"),  # decoded into 64 GiB before
+    ],
+)
+def test_a_compressed_push_the_server_cannot_decode_is_refused_before_any_allocation(
+    workers: list[Worker], meta: dict, n: int, reason: str
+) -> None:
+    """Found by tests/faults/test_wire_fuzz.py: metadata a codec does not expect (``topk`` without
+    ``k``) raised out of the handler and ended the server's loop; a declared size far beyond the
+    stored part's was decoded (allocated) before the size was checked."""
+    w0, w1 = workers
+    w0.send(wire.PUSHPULL, (entry(n=n, comp=meta),), [np.zeros(16, np.uint8)])
+    reply = w0.reply()
+    assert reply.header.op == wire.ERROR and reason in reply.header.body["reason"]
+    w0.send(wire.INIT, (entry("new", comp={"type": "1bit", "block_size": 8}),), [np.zeros(16, np.uint8)])
+    assert "must be pushed to a stored part" in w0.reply().header.body["reason"]
+    w1.send(wire.PULL, (entry(),))
+    assert values(w1.reply()) == [0.0] * N  # the server serves on, the value unchanged
+
+
+@pytest.mark.parametrize(
     ("op", "entries", "frames", "body", "reason"),
     [
         (wire.PULL, (entry(),), None, {"rank": 2}, "bad worker rank 2"),

@@ -173,19 +173,38 @@ class RequestHandler:
             view = self._segment(e, dtype) if e.shm is not None else None
             data: np.ndarray | None = None
             if carries_data:
-                data = view if view is not None else self._frame_data(e, dtype, next(frames, None))
+                data = view if view is not None else self._frame_data(e, dtype, next(frames, None), h.op)
             inputs.append(data)
             outputs.append(view if answers else None)
         share = msg.reply.caps.shared_memory and all(e.shm is not None for e in h.entries)
         return Request(ident=msg.reply, header=h, rank=rank, inputs=inputs, outputs=outputs, share=share)
 
-    @staticmethod
-    def _frame_data(e: wire.Entry, dtype: np.dtype, frame: Any) -> np.ndarray:
-        """A pushed part's values from its frame: decoded when compressed, else viewed in place."""
+    def _frame_data(self, e: wire.Entry, dtype: np.dtype, frame: Any, op: str) -> np.ndarray:
+        """A pushed part's values from its frame: decoded when compressed, else viewed in place.
+
+        A compressed part (never an ``init``) must name a stored key part of its size and dtype
+        before it is decoded (so a declared size never drives the decoder's allocation), and what the codec raises
+        on a payload it cannot read refuses the request: the payload comes from the network."""
         if e.comp is not None:
             if frame is None:
                 raise WireError(f"key {e.key!r}: compressed payload missing")
-            return gc_decode(frame.buffer, e.comp, e.size, dtype)
+            stored = self.store.keys.get((e.key, e.part))
+            if (
+                op == wire.INIT
+                or stored is None
+                or stored.weight.size != e.size
+                or stored.weight.dtype != dtype
+            ):
+                raise WireError(
+                    f"key {e.key!r} (part {e.part}): a compressed payload must be pushed to a stored part "
+                    f"of its size and dtype ({e.size} of {e.dtype} given)"
+                )
+            try:
+                return gc_decode(frame.buffer, e.comp, e.size, dtype)
+            except (KeyError, IndexError, ArithmeticError, MemoryError) as exc:
+                raise WireError(
+                    f"key {e.key!r}: cannot decode its {e.comp.get('type')} payload ({exc!r})"
+                ) from None
         if frame is None or len(frame.buffer) != e.size * dtype.itemsize:
             raise WireError(f"key {e.key!r}: data frame missing or of the wrong size")
         return np.frombuffer(frame.buffer, dtype=dtype)
