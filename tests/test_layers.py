@@ -163,7 +163,8 @@ def test_standard_library_only(prefix: str) -> None:
             top = raw.split(".")[0]
             if top == "__future__" or top in sys.stdlib_module_names:
                 continue
-            if internal(raw) and internal(raw).startswith(prefix):  # type: ignore[union-attr]
+            inside = internal(raw)
+            if inside is not None and (inside == prefix or inside.startswith(prefix + ".")):
                 continue
             bad.append(f"{where(name, line)}: {name} imports {raw}")
     assert not bad, "\n".join(bad)
