@@ -1,9 +1,11 @@
-"""Optional compiled kernels (numba) for host arrays; the numpy kernels are the fallback.
+"""Compiled kernels (numba) for host arrays; the numpy kernels are the fallback.
 
-Installed with the ``fast`` extra (``pip install launchkit[fast]``). Each kernel here produces
-exactly the same bytes and residual as its numpy twin in the compressor module (tested), in one
-pass over memory instead of several. Kernels compile on first call and are cached on disk.
-The bit layouts are those of ``docs/wire.md`` (section "Compressed payloads").
+numba is a regular dependency where it has a wheel. Each kernel here produces exactly the same
+bytes and residual as its numpy twin in the compressor module (tested), in one pass over memory
+instead of several. Kernels compile on first call and are cached on disk (next to this file, or
+in the user's cache directory on a read-only install; with no writable place at all they compile
+in every process); ``kernels.warm`` does that ahead of time. The bit layouts are those of
+``docs/wire.md`` (section "Compressed payloads").
 """
 
 from __future__ import annotations
@@ -13,10 +15,17 @@ from typing import Any
 import numpy as np
 
 numba: Any
-try:  # optional dependency
+#: why numba could not be imported (``None``: it was)
+IMPORT_ERROR: str | None = None
+#: why the compiled code is not cached on disk (``None``: it is)
+CACHE_ERROR: str | None = None
+try:  # no wheel on some platforms: then the numpy kernels run
     import numba
-except ImportError:  # pragma: no cover - depends on the environment
+except ImportError as exc:  # pragma: no cover - depends on the environment
     numba = None
+    IMPORT_ERROR = str(exc)
+
+_KERNELS: list[Any] = []
 
 
 def available() -> bool:
@@ -24,10 +33,22 @@ def available() -> bool:
     return numba is not None
 
 
+def kernels() -> list[Any]:
+    """The numba dispatchers of this module (empty without numba)."""
+    return list(_KERNELS)
+
+
 def _jit(fn: Any) -> Any:
+    global CACHE_ERROR
     if numba is None:  # pragma: no cover - depends on the environment
         return fn
-    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
+    try:
+        kernel = numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
+    except RuntimeError as exc:  # no writable cache directory anywhere ("no locator available")
+        CACHE_ERROR = str(exc)
+        kernel = numba.njit(nogil=True, boundscheck=False)(fn)
+    _KERNELS.append(kernel)
+    return kernel
 
 
 @_jit

@@ -66,9 +66,7 @@ class Compressor:
             from . import _fast
 
             if not _fast.available():
-                raise ValueError(
-                    "kernel 'numba' asked for but numba is not installed (pip install launchkit[fast])"
-                )
+                raise ValueError("kernel 'numba' asked for but numba cannot be imported (pip install numba)")
         self.kernel = kernel
         self.residual: Any = None
         #: payload bytes of the last ``encode`` (metadata not counted).
@@ -154,8 +152,10 @@ class Compressor:
         """True when the numba kernel should run: host arrays of float32/float64 with numba present."""
         if self.kernel == "numpy" or is_device_array(x) or dtype == np.float16:
             return False
-        from . import _fast
+        from . import _fast, kernels
 
+        if not kernels._announced and not kernels._warming:
+            kernels.announce()
         return _fast.available()
 
     def _encode(self, xp: Any, g: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:

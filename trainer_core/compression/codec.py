@@ -62,6 +62,10 @@ def _registry() -> Any:
     return importlib.import_module("trainer_core.compression")
 
 
+def _kernels() -> Any:
+    return importlib.import_module("trainer_core.compression.kernels")
+
+
 def resolve_compression(params: Any) -> dict[str, Any] | None:
     """The validated params (``None`` for type ``none``), or ``CompressionError`` for params the
     registry refuses."""
@@ -130,9 +134,11 @@ class WorkerCodec:
     stats: WireStats = field(default_factory=WireStats)
 
     def set_params(self, params: dict[str, Any] | None) -> None:
-        """New params: every residual starts from zero."""
+        """New params: every residual starts from zero; the kernels are made ready now (compiled
+        or loaded from the cache, see ``kernels.warm``) rather than in the first push."""
         self.params = params
         self.parts.clear()
+        _kernels().warm(params)
 
     def active(self, dtype: Any) -> bool:
         return self.params is not None and compressible(dtype)
@@ -167,9 +173,11 @@ class ServerCodec:
     cache: dict[Any, tuple[int, np.ndarray, dict[str, Any]]] = field(default_factory=dict)
 
     def set_params(self, params: dict[str, Any] | None) -> None:
+        """New params (kernels made ready now, as for a worker)."""
         self.params = params
         self.parts.clear()
         self.cache.clear()
+        _kernels().warm(params)
 
     def active(self, dtype: Any) -> bool:
         return self.params is not None and compressible(dtype)

@@ -1,0 +1,166 @@
+"""Which kernels run (compiled numba, or numpy and why), said once per process, and the compiled
+ones made ready ahead of time, once per machine.
+
+numba is a regular dependency where it has a wheel (pyproject.toml), so the compiled kernels run
+by default; the numpy kernels are the fallback (no numba, float16, cupy arrays, ``kernel='numpy'``).
+The first time a process uses compression, one line on the ``trainer_core.compression`` logger
+says which (INFO; WARNING for the numpy fallback): shown on stderr unless the application set up
+logging, then through its handlers.
+
+numba compiles a kernel on its first call and caches the machine code on disk (``cache=True``):
+next to the source, or, on a read-only install, in the user's cache directory (numba's own
+fallback; ``NUMBA_CACHE_DIR`` overrides both). ``warm(params)`` runs the kernels of a compression
+type once on a small array, so that compiling (seconds) or loading from the cache (a fraction
+of a second) happens when compression is set up (``set_gradient_compression`` on a worker, a
+server receiving the setting), not inside the first push. It holds a file lock in the cache's
+place meanwhile: of the processes of one machine warming at once, one compiles and writes the
+cache, the others wait and then load it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+LOGGER_NAME = "trainer_core.compression"
+#: the compression types that have numba kernels
+COMPILED = frozenset({"2bit", "1bit", "topk"})
+
+_state_lock = threading.Lock()
+_announced = False
+_warming = 0  # warms in progress: their own line says which kernels run
+_warmed: set[str] = set()
+
+
+def logger() -> logging.Logger:
+    """The logger of the kernel line: INFO and above, on stderr unless logging is set up."""
+    log = logging.getLogger(LOGGER_NAME)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+    if not log.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s %(process)d] %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+    return log
+
+
+def describe() -> str:
+    """Which kernels run for float32/float64 host arrays, in words."""
+    from . import _fast
+
+    if _fast.numba is None:
+        return f"numpy kernels (numba cannot be imported: {_fast.IMPORT_ERROR}; pip install numba)"
+    where = "on-disk cache" if _fast.CACHE_ERROR is None else f"no cache: {_fast.CACHE_ERROR}"
+    return f"compiled numba {_fast.numba.__version__} kernels ({where})"
+
+
+def announce(detail: str = "") -> None:
+    """Log which kernels run, once per process (``detail`` is appended to that line)."""
+    global _announced
+    with _state_lock:
+        if _announced:
+            return
+        _announced = True
+    from . import _fast
+
+    level = logging.INFO if _fast.available() else logging.WARNING
+    logger().log(level, "trainer_core compression: %s%s", describe(), f"; {detail}" if detail else "")
+
+
+def lock_path() -> Path:
+    """The machine-wide lock file of ``warm`` (per user; beside ``NUMBA_CACHE_DIR`` when set)."""
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    base = os.environ.get("NUMBA_CACHE_DIR") or tempfile.gettempdir()
+    return Path(base) / f"trainer_core-kernels-{uid}.lock"
+
+
+@contextlib.contextmanager
+def machine_lock() -> Iterator[None]:
+    """Exclusive between the processes of this machine (no lock where ``fcntl`` or the file is missing)."""
+    try:
+        import fcntl
+
+        path = lock_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def compile_counts() -> tuple[int, int]:
+    """(signatures compiled, signatures loaded from the cache) over every numba kernel so far."""
+    from . import _fast
+
+    compiled = loaded = 0
+    for kernel in _fast.kernels():
+        stats = kernel.stats
+        compiled += sum(stats.cache_misses.values())
+        loaded += sum(stats.cache_hits.values())
+    if _fast.CACHE_ERROR is not None:  # no cache: every signature was compiled
+        compiled = sum(len(k.signatures) for k in _fast.kernels())
+    return compiled, loaded
+
+
+def warm(params: Mapping[str, Any] | None) -> None:
+    """Compile, or load from the cache, the float32 kernels that compression ``params`` uses
+    (once per type per process, under ``machine_lock``), and announce which kernels run."""
+    from . import get_compressor
+
+    kind = None if params is None else params.get("type")
+    if not isinstance(kind, str) or kind == "none":
+        return
+    from . import _fast
+
+    comp = get_compressor(dict(params))  # type: ignore[arg-type]
+    if kind not in COMPILED or comp.kernel == "numpy" or not _fast.available():
+        announce()
+        return
+    with _state_lock:
+        if kind in _warmed:
+            return
+        _warmed.add(kind)
+    global _warming
+    _warming += 1
+    try:
+        with machine_lock():
+            before = compile_counts()
+            g = np.linspace(-1.0, 1.0, 4099, dtype=np.float32)
+            t = time.perf_counter()
+            payload, meta = comp.encode(g)
+            comp.decode(payload, meta, g.shape, g.dtype, out=np.empty_like(g))
+            took = time.perf_counter() - t
+    finally:
+        _warming -= 1
+    compiled, loaded = (a - b for a, b in zip(compile_counts(), before, strict=True))
+    how = f"compiled {compiled}" if compiled else f"loaded {loaded} from the cache"
+    detail = f"{kind} kernels ready in {took:.2f} s ({how})"
+    if _announced:
+        logger().debug("trainer_core compression: %s", detail)
+    announce(detail)
+
+
+def _reset_for_tests() -> None:
+    """Forget what this process announced and warmed."""
+    global _announced
+    with _state_lock:
+        _announced = False
+        _warmed.clear()
+
+
+__all__ = ["announce", "describe", "lock_path", "machine_lock", "warm"]
