@@ -14,7 +14,10 @@ as well. Settings that only the trainer reads (ps-lite's knobs, ``PS_SHM``...) l
 
 from __future__ import annotations
 
+import fcntl
 import os
+import socket
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -173,3 +176,21 @@ class NodeEnv:
             local_rank=as_int(LAUNCHKIT_LOCAL_RANK, e.get(LAUNCHKIT_LOCAL_RANK)),
             secret=e.get(LAUNCHKIT_JOB_SECRET) or None,
         )
+
+
+_SIOCGIFADDR = 0x8915
+
+
+def interface_address(name: str) -> str | None:
+    """The IPv4 address of network interface ``name`` (``DMLC_INTERFACE``; ``lo`` -> ``127.0.0.1``),
+    or None when there is no such interface or it has no IPv4 address (Linux).
+
+    The one lookup of the job: the launcher (the scheduler's address), the ssh hosts' watchdogs
+    (which carry this module as source) and trainer_core's nodes (where they bind) all use it, so
+    one ``DMLC_INTERFACE`` means the same address everywhere."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])

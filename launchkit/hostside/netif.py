@@ -1,26 +1,17 @@
 """Local addresses, looked up the same way on the launching machine and on the hosts: the IPv4
-address of a network interface, and the address the kernel would use toward another host.
-Standard library only; the watchdog carries it to ssh hosts as source."""
+address of a network interface (the env contract's ``dmlc_env.interface_address``, the same lookup
+trainer_core's nodes make), and the address the kernel would use toward another host.
+Standard library only (and ``dmlc_env``, itself standard library only); the watchdog carries both
+to ssh hosts as source."""
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import socket
-import struct
 
-_SIOCGIFADDR = 0x8915
+from dmlc_env import interface_address
 
-
-def interface_address(name: str) -> str | None:
-    """The IPv4 address of network interface ``name`` (``lo`` -> ``127.0.0.1``); None when there
-    is no such interface or it has no IPv4 address."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
+__all__ = ["interface_address", "route_address"]
 
 
 def route_address(host: str) -> str | None:

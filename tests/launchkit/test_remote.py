@@ -134,7 +134,7 @@ def launchkit_imports(module: object) -> set[str]:
     tree = ast.parse(inspect.getsource(module))  # type: ignore[arg-type]
     found = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     found |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    return {name for name in found if name.split(".")[0] == "launchkit"}
+    return {name for name in found if name.split(".")[0] in ("launchkit", "dmlc_env")}
 
 
 def test_everything_the_watchdog_imports_is_shipped_before_it() -> None:

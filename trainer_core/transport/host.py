@@ -7,10 +7,9 @@ which peers can exchange arrays through shared memory, ``interface_address`` res
 
 from __future__ import annotations
 
-import fcntl
 import socket
-import struct
 
+import dmlc_env
 from trainer_core.errors import ConfigError
 
 
@@ -31,15 +30,11 @@ def machine_identity(node_host: str | None) -> str:
 
 
 def interface_address(name: str) -> str:
-    """The IPv4 address of network interface ``name`` (Linux), or ``ConfigError`` naming it."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
-    except OSError:
-        raise ConfigError(f"DMLC_INTERFACE={name!r}: no such interface with an IPv4 address") from None
-    finally:
-        s.close()
-    return socket.inet_ntoa(packed[20:24])
+    """The IPv4 address of network interface ``name`` (the contract's lookup), or ``ConfigError`` naming it."""
+    address = dmlc_env.interface_address(name)
+    if address is None:
+        raise ConfigError(f"DMLC_INTERFACE={name!r}: no such interface with an IPv4 address")
+    return address
 
 
 def bind_and_publish_hosts(interface: str | None, node_host: str | None) -> tuple[str, str]:

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import IO, Any
 
+import dmlc_env
 from launchkit.backends.ssh import connection as ssh
 from launchkit.core.spec import Host, Task
 from launchkit.errors import BackendError
@@ -28,7 +29,7 @@ from launchkit.hostside import netif, procscan, watchdog
 LOST_EXIT = 255  # as ssh reports a connection lost
 #: What the host runs, in import order: the watchdog last, after the hostside modules it imports
 #: (a test checks that nothing it imports is missing).
-SHIPPED = (procscan, netif, watchdog)
+SHIPPED = (dmlc_env, procscan, netif, watchdog)
 
 
 def bootstrap_payload() -> bytes:
