@@ -72,6 +72,7 @@ def build_spec(
     time_limit: float | None = None,
     p3: bool = False,
     slurm_nodes: int | None = None,
+    sync_timeout: float = 900.0,
     ui: Ui,
 ) -> LaunchSpec:
     if not command:
@@ -99,6 +100,8 @@ def build_spec(
         raise UsageError(f"--grace-period must be 0 or more, got {grace_period}")
     if time_limit is not None and time_limit <= 0:
         raise UsageError(f"--time-limit must be more than 0, got {time_limit}")
+    if sync_timeout <= 0:
+        raise UsageError(f"--sync-timeout must be more than 0, got {sync_timeout:g}")
     environ = dict(os.environ)
     ns = num_workers if num_servers is None else num_servers
     assign_hosts(num_workers, ns, hosts)  # placement errors before anything else happens
@@ -114,6 +117,7 @@ def build_spec(
         job_name=job_name,
         log_dir=log_dir,
         sync_dst_dir=sync_dst_dir,
+        sync_timeout=sync_timeout,
         gpus_per_worker=gpus_per_worker,
         scheduler_ip=scheduler_ip,
         scheduler_port=scheduler_port,
@@ -165,6 +169,9 @@ def register(app: typer.Typer) -> None:
         ),
         sync_exclude: list[str] = typer.Option(
             [], "--sync-exclude", help="rsync exclude pattern (repeatable)."
+        ),
+        sync_timeout: float = typer.Option(
+            900.0, "--sync-timeout", help="Seconds each host's --sync-dst-dir rsync may take."
         ),
         heartbeat_timeout: float = typer.Option(
             10.0, "--heartbeat-timeout", help="Seconds of silence that end a host."
@@ -227,6 +234,7 @@ def register(app: typer.Typer) -> None:
             time_limit=time_limit,
             p3=p3,
             slurm_nodes=nodes,
+            sync_timeout=sync_timeout,
             command=command or [],
             ui=ui,
         )

@@ -46,6 +46,7 @@ class LaunchSpec:
     job_name: str | None = None
     log_dir: str | None = None
     sync_dst_dir: str | None = None
+    sync_timeout: float = 900.0  # seconds for one host's rsync (--sync-timeout)
     gpus_per_worker: int | None = None
     scheduler_ip: str | None = None
     scheduler_port: int | None = None

@@ -87,7 +87,7 @@ class SshBackend(Backend):
             from rich.console import Console
 
             sync_all(hosts, source_dir(), self.spec.sync_dst_dir, self.options, self.sync_excludes,
-                     self.console or Console(stderr=True))  # fmt: skip
+                     self.console or Console(stderr=True), self.spec.sync_timeout)  # fmt: skip
         agents = {
             host_key(h): HostAgent(
                 h,

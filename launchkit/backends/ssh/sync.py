@@ -1,18 +1,23 @@
 """``--sync-dst-dir``: rsync the working directory to every host in parallel, with progress.
 
-One ``rsync -az`` per host (at most 32 at a time) over the same ssh options as the launch. Failures are collected per
-host and are fatal: a launch never starts with half-synced hosts.
+One ``rsync -az`` per host (at most 32 at a time) over the same ssh options as the launch. Every
+host ends with a result: synced, failed (with rsync's own message), timed out (``--sync-timeout``)
+or could not run rsync. Any failure is fatal: a launch never starts with half-synced hosts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
+import signal
 import subprocess
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -23,6 +28,8 @@ from launchkit.core.spec import Host
 from launchkit.errors import BackendError
 
 _PROGRESS = re.compile(rb"^\s*([\d,]+)\s+(\d+)%")
+_KEEP_ERR = 64 * 1024  # bytes of rsync's stderr kept (the first ones: the cause comes first)
+DEFAULT_SYNC_TIMEOUT = 900.0  # seconds for one host's whole rsync (--sync-timeout)
 
 
 def rsync_argv(src: str, host: Host, dst: str, opts: SshOptions, excludes: Sequence[str] = ()) -> list[str]:
@@ -38,16 +45,122 @@ def rsync_argv(src: str, host: Host, dst: str, opts: SshOptions, excludes: Seque
 
 @dataclass
 class SyncResult:
+    """How one host's sync ended: ``code`` is rsync's exit code (None when it did not exit by
+    itself: timed out or never ran); ``error`` what went wrong, for the user."""
+
     host: Host
-    code: int
-    error: str
+    code: int | None
+    error: str = ""
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0 and not self.timed_out
+
+
+def rsync_message(stderr: str, total_lines: int | None = None) -> str:
+    """The line of rsync's stderr that says what went wrong: the first one that is not rsync's
+    closing summary (``rsync error: ... (code 23) at main.c``), with how many more there were
+    (``total_lines``: all of them, when only the start of a long stderr was kept)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    causes = [line for line in lines if not line.startswith("rsync error:")] or lines
+    if not causes:
+        return "no message"
+    more = max(len(lines), total_lines or 0) - 1
+    return causes[0] + (f" (and {more} more line(s))" if more > 0 else "")
+
+
+@dataclass
+class _Kept:
+    """The start of a stream (at most _KEEP_ERR bytes) and how many lines it had in all."""
+
+    data: bytearray
+    lines: int = 0
+
+
+def _drain(stream: IO[bytes], keep: _Kept | None, on_line: Callable[[bytes], None] | None) -> None:
+    """Read ``stream`` to its end (in its own thread, so neither pipe can fill and block rsync)."""
+    buf = b""
+    with contextlib.suppress(OSError, ValueError):
+        while chunk := os.read(stream.fileno(), 65536):
+            if keep is not None:
+                keep.data += chunk[: max(0, _KEEP_ERR - len(keep.data))]
+                keep.lines += chunk.count(b"\n")
+            if on_line is not None:
+                buf += chunk
+                *parts, buf = re.split(rb"[\r\n]", buf)
+                for part in parts:
+                    on_line(part)
+
+
+def run_rsync(
+    argv: Sequence[str], timeout: float, on_percent: Callable[[int], None]
+) -> tuple[int | None, str, bool]:
+    """Run one rsync to its end or ``timeout`` (then its whole process group, ssh included, is
+    killed). Returns (exit code or None, what rsync said, timed out); raises OSError if it cannot
+    start."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    err = _Kept(bytearray())
+
+    def progress_line(line: bytes) -> None:
+        m = _PROGRESS.match(line)
+        if m:
+            on_percent(int(m.group(2)))
+
+    readers = [
+        threading.Thread(target=_drain, args=(proc.stdout, None, progress_line), daemon=True),
+        threading.Thread(target=_drain, args=(proc.stderr, err, None), daemon=True),
+    ]
+    for t in readers:
+        t.start()
+    timed_out = False
+    try:
+        code: int | None = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out, code = True, None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for t in readers:
+        t.join(5.0)  # a child that kept the pipes open (outside the group) must not hold us
+    proc.stdout.close()
+    proc.stderr.close()
+    return code, rsync_message(bytes(err.data).decode(errors="replace"), err.lines), timed_out
+
+
+def sync_one(
+    argv: Sequence[str], host: Host, timeout: float, on_percent: Callable[[int], None]
+) -> SyncResult:
+    """One host's sync; always a result, never an exception."""
+    try:
+        code, err, timed_out = run_rsync(argv, timeout, on_percent)
+    except FileNotFoundError:
+        return SyncResult(host, None, "rsync is not installed on this machine (needed for --sync-dst-dir)")
+    except OSError as exc:
+        return SyncResult(host, None, f"cannot run {argv[0]}: {exc.strerror or exc}")
+    except Exception as exc:  # every host must end with a result
+        return SyncResult(host, None, f"rsync failed: {type(exc).__name__}: {exc}")
+    if timed_out:
+        return SyncResult(host, None, f"timed out after {timeout:g} s (--sync-timeout)", timed_out=True)
+    if code != 0:
+        return SyncResult(host, code, f"rsync exited with code {code}: {err}")
+    return SyncResult(host, 0)
 
 
 def sync_all(
-    hosts: Sequence[Host], src: str, dst: str, opts: SshOptions, excludes: Sequence[str], console: Console
+    hosts: Sequence[Host],
+    src: str,
+    dst: str,
+    opts: SshOptions,
+    excludes: Sequence[str],
+    console: Console,
+    timeout: float = DEFAULT_SYNC_TIMEOUT,
 ) -> list[SyncResult]:
-    """rsync ``src`` to ``dst`` on every host in parallel (at most MAX_PARALLEL at a time); raises
-    BackendError if any failed."""
+    """rsync ``src`` to ``dst`` on every host in parallel (at most MAX_PARALLEL at a time), each
+    within ``timeout`` seconds; raises BackendError naming every host that failed."""
     with Progress(
         TextColumn("sync {task.description}"),
         BarColumn(),
@@ -58,35 +171,24 @@ def sync_all(
     ) as progress:
 
         def one(host: Host) -> SyncResult:
-            bar = progress.add_task(str(host), total=100)
-            argv = rsync_argv(src, host, dst, opts, excludes)
             try:
-                proc = subprocess.Popen(
-                    argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+                bar = progress.add_task(str(host), total=100)
+                res = sync_one(
+                    rsync_argv(src, host, dst, opts, excludes),
+                    host,
+                    timeout,
+                    lambda pct: progress.update(bar, completed=pct),
                 )
-            except FileNotFoundError:
-                return SyncResult(host, 127, "rsync is not installed on this machine")
-            assert proc.stdout is not None and proc.stderr is not None
-            buf = b""
-            while chunk := os.read(proc.stdout.fileno(), 4096):
-                buf += chunk
-                *parts, buf = re.split(rb"[\r\n]", buf)
-                for part in parts:
-                    m = _PROGRESS.match(part)
-                    if m:
-                        progress.update(bar, completed=int(m.group(2)))
-            err = proc.stderr.read().decode(errors="replace").strip()
-            code = proc.wait()
-            if code == 0:
-                progress.update(bar, completed=100)
-            return SyncResult(host, code, err)
+                if res.ok:
+                    progress.update(bar, completed=100)
+                return res
+            except Exception as exc:  # every host must end with a result
+                return SyncResult(host, None, f"{type(exc).__name__}: {exc}")
 
         results = on_each(one, hosts)
-    failed = [r for r in results if r.code != 0]
+    failed = [r for r in results if not r.ok]
     if failed:
-        lines = "; ".join(
-            f"{r.host}: rsync exit {r.code}: {r.error.splitlines()[-1] if r.error else ''}" for r in failed
-        )
+        lines = "; ".join(f"{r.host}: {r.error}" for r in failed)
         raise BackendError(
             "ssh", f"sync to {len(failed)} of {len(hosts)} host(s) failed, nothing started: {lines}"
         )
