@@ -35,6 +35,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -57,7 +58,7 @@ from trainer_core.transport import wire
 from trainer_core.transport.auth import channel_key, channel_proof, derive_keys
 from trainer_core.transport.channel import Received, Trace
 from trainer_core.transport.stream import MAX_FRAME_BYTES, MAX_FRAMES
-from trainer_core.transport.tcp import TcpChannel
+from trainer_core.transport.tcp import STALL_S, TcpChannel
 from trainer_core.transport.unix import UnixChannel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -776,3 +777,35 @@ def test_a_same_host_peer_with_the_secret_cannot_break_the_server(live: LiveJob,
     finally:
         ch.close()
     live.check()
+
+
+def test_a_peer_with_the_secret_that_stops_mid_message_stalls_the_server_for_a_bounded_time(
+    live: LiveJob,
+) -> None:
+    """Found by this suite: the server reads a data message whole before serving anything else, and
+    waited for the rest of one that stopped half-way until the job ended; every worker's requests
+    waited with it. Now a started message that gets no byte for ``tcp.STALL_S`` (10 s) closes
+    that connection, and the others are served."""
+    ch = TcpChannel.connect(live.server.data, SECRET, TRACE)
+    header = push_header(0)
+    raw = _PREFIX.pack(len(header), 1) + _U64.pack(4 * N) + header
+    ch.sock.sendall(raw + tagged(ch, raw) + bytes(10))  # 10 bytes of the frame's 64, then nothing
+    failures: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            live.check()
+        except BaseException as exc:
+            failures.append(exc)
+
+    t = threading.Thread(target=worker, name="fuzz-worker")
+    t.start()
+    t.join(STALL_S + 20)
+    stalled = t.is_alive()
+    if stalled:
+        ch.sock.close()  # let the server go on, so the job can end
+        t.join(30)
+    assert not stalled, "the server was still stalled by the half-sent message"
+    assert not failures, failures
+    assert closed_by_peer(ch.sock) == b"", "the stalled connection was not closed"
+    ch.close()

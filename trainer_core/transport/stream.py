@@ -22,6 +22,7 @@ import hmac
 import select
 import socket
 import struct
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,6 +62,10 @@ class FramedStream:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, slice_tv)
         self.sock = sock
         self.closed = False
+        #: seconds a message that has begun may go without a byte before the stream is closed (0: no
+        #: bound). A server sets it: it reads each message whole before serving anything else, so a
+        #: peer stopping half-way would otherwise stall it until the job ends.
+        self.stall_s = 0.0
         self.interrupted = ""  # why a message was abandoned half-way (the stream is closed then)
         self._rpoll = select.poll()
         self._rpoll.register(sock.fileno(), select.POLLIN)
@@ -164,10 +169,15 @@ class FramedStream:
     def _read_into(self, buf: memoryview, alive: Callable[[], None]) -> None:
         view = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
         got, n = 0, view.nbytes
+        last = time.monotonic() if self.stall_s else 0.0  # when a byte last came
         while got < n:
             try:
                 r = self.sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
             except (BlockingIOError, InterruptedError):  # a slice passed with nothing
+                if self.stall_s and time.monotonic() - last > self.stall_s:
+                    raise ChannelClosed(
+                        f"the peer sent no byte of a started message for {self.stall_s:g} s", violation=True
+                    ) from None
                 alive()
                 continue
             except OSError as exc:
@@ -176,6 +186,8 @@ class FramedStream:
                 raise ChannelClosed("the peer closed the connection")
             got += r
             if got < n:  # a slice passed with part of it
+                if self.stall_s:
+                    last = time.monotonic()
                 alive()
 
     # -- sending -------------------------------------------------------------------------------

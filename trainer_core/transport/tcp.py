@@ -37,6 +37,7 @@ from trainer_core.transport.stream import FramedStream
 
 _LABEL = b"launchkit-kv-tcp-v1"
 HANDSHAKE_TIMEOUT_S = 10.0
+STALL_S = 10.0  # a server closes a connection whose started message gets no byte for this long
 MAX_PENDING = 64  # connections still in their handshake; beyond it the oldest is closed
 MESSAGES_PER_TURN = 8  # messages read from one connection before the others get a turn
 MALFORMED_FRAMES = 1 << 20  # bytes of frames a message with a bad header may carry (read, dropped)
@@ -52,6 +53,8 @@ class TcpChannel(FramedStream, Channel):
         self.key = key
         self.server_side = nonce is not None
         self.nonce = nonce  # server side: set until the client proved the secret
+        if self.server_side:
+            self.stall_s = STALL_S
         self.ready = nonce is None
         self.born = time.monotonic()
         self._proof = b""
