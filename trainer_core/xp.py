@@ -7,17 +7,41 @@ code runs on numpy and on cupy. cupy is an optional extra (``pip install launchk
 from __future__ import annotations
 
 import importlib
+import logging
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from trainer_core.log import LOGGER_NAME
+
 
 def _load_cupy() -> Any:
+    """cupy when it is installed and can reach a GPU, else None. Not installed: quietly None (the
+    gpu extra is optional). Installed but broken (its import fails, or no CUDA driver or device):
+    None, with one warning that names the error, so a GPU job never drops to the CPU unsaid."""
     try:  # optional: present only with the gpu extra
-        return importlib.import_module("cupy")
-    except Exception:  # pragma: no cover - depends on the machine
-        return None
+        cupy = importlib.import_module("cupy")
+    except ModuleNotFoundError as exc:
+        if exc.name == "cupy":
+            return None  # not installed
+        return _broken(exc)
+    except Exception as exc:
+        return _broken(exc)
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device found")
+    except Exception as exc:
+        return _broken(exc)
+    return cupy
+
+
+def _broken(exc: BaseException) -> None:
+    logging.getLogger(LOGGER_NAME).warning(
+        "trainer_core: cupy is installed but cannot be used (%s: %s); arrays stay on the CPU (numpy)",
+        type(exc).__name__,
+        str(exc).strip().splitlines()[0] if str(exc).strip() else "no message",
+    )
 
 
 _cupy: Any = _load_cupy()
