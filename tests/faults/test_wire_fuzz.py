@@ -809,3 +809,66 @@ def test_a_peer_with_the_secret_that_stops_mid_message_stalls_the_server_for_a_b
     assert not failures, failures
     assert closed_by_peer(ch.sock) == b"", "the stalled connection was not closed"
     ch.close()
+
+
+# -- a peer holding the secret: the scheduler -------------------------------------------------------
+
+NODES = ("worker 0", "server 0")  # a message in a registered node's name is that node's (trusted)
+
+
+@FUZZ
+@given(
+    messages=st.lists(
+        st.one_of(
+            st.fixed_dictionaries(
+                {
+                    "v": st.just(1),
+                    "op": st.sampled_from(sorted(wire.OPS)),
+                    "seq": st.integers(0, 2**31),
+                    "src": st.text(max_size=10).filter(lambda s: s not in NODES),
+                    "b": st.dictionaries(
+                        st.sampled_from(
+                            ["role", "rank", "host", "endpoint", "host_key", "pid", "node", "reason"]
+                        ),
+                        json_values,
+                        max_size=8,
+                    ),
+                }
+            ).map(lambda h: [json.dumps(h).encode()]),
+            random_headers.map(lambda h: [json.dumps(h).encode()]),
+            st.lists(st.binary(max_size=200), min_size=1, max_size=3),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_a_zeromq_peer_with_the_secret_cannot_break_the_scheduler(
+    live: LiveJob, messages: list[list[bytes]]
+) -> None:
+    """Anything not in a registered node's name: the scheduler drops it or refuses it (a late
+    registration gets an ``error``), and a registration sent after it is refused in turn."""
+    ctx = zmq.Context()
+    sock = zmq_dealer(ctx, SECRET)
+    sock.connect(f"tcp://127.0.0.1:{live.scheduler_port}")
+    try:
+        for m in messages:
+            sock.send_multipart(m)
+        reg = {
+            "v": 1,
+            "op": wire.REGISTER,
+            "seq": 7,
+            "src": "",
+            "b": {"role": "worker", "rank": -1, "host": "x", "endpoint": "", "host_key": "x", "pid": 1},
+        }
+        sock.send_multipart([json.dumps(reg).encode()])
+        receive = zmq_receiver(sock)
+        got = answers(
+            receive, lambda g: any(m.header.body.get("reason") == "unexpected registration" for m in g[-1:])
+        )
+        assert got and got[-1].header.op == wire.ERROR, [m.header for m in got]
+        # what came before it: only refusals of registrations
+        assert all(m.header.op == wire.ERROR for m in got), [m.header for m in got]
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    live.check()

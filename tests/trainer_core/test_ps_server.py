@@ -211,9 +211,9 @@ def test_a_corrupt_compressed_payload_is_refused(workers: list[Worker]) -> None:
 def test_a_compressed_push_the_server_cannot_decode_is_refused_before_any_allocation(
     workers: list[Worker], meta: dict, n: int, reason: str
 ) -> None:
-    """Found by tests/faults/test_wire_fuzz.py: metadata a codec does not expect (``topk`` without
-    ``k``) raised out of the handler and ended the server's loop; a declared size far beyond the
-    stored part's was decoded (allocated) before the size was checked."""
+    """Found while building tests/faults/test_wire_fuzz.py: metadata a codec does not expect
+    (``topk`` without ``k``) raised out of the handler and ended the server's loop; a declared size
+    far beyond the stored part's was decoded (allocated) before the size was checked."""
     w0, w1 = workers
     w0.send(wire.PUSHPULL, (entry(n=n, comp=meta),), [np.zeros(16, np.uint8)])
     reply = w0.reply()
