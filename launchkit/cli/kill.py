@@ -48,8 +48,9 @@ def register(app: typer.Typer) -> None:
         if hostfile and not kill_all:
             raise UsageError("-H goes with --all (a job's own hosts are in its record)")
         reached = True
+        warn = jobs.skipping(ui.warn)
         if job_id:
-            if jobs.load(job_id) is None and job_id not in active_job_ids():
+            if jobs.load(job_id, warn) is None and job_id not in active_job_ids():
                 raise UsageError(f"no job {job_id!r} here (see launchkit ps --all)")
             res = stop_job(job_id, grace)
             if res.cancelled:
@@ -58,7 +59,7 @@ def register(app: typer.Typer) -> None:
                 ui.text(f"{job_id}: ended {res.ended} process(es) here")
             reached = _report_hosts(ui, res.hosts)
         else:
-            ids = active_job_ids()
+            ids = active_job_ids(warn)
             total = 0
             for jid in ids:
                 res = stop_job(jid, grace)

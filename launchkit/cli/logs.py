@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         job_id: str = typer.Argument(..., help="The job id (see launchkit ps)."),
     ) -> None:
         ui = get_app(ctx).ui
-        record = jobs.load(job_id)
+        record = jobs.load(job_id, jobs.refuse)
         if record is None:
             raise UsageError(f"no job {job_id!r} here (see launchkit ps --all)")
         if (record.remote or {}).get("output"):

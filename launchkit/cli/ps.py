@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     ) -> None:
         ui = get_app(ctx).ui
-        records = [detached.refresh(r) for r in jobs.load_all()]
+        records = [detached.refresh(r) for r in jobs.load_all(jobs.skipping(ui.warn))]
         records = [r for r in records if show_all or r.shown_state in ("running", "lost")]
         if as_json:
             ui.json([r.to_json() for r in records])

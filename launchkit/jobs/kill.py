@@ -78,10 +78,11 @@ def stop_job(job_id: str, grace: float = 3.0) -> StopResult:
     return StopResult(job_id, ended, stopped, remote)
 
 
-def active_job_ids() -> list[str]:
+def active_job_ids(on_bad: jobs.OnBad | None = None) -> list[str]:
     """Jobs of this user that may still have processes: recorded as running (or lost), plus
-    any job id found in a live process's environment."""
-    ids = {r.id for r in jobs.load_all() if r.state == "running"}
+    any job id found in a live process's environment (also the job of a record that ``on_bad``
+    hears is unreadable)."""
+    ids = {r.id for r in jobs.load_all(on_bad) if r.state == "running"}
     for pid in procscan.find_job_pids(None):
         ids.update(procscan.job_ids_of(pid))
     return sorted(ids)

@@ -3,6 +3,10 @@
 A record says what was launched, where, and by which launcher process; ``launchkit ps`` reads
 them and shows a job whose launcher died without finishing it as ``lost``. Records never hold
 the job secret. Writes are atomic (temp file + rename).
+
+Reading checks every field's type: a record that is not one (empty, truncated, another JSON
+shape, a field of the wrong type) is a ``BadRecord`` naming the file and what is wrong, handed to
+the caller's ``on_bad`` and skipped, so that one bad file never hides or breaks the other jobs.
 """
 
 from __future__ import annotations
@@ -13,9 +17,13 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from launchkit.core.hostfile import parse_host
+from launchkit.errors import UsageError
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -82,12 +90,97 @@ class JobRecord:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> JobRecord:
-        procs = tuple(ProcessRecord(**p) for p in data.get("processes", ()))
-        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "processes"}
+    def from_json(cls, data: Any) -> JobRecord:
+        """The record in ``data`` (parsed JSON); ValueError saying which field is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {_kind(data)}")
+        fields = {k: _field(k, data[k], _FIELDS[k]) for k in _FIELDS if k in data}
+        missing = [k for k in _REQUIRED if k not in data]
+        if missing:
+            raise ValueError(f"missing field(s) {', '.join(repr(k) for k in missing)}")
+        procs = tuple(
+            _process(i, p) for i, p in enumerate(_field("processes", data.get("processes", []), list))
+        )
+        remote = fields.get("remote")
+        for key, value in (remote or {}).items():
+            _field(f"remote.{key}", value, _REMOTE.get(key, object))
+        for key, value in ((remote or {}).get("ssh") or {}).items():
+            _field(f"remote.ssh.{key}", value, _SSH.get(key, object))
+        for i, h in enumerate((remote or {}).get("hosts") or []):
+            try:
+                parse_host(_field(f"remote.hosts[{i}]", h, str).split()[0])
+            except (ValueError, IndexError) as exc:
+                raise ValueError(f"field 'remote.hosts[{i}]': {exc or 'empty'}") from None
+        for i, w in enumerate(fields.get("hosts", [])):
+            _field(f"hosts[{i}]", w, str)
+        for i, w in enumerate(fields.get("command", [])):
+            _field(f"command[{i}]", w, str)
+        fields.setdefault("launcher_start", None)
         fields["hosts"] = tuple(fields.get("hosts", ()))
         fields["command"] = tuple(fields.get("command", ()))
         return cls(**fields, processes=procs)
+
+
+_NUMBER = (int, float)
+_OPT_STR = (str, type(None))
+_OPT_INT = (int, type(None))
+# every field of a record and the JSON types it may hold (bool is never a number here)
+_FIELDS: dict[str, Any] = {
+    "id": str, "name": str, "backend": str, "hosts": list, "command": list, "cwd": str,
+    "launcher_pid": int, "launcher_start": _OPT_INT, "started_at": _NUMBER, "state": str,
+    "ended_at": (*_NUMBER, type(None)), "exit_code": _OPT_INT, "log_dir": _OPT_STR,
+    "remote": (dict, type(None)), "detached": bool,
+}  # fmt: skip
+_REQUIRED = ("id", "name", "backend", "cwd", "launcher_pid", "started_at")
+_REMOTE: dict[str, Any] = {
+    "hosts": list, "ssh": dict, "engine": _OPT_STR, "engine_job": _OPT_STR, "output": _OPT_STR,
+}  # fmt: skip
+_SSH: dict[str, Any] = {
+    "port": _OPT_INT, "identity": _OPT_STR, "known_hosts": _OPT_STR, "strict_host_keys": bool,
+    "connect_timeout": _NUMBER, "config_file": _OPT_STR,
+}  # fmt: skip
+_PROCESS: dict[str, Any] = {"role": str, "rank": int, "host": str, "pid": _OPT_INT}
+_NAMES = {str: "a string", int: "a whole number", float: "a number", list: "a list", dict: "an object",
+          bool: "true or false", type(None): "null"}  # fmt: skip
+
+
+def _kind(value: Any) -> str:
+    return _NAMES.get(type(value), type(value).__name__)
+
+
+def _field(name: str, value: Any, types: Any) -> Any:
+    types = types if isinstance(types, tuple) else (types,)
+    if object in types:
+        return value
+    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+    if not ok:
+        want = " or ".join(dict.fromkeys(_NAMES[t] for t in types if t is not int or float not in types))
+        shown = json.dumps(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise ValueError(f"field {name!r}: expected {want}, got {_kind(value)} {shown}")
+    return value
+
+
+def _process(i: int, data: Any) -> ProcessRecord:
+    _field(f"processes[{i}]", data, dict)
+    missing = [k for k in ("role", "rank", "host") if k not in data]
+    if missing:
+        raise ValueError(f"processes[{i}]: missing field(s) {', '.join(repr(k) for k in missing)}")
+    return ProcessRecord(
+        **{k: _field(f"processes[{i}].{k}", data[k], t) for k, t in _PROCESS.items() if k in data}
+    )
+
+
+class BadRecord(UsageError):
+    """A job record that cannot be read: the file and what is wrong with it."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+OnBad = Callable[[BadRecord], None]
 
 
 def started_here(**fields: Any) -> JobRecord:
@@ -114,23 +207,66 @@ def save(record: JobRecord) -> Path:
     return path
 
 
-def load(job_id: str) -> JobRecord | None:
+def read(path: Path) -> JobRecord:
+    """The record in ``path``; BadRecord if it cannot be read (FileNotFoundError if it is gone)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise
+    except UnicodeDecodeError:
+        raise BadRecord(path, "not UTF-8 text: expected a JSON job record") from None
+    except OSError as exc:
+        raise BadRecord(path, f"cannot read: {exc.strerror or exc}") from None
+    if not text.strip():
+        raise BadRecord(path, "empty file: expected a JSON job record")
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        where = f"line {exc.lineno}: " if isinstance(exc, json.JSONDecodeError) else ""
+        raise BadRecord(path, f"{where}not valid JSON (truncated?): {getattr(exc, 'msg', exc)}") from None
+    try:
+        record = JobRecord.from_json(data)
+    except ValueError as exc:
+        raise BadRecord(path, str(exc)) from None
+    if record.id != path.stem:
+        raise BadRecord(path, f"field 'id': {record.id!r} is not the file's job id {path.stem!r}")
+    return record
+
+
+def load(job_id: str, on_bad: OnBad | None = None) -> JobRecord | None:
+    """The record of ``job_id``; None when there is none, or it is bad (then ``on_bad`` hears why)."""
     if not JOB_ID_RE.match(job_id):
         return None
     try:
-        return JobRecord.from_json(json.loads((jobs_dir() / f"{job_id}.json").read_text()))
-    except (OSError, ValueError, TypeError):
+        return read(jobs_dir() / f"{job_id}.json")
+    except FileNotFoundError:
+        return None
+    except BadRecord as bad:
+        if on_bad is not None:
+            on_bad(bad)
         return None
 
 
-def load_all() -> list[JobRecord]:
+def load_all(on_bad: OnBad | None = None) -> list[JobRecord]:
+    """Every readable record, oldest first; each bad one is skipped and handed to ``on_bad``."""
     records = []
     with contextlib.suppress(OSError):
         for path in sorted(jobs_dir().glob("*.json")):
-            rec = load(path.stem)
-            if rec is not None:
-                records.append(rec)
+            if JOB_ID_RE.match(path.stem):
+                rec = load(path.stem, on_bad)
+                if rec is not None:
+                    records.append(rec)
     return sorted(records, key=lambda r: r.started_at)
+
+
+def refuse(bad: BadRecord) -> None:
+    """An ``on_bad`` for a command about one job: its record is unreadable, so stop (exit 2)."""
+    raise UsageError(f"cannot read the job record {bad.message}")
+
+
+def skipping(warn: Callable[[str], None]) -> OnBad:
+    """An ``on_bad`` that warns, through ``warn``, that the record is skipped."""
+    return lambda bad: warn(f"skipping unreadable job record {bad.message}")
 
 
 def finish(record: JobRecord, state: str, exit_code: int | None) -> JobRecord:

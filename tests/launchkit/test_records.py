@@ -1,0 +1,114 @@
+"""Job records on disk that are not records (empty, truncated, another JSON shape, a field of
+the wrong type): each is skipped with a warning naming the file, and ``ps``, ``kill``, ``top``
+and ``logs`` keep working for every other job (the real CLI in a subprocess)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from launchkit.jobs import records as jobs
+from tests.launchkit.procs import run
+
+GOOD = "1123-040000-aaaaaa"
+
+
+def good_record(job_id: str = GOOD) -> jobs.JobRecord:
+    return jobs.JobRecord(
+        id=job_id, name="train", backend="local", hosts=("localhost",), command=("python", "train.py"),
+        cwd="/tmp", launcher_pid=2**22 + 7, launcher_start=1, started_at=1.0e9, state="succeeded",
+        ended_at=1.0e9 + 5, exit_code=0, processes=(jobs.ProcessRecord("worker", 0, "localhost", 2**22 + 9),),
+    )  # fmt: skip
+
+
+def good_json(**changes: object) -> str:
+    data = json.loads(json.dumps(dataclasses.asdict(good_record())))
+    data.update(changes)
+    return json.dumps(data)
+
+
+BAD = {  # job id -> (file content, what the warning says)
+    "bad-list": ("[1, 2]", "expected a JSON object, got a list"),
+    "bad-empty": ("", "empty file: expected a JSON job record"),
+    "bad-truncated": (good_json(id="bad-truncated")[:70], "line 1: not valid JSON (truncated?)"),
+    "bad-started": (good_json(id="bad-started", started_at="yesterday"),
+                    "field 'started_at': expected a number, got a string \"yesterday\""),
+    "bad-hosts": (good_json(id="bad-hosts", hosts=5), "field 'hosts': expected a list, got a whole number 5"),
+    "bad-procs": (good_json(id="bad-procs", processes=[1]), "field 'processes[0]': expected an object"),
+    "bad-pid": (good_json(id="bad-pid", launcher_pid=True), "field 'launcher_pid': expected a whole number, got true"),
+    "bad-remote": (good_json(id="bad-remote", state="running", remote={"hosts": ["-oProxyCommand=x"]}),
+                   "field 'remote.hosts[0]': bad host name '-oProxyCommand=x'"),
+    "bad-missing": ('{"id": "bad-missing"}', "missing field(s) 'name', 'backend', 'cwd', 'launcher_pid', 'started_at'"),
+    "bad-id": (good_json(), "field 'id': '1123-040000-aaaaaa' is not the file's job id 'bad-id'"),
+}  # fmt: skip
+
+
+@pytest.fixture
+def jobs_dir(launchkit_home: Path) -> Path:
+    jobs.save(good_record())
+    d = launchkit_home / "jobs"
+    for job_id, (text, _) in BAD.items():
+        (d / f"{job_id}.json").write_text(text)
+    return d
+
+
+def assert_warned_each(stderr: str, d: Path) -> None:
+    text = " ".join(stderr.split())
+    for job_id, (_, why) in BAD.items():
+        assert f"launchkit: warning: skipping unreadable job record {d / job_id}.json: {why}" in text, (
+            job_id,
+            text,
+        )
+    assert "internal error" not in text and "Traceback" not in text
+
+
+def test_ps_skips_each_bad_record_with_a_warning(jobs_dir: Path) -> None:
+    res = run(["ps", "--all"])
+    assert res.returncode == 0, res.stderr
+    assert GOOD in res.stdout and "succeeded" in res.stdout and "bad-" not in res.stdout
+    assert_warned_each(res.stderr, jobs_dir)
+    res = run(["ps", "--all", "--json"])
+    assert res.returncode == 0, res.stderr
+    assert [r["id"] for r in json.loads(res.stdout)] == [GOOD]
+    assert_warned_each(res.stderr, jobs_dir)
+    res = run(["ps"])
+    assert res.returncode == 0 and "no running jobs" in res.stdout
+    assert_warned_each(res.stderr, jobs_dir)
+
+
+def test_kill_all_and_top_still_work(jobs_dir: Path) -> None:
+    res = run(["kill", "--all"])
+    assert res.returncode == 0, res.stderr
+    assert "ended 0 process(es) in 0 job(s) here" in res.stdout
+    assert_warned_each(res.stderr, jobs_dir)
+    res = run(["top", GOOD, "--once", "--interval", "0.1"])
+    assert res.returncode == 0, res.stderr
+    assert GOOD in res.stdout and "worker" in res.stdout
+
+
+@pytest.mark.parametrize("command", [["top", "bad-started", "--once"], ["logs", "bad-started"]])
+def test_one_job_commands_name_the_bad_record(jobs_dir: Path, command: list[str]) -> None:
+    res = run(command)
+    assert res.returncode == 2, res.stderr
+    assert (
+        f"launchkit: error: cannot read the job record {jobs_dir}/bad-started.json: field 'started_at': "
+        'expected a number, got a string "yesterday"' in " ".join(res.stderr.split())
+    )
+
+
+def test_kill_of_a_bad_record_warns_and_still_looks_for_its_processes(jobs_dir: Path) -> None:
+    res = run(["kill", "bad-list"])
+    assert res.returncode == 2
+    err = " ".join(res.stderr.split())
+    assert f"warning: skipping unreadable job record {jobs_dir}/bad-list.json: expected a JSON object" in err
+    assert "error: no job 'bad-list' here" in err
+
+
+def test_a_written_record_reads_back() -> None:
+    path = jobs.save(good_record())
+    assert jobs.read(path) == good_record()
+    assert jobs.load(GOOD) == good_record()
+    assert jobs.load("no-such-job") is None
