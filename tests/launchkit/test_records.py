@@ -79,11 +79,19 @@ def test_ps_skips_each_bad_record_with_a_warning(jobs_dir: Path) -> None:
     assert_warned_each(res.stderr, jobs_dir)
 
 
-def test_kill_all_and_top_still_work(jobs_dir: Path) -> None:
-    res = run(["kill", "--all"])
-    assert res.returncode == 0, res.stderr
-    assert "ended 0 process(es) in 0 job(s) here" in res.stdout
-    assert_warned_each(res.stderr, jobs_dir)
+def test_kill_all_skips_bad_records_with_a_warning(jobs_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # in-process, with the process scan stubbed: a real `kill --all` would end every launchkit job
+    # of this user on the machine, not only this test's
+    from launchkit.jobs import kill
+
+    monkeypatch.setattr(kill.procscan, "find_job_pids", lambda job_id: [])
+    (jobs_dir / "1123-050000-bbbbbb.json").write_text(good_json(id="1123-050000-bbbbbb", state="running"))
+    warnings: list[str] = []
+    assert kill.active_job_ids(jobs.skipping(warnings.append)) == ["1123-050000-bbbbbb"]
+    assert_warned_each(" ".join(f"launchkit: warning: {w}" for w in warnings), jobs_dir)
+
+
+def test_top_still_works(jobs_dir: Path) -> None:
     res = run(["top", GOOD, "--once", "--interval", "0.1"])
     assert res.returncode == 0, res.stderr
     assert GOOD in res.stdout and "worker" in res.stdout
