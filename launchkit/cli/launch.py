@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from pathlib import Path
 
 import typer
@@ -26,6 +27,7 @@ from launchkit.cli.planview import plan_to_json, show_plan
 from launchkit.console import Ui
 from launchkit.core.hostfile import read_hostfile
 from launchkit.core.placement import assign_hosts
+from launchkit.core.plan import split_assignments
 from launchkit.core.spec import LOCALHOST, JobResult, LaunchSpec
 from launchkit.dashboard import Dashboard
 from launchkit.errors import UsageError
@@ -77,6 +79,7 @@ def build_spec(
 ) -> LaunchSpec:
     if not command:
         raise UsageError("no command given: expected `launchkit launch -n N [options] COMMAND [ARGS...]`")
+    check_command(command)
     backend = launcher or ("ssh" if hostfile else "local")
     if backend not in backends.names():
         raise UsageError(f"--launcher {backend!r}: expected one of {', '.join(backends.names())}")
@@ -126,6 +129,17 @@ def build_spec(
         time_limit=time_limit,
         cwd=os.getcwd(),
     )
+
+
+def check_command(command: list[str]) -> None:
+    """The program to run must be a word: ``''`` or ``' '`` (an empty quoted command) is a
+    usage error, not a process that cannot start or an ``sh -c ' '`` that does nothing."""
+    _, words = split_assignments(command)
+    if not words or not words[0].strip():
+        raise UsageError(
+            f"empty command {shlex.join(command)}: expected a program to run, "
+            "e.g. `launchkit launch -n 2 python train.py`"
+        )
 
 
 def register(app: typer.Typer) -> None:

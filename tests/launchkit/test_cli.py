@@ -124,6 +124,12 @@ def test_scheduler_overrides_and_interface(tmp_path: Path) -> None:
         (["-n", "1", "--interface", "nosuchif0", "x"], "no network interface named 'nosuchif0'"),
         (["-n", "1", "--scheduler-port", "70000", "x"], "expected a number from 1 to 65535"),
         (["-n", "1", "--launcher", "ssh", "x"], "needs a hostfile"),
+        (["-n", "1", ""], "empty command '': expected a program to run"),
+        (["-n", "1", " "], "empty command ' ': expected a program to run"),
+        (["-n", "1", "--", "\t"], "empty command ' ': expected a program to run"),  # (the tab, as printed)
+        (["-n", "1", "A=1", ""], "empty command A=1 '': expected a program to run"),
+        (["-n", "1", "", "x.py"], "empty command '' x.py: expected a program to run"),
+        (["-n", "1", "--sync-timeout", "0", "x"], "--sync-timeout must be more than 0, got 0"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path: Path, args: list[str], message: str) -> None:
