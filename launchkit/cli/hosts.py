@@ -34,7 +34,7 @@ def list_hosts(
     if engine is not None:
         source, hosts = engine_hosts(engine)
     else:
-        source, hosts = str(hostfile), read_hostfile(hostfile)
+        source, hosts = str(hostfile), read_hostfile(hostfile, ui.warn)
     if as_json:
         ui.json(
             [
@@ -66,7 +66,7 @@ def check_hosts(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     ui = get_app(ctx).ui
-    hosts = unique_hosts(read_hostfile(hostfile))
+    hosts = unique_hosts(read_hostfile(hostfile, ui.warn))
     opts = SshOptions(ssh_port, identity, known_hosts, strict_host_keys, connect_timeout)
     results = ssh_commands.probe(hosts, opts)
     if as_json:

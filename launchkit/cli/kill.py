@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
             ui.text(f"ended {total} process(es) in {len(ids)} job(s) here")
             if hostfile:
                 opts = SshOptions(port=ssh_port, identity=identity, known_hosts=known_hosts)
-                results = ssh_commands.sweep(read_hostfile(hostfile), opts, None, grace)
+                results = ssh_commands.sweep(read_hostfile(hostfile, ui.warn), opts, None, grace)
                 reached = _report_hosts(ui, results) and reached
         if not reached:
             raise typer.Exit(1)

@@ -83,7 +83,7 @@ def build_spec(
     backend = launcher or ("ssh" if hostfile else "local")
     if backend not in backends.names():
         raise UsageError(f"--launcher {backend!r}: expected one of {', '.join(backends.names())}")
-    hosts = tuple(read_hostfile(hostfile)) if hostfile else (LOCALHOST,)
+    hosts = tuple(read_hostfile(hostfile, ui.warn)) if hostfile else (LOCALHOST,)
     if backend == "local" and hostfile:
         ui.warn("--launcher local runs every process on this machine; the hostfile is ignored")
         hosts = (LOCALHOST,)

@@ -7,6 +7,7 @@ Accepted (see docs/hostfiles.md)::
     node2:2222                 # ssh port
     alice@node3
     alice@node4:2222 slots=4   # MPI / DeepSpeed / Horovod style slot count
+    node5 slots=2 max_slots=4  # Open MPI's max_slots / max-slots: accepted, never binding
     [fe80::1]:22
     2001:db8::7                # a bare IPv6 address (no port)
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from launchkit.core.placement import machine_key
@@ -87,23 +88,60 @@ def parse_host(spec: str) -> Host:
     return Host(name=name, port=port, user=user)
 
 
+_FIELDS = "slots=N (or Open MPI's max_slots=N)"
+_AROUND_EQ = re.compile(r"\s*=\s*")
+
+
 def parse_line(text: str) -> Host | None:
-    """One hostfile line (without its newline) -> Host, or None for a blank/comment line."""
+    """One hostfile line (without its newline) -> Host, or None for a blank/comment line.
+
+    After the host: ``slots=N``, and Open MPI's ``max_slots=N`` / ``max-slots=N`` (checked, and
+    never binding: placement puts at most ``slots`` processes on a host). Spaces around ``=`` are
+    allowed, as Open MPI allows them."""
     body = text.split("#", 1)[0].strip()
     if not body:
         return None
-    words = body.split()
+    words = _AROUND_EQ.sub("=", body).split()
     host = parse_host(words[0])
-    slots: int | None = None
+    given: dict[str, int] = {}
     for word in words[1:]:
         key, eq, value = word.partition("=")
-        if key == "slots" and eq:
-            if slots is not None:
-                raise ValueError("slots given twice on one line")
-            slots = _slots(value)
-        else:
-            raise ValueError(f"unknown field {word!r}: expected slots=N after the host")
+        key = "max_slots" if key == "max-slots" else key
+        if key not in ("slots", "max_slots") or not eq:
+            raise ValueError(f"unknown field {word!r}: expected {_FIELDS} after the host")
+        if key in given:
+            raise ValueError(f"{key} given twice on one line")
+        given[key] = _slots(value) if key == "slots" else _max_slots(value)
+    slots = given.get("slots")
+    if slots is not None and given.get("max_slots", slots) < slots:
+        raise ValueError(
+            f"max_slots={given['max_slots']} is less than slots={slots}: expected max_slots >= slots"
+        )
     return Host(name=host.name, port=host.port, user=host.user, slots=slots)
+
+
+def _max_slots(text: str) -> int:
+    try:
+        return _slots(text)
+    except ValueError:
+        raise ValueError(f"bad max_slots {text!r}: expected a whole number from 1 to 1000000") from None
+
+
+UNLIKELY_PORT = 22  # below this, host:N is more likely Horovod's or mpirun's slot count than a port
+
+
+def hostfile_warnings(hosts: Sequence[Host], path: str = "<hostfile>") -> list[str]:
+    """What parses but is likely not what was meant: ``host:N`` with a port no sshd listens on
+    and no ``slots=`` is a port for launch.py (kept), but N slots for Horovod and mpirun."""
+    out = []
+    for h in hosts:
+        if h.port is not None and h.port < UNLIKELY_PORT and h.slots is None:
+            where = f"{path}:{h.line}" if h.line is not None else path
+            out.append(
+                f"{where}: '{h}' means ssh port {h.port} (as in MXNet's launch.py), not {h.port} slots "
+                f"(Horovod's and mpirun's host:N); for slots write '{h.address} slots={h.port}'"
+            )
+    return out
 
 
 def parse_hostfile(text: str, path: str = "<hostfile>") -> list[Host]:
@@ -125,8 +163,8 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> list[Host]:
     return hosts
 
 
-def read_hostfile(path: str | Path) -> list[Host]:
-    """Read and parse a hostfile from disk."""
+def read_hostfile(path: str | Path, warn: Callable[[str], None] | None = None) -> list[Host]:
+    """Read and parse a hostfile from disk; ``warn`` hears ``hostfile_warnings``."""
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -141,7 +179,10 @@ def read_hostfile(path: str | Path) -> list[Host]:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise HostfileError(str(path), line, "not UTF-8 text: expected a text file") from None
-    return parse_hostfile(text, str(path))
+    hosts = parse_hostfile(text, str(path))
+    for message in hostfile_warnings(hosts, str(path)) if warn is not None else ():
+        warn(message)
+    return hosts
 
 
 def format_host(host: Host) -> str:

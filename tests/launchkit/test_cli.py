@@ -264,3 +264,24 @@ def test_mpi_dry_run_is_the_real_line_and_bad_options_fail_the_same(tmp_path: Pa
         res = run(["launch", "--dry-run", "-n", "1", *launcher, *args, "true"], cwd=tmp_path)
         assert res.returncode == 2, (args, res.stderr)
         assert message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_mpi_and_horovod_style_hostfiles(tmp_path: Path) -> None:
+    (tmp_path / "mpi").write_text("node1 slots=2 max_slots=4\nnode2 slots = 2 max-slots=2\n")
+    res = run(["hosts", "list", "-H", "mpi", "--json"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert [(h["host"], h["slots"]) for h in json.loads(res.stdout)] == [("node1", 2), ("node2", 2)]
+    assert res.stderr == ""
+    (tmp_path / "horovod").write_text("worker-0:2\nworker-1:2\n")
+    res = run(
+        ["launch", "--dry-run", "--json", "-n", "2", "-s", "0", "-H", "horovod", "python", "x.py"],
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    assert [t["host"] for t in json.loads(res.stdout)["tasks"][1:]] == ["worker-0:2", "worker-1:2"]
+    err = " ".join(res.stderr.split())
+    assert (
+        "launchkit: warning: horovod:1: 'worker-0:2' means ssh port 2 (as in MXNet's launch.py), not 2 slots"
+        in err
+    )
+    assert "horovod:2: 'worker-1:2'" in err

@@ -35,6 +35,12 @@ def one(line: str) -> Host:
         ("  node1:22   slots=2   # trailing comment", Host("node1", port=22, slots=2)),
         ("gpu-01.cluster.example.com", Host("gpu-01.cluster.example.com")),
         ("node_1", Host("node_1")),
+        # Open MPI: max_slots / max-slots (never binding), spaces around '='
+        ("node1 slots=2 max_slots=4", Host("node1", slots=2)),
+        ("node1 max-slots=4 slots=4", Host("node1", slots=4)),
+        ("node1 max_slots=8", Host("node1")),
+        ("node1 slots = 2", Host("node1", slots=2)),
+        ("node1 slots =2 max-slots= 3", Host("node1", slots=2)),
     ],
 )
 def test_accepted_forms(line: str, expected: Host) -> None:
@@ -78,6 +84,15 @@ def test_repeated_host_is_one_more_entry() -> None:
         ("[::1]x\n", 1, "expected ':port'"),
         ("1:2:3:zz\n", 1, "bad host"),
         ("node1:\n", 1, "bad port ''"),
+        ("node1 max_slots=0\n", 1, "bad max_slots '0': expected a whole number from 1 to 1000000"),
+        ("node1 slots=4 max-slots=2\n", 1, "max_slots=2 is less than slots=4: expected max_slots >= slots"),
+        ("node1 max_slots=2 max-slots=2\n", 1, "max_slots given twice on one line"),
+        ("node1 slots = x\n", 1, "bad slots 'x'"),
+        (
+            "node1 gpus=2\n",
+            1,
+            "unknown field 'gpus=2': expected slots=N (or Open MPI's max_slots=N) after the host",
+        ),
     ],
 )
 def test_bad_lines_name_file_and_line(text: str, line: int, words: str) -> None:
@@ -153,3 +168,25 @@ def test_no_traceback_on_bytes(tmp_path_factory, data: bytes) -> None:
     path.write_bytes(data)
     with contextlib.suppress(HostfileError):
         read_hostfile(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "warned"),
+    [
+        ("worker-0:2\nworker-1:2\n", [1, 2]),
+        ("al@worker-0:4 # Horovod style\n", [1]),
+        ("node1:22\nnode2:2222\nnode3:2 slots=1\nnode4\n[::1]:21\n", [5]),
+    ],
+)
+def test_host_colon_small_number_is_a_port_with_a_warning(tmp_path, text: str, warned: list[int]) -> None:
+    (tmp_path / "hf").write_text(text)
+    heard: list[str] = []
+    hosts = read_hostfile(tmp_path / "hf", heard.append)
+    assert [h.line for h in hosts if h.port is not None and h.port < 22 and h.slots is None] == warned
+    assert [m.split(":")[1] for m in heard] == [str(n) for n in warned]
+    if text.startswith("worker-0:2"):
+        assert heard[0] == (
+            f"{tmp_path / 'hf'}:1: 'worker-0:2' means ssh port 2 (as in MXNet's launch.py), not 2 slots "
+            "(Horovod's and mpirun's host:N); for slots write 'worker-0 slots=2'"
+        )
+    assert hosts[0].port is not None  # still launch.py's meaning
