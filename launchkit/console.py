@@ -17,6 +17,8 @@ from typing import Any, BinaryIO
 from rich.console import Console
 from rich.table import Table
 
+from launchkit.output import REPORT_LINE, printable
+
 
 def _no_color() -> bool:
     return "NO_COLOR" in os.environ or os.environ.get("TERM") == "dumb"
@@ -44,8 +46,9 @@ class Ui:
         self.err.print(message, markup=False)
 
     def lines(self, lines: Iterable[str], style: str = "dim") -> None:
+        """Lines of a report (a process's last lines): control characters escaped, long lines cut."""
         for line in lines:
-            self.err.print(f"    {line}", style=style, markup=False)
+            self.err.print(f"    {printable(line, REPORT_LINE + 40)}", style=style, markup=False)
 
     # -- structured output (stdout) ---------------------------------------------------------
     def table(self, title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
@@ -68,10 +71,11 @@ _ROLE_COLORS = {"scheduler": "35", "server": "34", "worker": "32"}
 
 
 class OutputWriter:
-    """Merges the output of many processes, line by line, each line prefixed ``[role rank]``.
+    """Merges the output of many processes, each line prefixed ``[role rank]``.
 
-    Lines are written as bytes (no decoding, no markup) under one lock so lines never
-    interleave; stdout lines go to stdout and stderr lines to stderr.
+    Lines are written as bytes (no decoding, no markup), complete lines only, so lines never
+    interleave; stdout lines go to stdout and stderr lines to stderr. ``add`` prefixes a block
+    of complete lines at once, ``flush`` writes everything added since in one call per target.
     """
 
     def __init__(self, stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> None:
@@ -82,6 +86,8 @@ class OutputWriter:
             "out": not _no_color() and self._isatty(self._out),
             "err": not _no_color() and self._isatty(self._err),
         }
+        self._pending: dict[str, list[bytes]] = {"out": [], "err": []}
+        self._broken: set[str] = set()
 
     @staticmethod
     def _isatty(f: BinaryIO) -> bool:
@@ -96,13 +102,27 @@ class OutputWriter:
             return f"\x1b[{_ROLE_COLORS.get(role, '0')}m{label}\x1b[0m ".encode()
         return (label + " ").encode()
 
+    def add(self, prefix: bytes, lines: bytes, stream: str) -> None:
+        """Complete lines (``lines`` ends with a newline) of one process, written at ``flush``."""
+        body = lines[:-1].replace(b"\n", b"\n" + prefix)
+        self._pending[stream] += (prefix, body, b"\n")
+
+    def flush(self) -> None:
+        for stream, target in (("out", self._out), ("err", self._err)):
+            parts = self._pending[stream]
+            if not parts:
+                continue
+            self._pending[stream] = []
+            if stream in self._broken:
+                continue
+            with self._lock:
+                try:
+                    target.write(b"".join(parts))
+                    target.flush()
+                except (BrokenPipeError, ValueError):
+                    self._broken.add(stream)  # our reader went away (`| head`); keep supervising
+
     def write(self, prefix: bytes, line: bytes, stream: str) -> None:
-        if not line.endswith(b"\n"):
-            line += b"\n"
-        target = self._out if stream == "out" else self._err
-        with self._lock:
-            try:
-                target.write(prefix + line)
-                target.flush()
-            except (BrokenPipeError, ValueError):
-                pass  # our reader went away (e.g. `| head`); keep supervising the job
+        """One line at once (a line without its newline gets one)."""
+        self.add(prefix, line if line.endswith(b"\n") else line + b"\n", stream)
+        self.flush()

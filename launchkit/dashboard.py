@@ -178,3 +178,11 @@ class LineSink:
 
     def write(self, prefix: bytes, line: bytes, stream: str) -> None:
         self.dashboard.add_line(prefix.decode(), line.decode(errors="replace").rstrip("\n"))
+
+    def add(self, prefix: bytes, lines: bytes, stream: str) -> None:
+        label = prefix.decode()
+        for line in lines.decode(errors="replace").splitlines()[-200:]:
+            self.dashboard.add_line(label, line)
+
+    def flush(self) -> None:
+        """Lines are shown as they are added."""

@@ -10,6 +10,7 @@ follows (``--detach``) and records it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from launchkit.backends.base import Backend
 from launchkit.console import Ui
@@ -20,7 +21,7 @@ from launchkit.errors import BackendError, UsageError
 from launchkit.hostside.netif import route_address
 from launchkit.jobs import records as jobs
 from launchkit.netutil import PortReservation, fallback_address, interface_address
-from launchkit.supervisor import Supervisor
+from launchkit.supervisor import Supervisor, check_log_dir
 
 
 def scheduler_address(spec: LaunchSpec, reached_from: str | None = None) -> str:
@@ -50,6 +51,8 @@ def dry_run_plan(spec: LaunchSpec, backend: Backend) -> Plan:
 
 def run_job(spec: LaunchSpec, backend: Backend, ui: Ui, *, dashboard: Dashboard | None = None) -> JobResult:
     """Start the job on ``backend`` and supervise it to its end."""
+    if spec.log_dir:
+        check_log_dir(Path(spec.log_dir))  # before contacting anything: exit 2 naming the directory
     reached = backend.connect(spec)
     own_address = backend.finds_scheduler_address()
     root_uri = "" if own_address else scheduler_address(spec, reached)

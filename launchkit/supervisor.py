@@ -17,6 +17,7 @@ import dataclasses
 import os
 import queue
 import signal
+import tempfile
 import threading
 import time
 from collections import deque
@@ -28,12 +29,16 @@ from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.console import OutputWriter, Ui
 from launchkit.core.spec import JobResult, Plan, Task, TaskResult
 from launchkit.dashboard import Dashboard, DashboardState, LineSink, ProcRow
+from launchkit.errors import UsageError
 from launchkit.hostside import procscan
 from launchkit.jobs import reaper
 from launchkit.jobs import records as jobs
+from launchkit.output import Merger
 
 TAIL_LINES = 20
+LOG_BUFFER = 1 << 18
 EXIT_TIMEOUT = 124  # as timeout(1)
+EXIT_LOG_FAILED = 74  # EX_IOERR: the job succeeded, but its --log-dir files are incomplete
 KILL_CONFIRM = 30.0  # seconds after SIGKILL before a process that has not confirmed its end is given up
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -43,6 +48,19 @@ def exit_code_of(returncode: int) -> tuple[int, int | None]:
     if returncode < 0:
         return 128 - returncode, -returncode
     return returncode, None
+
+
+def check_log_dir(log_dir: Path) -> None:
+    """Create ``--log-dir`` and write a byte there, so that a directory we cannot write to (read-only,
+    full, not ours) stops the launch before anything starts (exit 2), naming it."""
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=log_dir, prefix=".launchkit-probe-") as probe:
+            probe.write(b"x")
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        raise UsageError(f"--log-dir {log_dir}: cannot write there: {exc.strerror or exc}") from None
 
 
 def job_exit_code(root: TaskResult | None, interrupted_by: int | None, results: list[TaskResult]) -> int:
@@ -58,7 +76,6 @@ class _Running:
     task: Task
     handle: ProcessHandle | None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
-    readers: list[threading.Thread] = field(default_factory=list)
     result: TaskResult | None = None
 
 
@@ -94,6 +111,7 @@ class Supervisor:
         self._events: queue.Queue[tuple[int, int, float]] = queue.Queue()
         self._signals: list[int] = []
         self._procs: list[_Running] = []
+        self.merger = Merger(self.writer, self._log_failed, TAIL_LINES)
 
     # -- signals -------------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -107,26 +125,23 @@ class Supervisor:
         return old
 
     # -- output --------------------------------------------------------------------------------
-    def _pump(self, run: _Running, stream: IO[bytes], name: str) -> None:
-        prefix = self.writer.prefix(run.task.role, run.task.rank, name)
-        log: IO[bytes] | None = None
-        if self.log_dir is not None:
-            suffix = "stdout" if name == "out" else "stderr"
-            log = open(self.log_dir / f"{run.task.role}-{run.task.rank}.{suffix}", "ab")  # noqa: SIM115
+    def _open_log(self, task: Task, name: str) -> IO[bytes] | None:
+        if self.log_dir is None or self.merger.log_error is not None:
+            return None
+        suffix = "stdout" if name == "out" else "stderr"
+        path = self.log_dir / f"{task.role}-{task.rank}.{suffix}"
         try:
-            for line in iter(stream.readline, b""):
-                self.writer.write(prefix, line, name)
-                run.tail.append(line.decode(errors="replace").rstrip("\n"))
-                if log is not None:
-                    log.write(line)
-                    log.flush()
-        except (OSError, ValueError):
-            pass
-        finally:
-            if log is not None:
-                log.close()
-            with contextlib.suppress(OSError):
-                stream.close()
+            return open(path, "ab", buffering=LOG_BUFFER)
+        except OSError as exc:
+            self._log_failed(exc)
+            return None
+
+    def _log_failed(self, exc: OSError) -> None:
+        """A --log-dir write failed (disk full, read-only): said once; the output goes on."""
+        self.ui.error(
+            f"cannot write to --log-dir {self.log_dir}: {exc.strerror or exc}; the job goes on, its "
+            f"output only to the console (the log files are incomplete; exit {EXIT_LOG_FAILED} if the job succeeds)"
+        )
 
     def _wait(self, index: int, handle: ProcessHandle) -> None:
         code = handle.wait()
@@ -146,9 +161,8 @@ class Supervisor:
                 return  # no point starting the rest
             run.handle = handle
             for stream, name in ((handle.stdout, "out"), (handle.stderr, "err")):
-                t = threading.Thread(target=self._pump, args=(run, stream, name), daemon=True)
-                t.start()
-                run.readers.append(t)
+                prefix = self.writer.prefix(task.role, task.rank, name)
+                self.merger.add(stream, name, prefix, run.tail, self._open_log(task, name))
             threading.Thread(target=self._wait, args=(index, handle), daemon=True).start()
 
     def _give_up(self, since: float) -> None:
@@ -170,7 +184,7 @@ class Supervisor:
 
     def run(self) -> JobResult:
         if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
+            check_log_dir(self.log_dir)
         reaper_proc, reaper_pipe = reaper.start(self.plan.job_id, self.grace)
         self.backend.set_cleanup_sink(lambda argv: reaper.add_cleanup(reaper_pipe, argv))
         old_handlers = self._install_signals()
@@ -180,6 +194,7 @@ class Supervisor:
         interrupted_by: int | None = None
         root: TaskResult | None = None
         try:
+            self.merger.start()
             self._start_all()
             self._save_started()
             pending = len(self._procs)
@@ -237,11 +252,11 @@ class Supervisor:
             self.backend.wait_ended(self.grace + 5.0)
             strays = procscan.sweep_job(self.plan.job_id, self.grace, exclude=(reaper_proc.pid,))
             procscan.remove_shm(self.plan.job_id)
-            drained_by = time.monotonic() + 2.0  # one bound for all (a given-up stream may never close)
-            for run in self._procs:
-                for t in run.readers:
-                    t.join(timeout=max(0.0, drained_by - time.monotonic()))
+            # one bound for streams that never end (a given-up process, a grandchild holding one);
+            # a slow reader of our own output only slows this down
+            self.merger.drain(2.0)
         finally:
+            self.merger.close()
             if self.dashboard is not None:
                 self.dashboard.stop(self.snapshot())
             for sig, handler in old_handlers.items():
@@ -252,11 +267,18 @@ class Supervisor:
         results = [self._final(run) for run in self._procs]
         if root is not None:
             root = next(r for r in results if r.task == root.task)
+        code = (
+            EXIT_TIMEOUT if self.timed_out and root is None else job_exit_code(root, interrupted_by, results)
+        )
+        if code == 0 and self.merger.log_error is not None:
+            code = EXIT_LOG_FAILED
+            self.ui.error(
+                f"job {self.plan.job_id} succeeded, but its --log-dir files in {self.log_dir} are incomplete "
+                f"({self.merger.log_error.strerror or self.merger.log_error}); exit {EXIT_LOG_FAILED}"
+            )
         result = JobResult(
             job_id=self.plan.job_id,
-            exit_code=EXIT_TIMEOUT
-            if self.timed_out and root is None
-            else job_exit_code(root, interrupted_by, results),
+            exit_code=code,
             results=tuple(results),
             root_cause=root,
             interrupted_by=interrupted_by,

@@ -1,0 +1,294 @@
+"""The merged output of a job: one thread reads every process's stdout and stderr in large
+chunks and writes them, prefixed, with few system calls.
+
+- each read takes at most ``CHUNK`` bytes from one stream, and streams are served in turn, so
+  one process's flood never starves another's lines;
+- a chunk is split at its last newline: the complete lines are prefixed at once (``bytes.replace``
+  on ``b"\\n"``) and the partial last line is carried over until its newline arrives (or the
+  stream ends, when it gets one), so lines of different processes never mix and each process's
+  bytes keep their order;
+- everything read in one round goes out in one write per target (stdout, stderr);
+- ``--log-dir`` files get each stream's raw bytes through a large buffer, flushed whenever the
+  merger has nothing to read; a failed log write (disk full, read-only) is reported once through
+  ``on_log_error`` and stops the log files, never the merged output;
+- when a round brings little, the merger lingers a moment so that the next read finds more
+  (the pipes are widened to ``PIPE_SIZE`` where the kernel allows it, so the writers do not wait).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import select
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import IO, Protocol
+
+CHUNK = 1 << 16  # at most this much from one stream per turn
+PIPE_SIZE = 1 << 20  # what a pipe is widened to (the default limit for unprivileged users)
+LINGER = 0.002  # seconds to wait after a round that brought less than SMALL bytes
+SMALL = 1 << 14
+LOG_BUFFER = 1 << 18
+REPORT_LINE = 300  # characters of one line in a failure report
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def widen_pipe(fd: int, size: int = PIPE_SIZE) -> None:
+    """Give a pipe a larger buffer (Linux); silently keep the default where it is not allowed."""
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, size)
+
+
+def _escape(text: str) -> str:
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def printable(line: str, limit: int = REPORT_LINE) -> str:
+    """A line fit for a report on a terminal: control characters escaped (``\\x1b``, ``\\t``...)
+    and cut to ``limit`` characters, saying how much was left out."""
+    text = _escape(line[: limit * 4 + 1])
+    if len(text) <= limit and len(line) <= limit * 4:
+        return text
+    return text[:limit] + f" ... [{len(line)} characters in all]"
+
+
+def clip(line: bytes) -> str:
+    """One line of a process's output as the failure report and the dashboard show it: the
+    first ``REPORT_LINE`` bytes, control characters and invalid UTF-8 escaped."""
+    text = _escape(line[:REPORT_LINE].decode(errors="backslashreplace"))
+    if len(text) > REPORT_LINE or len(line) > REPORT_LINE:
+        return text[:REPORT_LINE] + f" ... [{len(line)} bytes in all]"
+    return text
+
+
+class Sink(Protocol):
+    """Where complete lines go: the console writer, or the dashboard's log panel."""
+
+    def prefix(self, role: str, rank: int, stream: str) -> bytes: ...
+
+    def add(self, prefix: bytes, lines: bytes, stream: str) -> None:
+        """Complete lines (each ending in a newline) of one process, to be written at ``flush``."""
+        ...
+
+    def flush(self) -> None: ...
+
+
+class Source:
+    """One stream of one process."""
+
+    def __init__(self, fd: int, stream: str, prefix: bytes, tail: deque[str], log: IO[bytes] | None) -> None:
+        self.fd = fd
+        self.stream = stream
+        self.prefix = prefix
+        self.tail = tail
+        self.log = log
+        self.carry = b""
+        self.done = threading.Event()
+
+    def take(self, data: bytes) -> bytes:
+        """The complete lines now available (carry-over first); keeps the partial last line."""
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self.carry += data
+            return b""
+        lines = self.carry + data[: cut + 1] if self.carry else data[: cut + 1]
+        self.carry = data[cut + 1 :]
+        return lines
+
+
+class Merger:
+    def __init__(self, sink: Sink, on_log_error: Callable[[OSError], None] | None = None,
+                 tail_lines: int = 20) -> None:  # fmt: skip
+        self.sink = sink
+        self.on_log_error = on_log_error
+        self.tail_lines = tail_lines
+        self.log_error: OSError | None = None
+        self._sources: dict[int, Source] = {}
+        self._poll = select.epoll()
+        self._lock = threading.Lock()
+        self._stop = False
+        self._writing_since: float | None = None
+        self._idle = threading.Condition()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="output")
+        self._started = False
+        self._logs: list[IO[bytes]] = []
+
+    def add(self, stream: IO[bytes], name: str, prefix: bytes, tail: deque[str],
+            log: IO[bytes] | None = None) -> Source:  # fmt: skip
+        fd = os.dup(stream.fileno())  # ours to close, whatever the handle does with its own
+        with contextlib.suppress(OSError):
+            stream.close()
+        widen_pipe(fd)
+        src = Source(fd, name, prefix, tail, log)
+        with self._lock:
+            self._sources[fd] = src
+            if log is not None:
+                self._logs.append(log)
+        self._poll.register(fd, select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR)
+        return src
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        order: deque[int] = deque()
+        while not self._stop:
+            try:
+                ready = self._poll.poll(0.1)
+            except OSError:
+                break
+            if not ready:
+                self._flush_logs()
+                continue
+            fds = {fd for fd, _ in ready}
+            # serve in turn: streams that were served last go to the back
+            for fd in fds:
+                if fd not in order:
+                    order.append(fd)
+            got = 0
+            for fd in list(order):
+                if fd not in fds:
+                    continue
+                order.remove(fd)
+                order.append(fd)
+                src = self._sources.get(fd)
+                if src is None:
+                    continue
+                try:
+                    data = os.read(fd, CHUNK)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                got += len(data)
+                if data:
+                    self._take(src, data)
+                else:
+                    self._end(src)
+                    order.remove(fd)
+            self._write()
+            if got < SMALL and not self._stop:
+                time.sleep(LINGER)
+
+    def _take(self, src: Source, data: bytes) -> None:
+        if src.log is not None and self.log_error is None:
+            try:
+                src.log.write(data)
+            except OSError as exc:
+                self._log_failed(exc)
+        lines = src.take(data)
+        if lines:
+            self.sink.add(src.prefix, lines, src.stream)
+            last = lines.rsplit(b"\n", self.tail_lines + 1)[-self.tail_lines - 1 : -1]
+            src.tail.extend(clip(line) for line in last)
+
+    def _end(self, src: Source) -> None:
+        if src.carry:
+            line, src.carry = src.carry + b"\n", b""
+            self.sink.add(src.prefix, line, src.stream)
+            src.tail.append(clip(line[:-1]))
+        with contextlib.suppress(OSError, ValueError):
+            self._poll.unregister(src.fd)
+        with contextlib.suppress(OSError):
+            os.close(src.fd)
+        if src.log is not None:
+            self._close_log(src.log)
+        with self._lock:
+            self._sources.pop(src.fd, None)
+        src.done.set()
+        with self._idle:
+            self._idle.notify_all()
+
+    def _write(self) -> None:
+        self._writing_since = time.monotonic()
+        try:
+            self.sink.flush()
+        finally:
+            self._writing_since = None
+
+    # -- log files -----------------------------------------------------------------------------
+    def _log_failed(self, exc: OSError) -> None:
+        if self.log_error is not None:
+            return
+        self.log_error = exc
+        with self._lock:
+            logs, self._logs = self._logs, []
+        for log in logs:
+            with contextlib.suppress(OSError, ValueError):
+                log.close()
+        if self.on_log_error is not None:
+            self.on_log_error(exc)
+
+    def _flush_logs(self) -> None:
+        if self.log_error is not None:
+            return
+        with self._lock:
+            logs = list(self._logs)
+        for log in logs:
+            try:
+                log.flush()
+            except ValueError:
+                continue
+            except OSError as exc:
+                self._log_failed(exc)
+                return
+
+    def _close_log(self, log: IO[bytes]) -> None:
+        with self._lock:
+            if log not in self._logs:
+                return
+            self._logs.remove(log)
+        try:
+            log.close()
+        except OSError as exc:
+            self._log_failed(exc)
+
+    # -- the end -------------------------------------------------------------------------------
+    def drain(self, timeout: float) -> bool:
+        """Wait until every stream has ended and its lines are out. Time spent writing to a slow
+        reader (a pager, a full pipe) does not count towards ``timeout``: a slow reader slows
+        output and loses none; only streams that never end (a grandchild holding one open) are
+        given up after ``timeout``. Returns whether every stream ended."""
+        waited = 0.0
+        with self._idle:
+            while True:
+                with self._lock:
+                    if not self._sources:
+                        break
+                if waited >= timeout:
+                    break
+                t0 = time.monotonic()
+                self._idle.wait(0.05)
+                if self._writing_since is None:
+                    waited += time.monotonic() - t0
+        with self._lock:
+            return not self._sources
+
+    def close(self) -> None:
+        """Stop reading (after ``drain``); streams not ended are closed, their carry written."""
+        self._stop = True
+        if self._started:
+            self._thread.join(timeout=1.0)
+        if self._thread.is_alive():
+            return  # stuck writing to a reader that never reads: it is a daemon thread
+        with self._lock:
+            left = list(self._sources.values())
+        for src in left:
+            self._end(src)
+        with contextlib.suppress(Exception):
+            self.sink.flush()
+        self._flush_logs()
+        with self._lock:
+            logs, self._logs = self._logs, []
+        for log in logs:
+            with contextlib.suppress(OSError, ValueError):
+                log.close()
+        self._poll.close()

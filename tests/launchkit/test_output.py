@@ -1,0 +1,170 @@
+"""The merged output (launchkit.output): chunks prefixed whole, partial lines carried over, order
+kept per process, fairness between processes; the failure report's escaping and cutting; the
+--log-dir checks (before the start, and a disk that fills up during the job)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import subprocess
+import sys
+import threading
+from collections import deque
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from launchkit.backends.local import LocalBackend
+from launchkit.console import OutputWriter, Ui
+from launchkit.core.plan import make_plan
+from launchkit.core.spec import LaunchSpec
+from launchkit.output import CHUNK, Merger, printable, widen_pipe
+from launchkit.supervisor import Supervisor
+from tests.launchkit.procs import run
+
+PY = sys.executable
+
+
+def merge(*writes: tuple[int, bytes], streams: int = 2) -> tuple[bytes, list[deque[str]]]:
+    """Feed ``writes`` (stream index, bytes) through pipes into a Merger; the merged stdout."""
+    out = io.BytesIO()
+    writer = OutputWriter(out, io.BytesIO())
+    merger = Merger(writer)
+    pipes = [os.pipe() for _ in range(streams)]
+    tails: list[deque[str]] = [deque(maxlen=20) for _ in range(streams)]
+    for i, (r, _) in enumerate(pipes):
+        merger.add(os.fdopen(r, "rb"), "out", f"[p {i}] ".encode(), tails[i])
+    merger.start()
+
+    def feed() -> None:
+        for i, data in writes:
+            os.write(pipes[i][1], data)
+        for _, w in pipes:
+            os.close(w)
+
+    t = threading.Thread(target=feed)
+    t.start()
+    assert merger.drain(30.0)
+    merger.close()
+    t.join()
+    return out.getvalue(), tails
+
+
+def test_lines_are_prefixed_whole_and_partial_lines_carried_over() -> None:
+    out, tails = merge((0, b"one\ntw"), (1, b"x"), (0, b"o\nthr"), (1, b"y\n"), (0, b"ee"))
+    lines = out.splitlines()
+    assert sorted(lines) == [b"[p 0] one", b"[p 0] three", b"[p 0] two", b"[p 1] xy"]
+    assert [x for x in lines if x.startswith(b"[p 0]")] == [b"[p 0] one", b"[p 0] two", b"[p 0] three"]
+    assert out.endswith(b"\n")  # the unfinished last line got its newline at the end of the stream
+    assert list(tails[0]) == ["one", "two", "three"] and list(tails[1]) == ["xy"]
+
+
+def test_bytes_are_exact_and_in_order_per_process() -> None:
+    blob = bytes(range(256)).replace(b"\n", b"") * 50
+    writes = []
+    for n in range(400):
+        writes.append((n % 2, b"%d:" % n + blob[: n * 7 % 5000] + b"\r\x1b[0m\n"))
+    out, _ = merge(*writes)
+    for i in (0, 1):
+        got = [
+            line[len(b"[p 0] ") :] + b"\n"
+            for line in out.split(b"\n")[:-1]
+            if line.startswith(b"[p %d] " % i)
+        ]
+        assert got == [data for j, data in writes if j == i]
+
+
+def test_a_flood_does_not_starve_another_process() -> None:
+    """Stream 0 has a full 1 MiB pipe (and more coming); stream 1 one line: that line is out
+    within the first two turns, not after the flood."""
+    out = io.BytesIO()
+    merger = Merger(OutputWriter(out, io.BytesIO()))
+    r0, w0 = os.pipe()
+    r1, w1 = os.pipe()
+    widen_pipe(w0)
+    os.set_blocking(w0, False)
+    line = b"x" * 99 + b"\n"
+    sent = 0
+    try:
+        while True:
+            sent += os.write(w0, line * 64)
+    except BlockingIOError:
+        pass
+    assert sent >= 4 * CHUNK
+    os.write(w1, b"hello\n")
+    merger.add(os.fdopen(r0, "rb"), "out", b"[flood] ", deque())
+    merger.add(os.fdopen(r1, "rb"), "out", b"[quiet] ", deque())
+    merger.start()
+    for w in (w0, w1):
+        os.close(w)
+    assert merger.drain(30.0)
+    merger.close()
+    merged = out.getvalue()
+    assert merged.count(b"[flood] ") == sent // len(line)
+    assert merged.index(b"[quiet] hello\n") < 2 * (CHUNK + CHUNK // 100 * len(b"[flood] "))
+
+
+def test_report_lines_are_escaped_and_cut() -> None:
+    assert printable("loss \x1b[31m0.5\x1b[0m\tok\x00") == "loss \\x1b[31m0.5\\x1b[0m\\tok\\x00"
+    long = printable("y" * 10_000_000)
+    assert long.startswith("y" * 300) and long.endswith("[10000000 characters in all]") and len(long) < 400
+    err = io.StringIO()
+    Ui(Console(file=io.StringIO()), Console(file=err, width=100_000)).lines(["a\x1b[2Jb" + "z" * 5000])
+    assert "\x1b" not in err.getvalue() and "a\\x1b[2Jb" in err.getvalue() and len(err.getvalue()) < 500
+
+
+def test_failure_report_of_a_huge_binary_last_line(tmp_path: Path) -> None:
+    """A process that fails after printing a 10 MB line of control bytes: the merged output is
+    byte-exact, the report's tail is cut and escaped."""
+    code = "import sys; sys.stdout.buffer.write(b'\\x1b[2J\\x07' * 3_400_000 + b'\\n'); sys.stdout.flush(); sys.exit(3)"
+    spec = LaunchSpec(num_workers=1, num_servers=0, command=(PY, "-c", code), cwd=str(tmp_path))
+    plan = make_plan(spec, job_id="t-tail", secret="s", root_uri="127.0.0.1", root_port=1)
+    plan = dataclasses.replace(plan, tasks=tuple(t for t in plan.tasks if t.role == "worker"))
+    out = io.BytesIO()
+    ui = Ui(Console(file=io.StringIO()), Console(file=io.StringIO()))
+    result = Supervisor(plan, LocalBackend(), ui, writer=OutputWriter(out, io.BytesIO()), grace=1).run()
+    assert result.exit_code == 3 and result.root_cause is not None
+    assert out.getvalue() == b"[worker 0] " + b"\x1b[2J\x07" * 3_400_000 + b"\n"
+    (tail,) = result.root_cause.tail
+    assert len(tail) < 400 and "\x1b" not in tail and "\x07" not in tail
+    assert tail.startswith("\\x1b[2J\\x07") and tail.endswith("[17000000 bytes in all]")
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path):
+    """A 64 KiB tmpfs (as root), unmounted after the test."""
+    d = tmp_path / "small"
+    d.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)], check=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_read_only_log_dir_stops_the_launch_before_the_start(small_tmpfs: Path, tmp_path: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    marker = tmp_path / "started"
+    res = run(["launch", "-n", "1", "-s", "0", "--launcher", "local", "--log-dir", str(small_tmpfs / "logs"),
+               "touch", str(marker)], cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert f"--log-dir {small_tmpfs / 'logs'}: cannot write there" in " ".join(res.stderr.split())
+    assert "internal error" not in res.stderr
+    assert not marker.exists()
+
+
+def test_disk_full_during_the_job_is_reported_once_and_the_output_goes_on(
+    small_tmpfs: Path, tmp_path: Path
+) -> None:
+    code = "for i in range(50000): print(f'line {i:06d} ' + 'x' * 40)"
+    res = run(["launch", "-n", "2", "-s", "0", "--launcher", "local", "--log-dir", str(small_tmpfs),
+               PY, "-c", code], cwd=tmp_path, timeout=120)  # fmt: skip
+    assert res.returncode == 74, res.stderr[-3000:]
+    for rank in (0, 1):
+        lines = [x for x in res.stdout.splitlines() if x.startswith(f"[worker {rank}] ")]
+        assert lines == [f"[worker {rank}] line {i:06d} " + "x" * 40 for i in range(50000)]
+    stderr = " ".join(res.stderr.split())
+    assert stderr.count(f"cannot write to --log-dir {small_tmpfs}: No space left on device") == 1
+    assert "its --log-dir files" in stderr and "are incomplete" in stderr and "exit 74" in stderr
