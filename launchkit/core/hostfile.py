@@ -180,8 +180,9 @@ def read_hostfile(path: str | Path, warn: Callable[[str], None] | None = None) -
         line = data[: exc.start].count(b"\n") + 1
         raise HostfileError(str(path), line, "not UTF-8 text: expected a text file") from None
     hosts = parse_hostfile(text, str(path))
-    for message in hostfile_warnings(hosts, str(path)) if warn is not None else ():
-        warn(message)
+    if warn is not None:
+        for message in hostfile_warnings(hosts, str(path)):
+            warn(message)
     return hosts
 
 
