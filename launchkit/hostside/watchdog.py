@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -31,6 +32,11 @@ from typing import IO, Any
 from launchkit.hostside.netif import interface_address
 from launchkit.hostside.procscan import remove_shm, sweep_job
 
+CHUNK = 1 << 16  # at most this much output of one stream per message
+SMALL = 1 << 14  # after a read of less, wait LINGER so that the next one finds more
+LINGER = 0.002
+PIPE_SIZE = 1 << 20
+
 
 def reached_address() -> str | None:
     """The address this host was reached at (the server side of the ssh connection)."""
@@ -42,7 +48,11 @@ class Watchdog:
     def __init__(self, out: IO[bytes]) -> None:
         self.out = out
         self.lock = threading.Lock()
-        self.children: dict[int, subprocess.Popen[bytes]] = {}
+        self.children: dict[int, subprocess.Popen[bytes]] = {}  # changed and read under `table`
+        self.table = threading.Lock()
+        self.window: int | None = None  # bytes of output a stream may have unacknowledged
+        self.credit: dict[tuple[int, str], int] = {}
+        self.flow = threading.Condition()
         self.last_heard = time.monotonic()
         self.job_id = ""
         self.hb_interval = 1.0
@@ -64,16 +74,37 @@ class Watchdog:
 
     # -- children ---------------------------------------------------------------------------
     def _pump(self, ident: int, stream: IO[bytes], name: str) -> None:
+        """One stream of one child to the launcher, in chunks of at most CHUNK bytes. With a
+        window, a stream stops reading (its process blocks on a full pipe) while the launcher
+        has not acknowledged ``window`` bytes of it: a slow reader of the launcher's output slows
+        that process, never the channel (heartbeats, the other processes' output)."""
         fd = stream.fileno()
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
+        key = (ident, name)
         while True:
+            if self.window is not None:
+                with self.flow:
+                    while self.credit.get(key, 0) <= 0 and not self.stopping.is_set():
+                        self.flow.wait(1.0)
             try:
-                chunk = os.read(fd, 65536)
+                chunk = os.read(fd, CHUNK)
             except OSError:
                 break
             if not chunk:
                 break
+            if self.window is not None:
+                with self.flow:
+                    self.credit[key] = self.credit.get(key, 0) - len(chunk)
             self.send({"ev": "out", "id": ident, "s": name, "d": base64.b64encode(chunk).decode()})
+            if len(chunk) < SMALL:
+                time.sleep(LINGER)
         self.send({"ev": "eof", "id": ident, "s": name})
+
+    def ack(self, ident: int, name: str, n: int) -> None:
+        with self.flow:
+            self.credit[(ident, name)] = self.credit.get((ident, name), 0) + n
+            self.flow.notify_all()
 
     def _wait(self, ident: int, proc: subprocess.Popen[bytes]) -> None:
         rc = proc.wait()
@@ -86,6 +117,13 @@ class Watchdog:
         env.update({str(k): str(v) for k, v in msg.get("env", {}).items()})
         if msg.get("node_host") and self.node_host:
             env["DMLC_NODE_HOST"] = self.node_host
+        with self.table:
+            if self.stopping.is_set():
+                self.send({"ev": "error", "id": ident, "code": 126, "msg": "the job is ending"})
+                return
+            self._start(ident, msg, env)
+
+    def _start(self, ident: int, msg: dict[str, Any], env: dict[str, str]) -> None:
         try:
             proc = subprocess.Popen(
                 [str(a) for a in msg["argv"]],
@@ -109,6 +147,9 @@ class Watchdog:
             )
             return
         self.children[ident] = proc
+        if self.window is not None:
+            with self.flow:
+                self.credit[(ident, "o")] = self.credit[(ident, "e")] = self.window
         self.send({"ev": "started", "id": ident, "pid": proc.pid})
         assert proc.stdout is not None and proc.stderr is not None
         for stream, name in ((proc.stdout, "o"), (proc.stderr, "e")):
@@ -116,7 +157,8 @@ class Watchdog:
         threading.Thread(target=self._wait, args=(ident, proc), daemon=True).start()
 
     def signal(self, ident: int, sig: int) -> None:
-        proc = self.children.get(ident)
+        with self.table:
+            proc = self.children.get(ident)
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, sig)
@@ -127,6 +169,8 @@ class Watchdog:
         self.hb_interval = float(msg.get("hb_interval", 1.0))
         self.hb_timeout = float(msg.get("hb_timeout", 10.0))
         self.grace = float(msg.get("grace", 3.0))
+        window = msg.get("window")
+        self.window = int(window) if window else None
         limit = msg.get("time_limit")
         self.deadline = time.monotonic() + float(limit) if limit else None
         iface = msg.get("interface")
@@ -151,6 +195,8 @@ class Watchdog:
                     self.hello(msg)
                 elif op == "spawn":
                     self.spawn(msg)
+                elif op == "ack":
+                    self.ack(int(msg["id"]), str(msg["s"]), int(msg["n"]))
                 elif op == "signal":
                     self.signal(int(msg["id"]), int(msg["sig"]))
                 elif op == "shutdown":
@@ -170,7 +216,11 @@ class Watchdog:
                 self.stopping.set()
 
     def teardown(self) -> int:
-        live = [p for p in self.children.values() if p.poll() is None]
+        with self.table:  # no spawn after this (stopping is set): the table is final
+            children = list(self.children.values())
+        with self.flow:
+            self.flow.notify_all()
+        live = [p for p in children if p.poll() is None]
         for p in live:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGTERM)

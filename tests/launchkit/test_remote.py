@@ -7,11 +7,23 @@ import ast
 import base64
 import inspect
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
 
-from launchkit.backends.ssh.agent import SHIPPED, bootstrap_payload, remote_command
+import fabric
+import paramiko
+import pytest
+
+from launchkit.backends.ssh import agent as agent_mod
+from launchkit.backends.ssh.agent import SHIPPED, HostAgent, bootstrap_payload, remote_command
+from launchkit.backends.ssh.backend import SshBackend
+from launchkit.core.hostfile import host_key
+from launchkit.core.plan import make_plan
+from launchkit.core.spec import Host, LaunchSpec, Task
+from launchkit.errors import BackendError
 from tests.launchkit.procs import pids_with_job, wait_until
 
 
@@ -143,3 +155,107 @@ def test_everything_the_watchdog_imports_is_shipped_before_it() -> None:
     for i, module in enumerate(SHIPPED):
         assert launchkit_imports(module) <= set(names[:i]), module.__name__
     assert list(json.loads(bootstrap_payload().split(b"\n", 1)[1])) == names
+
+
+# -- the launcher's side of a host (HostAgent), in-process -------------------------------------
+
+
+class _RefusingTransport:
+    def open_session(self, timeout: float | None = None) -> None:
+        raise paramiko.ChannelException(1, "administratively prohibited")
+
+
+class _RefusingConnection(fabric.Connection):
+    """A connection whose session cannot be opened; records that it was closed."""
+
+    closed = 0
+
+    def __init__(self, host: str) -> None:
+        super().__init__(host)
+        self.transport = _RefusingTransport()
+
+    def close(self) -> None:
+        type(self).closed += 1
+
+
+def _agent(conn: object = None) -> HostAgent:
+    return HostAgent(Host("h1"), conn, "job-x", hb_interval=1.0, hb_timeout=30.0, grace=1.0, interface=None)
+
+
+def _task(tmp_path) -> Task:
+    spec = LaunchSpec(num_workers=2, num_servers=0, command=("true",), cwd=str(tmp_path))
+    plan = make_plan(spec, job_id="job-x", secret="s", root_uri="127.0.0.1", root_port=1)
+    return next(t for t in plan.tasks if t.role == "worker")
+
+
+def test_a_session_that_cannot_be_opened_is_the_error_and_connections_are_closed(tmp_path) -> None:
+    _RefusingConnection.closed = 0
+    backend = SshBackend()
+    backend.spec = LaunchSpec(num_workers=2, num_servers=0, command=("true",), cwd=str(tmp_path),
+                              hosts=(Host("h1"), Host("h2")), backend="ssh")  # fmt: skip
+    backend.conns = {host_key(h): _RefusingConnection(h.name) for h in backend.spec.hosts}
+    plan = make_plan(backend.spec, job_id="job-x", secret="s", root_uri="127.0.0.1", root_port=1)
+    with pytest.raises(BackendError) as err:
+        backend.prepare(plan)
+    assert "could not start on 2 host(s)" in err.value.message
+    assert "administratively prohibited" in err.value.message
+    assert _RefusingConnection.closed >= 2  # every connection closed
+
+
+def test_the_process_table_can_change_while_a_lost_host_ends_its_processes(tmp_path, monkeypatch) -> None:
+    """Another thread starts a process while the host is being declared lost: no
+    'dictionary changed size during iteration', and the new process ends as lost too."""
+    agent = _agent()
+    agent.lost = "the connection to h1 closed"  # spawn() then starts nothing remote
+    first = agent.spawn(0, _task(tmp_path))
+    inside, release = threading.Event(), threading.Event()
+    finish = agent_mod.RemoteProcess.finish
+
+    def slow_finish(self, rc: int, note: str | None = None) -> None:
+        if self.index == 0 and not inside.is_set():
+            inside.set()
+            release.wait(10)
+        finish(self, rc, note)
+
+    monkeypatch.setattr(agent_mod.RemoteProcess, "finish", slow_finish)
+    first._done.clear()
+    errors: list[BaseException] = []
+
+    def mark() -> None:
+        try:
+            agent._mark_lost("host h1 stopped answering")
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=mark)
+    t.start()
+    assert inside.wait(10)
+    second = agent.spawn(1, _task(tmp_path))
+    release.set()
+    t.join(10)
+    assert errors == []
+    assert first.wait() == second.wait() == 255
+
+
+def test_output_is_never_written_to_a_descriptor_closed_meanwhile(tmp_path, monkeypatch) -> None:
+    """The stream is closed by another thread just as a chunk is being written, and its
+    descriptor number is taken by a new file: the chunk reaches the process's stdout, never
+    that file."""
+    proc = agent_mod.RemoteProcess(_agent(), 0, _task(tmp_path))
+    victim = tmp_path / "victim"
+    real_write = os.write
+    fired: list[int] = []
+
+    def write(fd: int, data) -> int:
+        if bytes(data[:7]) == b"PAYLOAD" and not fired:
+            closer = threading.Thread(target=proc.close_all)
+            closer.start()
+            closer.join(2)  # a close that waits for the write is fine too
+            fired.append(os.open(victim, os.O_WRONLY | os.O_CREAT))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(agent_mod.os, "write", write)
+    proc.feed("o", b"PAYLOAD and more\n")
+    assert proc.stdout.read() == b"PAYLOAD and more\n"
+    os.close(fired[0])
+    assert victim.read_bytes() == b""

@@ -15,6 +15,7 @@ import contextlib
 import inspect
 import json
 import os
+import queue
 import shlex
 import threading
 import time
@@ -25,8 +26,10 @@ from launchkit.backends.ssh import connection as ssh
 from launchkit.core.spec import Host, Task
 from launchkit.errors import BackendError
 from launchkit.hostside import netif, procscan, watchdog
+from launchkit.output import widen_pipe
 
 LOST_EXIT = 255  # as ssh reports a connection lost
+WINDOW = 1 << 21  # bytes of one stream's output in flight (sent by the watchdog, not yet delivered)
 #: What the host runs, in import order: the watchdog last, after the hostside modules it imports
 #: (a test checks that nothing it imports is missing).
 SHIPPED = (dmlc_env, procscan, netif, watchdog)
@@ -42,44 +45,87 @@ def remote_command(python: str = "python3") -> str:
     return shlex.join([python, "-u", "-c", watchdog.BOOTSTRAP])
 
 
+class _Stream:
+    """One output stream of a remote process: a local pipe that the supervisor reads, fed by a
+    thread of its own from a queue. The channel's reader only queues (it never blocks on a slow
+    reader of our output); this thread alone writes and closes the pipe, so nothing is written to
+    a descriptor after it was closed; each delivered chunk is acknowledged to the watchdog, whose
+    window bounds what waits in the queue."""
+
+    def __init__(self, proc: RemoteProcess, name: str) -> None:
+        self.proc = proc
+        self.name = name
+        r, self._w = os.pipe()
+        widen_pipe(r)
+        self.reader: IO[bytes] = os.fdopen(r, "rb")
+        self._queue: queue.SimpleQueue[tuple[bytes, bool] | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._deliver, daemon=True, name=f"out-{proc.index}{name}")
+        self._thread.start()
+
+    def put(self, data: bytes, acked: bool) -> None:
+        if not self._closed:
+            self._queue.put((data, acked))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+
+    def _deliver(self) -> None:
+        broken = False
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            data, ack = item
+            view = memoryview(data)
+            while view and not broken:
+                try:
+                    view = view[os.write(self._w, view) :]
+                except OSError:  # nobody reads this stream any more: drop, keep acknowledging
+                    broken = True
+            if ack and data:
+                self.proc.agent.send({"op": "ack", "id": self.proc.index, "s": self.name, "n": len(data)})
+        with contextlib.suppress(OSError):
+            os.close(self._w)
+
+
 class RemoteProcess:
     def __init__(self, agent: HostAgent, index: int, task: Task) -> None:
         self.agent = agent
         self.index = index
         self.task = task
         self.pid: int | None = None
-        out_r, self._out_w = os.pipe()
-        err_r, self._err_w = os.pipe()
-        self.stdout: IO[bytes] = os.fdopen(out_r, "rb")
-        self.stderr: IO[bytes] = os.fdopen(err_r, "rb")
-        self._writers = {"o": self._out_w, "e": self._err_w}
+        self._streams = {"o": _Stream(self, "o"), "e": _Stream(self, "e")}
+        self.stdout: IO[bytes] = self._streams["o"].reader
+        self.stderr: IO[bytes] = self._streams["e"].reader
         self._done = threading.Event()
         self._rc = 0
         self.started = threading.Event()
 
-    def feed(self, stream: str, data: bytes) -> None:
-        fd = self._writers.get(stream)
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(fd, data)
+    def feed(self, stream: str, data: bytes, acked: bool = True) -> None:
+        """Output for one stream (``acked``: output the watchdog counts against its window)."""
+        s = self._streams.get(stream)
+        if s is not None:
+            s.put(data, acked)
 
     def close_stream(self, stream: str) -> None:
-        fd = self._writers.pop(stream, None)
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        s = self._streams.get(stream)
+        if s is not None:
+            s.close()
 
     def finish(self, rc: int, note: str | None = None) -> None:
         if self._done.is_set():
             return
         if note:
-            self.feed("e", f"launchkit: {note}\n".encode())
+            self.feed("e", f"launchkit: {note}\n".encode(), acked=False)
         self._rc = rc
         self._done.set()
         self.started.set()
 
     def close_all(self) -> None:
-        for s in list(self._writers):
+        for s in list(self._streams):
             self.close_stream(s)
 
     def wait(self) -> int:
@@ -102,7 +148,9 @@ class HostAgent:
         self.grace = grace
         self.interface = interface
         self.time_limit = time_limit
-        self.procs: dict[int, RemoteProcess] = {}
+        self.procs: dict[int, RemoteProcess] = {}  # changed and iterated under _table
+        self._table = threading.Lock()
+        self.chan: Any = None
         self.info: dict[str, Any] = {}
         self.lost: str | None = None
         self.swept = 0
@@ -115,10 +163,17 @@ class HostAgent:
 
     # -- start ------------------------------------------------------------------------------
     def start(self, timeout: float) -> None:
-        self.chan = self.conn.transport.open_session(timeout=timeout)
-        self.chan.exec_command(remote_command())
-        self.chan.sendall(bootstrap_payload())
-        self._out = self.chan.makefile("rb")
+        """Open the channel and start the watchdog; raises BackendError (with the real reason)
+        and closes what it opened when that fails."""
+        try:
+            self.chan = self.conn.transport.open_session(timeout=timeout)
+            self.chan.exec_command(remote_command())
+            self.chan.sendall(bootstrap_payload())
+            self._out = self.chan.makefile("rb")
+        except Exception as exc:  # paramiko raises SSHException, EOFError, socket errors...
+            self._abandon()
+            why = str(exc) or type(exc).__name__
+            raise BackendError("ssh", f"{self.host}: cannot start the watchdog: {why}") from None
         threading.Thread(target=self._read, daemon=True, name=f"agent-{self.host}").start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
         self.send(
@@ -130,27 +185,39 @@ class HostAgent:
                 "grace": self.grace,
                 "interface": self.interface,
                 "time_limit": self.time_limit,
+                "window": WINDOW,
             }
         )
         if not self._ready.wait(timeout):
             detail = self._stderr.decode(errors="replace").strip()[-500:]
+            self._abandon()
             raise BackendError(
                 "ssh", f"{self.host}: the watchdog did not start ({detail or 'no answer'}); is python3 there?"
             )
         threading.Thread(target=self._heartbeat, daemon=True).start()
 
+    def _abandon(self) -> None:
+        self._stop.set()
+        if self.chan is not None:
+            with contextlib.suppress(Exception):
+                self.chan.close()
+        ssh.close(self.conn)
+
     def send(self, msg: dict[str, Any]) -> None:
         data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
         with self._send_lock:
             try:
+                if self.chan is None:
+                    raise OSError("no channel")
                 self.chan.sendall(data)
-            except OSError as exc:
+            except (OSError, EOFError) as exc:
                 self._mark_lost(f"connection to {self.host} failed: {exc}")
 
     # -- processes --------------------------------------------------------------------------
     def spawn(self, index: int, task: Task) -> RemoteProcess:
         proc = RemoteProcess(self, index, task)
-        self.procs[index] = proc
+        with self._table:
+            self.procs[index] = proc
         if self.lost:
             proc.finish(LOST_EXIT, self.lost)
             proc.close_all()
@@ -180,7 +247,8 @@ class HostAgent:
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         ev = msg.get("ev")
-        proc = self.procs.get(msg.get("id", -1))
+        with self._table:
+            proc = self.procs.get(msg.get("id", -1))
         if ev == "out" and proc:
             proc.feed(msg["s"], base64.b64decode(msg["d"]))
         elif ev == "eof" and proc:
@@ -216,18 +284,20 @@ class HostAgent:
             return
         if self.lost is None:
             self.lost = why
-        for proc in self.procs.values():
+        with self._table:
+            procs = list(self.procs.values())
+        for proc in procs:
             proc.finish(LOST_EXIT, why)  # writes the reason into its stderr first
             proc.close_all()
 
     # -- end --------------------------------------------------------------------------------
     def close(self, timeout: float) -> None:
-        if self.lost is None:
+        if self.lost is None and self.chan is not None:
             self.send({"op": "shutdown"})
             self._bye.wait(timeout)
         self._stop.set()
-        for proc in self.procs.values():
+        with self._table:
+            procs = list(self.procs.values())
+        for proc in procs:
             proc.close_all()
-        with contextlib.suppress(Exception):
-            self.chan.close()
-        ssh.close(self.conn)
+        self._abandon()
