@@ -9,6 +9,7 @@ follows (``--detach``) and records it.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,27 @@ def scheduler_address(spec: LaunchSpec, reached_from: str | None = None) -> str:
     return reached_from or route_address(spec.hosts[0].name) or fallback_address()
 
 
+AT_LAUNCH = "<chosen at launch>"
+
+
+def dry_run_address(spec: LaunchSpec) -> str:
+    """The scheduler's address as far as it is known without contacting a host. ssh takes the
+    local address of its connection to the first host: the route to that host's address as
+    resolved here, or AT_LAUNCH when its name does not resolve here (an ssh config alias)."""
+    if spec.backend != "ssh" or spec.scheduler_ip or spec.interface:
+        return scheduler_address(spec)
+    name = spec.hosts[0].name
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        infos = []
+    for info in infos:
+        route = route_address(str(info[4][0]))
+        if route:
+            return route
+    return AT_LAUNCH
+
+
 def dry_run_plan(spec: LaunchSpec, backend: Backend) -> Plan:
     """The plan a launch would run (no secret, the port only if ``--scheduler-port`` names it)."""
     own_address = backend.finds_scheduler_address()
@@ -43,7 +65,7 @@ def dry_run_plan(spec: LaunchSpec, backend: Backend) -> Plan:
         spec,
         job_id=new_job_id(),
         secret="",
-        root_uri="<its node's address>" if own_address else scheduler_address(spec),
+        root_uri="<its node's address>" if own_address else dry_run_address(spec),
         root_port=spec.scheduler_port or 0,
         node_host_of=backend.node_hosts(spec),
     )

@@ -8,6 +8,7 @@ import dmlc_env
 from launchkit import backends
 from launchkit.console import Ui
 from launchkit.core.spec import Plan
+from launchkit.launching import AT_LAUNCH
 
 PORT_PLACEHOLDER = "<chosen at launch>"
 
@@ -25,7 +26,7 @@ def plan_to_json(plan: Plan, backend: backends.Backend, port_known: bool) -> dic
         "backend": plan.backend,
         "scheduler": f"{plan.root_uri}:{plan.root_port if port_known else PORT_PLACEHOLDER}",
         "engine_commands": backend.describe_job(plan),
-        "notes": backend.notes(plan),
+        "notes": backend.notes(plan) + _address_notes(plan),
         "tasks": [
             {
                 "role": t.role,
@@ -41,6 +42,17 @@ def plan_to_json(plan: Plan, backend: backends.Backend, port_known: bool) -> dic
             for t in plan.tasks
         ],
     }
+
+
+def _address_notes(plan: Plan) -> list[str]:
+    if plan.root_uri != AT_LAUNCH:
+        return []
+    first = next((t.host for t in plan.tasks if t.role != "scheduler"), None)
+    return [
+        f"the scheduler's address (DMLC_PS_ROOT_URI) is chosen at launch: this machine's address on its "
+        f"ssh connection to {first.name if first else 'the first host'}, whose name does not resolve here; "
+        "give --scheduler-ip ADDR (or --interface IFACE) to fix it"
+    ]
 
 
 def show_plan(ui: Ui, data: dict[str, object]) -> None:

@@ -285,3 +285,29 @@ def test_mpi_and_horovod_style_hostfiles(tmp_path: Path) -> None:
         in err
     )
     assert "horovod:2: 'worker-1:2'" in err
+
+
+def test_dry_run_scheduler_address_is_the_launchs_or_says_it_is_chosen_at_launch(tmp_path: Path) -> None:
+    # ssh publishes this machine's address on its connection to the first host: for a name that
+    # does not resolve here (an ssh config alias, say) that is known only once connected
+    (tmp_path / "alias").write_text("trainer-box.invalid\n127.0.0.12\n")
+    plan = dry(["-n", "2", "-s", "0", "-H", "alias", "python", "x.py"], tmp_path)
+    assert {t["env"]["DMLC_PS_ROOT_URI"] for t in plan["tasks"]} == {"<chosen at launch>"}
+    assert plan["scheduler"].startswith("<chosen at launch>:")
+    assert any(
+        "scheduler's address (DMLC_PS_ROOT_URI) is chosen at launch" in n and "trainer-box.invalid" in n
+        for n in plan["notes"]
+    )
+    res = run(["launch", "--dry-run", "-n", "2", "-s", "0", "-H", "alias", "python", "x.py"], cwd=tmp_path)
+    assert (
+        res.returncode == 0
+        and "note: the scheduler's address (DMLC_PS_ROOT_URI) is chosen at launch" in res.stdout
+    )
+    # an address, or a name that resolves here: the route to it, as the connection's local address
+    for first in ("127.0.0.12", "localhost"):
+        (tmp_path / "hf").write_text(f"{first}\ntrainer-box.invalid\n")
+        plan = dry(["-n", "2", "-s", "0", "-H", "hf", "python", "x.py"], tmp_path)
+        assert plan["tasks"][1]["env"]["DMLC_PS_ROOT_URI"] == "127.0.0.1", first
+        assert not any("chosen at launch" in n for n in plan["notes"])
+    plan = dry(["-n", "1", "-s", "0", "-H", "alias", "--scheduler-ip", "10.9.8.7", "x"], tmp_path)
+    assert plan["tasks"][1]["env"]["DMLC_PS_ROOT_URI"] == "10.9.8.7"
