@@ -1,6 +1,6 @@
 """The peer benchmark suite, in one command:
 
-    python -m bench [--quick] [--only kv,compression,allreduce,launch,startup,accuracy]
+    python -m bench [--quick] [--only kv,compression,allreduce,launch,startup,output,accuracy]
 
 Runs each benchmark side by side with its peers in one run (setting the peers up on first use:
 MXNet 1.9.1 and torch's CPU wheel in venvs of their own), then regenerates the tables between
@@ -14,6 +14,7 @@ the ``<!-- bench:NAME -->`` markers of docs/performance.md and the plots in docs
 | allreduce | trainer_core pushpull vs torch.distributed gloo all_reduce | |
 | launch | launchkit over ssh vs one ssh at a time, 3 and 12 hosts | root (namespace hosts) |
 | startup | launchkit + trainer_core vs MXNet's launch.py + MXNet: start to every worker's first KV call, W=8/S=8 | |
+| output | 200,000 lines from 2 and 8 processes, run directly vs under launchkit, local and over ssh (loopback sshd) | root (ssh rows) |
 | accuracy | 32-bit vs 1-bit vs 2-bit training on digits, bytes on the wire | |
 | compressed_kv | compressed push+pull vs MXNet's 2-bit dist_sync (not in the default list) | |
 | capped_links | 1/2-bit vs 32-bit training step on 1 Gbit/s namespace links (not in the default list) | root |
@@ -50,6 +51,7 @@ def bench_args(name: str, quick: bool, out: str) -> list[str] | None:
         "capped_links": ["--json", out, "--steps", "20"],
         "kv_netns": ["--json", out],
         "startup": ["--json", out],
+        "output": ["--json", out] + ([] if os.geteuid() == 0 else ["--no-ssh"]),
     }
     fast = {
         "kv": ["--json", out, "--sizes", "1e3,1e5,1e6"],
@@ -61,6 +63,7 @@ def bench_args(name: str, quick: bool, out: str) -> list[str] | None:
         "capped_links": ["--json", out, "--steps", "5"],
         "kv_netns": ["--json", out, "--repeat", "1"],
         "startup": ["--json", out, "--repeat", "1"],
+        "output": ["--json", out, "--repeat", "1"] + ([] if os.geteuid() == 0 else ["--no-ssh"]),
     }
     return (fast if quick else full).get(name)
 
@@ -180,7 +183,7 @@ def replace_block(doc: str, name: str, body: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (a smoke run)")
-    ap.add_argument("--only", default="kv,compression,allreduce,launch,startup,accuracy")
+    ap.add_argument("--only", default="kv,compression,allreduce,launch,startup,output,accuracy")
     args = ap.parse_args()
     doc = DOC.read_text() if DOC.exists() else "# Performance\n"
     for name in args.only.split(","):

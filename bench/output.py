@@ -1,0 +1,162 @@
+"""Output merging: a job whose processes print as fast as they can, run directly and under
+``launchkit launch``, locally and over ssh (a real sshd on loopback, as in the tests).
+
+    python -m bench.output [--lines 200000] [--procs 2 8] [--repeat 3] [--json out.json]
+
+``--lines`` lines in all (about 60 bytes each, ``print`` with ``PYTHONUNBUFFERED=1`` as launchkit
+sets it) are split between ``--procs`` worker processes. Each row is one place the merged output
+goes: ``/dev/null``, a file, a pipe (``| cat > /dev/null``), and ``--log-dir`` (plus ``/dev/null``).
+
+- *direct*: the same processes started by a shell (``python3 chatty.py &`` ... ``wait``), their
+  output to the same place (with ``--log-dir``: each to a file of its own); over ssh, one
+  ``ssh host python3 chatty.py`` per process (the system OpenSSH client);
+- *launchkit*: ``launchkit launch -n P -s 0 ...`` (the scheduler prints nothing), wall time;
+- *fixed cost*: the same launch with no lines printed (start-up, connection, teardown);
+- *ratio*: (launchkit - fixed cost) / direct: what merging adds to the job itself.
+- *job*: the slowest worker's own time from its first to its last line, under launchkit (the
+  back-pressure a slow merger puts on the job shows here), beside the same direct.
+
+Medians of ``--repeat`` runs. Needs root for the ssh rows (sshd on loopback, root login by key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CHATTY = """\
+import os, sys, time
+n = int(sys.argv[1])
+if os.environ.get("DMLC_ROLE", "worker") == "worker":
+    t0 = time.time()
+    for i in range(n):
+        print(f"step {i:7d} loss 0.{i % 9973:04d} lr 0.0100 throughput 1234.5 samples/s")
+    t1 = time.time()
+    if len(sys.argv) > 2:
+        with open(sys.argv[2], "a") as f:
+            f.write(f"{t1 - t0}\\n")
+"""
+TARGETS = ("/dev/null", "file", "pipe", "--log-dir")
+
+
+def redirect(target: str, d: Path) -> str:
+    if target == "file":
+        return f"> {d}/merged.out"
+    if target == "pipe":
+        return "| cat > /dev/null"
+    return "> /dev/null"
+
+
+def timed(cmd: str, env: dict[str, str]) -> float:
+    t0 = time.monotonic()
+    res = subprocess.run(
+        ["bash", "-c", cmd], env=env, cwd="/", stderr=subprocess.PIPE, text=True, timeout=600
+    )
+    took = time.monotonic() - t0
+    if res.returncode != 0:
+        raise SystemExit(f"failed ({res.returncode}): {cmd}\n{res.stderr[-2000:]}")
+    return took
+
+
+def job_time(path: Path) -> float:
+    vals = [float(x) for x in path.read_text().split()] if path.exists() else [0.0]
+    path.unlink(missing_ok=True)
+    return max(vals)
+
+
+def direct_cmd(procs: int, each: int, target: str, d: Path, ssh: list[str] | None) -> str:
+    prog = f"python3 {d}/chatty.py {each} {d}/times"
+    parts = []
+    for i in range(procs):
+        one = (
+            prog if ssh is None else shlex.join([*ssh, f"cd / && PYTHONUNBUFFERED=1 DMLC_ROLE=worker {prog}"])
+        )
+        if target == "--log-dir":
+            one += f" > {d}/logs/direct-{i}.stdout 2> {d}/logs/direct-{i}.stderr"
+        parts.append(f"{one} &")
+    body = " ".join(parts) + " wait"
+    return f"( {body} ) {redirect(target, d)}" if target != "--log-dir" else f"( {body} )"
+
+
+def launch_cmd(procs: int, each: int, target: str, d: Path, hosts: list[str]) -> str:
+    argv = [sys.executable, "-m", "launchkit", "launch", "-n", str(procs), "-s", "0", *hosts]
+    if target == "--log-dir":
+        argv += ["--log-dir", f"{d}/logs"]
+    argv += ["python3", f"{d}/chatty.py", str(each), f"{d}/times"]
+    return f"{shlex.join(argv)} {redirect(target, d)}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lines", type=int, default=200_000)
+    ap.add_argument("--procs", type=int, nargs="+", default=[2, 8])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-ssh", action="store_true", help="only the local rows")
+    ap.add_argument("--json", help="also write the raw numbers here")
+    args = ap.parse_args()
+    rows: list[dict[str, object]] = []
+    sshd = None
+    with tempfile.TemporaryDirectory(prefix="lk-bench-out-") as tmp:
+        d = Path(tmp)
+        (d / "chatty.py").write_text(CHATTY)
+        (d / "logs").mkdir()
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "LAUNCHKIT_HOME": str(d / "home"),
+               "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        modes: list[tuple[str, list[str] | None, list[str]]] = [("local", None, ["--launcher", "local"])]
+        if not args.no_ssh:
+            from tests.cluster.sshd import LoopbackSshd
+
+            sshd = LoopbackSshd.start()
+            (d / "hosts").write_text(sshd.hostfile_line() + "\n")
+            ssh = ["ssh", *sshd.ssh_options(), f"{sshd.user}@{sshd.host}"]
+            subprocess.run([*ssh, "true"], check=True, capture_output=True)  # known_hosts filled
+            hosts = ["-H", str(d / "hosts"), "-i", str(sshd.identity), "--known-hosts", str(sshd.known_hosts)]
+            modes.append(("ssh", ssh, hosts))
+        try:
+            for mode, ssh, hosts in modes:
+                for procs in args.procs:
+                    each = args.lines // procs
+                    fixed = statistics.median(
+                        timed(launch_cmd(procs, 0, "/dev/null", d, hosts), env) for _ in range(args.repeat)
+                    )
+                    for target in TARGETS:
+                        direct, ours, dj, oj = [], [], [], []
+                        for _ in range(args.repeat):
+                            direct.append(timed(direct_cmd(procs, each, target, d, ssh), env))
+                            dj.append(job_time(d / "times"))
+                            ours.append(timed(launch_cmd(procs, each, target, d, hosts), env))
+                            oj.append(job_time(d / "times"))
+                        row = {"mode": mode, "procs": procs, "target": target, "direct_s": statistics.median(direct),
+                               "launchkit_s": statistics.median(ours), "fixed_s": fixed,
+                               "job_direct_s": statistics.median(dj), "job_launchkit_s": statistics.median(oj)}  # fmt: skip
+                        rows.append(row)
+                        print(f"[bench] {row}", file=sys.stderr, flush=True)
+        finally:
+            if sshd is not None:
+                sshd.stop()
+    print(f"# {args.lines} lines in all (~64 bytes each) from P processes; medians of {args.repeat}; seconds")
+    print(
+        "| where | P | output to | direct | launchkit | fixed cost | ratio | job direct | job under launchkit |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = (float(r["launchkit_s"]) - float(r["fixed_s"])) / float(r["direct_s"])  # type: ignore[arg-type]
+        print(f"| {r['mode']} | {r['procs']} | `{r['target']}` | {r['direct_s']:.2f} | {r['launchkit_s']:.2f} | "
+              f"{r['fixed_s']:.2f} | {ratio:.2f}x | {r['job_direct_s']:.2f} | {r['job_launchkit_s']:.2f} |")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
