@@ -26,6 +26,7 @@ import pytest
 
 from trainer_core.config import NodeConfig
 from trainer_core.errors import ConfigError, KVError, NodeFailure, StartupTimeout
+from trainer_core.kv.dist import DistKVStore
 from trainer_core.ps import server as server_module
 from trainer_core.ps.client import WorkerClient
 from trainer_core.ps.liveness import Liveness
@@ -224,6 +225,26 @@ def test_worker_that_cannot_reach_a_server_stops_its_heartbeats_and_releases_eve
     finally:
         if impostor is not None:
             impostor[0].close()
+
+
+def test_kv_store_whose_first_request_fails_releases_everything(
+    fake_scheduler: Callable[[str, str], FakeScheduler], job: str
+) -> None:
+    """``DistKVStore`` joins, then its first request (``set_mode``) waits on a server that is not
+    there (its ZeroMQ address, nothing listening) until the job is aborted: the store raises the
+    ``NodeFailure`` with its heartbeat thread joined and its channels and context closed."""
+    sched = fake_scheduler(f"tcp://127.0.0.1:{free_port()}", "")
+    abort = wire.Header(
+        op=wire.ABORT, src="server 0", body={"reason": "server 0 is not there", "node": "server 0"}
+    )
+    timer = threading.Timer(1.0, lambda: sched.reg.send(abort))
+    timer.start()
+    before = Held.now()
+    with pytest.raises(NodeFailure, match="server 0 is not there"):
+        DistKVStore("dist_sync", config("worker", sched.port, job, PS_ENCRYPT="1"), exit_on_failure=False)
+    timer.join(10)
+    sched.thread.join(10)  # the scheduler ended the job
+    released(before, job)
 
 
 def test_heartbeat_stop_waits_for_the_thread_before_its_transport_is_closed() -> None:
