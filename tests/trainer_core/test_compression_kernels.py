@@ -231,3 +231,22 @@ def test_a_read_only_install_caches_the_kernels_in_the_users_cache_directory(tmp
     # nothing writable at all: no cache, but the compiled kernels still run
     no_cache = run(extra=f"mount --bind -o ro {home} {home}")
     assert no_cache[0][0] == 2 and "no locator available" in no_cache[1]
+
+
+@needs_numba
+def test_a_server_warms_the_kernels_when_the_setting_reaches_it(tmp_path: Path) -> None:
+    """The server's store (what ``set_compression`` of a received setting calls) compiles at once."""
+    out, err = run_py(
+        """
+        import json
+        from trainer_core.compression import _fast
+        from trainer_core.ps.store import Store
+        store = Store(2)
+        before = sum(len(k.signatures) for k in _fast.kernels())
+        store.set_compression({"type": "2bit", "threshold": 0.5})
+        print(json.dumps([before, sum(len(k.signatures) for k in _fast.kernels())]))
+        """,
+        {"NUMBA_CACHE_DIR": str(tmp_path)},
+    )
+    assert json.loads(out) == [0, 2]  # encode (pulls) and decode (pushes)
+    assert "2bit kernels ready in" in err and "(compiled 2)" in err
