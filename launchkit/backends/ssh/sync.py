@@ -32,6 +32,17 @@ _KEEP_ERR = 64 * 1024  # bytes of rsync's stderr kept (the first ones: the cause
 DEFAULT_SYNC_TIMEOUT = 900.0  # seconds for one host's whole rsync (--sync-timeout)
 
 
+# rsync(1)'s EXIT VALUES (255: ssh itself failed), for a failure rsync says nothing about: it can
+# lose the receiver's own message when the far side closes first
+RSYNC_CODES = {
+    1: "syntax or usage error", 2: "protocol incompatibility", 3: "errors selecting input/output files, dirs",
+    5: "error starting client-server protocol", 10: "error in socket I/O", 11: "error in file I/O",
+    12: "error in rsync protocol data stream", 14: "error in IPC code", 20: "received SIGUSR1 or SIGINT",
+    22: "error allocating core memory buffers", 23: "partial transfer due to error",
+    24: "partial transfer due to vanished source files", 30: "timeout in data send/receive", 255: "ssh failed",
+}  # fmt: skip
+
+
 def rsync_argv(src: str, host: Host, dst: str, opts: SshOptions, excludes: Sequence[str] = ()) -> list[str]:
     """The rsync command for one host (pure). ``src`` is synced as a directory's contents."""
     target = f"{host.address}:{dst.rstrip('/')}/"
@@ -59,15 +70,25 @@ class SyncResult:
 
 
 def rsync_message(stderr: str, total_lines: int | None = None) -> str:
-    """The line of rsync's stderr that says what went wrong: the first one that is not rsync's
-    closing summary (``rsync error: ... (code 23) at main.c``), with how many more there were
-    (``total_lines``: all of them, when only the start of a long stderr was kept)."""
+    """The line of rsync's stderr that says what went wrong, with how many more there were
+    (``total_lines``: all of them, when only the start of a long stderr was kept). rsync's own
+    messages first (``rsync: [Receiver] mkdir ... failed: ...``), then others (ssh's ``Permission
+    denied``), then the generic ones (``connection unexpectedly closed``, the closing ``rsync
+    error: ... at main.c``); never ssh's ``Warning: Permanently added ...``."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    causes = [line for line in lines if not line.startswith("rsync error:")] or lines
-    if not causes:
-        return "no message"
+
+    def rank(line: str) -> int:
+        if line.startswith("rsync error:") or "connection unexpectedly closed" in line:
+            return 2
+        if line.startswith("Warning: Permanently added"):
+            return 3
+        return 0 if line.startswith("rsync:") else 1
+
+    if not lines:
+        return "it said nothing"
+    cause = min(lines, key=rank)  # the first line of the best rank
     more = max(len(lines), total_lines or 0) - 1
-    return causes[0] + (f" (and {more} more line(s))" if more > 0 else "")
+    return cause + (f" (and {more} more line(s))" if more > 0 else "")
 
 
 @dataclass
@@ -146,7 +167,8 @@ def sync_one(
     if timed_out:
         return SyncResult(host, None, f"timed out after {timeout:g} s (--sync-timeout)", timed_out=True)
     if code != 0:
-        return SyncResult(host, code, f"rsync exited with code {code}: {err}")
+        meaning = f" ({RSYNC_CODES[code]})" if code in RSYNC_CODES else ""
+        return SyncResult(host, code, f"rsync exited with code {code}{meaning}: {err}")
     return SyncResult(host, 0)
 
 
