@@ -138,7 +138,8 @@ def warm(params: Mapping[str, Any] | None) -> None:
     global _warming
     _warming += 1
     try:
-        with machine_lock():
+        # without a cache every process compiles anyway: waiting for the others would only add up
+        with machine_lock() if _fast.CACHE_ERROR is None else contextlib.nullcontext():
             before = compile_counts()
             g = np.linspace(-1.0, 1.0, 4099, dtype=np.float32)
             t = time.perf_counter()
