@@ -6,8 +6,10 @@ code runs on numpy and on cupy. cupy is an optional extra (``pip install launchk
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -15,11 +17,15 @@ import numpy as np
 
 from trainer_core.log import LOGGER_NAME
 
+_DRIVER = {"linux": "libcuda.so.1", "win32": "nvcuda.dll"}  # the CUDA driver's library
+
 
 def _load_cupy() -> Any:
-    """cupy when it is installed and can reach a GPU, else None. Not installed: quietly None (the
-    gpu extra is optional). Installed but broken (its import fails, or no CUDA driver or device):
-    None, with one warning that names the error, so a GPU job never drops to the CPU unsaid."""
+    """cupy when it is installed and usable, else None. Not installed: quietly None (the gpu
+    extra is optional). Installed but broken (its import fails, or the CUDA driver it needs
+    cannot be loaded): None, with one warning that names the error, so that a GPU job never
+    drops to the CPU unsaid. The driver check only loads the library: it does not initialise
+    CUDA, which would cost every process time and break CUDA in children forked later."""
     try:  # optional: present only with the gpu extra
         cupy = importlib.import_module("cupy")
     except ModuleNotFoundError as exc:
@@ -28,11 +34,13 @@ def _load_cupy() -> Any:
         return _broken(exc)
     except Exception as exc:
         return _broken(exc)
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise RuntimeError("no CUDA device found")
-    except Exception as exc:
-        return _broken(exc)
+    hip = getattr(getattr(getattr(cupy, "cuda", None), "runtime", None), "is_hip", False)
+    driver = _DRIVER.get(sys.platform)
+    if driver is not None and not hip:
+        try:
+            ctypes.CDLL(driver)
+        except OSError as exc:
+            return _broken(exc)
     return cupy
 
 

@@ -37,28 +37,33 @@ def probe(tmp_path: Path, cupy_init: str | None, prelude: str = "") -> subproces
     )
 
 
-BROKEN = {
+# the CUDA driver's library, as this machine has it or not: loading it is all xp does with it
+NO_DRIVER = (
+    "import ctypes\n"
+    "class _CDLL(ctypes.CDLL):\n"
+    "    def __init__(self, name, *a, **kw):\n"
+    "        if name == 'libcuda.so.1':\n"
+    "            raise OSError('libcuda.so.1: cannot open shared object file: No such file or directory')\n"
+    "        super().__init__(name, *a, **kw)\n"
+    "ctypes.CDLL = _CDLL\n"
+)
+DRIVER = "import ctypes\nreal = ctypes.CDLL\nctypes.CDLL = lambda name, *a, **kw: object() if name == 'libcuda.so.1' else real(name, *a, **kw)\n"
+IMPORTS = "class cuda:\n    class runtime:\n        pass\nclass ndarray:\n    pass\n"
+
+BROKEN = {  # case -> (cupy/__init__.py, prelude, the error named)
     "no_driver": (
-        "class CUDARuntimeError(RuntimeError):\n    pass\n"
-        "class runtime:\n"
-        "    @staticmethod\n"
-        "    def getDeviceCount():\n"
-        "        raise CUDARuntimeError('cudaErrorInsufficientDriver: CUDA driver version is insufficient')\n"
-        "class cuda:\n    runtime = runtime\n"
-        "class ndarray:\n    pass\n",
-        "CUDARuntimeError: cudaErrorInsufficientDriver: CUDA driver version is insufficient",
-    ),
-    "no_device": (
-        "class cuda:\n    class runtime:\n        getDeviceCount = staticmethod(lambda: 0)\n"
-        "class ndarray:\n    pass\n",
-        "RuntimeError: no CUDA device found",
+        IMPORTS,
+        NO_DRIVER,
+        "OSError: libcuda.so.1: cannot open shared object file: No such file or directory",
     ),
     "import_fails": (
         "raise ImportError('CuPy is not correctly installed: libcudart.so.12: cannot open shared object file')\n",
+        DRIVER,
         "ImportError: CuPy is not correctly installed: libcudart.so.12: cannot open shared object file",
     ),
     "dependency_missing": (
         "import fastrlock_not_there\n",
+        DRIVER,
         "ModuleNotFoundError: No module named 'fastrlock_not_there'",
     ),
 }
@@ -66,8 +71,8 @@ BROKEN = {
 
 @pytest.mark.parametrize("case", sorted(BROKEN))
 def test_broken_cupy_warns_once_naming_the_error(tmp_path: Path, case: str) -> None:
-    init, error = BROKEN[case]
-    res = probe(tmp_path, init)
+    init, prelude, error = BROKEN[case]
+    res = probe(tmp_path, init, prelude)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "numpy"
     line = f"trainer_core: cupy is installed but cannot be used ({error}); arrays stay on the CPU (numpy)"
@@ -82,11 +87,17 @@ def test_cupy_not_installed_is_quiet(tmp_path: Path) -> None:
     assert "cupy" not in res.stderr
 
 
-def test_working_cupy_is_used(tmp_path: Path) -> None:
-    init = "class cuda:\n    class runtime:\n        getDeviceCount = staticmethod(lambda: 1)\nclass ndarray:\n    pass\n"
+@pytest.mark.parametrize(
+    ("init", "prelude"),
+    [(IMPORTS, DRIVER), (IMPORTS.replace("pass", "is_hip = True", 1), NO_DRIVER)],  # CUDA; ROCm (no libcuda)
+)
+def test_working_cupy_is_used(tmp_path: Path, init: str, prelude: str) -> None:
     (tmp_path / "cupy").mkdir()
     (tmp_path / "cupy" / "__init__.py").write_text(init)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    code = "import trainer_core.xp as xp, cupy\nassert xp._cupy is cupy\nassert xp.is_device_array(cupy.ndarray())\n"
+    code = (
+        prelude
+        + "import trainer_core.xp as xp, cupy\nassert xp._cupy is cupy\nassert xp.is_device_array(cupy.ndarray())\n"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert res.returncode == 0 and res.stderr == "", res.stderr
