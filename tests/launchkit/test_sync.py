@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,8 +22,18 @@ from launchkit.backends.ssh.options import SshOptions
 from launchkit.backends.ssh.sync import sync_all
 from launchkit.core.spec import Host
 from launchkit.errors import BackendError
+from tests.launchkit.procs import wait_until
 
 HOSTS = [Host("h1"), Host("h2")]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 CAUSE = 'rsync: [Receiver] mkdir "/d" failed: Permission denied (13)'
 SUMMARY = "rsync error: some files/attrs were not transferred (see previous errors) (code 23) at main.c(1338)"
 
@@ -103,7 +116,33 @@ wait
         == "ssh: sync to 1 of 2 host(s) failed, nothing started: h2: timed out after 1 s (--sync-timeout)"
     )
     for pid in map(int, pids.read_text().split()):
-        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        assert wait_until(lambda pid=pid: not alive(pid), 5), pid
+
+
+def test_ctrl_c_during_the_sync_ends_every_rsync_now(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the rsyncs run in their own sessions (for the timeout's kill), out of the terminal's Ctrl-C
+    pids = tmp_path / "pids"
+    fake_rsync(tmp_path, monkeypatch, f"#!/bin/sh\nsleep 600 &\necho $$ $! >> {pids}\nwait\n")
+    script = (
+        "import io, sys\n"
+        "from rich.console import Console\n"
+        "from launchkit.backends.ssh.options import SshOptions\n"
+        "from launchkit.backends.ssh.sync import sync_all\n"
+        "from launchkit.core.spec import Host\n"
+        "try:\n"
+        f"    sync_all([Host('h1'), Host('h2')], {str(tmp_path)!r}, '/d', SshOptions(), (), Console(file=io.StringIO()))\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(130)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[2])
+    try:
+        assert wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 4, 10)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 130
+    finally:
+        proc.kill()
+    for pid in map(int, pids.read_text().split()):
+        assert wait_until(lambda pid=pid: not alive(pid), 5), pid
 
 
 def test_an_rsync_that_cannot_run_is_a_result_not_an_exception(

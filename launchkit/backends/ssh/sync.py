@@ -114,22 +114,70 @@ def _drain(stream: IO[bytes], keep: _Kept | None, on_line: Callable[[bytes], Non
                     on_line(part)
 
 
+class Running:
+    """The rsyncs under way, each in its own session (so that a timeout ends its ssh too): the
+    terminal's Ctrl-C does not reach them, so ``kill_all`` ends them when the launcher stops."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.procs: set[subprocess.Popen[bytes]] = set()
+        self.stopped = False
+
+    def start(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        with self.lock:
+            if self.stopped:
+                raise InterruptedError("the launch is stopping")
+            proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            self.procs.add(proc)
+            return proc
+
+    def done(self, proc: subprocess.Popen[bytes]) -> None:
+        with self.lock:
+            self.procs.discard(proc)
+
+    def kill_all(self) -> None:
+        with self.lock:
+            self.stopped = True
+            for proc in self.procs:
+                _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def run_rsync(
-    argv: Sequence[str], timeout: float, on_percent: Callable[[int], None]
+    argv: Sequence[str], timeout: float, on_percent: Callable[[int], None], running: Running | None = None
 ) -> tuple[int | None, str, bool]:
     """Run one rsync to its end or ``timeout`` (then its whole process group, ssh included, is
     killed). Returns (exit code or None, what rsync said, timed out); raises OSError if it cannot
     start."""
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True
-    )
+    running = running or Running()
+    proc = running.start(argv)
+    try:
+        return _follow(proc, timeout, on_percent)
+    finally:
+        running.done(proc)
+
+
+def _follow(
+    proc: subprocess.Popen[bytes], timeout: float, on_percent: Callable[[int], None]
+) -> tuple[int | None, str, bool]:
     assert proc.stdout is not None and proc.stderr is not None
     err = _Kept(bytearray())
 
     def progress_line(line: bytes) -> None:
         m = _PROGRESS.match(line)
         if m:
-            on_percent(int(m.group(2)))
+            with contextlib.suppress(Exception):  # the bar is cosmetic: keep draining the pipe
+                on_percent(int(m.group(2)))
 
     readers = [
         threading.Thread(target=_drain, args=(proc.stdout, None, progress_line), daemon=True),
@@ -142,8 +190,7 @@ def run_rsync(
         code: int | None = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out, code = True, None
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group(proc)
         proc.wait()
     for t in readers:
         t.join(5.0)  # a child that kept the pipes open (outside the group) must not hold us
@@ -153,11 +200,15 @@ def run_rsync(
 
 
 def sync_one(
-    argv: Sequence[str], host: Host, timeout: float, on_percent: Callable[[int], None]
+    argv: Sequence[str],
+    host: Host,
+    timeout: float,
+    on_percent: Callable[[int], None],
+    running: Running | None = None,
 ) -> SyncResult:
     """One host's sync; always a result, never an exception."""
     try:
-        code, err, timed_out = run_rsync(argv, timeout, on_percent)
+        code, err, timed_out = run_rsync(argv, timeout, on_percent, running)
     except FileNotFoundError:
         return SyncResult(host, None, "rsync is not installed on this machine (needed for --sync-dst-dir)")
     except OSError as exc:
@@ -182,7 +233,9 @@ def sync_all(
     timeout: float = DEFAULT_SYNC_TIMEOUT,
 ) -> list[SyncResult]:
     """rsync ``src`` to ``dst`` on every host in parallel (at most MAX_PARALLEL at a time), each
-    within ``timeout`` seconds; raises BackendError naming every host that failed."""
+    within ``timeout`` seconds; raises BackendError naming every host that failed. Interrupted
+    (Ctrl-C), it ends every rsync under way before it raises."""
+    running = Running()
     with Progress(
         TextColumn("sync {task.description}"),
         BarColumn(),
@@ -200,6 +253,7 @@ def sync_all(
                     host,
                     timeout,
                     lambda pct: progress.update(bar, completed=pct),
+                    running,
                 )
                 if res.ok:
                     progress.update(bar, completed=100)
@@ -207,7 +261,7 @@ def sync_all(
             except Exception as exc:  # every host must end with a result
                 return SyncResult(host, None, f"{type(exc).__name__}: {exc}")
 
-        results = on_each(one, hosts)
+        results = _interruptible(lambda: on_each(one, hosts), running)
     failed = [r for r in results if not r.ok]
     if failed:
         lines = "; ".join(f"{r.host}: {r.error}" for r in failed)
@@ -215,6 +269,32 @@ def sync_all(
             "ssh", f"sync to {len(failed)} of {len(hosts)} host(s) failed, nothing started: {lines}"
         )
     return results
+
+
+def _interruptible(fn: Callable[[], list[SyncResult]], running: Running) -> list[SyncResult]:
+    """``fn()`` in a thread, the calling (main) thread waiting where Ctrl-C can reach it: then
+    every rsync is killed, so that the hosts' threads end now rather than at their timeout."""
+    box: list[list[SyncResult]] = []
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            box.append(fn())
+        except BaseException as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=target, name="launchkit-sync", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except BaseException:
+        running.kill_all()
+        worker.join(10.0)
+        raise
+    if failure:
+        raise failure[0]
+    return box[0]
 
 
 def source_dir() -> str:
