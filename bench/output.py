@@ -97,6 +97,23 @@ def launch_cmd(procs: int, each: int, target: str, d: Path, hosts: list[str]) ->
     return f"{shlex.join(argv)} {redirect(target, d)}"
 
 
+def print_table(rows: list[dict[str, object]], lines: int, repeat: int) -> None:
+    print(
+        f"# {lines} lines in all (~64 bytes each) from P processes; medians of {repeat}; seconds. wall ratio:"
+    )
+    print(
+        "# (launchkit - fixed cost) / direct; job ratio: the slowest worker's own time, under launchkit / direct"
+    )
+    print("| where | P | output to | direct | launchkit | fixed cost | wall ratio | job direct | job under launchkit "
+          "| job ratio |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        d, o, f = float(r["direct_s"]), float(r["launchkit_s"]), float(r["fixed_s"])  # type: ignore[arg-type]
+        jd, jo = float(r["job_direct_s"]), float(r["job_launchkit_s"])  # type: ignore[arg-type]
+        print(f"| {r['mode']} | {r['procs']} | `{r['target']}` | {d:.2f} | {o:.2f} | {f:.2f} | {(o - f) / d:.2f}x "
+              f"| {jd:.2f} | {jo:.2f} | {jo / jd:.2f}x |")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=200_000)
@@ -104,7 +121,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-ssh", action="store_true", help="only the local rows")
     ap.add_argument("--json", help="also write the raw numbers here")
+    ap.add_argument("--table", help="only print the table of an earlier run's --json file")
     args = ap.parse_args()
+    if args.table:
+        print_table(json.loads(Path(args.table).read_text()), args.lines, args.repeat)
+        return
     rows: list[dict[str, object]] = []
     sshd = None
     with tempfile.TemporaryDirectory(prefix="lk-bench-out-") as tmp:
@@ -145,15 +166,7 @@ def main() -> None:
         finally:
             if sshd is not None:
                 sshd.stop()
-    print(f"# {args.lines} lines in all (~64 bytes each) from P processes; medians of {args.repeat}; seconds")
-    print(
-        "| where | P | output to | direct | launchkit | fixed cost | ratio | job direct | job under launchkit |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        ratio = (float(r["launchkit_s"]) - float(r["fixed_s"])) / float(r["direct_s"])  # type: ignore[arg-type]
-        print(f"| {r['mode']} | {r['procs']} | `{r['target']}` | {r['direct_s']:.2f} | {r['launchkit_s']:.2f} | "
-              f"{r['fixed_s']:.2f} | {ratio:.2f}x | {r['job_direct_s']:.2f} | {r['job_launchkit_s']:.2f} |")  # fmt: skip
+    print_table(rows, args.lines, args.repeat)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
