@@ -101,6 +101,27 @@ class Source:
         return lines
 
 
+def _through_pipe(stream: IO[bytes]) -> int:
+    """A pipe fed from ``stream`` by a thread of its own, for streams epoll cannot watch."""
+    r, w = os.pipe()
+
+    def copy() -> None:
+        try:
+            for chunk in iter(lambda: stream.read(CHUNK), b""):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(w, view) :]
+        except (OSError, ValueError):
+            pass
+        finally:
+            os.close(w)
+            with contextlib.suppress(OSError):
+                stream.close()
+
+    threading.Thread(target=copy, daemon=True, name="output-copy").start()
+    return r
+
+
 class Merger:
     def __init__(self, sink: Sink, on_log_error: Callable[[OSError], None] | None = None,
                  tail_lines: int = 20) -> None:  # fmt: skip
@@ -120,16 +141,21 @@ class Merger:
 
     def add(self, stream: IO[bytes], name: str, prefix: bytes, tail: deque[str],
             log: IO[bytes] | None = None) -> Source:  # fmt: skip
-        fd = os.dup(stream.fileno())  # ours to close, whatever the handle does with its own
-        with contextlib.suppress(OSError):
-            stream.close()
+        try:
+            fd = os.dup(stream.fileno())  # ours to close, whatever the handle does with its own
+            self._poll.register(fd, select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR)
+        except (OSError, ValueError):  # not a pipe or socket (a file, an in-memory stream)
+            fd = _through_pipe(stream)
+            self._poll.register(fd, select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR)
+        else:
+            with contextlib.suppress(OSError):
+                stream.close()
         widen_pipe(fd)
         src = Source(fd, name, prefix, tail, log)
         with self._lock:
             self._sources[fd] = src
             if log is not None:
                 self._logs.append(log)
-        self._poll.register(fd, select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR)
         return src
 
     def start(self) -> None:

@@ -168,3 +168,16 @@ def test_disk_full_during_the_job_is_reported_once_and_the_output_goes_on(
     stderr = " ".join(res.stderr.split())
     assert stderr.count(f"cannot write to --log-dir {small_tmpfs}: No space left on device") == 1
     assert "its --log-dir files" in stderr and "are incomplete" in stderr and "exit 74" in stderr
+
+
+def test_a_stream_epoll_cannot_watch_is_merged_too(tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_bytes(b"from a file\nno newline")
+    out = io.BytesIO()
+    merger = Merger(OutputWriter(out, io.BytesIO()))
+    merger.add(open(f, "rb"), "out", b"[f] ", deque())  # noqa: SIM115 (the merger closes it)
+    merger.add(io.BytesIO(b"in memory\n"), "out", b"[m] ", deque())
+    merger.start()
+    assert merger.drain(30.0)
+    merger.close()
+    assert sorted(out.getvalue().splitlines()) == [b"[f] from a file", b"[f] no newline", b"[m] in memory"]
