@@ -184,3 +184,16 @@ def test_state_dict_resumes_exactly():
             pb, mb = b.encode(g)
             assert ma == mb and pa.tobytes() == pb.tobytes(), name
     assert get_compressor({"type": "2bit"}).state_dict() == {}
+
+
+@pytest.mark.parametrize(
+    "name, missing", [("topk", "k"), ("powersgd", "rank"), ("1bit", "block_size"), ("2bit", "threshold")]
+)
+def test_codec_decode_with_a_parameter_missing_from_the_metadata_is_a_compression_error(name, missing):
+    """A received payload whose metadata lacks what its compressor needs is refused as bad input
+    (a ``CompressionError`` naming the field), never a ``KeyError`` out of the server's handler."""
+    from trainer_core.compression.codec import decode
+    from trainer_core.errors import CompressionError
+
+    with pytest.raises(CompressionError, match=f"lacks '{missing}'"):
+        decode(bytes(64), {"type": name}, 10, "float32")

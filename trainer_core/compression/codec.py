@@ -100,6 +100,8 @@ def decode(payload: Any, meta: Any, size: int, dtype: Any) -> np.ndarray:
     m = check_meta(meta)
     try:
         out = _registry().decode(np.frombuffer(payload, dtype=np.uint8), m, (size,), np.dtype(dtype))
+    except KeyError as exc:  # a parameter the compressor needs is not in the metadata
+        raise CompressionError(f"cannot decode a {m['type']} payload: its metadata lacks {exc}") from None
     except (ValueError, TypeError, IndexError) as exc:
         raise CompressionError(f"cannot decode a {m['type']} payload: {exc}") from None
     return np.asarray(out).reshape(-1)
