@@ -5,7 +5,8 @@ the list is ``launchkit.backends.ssh.agent.SHIPPED``), over its ssh connection a
 the host's ``python3``: nothing is installed on the host. It speaks JSON lines over the ssh
 channel (see docs/ssh.md, "watchdog protocol"): the launcher sends ``hello``, then ``spawn``,
 ``signal``, ``hb`` (heartbeat) and ``shutdown``; the watchdog answers ``ready``, ``started``,
-``error``, ``out``/``eof`` (output, base64), ``exit``, ``hb`` and ``bye``.
+``error``, ``out``/``eof`` (output: a JSON line with the length, then that many raw bytes),
+``exit``, ``hb`` and ``bye``.
 
 Every process runs in its own session; the environment arrives in the ``spawn`` message, so
 it never shows on a command line and needs no ``AcceptEnv`` from sshd. The watchdog ends all of
@@ -16,7 +17,6 @@ the job's deadline passes. Standard library only.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import json
@@ -63,8 +63,8 @@ class Watchdog:
         self.stopping = threading.Event()
 
     # -- output to the launcher -------------------------------------------------------------
-    def send(self, msg: dict[str, Any]) -> None:
-        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+    def send(self, msg: dict[str, Any], payload: bytes = b"") -> None:
+        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode() + payload
         with self.lock:
             try:
                 self.out.write(data)
@@ -96,7 +96,7 @@ class Watchdog:
             if self.window is not None:
                 with self.flow:
                     self.credit[key] = self.credit.get(key, 0) - len(chunk)
-            self.send({"ev": "out", "id": ident, "s": name, "d": base64.b64encode(chunk).decode()})
+            self.send({"ev": "out", "id": ident, "s": name, "n": len(chunk)}, chunk)
             if len(chunk) < SMALL:
                 time.sleep(LINGER)
         self.send({"ev": "eof", "id": ident, "s": name})

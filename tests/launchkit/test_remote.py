@@ -4,7 +4,6 @@ bootstrap command and module payload), on this machine."""
 from __future__ import annotations
 
 import ast
-import base64
 import inspect
 import json
 import os
@@ -55,6 +54,8 @@ class Dog:
             if not line:
                 raise AssertionError(f"watchdog ended before {ev}: {self.events[-5:]}")
             msg = json.loads(line)
+            if msg.get("ev") == "out":
+                msg["data"] = self.p.stdout.read(msg["n"])
             self.events.append(msg)
             if msg.get("ev") == ev and all(msg.get(k) == v for k, v in match.items()):
                 return msg
@@ -62,7 +63,7 @@ class Dog:
 
     def output(self, ident: int, stream: str = "o") -> bytes:
         return b"".join(
-            base64.b64decode(m["d"])
+            m["data"]
             for m in self.events
             if m.get("ev") == "out" and m["id"] == ident and m["s"] == stream
         )

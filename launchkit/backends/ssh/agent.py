@@ -10,7 +10,6 @@ local pipes fed from the channel, so output handling is the same as for local pr
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import inspect
 import json
@@ -233,7 +232,10 @@ class HostAgent:
             for line in iter(self._out.readline, b""):
                 self._last_heard = time.monotonic()
                 try:
-                    self._dispatch(json.loads(line))
+                    msg = json.loads(line)
+                    if msg.get("ev") == "out":  # the line says how many raw bytes follow it
+                        msg["data"] = self._out.read(int(msg["n"]))
+                    self._dispatch(msg)
                 except (ValueError, KeyError, TypeError):
                     continue
         except (OSError, EOFError):
@@ -250,7 +252,7 @@ class HostAgent:
         with self._table:
             proc = self.procs.get(msg.get("id", -1))
         if ev == "out" and proc:
-            proc.feed(msg["s"], base64.b64decode(msg["d"]))
+            proc.feed(msg["s"], msg["data"])
         elif ev == "eof" and proc:
             proc.close_stream(msg["s"])
         elif ev == "started" and proc:
