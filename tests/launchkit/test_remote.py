@@ -63,9 +63,7 @@ class Dog:
 
     def output(self, ident: int, stream: str = "o") -> bytes:
         return b"".join(
-            m["data"]
-            for m in self.events
-            if m.get("ev") == "out" and m["id"] == ident and m["s"] == stream
+            m["data"] for m in self.events if m.get("ev") == "out" and m["id"] == ident and m["s"] == stream
         )
 
 
