@@ -119,8 +119,11 @@ wait
         assert wait_until(lambda pid=pid: not alive(pid), 5), pid
 
 
-def test_ctrl_c_during_the_sync_ends_every_rsync_now(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # the rsyncs run in their own sessions (for the timeout's kill), out of the terminal's Ctrl-C
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, -15), (signal.SIGHUP, -1)])
+def test_a_signal_during_the_sync_ends_every_rsync_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int, code: int
+) -> None:
+    # the rsyncs run in their own sessions (for the timeout's kill), out of the terminal's reach
     pids = tmp_path / "pids"
     fake_rsync(tmp_path, monkeypatch, f"#!/bin/sh\nsleep 600 &\necho $$ $! >> {pids}\nwait\n")
     script = (
@@ -137,8 +140,8 @@ def test_ctrl_c_during_the_sync_ends_every_rsync_now(tmp_path: Path, monkeypatch
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[2])
     try:
         assert wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 4, 10)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(10) == 130
+        proc.send_signal(sig)
+        assert proc.wait(10) == code  # Ctrl-C: KeyboardInterrupt; SIGTERM, SIGHUP: as before, dies of it
     finally:
         proc.kill()
     for pid in map(int, pids.read_text().split()):

@@ -14,7 +14,7 @@ import shlex
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -271,6 +271,32 @@ def sync_all(
     return results
 
 
+_FATAL_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _ending_rsyncs_on(signals: Sequence[int], running: Running) -> Iterator[None]:
+    """While the sync runs: SIGTERM or SIGHUP (a closed terminal, which no longer reaches the
+    rsyncs in their own sessions) first ends every rsync, then acts as it would have."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+
+    def handler(sig: int, frame: object) -> None:
+        running.kill_all()
+        signal.signal(sig, previous[sig])
+        os.kill(os.getpid(), sig)
+
+    for sig in signals:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def _interruptible(fn: Callable[[], list[SyncResult]], running: Running) -> list[SyncResult]:
     """``fn()`` in a thread, the calling (main) thread waiting where Ctrl-C can reach it: then
     every rsync is killed, so that the hosts' threads end now rather than at their timeout."""
@@ -286,8 +312,9 @@ def _interruptible(fn: Callable[[], list[SyncResult]], running: Running) -> list
     worker = threading.Thread(target=target, name="launchkit-sync", daemon=True)
     worker.start()
     try:
-        while worker.is_alive():
-            worker.join(0.2)
+        with _ending_rsyncs_on(_FATAL_SIGNALS, running):
+            while worker.is_alive():
+                worker.join(0.2)
     except BaseException:
         running.kill_all()
         worker.join(10.0)
