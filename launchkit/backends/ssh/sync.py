@@ -281,7 +281,7 @@ def _ending_rsyncs_on(signals: Sequence[int], running: Running) -> Iterator[None
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.getsignal(sig) for sig in signals}
+    previous = {sig: signal.getsignal(sig) or signal.SIG_DFL for sig in signals}  # None: set outside Python
 
     def handler(sig: int, frame: object) -> None:
         running.kill_all()
