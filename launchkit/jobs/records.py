@@ -252,10 +252,13 @@ def load_all(on_bad: OnBad | None = None) -> list[JobRecord]:
     records = []
     with contextlib.suppress(OSError):
         for path in sorted(jobs_dir().glob("*.json")):
-            if JOB_ID_RE.match(path.stem):
-                rec = load(path.stem, on_bad)
-                if rec is not None:
-                    records.append(rec)
+            if not JOB_ID_RE.match(path.stem):
+                if on_bad is not None:
+                    on_bad(BadRecord(path, "the name is not a job id (letters, digits, '.', '_', '-')"))
+                continue
+            rec = load(path.stem, on_bad)
+            if rec is not None:
+                records.append(rec)
     return sorted(records, key=lambda r: r.started_at)
 
 

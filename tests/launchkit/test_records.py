@@ -43,6 +43,7 @@ BAD = {  # job id -> (file content, what the warning says)
                    "field 'remote.hosts[0]': bad host name '-oProxyCommand=x'"),
     "bad-missing": ('{"id": "bad-missing"}', "missing field(s) 'name', 'backend', 'cwd', 'launcher_pid', 'started_at'"),
     "bad-id": (good_json(), "field 'id': '1123-040000-aaaaaa' is not the file's job id 'bad-id'"),
+    "bad name": (good_json(), "the name is not a job id (letters, digits, '.', '_', '-')"),
 }  # fmt: skip
 
 
