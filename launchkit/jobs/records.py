@@ -221,9 +221,8 @@ def read(path: Path) -> JobRecord:
         raise BadRecord(path, "empty file: expected a JSON job record")
     try:
         data = json.loads(text)
-    except ValueError as exc:
-        where = f"line {exc.lineno}: " if isinstance(exc, json.JSONDecodeError) else ""
-        raise BadRecord(path, f"{where}not valid JSON (truncated?): {getattr(exc, 'msg', exc)}") from None
+    except ValueError as exc:  # JSONDecodeError's text ends with the line and column
+        raise BadRecord(path, f"not valid JSON (cut short?): {exc}") from None
     try:
         record = JobRecord.from_json(data)
     except ValueError as exc:

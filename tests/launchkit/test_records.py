@@ -33,7 +33,7 @@ def good_json(**changes: object) -> str:
 BAD = {  # job id -> (file content, what the warning says)
     "bad-list": ("[1, 2]", "expected a JSON object, got a list"),
     "bad-empty": ("", "empty file: expected a JSON job record"),
-    "bad-truncated": (good_json(id="bad-truncated")[:70], "line 1: not valid JSON (truncated?)"),
+    "bad-truncated": (good_json(id="bad-truncated")[:70], "not valid JSON (cut short?): Expecting value: line 1 column 71 (char 70)"),
     "bad-started": (good_json(id="bad-started", started_at="yesterday"),
                     "field 'started_at': expected a number, got a string \"yesterday\""),
     "bad-hosts": (good_json(id="bad-hosts", hosts=5), "field 'hosts': expected a list, got a whole number 5"),
