@@ -33,8 +33,8 @@ from launchkit.hostside.netif import interface_address
 from launchkit.hostside.procscan import remove_shm, sweep_job
 
 CHUNK = 1 << 16  # at most this much output of one stream per message
-SMALL = 1 << 14  # after a read of less, wait LINGER so that the next one finds more
-LINGER = 0.002
+SMALL = CHUNK  # after a read of less than a full chunk, wait LINGER so that the next finds more
+LINGER = 0.005
 PIPE_SIZE = 1 << 20
 
 
