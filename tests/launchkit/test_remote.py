@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import io
 import json
 import os
 import subprocess
@@ -23,18 +24,20 @@ from launchkit.core.hostfile import host_key
 from launchkit.core.plan import make_plan
 from launchkit.core.spec import Host, LaunchSpec, Task
 from launchkit.errors import BackendError
+from launchkit.hostside import watchdog
 from tests.launchkit.procs import pids_with_job, wait_until
 
 
 class Dog:
-    def __init__(self, job: str, hb_timeout: float = 30.0) -> None:
+    def __init__(self, job: str, hb_timeout: float = 30.0, window: int | None = None) -> None:
         self.job = job
         self.p = subprocess.Popen(
             ["sh", "-c", remote_command(sys.executable)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
         assert self.p.stdin is not None and self.p.stdout is not None
         self.p.stdin.write(bootstrap_payload())
-        self.send({"op": "hello", "job": job, "hb_interval": 0.2, "hb_timeout": hb_timeout, "grace": 1})
+        self.send({"op": "hello", "job": job, "hb_interval": 0.2, "hb_timeout": hb_timeout, "grace": 1,
+                   "window": window})  # fmt: skip
         self.events: list[dict] = []
 
     def send(self, msg: dict) -> None:
@@ -50,16 +53,21 @@ class Dog:
                 return msg
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            line = self.p.stdout.readline()
-            if not line:
-                raise AssertionError(f"watchdog ended before {ev}: {self.events[-5:]}")
-            msg = json.loads(line)
-            if msg.get("ev") == "out":
-                msg["data"] = self.p.stdout.read(msg["n"])
-            self.events.append(msg)
+            msg = self.next_event(ev)
             if msg.get("ev") == ev and all(msg.get(k) == v for k, v in match.items()):
                 return msg
         raise AssertionError(f"no {ev} within {timeout}s")
+
+    def next_event(self, waiting_for: str = "") -> dict:
+        assert self.p.stdout is not None
+        line = self.p.stdout.readline()
+        if not line:
+            raise AssertionError(f"watchdog ended before {waiting_for}: {self.events[-5:]}")
+        msg = json.loads(line)
+        if msg.get("ev") == "out":
+            msg["data"] = self.p.stdout.read(msg["n"])
+        self.events.append(msg)
+        return msg
 
     def output(self, ident: int, stream: str = "o") -> bytes:
         return b"".join(
@@ -139,6 +147,51 @@ def test_garbage_on_the_channel_is_reported_not_fatal() -> None:
         assert len(bad) == 2 and "JSONDecodeError" in bad[0] and "KeyError" in bad[1]
     finally:
         dog.p.kill()
+
+
+def test_output_waits_for_acknowledgements_and_heartbeats_go_on() -> None:
+    """With a window, a stream's unacknowledged output stops at the window (plus one chunk): the
+    process waits, heartbeats keep coming; acknowledgements let the rest through, in order."""
+    dog = Dog("wd-test-5", window=100_000)
+    try:
+        dog.until("ready")
+        code = "import sys\nfor i in range(60000): print(f'{i:08d}' + 'y' * 41)"
+        dog.send({"op": "spawn", "id": 1, "argv": [sys.executable, "-c", code], "env": {}, "cwd": "/"})
+        dog.until("started", id=1)
+        for _ in range(3):  # heartbeats while the process is held back
+            dog.events = [m for m in dog.events if m.get("ev") != "hb"]
+            dog.until("hb")
+        held = len(dog.output(1))
+        assert 0 < held <= 100_000 + 65536
+        assert not any(m.get("ev") == "exit" for m in dog.events)  # still waiting on its pipe
+        acked = 0
+        while not any(m.get("ev") == "eof" and m["s"] == "o" for m in dog.events):
+            got = len(dog.output(1))
+            if got > acked:
+                dog.send({"op": "ack", "id": 1, "s": "o", "n": got - acked})
+                acked = got
+            dog.next_event("eof")
+        assert dog.output(1) == b"".join(b"%08d" % i + b"y" * 41 + b"\n" for i in range(60000))
+        assert dog.until("exit", id=1)["rc"] == 0
+    finally:
+        dog.p.kill()
+
+
+def test_a_spawn_while_the_watchdog_ends_is_refused() -> None:
+    """Once the watchdog is ending, the process table is final: a spawn that arrives then is
+    answered with an error and starts nothing (teardown would not see it)."""
+    out = io.BytesIO()
+    dog = watchdog.Watchdog(out)
+    dog.stopping.set()
+    try:
+        dog.spawn({"id": 3, "argv": ["sleep", "60"], "env": {}})
+        assert dog.children == {}
+    finally:
+        for child in dog.children.values():
+            child.kill()
+            child.wait()
+    (msg,) = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert msg["ev"] == "error" and msg["id"] == 3 and msg["code"] == 126
 
 
 def launchkit_imports(module: object) -> set[str]:
