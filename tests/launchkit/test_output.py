@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from launchkit.core.plan import make_plan
 from launchkit.core.spec import LaunchSpec
 from launchkit.output import CHUNK, Merger, printable, widen_pipe
 from launchkit.supervisor import Supervisor
-from tests.launchkit.procs import run
+from tests.launchkit.procs import LAUNCHKIT, run
 
 PY = sys.executable
 
@@ -181,3 +182,28 @@ def test_a_stream_epoll_cannot_watch_is_merged_too(tmp_path: Path) -> None:
     assert merger.drain(30.0)
     merger.close()
     assert sorted(out.getvalue().splitlines()) == [b"[f] from a file", b"[f] no newline", b"[m] in memory"]
+
+
+def test_a_stalled_reader_of_the_output_loses_nothing_after_the_job_ends(tmp_path: Path) -> None:
+    """launchkit's stdout is a pipe nobody reads until well after the job ended (twice the 2 s
+    bound for streams that never end): the launcher waits for its reader, and every line comes."""
+    code = "for i in range(3000): print(f'line {i:06d} ' + 'z' * 40)"
+    err = open(tmp_path / "stderr", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([*LAUNCHKIT, "launch", "-n", "1", "-s", "0", "--launcher", "local", PY, "-c", code],
+                            stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, cwd=tmp_path)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        time.sleep(4.0)  # the job prints 300 KB and ends; nobody reads
+        out = proc.stdout.read()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        err.close()
+    lines = out.decode().splitlines()
+    for who in ("scheduler 0", "worker 0"):  # the scheduler runs the command too
+        assert [x for x in lines if x.startswith(f"[{who}] ")] == [
+            f"[{who}] line {i:06d} " + "z" * 40 for i in range(3000)
+        ]
+    assert len(lines) == 6000
