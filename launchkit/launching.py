@@ -9,7 +9,6 @@ follows (``--detach``) and records it.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from launchkit.core.plan import make_plan, new_job_id, new_secret
 from launchkit.core.spec import JobResult, LaunchSpec, Plan
 from launchkit.dashboard import Dashboard
 from launchkit.errors import BackendError, UsageError
-from launchkit.hostside.netif import route_address
+from launchkit.hostside.netif import route_to
 from launchkit.jobs import records as jobs
 from launchkit.netutil import PortReservation, fallback_address, interface_address
 from launchkit.supervisor import Supervisor, check_log_dir
@@ -34,7 +33,7 @@ def scheduler_address(spec: LaunchSpec, reached_from: str | None = None) -> str:
         return interface_address(spec.interface)
     if spec.backend == "local":
         return "127.0.0.1"
-    return reached_from or route_address(spec.hosts[0].name) or fallback_address()
+    return reached_from or route_to(spec.hosts[0].name) or fallback_address()
 
 
 AT_LAUNCH = "<chosen at launch>"
@@ -43,19 +42,11 @@ AT_LAUNCH = "<chosen at launch>"
 def dry_run_address(spec: LaunchSpec) -> str:
     """The scheduler's address as far as it is known without contacting a host. ssh takes the
     local address of its connection to the first host: the route to that host's address as
-    resolved here, or AT_LAUNCH when its name does not resolve here (an ssh config alias)."""
+    resolved here (IPv4 first, as a launch takes it), or AT_LAUNCH when its name does not resolve here
+    (an ssh config alias)."""
     if spec.backend != "ssh" or spec.scheduler_ip or spec.interface:
         return scheduler_address(spec)
-    name = spec.hosts[0].name
-    try:
-        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError):
-        infos = []
-    for info in infos:
-        route = route_address(str(info[4][0]))
-        if route:
-            return route
-    return AT_LAUNCH
+    return route_to(spec.hosts[0].name) or AT_LAUNCH
 
 
 def dry_run_plan(spec: LaunchSpec, backend: Backend) -> Plan:

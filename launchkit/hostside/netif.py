@@ -11,7 +11,7 @@ import socket
 
 from dmlc_env import interface_address
 
-__all__ = ["interface_address", "route_address"]
+__all__ = ["interface_address", "route_address", "route_to"]
 
 
 def route_address(host: str) -> str | None:
@@ -28,3 +28,20 @@ def route_address(host: str) -> str | None:
             return str(s.getsockname()[0])
         except OSError:
             return None
+
+
+def route_to(name: str) -> str | None:
+    """The local address toward host ``name`` (a name or an address), resolved here, IPv4 first:
+    the scheduler's address goes into ``DMLC_PS_ROOT_URI``, which ps-lite (and MXNet) read as an
+    IPv4 address or a name, so where a name resolves to both (``localhost`` is ``::1`` first on
+    Debian) the IPv4 route is the one a job can use. None when nothing resolves or routes."""
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)  # stable: IPv4 first, else in order
+    for info in infos:
+        route = route_address(str(info[4][0]))
+        if route:
+            return route
+    return None

@@ -203,7 +203,7 @@ def test_a_corrupt_compressed_payload_is_refused(workers: list[Worker]) -> None:
 @pytest.mark.parametrize(
     ("meta", "n", "reason"),
     [
-        ({"type": "topk"}, N, "cannot decode its topk payload"),  # the codec raised KeyError: the server died
+        ({"type": "topk"}, N, "cannot decode a topk payload"),  # the codec raised KeyError: the server died
         ({"type": "1bit", "block_size": 8}, 1 << 34, "must be pushed to a stored part"),
         ({"type": "topk", "k": 1}, 1 << 34, "must be pushed to a stored part"),  # decoded into 64 GiB before
     ],

@@ -20,7 +20,7 @@ from launchkit.backends.ssh.sync import source_dir, sync_all
 from launchkit.core.hostfile import format_host, host_key, unique_hosts
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError
-from launchkit.hostside.netif import route_address
+from launchkit.hostside.netif import route_to
 
 
 def connect_all(hosts: Sequence[Host], opts: SshOptions) -> tuple[dict[Host, Any], dict[Host, str]]:
@@ -77,8 +77,11 @@ class SshBackend(Backend):
         self.conns = {host_key(h): conns[h] for h in hosts}
         first = conns[hosts[0]]
         with contextlib.suppress(AttributeError, OSError):
-            return str(first.transport.sock.getsockname()[0])
-        return route_address(first.host)  # through a jump host or a ProxyCommand: no socket of ours
+            reached = str(first.transport.sock.getsockname()[0])
+            # ps-lite reads DMLC_PS_ROOT_URI as IPv4: a connection made over IPv6 (``localhost`` is
+            # ``::1`` first on Debian) gives way to the IPv4 route toward the same host, if it has one
+            return route_to(first.host) if ":" in reached and route_to(first.host) else reached
+        return route_to(first.host)  # through a jump host or a ProxyCommand: no socket of ours
 
     def prepare(self, plan: Plan) -> None:
         assert self.spec is not None, "connect() first"
