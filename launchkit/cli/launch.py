@@ -49,6 +49,8 @@ def parse_env_items(items: list[str], flag: str, environ: dict[str, str]) -> tup
             if name not in environ:
                 raise UsageError(f"{flag} {name}: {name} is not set in the launcher's environment")
             value = environ[name]
+        if "\0" in value:
+            raise UsageError(f"{flag} {name}: the value holds a NUL byte, which no environment variable can")
         pairs.append((name, value))
     return tuple(pairs)
 
@@ -134,6 +136,9 @@ def build_spec(
 def check_command(command: list[str]) -> None:
     """The program to run must be a word: ``''`` or ``' '`` (an empty quoted command) is a
     usage error, not a process that cannot start or an ``sh -c ' '`` that does nothing."""
+    if any("\0" in word for word in command):
+        bad = next(word for word in command if "\0" in word)
+        raise UsageError(f"command word {bad!r} holds a NUL byte, which no program argument or variable can")
     _, words = split_assignments(command)
     if not words or not words[0].strip():
         raise UsageError(

@@ -38,11 +38,19 @@ def uses_slots(hosts: list[Host] | tuple[Host, ...]) -> bool:
     return any(h.slots is not None for h in hosts)
 
 
+#: The most processes of one role a plan holds: each is a task in memory, a line of the plan and a
+#: process on some host, so a larger count is a typo (``-s 99999999999999999999`` hung the planner).
+MAX_PER_ROLE = 100_000
+
+
 def _validate(num_workers: int, num_servers: int, hosts: list[Host] | tuple[Host, ...]) -> None:
     if num_workers < 1:
         raise PlacementError(f"-n/--num-workers must be at least 1, got {num_workers}")
     if num_servers < 0:
         raise PlacementError(f"-s/--num-servers must be 0 or more, got {num_servers}")
+    for flag, count in (("-n/--num-workers", num_workers), ("-s/--num-servers", num_servers)):
+        if count > MAX_PER_ROLE:
+            raise PlacementError(f"{flag} {count}: expected at most {MAX_PER_ROLE} processes")
     if not hosts:
         raise PlacementError("no hosts to place the job on")
 

@@ -108,3 +108,10 @@ def test_slot_rule_property(caps: list[int], ns: int, data) -> None:
         (i for i, (u, h) in enumerate(zip(used, hosts, strict=False)) if u < (h.slots or 1)), len(hosts)
     )
     assert all(u == 0 for u in used[first_short + 1 :])
+
+
+@pytest.mark.parametrize("n, s", [(1, 10**20), (10**20, 1), (100_001, 0)])
+def test_counts_beyond_any_job_are_refused_before_planning(n: int, s: int) -> None:
+    """``-s 99999999999999999999`` used to hang the planner (found by tests/faults/test_cli_fuzz.py)."""
+    with pytest.raises(PlacementError, match="expected at most 100000 processes"):
+        assign_hosts(n, s, [Host("a"), Host("b")])
