@@ -23,7 +23,6 @@ Reproducible in CI: ``derandomize=True``, no example database, a bounded number 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import json
@@ -51,12 +50,13 @@ from hypothesis import strategies as st
 from zmq.utils.monitor import recv_monitor_message
 
 from dmlc_env import JobEnv, TaskEnv, build_env
+from tests.trainer_core.probes import WITHIN, closed_by_peer, send_until_closed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError
 from trainer_core.kv.dist import DistKVStore
 from trainer_core.transport import wire
 from trainer_core.transport.auth import channel_key, channel_proof, derive_keys
-from trainer_core.transport.channel import Received, Trace
+from trainer_core.transport.channel import Channel, Received, Trace
 from trainer_core.transport.stream import MAX_FRAME_BYTES, MAX_FRAMES
 from trainer_core.transport.tcp import STALL_S, TcpChannel
 from trainer_core.transport.unix import UnixChannel
@@ -65,7 +65,6 @@ REPO = Path(__file__).resolve().parents[2]
 SECRET = "fuzz-job-secret"
 N = 16  # elements of the key "w" (float32)
 RSS_SLACK = 256 << 20
-WITHIN = 10.0  # a generous bound for an answer or a close to be seen
 TRACE = Trace(logging.getLogger("test_wire_fuzz"))
 FUZZ = settings(
     max_examples=100,
@@ -214,29 +213,6 @@ def live() -> Iterator[LiveJob]:
 # -- observing answers and closes ----------------------------------------------------------------
 
 
-def closed_by_peer(sock: socket.socket, within: float = WITHIN) -> bytes | None:
-    """Read until the peer closes (EOF or a reset): what it sent before, or ``None`` when it neither
-    closed nor went quiet within ``within``."""
-    sock.settimeout(within)
-    got = b""
-    try:
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return got
-            got += chunk
-    except (ConnectionResetError, BrokenPipeError):
-        return got
-    except TimeoutError:
-        return None
-
-
-def send_until_closed(sock: socket.socket, data: bytes) -> None:
-    """Send ``data``; the peer closing before it is all sent is no error here (it is the refusal)."""
-    with contextlib.suppress(ConnectionResetError, BrokenPipeError):
-        sock.sendall(data)
-
-
 def raw_stream(kind: str, live: LiveJob) -> socket.socket:
     """A plain connection to the server's data (``tcp``) or same-host (``unix``) channel, its nonce read."""
     if kind == "tcp":
@@ -279,17 +255,7 @@ def answers(
     return got
 
 
-def tcp_receiver(ch: TcpChannel) -> Callable[[float], list[Received]]:
-    def receive(timeout: float) -> list[Received]:
-        got: list[Received] = []
-        if not ch.closed and ch.wait(timeout):
-            ch.receive(got.append)
-        return got
-
-    return receive
-
-
-def unix_receiver(ch: UnixChannel) -> Callable[[float], list[Received]]:
+def receiver(ch: Channel) -> Callable[[float], list[Received]]:
     def receive(timeout: float) -> list[Received]:
         got: list[Received] = []
         if not ch.closed and ch.wait(timeout):
@@ -616,12 +582,12 @@ def test_a_data_channel_peer_with_the_secret_cannot_break_the_server(
     live: LiveJob, attacks: list[tuple[str, Any]]
 ) -> None:
     ch = TcpChannel.connect(live.server.data, SECRET, TRACE)
-    receive = tcp_receiver(ch)
+    receive = receiver(ch)
     try:
         for kind, arg in attacks:
             if ch.closed:
                 ch = TcpChannel.connect(live.server.data, SECRET, TRACE)
-                receive = tcp_receiver(ch)
+                receive = receiver(ch)
             if kind == "bad-request":
                 header, frames = arg
                 header["seq"] = live.fresh_seq()
@@ -759,7 +725,7 @@ def test_a_same_host_peer_with_the_secret_cannot_break_the_server(live: LiveJob,
                 header["seq"] = live.fresh_seq()
                 raw = json.dumps(header).encode()
                 ch.sock.sendall(struct.pack("<I", len(raw)) + raw)
-                refused(unix_receiver(ch), header, lambda c=ch: c.closed)
+                refused(receiver(ch), header, lambda c=ch: c.closed)
             elif kind == "huge":
                 send_until_closed(
                     ch.sock, struct.pack("<I", data.draw(st.integers(wire.MAX_HEADER_BYTES + 1, 2**32 - 1)))

@@ -15,36 +15,11 @@ from trainer_core.transport import auth
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Trace
 TRACE = Trace(logging.getLogger('intruder'))
-WITHIN = 10.0  # generous: a refusal must be seen within it, never inferred from its passing
+from tests.trainer_core.probes import WITHIN, closed_by_peer, send_until_closed
 
 kv.init('w', np.zeros(16, np.float32))
 ports = [int(s.endpoint.rsplit(':', 1)[1]) for s in kv.client.book.servers] + [int(os.environ['DMLC_PS_ROOT_PORT'])]
 answered = []  # every probe that was not refused, or whose refusal was not observed
-
-
-def closed_by_peer(sock):
-    # Read until the server closes the connection: EOF or a reset is the refusal, seen. Returns what
-    # it sent before (None: it neither closed nor said anything within WITHIN).
-    sock.settimeout(WITHIN)
-    got = b''
-    try:
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return got
-            got += chunk
-    except (ConnectionResetError, BrokenPipeError):
-        return got
-    except TimeoutError:
-        return None
-
-
-def send_until_closed(sock, payload):
-    # send a payload the server may close on before it is all sent (that close is the refusal)
-    try:
-        sock.sendall(payload)
-    except (ConnectionResetError, BrokenPipeError):
-        pass
 
 
 # a stream channel (same-host or data): garbage after the nonce makes the server close the
