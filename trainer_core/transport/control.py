@@ -110,55 +110,22 @@ def _receive(
             out.append(Received(header, list(parts[skip + 1 :]), peer))
 
 
-class ZmqChannel(Channel):
-    """A DEALER socket: a connection to one ROUTER (the scheduler's, or a server's)."""
+class _ZmqSocket:
+    """What a DEALER (``ZmqChannel``) and a ROUTER (``Router``) share as a ``Source``: polling the
+    socket, draining it, closing it. ``_peer`` says who answers each message (and where its header is)."""
 
-    def __init__(self, sock: zmq.Socket[Any], trace: Trace) -> None:
-        super().__init__(ZMQ_CAPS, trace)
-        self.sock = sock
-
-    def pollable(self) -> zmq.Socket[Any]:
-        return self.sock
-
-    def wait(self, timeout_s: float) -> bool:
-        return bool(self.sock.poll(int(timeout_s * 1000), zmq.POLLIN))
-
-    def send(self, header: wire.Header, frames: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
-        if fds:
-            raise KVError("a ZeroMQ channel carries no file descriptors")
-        if self.trace.on:
-            self.trace.sent(header, len(frames))
-        self.sock.send_multipart([wire.encode(header), *frames], copy=False)
-
-    def receive(self, handle: Callable[[Received], None]) -> bool:
-        for msg in _receive(self.sock, self.trace, lambda parts: (self, 0)):
-            handle(msg)
-        return True
-
-    def close(self, flush_s: float = 0.0) -> None:
-        if not self.closed:
-            self.closed = True
-            self.sock.close(linger=int(flush_s * 1000))
-
-
-class Router(Source):
-    """A ROUTER socket: messages from many DEALERs; each one's ``reply`` is its sender's ``RouterPeer``."""
-
-    def __init__(self, sock: zmq.Socket[Any], trace: Trace) -> None:
-        self.sock = sock
-        self.trace = trace
-
-    def pollable(self) -> zmq.Socket[Any]:
-        return self.sock
-
-    def wait(self, timeout_s: float) -> bool:
-        return bool(self.sock.poll(int(timeout_s * 1000), zmq.POLLIN))
+    sock: zmq.Socket[Any]
+    trace: Trace
+    closed: bool
 
     def _peer(self, parts: list[zmq.Frame]) -> tuple[Peer, int] | None:
-        if len(parts) < 2:
-            self.trace.log.warning("dropped a message without a header")
-            return None
-        return RouterPeer(self, parts[0].bytes), 1
+        raise NotImplementedError
+
+    def pollable(self) -> zmq.Socket[Any]:
+        return self.sock
+
+    def wait(self, timeout_s: float) -> bool:
+        return bool(self.sock.poll(int(timeout_s * 1000), zmq.POLLIN))
 
     def receive(self, handle: Callable[[Received], None]) -> bool:
         for msg in _receive(self.sock, self.trace, self._peer):
@@ -169,6 +136,38 @@ class Router(Source):
         if not self.closed:
             self.closed = True
             self.sock.close(linger=int(flush_s * 1000))
+
+
+class ZmqChannel(_ZmqSocket, Channel):
+    """A DEALER socket: a connection to one ROUTER (the scheduler's, or a server's)."""
+
+    def __init__(self, sock: zmq.Socket[Any], trace: Trace) -> None:
+        super().__init__(ZMQ_CAPS, trace)
+        self.sock = sock
+
+    def _peer(self, parts: list[zmq.Frame]) -> tuple[Peer, int] | None:
+        return self, 0
+
+    def send(self, header: wire.Header, frames: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
+        if fds:
+            raise KVError("a ZeroMQ channel carries no file descriptors")
+        if self.trace.on:
+            self.trace.sent(header, len(frames))
+        self.sock.send_multipart([wire.encode(header), *frames], copy=False)
+
+
+class Router(_ZmqSocket, Source):
+    """A ROUTER socket: messages from many DEALERs; each one's ``reply`` is its sender's ``RouterPeer``."""
+
+    def __init__(self, sock: zmq.Socket[Any], trace: Trace) -> None:
+        self.sock = sock
+        self.trace = trace
+
+    def _peer(self, parts: list[zmq.Frame]) -> tuple[Peer, int] | None:
+        if len(parts) < 2:
+            self.trace.log.warning("dropped a message without a header")
+            return None
+        return RouterPeer(self, parts[0].bytes), 1
 
 
 class RouterPeer(Peer):
