@@ -1,0 +1,119 @@
+"""What the launcher knows of a running job's training and hosts: pure data, filled by the
+telemetry endpoint and the host samplers, read by the dashboard, ``top`` and ``ps``.
+
+Two kinds of report arrive, each a flat mapping of figure names to numbers:
+
+- a **node report** from one process (role, rank), sent by trainer_core at a bounded rate:
+  ``bytes_pushed``, ``bytes_pulled`` (cumulative), ``push_ms``, ``pull_ms`` (mean latency since
+  the previous report), ``compression_ratio`` (raw bytes / bytes on the wire, cumulative),
+  ``heartbeat_age_s``, and what the training script passes to ``trainer_core.metrics.report``:
+  ``step``, ``loss``, ``accuracy``, ``samples_total`` (cumulative), and any other number;
+- a **host report** from one host's sampler: ``load1``, ``mem_used``, ``mem_total``,
+  ``net_rx_bytes``, ``net_tx_bytes`` (cumulative, all interfaces but loopback), ``gpu_util``,
+  ``gpu_mem_used``, ``gpu_mem_total`` (where ``nvidia-smi`` exists), and per process of the job
+  (by pid on that host) its CPU percent and resident bytes.
+
+Each keeps a bounded history (for sparklines and rates). The model is guarded by one lock, and
+``to_json``/``from_json`` carry it to ``top`` in another terminal through the job's live file.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+HISTORY = 240  # reports kept per node and per host
+
+Figures = dict[str, float]
+
+
+@dataclass
+class Series:
+    """Timestamped reports, newest last, at most HISTORY."""
+
+    points: deque[tuple[float, Figures]] = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+    @property
+    def latest(self) -> Figures:
+        return self.points[-1][1] if self.points else {}
+
+    @property
+    def at(self) -> float | None:
+        return self.points[-1][0] if self.points else None
+
+
+def _clean(figures: Mapping[str, Any]) -> Figures:
+    """Only finite numbers (bools excluded): a report is never trusted to be well formed."""
+    out: Figures = {}
+    for k, v in figures.items():
+        number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if isinstance(k, str) and number and math.isfinite(v):
+            out[k] = float(v)
+    return out
+
+
+class JobMetrics:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.nodes: dict[tuple[str, int], Series] = {}
+        self.hosts: dict[str, Series] = {}
+        self.procs: dict[tuple[str, int], tuple[float | None, int]] = {}  # (host, pid) -> (cpu %, rss)
+
+    def node_report(self, role: str, rank: int, at: float, figures: Mapping[str, Any]) -> None:
+        with self.lock:
+            self.nodes.setdefault((role, rank), Series()).points.append((at, _clean(figures)))
+
+    def host_report(
+        self,
+        host: str,
+        at: float,
+        figures: Mapping[str, Any],
+        procs: Mapping[int, tuple[float | None, int]] | None = None,
+    ) -> None:
+        with self.lock:
+            self.hosts.setdefault(host, Series()).points.append((at, _clean(figures)))
+            for pid, usage in (procs or {}).items():
+                self.procs[(host, int(pid))] = usage
+
+    def to_json(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "nodes": [
+                    {"role": r, "rank": k, "points": [[t, f] for t, f in s.points]}
+                    for (r, k), s in self.nodes.items()
+                ],
+                "hosts": [
+                    {"host": h, "points": [[t, f] for t, f in s.points]} for h, s in self.hosts.items()
+                ],
+                "procs": [[h, p, c, m] for (h, p), (c, m) in self.procs.items()],
+            }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> JobMetrics:
+        """The model saved by ``to_json`` (another launcher's live file: checked, never trusted)."""
+        m = cls()
+        for n in doc.get("nodes", []) if isinstance(doc.get("nodes"), list) else []:
+            if isinstance(n, dict) and isinstance(n.get("role"), str) and isinstance(n.get("rank"), int):
+                for p in n.get("points", []) or []:
+                    if isinstance(p, list) and len(p) == 2 and isinstance(p[1], dict):
+                        m.node_report(n["role"], n["rank"], float(p[0]), p[1])
+        for h in doc.get("hosts", []) if isinstance(doc.get("hosts"), list) else []:
+            if isinstance(h, dict) and isinstance(h.get("host"), str):
+                for p in h.get("points", []) or []:
+                    if isinstance(p, list) and len(p) == 2 and isinstance(p[1], dict):
+                        m.host_report(h["host"], float(p[0]), p[1])
+        for row in doc.get("procs", []) if isinstance(doc.get("procs"), list) else []:
+            if (
+                isinstance(row, list)
+                and len(row) == 4
+                and isinstance(row[0], str)
+                and isinstance(row[1], int)
+            ):
+                cpu = row[2] if isinstance(row[2], (int, float)) else None
+                rss = row[3] if isinstance(row[3], int) else 0
+                m.procs[(row[0], row[1])] = (cpu, rss)
+        return m
