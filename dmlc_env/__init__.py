@@ -37,6 +37,7 @@ LAUNCHKIT_JOB_ID = "LAUNCHKIT_JOB_ID"
 LAUNCHKIT_ROLE_RANK = "LAUNCHKIT_ROLE_RANK"
 LAUNCHKIT_LOCAL_RANK = "LAUNCHKIT_LOCAL_RANK"
 LAUNCHKIT_JOB_SECRET = "LAUNCHKIT_JOB_SECRET"
+LAUNCHKIT_RESTART_COUNT = "LAUNCHKIT_RESTART_COUNT"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 
@@ -59,6 +60,7 @@ class JobEnv:
     num_servers: int
     num_workers: int
     interface: str | None = None
+    restart_count: int = 0  # the attempt: 0 first, N after the Nth restart (--max-restarts)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ def build_env(job: JobEnv, task: TaskEnv) -> dict[str, str]:
         LAUNCHKIT_ROLE_RANK: str(task.role_rank),
         LAUNCHKIT_LOCAL_RANK: str(task.local_rank),
         LAUNCHKIT_JOB_SECRET: job.secret,
+        LAUNCHKIT_RESTART_COUNT: str(job.restart_count),
     }
     if job.interface:
         env[DMLC_INTERFACE] = job.interface
@@ -134,6 +137,7 @@ class NodeEnv:
     role_rank: int | None
     local_rank: int | None
     secret: str | None
+    restart_count: int | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> NodeEnv:
@@ -175,6 +179,7 @@ class NodeEnv:
             role_rank=as_int(LAUNCHKIT_ROLE_RANK, e.get(LAUNCHKIT_ROLE_RANK)),
             local_rank=as_int(LAUNCHKIT_LOCAL_RANK, e.get(LAUNCHKIT_LOCAL_RANK)),
             secret=e.get(LAUNCHKIT_JOB_SECRET) or None,
+            restart_count=as_int(LAUNCHKIT_RESTART_COUNT, e.get(LAUNCHKIT_RESTART_COUNT)),
         )
 
 

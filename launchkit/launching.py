@@ -9,19 +9,29 @@ follows (``--detach``) and records it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import dataclasses
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from launchkit.backends.base import Backend
+from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.console import Ui
 from launchkit.core.plan import make_plan, new_job_id, new_secret
 from launchkit.core.spec import JobResult, LaunchSpec, Plan
 from launchkit.dashboard import Dashboard
-from launchkit.errors import BackendError, UsageError
+from launchkit.errors import EXIT_INTERNAL, EXIT_SIGINT, BackendError, UsageError
 from launchkit.hostside.netif import route_to
 from launchkit.jobs import records as jobs
+from launchkit.jobs.kill import remote_hosts
 from launchkit.netutil import PortReservation, fallback_address, interface_address
-from launchkit.supervisor import Supervisor, check_log_dir
+from launchkit.supervisor import EXIT_TIMEOUT, HANDLED_SIGNALS, Supervisor, check_log_dir
 
 
 def scheduler_address(spec: LaunchSpec, reached_from: str | None = None) -> str:
@@ -62,10 +72,126 @@ def dry_run_plan(spec: LaunchSpec, backend: Backend) -> Plan:
     )
 
 
+RESTARTABLE = ("local", "ssh")  # backends whose jobs --max-restarts restarts (docs/launch.md)
+REAPER_WAIT = 30.0  # seconds past the grace period for the last attempt's reaper to finish its sweep
+
+
+def restart_cause(result: JobResult, attempt: int, max_restarts: int) -> str | None:
+    """Why attempt ``attempt`` (0 first), which ended with ``result``, is followed by another:
+    the process that failed first (``worker 1 exit 137, signal 9``); None when it is not: it
+    succeeded, no restart is left, or it did not end by a process failing on its own: its time
+    limit passed, or the launcher received a signal (Ctrl-C, ``launchkit kill``'s SIGTERM, a
+    closed terminal), even one that came while a failure was being torn down."""
+    root = result.root_cause
+    if attempt >= max_restarts or root is None or result.signalled is not None or result.timed_out:
+        return None
+    return f"{root.task.role} {root.task.rank} exit {root.exit_code}" + (
+        f", signal {root.signal}" if root.signal else ""
+    )
+
+
+class _Stop:
+    """The launcher's signals between two attempts (the backoff, the next attempt's start): the
+    first one is kept; once a supervisor exists, passed on to it."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.forward: Callable[[int, Any], None] | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if self.forward is not None:
+            self.forward(signum, frame)
+
+    def install(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {sig: signal.signal(sig, self) for sig in HANDLED_SIGNALS}
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, or less when a signal comes."""
+        end = time.monotonic() + seconds
+        while self.signum is None and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.05))
+
+
+@dataclass
+class _Job:
+    """What every attempt of one launch shares."""
+
+    spec: LaunchSpec
+    backend: Backend
+    ui: Ui
+    dashboard: Dashboard | None
+    job_id: str = field(default_factory=new_job_id)
+    secret: str = field(default_factory=new_secret)
+    started: float = field(default_factory=time.monotonic)
+    record: jobs.JobRecord | None = None
+    stop: _Stop = field(default_factory=_Stop)
+
+    def time_left(self) -> float | None:
+        limit = self.spec.time_limit
+        return None if limit is None else limit - (time.monotonic() - self.started)
+
+
 def run_job(spec: LaunchSpec, backend: Backend, ui: Ui, *, dashboard: Dashboard | None = None) -> JobResult:
-    """Start the job on ``backend`` and supervise it to its end."""
+    """Start the job on ``backend`` and supervise it to its end; after a failure, up to
+    ``spec.max_restarts`` times, end what is left, wait the backoff and start it again (the same
+    job id and secret, a new scheduler port, ``LAUNCHKIT_RESTART_COUNT`` the attempt). The job's
+    exit code is the last attempt's; ``--time-limit`` counts from the first attempt's start."""
     if spec.log_dir:
         check_log_dir(Path(spec.log_dir))  # before contacting anything: exit 2 naming the directory
+    job = _Job(spec, backend, ui, dashboard)
+    old_handlers: dict[int, Any] = {}
+    try:
+        attempt = 0
+        while True:
+            result, supervisor = _attempt(job, attempt)
+            cause = restart_cause(result, attempt, spec.max_restarts)
+            if cause is None:
+                return result
+            if job.stop.signum is not None:  # came as the attempt ended, after its supervisor's handlers
+                return _ended_between(job, result, 128 + job.stop.signum)
+            if not old_handlers:
+                old_handlers = job.stop.install()
+            ui.warn(
+                f"job {job.job_id}: attempt {attempt + 1} failed ({cause}); restarting in "
+                f"{spec.restart_backoff:.1f} s (attempt {attempt + 2} of {spec.max_restarts + 1})"
+            )
+            assert job.record is not None
+            job.record = dataclasses.replace(job.record, attempt=attempt + 1, processes=())
+            jobs.save(job.record)
+            backoff_end = time.monotonic() + spec.restart_backoff
+            _settle(job, supervisor)
+            wait, left = backoff_end - time.monotonic(), job.time_left()
+            out_of_time = left is not None and left <= wait
+            job.stop.sleep(wait if left is None else min(wait, left))
+            if job.stop.signum is not None:
+                return _ended_between(job, result, 128 + job.stop.signum)
+            if out_of_time:
+                return _ended_between(job, result, EXIT_TIMEOUT, timed_out=True)
+            attempt += 1
+    finally:
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+
+
+def _attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | None]:
+    """One attempt: contact the hosts, plan (a new port), prepare, record, supervise. A restart's
+    start that fails or is interrupted before the supervisor runs finishes the record."""
+    try:
+        return _start_attempt(job, attempt)
+    except BaseException as exc:
+        if attempt > 0 and job.record is not None:
+            stopped = isinstance(exc, KeyboardInterrupt)
+            code = EXIT_SIGINT if stopped else getattr(exc, "exit_code", EXIT_INTERNAL)
+            job.record = jobs.finish(job.record, "interrupted" if stopped else "failed", code)
+        raise
+
+
+def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | None]:
+    spec, backend, ui = job.spec, job.backend, job.ui
     reached = backend.connect(spec)
     own_address = backend.finds_scheduler_address()
     root_uri = "" if own_address else scheduler_address(spec, reached)
@@ -74,45 +200,97 @@ def run_job(spec: LaunchSpec, backend: Backend, ui: Ui, *, dashboard: Dashboard 
         port = spec.scheduler_port or (reservation.port if reservation else 0)
         plan = make_plan(
             spec,
-            job_id=new_job_id(),
-            secret=new_secret(),
+            job_id=job.job_id,
+            secret=job.secret,
             root_uri=root_uri,
             root_port=port,
             node_host_of=backend.node_hosts(spec),
+            restart_count=attempt,
         )
         try:
             backend.prepare(plan)
         except BaseException:
             backend.close()
             raise
-        record = jobs.started_here(
-            id=plan.job_id,
-            name=plan.job_name,
-            backend=plan.backend,
-            hosts=tuple(sorted({str(t.host) for t in plan.tasks})),
-            command=spec.command,
-            cwd=spec.cwd,
-            log_dir=spec.log_dir,
-            remote=backend.record_info(),
-        )
+        if job.stop.signum is not None:  # a signal while this restart started: nothing runs yet
+            backend.close()
+            return _ended_between(job, None, 128 + job.stop.signum), None
+        if job.record is None:
+            job.record = jobs.started_here(
+                id=plan.job_id,
+                name=plan.job_name,
+                backend=plan.backend,
+                hosts=tuple(sorted({str(t.host) for t in plan.tasks})),
+                command=spec.command,
+                cwd=spec.cwd,
+                log_dir=spec.log_dir,
+                remote=backend.record_info(),
+                max_restarts=spec.max_restarts,
+            )
+        of = f" (attempt {attempt + 1} of {spec.max_restarts + 1})" if spec.max_restarts else ""
         ui.info(
             f"job {plan.job_id} ({plan.job_name}): 1 scheduler, {_count(spec.num_servers, 'server')}, "
             f"{_count(spec.num_workers, 'worker')} on {plan.backend}; "
             + backend.scheduler_summary(root_uri, port)
+            + of
         )
-        return Supervisor(
+        left = job.time_left()
+        supervisor = Supervisor(
             plan,
             backend,
             ui,
             log_dir=spec.log_dir,
             grace=spec.grace_period,
-            time_limit=spec.time_limit,
-            record=record,
-            dashboard=dashboard,
-        ).run()
+            time_limit=None if left is None else max(left, 0.001),
+            record=job.record,
+            dashboard=job.dashboard,
+            restart_if=lambda r: restart_cause(r, attempt, spec.max_restarts) is not None,
+        )
+        job.stop.forward = supervisor._on_signal  # a signal before it installs its own handlers
+        try:
+            result = supervisor.run()
+        finally:
+            job.stop.forward = None
+        job.record = supervisor.record
+        return dataclasses.replace(result, attempt=attempt), supervisor
     finally:
         if reservation is not None:
             reservation.close()
+
+
+def _settle(job: _Job, supervisor: Supervisor | None) -> None:
+    """Before the next attempt: the last one's reaper has finished its sweep by job id (which would
+    end the new attempt's processes), and on ssh hosts nothing of the job is left."""
+    reaper_proc = supervisor.reaper if supervisor is not None else None
+    if reaper_proc is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            reaper_proc.wait(job.spec.grace_period + REAPER_WAIT)
+    where = remote_hosts(job.record) if job.record is not None else None
+    if where is not None and job.stop.signum is None:
+        for host in ssh_commands.sweep(where[0], where[1], job.job_id, job.spec.grace_period):
+            if not host.ok:
+                job.ui.warn(f"{host.host}: could not check that the last attempt left nothing: {host.error}")
+
+
+def _ended_between(job: _Job, last: JobResult | None, code: int, *, timed_out: bool = False) -> JobResult:
+    """The launch ends between two attempts (a signal, the time limit): nothing is running."""
+    signum = None if timed_out else code - 128
+    if job.record is not None:
+        state = "timed out" if timed_out else "interrupted"
+        job.record = jobs.finish(job.record, state, code)
+    if timed_out:
+        job.ui.warn(f"the job's time limit ({job.spec.time_limit:g}s) passed before the next attempt")
+    elif job.stop.signum is not None:
+        job.ui.warn(f"received {signal.Signals(job.stop.signum).name}: no restart")
+    return JobResult(
+        job_id=job.job_id,
+        exit_code=code,
+        results=last.results if last is not None else (),
+        interrupted_by=signum,
+        signalled=signum,
+        timed_out=timed_out,
+        attempt=last.attempt if last is not None else job.record.attempt if job.record else 0,
+    )
 
 
 def _count(n: int, noun: str) -> str:

@@ -17,10 +17,12 @@ import dataclasses
 import os
 import queue
 import signal
+import subprocess
 import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -93,8 +95,11 @@ class Supervisor:
         record: jobs.JobRecord | None = None,
         dashboard: Dashboard | None = None,
         kill_confirm: float = KILL_CONFIRM,
+        restart_if: Callable[[JobResult], bool] | None = None,
     ) -> None:
         self.kill_confirm = kill_confirm
+        self.restart_if = restart_if  # True: the launcher restarts the job, its record stays running
+        self.reaper: subprocess.Popen[bytes] | None = None  # a restart waits for its last sweep
         self.plan = plan
         self.backend = backend
         self.ui = ui
@@ -186,12 +191,14 @@ class Supervisor:
         if self.log_dir is not None:
             check_log_dir(self.log_dir)
         reaper_proc, reaper_pipe = reaper.start(self.plan.job_id, self.grace)
+        self.reaper = reaper_proc
         self.backend.set_cleanup_sink(lambda argv: reaper.add_cleanup(reaper_pipe, argv))
         old_handlers = self._install_signals()
         teardown_at: float | None = None  # when we began ending the job
         kill_at: float | None = None
         given_up_at: float | None = None
         interrupted_by: int | None = None
+        signalled: int | None = None  # the first signal, also one during a teardown under way
         root: TaskResult | None = None
         try:
             self.merger.start()
@@ -201,6 +208,7 @@ class Supervisor:
             while pending:
                 while self._signals:
                     sig = self._signals.pop(0)
+                    signalled = signalled or sig
                     if teardown_at is None:
                         interrupted_by = sig
                         self.ui.warn(f"received {signal.Signals(sig).name}: ending the job")
@@ -282,6 +290,7 @@ class Supervisor:
             results=tuple(results),
             root_cause=root,
             interrupted_by=interrupted_by,
+            signalled=signalled,
             strays_killed=strays,
             timed_out=self.timed_out,
         )
@@ -349,7 +358,7 @@ class Supervisor:
         jobs.save(self.record)
 
     def _save_finished(self, result: JobResult) -> None:
-        if self.record is None:
+        if self.record is None or (self.restart_if is not None and self.restart_if(result)):
             return
         if result.interrupted_by is not None and result.root_cause is None:
             state = "interrupted"

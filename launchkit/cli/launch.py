@@ -34,6 +34,7 @@ from launchkit.errors import UsageError
 
 # launch.py's --p3: MXNet's P3 van (priority-based parameter propagation), for every process.
 P3_ENV = (("DMLC_PS_VAN_TYPE", "p3"), ("DMLC_PS_WATER_MARK", "10"))
+MAX_BACKOFF = 86400.0  # --restart-backoff: at most a day
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -77,6 +78,8 @@ def build_spec(
     p3: bool = False,
     slurm_nodes: int | None = None,
     sync_timeout: float = 900.0,
+    max_restarts: int = 0,
+    restart_backoff: float = 1.0,
     ui: Ui,
 ) -> LaunchSpec:
     if not command:
@@ -107,6 +110,7 @@ def build_spec(
         raise UsageError(f"--time-limit must be more than 0, got {time_limit}")
     if sync_timeout <= 0:
         raise UsageError(f"--sync-timeout must be more than 0, got {sync_timeout:g}")
+    check_restarts(backend, max_restarts, restart_backoff)
     environ = dict(os.environ)
     ns = num_workers if num_servers is None else num_servers
     assign_hosts(num_workers, ns, hosts)  # placement errors before anything else happens
@@ -130,7 +134,23 @@ def build_spec(
         grace_period=grace_period,
         time_limit=time_limit,
         cwd=os.getcwd(),
+        max_restarts=max_restarts,
+        restart_backoff=restart_backoff,
     )
+
+
+def check_restarts(backend: str, max_restarts: int, restart_backoff: float) -> None:
+    if max_restarts < 0:
+        raise UsageError(f"--max-restarts must be 0 or more, got {max_restarts}")
+    if not 0 <= restart_backoff <= MAX_BACKOFF:  # also NaN
+        raise UsageError(
+            f"--restart-backoff must be from 0 to {MAX_BACKOFF:g} seconds, got {restart_backoff:g}"
+        )
+    if max_restarts and backend not in launching.RESTARTABLE:
+        raise UsageError(
+            f"--max-restarts: --launcher {backend} does not restart jobs "
+            f"(only {' and '.join(launching.RESTARTABLE)} do)"
+        )
 
 
 def check_command(command: list[str]) -> None:
@@ -177,6 +197,12 @@ def register(app: typer.Typer) -> None:
         ),
         time_limit: float = typer.Option(
             None, "--time-limit", help="End the job after this many seconds (exit 124)."
+        ),
+        max_restarts: int = typer.Option(
+            0, "--max-restarts", help="Restart the whole job up to N times after a failure (local, ssh)."
+        ),
+        restart_backoff: float = typer.Option(
+            1.0, "--restart-backoff", help="Seconds to wait before each restart."
         ),
         ssh_port: int = typer.Option(None, "--ssh-port", help="ssh port for hosts that do not name one."),
         identity: str = typer.Option(None, "-i", "--identity", help="ssh private key file."),
@@ -254,6 +280,8 @@ def register(app: typer.Typer) -> None:
             p3=p3,
             slurm_nodes=nodes,
             sync_timeout=sync_timeout,
+            max_restarts=max_restarts,
+            restart_backoff=restart_backoff,
             command=command or [],
             ui=ui,
         )
@@ -330,7 +358,7 @@ def report(ui: Ui, result: JobResult) -> None:
     if root is not None:
         t = root.task
         how = f"was killed by signal {root.signal}" if root.signal else f"exited with code {root.exit_code}"
-        ui.error(f"job {result.job_id} failed: {t.role} {t.rank} on {root.where} {how}")
+        ui.error(f"job {result.job_id} failed{_after(result)}: {t.role} {t.rank} on {root.where} {how}")
         if root.tail:
             ui.err.print(f"  last lines of {t.role} {t.rank}:", style="dim")
             ui.lines(root.tail)
@@ -342,4 +370,12 @@ def report(ui: Ui, result: JobResult) -> None:
     elif result.interrupted_by is not None:
         ui.error(f"job {result.job_id} interrupted; every process ended (exit {result.exit_code})")
     elif result.exit_code == 0:
-        ui.info(f"job {result.job_id} finished: all {len(result.results)} processes succeeded")
+        ui.info(f"job {result.job_id} finished{_after(result)}: all {len(result.results)} processes succeeded")
+
+
+def _after(result: JobResult) -> str:
+    return f" (attempt {result.attempt + 1}, after {_restarts(result.attempt)})" if result.attempt else ""
+
+
+def _restarts(n: int) -> str:
+    return f"{n} restart" + ("" if n == 1 else "s")

@@ -33,13 +33,14 @@ def register(app: typer.Typer) -> None:
             return
         ui.table(
             None,
-            ["job id", "name", "launcher", "state", "procs", "hosts", "started", "exit"],
+            ["job id", "name", "launcher", "state", "attempt", "procs", "hosts", "started", "exit"],
             [
                 [
                     r.id,
                     r.name,
                     r.backend,
                     r.shown_state,
+                    f"{r.attempt + 1}/{r.max_restarts + 1}",  # 1-based: attempt 0 is the first
                     len(r.processes),
                     ",".join(r.hosts),
                     _when(r.started_at),

@@ -64,10 +64,11 @@ def make_plan(
     root_uri: str,
     root_port: int,
     node_host_of: dict[Host, str] | None = None,
+    restart_count: int = 0,
 ) -> Plan:
     """Every process of the job. ``node_host_of`` maps a host to the address it publishes
     (``DMLC_NODE_HOST``); by default the local backend publishes ``root_uri`` and others the
-    hostfile name."""
+    hostfile name. ``restart_count`` is the attempt (``LAUNCHKIT_RESTART_COUNT``)."""
     job = dmlc_env.JobEnv(
         job_id=job_id,
         secret=secret,
@@ -77,6 +78,7 @@ def make_plan(
         num_servers=spec.num_servers,
         num_workers=spec.num_workers,
         interface=spec.interface,
+        restart_count=restart_count,
     )
     assignments, words = split_assignments(spec.command)
     argv = render_argv(words)
@@ -105,8 +107,8 @@ def make_plan(
             ),
         )
         user = {**dict(spec.env), **per_role[role], **dict(assignments)}
-        for name in dmlc_env.SECRET_VARS | {dmlc_env.LAUNCHKIT_JOB_ID}:
-            user.pop(name, None)  # the job's identity cannot be overridden
+        for name in dmlc_env.SECRET_VARS | {dmlc_env.LAUNCHKIT_JOB_ID, dmlc_env.LAUNCHKIT_RESTART_COUNT}:
+            user.pop(name, None)  # the job's identity (and attempt) cannot be overridden
         env.update(user)
         return Task(role, rank, task_id, host, local_rank, argv, env, cwd)
 

@@ -54,6 +54,8 @@ class LaunchSpec:
     grace_period: float = 5.0
     time_limit: float | None = None
     cwd: str = "."
+    max_restarts: int = 0  # restarts of the whole job after a failure (--max-restarts)
+    restart_backoff: float = 1.0  # seconds between a failed attempt and the next (--restart-backoff)
 
 
 @dataclass(frozen=True)
@@ -119,5 +121,7 @@ class JobResult:
     results: tuple[TaskResult, ...]
     root_cause: TaskResult | None = None
     interrupted_by: int | None = None  # signal number that stopped the launcher
+    signalled: int | None = None  # a signal the launcher received, even during a teardown under way
     strays_killed: int = 0
     timed_out: bool = False  # ended by --time-limit
+    attempt: int = 0  # which attempt ended so (LAUNCHKIT_RESTART_COUNT): 0 first

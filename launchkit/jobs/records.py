@@ -2,7 +2,9 @@
 
 A record says what was launched, where, and by which launcher process; ``launchkit ps`` reads
 them and shows a job whose launcher died without finishing it as ``lost``. Records never hold
-the job secret. Writes are atomic (temp file + rename).
+the job secret. Writes are atomic (temp file + rename). A job restarted after a failure
+(``--max-restarts``) keeps its record; ``attempt`` says which attempt runs (records written
+before restarts existed read as attempt 0 of 0).
 
 Reading checks every field's type: a record that is not one (empty, truncated, another JSON
 shape, a field of the wrong type) is a ``BadRecord`` naming the file and what is wrong, handed to
@@ -72,6 +74,8 @@ class JobRecord:
     processes: tuple[ProcessRecord, ...] = field(default_factory=tuple)
     remote: dict[str, Any] | None = None  # how to reach the hosts again (ssh options; no secrets)
     detached: bool = False  # submitted to a batch engine with --detach: no launcher follows it
+    attempt: int = 0  # LAUNCHKIT_RESTART_COUNT of the attempt running (or that ran last): 0 first
+    max_restarts: int = 0  # --max-restarts: the job runs at most max_restarts + 1 attempts
 
     def launcher_alive(self) -> bool:
         start = process_start_time(self.launcher_pid)
@@ -129,7 +133,7 @@ _FIELDS: dict[str, Any] = {
     "id": str, "name": str, "backend": str, "hosts": list, "command": list, "cwd": str,
     "launcher_pid": int, "launcher_start": _OPT_INT, "started_at": _NUMBER, "state": str,
     "ended_at": (*_NUMBER, type(None)), "exit_code": _OPT_INT, "log_dir": _OPT_STR,
-    "remote": (dict, type(None)), "detached": bool,
+    "remote": (dict, type(None)), "detached": bool, "attempt": int, "max_restarts": int,
 }  # fmt: skip
 _REQUIRED = ("id", "name", "backend", "cwd", "launcher_pid", "started_at")
 _REMOTE: dict[str, Any] = {
