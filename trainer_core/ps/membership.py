@@ -65,7 +65,8 @@ def join(
         "pid": os.getpid(),
     }
     sched.send(wire.Header(op=wire.REGISTER, body=body))
-    deadline = time.monotonic() + cfg.start_timeout
+    waited = cfg.start_timeout + scheduler_first(cfg.start_timeout)
+    deadline = time.monotonic() + waited
     inbox: list[Received] = []
     while time.monotonic() < deadline:
         if not inbox and sched.wait(0.2):
@@ -89,8 +90,15 @@ def join(
             return sched, book
     raise StartupTimeout(
         f"{cfg.role}: the scheduler at {scheduler_endpoint(cfg)} did not start the job within "
-        f"{cfg.start_timeout:g} s (PS_START_TIMEOUT): not every node registered, or the scheduler is unreachable"
+        f"{waited:g} s (PS_START_TIMEOUT and {waited - cfg.start_timeout:g} s): not every node registered, "
+        "or the scheduler is unreachable"
     )
+
+
+def scheduler_first(start_timeout: float) -> float:
+    """How much longer than ``PS_START_TIMEOUT`` a node waits for the book: the scheduler, which
+    knows which nodes never registered, ends a start-up that timed out first and names them."""
+    return min(2.0, start_timeout)
 
 
 def _book(h: wire.Header) -> Book:

@@ -94,7 +94,8 @@ class Scheduler:
             if not self.nodes and now - started > cfg.start_timeout:
                 return self._abort(
                     f"only {len(self.pending)} of {sum(self.expected.values())} nodes registered within "
-                    f"{cfg.start_timeout:g} s (PS_START_TIMEOUT)",
+                    f"{cfg.start_timeout:g} s (PS_START_TIMEOUT); missing: "
+                    + ", ".join(missing_nodes(self.pending, self.expected)),
                     None,
                     [r.peer for r in self.pending],
                 )
@@ -227,6 +228,22 @@ class Scheduler:
         for peer in targets + (extra or []):
             peer.send(wire.Header(op=wire.ABORT, body=body))
         return 1
+
+
+def missing_nodes(pending: list[NodeRecord], expected: dict[str, int]) -> list[str]:
+    """The nodes that have not registered: by role and rank where every registered node of that
+    role named its rank (launchkit's ``LAUNCHKIT_ROLE_RANK``), else as a count (``1 of 2 workers``)."""
+    missing: list[str] = []
+    for role, count in expected.items():
+        recs = [r for r in pending if r.role == role]
+        if len(recs) >= count:
+            continue
+        hints = {r.rank_hint for r in recs}
+        if all(0 <= h < count for h in hints) and len(hints) == len(recs):
+            missing += [f"{role} {i}" for i in range(count) if i not in hints]
+        else:
+            missing.append(f"{count - len(recs)} of {count} {role}s")
+    return missing
 
 
 def assign_ranks(recs: list[NodeRecord], count: int) -> str | None:
