@@ -40,6 +40,8 @@ LAUNCHKIT_JOB_SECRET = "LAUNCHKIT_JOB_SECRET"
 LAUNCHKIT_RESTART_COUNT = "LAUNCHKIT_RESTART_COUNT"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+# host:port of the launcher's metrics endpoint (docs/metrics.md); unset when none is served
+LAUNCHKIT_METRICS_ADDR = "LAUNCHKIT_METRICS_ADDR"
 
 ROLES = ("scheduler", "server", "worker")
 

@@ -65,6 +65,7 @@ def make_plan(
     root_port: int,
     node_host_of: dict[Host, str] | None = None,
     restart_count: int = 0,
+    metrics_addr: str | None = None,
 ) -> Plan:
     """Every process of the job. ``node_host_of`` maps a host to the address it publishes
     (``DMLC_NODE_HOST``); by default the local backend publishes ``root_uri`` and others the
@@ -110,6 +111,8 @@ def make_plan(
         for name in dmlc_env.SECRET_VARS | {dmlc_env.LAUNCHKIT_JOB_ID, dmlc_env.LAUNCHKIT_RESTART_COUNT}:
             user.pop(name, None)  # the job's identity (and attempt) cannot be overridden
         env.update(user)
+        if metrics_addr:  # the launcher's metrics endpoint (docs/metrics.md)
+            env[dmlc_env.LAUNCHKIT_METRICS_ADDR] = metrics_addr
         return Task(role, rank, task_id, host, local_rank, argv, env, cwd)
 
     remote_cwd = spec.sync_dst_dir or spec.cwd

@@ -19,11 +19,13 @@ from typing import Any
 
 import numpy as np
 
+import trainer_core.metrics as metrics
 from trainer_core.compression.codec import WorkerCodec, resolve_compression, validate_params
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError
 from trainer_core.kv import dist_state
 from trainer_core.kv.api import _OPEN, KVStore, check_key, host_sum, normalize, write_out
+from trainer_core.kv.figures import for_store, timed
 from trainer_core.kv.held import Held, PushHold, serial
 from trainer_core.kv.keys import KeyMeta, Outgoing, Where, direct_target, read_frame, result_of
 from trainer_core.log import get_logger
@@ -76,6 +78,8 @@ class DistKVStore(KVStore):
         self.compression: dict[str, Any] | None = None
         self.codec = WorkerCodec()
         self.hold = PushHold(self._send_held)
+        self.timing, self._figures = for_store(self.codec.stats, self.client.live)
+        metrics.add_source(self._figures)
         _OPEN.add(self)
         install_excepthook()
         self.client.before_exit = self._unlink_names
@@ -114,8 +118,8 @@ class DistKVStore(KVStore):
         self._to_all_servers(wire.SET_COMPRESSION, {"params": self.compression})
 
     def wire_stats(self) -> dict[str, int]:
-        """Data bytes this worker sent and received so far (payloads; raw parts at their size;
-        ``raw_*``: what 32-bit values would have been; ``exchanges``: data requests)."""
+        """Data bytes sent and received (payloads; raw parts at their size), ``raw_*`` (what 32-bit
+        values would have been), ``exchanges`` (data requests); ``metrics`` reports them too."""
         return self.codec.stats.as_dict()
 
     def compression_state(self) -> dict[str, dict[str, Any]]:
@@ -199,6 +203,7 @@ class DistKVStore(KVStore):
             m.busy[p.index] = 0
         return seg
 
+    @timed
     def _exchange(
         self, op: str, pushes: list[tuple[Key, list[Any]]], pulls: list[tuple[Key, list[Any]]] | None
     ) -> None:
@@ -387,6 +392,7 @@ class DistKVStore(KVStore):
         self._closed = True
         self.hold.close()
         _OPEN.discard(self)
+        metrics.remove_source(self._figures)
         for m in self.meta.values():
             for seg in m.segments:
                 if seg is not None:

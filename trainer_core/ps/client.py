@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+import trainer_core.metrics as metrics
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, NodeFailure, WireError
 from trainer_core.ps.handler import SHARED_PREFIX
@@ -96,6 +97,7 @@ class WorkerClient:
                 log,
             )
             live.start()
+            metrics.report(registered=1)  # the first report says this worker registered
             routes = open_routes(cfg, book, transport, log)
         except BaseException:
             if live is not None:

@@ -49,6 +49,10 @@ class Health:
     def stop(self) -> None:
         return None
 
+    def heartbeat_age(self) -> float | None:
+        """Seconds since the scheduler last answered a heartbeat (``None``: no heartbeats here)."""
+        return None
+
 
 class Liveness(Health):
     """The heartbeat thread of one node."""
@@ -83,6 +87,9 @@ class Liveness(Health):
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
+
+    def heartbeat_age(self) -> float | None:
+        return time.monotonic() - self._last_ack if self._last_ack else None
 
     def _run(self) -> None:
         sched = self.transport.connect(self.endpoint)

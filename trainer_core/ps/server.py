@@ -14,18 +14,22 @@ import logging
 import sys
 import time
 
+import trainer_core.metrics as metrics
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError
 from trainer_core.log import get_logger
 from trainer_core.ps.handler import RequestHandler
 from trainer_core.ps.liveness import Liveness
 from trainer_core.ps.membership import join, scheduler_endpoint
-from trainer_core.transport.channel import Channel, ChannelClosed, Listener, Poller
+from trainer_core.transport import wire
+from trainer_core.transport.channel import Channel, ChannelClosed, Listener, Poller, Received
 from trainer_core.transport.control import Transport
 from trainer_core.transport.host import bind_and_publish_hosts
 from trainer_core.transport.shm import job_prefix
 from trainer_core.transport.tcp import TcpListener
 from trainer_core.transport.unix import UnixListener
+
+_PUSHING = frozenset({wire.INIT, wire.PUSH, wire.PUSHPULL})
 
 
 class Server:
@@ -39,6 +43,8 @@ class Server:
         self.listeners: list[Listener] = []
         self.accepted: list[Channel] = []
         self.live: Liveness | None = None
+        self.requests = 0  # requests handled and data bytes received, for the metrics reports
+        self.bytes_received = 0
 
     def run(self) -> int:
         """Serve until the job ends; a start-up failure (a listener that cannot bind, the scheduler
@@ -96,6 +102,7 @@ class Server:
             self.log,
         )
         live.start()
+        metrics.add_source(self.figures)  # the first report says this server registered
         poller = Poller()
         poller.add(router)
         for listener in self.listeners:
@@ -103,11 +110,32 @@ class Server:
             poller.add(listener)
         try:
             while not live.failed.is_set() and not live.terminated.is_set():
-                poller.serve(self.handler.handle, 0.1)
+                poller.serve(self._handle, 0.1)
             return 1 if live.failed.is_set() else 0
         finally:
+            metrics.remove_source(self.figures)
             live.stop()
             self._shut(flush_s=0.0 if live.failed.is_set() else 1.0)
+
+    def _handle(self, msg: Received) -> None:
+        """Count the request (a few integer adds), then hand it to the handler."""
+        assert self.handler is not None
+        self.requests += 1
+        for f in msg.frames:
+            self.bytes_received += f.buffer.nbytes
+        if msg.header.op in _PUSHING:
+            for e in msg.header.entries:
+                if e.shm is not None:  # the part's bytes came through shared memory
+                    self.bytes_received += e.size * int(e.dtype[2:])
+        self.handler.handle(msg)
+
+    def figures(self) -> dict[str, float]:
+        """This server's metrics figures (docs/metrics.md)."""
+        out = {"registered": 1.0, "requests": self.requests, "bytes_received": self.bytes_received}
+        age = self.live.heartbeat_age() if self.live is not None else None
+        if age is not None:
+            out["heartbeat_age_s"] = age
+        return out
 
     def _accepted(self, channel: Channel) -> None:
         """A new same-host or data channel: its frames land where the handler says; a wait inside one
