@@ -8,9 +8,11 @@ or could not run rsync. Any failure is fatal: a launch never starts with half-sy
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -128,7 +130,7 @@ class Running:
             if self.stopped:
                 raise InterruptedError("the launch is stopping")
             proc = subprocess.Popen(
-                argv,
+                dies_with_launcher(argv),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,
@@ -146,6 +148,18 @@ class Running:
             self.stopped = True
             for proc in self.procs:
                 _kill_group(proc)
+
+
+def dies_with_launcher(argv: Sequence[str]) -> list[str]:
+    """``argv`` under ``setpriv --pdeathsig KILL`` (util-linux) where there is one: the kernel kills it
+    when the thread that started it ends, so a launcher killed by SIGKILL (before its reaper runs,
+    which starts with the job) leaves no rsync copying on. Raises FileNotFoundError for a missing
+    ``argv[0]`` itself, as running it would."""
+    program = shutil.which(argv[0])
+    if program is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", program, *argv[1:]] if setpriv else list(argv)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
