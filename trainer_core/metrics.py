@@ -226,3 +226,11 @@ def soon() -> None:
     r = reporter()
     if r is not None:
         r.soon()
+
+
+def send_now() -> None:
+    """Send this process's figures now, from the caller (one datagram, never waits): the last
+    report of a process that ends without running ``atexit`` (a server's ``os._exit``)."""
+    r = reporter()
+    if r is not None:
+        r.send()

@@ -6,7 +6,7 @@ the host's ``python3``: nothing is installed on the host. It speaks JSON lines o
 channel (see docs/ssh.md, "watchdog protocol"): the launcher sends ``hello``, then ``spawn``,
 ``signal``, ``hb`` (heartbeat) and ``shutdown``; the watchdog answers ``ready``, ``started``,
 ``error``, ``out``/``eof`` (output: a JSON line with the length, then that many raw bytes),
-``exit``, ``hb`` and ``bye``.
+``exit``, ``hb`` (with the host's figures and its job processes' usage, ``hoststat``) and ``bye``.
 
 Every process runs in its own session; the environment arrives in the ``spawn`` message, so
 it never shows on a command line and needs no ``AcceptEnv`` from sshd. The watchdog ends all of
@@ -29,6 +29,7 @@ import threading
 import time
 from typing import IO, Any
 
+from launchkit.hostside.hoststat import Latest
 from launchkit.hostside.netif import interface_address
 from launchkit.hostside.procscan import remove_shm, sweep_job
 
@@ -61,6 +62,7 @@ class Watchdog:
         self.deadline: float | None = None
         self.node_host: str | None = None
         self.stopping = threading.Event()
+        self.usage: Latest | None = None  # the host's figures, sampled in its own thread
 
     # -- output to the launcher -------------------------------------------------------------
     def send(self, msg: dict[str, Any], payload: bytes = b"") -> None:
@@ -175,6 +177,8 @@ class Watchdog:
         self.deadline = time.monotonic() + float(limit) if limit else None
         iface = msg.get("interface")
         self.node_host = (interface_address(iface) if iface else None) or reached_address()
+        if self.usage is None:
+            self.usage = Latest(self._groups, every=max(self.hb_interval, 1.0)).start()
         self.send(
             {
                 "ev": "ready",
@@ -205,9 +209,23 @@ class Watchdog:
                 self.send({"ev": "bad", "msg": f"{type(exc).__name__}: {exc}"})
         self.stopping.set()
 
+    def _groups(self) -> list[int]:
+        """The process groups of the job's processes here (each leads its own session)."""
+        with self.table:
+            return [p.pid for p in self.children.values() if p.returncode is None]
+
+    def beat(self) -> dict[str, Any]:
+        """A heartbeat, with the latest sample of the host and of the job's processes here (taken
+        by ``usage``'s thread: a slow ``nvidia-smi`` never delays a heartbeat)."""
+        usage = self.usage
+        if usage is None:
+            return {"ev": "hb"}
+        procs = [[pid, cpu, rss] for pid, (cpu, rss) in usage.procs.items()]
+        return {"ev": "hb", "host": usage.figures, "procs": procs}
+
     def heartbeats(self) -> None:
         while not self.stopping.wait(self.hb_interval):
-            self.send({"ev": "hb"})
+            self.send(self.beat())
             if time.monotonic() - self.last_heard > self.hb_timeout:
                 self.send({"ev": "lost", "msg": f"no heartbeat from the launcher for {self.hb_timeout:g}s"})
                 self.stopping.set()
@@ -216,6 +234,8 @@ class Watchdog:
                 self.stopping.set()
 
     def teardown(self) -> int:
+        if self.usage is not None:
+            self.usage.stop.set()
         with self.table:  # no spawn after this (stopping is set): the table is final
             children = list(self.children.values())
         with self.flow:

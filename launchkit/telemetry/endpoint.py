@@ -122,10 +122,15 @@ class Telemetry:
         return found
 
     def close(self) -> None:
+        """End both threads; the reports already waiting in the socket are taken first."""
         self._stop.set()
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=2.0)
+        self._sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            while True:
+                self.accept(self._sock.recv(wire.MAX_DATAGRAM + 1))
         self._sock.close()
 
 

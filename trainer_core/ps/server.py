@@ -114,6 +114,7 @@ class Server:
             return 1 if live.failed.is_set() else 0
         finally:
             metrics.remove_source(self.figures)
+            metrics.send_now()
             live.stop()
             self._shut(flush_s=0.0 if live.failed.is_set() else 1.0)
 

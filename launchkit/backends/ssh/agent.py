@@ -18,20 +18,47 @@ import queue
 import shlex
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 import dmlc_env
 from launchkit.backends.ssh import connection as ssh
 from launchkit.core.spec import Host, Task
 from launchkit.errors import BackendError
-from launchkit.hostside import netif, procscan, watchdog
+from launchkit.hostside import hoststat, netif, procscan, watchdog
 from launchkit.output import widen_pipe
 
 LOST_EXIT = 255  # as ssh reports a connection lost
 WINDOW = 1 << 21  # bytes of one stream's output in flight (sent by the watchdog, not yet delivered)
 #: What the host runs, in import order: the watchdog last, after the hostside modules it imports
 #: (a test checks that nothing it imports is missing).
-SHIPPED = (dmlc_env, procscan, netif, watchdog)
+SHIPPED = (dmlc_env, procscan, netif, hoststat, watchdog)
+
+
+#: Where a host's figures and its job processes' usage go: (host, figures, {pid: (cpu %, rss)}).
+UsageSink = Callable[[str, dict[str, float], dict[int, tuple[float | None, int]]], None]
+
+
+def usage_of(hb: dict[str, Any]) -> tuple[dict[str, float], dict[int, tuple[float | None, int]]]:
+    """The figures and per-process usage a watchdog's heartbeat carries (checked, never trusted:
+    what is not a number is left out)."""
+    host = hb.get("host")
+    figures = (
+        {k: v for k, v in host.items() if isinstance(k, str) and _real(v)} if isinstance(host, dict) else {}
+    )
+    procs: dict[int, tuple[float | None, int]] = {}
+    for row in hb.get("procs") or []:
+        if isinstance(row, list) and len(row) == 3 and _whole(row[0]) and _whole(row[2]):
+            procs[row[0]] = (float(row[1]) if _real(row[1]) else None, row[2])
+    return figures, procs
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and -1e300 < v < 1e300
 
 
 def bootstrap_payload() -> bytes:
@@ -138,7 +165,7 @@ class RemoteProcess:
 
 class HostAgent:
     def __init__(self, host: Host, conn: Any, job_id: str, *, hb_interval: float, hb_timeout: float, grace: float,
-                 interface: str | None, time_limit: float | None = None) -> None:  # fmt: skip
+                 interface: str | None, time_limit: float | None = None, on_usage: UsageSink | None = None) -> None:  # fmt: skip
         self.host = host
         self.conn = conn  # an open fabric.Connection: its paramiko transport carries the channel
         self.job_id = job_id
@@ -147,6 +174,7 @@ class HostAgent:
         self.grace = grace
         self.interface = interface
         self.time_limit = time_limit
+        self.on_usage = on_usage
         self.procs: dict[int, RemoteProcess] = {}  # changed and iterated under _table
         self._table = threading.Lock()
         self.chan: Any = None
@@ -267,6 +295,8 @@ class HostAgent:
         elif ev == "ready":
             self.info = msg
             self._ready.set()
+        elif ev == "hb" and self.on_usage is not None and "host" in msg:
+            self.on_usage(str(self.host), *usage_of(msg))
         elif ev == "lost":
             self._mark_lost(f"watchdog on {self.host}: {msg.get('msg')}")
         elif ev == "bye":

@@ -14,7 +14,7 @@ from typing import Any
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.backends.local import LocalBackend
 from launchkit.backends.ssh import connection as ssh
-from launchkit.backends.ssh.agent import HostAgent, RemoteProcess
+from launchkit.backends.ssh.agent import HostAgent, RemoteProcess, UsageSink
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.backends.ssh.sync import source_dir, sync_all
 from launchkit.core.hostfile import format_host, host_key, unique_hosts
@@ -60,6 +60,11 @@ class SshBackend(Backend):
         self.conns: dict[tuple[str, int | None, str | None], Any] = {}
         self.agents: dict[tuple[str, int | None, str | None], HostAgent] = {}
         self.spec: LaunchSpec | None = None
+        self.usage_sink: UsageSink | None = None
+
+    def set_host_sink(self, sink: UsageSink) -> None:
+        """Where each host's figures go, as its watchdog's heartbeats bring them (the metrics endpoint)."""
+        self.usage_sink = sink
 
     def connect(self, spec: LaunchSpec) -> str | None:
         """Contact every host first (fail fast, naming the unreachable ones); returns the local
@@ -105,6 +110,7 @@ class SshBackend(Backend):
                 time_limit=None
                 if self.spec.time_limit is None
                 else self.spec.time_limit + self.spec.grace_period + 5,
+                on_usage=self.usage_sink,
             )
             for h in hosts
         }
