@@ -1,116 +1,45 @@
 """The live terminal dashboard of a running job.
 
-``render`` is pure: a ``DashboardState`` in, a rich renderable out (tested on its text).
-``Dashboard`` is the effect around it: a ``rich.live.Live`` refreshed by the supervisor, plus
-the CPU/memory sampling of the job's local processes.
+``launchkit.view.render.render`` is pure: a ``DashboardState`` in, a rich renderable out (tested
+on its text). ``Dashboard`` is the effect around it: a ``rich.live.Live`` refreshed by the
+supervisor, sized to the terminal, plus the CPU/memory sampling of the job's local processes.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, RenderableType
 from rich.live import Live
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
 
+from launchkit.output import Sink, clip
 from launchkit.procstat import usage_by_group
+from launchkit.view.render import render
+from launchkit.view.state import DashboardState, ProcRow, RootCause
 
-STATE_STYLE = {
-    "running": "green",
-    "starting": "yellow",
-    "ok": "bold green",
-    "failed": "bold red",
-    "ended": "dim",
-}
-
-
-@dataclass(frozen=True)
-class ProcRow:
-    role: str
-    rank: int
-    host: str
-    pid: int | None
-    state: str  # starting, running, ok, failed, ended
-    detail: str = ""  # e.g. "exit 3", "signal 9"
-    cpu_percent: float | None = None
-    rss_bytes: int | None = None
-    last_line: str = ""
+__all__ = [
+    "CpuMeter",
+    "Dashboard",
+    "DashboardState",
+    "LineSink",
+    "ProcRow",
+    "RootCause",
+    "TailSink",
+    "render",
+    "row_budget",
+]
 
 
-@dataclass(frozen=True)
-class DashboardState:
-    job_id: str
-    name: str
-    backend: str
-    elapsed: float
-    rows: tuple[ProcRow, ...]
-    log: tuple[tuple[str, str], ...] = ()  # (label, line), newest last
-    message: str = ""
-
-
-def _duration(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600:d}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-def _mem(n: int | None) -> str:
-    if n is None:
-        return ""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
-
-
-def render(state: DashboardState) -> RenderableType:
-    counts: dict[str, int] = {}
-    for r in state.rows:
-        counts[r.state] = counts.get(r.state, 0) + 1
-    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    title = Text.assemble(
-        ("launchkit ", "bold cyan"),
-        (f"{state.name} ", "bold"),
-        (f"{state.job_id}  {state.backend}  {_duration(state.elapsed)}  ", "dim"),
-        (summary, ""),
-    )
-    table = Table(expand=True, show_edge=False, header_style="bold")
-    for col, kw in (
-        ("role", {}),
-        ("rank", {"justify": "right"}),
-        ("host", {}),
-        ("pid", {"justify": "right"}),
-        ("state", {}),
-        ("cpu", {"justify": "right"}),
-        ("mem", {"justify": "right"}),
-        ("last line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"}),
-    ):
-        table.add_column(col, **kw)
-    for r in state.rows:
-        st = Text(r.state + (f" ({r.detail})" if r.detail else ""), style=STATE_STYLE.get(r.state, ""))
-        table.add_row(
-            r.role,
-            str(r.rank),
-            r.host,
-            "" if r.pid is None else str(r.pid),
-            st,
-            "" if r.cpu_percent is None else f"{r.cpu_percent:.0f}%",
-            _mem(r.rss_bytes),
-            Text(r.last_line),
-        )
-    log = Text()
-    for label, line in state.log:
-        log.append(f"[{label}] ", style="dim")
-        log.append(line + "\n")
-    parts: list[RenderableType] = [table, Panel(log, title="output", title_align="left", border_style="dim")]
-    if state.message:
-        parts.append(Text(state.message, style="bold"))
-    return Panel(Group(*parts), title=title, title_align="left")
+def row_budget(state: DashboardState, height: int, log_lines: int) -> int:
+    """How many process rows fit in a terminal ``height`` lines high beside the other parts."""
+    used = 4 + log_lines + 2 + (1 if state.message else 0)  # borders, table header, output pane
+    t = state.training
+    if t is not None:
+        used += 2 + max(6, len(t.hosts) + 1) + (1 if t.waiting else 0)
+    if state.root_cause is not None:
+        used += 2 + max(1, len(state.root_cause.lines))
+    return max(3, height - used)
 
 
 class CpuMeter:
@@ -154,17 +83,45 @@ class Dashboard:
     def update(self, state: DashboardState) -> None:
         self._next = time.monotonic() + self.interval
         if self._live is None:
-            self._live = Live(render(state), console=self.console, auto_refresh=False, transient=False)
+            self._live = Live(self.view(state), console=self.console, auto_refresh=False, transient=False)
             self._live.start()
         else:
-            self._live.update(render(state), refresh=True)
+            self._live.update(self.view(state), refresh=True)
+
+    def view(self, state: DashboardState) -> RenderableType:
+        return render(state, row_budget(state, self.console.height, self.log.maxlen or 0))
 
     def stop(self, state: DashboardState | None = None) -> None:
         if self._live is not None:
             if state is not None:
-                self._live.update(render(state), refresh=True)
+                self._live.update(self.view(state), refresh=True)
             self._live.stop()
             self._live = None
+
+
+class TailSink:
+    """Passes the output on to ``inner`` (the console writer) and keeps its last lines, labelled
+    ``role rank``, in ``log`` (for the live file when no dashboard is shown)."""
+
+    def __init__(self, inner: Sink, log: deque[tuple[str, str]]) -> None:
+        self.inner = inner
+        self.log = log
+        self.labels: dict[bytes, str] = {}
+
+    def prefix(self, role: str, rank: int, stream: str) -> bytes:
+        p = self.inner.prefix(role, rank, stream)
+        self.labels[p] = f"{role} {rank}"
+        return p
+
+    def add(self, prefix: bytes, lines: bytes, stream: str) -> None:
+        self.inner.add(prefix, lines, stream)
+        n = self.log.maxlen or 0
+        label = self.labels.get(prefix, "?")
+        for line in lines.rsplit(b"\n", n + 1)[-n - 1 : -1]:
+            self.log.append((label, clip(line)))
+
+    def flush(self) -> None:
+        self.inner.flush()
 
 
 class LineSink:

@@ -78,10 +78,22 @@ class Sink(Protocol):
     def flush(self) -> None: ...
 
 
+class Kept(Protocol):
+    """The launcher's own copy of a stream (``launchkit.jobs.outputs``): never raises."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Source:
     """One stream of one process."""
 
-    def __init__(self, fd: int, stream: str, prefix: bytes, tail: deque[str], log: IO[bytes] | None) -> None:
+    def __init__(self, fd: int, stream: str, prefix: bytes, tail: deque[str], log: IO[bytes] | None,
+                 kept: Kept | None = None) -> None:  # fmt: skip
+        self.kept = kept
         self.fd = fd
         self.stream = stream
         self.prefix = prefix
@@ -140,7 +152,7 @@ class Merger:
         self._logs: list[IO[bytes]] = []
 
     def add(self, stream: IO[bytes], name: str, prefix: bytes, tail: deque[str],
-            log: IO[bytes] | None = None) -> Source:  # fmt: skip
+            log: IO[bytes] | None = None, kept: Kept | None = None) -> Source:  # fmt: skip
         try:
             fd = os.dup(stream.fileno())  # ours to close, whatever the handle does with its own
             self._poll.register(fd, select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR)
@@ -151,7 +163,7 @@ class Merger:
             with contextlib.suppress(OSError):
                 stream.close()
         widen_pipe(fd)
-        src = Source(fd, name, prefix, tail, log)
+        src = Source(fd, name, prefix, tail, log, kept)
         with self._lock:
             self._sources[fd] = src
             if log is not None:
@@ -173,6 +185,10 @@ class Merger:
                 break
             if not ready:
                 self._flush_logs()
+                with self._lock:
+                    kept = [src.kept for src in self._sources.values() if src.kept is not None]
+                for k in kept:
+                    k.flush()
                 continue
             fds = {fd for fd, _ in ready}
             # serve in turn: streams that were served last go to the back
@@ -205,6 +221,8 @@ class Merger:
                 time.sleep(LINGER)
 
     def _take(self, src: Source, data: bytes) -> None:
+        if src.kept is not None:
+            src.kept.write(data)
         if src.log is not None and self.log_error is None:
             try:
                 src.log.write(data)
@@ -227,6 +245,8 @@ class Merger:
             os.close(src.fd)
         if src.log is not None:
             self._close_log(src.log)
+        if src.kept is not None:
+            src.kept.close()
         with self._lock:
             self._sources.pop(src.fd, None)
         src.done.set()

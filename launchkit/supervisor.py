@@ -25,17 +25,21 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.console import OutputWriter, Ui
 from launchkit.core.spec import JobResult, Plan, Task, TaskResult
-from launchkit.dashboard import Dashboard, DashboardState, LineSink, ProcRow
+from launchkit.dashboard import Dashboard, DashboardState, LineSink, TailSink
 from launchkit.errors import UsageError
 from launchkit.hostside import procscan
-from launchkit.jobs import reaper
+from launchkit.jobs import outputs, reaper
 from launchkit.jobs import records as jobs
 from launchkit.output import Merger
+from launchkit.view.snapshot import LOG_LINES, Publisher
+
+if TYPE_CHECKING:
+    from launchkit.telemetry.endpoint import Telemetry
 
 TAIL_LINES = 20
 LOG_BUFFER = 1 << 18
@@ -96,6 +100,7 @@ class Supervisor:
         dashboard: Dashboard | None = None,
         kill_confirm: float = KILL_CONFIRM,
         restart_if: Callable[[JobResult], bool] | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.kill_confirm = kill_confirm
         self.restart_if = restart_if  # True: the launcher restarts the job, its record stays running
@@ -104,9 +109,14 @@ class Supervisor:
         self.backend = backend
         self.ui = ui
         self.dashboard = dashboard
-        self.writer: OutputWriter | LineSink = (
-            LineSink(dashboard) if dashboard else (writer or OutputWriter())
+        self.writer: TailSink | LineSink = (
+            LineSink(dashboard) if dashboard else TailSink(writer or OutputWriter(), deque(maxlen=LOG_LINES))
         )
+        self.keeper = outputs.Keeper(plan.job_id, ui.warn)  # every stream's output, for launchkit logs
+        attempt = (record.attempt + 1, record.max_restarts + 1) if record and record.max_restarts else None
+        log = self.writer.dashboard.log if isinstance(self.writer, LineSink) else self.writer.log
+        self.publisher = Publisher(plan, ui, dashboard, telemetry.model if telemetry else None, log, attempt)
+        self._root: _Running | None = None
         self._started = time.monotonic()
         self.log_dir = Path(log_dir) if log_dir else None
         self.grace = grace
@@ -167,7 +177,8 @@ class Supervisor:
             run.handle = handle
             for stream, name in ((handle.stdout, "out"), (handle.stderr, "err")):
                 prefix = self.writer.prefix(task.role, task.rank, name)
-                self.merger.add(stream, name, prefix, run.tail, self._open_log(task, name))
+                kept = self.keeper.open(task.role, task.rank, name)
+                self.merger.add(stream, name, prefix, run.tail, self._open_log(task, name), kept)
             threading.Thread(target=self._wait, args=(index, handle), daemon=True).start()
 
     def _give_up(self, since: float) -> None:
@@ -234,8 +245,7 @@ class Supervisor:
                 if given_up_at is not None and time.monotonic() >= given_up_at:
                     self._give_up(given_up_at)  # never wait forever for an engine to confirm
                     given_up_at = float("inf")
-                if self.dashboard is not None and self.dashboard.due():
-                    self.dashboard.update(self.snapshot())
+                self.publisher.publish(self._procs, self._root)
                 try:
                     index, code, ended = self._events.get(timeout=0.1)
                 except queue.Empty:
@@ -254,6 +264,7 @@ class Supervisor:
                 )
                 if exit_code != 0 and teardown_at is None:
                     root = run.result
+                    self._root = run
                     teardown_at = time.monotonic()
                     kill_at = teardown_at + self.grace
                     self._signal_all(signal.SIGTERM)
@@ -265,8 +276,7 @@ class Supervisor:
             self.merger.drain(2.0)
         finally:
             self.merger.close()
-            if self.dashboard is not None:
-                self.dashboard.stop(self.snapshot())
+            self.publisher.publish(self._procs, self._root, final=True)
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
             os.close(reaper_pipe)  # the reaper sweeps once more and exits
@@ -297,42 +307,9 @@ class Supervisor:
         self._save_finished(result)
         return result
 
-    def snapshot(self, message: str = "") -> DashboardState:
-        """The job as the dashboard shows it (CPU and memory for local processes)."""
-        pids = {run.handle.pid for run in self._procs if run.handle and run.handle.pid and run.result is None}
-        usage = self.dashboard.cpu.sample(pids) if self.dashboard and self.plan.backend == "local" else {}
-        rows = []
-        for run in self._procs:
-            pid = run.handle.pid if run.handle else None
-            r = run.result
-            if r is None:
-                state, detail = ("running" if pid is not None else "starting"), ""
-            else:
-                state = "ok" if r.ok else ("ended" if r.killed_by_launcher else "failed")
-                detail = "" if r.ok else (f"signal {r.signal}" if r.signal else f"exit {r.exit_code}")
-            cpu, rss = usage.get(pid, (None, None)) if pid else (None, None)
-            rows.append(
-                ProcRow(
-                    run.task.role,
-                    run.task.rank,
-                    getattr(run.handle, "node", None) or str(run.task.host),
-                    pid,
-                    state,
-                    detail,
-                    cpu,
-                    rss,
-                    run.tail[-1] if run.tail else "",
-                )
-            )
-        return DashboardState(
-            job_id=self.plan.job_id,
-            name=self.plan.job_name,
-            backend=self.plan.backend,
-            elapsed=time.monotonic() - self._started,
-            rows=tuple(rows),
-            log=tuple(self.dashboard.log) if self.dashboard else (),
-            message=message,
-        )
+    def snapshot(self) -> DashboardState:
+        """The job as the dashboard shows it."""
+        return self.publisher.snapshot(self._procs, self._root)
 
     def _final(self, run: _Running) -> TaskResult:
         assert run.result is not None

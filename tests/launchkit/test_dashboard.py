@@ -10,7 +10,10 @@ import uuid
 
 from rich.console import Console
 
-from launchkit.dashboard import DashboardState, ProcRow, render
+from launchkit.dashboard import DashboardState, ProcRow, render, row_budget
+from launchkit.telemetry.view import training
+from launchkit.view.panel import sparkline
+from tests.launchkit import dashstates
 from tests.launchkit.procs import PROG, pids_with_job, record, run, start, wait_for_job, wait_until
 
 
@@ -44,11 +47,97 @@ def test_render_shows_every_process_and_the_log() -> None:
     assert "job failed" in text
 
 
+def on_a_line(text: str, *words: str) -> bool:
+    """Whether one line of ``text`` holds ``words`` in this order, whatever the spaces between."""
+    for line in text.splitlines():
+        at = 0
+        for w in words:
+            at = line.find(w, at)
+            if at < 0:
+                break
+            at += len(w)
+        else:
+            return True
+    return False
+
+
+def test_sparkline() -> None:
+    assert sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
+    assert sparkline([3, 3, 3]) == "▄▄▄"
+    assert sparkline(range(100), width=5) == "▁▃▅▆█"
+    assert sparkline([]) == ""
+
+
+def test_render_a_healthy_job_shows_the_training_panel() -> None:
+    text = text_of(dashstates.healthy())
+    assert "train_digits 1122-000000-abcdef  local  0:01:05  4 running" in text
+    assert on_a_line(text, "step", "300", "host", "load", "mem GiB", "in MB/s", "out MB/s")
+    assert on_a_line(text, "loss", "0.06952 █")
+    assert on_a_line(text, "accuracy", "0.99 ▁")
+    assert on_a_line(text, "samples/s", "640 ▄▄▄▄")
+    assert on_a_line(text, "compression", "16.0x")
+    assert "slowest" not in text
+    # one line per host: load, memory, MB/s in and out
+    assert on_a_line(text, "localhost", "1.5", "3.0/8.0", "2.00", "1.00")
+    # the sparklines fall (loss) and rise (accuracy)
+    loss_line = next(line for line in text.splitlines() if "loss " in line)
+    assert "█" in loss_line and loss_line.index("█") < loss_line.rindex("▁")
+    assert "[worker 0] epoch 1 loss 0.51" in text
+    assert "root cause" not in text
+
+
+def test_render_names_a_lagging_worker() -> None:
+    text = text_of(dashstates.healthy(slow_rank=1))
+    assert on_a_line(text, "slowest", "worker 1", "step 150, median 225")
+
+
+def test_render_a_failure_shows_the_root_cause_and_its_last_lines() -> None:
+    text = text_of(dashstates.failed())
+    assert "failed (exit 3)" in text
+    assert "root cause: worker 1 on localhost (exit 3), its last lines" in text
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if "root cause" in line)
+    assert "epoch 3" in lines[at + 1] and "Traceback" in lines[at + 2] and "data went bad" in lines[at + 3]
+    assert "slowest" not in text  # ended workers do not lag
+
+
+def test_render_waiting_for_nodes() -> None:
+    m = dashstates.model(workers=1)
+    state = dashstates.healthy()
+    state = DashboardState(**{**state.__dict__, "training": training(m, 6)})
+    assert "waiting for nodes to register: 3 of 6" in text_of(state)
+
+
+def test_render_64_processes_over_12_hosts_fits_and_is_quick() -> None:
+    hosts = tuple(f"node{i:02d}" for i in range(12))
+    m = dashstates.model(workers=48, hosts=hosts)
+    rows = tuple(
+        ProcRow(role, rank, hosts[i % 12], 1000 + i, "failed" if i == 50 else "running", last_line="x" * 200)
+        for i, (role, rank) in enumerate(
+            [("scheduler", 0)] + [("server", r) for r in range(15)] + [("worker", r) for r in range(48)]
+        )
+    )
+    state = DashboardState("1122-000000-abcdef", "big", "ssh", 10.0, rows, training=training(m, 64))
+    console = Console(record=True, width=160, height=50, no_color=True)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        state = DashboardState("1122-000000-abcdef", "big", "ssh", 10.0, rows, training=training(m, 64))
+        console.print(render(state, row_budget(state, 50, 12)))
+    per_frame = (time.perf_counter() - t0) / 10
+    text = console.export_text()
+    frame = text.splitlines()[: len(text.splitlines()) // 10]
+    assert len(frame) <= 50, len(frame)
+    assert "node11" in text and "worker    │   34" in text  # the failed row is kept
+    assert "... and 49 more processes: 49 running" in text
+    assert per_frame < 0.5, per_frame  # measured in bench/dashboard.py; a loose bound here
+
+
 def tmux(*args: str) -> str:
     return subprocess.run(["tmux", "-L", SOCKET, *args], capture_output=True, text=True, check=True).stdout
 
 
 SOCKET = f"lk-test-{uuid.uuid4().hex[:8]}"
+SIZED = "env -u COLUMNS -u LINES"  # the pane's own size (pytest's environment may carry 80x24)
 
 
 def test_live_dashboard_in_a_terminal(tmp_path) -> None:
@@ -74,11 +163,15 @@ def test_live_dashboard_in_a_terminal(tmp_path) -> None:
             str(script),
         ]
     )
-    tmux("new-session", "-d", "-s", "dash", "-x", "140", "-y", "40", f"{cmd}; echo EXIT=$?; sleep 30")
+    tmux("new-session", "-d", "-s", "dash", "-x", "140", "-y", "40", f"{SIZED} {cmd}; echo EXIT=$?; sleep 30")
     try:
-        assert wait_until(lambda: "running" in tmux("capture-pane", "-p", "-t", "dash"), 10)
+
+        def rows_shown() -> bool:
+            screen = tmux("capture-pane", "-p", "-t", "dash")
+            return "running" in screen and "worker    │    1" in screen and "scheduler │    0" in screen
+
+        assert wait_until(rows_shown, 10), tmux("capture-pane", "-p", "-t", "dash")
         live = tmux("capture-pane", "-p", "-t", "dash")
-        assert "worker    │    1" in live and "scheduler │    0" in live
         assert "step" in live
         assert wait_until(lambda: "EXIT=0" in tmux("capture-pane", "-p", "-t", "dash"), 15)
         final = tmux("capture-pane", "-p", "-t", "dash")

@@ -1,0 +1,127 @@
+"""A running job's live file: ``$LAUNCHKIT_HOME/jobs/<job_id>/live.json``.
+
+The supervisor writes it (atomic replace, at most once every ``EVERY`` seconds, and once more at
+the end) whether or not its terminal shows the dashboard, so that ``launchkit top JOB_ID`` in
+another terminal shows the same view, and ``launchkit ps`` the latest step and loss. It holds
+the dashboard's state (header, process rows, output tail, root cause) and the job's telemetry
+(``JobMetrics.to_json``, each series cut to its last ``KEEP_POINTS`` reports); the training
+panel is computed from it by the reader, as the launcher computes its own.
+
+A live file is read as untrusted input: one that is missing, unreadable, of another version or
+malformed reads as ``None`` with the reason, and the caller falls back to the job record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launchkit.jobs.records import JOB_ID_RE, jobs_dir
+from launchkit.telemetry.model import JobMetrics
+from launchkit.telemetry.view import training
+from launchkit.view import state as view_state
+from launchkit.view.state import DashboardState
+
+VERSION = 1
+EVERY = 1.0  # seconds between two writes
+KEEP_POINTS = 64  # reports kept per series: a sparkline's worth, and the rate windows
+
+
+def job_dir(job_id: str) -> Path:
+    """The directory of a job's files beside its record (live file, kept output)."""
+    return jobs_dir() / job_id
+
+
+def path(job_id: str) -> Path:
+    return job_dir(job_id) / "live.json"
+
+
+def encode(state: DashboardState, metrics: JobMetrics | None, at: float) -> str:
+    doc: dict[str, Any] = {"version": VERSION, "written_at": at, "state": view_state.to_json(state)}
+    if metrics is not None:
+        model = metrics.to_json()
+        for kind in ("nodes", "hosts"):
+            for entry in model[kind]:
+                entry["points"] = entry["points"][-KEEP_POINTS:]
+        doc["metrics"] = model
+        doc["expected_nodes"] = state.training.nodes_expected if state.training else len(state.rows)
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def write(state: DashboardState, metrics: JobMetrics | None, at: float | None = None) -> Path:
+    """Replace the job's live file at once (temp file + rename); OSError when it cannot."""
+    d = job_dir(state.job_id)
+    d.mkdir(parents=True, exist_ok=True)
+    target = d / "live.json"
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".live.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(encode(state, metrics, time.time() if at is None else at))
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+@dataclass(frozen=True)
+class Live:
+    state: DashboardState  # with its training figures, computed from ``metrics``
+    metrics: JobMetrics | None
+    written_at: float
+
+
+def decode(text: str) -> Live:
+    """A live file's text; ValueError saying what is wrong."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON (cut short?): {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    if doc.get("version") != VERSION:
+        raise ValueError(f"version {doc.get('version')!r}, this launchkit reads version {VERSION}")
+    at = doc.get("written_at")
+    if not isinstance(at, (int, float)) or isinstance(at, bool):
+        raise ValueError("field 'written_at' missing or not a number")
+    metrics = JobMetrics.from_json(doc["metrics"]) if isinstance(doc.get("metrics"), dict) else None
+    state = view_state.from_json(doc.get("state"))
+    if metrics is not None:
+        expected = doc.get("expected_nodes")
+        expected = (
+            expected if isinstance(expected, int) and not isinstance(expected, bool) else len(state.rows)
+        )
+        running = state.running() if not state.finished else set()
+        state = view_state.replace_training(state, training(metrics, expected, running))
+    return Live(state, metrics, float(at))
+
+
+def read(job_id: str) -> tuple[Live | None, str]:
+    """The job's live file, or None and why not ("" when there is none)."""
+    if not JOB_ID_RE.match(job_id):
+        return None, ""
+    p = path(job_id)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"{p}: cannot read: {getattr(exc, 'strerror', None) or exc}"
+    try:
+        return decode(text), ""
+    except ValueError as exc:
+        return None, f"{p}: {exc}"
+
+
+def step_loss(job_id: str) -> tuple[int | None, float | None]:
+    """A running job's latest step and loss (``launchkit ps``); None for what it does not report."""
+    view, _ = read(job_id)
+    t = view.state.training if view is not None else None
+    return (t.step, t.loss) if t is not None else (None, None)

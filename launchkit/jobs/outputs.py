@@ -1,0 +1,149 @@
+"""Every process's output, kept by the launcher beside the job record, for ``launchkit logs``.
+
+``$LAUNCHKIT_HOME/jobs/<job_id>/<role>-<rank>.stdout`` (and ``.stderr``): the raw bytes of each
+stream, written by the output merger whether or not ``--log-dir`` is given. Each file is capped:
+past ``CAP`` bytes it becomes ``<name>.1`` (replacing the one before) and a new file starts, so
+a stream keeps between ``CAP`` and twice ``CAP`` of its latest output. Unlike ``--log-dir``
+(whose failure is exit 74), a failure to write here is a warning, once, and never fails the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from launchkit.jobs.live import job_dir
+
+CAP = 8 << 20  # bytes per file before it is rotated
+BUFFER = 1 << 16
+_NAME = re.compile(r"^(?P<role>[a-z]+)-(?P<rank>\d+)\.(?P<stream>stdout|stderr)$")
+
+
+class Keeper:
+    """Opens the kept output files of one job; the first failure is reported once through
+    ``warn``, and from then on nothing more is kept."""
+
+    def __init__(self, job_id: str, warn: Callable[[str], None], cap: int = CAP) -> None:
+        self.dir = job_dir(job_id)
+        self.warn = warn
+        self.cap = cap
+        self.failed = False
+
+    def fail(self, exc: OSError) -> None:
+        if not self.failed:
+            self.failed = True
+            self.warn(
+                f"cannot keep the job's output in {self.dir}: {exc.strerror or exc}; the job goes on "
+                "(launchkit logs will lack what follows)"
+            )
+
+    def open(self, role: str, rank: int, stream: str) -> KeptFile | None:
+        if self.failed:
+            return None
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            return KeptFile(self, self.dir / f"{role}-{rank}.{'stdout' if stream == 'out' else 'stderr'}")
+        except OSError as exc:
+            self.fail(exc)
+            return None
+
+
+class KeptFile:
+    """One stream's file: ``write`` and ``flush`` never raise."""
+
+    def __init__(self, keeper: Keeper, path: Path) -> None:
+        self.keeper = keeper
+        self.path = path
+        self.f: IO[bytes] | None = open(path, "ab", buffering=BUFFER)  # noqa: SIM115 (held open)
+        self.size = path.stat().st_size
+
+    def write(self, data: bytes) -> None:
+        if self.f is None or self.keeper.failed:
+            return
+        try:
+            self.f.write(data)
+            self.size += len(data)
+            if self.size >= self.keeper.cap:
+                self.f.close()
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                self.f = open(self.path, "ab", buffering=BUFFER)  # noqa: SIM115
+                self.size = 0
+        except OSError as exc:
+            self.keeper.fail(exc)
+            self.close()
+
+    def flush(self) -> None:
+        if self.f is not None and not self.keeper.failed:
+            try:
+                self.f.flush()
+            except OSError as exc:
+                self.keeper.fail(exc)
+
+    def close(self) -> None:
+        f, self.f = self.f, None
+        if f is not None:
+            try:
+                f.close()
+            except OSError as exc:
+                self.keeper.fail(exc)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One kept stream: its files, oldest first (a rotated ``.1`` before the current one)."""
+
+    role: str
+    rank: int
+    stream: str  # stdout, stderr
+    paths: tuple[Path, ...]
+
+
+_ROLE_ORDER = {"scheduler": 0, "server": 1, "worker": 2}
+
+
+def kept(job_id: str) -> list[Kept]:
+    """The job's kept streams: scheduler, servers, workers by rank, stdout before stderr."""
+    found = []
+    with contextlib.suppress(OSError):
+        for p in job_dir(job_id).iterdir():
+            m = _NAME.match(p.name)
+            if m:
+                older = p.with_name(p.name + ".1")
+                paths = (older, p) if older.exists() else (p,)
+                found.append(Kept(m["role"], int(m["rank"]), m["stream"], paths))
+    return sorted(found, key=lambda k: (_ROLE_ORDER.get(k.role, 3), k.role, k.rank, k.stream != "stdout"))
+
+
+def last_lines(paths: tuple[Path, ...], n: int | None) -> list[str]:
+    """The lines of ``paths`` in turn (the last ``n`` when given), decoded leniently."""
+    lines: deque[str] | list[str] = deque(maxlen=n) if n is not None else []
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError), open(p, "rb") as f:
+            for raw in f:
+                lines.append(raw.decode(errors="replace").rstrip("\r\n"))
+    return list(lines)
+
+
+def follow(path: Path, start: int) -> Iterator[tuple[int, list[str]]]:
+    """Complete lines written to ``path`` past byte ``start``: one (new offset, lines) per call."""
+    offset, inode = start, None
+    while True:
+        lines: list[str] = []
+        with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if inode is not None and st.st_ino != inode:  # rotated: the new file starts from zero
+                offset = 0
+            inode = st.st_ino
+            f.seek(offset)
+            data = f.read()
+            cut = data.rfind(b"\n")
+            if cut >= 0:
+                lines = [x.decode(errors="replace").rstrip("\r") for x in data[:cut].split(b"\n")]
+                offset += cut + 1
+        yield offset, lines

@@ -1,0 +1,197 @@
+"""From the job's telemetry (``JobMetrics``) to the figures the dashboard's training panel shows.
+
+Pure functions over a model's reports (the times are the reports' own, never the clock's), so
+that the launching terminal and ``launchkit top`` in another one, reading the live file, compute
+the same panel:
+
+- **step**: the highest step any worker reported;
+- **loss**, **accuracy**: the latest of each, and a series for sparklines: the mean over the
+  workers that report it of their k-th last report, aligned from the newest;
+- **samples/s**: the sum over workers of their ``samples_total`` rate over the last
+  ``RATE_WINDOW`` seconds of their reports;
+- **MB/s in and out per host**: the ``net_rx_bytes`` / ``net_tx_bytes`` rate of each host's
+  reports over the same window; load, memory and GPU from its latest report;
+- **compression ratio**: the mean of the workers' latest (cumulative) ``compression_ratio``;
+- **lagging**: the worker that lags, named with why: silent (no report for ``STALE`` seconds
+  while others report), behind (step well below the median), or slow (samples/s well below
+  the median); at most one, the worst;
+- **nodes registered**: how many of the job's processes have reported at all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+from launchkit.telemetry.model import Figures, JobMetrics, Series
+
+SERIES = 60  # points kept for a sparkline
+RATE_WINDOW = 5.0  # seconds of reports a rate is taken over (at least the last two)
+STALE = 10.0  # a worker silent this long while others report is lagging
+BEHIND = 0.8  # a step below this fraction of the median (and 2 or more steps back) is behind
+SLOW = 0.6  # samples/s below this fraction of the median is slow
+
+
+@dataclass(frozen=True)
+class HostFigures:
+    host: str
+    load1: float | None = None
+    mem_used: float | None = None
+    mem_total: float | None = None
+    rx_mbps: float | None = None  # MB/s (10**6 bytes) received, all interfaces but loopback
+    tx_mbps: float | None = None
+    gpu_util: float | None = None
+
+
+@dataclass(frozen=True)
+class Lagging:
+    role: str
+    rank: int
+    why: str  # e.g. "step 40, median 100"
+
+
+@dataclass(frozen=True)
+class Training:
+    nodes_reported: int = 0
+    nodes_expected: int = 0
+    step: int | None = None
+    loss: float | None = None
+    loss_series: tuple[float, ...] = ()
+    accuracy: float | None = None
+    accuracy_series: tuple[float, ...] = ()
+    samples_per_s: float | None = None
+    samples_series: tuple[float, ...] = ()
+    compression_ratio: float | None = None
+    hosts: tuple[HostFigures, ...] = ()
+    lagging: Lagging | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """Some nodes reported, not all of them yet: the job is still coming up."""
+        return 0 < self.nodes_reported < self.nodes_expected
+
+
+def rate(series: Series, name: str, window: float = RATE_WINDOW) -> float | None:
+    """Per second, of the cumulative figure ``name``, between the newest report and the oldest
+    one within ``window`` seconds of it (at least the one before it); None with fewer than two."""
+    points = [(t, f[name]) for t, f in series.points if name in f]
+    if len(points) < 2:
+        return None
+    t1, v1 = points[-1]
+    t0, v0 = points[-2]
+    for t, v in reversed(points[:-2]):
+        if t1 - t > window:
+            break
+        t0, v0 = t, v
+    if t1 <= t0 or v1 < v0:  # a restarted counter gives no rate
+        return None
+    return (v1 - v0) / (t1 - t0)
+
+
+def aligned_mean(series: list[Series], name: str, n: int = SERIES) -> tuple[float, ...]:
+    """The mean over ``series`` of their k-th last value of ``name``, k = n..1 (oldest first)."""
+    columns = [[f[name] for _, f in s.points if name in f][-n:] for s in series]
+    columns = [c for c in columns if c]
+    if not columns:
+        return ()
+    longest = max(len(c) for c in columns)
+    out = []
+    for back in range(longest, 0, -1):
+        values = [c[-back] for c in columns if len(c) >= back]
+        out.append(sum(values) / len(values))
+    return tuple(out)
+
+
+def _latest(series: list[Series], name: str) -> float | None:
+    values = [s.latest[name] for s in series if name in s.latest]
+    return sum(values) / len(values) if values else None
+
+
+def samples_series(series: list[Series], n: int = SERIES) -> tuple[float, ...]:
+    """Total samples/s between consecutive reports, summed over workers (aligned from the newest)."""
+    per_worker = []
+    for s in series:
+        pts = [(t, f["samples_total"]) for t, f in s.points if "samples_total" in f][-n - 1 :]
+        per_worker.append(
+            [(v1 - v0) / (t1 - t0) for (t0, v0), (t1, v1) in itertools.pairwise(pts) if t1 > t0]
+        )
+    per_worker = [w for w in per_worker if w]
+    if not per_worker:
+        return ()
+    longest = max(len(w) for w in per_worker)
+    return tuple(sum(w[-back] for w in per_worker if len(w) >= back) for back in range(longest, 0, -1))
+
+
+def lagging(workers: dict[tuple[str, int], Series]) -> Lagging | None:
+    """The worker that lags the others most, or None (it takes two workers to lag)."""
+    reporting = {k: s for k, s in workers.items() if s.at is not None}
+    if len(reporting) < 2:
+        return None
+    newest = max(s.at for s in reporting.values() if s.at is not None)
+    silent = [(newest - s.at, k) for k, s in reporting.items() if s.at is not None and newest - s.at > STALE]
+    if silent:
+        age, (role, rank) = max(silent)
+        return Lagging(role, rank, f"no report for {age:.0f}s")
+    steps = {k: s.latest["step"] for k, s in reporting.items() if "step" in s.latest}
+    if len(steps) >= 2:
+        median = statistics.median(steps.values())
+        key, low = min(steps.items(), key=lambda kv: (kv[1], kv[0]))
+        if low < BEHIND * median and median - low >= 2:
+            return Lagging(*key, f"step {low:.0f}, median {median:.0f}")
+    rates = {k: r for k, s in reporting.items() if (r := rate(s, "samples_total")) is not None}
+    if len(rates) >= 2:
+        median = statistics.median(rates.values())
+        key, low = min(rates.items(), key=lambda kv: (kv[1], kv[0]))
+        if median > 0 and low < SLOW * median:
+            return Lagging(*key, f"{low:,.0f} samples/s, median {median:,.0f}")
+    return None
+
+
+def host_figures(host: str, series: Series) -> HostFigures:
+    latest: Figures = series.latest
+    rx = rate(series, "net_rx_bytes")
+    tx = rate(series, "net_tx_bytes")
+    return HostFigures(
+        host,
+        latest.get("load1"),
+        latest.get("mem_used"),
+        latest.get("mem_total"),
+        None if rx is None else rx / 1e6,
+        None if tx is None else tx / 1e6,
+        latest.get("gpu_util"),
+    )
+
+
+def _copy(series: Series) -> Series:
+    return Series(deque(series.points, maxlen=series.points.maxlen))
+
+
+def training(
+    model: JobMetrics, nodes_expected: int = 0, running: set[tuple[str, int]] | None = None
+) -> Training:
+    """The training panel's figures from the model (copied under its lock). Only the workers in
+    ``running`` (all when None) can be named as lagging: a worker that has ended is not late."""
+    with model.lock:
+        nodes = {k: _copy(s) for k, s in model.nodes.items()}
+        hosts = {h: _copy(s) for h, s in model.hosts.items()}
+    workers = {k: s for k, s in nodes.items() if k[0] == "worker"}
+    candidates = {k: s for k, s in workers.items() if running is None or k in running}
+    ws = [workers[k] for k in sorted(workers)]
+    steps = [s.latest["step"] for s in ws if "step" in s.latest]
+    rates = [r for s in ws if (r := rate(s, "samples_total")) is not None]
+    return Training(
+        nodes_reported=len(nodes),
+        nodes_expected=nodes_expected,
+        step=int(max(steps)) if steps else None,
+        loss=_latest(ws, "loss"),
+        loss_series=aligned_mean(ws, "loss"),
+        accuracy=_latest(ws, "accuracy"),
+        accuracy_series=aligned_mean(ws, "accuracy"),
+        samples_per_s=sum(rates) if rates else None,
+        samples_series=samples_series(ws),
+        compression_ratio=_latest(ws, "compression_ratio"),
+        hosts=tuple(host_figures(h, hosts[h]) for h in sorted(hosts)),
+        lagging=lagging(candidates),
+    )

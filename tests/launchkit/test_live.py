@@ -1,0 +1,68 @@
+"""A job's live file (launchkit.jobs.live): what the supervisor writes, what top and ps read."""
+
+from __future__ import annotations
+
+import json
+
+from launchkit.jobs import live
+from launchkit.telemetry.view import training
+from tests.launchkit import dashstates
+
+
+def test_round_trip_gives_the_same_view() -> None:
+    state = dashstates.healthy(slow_rank=1)
+    model = dashstates.model(slow_rank=1)
+    live.write(state, model, at=dashstates.T0 + 30)
+    view, why = live.read(state.job_id)
+    assert why == "" and view is not None
+    assert view.written_at == dashstates.T0 + 30
+    assert view.state.rows == state.rows and view.state.log == state.log
+    assert view.state.training == training(model, len(state.rows), state.running())
+    assert view.state.training.lagging is not None and view.state.training.lagging.rank == 1
+    assert live.step_loss(state.job_id) == (300, state.training.loss)
+
+
+def test_a_failure_round_trips_with_its_root_cause() -> None:
+    state = dashstates.failed()
+    live.write(state, None)
+    view, _ = live.read(state.job_id)
+    assert view is not None
+    assert view.state.root_cause == state.root_cause and view.state.finished
+    assert view.state.training is None and view.metrics is None
+    assert live.step_loss(state.job_id) == (None, None)
+
+
+def test_the_series_are_cut_to_what_the_view_needs() -> None:
+    state = dashstates.healthy()
+    model = dashstates.model(seconds=200)
+    live.write(state, model)
+    doc = json.loads(live.path(state.job_id).read_text())
+    assert all(len(n["points"]) == live.KEEP_POINTS for n in doc["metrics"]["nodes"])
+    view, _ = live.read(state.job_id)
+    assert view is not None and view.state.training == training(model, 4, state.running())
+
+
+def test_missing_corrupt_old_or_malformed_files_read_as_none_with_the_reason() -> None:
+    state = dashstates.healthy()
+    assert live.read(state.job_id) == (None, "")
+    assert live.read("../etc") == (None, "")
+    live.write(state, dashstates.model())
+    p = live.path(state.job_id)
+    text = p.read_text()
+    for content, reason in (
+        (text[: len(text) // 2], "not valid JSON (cut short?)"),
+        ("[1, 2]", "not a JSON object"),
+        (text.replace('"version":1', '"version":0'), "version 0, this launchkit reads version 1"),
+        (text.replace('"written_at":', '"written_at":"x","w":'), "'written_at' missing or not a number"),
+        (text.replace('"job_id":', '"job_id":1,"x":'), "field 'job_id' missing or of the wrong type"),
+        (text.replace('"rank":0,', '"rank":"zero",', 1), "process row field 'rank'"),
+    ):
+        p.write_text(content)
+        view, why = live.read(state.job_id)
+        assert view is None and reason in why and str(p) in why, (content[:80], why)
+    p.write_bytes(b"\xff\xfe")
+    assert "cannot read" in live.read(state.job_id)[1]
+    # a metrics part of the wrong shape is ignored, not trusted
+    p.write_text(text.replace('"metrics":{"nodes":', '"metrics":{"nodes":7,"x":'))
+    view, why = live.read(state.job_id)
+    assert view is not None and view.state.training is not None and view.state.training.step is None
