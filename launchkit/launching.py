@@ -32,6 +32,7 @@ from launchkit.jobs import records as jobs
 from launchkit.jobs.kill import remote_hosts
 from launchkit.netutil import PortReservation, fallback_address, interface_address
 from launchkit.supervisor import EXIT_TIMEOUT, HANDLED_SIGNALS, Supervisor, check_log_dir
+from launchkit.telemetry.endpoint import Telemetry, serve
 
 
 def scheduler_address(spec: LaunchSpec, reached_from: str | None = None) -> str:
@@ -129,6 +130,7 @@ class _Job:
     started: float = field(default_factory=time.monotonic)
     record: jobs.JobRecord | None = None
     stop: _Stop = field(default_factory=_Stop)
+    telemetry: Telemetry | None = None  # the metrics endpoint, one for every attempt
 
     def time_left(self) -> float | None:
         limit = self.spec.time_limit
@@ -175,6 +177,8 @@ def run_job(spec: LaunchSpec, backend: Backend, ui: Ui, *, dashboard: Dashboard 
     finally:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
+        if job.telemetry is not None:
+            job.telemetry.close()
 
 
 def _attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | None]:
@@ -198,6 +202,8 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
     reservation = None if spec.scheduler_port or own_address else PortReservation(root_uri)
     try:
         port = spec.scheduler_port or (reservation.port if reservation else 0)
+        if job.telemetry is None:
+            job.telemetry = serve(job.job_id, job.secret, root_uri, backend)
         plan = make_plan(
             spec,
             job_id=job.job_id,
@@ -206,7 +212,10 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
             root_port=port,
             node_host_of=backend.node_hosts(spec),
             restart_count=attempt,
+            metrics_addr=job.telemetry.address if job.telemetry else None,
         )
+        if job.telemetry is not None:
+            job.telemetry.watch_local(str(plan.tasks[0].host))  # the scheduler's: this host
         try:
             backend.prepare(plan)
         except BaseException:
@@ -244,6 +253,7 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
             time_limit=None if left is None else max(left, 0.001),
             record=job.record,
             dashboard=job.dashboard,
+            telemetry=job.telemetry,
             restart_if=lambda r: restart_cause(r, attempt, spec.max_restarts) is not None,
         )
         job.stop.forward = supervisor._on_signal  # a signal before it installs its own handlers
