@@ -35,6 +35,7 @@ import numpy as np
 
 import trainer_core  # noqa: F401  (runs the scheduler / server roles)
 from trainer_core import kv as kvstore
+from trainer_core import metrics
 from trainer_core.optim.local import get_learner
 from trainer_core.train import checkpoint
 from trainer_core.train.data import SplitSampler
@@ -206,6 +207,7 @@ def main() -> None:
               flush=True)  # fmt: skip
     dist_steps = 0  # steps trained distributed (the warm start's local steps move no bytes)
     before = wire_counters(kv)  # training traffic only: not the setup's exchanges
+    unreported = 0  # samples trained since the last metrics report
     for epoch in range(start_epoch, args.epochs):
         t0 = time.monotonic()
         idx = sampler.indices(epoch)
@@ -214,6 +216,10 @@ def main() -> None:
             batch = idx[step * args.batch_size : (step + 1) * args.batch_size]
             loss, grads = model.loss_and_grads(x_train[batch], y_train[batch])
             losses.append(loss)
+            unreported += len(batch)
+            if step % 10 == 9 or step == steps - 1:  # the dashboard's figures (no-op without launchkit)
+                metrics.report(step=epoch * steps + step + 1, loss=loss, samples=unreported)
+                unreported = 0
             if learner.start_if_due():  # the warm start ends: one 32-bit model average, not counted
                 before = wire_counters(kv)
             learner.update(grads, len(batch))
@@ -223,6 +229,7 @@ def main() -> None:
             save_checkpoint(args, kv, model, learner, epoch + 1, (epoch + 1) * steps)
         if main_rank:
             acc = model.accuracy(x_test, y_test)
+            metrics.report(epoch=epoch + 1, accuracy=acc)
             print(f"epoch {epoch + 1:3d}  loss {np.mean(losses):.4f}  test accuracy {acc * 100:.2f}%  "
                   f"({time.monotonic() - t0:.2f}s)", flush=True)  # fmt: skip
     if main_rank:
