@@ -4,14 +4,17 @@ the checks every case ends with (nothing of the job left running, no shared-memo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+import pytest
 
 from tests.launchkit.procs import LAUNCHKIT, pids_with_job, wait_until
 
@@ -142,3 +145,18 @@ def launch_args(*extra: str, workers: int = 2, servers: int = 1) -> list[str]:
 
 def trainer(*args: str) -> list[str]:
     return [sys.executable, TRAINPROG, *args]
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``mount -o size=``) mounted at ``path`` for the block: a disk that fills
+    up. Needs root, as the namespace hosts do; fails the test with the reason otherwise."""
+    path.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "lkfull", str(path)],
+                         capture_output=True, text=True)  # fmt: skip
+    if res.returncode != 0:
+        pytest.fail(f"cannot mount a small tmpfs at {path} (needs root): {res.stderr.strip()}", pytrace=False)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

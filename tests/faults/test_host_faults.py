@@ -158,3 +158,22 @@ def test_launcher_sigkill_during_rsync(
         Path(f"/proc/{p}/cmdline").read_bytes() for p in rsyncs if _alive(p)
     ]
     nothing_on_hosts(group, None)
+
+
+@pytest.mark.timeout(120)
+def test_launcher_sigkill_at_startup_over_ssh(
+    netns_hosts, host_python: str, jobdir: Path, launchkit_home: Path
+) -> None:
+    """SIGKILL of the launcher as the job's processes start on the hosts: each host's watchdog loses
+    its ssh connection and ends what it started; the reaper ends the scheduler here."""
+    group = netns_hosts(3)
+    hostfile = group.write_hostfile(jobdir.parent / "hosts")
+    job = Job(ssh_launch(group, hostfile, host_python), launchkit_home, cwd=jobdir)
+    job_id = job.job_id
+    assert wait_until(lambda: any(h.pids_with_env(f"LAUNCHKIT_JOB_ID={job_id}") for h in group), 30), job.out
+    job.inject(job.proc.pid, signal.SIGKILL)
+    job.proc.wait(5)
+    assert "step 1" not in job.out, job.out
+    assert_nothing_left(job_id)
+    nothing_on_hosts(group, job_id)
+    assert time.monotonic() - (job.fault_at or 0) < 10

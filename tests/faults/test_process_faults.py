@@ -89,3 +89,20 @@ def test_missing_nodes_named_by_rank_or_counted() -> None:
     assert missing_nodes([rec("worker", 2), rec("worker", 0)], expected) == ["server 0", "worker 1"]
     assert missing_nodes([rec("server", -1), rec("worker", -1)], expected) == ["2 of 3 workers"]
     assert missing_nodes([rec("server", 0), *(rec("worker", i) for i in range(3))], expected) == []
+
+
+def test_kill9_mid_training_with_a_restart(tmp_path: Path, launchkit_home: Path) -> None:
+    """--max-restarts 1: the whole job starts again, resumes from rank 0's checkpoint and finishes."""
+    ck = tmp_path / "model.npz"
+    job = Job([*launch_args("--max-restarts", "1", "--restart-backoff", "0.2"),
+               *trainer("--steps", "60", "--delay", "0.05", "--checkpoint", str(ck), "--resume")],
+              launchkit_home)  # fmt: skip
+    job.wait_for("[worker 1] step 5")
+    job.inject(job.pid("worker", 1), signal.SIGKILL)
+    code, _ = job.finish(timeout=60)
+    assert code == 0, job.out
+    assert "attempt 1 failed (worker 1 exit 137, signal 9); restarting" in job.out, job.out
+    second = job.out.partition("(attempt 2 of 2)")[2]
+    assert "] step 1\n" not in second, job.out  # resumed from the checkpoint, not from the start
+    assert "[worker 0] done 0 120.0" in job.out and "[worker 1] done 1 120.0" in job.out, job.out
+    assert_nothing_left(job.job_id)
