@@ -254,7 +254,11 @@ def register(app: typer.Typer) -> None:
             [], "--yarn-file", help="yarn: SRC[#NAME] on HDFS, shipped to every container (repeatable)."
         ),
         detach: bool = typer.Option(False, "--detach", help="slurm, sge: submit, print the job id, return."),
-        dashboard: bool = typer.Option(False, "--dashboard", help="Show a live dashboard of the job."),
+        dashboard: bool = typer.Option(
+            None,
+            "--dashboard/--no-dashboard",
+            help="A live dashboard of the job (default: when stdout is a terminal).",
+        ),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; start nothing."),
         as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as JSON."),
         command: list[str] = typer.Argument(None, metavar="COMMAND [ARGS]...", help="The command to run."),
@@ -339,9 +343,11 @@ def show_dry_run(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, as_json
         show_plan(ui, data)
 
 
-def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: bool = False) -> int:
+def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: bool | None = None) -> int:
     board: Dashboard | None = None
-    if dashboard:
+    if dashboard is None:  # neither --dashboard nor --no-dashboard: on in a terminal
+        board = Dashboard(ui.out) if ui.out.is_terminal else None
+    elif dashboard:
         if ui.out.is_terminal:
             board = Dashboard(ui.out)
         else:

@@ -1,43 +1,151 @@
-"""``launchkit logs JOB_ID``: a job's output, each line prefixed by its process, after the fact.
+"""``launchkit logs JOB_ID``: a job's output after the fact, or as it comes (``--follow``).
 
-A detached batch job's output file is split back into processes; a job launched with
-``--log-dir`` shows its per-process files."""
+Every job launched on this machine keeps its processes' output beside its record
+(``launchkit.jobs.outputs``); a detached batch job's output file is split back into processes;
+a job of an older launchkit shows what ``--log-dir`` kept. Lines are prefixed ``[role rank]`` as
+the launch prints them, a process's stdout lines go to stdout and its stderr lines to stderr,
+one process after another (scheduler, servers, workers), or only those ``--role`` and ``--rank``
+pick; ``--tail N`` prints the last N lines of each stream; ``--follow`` goes on printing new
+lines as they come, until the job ends."""
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import typer
 
 from launchkit.cli.app import get_app
+from launchkit.console import Ui
 from launchkit.errors import UsageError
-from launchkit.jobs import detached
+from launchkit.jobs import detached, outputs
 from launchkit.jobs import records as jobs
+
+ROLES = ("scheduler", "server", "worker")
+POLL = 0.2
+
+
+def last(lines: list[str], tail: int | None) -> list[str]:
+    """The last ``tail`` of ``lines`` (all of them when None)."""
+    return lines if tail is None else lines[len(lines) - tail :]
+
+
+def picked(role: str | None, rank: int | None, of: tuple[str, int]) -> bool:
+    return (role is None or of[0] == role) and (rank is None or of[1] == rank)
+
+
+def emit(ui: Ui, k: outputs.Kept, lines: list[str]) -> None:
+    console = ui.out if k.stream == "stdout" else ui.err
+    for text in lines:
+        console.print(f"[{k.role} {k.rank}] {text}", markup=False, highlight=False)
+
+
+def head(k: outputs.Kept, tail: int | None) -> tuple[list[str], int]:
+    """The complete lines kept so far (the last ``tail``), and the byte offset after them in
+    the current file, where following starts."""
+    older = list(k.paths[:-1])
+    lines = outputs.last_lines(tuple(older), tail) if older else []
+    data = b""
+    with contextlib.suppress(FileNotFoundError), open(k.paths[-1], "rb") as f:
+        data = f.read()
+    cut = data.rfind(b"\n") + 1
+    lines += [x.decode(errors="replace").rstrip("\r") for x in data[: cut - 1].split(b"\n")] if cut else []
+    return last(lines, tail), cut
+
+
+def show_kept(
+    ui: Ui, job_id: str, pick: tuple[str | None, int | None], tail: int | None, follow: bool
+) -> None:
+    """The kept streams ``pick`` selects; with ``follow``, new lines (and new streams) as they
+    come, until the job ends."""
+    followers: dict[Path, tuple[outputs.Kept, Iterator[tuple[int, list[str]]]]] = {}
+
+    def take_new(offset_of: bool) -> None:
+        for k in outputs.kept(job_id):
+            if k.paths[-1] not in followers and picked(*pick, (k.role, k.rank)):
+                lines, offset = head(k, tail if offset_of else None)
+                emit(ui, k, lines)
+                followers[k.paths[-1]] = (k, outputs.follow(k.paths[-1], offset))
+
+    take_new(True)
+    while follow:
+        record = jobs.load(job_id)
+        ended = record is None or record.shown_state != "running"
+        take_new(False)
+        for k, lines_after in followers.values():
+            emit(ui, k, next(lines_after)[1])
+        if ended:  # one last read after the job ended: its streams are complete
+            return
+        time.sleep(POLL)
+
+
+def show_detached(
+    ui: Ui, record: jobs.JobRecord, role: str | None, rank: int | None, tail: int | None
+) -> None:
+    path = Path(record.remote["output"])  # type: ignore[index]
+    if not path.exists():
+        ui.text(f"no output yet ({path}); the job may still be waiting in the queue")
+        return
+    lines = []
+    for label, _stream, text in detached.output_lines(record):
+        r, _, n = label.partition(" ")
+        if picked(role, rank, (r, int(n) if n.isdigit() else -1)):
+            lines.append(f"[{label}] {text}")
+    for line in last(lines, tail):
+        ui.text(line)
+
+
+def show_log_dir(ui: Ui, log_dir: str, role: str | None, rank: int | None, tail: int | None) -> bool:
+    files = sorted(Path(log_dir).glob("*.std*"))
+    for f in files:
+        r, _, n = f.stem.rpartition("-")
+        if not picked(role, rank, (r, int(n) if n.isdigit() else -1)):
+            continue
+        lines = f.read_text(errors="replace").splitlines()
+        for text in last(lines, tail):
+            ui.text(f"[{f.stem.replace('-', ' ')} {f.suffix[1:]}] {text}")
+    return bool(files)
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(help="Print a job's output (a detached batch job's, or what --log-dir kept).")
+    @app.command(help="Print a job's output: every process's, or one role's or rank's; --follow as it comes.")
     def logs(
         ctx: typer.Context,
         job_id: str = typer.Argument(..., help="The job id (see launchkit ps)."),
+        role: str = typer.Option(
+            None, "--role", help="Only this role's processes: scheduler, server, worker."
+        ),
+        rank: int = typer.Option(None, "--rank", min=0, help="Only the processes of this rank."),
+        follow: bool = typer.Option(
+            False, "-f", "--follow", help="Go on printing new lines until the job ends."
+        ),
+        tail: int = typer.Option(None, "-n", "--tail", min=0, help="Only the last N lines of each stream."),
     ) -> None:
         ui = get_app(ctx).ui
+        if role is not None and role not in ROLES:
+            raise UsageError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
         record = jobs.load(job_id, jobs.refuse)
         if record is None:
             raise UsageError(f"no job {job_id!r} here (see launchkit ps --all)")
         if (record.remote or {}).get("output"):
-            path = Path(record.remote["output"])  # type: ignore[index]
-            if not path.exists():
-                ui.text(f"no output yet ({path}); the job may still be waiting in the queue")
-                return
-            for label, _stream, text in detached.output_lines(record):
-                ui.text(f"[{label}] {text}")
+            if follow:
+                raise UsageError(
+                    f"job {job_id} is a detached batch job: its output comes at its end (no --follow)"
+                )
+            show_detached(ui, record, role, rank, tail)
             return
-        if record.log_dir:
-            files = sorted(Path(record.log_dir).glob("*.std*"))
-            for f in files:
-                for text in f.read_text(errors="replace").splitlines():
-                    ui.text(f"[{f.stem.replace('-', ' ')} {f.suffix[1:]}] {text}")
-            if files:
-                return
-        raise UsageError(f"job {job_id} kept no logs: launch with --log-dir DIR to keep them")
+        streams = outputs.kept(job_id)
+        if streams or (follow and record.shown_state == "running"):
+            if streams and not any(picked(role, rank, (k.role, k.rank)) for k in streams):
+                have = ", ".join(dict.fromkeys(f"{k.role} {k.rank}" for k in streams))
+                which = " ".join(x for x in (role, None if rank is None else str(rank)) if x)
+                raise UsageError(f"job {job_id} has no process {which} (its processes: {have})")
+            show_kept(ui, job_id, (role, rank), tail, follow)
+            return
+        if record.log_dir and show_log_dir(ui, record.log_dir, role, rank, tail):
+            return
+        raise UsageError(
+            f"job {job_id} kept no output (a job of an older launchkit: launch with --log-dir DIR)"
+        )

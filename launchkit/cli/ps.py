@@ -7,12 +7,21 @@ import time
 import typer
 
 from launchkit.cli.app import get_app
-from launchkit.jobs import detached
+from launchkit.jobs import detached, live
 from launchkit.jobs import records as jobs
 
 
 def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else ""
+
+
+COLUMNS = ("job id", "name", "launcher", "state", "attempt", "procs", "hosts", "started", "exit")
+
+
+def shown_step_loss(figures: tuple[int | None, float | None] | None) -> tuple[str, str]:
+    """A running job's latest step and loss, from its live file (blank when it reports none)."""
+    step, loss = figures or (None, None)
+    return ("" if step is None else str(step)), ("" if loss is None else f"{loss:.4g}")
 
 
 def register(app: typer.Typer) -> None:
@@ -25,15 +34,22 @@ def register(app: typer.Typer) -> None:
         ui = get_app(ctx).ui
         records = [detached.refresh(r) for r in jobs.load_all(jobs.skipping(ui.warn))]
         records = [r for r in records if show_all or r.shown_state in ("running", "lost")]
+        training = {r.id: live.step_loss(r.id) for r in records if r.shown_state == "running"}
         if as_json:
-            ui.json([r.to_json() for r in records])
+            none = (None, None)
+            ui.json(
+                [
+                    {**r.to_json(), **dict(zip(("step", "loss"), training.get(r.id, none), strict=True))}
+                    for r in records
+                ]
+            )
             return
         if not records:
             ui.text("no jobs" if show_all else "no running jobs (launchkit ps --all shows finished ones)")
             return
         ui.table(
             None,
-            ["job id", "name", "launcher", "state", "attempt", "procs", "hosts", "started", "exit"],
+            [*COLUMNS, "step", "loss"],
             [
                 [
                     r.id,
@@ -45,6 +61,7 @@ def register(app: typer.Typer) -> None:
                     ",".join(r.hosts),
                     _when(r.started_at),
                     r.exit_code,
+                    *shown_step_loss(training.get(r.id)),
                 ]
                 for r in records
             ],

@@ -1,60 +1,111 @@
-"""``launchkit top JOB_ID``: the dashboard of a job running elsewhere (e.g. another terminal)."""
+"""``launchkit top JOB_ID``: the dashboard of a job running elsewhere (e.g. another terminal).
+
+A job launched on this machine writes its live file (``launchkit.jobs.live``) as it runs: ``top``
+renders the same view from it as the launching terminal shows (process rows with CPU and memory,
+host figures, the training panel, the output pane, the root cause of a failure). A job without
+one (a detached batch job, a job of an older launchkit) shows the rows its record holds."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import typer
+from rich.console import RenderableType
 
 from launchkit.cli.app import get_app
-from launchkit.dashboard import CpuMeter, DashboardState, ProcRow, render
+from launchkit.console import Ui
+from launchkit.dashboard import CpuMeter, DashboardState, ProcRow, render, row_budget
 from launchkit.errors import UsageError
 from launchkit.hostside import procscan
-from launchkit.jobs import detached
+from launchkit.jobs import detached, live
 from launchkit.jobs import records as jobs
 
 
 def state_of(record: jobs.JobRecord, meter: CpuMeter) -> DashboardState:
+    """The record-only view: the processes the record names, CPU and memory of local ones."""
     record = detached.refresh(record)  # a batch job: its state from the engine
     pids = {p.pid for p in record.processes if p.pid and procscan.alive(p.pid)}
     usage = meter.sample(pids) if record.backend == "local" else {}
     rows = []
     for p in record.processes:
-        live = p.pid in pids
+        alive = p.pid in pids
         cpu, rss = usage.get(p.pid, (None, None)) if p.pid else (None, None)
-        state = "running" if live else "ended"
+        state = "running" if alive else "ended"
         if record.detached:  # a batch job: what the engine says, for every process
             state = record.shown_state
         rows.append(ProcRow(p.role, p.rank, p.host, p.pid, state, "", cpu, rss))
     elapsed = (record.ended_at or time.time()) - record.started_at
-    message = "" if record.shown_state == "running" else f"job {record.shown_state}"
-    return DashboardState(record.id, record.name, record.backend, elapsed, tuple(rows), (), message)
+    return DashboardState(record.id, record.name, record.backend, elapsed, tuple(rows), (), ending(record))
+
+
+def ending(record: jobs.JobRecord) -> str:
+    """The closing line of a job that no longer runs ("" while it runs)."""
+    state = record.shown_state
+    if state == "running":
+        return ""
+    code = f" (exit {record.exit_code})" if record.exit_code not in (None, 0) else ""
+    return f"job {state}{code}"
+
+
+def from_live(record: jobs.JobRecord, view: live.Live, now: float) -> DashboardState:
+    """The live file's state, its elapsed time brought up to ``now`` while the job runs."""
+    state = view.state
+    running = record.shown_state == "running"
+    elapsed = state.elapsed + max(0.0, now - view.written_at) if running else state.elapsed
+    return dataclasses.replace(state, elapsed=elapsed, message=ending(record) or state.message)
+
+
+class Source:
+    """Where ``top`` takes the job's state from, read again at each refresh."""
+
+    def __init__(self, ui: Ui, job_id: str, record: jobs.JobRecord) -> None:
+        self.ui = ui
+        self.job_id = job_id
+        self.record = record
+        self.meter = CpuMeter()
+        self._warned = ""
+
+    def state(self) -> DashboardState:
+        self.record = jobs.load(self.job_id) or self.record
+        view, why = live.read(self.job_id)
+        if why and why != self._warned:  # said once; the record-only view stands in
+            self._warned = why
+            self.ui.warn(f"cannot use the job's live file: {why}")
+        if view is not None:
+            return from_live(self.record, view, time.time())
+        return state_of(self.record, self.meter)
+
+    @property
+    def running(self) -> bool:
+        return self.record.shown_state == "running"
+
+
+def frame(ui: Ui, state: DashboardState) -> RenderableType:
+    return render(state, row_budget(state, ui.out.height, len(state.log)) if ui.out.is_terminal else None)
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(help="Show a live dashboard of a running job (its processes, CPU and memory).")
+    @app.command(help="Show the live dashboard of a job launched elsewhere on this machine.")
     def top(
         ctx: typer.Context,
         job_id: str = typer.Argument(..., help="The job id (see launchkit ps)."),
         once: bool = typer.Option(False, "--once", help="Print one frame and exit."),
-        interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes."),
+        interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between refreshes."),
     ) -> None:
         ui = get_app(ctx).ui
         record = jobs.load(job_id, jobs.refuse)
         if record is None:
             raise UsageError(f"no job {job_id!r} here (see launchkit ps --all)")
-        meter = CpuMeter()
-        state_of(record, meter)  # first CPU sample
+        source = Source(ui, job_id, record)
+        source.state()  # the first CPU sample of the record-only view
         if once:
             time.sleep(min(interval, 0.5))
-            ui.out.print(render(state_of(jobs.load(job_id) or record, meter)))
+            ui.out.print(frame(ui, source.state()))
             return
         from rich.live import Live
 
-        with Live(render(state_of(record, meter)), console=ui.out, auto_refresh=False) as live:
-            while True:
+        with Live(frame(ui, source.state()), console=ui.out, auto_refresh=False) as shown:
+            while source.running:
                 time.sleep(interval)
-                record = jobs.load(job_id) or record
-                live.update(render(state_of(record, meter)), refresh=True)
-                if record.shown_state != "running":
-                    break
+                shown.update(frame(ui, source.state()), refresh=True)

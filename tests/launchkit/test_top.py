@@ -1,0 +1,92 @@
+"""``launchkit top JOB_ID`` and ``launchkit ps`` from another terminal: the job's live file gives
+the same view as the launching terminal; without one (or with a bad one), the record's rows."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from launchkit.jobs import live
+from launchkit.jobs import records as jobs
+from tests.launchkit import dashstates
+from tests.launchkit.procs import PROG, run, start, wait_for_job, wait_until
+
+
+def running_record(job_id: str) -> jobs.JobRecord:
+    """A record of a job whose launcher is this test process (so it shows as running)."""
+    rec = jobs.started_here(
+        id=job_id, name="train_digits", backend="local", hosts=("localhost",), command=("python",), cwd="/",
+        processes=tuple(jobs.ProcessRecord(r.role, r.rank, r.host, r.pid) for r in dashstates.rows()),
+    )  # fmt: skip
+    jobs.save(rec)
+    return rec
+
+
+def test_top_shows_the_live_files_view() -> None:
+    state = dashstates.healthy(slow_rank=1)
+    running_record(state.job_id)
+    live.write(state, dashstates.model(slow_rank=1))
+    res = run(["top", state.job_id, "--once"])
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "train_digits 1122-000000-abcdef  local  0:01:0" in out and "4 running" in out
+    for words in (("loss", "0.06"), ("accuracy", "0.99"), ("samples/s", "480"), ("compression", "16.0x"),
+                  ("slowest", "worker 1", "step 150, median 225"), ("localhost", "1.5", "3.0/8.0", "2.00", "1.00"),
+                  ("worker", "1", "localhost", "103", "running", "53%", "103.0 MiB", "worker 1 line"),
+                  ("[worker 0] epoch 1 loss 0.51",)):  # fmt: skip
+        assert any(all(w in line for w in words) for line in out.splitlines()), (words, out)
+
+
+def test_top_of_a_finished_job_shows_its_last_frame_and_how_it_ended() -> None:
+    state = dashstates.failed()
+    rec = running_record(state.job_id)
+    jobs.finish(rec, "failed", 3)
+    live.write(state, dashstates.model())
+    out = run(["top", state.job_id, "--once"]).stdout
+    assert "root cause: worker 1 on localhost (exit 3), its last lines" in out
+    assert "ValueError: the data went bad" in out
+    assert "job failed (exit 3)" in out
+    assert "0:00:12" in out  # the elapsed time stops with the job
+
+
+def test_a_bad_live_file_falls_back_to_the_record() -> None:
+    state = dashstates.healthy()
+    running_record(state.job_id)
+    live.path(state.job_id).parent.mkdir(parents=True, exist_ok=True)
+    live.path(state.job_id).write_text('{"version": 1, "written_at": 1')
+    res = run(["top", state.job_id, "--once"])
+    assert res.returncode == 0
+    assert "cannot use the job's live file" in res.stderr and "not valid JSON" in res.stderr
+    assert "training" not in res.stdout and "scheduler" in res.stdout  # the record's rows
+
+
+def test_ps_shows_the_latest_step_and_loss() -> None:
+    state = dashstates.healthy()
+    running_record(state.job_id)
+    live.write(state, dashstates.model())
+    res = run(["ps"])
+    assert res.returncode == 0, res.stderr
+    header, row = (
+        line.replace("┃", " ").replace("│", " ").split() for line in res.stdout.splitlines()[::2][:2]
+    )
+    assert header[-2:] == ["step", "loss"]
+    assert row[0] == state.job_id and row[-2:] == ["300", "0.06952"]
+    (doc,) = json.loads(run(["ps", "--json"]).stdout)
+    assert doc["step"] == 300 and abs(doc["loss"] - 0.0695) < 1e-3
+
+
+def test_top_of_a_real_job_shows_its_output_from_another_terminal(launchkit_home) -> None:
+    proc = start(["launch", "-n", "2", "-s", "0", sys.executable, PROG, "wait"])
+    try:
+        job = wait_for_job(launchkit_home)
+        assert wait_until(
+            lambda: "ready" in (live.path(job).read_text() if live.path(job).exists() else ""), 10
+        )
+        res = run(["top", job, "--once"])
+        assert res.returncode == 0, res.stderr
+        assert "[worker 1] ready" in res.stdout and "3 running" in res.stdout
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+    res = run(["top", job, "--once"])
+    assert "job interrupted" in res.stdout and "3 ended" in res.stdout
