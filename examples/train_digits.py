@@ -155,20 +155,22 @@ def wire_bytes_per_step(
 def save_checkpoint(
     args: argparse.Namespace, kv: Any, model: MLP, learner: DistributedLearner, epoch: int, step: int
 ) -> None:
-    """Every worker takes part (fetching the servers' state is collective). Rank 0 writes the
-    parameters, learner state, servers' state (optimizer slots, pull residuals) and its own push
-    residuals; every other worker writes its own push residuals next to it."""
+    """Every worker takes part (fetching the servers' state is collective). Every other worker
+    first writes its own push residuals next to the checkpoint; then (past the barrier that
+    fetching the servers' state begins with) rank 0 writes the parameters, learner state, servers'
+    state (optimizer slots, pull residuals) and its own push residuals. A job killed in between
+    resumes from rank 0's previous checkpoint, whose step the worker files still hold."""
     comp = compression_params(args, kv.num_workers)
     state = getattr(kv, "compression_state", None)
     residuals = state() if comp is not None and callable(state) else None
+    if kv.rank != 0 and residuals:
+        checkpoint.save_worker(args.checkpoint, kv.rank, residuals, step=step)
     server = kv.server_state()
     if kv.rank == 0:
         checkpoint.save(
             args.checkpoint, params=model.params, learner=learner, residuals=residuals, step=step,
             epoch=epoch, compression=comp, extra={"learner": args.learner}, server_state=server,
         )  # fmt: skip
-    elif residuals:
-        checkpoint.save_worker(args.checkpoint, kv.rank, residuals, step=step)
 
 
 def main() -> None:

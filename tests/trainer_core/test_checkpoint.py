@@ -196,3 +196,33 @@ def test_restore_refuses_state_the_learner_does_not_have(tmp_path: Path) -> None
     assert sgd.state == {}
     with pytest.raises(ValueError, match="not a parameter"):
         get_learner("adam", {"w": np.zeros(2)}, lr=0.1).load_state({"x": {"m": np.zeros(2)}})
+
+
+def test_a_worker_file_keeps_the_previous_steps_residuals(tmp_path: Path) -> None:
+    """A job killed after a worker wrote step N, before rank 0's checkpoint of step N, resumes from
+    rank 0's step N - 1: the worker file still holds that step's residuals."""
+    ck = tmp_path / "ck.npz"
+
+    def residuals(v: float) -> dict[str, dict[str, np.ndarray]]:
+        return {"3": {"residual": np.full(4, v, np.float32)}}
+
+    checkpoint.save_worker(ck, 1, residuals(1.0), step=10)
+    assert checkpoint.load_worker(ck, 1, step=10)["3"]["residual"][0] == 1.0
+    with pytest.raises(ValueError, match=r"ck.worker1.npz is of step 10, the checkpoint of step 9"):
+        checkpoint.load_worker(ck, 1, step=9)
+    checkpoint.save_worker(ck, 1, residuals(2.0), step=20)
+    assert checkpoint.load_worker(ck, 1, step=20)["3"]["residual"][0] == 2.0
+    assert checkpoint.load_worker(ck, 1, step=10)["3"]["residual"][0] == 1.0
+    assert checkpoint.load_worker(ck, 1)["3"]["residual"][0] == 2.0  # no step: the latest
+    checkpoint.save_worker(ck, 1, residuals(3.0), step=30)  # only one step back is kept
+    with pytest.raises(ValueError, match=r"is of steps 20 and 30, the checkpoint of step 10"):
+        checkpoint.load_worker(ck, 1, step=10)
+    assert checkpoint.load_worker(ck, 1, step=20)["3"]["residual"][0] == 2.0
+    # writing the same step again (a resumed run repeating it) replaces it, keeping the one before
+    checkpoint.save_worker(ck, 1, residuals(3.5), step=30)
+    assert checkpoint.load_worker(ck, 1, step=30)["3"]["residual"][0] == 3.5
+    assert checkpoint.load_worker(ck, 1, step=20)["3"]["residual"][0] == 2.0
+    # an unreadable file in the way is replaced, with no previous step
+    checkpoint.worker_path(ck, 2).write_bytes(b"not a checkpoint")
+    checkpoint.save_worker(ck, 2, residuals(4.0), step=40)
+    assert checkpoint.load(checkpoint.worker_path(ck, 2)).previous_step is None

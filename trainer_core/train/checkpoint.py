@@ -31,7 +31,10 @@ What a checkpoint holds (array names inside the ``.npz``):
 
 The other workers' own compression residuals go into one small file per worker next to the
 checkpoint (``worker_path``: ``ck.npz`` -> ``ck.worker1.npz``), same format, written by that worker
-(``save_worker``) with the step, so ``load_worker`` refuses a file of another step.
+(``save_worker``) with the step, so ``load_worker`` refuses a file of another step. A worker file
+also keeps the residuals of the step before (``previous/<key>/<name>``, ``previous_step`` in the
+manifest): the workers write theirs before rank 0 writes the checkpoint (the example's
+``save_checkpoint``), so a job killed between the two resumes from rank 0's older checkpoint.
 
 Writing is atomic: a temporary file in the same directory, flushed and fsynced, then
 ``os.replace``; a reader sees the old checkpoint or the new one, never a torn file. Loading uses
@@ -72,6 +75,9 @@ class Checkpoint:
     compression: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     not_saved: list[str] = field(default_factory=list)
+    # a worker file's residuals of the step before ``step`` (``save_worker`` keeps them), if any
+    previous: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    previous_step: int | None = None
 
 
 def _is_scalar(value: Any) -> bool:
@@ -187,9 +193,9 @@ def load(path: str | os.PathLike[str]) -> Checkpoint:
             ck.local.setdefault(pname, {})[slot] = arr
         elif group == "dist":
             ck.dist[rest] = arr
-        elif group == "residual":
+        elif group in ("residual", "previous"):
             key, _, slot = rest.rpartition("/")
-            ck.residuals.setdefault(key, {})[slot] = arr
+            (ck.residuals if group == "residual" else ck.previous).setdefault(key, {})[slot] = arr
         elif group == "server":
             index, _, slot = rest.partition("/")
             server_arrays.setdefault(int(index), {})[slot] = arr
@@ -200,6 +206,8 @@ def load(path: str | os.PathLike[str]) -> Checkpoint:
     ck.step, ck.epoch = int(manifest["step"]), int(manifest["epoch"])
     ck.compression, ck.extra = manifest.get("compression"), manifest.get("extra") or {}
     ck.not_saved = list(manifest.get("not_saved") or [])
+    if manifest.get("previous_step") is not None:
+        ck.previous_step = int(manifest["previous_step"])
     for i, entry in enumerate(manifest.get("server") or []):
         ck.server[entry["key"]] = {**server_arrays.pop(i, {}), **(entry.get("scalars") or {})}
     if server_arrays:
@@ -251,20 +259,46 @@ def save_worker(
     path: str | os.PathLike[str], rank: int, residuals: dict[str, dict[str, Any]], step: int = 0
 ) -> Path:
     """Write worker ``rank``'s compression residuals (``kv.compression_state()``) atomically into
-    ``worker_path(path, rank)``; each worker writes its own (they differ per worker)."""
+    ``worker_path(path, rank)``; each worker writes its own (they differ per worker). The residuals
+    of the file it replaces stay in it as the previous step's: a job killed after this worker wrote
+    step N but before rank 0's checkpoint of step N resumes from step N - 1 with this file."""
     arrays, manifest = arrays_and_manifest(params={}, residuals=residuals, step=step)
     manifest["extra"] = {"rank": int(rank)}
+    before = _readable(worker_path(path, rank))
+    if before is not None and before.extra.get("rank") == int(rank):
+        kept, kept_step = before.residuals, before.step
+        if before.step == step:  # the same step again (a resumed run repeating it): keep the one before
+            kept, kept_step = before.previous, before.previous_step
+        if kept_step is not None:
+            arrays.update(
+                (f"previous/{key}/{slot}", to_host(v))
+                for key, slots in kept.items()
+                for slot, v in slots.items()
+            )
+            manifest["previous_step"] = kept_step
     return write(worker_path(path, rank), arrays, manifest)
+
+
+def _readable(path: Path) -> Checkpoint | None:
+    """The checkpoint in ``path``, or None when there is none or it cannot be read."""
+    try:
+        return load(path)
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def load_worker(
     path: str | os.PathLike[str], rank: int, step: int | None = None
 ) -> dict[str, dict[str, np.ndarray]]:
-    """Worker ``rank``'s residuals saved next to checkpoint ``path``; ``ValueError`` when the file is
-    another worker's or (with ``step``) of another step than the checkpoint."""
+    """Worker ``rank``'s residuals saved next to checkpoint ``path`` (with ``step``: of that step,
+    the file's latest or the previous one it keeps); ``ValueError`` when the file is another
+    worker's or holds no residuals of ``step``."""
     ck = load(worker_path(path, rank))
     if ck.extra.get("rank") != int(rank):
         raise ValueError(f"{worker_path(path, rank)} holds worker {ck.extra.get('rank')!r}'s state")
-    if step is not None and ck.step != step:
-        raise ValueError(f"{worker_path(path, rank)} is of step {ck.step}, the checkpoint of step {step}")
-    return ck.residuals
+    if step is None or ck.step == step:
+        return ck.residuals
+    if ck.previous_step == step:
+        return ck.previous
+    held = f"steps {ck.previous_step} and {ck.step}" if ck.previous_step is not None else f"step {ck.step}"
+    raise ValueError(f"{worker_path(path, rank)} is of {held}, the checkpoint of step {step}")
