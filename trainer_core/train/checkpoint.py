@@ -266,7 +266,8 @@ def save_worker(
     manifest["extra"] = {"rank": int(rank)}
     before = _readable(worker_path(path, rank))
     if before is not None and before.extra.get("rank") == int(rank):
-        kept, kept_step = before.residuals, before.step
+        kept: dict[str, dict[str, np.ndarray]] = before.residuals
+        kept_step: int | None = before.step
         if before.step == step:  # the same step again (a resumed run repeating it): keep the one before
             kept, kept_step = before.previous, before.previous_step
         if kept_step is not None:
