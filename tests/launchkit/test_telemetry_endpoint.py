@@ -113,3 +113,18 @@ def test_the_local_sampler_finds_the_jobs_processes_by_their_job_id() -> None:
         for p in (mine, other):
             p.kill()
             p.wait()
+
+
+def test_the_plan_gives_every_process_the_address_when_there_is_one() -> None:
+    from launchkit.core.plan import make_plan
+
+    spec = LaunchSpec(
+        num_workers=2, num_servers=1, command=("python", "t.py"), env=(("LAUNCHKIT_METRICS_ADDR", "x:1"),)
+    )
+    plan = make_plan(
+        spec, job_id="j", secret="s", root_uri="127.0.0.1", root_port=1, metrics_addr="127.0.0.1:5"
+    )
+    assert {t.env["LAUNCHKIT_METRICS_ADDR"] for t in plan.tasks} == {"127.0.0.1:5"}
+    plain = LaunchSpec(num_workers=2, num_servers=1, command=("python", "t.py"))
+    plan = make_plan(plain, job_id="j", secret="s", root_uri="127.0.0.1", root_port=1)
+    assert not any("LAUNCHKIT_METRICS_ADDR" in t.env for t in plan.tasks)

@@ -24,14 +24,6 @@ class Timing:
     def __init__(self) -> None:
         self.push_n = self.push_ns = self.pull_n = self.pull_ns = 0
 
-    def add(self, pulled: bool, ns: int) -> None:
-        if pulled:
-            self.pull_n += 1
-            self.pull_ns += ns
-        else:
-            self.push_n += 1
-            self.push_ns += ns
-
 
 F = TypeVar("F", bound=Callable[..., None])
 
@@ -43,7 +35,14 @@ def timed(exchange: F) -> F:
     def run(self: Any, op: str, pushes: Any, pulls: Any) -> None:
         t = perf_counter_ns()
         exchange(self, op, pushes, pulls)
-        self.timing.add(pulls is not None, perf_counter_ns() - t)
+        t = perf_counter_ns() - t
+        timing = self.timing
+        if pulls is None:
+            timing.push_n += 1
+            timing.push_ns += t
+        else:
+            timing.pull_n += 1
+            timing.pull_ns += t
 
     return run  # type: ignore[return-value]
 
