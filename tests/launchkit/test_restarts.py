@@ -202,6 +202,19 @@ def test_without_max_restarts_a_failure_ends_the_job(launchkit_home) -> None:
     assert record(launchkit_home, wait_for_job(launchkit_home))["attempt"] == 0
 
 
+def test_the_time_limit_counts_over_every_attempt(launchkit_home) -> None:
+    # each attempt fails after 0.4 s; alone, six attempts would take over 3 s and end with 15
+    script = 'if [ "$DMLC_ROLE" = worker ]; then sleep 0.4; exit $((10 + LAUNCHKIT_RESTART_COUNT)); fi; exec sleep 30'
+    t0 = time.monotonic()
+    res = run(["launch", "-n", "1", "-s", "0", "--max-restarts", "5", "--restart-backoff", "0.3",
+               "--time-limit", "1.2", "sh", "-c", script])  # fmt: skip
+    assert res.returncode == 124, res.stderr
+    assert time.monotonic() - t0 < 3.0 and 1 <= res.stderr.count("restarting in") < 5, res.stderr
+    rec = record(launchkit_home, wait_for_job(launchkit_home))
+    assert (rec["state"], rec["exit_code"]) == ("timed out", 124) and rec["attempt"] < 5
+    assert pids_with_job(rec["id"]) == []
+
+
 def running_job(home: Path, proc: subprocess.Popen[str], count: int, attempt: int = 0) -> str:
     """The job id once its record lists ``count`` started processes of ``attempt``."""
     job = wait_for_job(home)
