@@ -26,7 +26,7 @@ from launchkit.console import Ui
 from launchkit.core.plan import make_plan, new_job_id, new_secret
 from launchkit.core.spec import JobResult, LaunchSpec, Plan
 from launchkit.dashboard import Dashboard
-from launchkit.errors import EXIT_INTERNAL, EXIT_SIGINT, BackendError, UsageError
+from launchkit.errors import EXIT_INTERNAL, BackendError, UsageError
 from launchkit.hostside.netif import route_to
 from launchkit.jobs import records as jobs
 from launchkit.jobs.kill import remote_hosts
@@ -159,7 +159,7 @@ def run_job(spec: LaunchSpec, backend: Backend, ui: Ui, *, dashboard: Dashboard 
                 old_handlers = job.stop.install()
             ui.warn(
                 f"job {job.job_id}: attempt {attempt + 1} failed ({cause}); restarting in "
-                f"{spec.restart_backoff:.1f} s (attempt {attempt + 2} of {spec.max_restarts + 1})"
+                f"{spec.restart_backoff:g} s (attempt {attempt + 2} of {spec.max_restarts + 1})"
             )
             assert job.record is not None
             job.record = dataclasses.replace(job.record, attempt=attempt + 1, processes=())
@@ -182,15 +182,17 @@ def run_job(spec: LaunchSpec, backend: Backend, ui: Ui, *, dashboard: Dashboard 
 
 
 def _attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | None]:
-    """One attempt: contact the hosts, plan (a new port), prepare, record, supervise. A restart's
-    start that fails or is interrupted before the supervisor runs finishes the record."""
+    """One attempt: contact the hosts, plan (a new port), prepare, record, supervise. A restart
+    whose start fails finishes the record; one that a signal broke (an rsync it ended) ends as
+    interrupted."""
     try:
         return _start_attempt(job, attempt)
-    except BaseException as exc:
-        if attempt > 0 and job.record is not None:
-            stopped = isinstance(exc, KeyboardInterrupt)
-            code = EXIT_SIGINT if stopped else getattr(exc, "exit_code", EXIT_INTERNAL)
-            job.record = jobs.finish(job.record, "interrupted" if stopped else "failed", code)
+    except Exception as exc:
+        if attempt == 0 or job.record is None:
+            raise
+        if job.stop.signum is not None:
+            return _ended_between(job, None, 128 + job.stop.signum), None
+        job.record = jobs.finish(job.record, "failed", getattr(exc, "exit_code", EXIT_INTERNAL))
         raise
 
 
