@@ -220,7 +220,9 @@ class Watchdog:
         usage = self.usage
         if usage is None:
             return {"ev": "hb"}
-        procs = [[pid, cpu, rss] for pid, (cpu, rss) in usage.procs.items()]
+        procs = [
+            [pid, None if cpu is None else round(cpu, 1), rss] for pid, (cpu, rss) in usage.procs.items()
+        ]
         return {"ev": "hb", "host": usage.figures, "procs": procs}
 
     def heartbeats(self) -> None:
