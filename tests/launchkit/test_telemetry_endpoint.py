@@ -49,6 +49,26 @@ def test_a_local_job_reports_every_nodes_bytes_and_the_scripts_loss(monkeypatch)
     assert t._sock.fileno() == -1  # closed with the job
 
 
+def test_one_endpoint_serves_every_attempt_and_a_restart_is_no_replay(monkeypatch) -> None:
+    served: list[Telemetry | None] = []
+    real = launching.serve
+
+    def spy(*args, **kwargs):
+        served.append(real(*args, **kwargs))
+        return served[-1]
+
+    monkeypatch.setattr(launching, "serve", spy)
+    job = JOB.with_name("restartjob.py")
+    spec = LaunchSpec(num_workers=1, num_servers=1, command=(sys.executable, str(job)), max_restarts=1,
+                      restart_backoff=0.1)  # fmt: skip
+    result = launching.run_job(spec, LocalBackend(), Ui())
+    assert result.exit_code == 0 and result.attempt == 1
+    assert len(served) == 1 and served[0] is not None
+    t = served[0]
+    attempts = {f.get("attempt") for _, f in t.model.nodes[("worker", 0)].points}
+    assert attempts >= {0.0, 1.0} and t.dropped == 0
+
+
 def datagram(key: bytes = wire.metrics_key(SECRET), job: str = "j1", seq: int = 1) -> bytes:
     return wire.encode(key, wire.Report(job, "worker", 0, seq, time.time(), {"loss": 1.0}))
 
