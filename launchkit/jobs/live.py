@@ -50,7 +50,7 @@ def encode(state: DashboardState, metrics: JobMetrics | None, at: float) -> str:
             for entry in model[kind]:
                 entry["points"] = entry["points"][-KEEP_POINTS:]
         doc["metrics"] = model
-        doc["expected_nodes"] = state.training.nodes_expected if state.training else len(state.rows)
+        doc["expected_nodes"] = state.training.nodes_expected if state.training else 0
     return json.dumps(doc, separators=(",", ":"))
 
 
@@ -95,9 +95,8 @@ def decode(text: str) -> Live:
     state = view_state.from_json(doc.get("state"))
     if metrics is not None:
         expected = doc.get("expected_nodes")
-        expected = (
-            expected if isinstance(expected, int) and not isinstance(expected, bool) else len(state.rows)
-        )
+        if not isinstance(expected, int) or isinstance(expected, bool):
+            expected = sum(1 for r in state.rows if r.role != "scheduler")
         running = state.running() if not state.finished else set()
         state = view_state.replace_training(state, training(metrics, expected, running))
     return Live(state, metrics, float(at))

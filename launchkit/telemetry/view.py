@@ -15,7 +15,8 @@ the same panel:
 - **lagging**: the worker that lags, named with why: silent (no report for ``STALE`` seconds
   while others report), behind (step well below the median), or slow (samples/s well below
   the median); at most one, the worst;
-- **nodes registered**: how many of the job's processes have reported at all.
+- **nodes registered**: how many of the job's servers and workers have reported, and not as
+  unregistered (``registered`` 0); the scheduler is the one they register with.
 """
 
 from __future__ import annotations
@@ -182,7 +183,9 @@ def training(
     steps = [s.latest["step"] for s in ws if "step" in s.latest]
     rates = [r for s in ws if (r := rate(s, "samples_total")) is not None]
     return Training(
-        nodes_reported=len(nodes),
+        nodes_reported=sum(
+            1 for (role, _), s in nodes.items() if role != "scheduler" and s.latest.get("registered", 1)
+        ),
         nodes_expected=nodes_expected,
         step=int(max(steps)) if steps else None,
         loss=_latest(ws, "loss"),

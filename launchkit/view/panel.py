@@ -32,7 +32,7 @@ def number(value: float | None, digits: int = 4) -> str:
     """A figure at ``digits`` significant digits (thousands separated from 10,000 on)."""
     if value is None:
         return "-"
-    if abs(value) >= 10_000:
+    if abs(value) >= 1_000:
         return f"{value:,.0f}"
     return f"{value:.{digits}g}"
 
@@ -84,9 +84,9 @@ def waiting_line(t: Training) -> str:
     return f"waiting for nodes to register: {t.nodes_reported} of {t.nodes_expected}"
 
 
-def training_panel(t: Training) -> RenderableType:
+def training_panel(t: Training, finished: bool = False) -> RenderableType:
     parts: list[RenderableType] = []
-    if t.waiting:
+    if t.waiting and not finished:
         parts.append(Text(waiting_line(t), style="yellow"))
     figures: RenderableType = figures_table(t)
     if t.nodes_reported == 0:

@@ -120,7 +120,7 @@ def root_cause_panel(state: DashboardState) -> RenderableType | None:
 def render(state: DashboardState, max_rows: int | None = None) -> RenderableType:
     parts: list[RenderableType] = []
     if state.training is not None:
-        parts.append(training_panel(state.training))
+        parts.append(training_panel(state.training, state.finished))
     parts.append(process_table(state, max_rows))
     cause = root_cause_panel(state)
     if cause is not None:

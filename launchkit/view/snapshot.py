@@ -76,6 +76,11 @@ def root_cause_of(run: Proc | None) -> RootCause | None:
     return RootCause(run.task.role, run.task.rank, host_of(run), detail, tuple(run.tail)[-ROOT_LINES:])
 
 
+def registering(procs: Sequence[Proc]) -> int:
+    """How many nodes register with the scheduler: every process but the scheduler."""
+    return sum(1 for p in procs if p.task.role != "scheduler")
+
+
 class Publisher:
     def __init__(
         self,
@@ -125,7 +130,7 @@ class Publisher:
             log=tuple(self.log),
             attempt=self.attempt[0] if self.attempt else None,
             attempts=self.attempt[1] if self.attempt else None,
-            training=None if model is None else training(model, len(procs), running),
+            training=None if model is None else training(model, registering(procs), running),
             root_cause=root_cause_of(root),
             finished=finished,
         )

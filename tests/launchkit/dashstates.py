@@ -49,7 +49,7 @@ def healthy(slow_rank: int | None = None) -> DashboardState:
     r = rows()
     return DashboardState(
         "1122-000000-abcdef", "train_digits", "local", 65.0, r,
-        log=(("worker 0", "epoch 1 loss 0.51"),), training=training(m, len(r)),
+        log=(("worker 0", "epoch 1 loss 0.51"),), training=training(m, len(r) - 1),
     )  # fmt: skip
 
 
@@ -61,6 +61,6 @@ def failed() -> DashboardState:
     cause = RootCause("worker", 1, "localhost", "exit 3", ("epoch 3", "Traceback (most recent call last):",
                                                            "ValueError: the data went bad"))  # fmt: skip
     return DashboardState(
-        "1122-000000-abcdef", "train_digits", "local", 12.0, r, training=training(m, len(r), set()),
+        "1122-000000-abcdef", "train_digits", "local", 12.0, r, training=training(m, len(r) - 1, set()),
         root_cause=cause, finished=True,
     )  # fmt: skip

@@ -105,7 +105,8 @@ def test_render_waiting_for_nodes() -> None:
     m = dashstates.model(workers=1)
     state = dashstates.healthy()
     state = DashboardState(**{**state.__dict__, "training": training(m, 6)})
-    assert "waiting for nodes to register: 3 of 6" in text_of(state)
+    assert "waiting for nodes to register: 2 of 6" in text_of(state)  # a server and a worker
+    assert "waiting" not in text_of(DashboardState(**{**state.__dict__, "finished": True}))
 
 
 def test_render_64_processes_over_12_hosts_fits_and_is_quick() -> None:

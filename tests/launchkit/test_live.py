@@ -17,7 +17,7 @@ def test_round_trip_gives_the_same_view() -> None:
     assert why == "" and view is not None
     assert view.written_at == dashstates.T0 + 30
     assert view.state.rows == state.rows and view.state.log == state.log
-    assert view.state.training == training(model, len(state.rows), state.running())
+    assert view.state.training == training(model, 3, state.running())
     assert view.state.training.lagging is not None and view.state.training.lagging.rank == 1
     assert live.step_loss(state.job_id) == (300, state.training.loss)
 
@@ -39,7 +39,7 @@ def test_the_series_are_cut_to_what_the_view_needs() -> None:
     doc = json.loads(live.path(state.job_id).read_text())
     assert all(len(n["points"]) == live.KEEP_POINTS for n in doc["metrics"]["nodes"])
     view, _ = live.read(state.job_id)
-    assert view is not None and view.state.training == training(model, 4, state.running())
+    assert view is not None and view.state.training == training(model, 3, state.running())
 
 
 def test_missing_corrupt_old_or_malformed_files_read_as_none_with_the_reason() -> None:

@@ -32,8 +32,8 @@ def test_series_are_means_aligned_from_the_newest() -> None:
 
 
 def test_a_healthy_job() -> None:
-    t = training(model(), nodes_expected=4)
-    assert t.nodes_reported == 4 and not t.waiting
+    t = training(model(), nodes_expected=3)
+    assert t.nodes_reported == 3 and not t.waiting  # the servers and workers; not the scheduler
     assert t.step == 300
     assert t.loss == pytest.approx((2.0 / 31 + (2.0 / 31 + 0.01)) / 2)
     assert t.loss_series[0] > t.loss_series[-1] and len(t.loss_series) == 31
@@ -80,7 +80,9 @@ def test_a_silent_worker_is_named_but_not_one_that_ended() -> None:
 def test_nodes_still_registering() -> None:
     m = JobMetrics()
     m.node_report("scheduler", 0, T0, {})
-    m.node_report("worker", 0, T0, {})
+    m.node_report("worker", 0, T0, {"registered": 1})
+    m.node_report("worker", 1, T0, {"registered": 0})
+    m.node_report("server", 0, T0, {})
     t = training(m, nodes_expected=4)
     assert t.waiting and (t.nodes_reported, t.nodes_expected) == (2, 4)
     assert t.step is None and t.samples_per_s is None and t.loss_series == ()
