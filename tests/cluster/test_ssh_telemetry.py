@@ -3,14 +3,20 @@ heartbeats (real sshd on loopback, in-process launch)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+
+import pytest
 
 from launchkit import launching
 from launchkit.backends.ssh.backend import SshBackend
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.console import Ui
+from launchkit.core.hostfile import read_hostfile
 from launchkit.core.spec import Host, LaunchSpec
 from launchkit.telemetry.endpoint import Telemetry
+from tests.cluster.conftest import netns_hosts, netns_session  # noqa: F401
+from tests.cluster.test_trainer_core_ssh import ROOT, host_python  # noqa: F401
 
 BUSY = "import time\nt = time.time()\nwhile time.time() - t < 4: pass"
 
@@ -36,3 +42,39 @@ def test_remote_rows_get_host_figures_and_process_usage(sshd_loopback, tmp_path:
     busy = [cpu for (h, _), (cpu, rss) in model.procs.items() if h == str(host) and cpu and rss > 0]
     assert busy and max(busy) > 20, model.procs
     assert "localhost" in model.hosts  # the launcher's own host (the scheduler's)
+
+
+@pytest.mark.timeout(480)
+def test_node_reports_cross_hosts_and_every_host_has_the_same_columns(netns_hosts, host_python: str,  # noqa: F811
+                                                                      tmp_path: Path, monkeypatch) -> None:  # fmt: skip
+    """trainer_core workers and a server on two namespace hosts report over UDP to the endpoint on
+    the bridge; each host's watchdog sends the same figures the launcher's host gets."""
+    served: list[Telemetry] = []
+    real = launching.serve
+
+    def spy(*args, **kwargs):
+        served.append(real(*args, **kwargs))
+        return served[-1]
+
+    monkeypatch.setattr(launching, "serve", spy)
+    group = netns_hosts(2)
+    job = tmp_path / "job"
+    job.mkdir()
+    for pkg in ("trainer_core", "dmlc_env"):
+        shutil.copytree(ROOT / pkg, job / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "tests" / "launchkit" / "metricsjob.py", job / "metricsjob.py")
+    monkeypatch.chdir(job)  # what --sync-dst-dir copies
+    hosts = tuple(read_hostfile(group.write_hostfile(tmp_path / "hosts")))
+    backend = SshBackend(SshOptions(identity=str(group.identity), known_hosts=str(group.known_hosts)))
+    spec = LaunchSpec(num_workers=2, num_servers=1, command=(host_python, "metricsjob.py"), hosts=hosts,
+                      backend="ssh", cwd=str(job), sync_dst_dir="/srv/metricsjob")  # fmt: skip
+    assert launching.run_job(spec, backend, Ui()).exit_code == 0
+    t = served[0]
+    assert not t.address.startswith("127.")  # the bridge: what the hosts reach the launcher at
+    nodes = {k: s.latest for k, s in t.model.nodes.items()}
+    for rank in (0, 1):
+        assert nodes[("worker", rank)]["bytes_pushed"] == 5 * 4000 and nodes[("worker", rank)]["loss"] == 0.2
+    assert nodes[("server", 0)]["registered"] == 1
+    columns = set(t.model.hosts["localhost"].latest)
+    for h in hosts:
+        assert set(t.model.hosts[str(h)].latest) == columns, str(h)
