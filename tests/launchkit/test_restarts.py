@@ -253,20 +253,26 @@ def test_a_signal_during_an_attempt_is_not_restarted(launchkit_home, sig: int, c
     assert pids_with_job(job) == []
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_during_the_backoff_ends_the_launch_at_once(launchkit_home, sig: int, code: int) -> None:
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "launchkit kill"])
+def test_a_signal_during_the_backoff_ends_the_launch_at_once(launchkit_home, how: str) -> None:
     proc = start(["launch", "-n", "1", "-s", "0", "--max-restarts", "3", "--restart-backoff", "60",
                   "sh", "-c", ALWAYS_FAIL])  # fmt: skip
     job = wait_for_job(launchkit_home)
     assert wait_until(lambda: record(launchkit_home, job)["attempt"] == 1, 15), record(launchkit_home, job)
     assert record(launchkit_home, job)["state"] == "running"  # waiting to restart
-    proc.send_signal(sig)
+    killer = start(["kill", job]) if how == "launchkit kill" else None
+    if killer is None:
+        proc.send_signal(signal.Signals[how])
     rc, err = ended_within(proc, 3)
-    assert rc == code, err
-    assert f"received {signal.Signals(sig).name}: no restart" in err
+    sig = signal.SIGTERM if killer else signal.Signals[how]
+    assert rc == 128 + sig, err
+    assert f"received {sig.name}: no restart" in err
     assert err.count("restarting in") == 1 and err.count("1 worker on local") == 1  # no second start
+    if killer is not None:
+        _, kill_err = killer.communicate(timeout=10)
+        assert killer.returncode == 0, kill_err
     rec = record(launchkit_home, job)
-    assert (rec["state"], rec["exit_code"]) == ("interrupted", code)
+    assert (rec["state"], rec["exit_code"]) == ("killed" if killer else "interrupted", 128 + sig)
     assert pids_with_job(job) == []
 
 
