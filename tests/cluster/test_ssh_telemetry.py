@@ -67,7 +67,8 @@ def test_node_reports_cross_hosts_and_every_host_has_the_same_columns(netns_host
     hosts = tuple(read_hostfile(group.write_hostfile(tmp_path / "hosts")))
     backend = SshBackend(SshOptions(identity=str(group.identity), known_hosts=str(group.known_hosts)))
     spec = LaunchSpec(num_workers=2, num_servers=1, command=(host_python, "metricsjob.py"), hosts=hosts,
-                      backend="ssh", cwd=str(job), sync_dst_dir="/srv/metricsjob")  # fmt: skip
+                      backend="ssh", cwd=str(job), sync_dst_dir="/srv/metricsjob",
+                      env=(("HOLD_S", "2.5"),))  # fmt: skip  # heartbeats come every second
     assert launching.run_job(spec, backend, Ui()).exit_code == 0
     t = served[0]
     assert not t.address.startswith("127.")  # the bridge: what the hosts reach the launcher at
