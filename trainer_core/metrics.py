@@ -29,6 +29,7 @@ from trainer_core.transport import wire
 from trainer_core.transport.datagram import DatagramPeer
 
 INTERVAL = 1.0  # seconds between reports, at most one report per interval
+MAX_OWN = 32  # figures a script may report by name: with the sources', a report stays under 4 KiB
 METRICS = "metrics"  # the op of a report's header (it never travels as a wire.py message)
 
 Source = Callable[[], Mapping[str, float]]
@@ -54,16 +55,27 @@ class Reporter:
         self._seq = 0
         self._last_sent = 0.0
         self._thread: threading.Thread | None = None
+        self._full = False
         self.log = logging.getLogger("trainer_core")
 
     # -- what the process adds ----------------------------------------------------------------
     def report(self, **figures: Any) -> None:
-        """Keep the latest value of each figure; ``samples`` is added to ``samples_total``."""
+        """Keep the latest value of each figure; ``samples`` is added to ``samples_total``. At most
+        ``MAX_OWN`` names are kept (a new one beyond them is ignored, with one warning)."""
         samples = figures.pop("samples", None)
         with self._lock:
             for name, value in figures.items():
-                if _number(value):
+                if not _number(value):
+                    continue
+                if name in self._figures or len(self._figures) < MAX_OWN:
                     self._figures[name] = float(value)
+                elif not self._full:
+                    self._full = True
+                    self.log.warning(
+                        "trainer_core metrics: more than %d figures; %r and later ones are not sent",
+                        MAX_OWN,
+                        name,
+                    )
             if _number(samples):
                 self._figures["samples_total"] = self._figures.get("samples_total", 0.0) + float(samples)
         self._start()

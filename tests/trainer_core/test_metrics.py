@@ -76,6 +76,15 @@ def test_a_report_carries_the_latest_figures_and_the_sources(endpoint: socket.so
     assert [x.seq for x in reports] == sorted({x.seq for x in reports})  # increasing: none a replay
 
 
+def test_too_many_figures_still_leave_a_report_that_fits(endpoint: socket.socket) -> None:
+    r = reporter(address(endpoint))
+    r.add_source(lambda: {f"source_figure_{i:02d}": 1e300 for i in range(12)})
+    r.report(**{f"a_long_figure_name_of_the_script_{i:03d}_{'x' * 20}": -1.5e-300 for i in range(100)})
+    r.close()
+    last = drain(endpoint, 1.0)[-1]
+    assert len(last.figures) == metrics.MAX_OWN + 12
+
+
 def test_a_removed_source_leaves_its_last_figures(endpoint: socket.socket) -> None:
     r = reporter(address(endpoint))
     r.add_source(lambda: {"pushes": 7})
