@@ -4,7 +4,7 @@ The supervisor writes it (atomic replace, at most once every ``EVERY`` seconds, 
 the end) whether or not its terminal shows the dashboard, so that ``launchkit top JOB_ID`` in
 another terminal shows the same view, and ``launchkit ps`` the latest step and loss. It holds
 the dashboard's state (header, process rows, output tail, root cause) and the job's telemetry
-(``JobMetrics.to_json``, each series cut to its last ``KEEP_POINTS`` reports); the training
+(in ``JobMetrics.to_json``'s form, each series cut to its last ``KEEP_POINTS`` reports); the training
 panel is computed from it by the reader, as the launcher computes its own.
 
 A live file is read as untrusted input: one that is missing, unreadable, of another version or
@@ -24,13 +24,13 @@ from typing import Any
 
 from launchkit.jobs.records import JOB_ID_RE, jobs_dir
 from launchkit.telemetry.model import JobMetrics
-from launchkit.telemetry.view import training
+from launchkit.telemetry.view import KEEP, recent, training
 from launchkit.view import state as view_state
 from launchkit.view.state import DashboardState
 
 VERSION = 1
 EVERY = 1.0  # seconds between two writes
-KEEP_POINTS = 64  # reports kept per series: a sparkline's worth, and the rate windows
+KEEP_POINTS = KEEP  # reports kept per series: a sparkline's worth, and the rate windows
 
 
 def job_dir(job_id: str) -> Path:
@@ -45,13 +45,23 @@ def path(job_id: str) -> Path:
 def encode(state: DashboardState, metrics: JobMetrics | None, at: float) -> str:
     doc: dict[str, Any] = {"version": VERSION, "written_at": at, "state": view_state.to_json(state)}
     if metrics is not None:
-        model = metrics.to_json()
-        for kind in ("nodes", "hosts"):
-            for entry in model[kind]:
-                entry["points"] = entry["points"][-KEEP_POINTS:]
-        doc["metrics"] = model
+        doc["metrics"] = recent_json(metrics)
         doc["expected_nodes"] = state.training.nodes_expected if state.training else 0
     return json.dumps(doc, separators=(",", ":"))
+
+
+def recent_json(metrics: JobMetrics, keep: int = KEEP_POINTS) -> dict[str, Any]:
+    """``metrics.to_json()`` with each series cut to its last ``keep`` reports (cut before it is
+    copied: the launcher's loop pays for what the file holds, not for the whole history)."""
+    with metrics.lock:
+        nodes = {k: recent(s, keep).points for k, s in metrics.nodes.items()}
+        hosts = {h: recent(s, keep).points for h, s in metrics.hosts.items()}
+        procs = list(metrics.procs.items())
+    return {
+        "nodes": [{"role": r, "rank": k, "points": [[t, f] for t, f in p]} for (r, k), p in nodes.items()],
+        "hosts": [{"host": h, "points": [[t, f] for t, f in p]} for h, p in hosts.items()],
+        "procs": [[h, p, c, m] for (h, p), (c, m) in procs],
+    }
 
 
 def write(state: DashboardState, metrics: JobMetrics | None, at: float | None = None) -> Path:

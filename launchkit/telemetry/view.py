@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from launchkit.telemetry.model import Figures, JobMetrics, Series
 
-SERIES = 60  # points kept for a sparkline
+SERIES = 32  # points kept for a sparkline (it shows the last 30)
 RATE_WINDOW = 5.0  # seconds of reports a rate is taken over (at least the last two)
 STALE = 10.0  # a worker silent this long while others report is lagging
 BEHIND = 0.8  # a step below this fraction of the median (and 2 or more steps back) is behind
@@ -76,17 +76,18 @@ class Training:
 
 def rate(series: Series, name: str, window: float = RATE_WINDOW) -> float | None:
     """Per second, of the cumulative figure ``name``, between the newest report and the oldest
-    one within ``window`` seconds of it (at least the one before it); None with fewer than two."""
+    one within ``window`` seconds of it (at least the one before it), never across a drop of the
+    counter (a restarted process, an interface gone); None when there are not two such reports."""
     points = [(t, f[name]) for t, f in series.points if name in f]
     if len(points) < 2:
         return None
     t1, v1 = points[-1]
-    t0, v0 = points[-2]
-    for t, v in reversed(points[:-2]):
-        if t1 - t > window:
+    t0, v0 = t1, v1
+    for t, v in reversed(points[:-1]):
+        if v > v0 or t >= t0 or (t1 - t > window and t0 < t1):
             break
         t0, v0 = t, v
-    if t1 <= t0 or v1 < v0:  # a restarted counter gives no rate
+    if t0 >= t1:
         return None
     return (v1 - v0) / (t1 - t0)
 
@@ -165,8 +166,13 @@ def host_figures(host: str, series: Series) -> HostFigures:
     )
 
 
-def _copy(series: Series) -> Series:
-    return Series(deque(series.points, maxlen=series.points.maxlen))
+KEEP = SERIES + 4  # the reports a panel reads: a sparkline's worth (rates need fewer)
+
+
+def recent(series: Series, keep: int = KEEP) -> Series:
+    """A copy of the last ``keep`` reports of ``series`` (taken under the model's lock)."""
+    points = series.points
+    return Series(deque(itertools.islice(points, max(0, len(points) - keep), None), maxlen=points.maxlen))
 
 
 def training(
@@ -175,8 +181,8 @@ def training(
     """The training panel's figures from the model (copied under its lock). Only the workers in
     ``running`` (all when None) can be named as lagging: a worker that has ended is not late."""
     with model.lock:
-        nodes = {k: _copy(s) for k, s in model.nodes.items()}
-        hosts = {h: _copy(s) for h, s in model.hosts.items()}
+        nodes = {k: recent(s) for k, s in model.nodes.items()}
+        hosts = {h: recent(s) for h, s in model.hosts.items()}
     workers = {k: s for k, s in nodes.items() if k[0] == "worker"}
     candidates = {k: s for k, s in workers.items() if running is None or k in running}
     ws = [workers[k] for k in sorted(workers)]

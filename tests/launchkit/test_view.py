@@ -20,6 +20,9 @@ def test_rate_over_the_window_and_not_across_a_restarted_counter() -> None:
     assert rate(s, "n") == pytest.approx(100.0)
     assert rate(series((T0, {"n": 5.0})), "n") is None
     assert rate(series((T0, {"n": 500.0}), (T0 + 1, {"n": 10.0})), "n") is None
+    # after a drop (a counter that started again), the rate is taken from the reports since
+    dropped = series((T0, {"n": 900.0}), (T0 + 1, {"n": 10.0}), (T0 + 2, {"n": 30.0}), (T0 + 3, {"n": 50.0}))
+    assert rate(dropped, "n") == pytest.approx(20.0)
     # reports without the figure are skipped
     assert rate(series((T0, {"n": 0.0}), (T0 + 1, {}), (T0 + 2, {"n": 20.0})), "n") == pytest.approx(10.0)
 
