@@ -20,11 +20,13 @@ from typing import Any
 import pytest
 
 import dmlc_env
+from launchkit import launching
+from launchkit.backends.local import LocalBackend
 from launchkit.cli.launch import build_spec
 from launchkit.console import Ui
 from launchkit.core.plan import make_plan
 from launchkit.core.spec import Host, JobResult, LaunchSpec, Task, TaskResult
-from launchkit.errors import UsageError
+from launchkit.errors import BackendError, UsageError
 from launchkit.jobs.records import JobRecord
 from launchkit.launching import restart_cause
 from tests.cluster.conftest import sshd_loopback  # noqa: F401
@@ -213,6 +215,27 @@ def test_the_time_limit_counts_over_every_attempt(launchkit_home) -> None:
     rec = record(launchkit_home, wait_for_job(launchkit_home))
     assert (rec["state"], rec["exit_code"]) == ("timed out", 124) and rec["attempt"] < 5
     assert pids_with_job(rec["id"]) == []
+
+
+class UnreachableOnRestart(LocalBackend):
+    """The local backend, whose hosts cannot be reached any more when the job restarts."""
+
+    connected = 0
+
+    def connect(self, spec: LaunchSpec) -> str | None:
+        self.connected += 1
+        if self.connected > 1:
+            raise BackendError("ssh", "1 of 1 host(s) unreachable, nothing started: node9: timed out")
+        return None
+
+
+def test_a_restart_that_cannot_start_ends_the_launch_and_its_record(launchkit_home) -> None:
+    spec = LaunchSpec(1, 0, ("sh", "-c", "exit 3"), max_restarts=2, restart_backoff=0.0)
+    with pytest.raises(BackendError, match="node9: timed out"):
+        launching.run_job(spec, UnreachableOnRestart(), Ui())
+    (job,) = job_ids(launchkit_home)
+    rec = record(launchkit_home, job)
+    assert (rec["attempt"], rec["state"], rec["exit_code"]) == (1, "failed", 1)
 
 
 def running_job(home: Path, proc: subprocess.Popen[str], count: int, attempt: int = 0) -> str:
