@@ -58,6 +58,10 @@ class Backend:
     def set_cleanup_sink(self, sink: Callable[[list[str]], None]) -> None:
         """Where to send commands that must run if the launcher dies (the reaper runs them)."""
 
+    def set_host_sink(self, sink: Callable[..., None]) -> None:
+        """Where to send the figures a remote host's sampler reports (the metrics endpoint's
+        ``host_report``); backends without remote samplers ignore it."""
+
     def describe_job(self, plan: Plan) -> list[list[str]]:
         """Engine command lines that start the whole job (``--dry-run``); none by default."""
         return []

@@ -50,7 +50,7 @@ def job_ids_of(pid: int) -> set[str]:
     }
 
 
-def _pid_namespace(pid: int | str) -> str | None:
+def pid_namespace(pid: int | str) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/pid")
     except OSError:
@@ -65,7 +65,7 @@ def find_job_pids(job_id: str | None = None, exclude: Iterable[int] = ()) -> lis
     processes are reached through that host, not killed from here.)"""
     skip = {os.getpid(), *exclude}
     uid = os.getuid()
-    own_ns = _pid_namespace("self")
+    own_ns = pid_namespace("self")
     found: list[int] = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -82,7 +82,7 @@ def find_job_pids(job_id: str | None = None, exclude: Iterable[int] = ()) -> lis
         if (
             (ids if job_id is None else job_id in ids)
             and not _is_zombie(pid)
-            and _pid_namespace(pid) == own_ns
+            and pid_namespace(pid) == own_ns
         ):
             found.append(pid)
     return sorted(found)

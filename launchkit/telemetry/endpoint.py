@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dmlc_env import telemetry as wire
+from launchkit.backends.base import Backend
 from launchkit.hostside import hoststat, procscan
 from launchkit.telemetry.model import JobMetrics
 
@@ -104,7 +105,7 @@ class Telemetry:
     def job_groups(self, stats: list[hoststat.ProcStat]) -> set[int]:
         """The process groups of this host led by a process of this job (each job process leads
         one); a leader's environment is read once."""
-        own_ns = procscan._pid_namespace("self")
+        own_ns = procscan.pid_namespace("self")
         found = set()
         live = set()
         for st in stats:
@@ -114,7 +115,7 @@ class Telemetry:
             live.add(key)
             if key not in self._known:
                 self._known[key] = (
-                    self.job_id in procscan.job_ids_of(st.pid) and procscan._pid_namespace(st.pid) == own_ns
+                    self.job_id in procscan.job_ids_of(st.pid) and procscan.pid_namespace(st.pid) == own_ns
                 )
             if self._known[key]:
                 found.add(st.pid)
@@ -134,7 +135,7 @@ class Telemetry:
         self._sock.close()
 
 
-def serve(job_id: str, secret: str, bind_host: str, backend: object) -> Telemetry | None:
+def serve(job_id: str, secret: str, bind_host: str, backend: Backend) -> Telemetry | None:
     """The job's endpoint on ``bind_host`` (the address its hosts reach the launcher at), with
     the backend's host figures (an ssh backend's ``set_host_sink``) going into its model; ``None``
     when there is no such address (a batch job finds its own) or it cannot be bound here: then
@@ -145,7 +146,5 @@ def serve(job_id: str, secret: str, bind_host: str, backend: object) -> Telemetr
         telemetry = Telemetry(job_id, secret, bind_host)
     except OSError:
         return None
-    set_sink = getattr(backend, "set_host_sink", None)
-    if callable(set_sink):
-        set_sink(telemetry.host_report)
+    backend.set_host_sink(telemetry.host_report)
     return telemetry
