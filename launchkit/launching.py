@@ -22,6 +22,8 @@ from typing import Any
 
 from launchkit.backends.base import Backend
 from launchkit.backends.ssh import commands as ssh_commands
+from launchkit.backends.ssh.agent import LOST_EXIT
+from launchkit.backends.ssh.backend import SshBackend
 from launchkit.console import Ui
 from launchkit.core.plan import make_plan, new_job_id, new_secret
 from launchkit.core.spec import JobResult, LaunchSpec, Plan
@@ -75,6 +77,7 @@ def dry_run_plan(spec: LaunchSpec, backend: Backend) -> Plan:
 
 RESTARTABLE = ("local", "ssh")  # backends whose jobs --max-restarts restarts (docs/launch.md)
 REAPER_WAIT = 30.0  # seconds past the grace period for the last attempt's reaper to finish its sweep
+WATCHDOG_SWEEP = 2.0  # seconds a lost host's watchdog is given for its final sweep by job id
 
 
 def restart_cause(result: JobResult, attempt: int, max_restarts: int) -> str | None:
@@ -89,6 +92,16 @@ def restart_cause(result: JobResult, attempt: int, max_restarts: int) -> str | N
     return f"{root.task.role} {root.task.rank} exit {root.exit_code}" + (
         f", signal {root.signal}" if root.signal else ""
     )
+
+
+def restart_delay(backoff: float, result: JobResult, watchdog_end: float | None) -> float:
+    """Seconds before the next attempt: ``backoff``; after an attempt in which an ssh host was lost
+    (a process ended ``LOST_EXIT``), at least ``watchdog_end``: how long that host's watchdog, which
+    the launcher could not reach, may still take to end the job's processes there by job id (a
+    sweep that would end the next attempt's processes too)."""
+    if watchdog_end is not None and any(r.exit_code == LOST_EXIT for r in result.results):
+        return max(backoff, watchdog_end)
+    return backoff
 
 
 class _Stop:
@@ -157,14 +170,16 @@ def run_job(spec: LaunchSpec, backend: Backend, ui: Ui, *, dashboard: Dashboard 
                 return _ended_between(job, result, 128 + job.stop.signum)
             if not old_handlers:
                 old_handlers = job.stop.install()
+            delay = restart_delay(spec.restart_backoff, result, _watchdog_end(job))
+            lost = " (a host was lost: its watchdog ends first)" if delay > spec.restart_backoff else ""
             ui.warn(
                 f"job {job.job_id}: attempt {attempt + 1} failed ({cause}); restarting in "
-                f"{spec.restart_backoff:g} s (attempt {attempt + 2} of {spec.max_restarts + 1})"
+                f"{delay:g} s{lost} (attempt {attempt + 2} of {spec.max_restarts + 1})"
             )
             assert job.record is not None
             job.record = dataclasses.replace(job.record, attempt=attempt + 1, processes=())
             jobs.save(job.record)
-            backoff_end = time.monotonic() + spec.restart_backoff
+            backoff_end = time.monotonic() + delay
             _settle(job, supervisor)
             wait, left = backoff_end - time.monotonic(), job.time_left()
             out_of_time = left is not None and left <= wait
@@ -268,6 +283,14 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
     finally:
         if reservation is not None:
             reservation.close()
+
+
+def _watchdog_end(job: _Job) -> float | None:
+    """ssh: the longest a lost host's watchdog may go on (its heartbeat timeout, then the grace
+    period and its sweep); None for backends without watchdogs."""
+    if not isinstance(job.backend, SshBackend):
+        return None
+    return job.backend.hb_timeout + job.spec.grace_period + WATCHDOG_SWEEP
 
 
 def _settle(job: _Job, supervisor: Supervisor | None) -> None:

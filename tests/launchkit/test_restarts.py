@@ -28,8 +28,8 @@ from launchkit.core.plan import make_plan
 from launchkit.core.spec import Host, JobResult, LaunchSpec, Task, TaskResult
 from launchkit.errors import BackendError, UsageError
 from launchkit.jobs.records import JobRecord
-from launchkit.launching import restart_cause
-from tests.cluster.conftest import sshd_loopback  # noqa: F401
+from launchkit.launching import restart_cause, restart_delay
+from tests.cluster.conftest import netns_hosts, netns_session, sshd_loopback  # noqa: F401
 from tests.launchkit.procs import (
     job_ids,
     parse_prefixed,
@@ -347,6 +347,45 @@ def test_ssh_job_is_restarted_on_its_host(sshd_loopback, tmp_path: Path, launchk
     rec = record(launchkit_home, job)
     assert (rec["attempt"], rec["state"]) == (1, "succeeded")
     assert pids_with_job(job) == []  # the loopback host is this machine: nothing of the job is left
+
+
+def test_restart_delay_waits_for_a_lost_hosts_watchdog() -> None:
+    task = Task("worker", 1, 2, Host("node2"), 0, ("x",))
+    lost = JobResult(
+        "j", 255, (TaskResult(task, 255, None, 0.0),), root_cause=TaskResult(task, 255, None, 0.0)
+    )
+    failed = result(3)
+    assert restart_delay(1.0, failed, 13.0) == 1.0
+    assert restart_delay(1.0, lost, 13.0) == 13.0 and restart_delay(20.0, lost, 13.0) == 20.0
+    assert restart_delay(1.0, lost, None) == 1.0  # no watchdogs (local)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_lost_host_is_restarted_after_its_watchdog_ended(
+    netns_hosts, launchkit_home, tmp_path: Path
+) -> None:  # noqa: F811
+    """Host 2's link goes down, the launcher loses that host and restarts the job once the link is
+    back: the restart waits until host 2's old watchdog (cut off, so never told to end) has ended the
+    job there by itself, then runs on both hosts to the end."""
+    group = netns_hosts(2)
+    hostfile = group.write_hostfile(tmp_path / "hosts")
+    script = 'test "$LAUNCHKIT_RESTART_COUNT" -ge 1 || exec sleep 60; sleep 1; echo "survived $DMLC_ROLE"'
+    proc = start(["launch", "-H", str(hostfile), "-i", str(group.identity), "--known-hosts",
+                  str(group.known_hosts), "-n", "2", "-s", "0", "--heartbeat-timeout", "1", "--grace-period",
+                  "1", "--max-restarts", "1", "--restart-backoff", "0", "sh", "-c", script], cwd="/")  # fmt: skip
+    job = running_job(launchkit_home, proc, 3)
+    assert wait_until(lambda: group[1].pids_with_env(f"LAUNCHKIT_JOB_ID={job}"), 10)
+    subprocess.run(["ip", "link", "set", group[1].veth, "down"], check=True)
+    try:
+        assert wait_until(lambda: record(launchkit_home, job)["attempt"] == 1, 15), proc.poll()
+    finally:
+        subprocess.run(["ip", "link", "set", group[1].veth, "up"], check=True)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "attempt 1 failed (worker 1 exit 255); restarting in 4 s (a host was lost" in err, err
+    assert "[worker 1] survived worker" in out and "[worker 0] survived worker" in out, (out, err)
+    assert pids_with_job(job) == [] and not group[1].pids_with_env(f"LAUNCHKIT_JOB_ID={job}")
 
 
 # -- the digits example: a worker killed mid-training resumes from its checkpoint -----------------
