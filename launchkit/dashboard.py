@@ -66,11 +66,10 @@ class CpuMeter:
 class Dashboard:
     """A Live view; ``update`` takes a state built by the caller, at most every ``interval``."""
 
-    def __init__(self, console: Console, interval: float = 0.5, log_lines: int = 12) -> None:
+    def __init__(self, console: Console, interval: float = 1.0, log_lines: int = 12) -> None:
         self.console = console
         self.interval = interval
         self.log: deque[tuple[str, str]] = deque(maxlen=log_lines)
-        self.cpu = CpuMeter()
         self._live: Live | None = None
         self._next = 0.0
 

@@ -105,20 +105,20 @@ class Publisher:
     def snapshot(
         self, procs: Sequence[Proc], root: Proc | None = None, finished: bool = False
     ) -> DashboardState:
-        local = self.plan.backend == "local"
-        pids = {p.handle.pid for p in procs if p.handle and p.handle.pid and p.result is None}
-        usage = self.cpu.sample(pids) if local else {}
         model = self.metrics
         sampled: dict[tuple[str, int], tuple[float | None, int]] = {}
-        if model is not None:
+        if model is not None:  # the hosts' samplers (this host's included) saw the processes
             with model.lock:
                 sampled = dict(model.procs)
+        usage: dict[int, tuple[float | None, int]] = {}
+        if self.plan.backend == "local" and not sampled:  # no sampler: read /proc here
+            pids = {p.handle.pid for p in procs if p.handle and p.handle.pid and p.result is None}
+            usage = self.cpu.sample(pids)
         rows = []
         for run in procs:
             pid = run.handle.pid if run.handle else None
-            cpu = usage.get(pid) if pid else None
-            if pid and (cpu is None or cpu[0] is None) and sampled:
-                cpu = usage_of(sampled, host_of(run), pid) or cpu
+            alive = pid is not None and run.result is None  # an ended process's last sample is stale
+            cpu = (usage_of(sampled, host_of(run), pid) or usage.get(pid)) if alive and pid else None
             rows.append(row_of(run, cpu))
         running = {(r.role, r.rank) for r in rows if r.state in ("running", "starting")}
         return DashboardState(
