@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.faultjob import FAST_LIVENESS, TRAINPROG, Job, assert_nothing_left
-from tests.launchkit.procs import wait_until
+from tests.launchkit.procs import run, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DST = "/srv/lkfault"
@@ -177,3 +177,35 @@ def test_launcher_sigkill_at_startup_over_ssh(
     assert_nothing_left(job_id)
     nothing_on_hosts(group, job_id)
     assert time.monotonic() - (job.fault_at or 0) < 10
+
+
+@pytest.mark.slow  # about 15 s: the second job must outlive the first's kill
+@pytest.mark.timeout(120)
+def test_two_jobs_on_the_same_hosts(
+    netns_hosts, host_python: str, jobdir: Path, launchkit_home: Path
+) -> None:
+    """Two jobs on the same three hosts at once; `launchkit kill` of the first ends its processes on
+    every host (swept by job id over ssh) and leaves the second to train to the end."""
+    group = netns_hosts(3)
+    hostfile = group.write_hostfile(jobdir.parent / "hosts")
+    first = Job(ssh_launch(group, hostfile, host_python, "--job-name", "first"), launchkit_home, cwd=jobdir)
+    first.wait_for("[worker 1] step 1", timeout=60)
+    first_id = first.job_id
+    second = Job(ssh_launch(group, hostfile, host_python, "--job-name", "second", steps=120), launchkit_home,
+                 cwd=jobdir)  # fmt: skip
+    jobs_dir = launchkit_home / "jobs"
+    assert wait_until(lambda: len(list(jobs_dir.glob("*.json"))) == 2, 30)
+    second_id = next(p.stem for p in jobs_dir.glob("*.json") if p.stem != first_id)
+    second.wait_for("[worker 1] step 3", timeout=60)
+    killed = run(["kill", first_id, "--grace-period", "1"], timeout=60)
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    code, _ = first.finish(timeout=20)
+    assert code == 128 + signal.SIGTERM, first.out
+    assert_nothing_left(first_id)
+    nothing_on_hosts(group, first_id)
+    assert all(h.pids_with_env(f"LAUNCHKIT_JOB_ID={second_id}") for h in group), "the other job was hit"
+    code, _ = second.finish(timeout=60)
+    assert code == 0, second.out
+    assert "[worker 0] done 0 240.0" in second.out and "[worker 1] done 1 240.0" in second.out, second.out
+    assert_nothing_left(second_id)
+    nothing_on_hosts(group, second_id)
