@@ -336,7 +336,13 @@ def register(app: typer.Typer) -> None:
 
 
 def show_dry_run(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, as_json: bool) -> None:
-    data = plan_to_json(launching.dry_run_plan(spec, backend), backend, spec.scheduler_port is not None)
+    data = plan_to_json(
+        launching.dry_run_plan(spec, backend),
+        backend,
+        spec.scheduler_port is not None,
+        max_restarts=spec.max_restarts,
+        restart_backoff=spec.restart_backoff,
+    )
     if as_json:
         ui.json(data)
     else:
@@ -376,7 +382,9 @@ def report(ui: Ui, result: JobResult) -> None:
     elif result.interrupted_by is not None:
         ui.error(f"job {result.job_id} interrupted; every process ended (exit {result.exit_code})")
     elif result.exit_code == 0:
-        ui.info(f"job {result.job_id} finished{_after(result)}: all {len(result.results)} processes succeeded")
+        ui.info(
+            f"job {result.job_id} finished{_after(result)}: all {len(result.results)} processes succeeded"
+        )
 
 
 def _after(result: JobResult) -> str:

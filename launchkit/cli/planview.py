@@ -13,7 +13,14 @@ from launchkit.launching import AT_LAUNCH
 PORT_PLACEHOLDER = "<chosen at launch>"
 
 
-def plan_to_json(plan: Plan, backend: backends.Backend, port_known: bool) -> dict[str, object]:
+def plan_to_json(
+    plan: Plan,
+    backend: backends.Backend,
+    port_known: bool,
+    *,
+    max_restarts: int = 0,
+    restart_backoff: float = 0.0,
+) -> dict[str, object]:
     def env_of(env: dict[str, str]) -> dict[str, str]:
         shown = dmlc_env.redact(env)
         if not port_known:
@@ -26,7 +33,8 @@ def plan_to_json(plan: Plan, backend: backends.Backend, port_known: bool) -> dic
         "backend": plan.backend,
         "scheduler": f"{plan.root_uri}:{plan.root_port if port_known else PORT_PLACEHOLDER}",
         "engine_commands": backend.describe_job(plan),
-        "notes": backend.notes(plan) + _address_notes(plan),
+        "max_restarts": max_restarts,
+        "notes": backend.notes(plan) + _address_notes(plan) + _restart_notes(max_restarts, restart_backoff),
         "tasks": [
             {
                 "role": t.role,
@@ -42,6 +50,16 @@ def plan_to_json(plan: Plan, backend: backends.Backend, port_known: bool) -> dic
             for t in plan.tasks
         ],
     }
+
+
+def _restart_notes(max_restarts: int, backoff: float) -> list[str]:
+    if not max_restarts:
+        return []
+    times = "once" if max_restarts == 1 else f"up to {max_restarts} times"
+    return [
+        f"after a process fails on its own, the whole job starts again {times}, {backoff:g} s after "
+        "the failed attempt ended (a new scheduler port, LAUNCHKIT_RESTART_COUNT=1, 2, ...)"
+    ]
 
 
 def _address_notes(plan: Plan) -> list[str]:

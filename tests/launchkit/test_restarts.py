@@ -124,6 +124,15 @@ def test_bad_flags_exit_2_from_the_cli() -> None:
         assert "Traceback" not in res.stderr
 
 
+def test_dry_run_says_what_a_restart_would_do() -> None:
+    res = run(["launch", "-n", "1", "--launcher", "local", "--max-restarts", "2", "--restart-backoff", "0.5", "--dry-run", "true"])  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "starts again up to 2 times, 0.5 s after the failed attempt ended" in res.stdout
+    res = run(["launch", "-n", "1", "--launcher", "local", "--dry-run", "--json", "true"])
+    assert json.loads(res.stdout)["max_restarts"] == 0
+    assert "starts again" not in res.stdout
+
+
 def test_every_process_gets_the_attempt_and_cannot_override_it() -> None:
     plan = make_plan(
         LaunchSpec(num_workers=2, num_servers=1, command=("x",), env=(("LAUNCHKIT_RESTART_COUNT", "9"),)),
