@@ -372,8 +372,10 @@ def test_restart_delay_waits_for_a_lost_hosts_watchdog() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_lost_host_is_restarted_after_its_watchdog_ended(
-    netns_hosts, launchkit_home, tmp_path: Path
-) -> None:  # noqa: F811
+    netns_hosts,  # noqa: F811
+    launchkit_home,
+    tmp_path: Path,
+) -> None:
     """Host 2's link goes down, the launcher loses that host and restarts the job once the link is
     back: the restart waits until host 2's old watchdog (cut off, so never told to end) has ended the
     job there by itself, then runs on both hosts to the end."""
