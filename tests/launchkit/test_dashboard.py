@@ -101,6 +101,12 @@ def test_render_a_failure_shows_the_root_cause_and_its_last_lines() -> None:
     assert "slowest" not in text  # ended workers do not lag
 
 
+def test_render_the_attempt_of_a_restarted_job() -> None:
+    state = DashboardState(**{**dashstates.healthy().__dict__, "attempt": 2, "attempts": 4})
+    assert "0:01:05  attempt 2 of 4  4 running" in text_of(state)
+    assert "attempt" not in text_of(dashstates.healthy())
+
+
 def test_render_waiting_for_nodes() -> None:
     m = dashstates.model(workers=1)
     state = dashstates.healthy()

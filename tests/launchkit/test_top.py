@@ -90,3 +90,28 @@ def test_top_of_a_real_job_shows_its_output_from_another_terminal(launchkit_home
         proc.communicate(timeout=10)
     res = run(["top", job, "--once"])
     assert "job interrupted" in res.stdout and "3 ended" in res.stdout
+
+
+def test_top_of_a_failed_job_shows_its_root_cause_from_the_live_file(launchkit_home) -> None:
+    res = run(
+        [
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "0",
+            "--grace-period",
+            "1",
+            sys.executable,
+            PROG,
+            "fail",
+            "worker",
+            "1",
+            "3",
+        ]
+    )
+    assert res.returncode == 3
+    job = wait_for_job(launchkit_home)
+    out = run(["top", job, "--once"]).stdout
+    assert "root cause: worker 1 on localhost (exit 3), its last lines" in out
+    assert "worker 1 is failing" in out and "job failed (exit 3)" in out
