@@ -167,7 +167,7 @@ def digits(epochs: int, repeat: int) -> dict[str, Any]:
 def synthetic(n: int = 50) -> dict[str, float]:
     from rich.console import Console
 
-    from launchkit.dashboard import DashboardState, ProcRow, render, row_budget
+    from launchkit.dashboard import DashboardState, ProcRow, fit, render
     from launchkit.jobs import live
     from launchkit.telemetry.model import HISTORY, JobMetrics
     from launchkit.telemetry.view import training
@@ -203,7 +203,7 @@ def synthetic(n: int = 50) -> dict[str, float]:
             console = Console(
                 file=io.StringIO(), width=160, height=50, force_terminal=True, color_system="truecolor"
             )
-            console.print(render(state, row_budget(state, 50, 12)))
+            console.print(render(state, *fit(state, 50)))
             c = time.perf_counter()
             live.write(state, model)
             d = time.perf_counter()
@@ -219,7 +219,7 @@ def svg(path: Path, epochs: int = 300) -> None:
     from rich.console import Console
 
     from launchkit.cli.top import from_live
-    from launchkit.dashboard import render, row_budget
+    from launchkit.dashboard import fit, render
     from launchkit.jobs import live
     from launchkit.jobs import records as jobs
 
@@ -241,7 +241,7 @@ def svg(path: Path, epochs: int = 300) -> None:
                     console = Console(
                         record=True, width=130, height=40, file=io.StringIO(), force_terminal=True
                     )
-                    console.print(render(state, row_budget(state, 40, len(state.log))))
+                    console.print(render(state, *fit(state, 40)))
                     print(console.export_text(clear=False))
                     console.save_svg(str(path), title=TITLE)
                     print(f"wrote {path}")

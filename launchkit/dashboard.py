@@ -15,7 +15,7 @@ from rich.live import Live
 
 from launchkit.output import Sink, clip
 from launchkit.procstat import usage_by_group
-from launchkit.view.render import render
+from launchkit.view.render import fit, render
 from launchkit.view.state import DashboardState, ProcRow, RootCause
 
 __all__ = [
@@ -26,20 +26,9 @@ __all__ = [
     "ProcRow",
     "RootCause",
     "TailSink",
+    "fit",
     "render",
-    "row_budget",
 ]
-
-
-def row_budget(state: DashboardState, height: int, log_lines: int) -> int:
-    """How many process rows fit in a terminal ``height`` lines high beside the other parts."""
-    used = 4 + log_lines + 2 + (1 if state.message else 0)  # borders, table header, output pane
-    t = state.training
-    if t is not None:
-        used += 2 + max(6, len(t.hosts) + 1) + (1 if t.waiting else 0)
-    if state.root_cause is not None:
-        used += 2 + max(1, len(state.root_cause.lines))
-    return max(3, height - used)
 
 
 class CpuMeter:
@@ -88,7 +77,7 @@ class Dashboard:
             self._live.update(self.view(state), refresh=True)
 
     def view(self, state: DashboardState) -> RenderableType:
-        return render(state, row_budget(state, self.console.height, self.log.maxlen or 0))
+        return render(state, *fit(state, self.console.height))
 
     def stop(self, state: DashboardState | None = None) -> None:
         if self._live is not None:

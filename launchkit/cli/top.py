@@ -15,7 +15,7 @@ from rich.console import RenderableType
 
 from launchkit.cli.app import get_app
 from launchkit.console import Ui
-from launchkit.dashboard import CpuMeter, DashboardState, ProcRow, render, row_budget
+from launchkit.dashboard import CpuMeter, DashboardState, ProcRow, fit, render
 from launchkit.errors import UsageError
 from launchkit.hostside import procscan
 from launchkit.jobs import detached, live
@@ -82,7 +82,7 @@ class Source:
 
 
 def frame(ui: Ui, state: DashboardState) -> RenderableType:
-    return render(state, row_budget(state, ui.out.height, len(state.log)) if ui.out.is_terminal else None)
+    return render(state, *fit(state, ui.out.height)) if ui.out.is_terminal else render(state)
 
 
 def register(app: typer.Typer) -> None:

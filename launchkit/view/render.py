@@ -117,7 +117,27 @@ def root_cause_panel(state: DashboardState) -> RenderableType | None:
     return Panel(body, title=title, title_align="left", border_style="red")
 
 
-def render(state: DashboardState, max_rows: int | None = None) -> RenderableType:
+MIN_LOG = 3  # output lines kept when the process rows need the room
+
+
+def fit(state: DashboardState, height: int) -> tuple[int, int]:
+    """(process rows, output lines) that fit a terminal ``height`` lines high beside the other
+    parts: every row when they fit with ``MIN_LOG`` output lines, the output pane the rest."""
+    used = 4 + 2 + (1 if state.message else 0)  # the frame, the table's header, the output pane's box
+    t = state.training
+    if t is not None:
+        used += 2 + max(5 if t.compression_ratio is None else 6, len(t.hosts) + 1) + (1 if t.waiting else 0)
+        used += 1 if t.lagging is not None else 0
+    if state.root_cause is not None:
+        used += 2 + max(1, len(state.root_cause.lines))
+    room = max(0, height - used)
+    rows = len(state.rows) if len(state.rows) + MIN_LOG <= room else max(3, room - MIN_LOG)
+    return rows, max(1, min(len(state.log), room - min(rows, len(state.rows)) - 1))
+
+
+def render(
+    state: DashboardState, max_rows: int | None = None, log_lines: int | None = None
+) -> RenderableType:
     parts: list[RenderableType] = []
     if state.training is not None:
         parts.append(training_panel(state.training, state.finished))
@@ -126,7 +146,8 @@ def render(state: DashboardState, max_rows: int | None = None) -> RenderableType
     if cause is not None:
         parts.append(cause)
     log = Text(no_wrap=True, overflow="ellipsis")
-    for i, (label, line) in enumerate(state.log):
+    shown = state.log if log_lines is None else state.log[max(0, len(state.log) - log_lines) :]
+    for i, (label, line) in enumerate(shown):
         log.append(("\n" if i else "") + f"[{label}] ", style="dim")
         log.append(line)
     parts.append(Panel(log, title="output", title_align="left", border_style="dim"))

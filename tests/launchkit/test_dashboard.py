@@ -10,7 +10,7 @@ import uuid
 
 from rich.console import Console
 
-from launchkit.dashboard import DashboardState, ProcRow, render, row_budget
+from launchkit.dashboard import DashboardState, ProcRow, fit, render
 from launchkit.telemetry.view import training
 from launchkit.view.panel import sparkline
 from tests.launchkit import dashstates
@@ -115,6 +115,19 @@ def test_render_waiting_for_nodes() -> None:
     assert "waiting" not in text_of(DashboardState(**{**state.__dict__, "finished": True}))
 
 
+def test_a_small_terminal_keeps_every_row_and_shortens_the_output() -> None:
+    state = DashboardState(
+        **{**dashstates.healthy().__dict__, "log": tuple(("worker 0", f"l{i}") for i in range(12))}
+    )
+    rows, lines = fit(state, 24)
+    assert (rows, lines) == (4, 5)
+    console = Console(record=True, width=80, height=24, no_color=True)
+    console.print(render(state, rows, lines))
+    text = console.export_text()
+    assert len(text.splitlines()) <= 24
+    assert "worker    │    1" in text and "[worker 0] l11" in text and "l6" not in text
+
+
 def test_render_64_processes_over_12_hosts_fits_and_is_quick() -> None:
     hosts = tuple(f"node{i:02d}" for i in range(12))
     m = dashstates.model(workers=48, hosts=hosts)
@@ -129,13 +142,15 @@ def test_render_64_processes_over_12_hosts_fits_and_is_quick() -> None:
     t0 = time.perf_counter()
     for _ in range(10):
         state = DashboardState("1122-000000-abcdef", "big", "ssh", 10.0, rows, training=training(m, 64))
-        console.print(render(state, row_budget(state, 50, 12)))
+        console.print(render(state, *fit(state, 50)))
     per_frame = (time.perf_counter() - t0) / 10
     text = console.export_text()
     frame = text.splitlines()[: len(text.splitlines()) // 10]
     assert len(frame) <= 50, len(frame)
     assert "node11" in text and "worker    │   34" in text  # the failed row is kept
-    assert "... and 49 more processes: 49 running" in text
+    shown, _ = fit(state, 50)
+    left = 64 - (shown - 1)
+    assert 10 < shown < 64 and f"... and {left} more processes: {left} running" in text
     assert per_frame < 0.5, per_frame  # measured in bench/dashboard.py; a loose bound here
 
 
