@@ -6,6 +6,7 @@ code runs on numpy and on cupy. cupy is an optional extra (``pip install launchk
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import logging
@@ -78,3 +79,54 @@ def like(host: np.ndarray, template: Any) -> Any:
     if is_device_array(template):
         return _cupy.asarray(host)
     return host
+
+
+def flat_sum(values: list[Any], dtype: np.dtype | None = None, device: bool = False) -> Any:
+    """The sum of one key's values as one flat array of ``dtype``: on the device when ``device``
+    and every value is a device array (a compressed push: only the payload leaves the device),
+    else on the host (each device array copied once, by ``to_host``)."""
+    if device and all(is_device_array(v) for v in values):
+        total = values[0] if len(values) == 1 else values[0].copy()
+        for v in values[1:]:
+            total += v
+    else:
+        first = to_host(values[0])
+        total = first if len(values) == 1 else sum((to_host(v) for v in values[1:]), start=first.copy())
+        total = np.asarray(total)
+    if dtype is not None and total.dtype != dtype:
+        total = total.astype(dtype)
+    return total.reshape(-1)
+
+
+def pinned_empty(nbytes: int) -> np.ndarray:
+    """``nbytes`` of page-locked host memory from cupy's pinned pool (freed memory is reused by the
+    next call of about that size), or of ordinary memory where that fails."""
+    try:
+        import cupyx
+
+        return cupyx.empty_pinned(nbytes, dtype=np.uint8)
+    except Exception:  # no cupyx, or no pinned memory to be had: a pageable copy still works
+        return np.empty(nbytes, dtype=np.uint8)
+
+
+def payload_to_host(x: Any) -> np.ndarray:
+    """A compressed payload as a flat host ``uint8`` array: a device array is copied once, at its
+    own size, into page-locked memory (``pinned_empty``); a host array is viewed, not copied."""
+    if not is_device_array(x):
+        return np.ascontiguousarray(x).view(np.uint8).reshape(-1)
+    flat = x.reshape(-1).view(np.uint8)
+    host = pinned_empty(flat.nbytes)
+    if flat.nbytes:
+        flat.get(out=host)
+    return host
+
+
+def payload_to_device(x: Any, like: Any) -> Any:
+    """A host payload (flat ``uint8``) copied once to the device of ``like``, into a fresh (aligned)
+    device array; a device payload that is suitably aligned is used as it is."""
+    if is_device_array(x):
+        return x if x.data.ptr % 8 == 0 else x.copy()
+    host = np.ascontiguousarray(x).view(np.uint8).reshape(-1)
+    device = getattr(like, "device", None)  # cupy's Device is a context manager
+    with device if device is not None else contextlib.nullcontext():
+        return _cupy.asarray(host)

@@ -9,7 +9,8 @@ turns compression off; any other type is looked up in ``trainer_core.compression
 Where compression plugs in (float16/32/64 keys only; other dtypes always travel raw):
 
 * push: the worker encodes each key part with that part's own compressor (its error-feedback
-  residual, ``WorkerCodec``) and sends the packed payload as a data frame whose entry carries the
+  residual, ``WorkerCodec``; a cupy part is encoded on its device, and only the payload is copied
+  to the host, ``xp.payload_to_host``) and sends the packed payload as a data frame whose entry carries the
   payload's metadata, a plain dict (the wire's ``Entry.comp``); the server decodes it (decoding is
   stateless) before summing. This module uses only the base modules: the layers pass it plain
   data, and the wire only bounds the metadata (``wire.payload_meta``).
@@ -33,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+import trainer_core.xp as arrays
 from trainer_core.errors import CompressionError
 
 #: dtypes whose parts are compressed (the compressors' float types).
@@ -151,7 +153,7 @@ class WorkerCodec:
         if comp is None:
             comp = self.parts[(key, part)] = _registry().get_compressor(self.params)
         payload, meta = comp.encode(data)
-        return np.ascontiguousarray(payload).view(np.uint8).reshape(-1), meta
+        return arrays.payload_to_host(payload), meta  # a device payload: one copy, at its size
 
     def state(self) -> dict[str, dict[str, np.ndarray]]:
         """Residuals by ``"<key>/<part>"`` (for checkpoints)."""

@@ -2,7 +2,9 @@
 ones made ready ahead of time, once per machine.
 
 numba is a regular dependency where it has a wheel (pyproject.toml), so the compiled kernels run
-by default; the numpy kernels are the fallback (no numba, float16, cupy arrays, ``kernel='numpy'``).
+by default; the numpy kernels are the fallback (no numba, float16, ``kernel='numpy'``). cupy
+arrays take the CUDA kernels of ``_cuda.py`` (``cuda()``; compiled on first use, cached on disk by
+cupy), and the array-module kernels, on the device, when those cannot be compiled (one WARNING).
 The first time a process uses compression, one line on the ``trainer_core.compression`` logger
 says which (INFO; WARNING for the numpy fallback): shown on stderr unless the application set up
 logging, then through its handlers.
@@ -30,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+import trainer_core.xp as arrays
 
 LOGGER_NAME = "trainer_core.compression"
 #: the compression types that have numba kernels
@@ -154,6 +158,52 @@ def warm(params: Mapping[str, Any] | None) -> None:
     if _announced:
         logger().debug("trainer_core compression: %s", detail)
     announce(detail)
+
+
+_cuda_built: dict[str, Any] = {}  # dtype name -> the CUDA kernels, or None: they cannot be compiled
+_cuda_warned = False
+
+
+def cuda(kernel: str, x: Any, dtype: Any) -> Any:
+    """The CUDA kernels (``_cuda.Kernels``) for device array ``x`` of gradient ``dtype``, compiled on
+    first use; ``None`` for host arrays, ``kernel='numpy'``, or kernels that cannot be compiled
+    (then the array-module kernels run on the device, said once per process in a WARNING)."""
+    if kernel == "numpy" or not arrays.is_device_array(x):
+        return None
+    name = np.dtype(dtype).name
+    with _state_lock:
+        if name not in _cuda_built:
+            _cuda_built[name] = _compile_cuda(name)
+        return _cuda_built[name]
+
+
+def _compile_cuda(name: str) -> Any:
+    global _cuda_warned
+    from . import _cuda
+
+    try:
+        built = _cuda.compile_cupy(np.dtype(name))
+    except Exception as exc:  # NVRTC, the driver, or cupy itself: any of them means "not here"
+        first = (str(exc).strip().splitlines() or ["no message"])[0]
+        level = logging.DEBUG if _cuda_warned else logging.WARNING
+        _cuda_warned = True
+        logger().log(
+            level,
+            "trainer_core compression: CUDA kernels cannot be compiled for %s (%s: %s); cupy arrays "
+            "use the array-module kernels",
+            name,
+            type(exc).__name__,
+            first,
+        )
+        return None
+    logger().debug("trainer_core compression: CUDA kernels compiled for %s cupy arrays", name)
+    return built
+
+
+def device_payload(buf: Any, out: Any) -> Any:
+    """``buf`` on the device of ``out`` when ``out`` is a device array (copied there once, at the
+    payload's size), else ``buf`` as it is: a payload is unpacked where its output lives."""
+    return arrays.payload_to_device(buf, out) if arrays.is_device_array(out) else buf
 
 
 def _reset_for_tests() -> None:

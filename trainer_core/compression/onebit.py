@@ -22,6 +22,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from trainer_core.xp import array_module
+
+from . import kernels
 from .base import Compressor, param_error
 
 DEFAULT_BLOCK = 2048
@@ -56,6 +59,9 @@ class OneBit(Compressor):
         n, b = g.size, self.block_size
         nblocks = math.ceil(n / b)
         meta = {"block_size": b}
+        cuda = kernels.cuda(self.kernel, g, dtype)
+        if cuda is not None:
+            return cuda.onebit_encode(g, r, b), meta
         if self.use_fast(g, dtype):
             from . import _fast
 
@@ -71,6 +77,11 @@ class OneBit(Compressor):
             raise ValueError(
                 f"1bit payload of {buf.size} bytes does not hold {n} values (want {wire_bytes(n, b)})"
             )
+        buf = kernels.device_payload(buf, out)
+        xp = array_module(buf)
+        cuda = kernels.cuda(self.kernel, buf, dtype)
+        if cuda is not None:
+            return cuda.onebit_decode(buf, b, n, out)
         nblocks = math.ceil(n / b)
         vals = buf[: 8 * nblocks].view(np.float32)
         bits = buf[8 * nblocks :]

@@ -16,6 +16,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from trainer_core.xp import array_module
+
+from . import kernels
 from .base import Compressor, param_error
 
 
@@ -43,6 +46,9 @@ class TopK(Compressor):
         if g.size >= 2**32:
             raise ValueError("topk indices are uint32: at most 2**32 - 1 values per key")
         k = count(g.size, self.ratio)
+        cuda = kernels.cuda(self.kernel, g, dtype)
+        if cuda is not None:
+            return cuda.topk_encode(g, r, k), {"ratio": self.ratio, "k": k}
         if self.use_fast(r, dtype):
             from . import _fast
 
@@ -62,6 +68,11 @@ class TopK(Compressor):
         k = int(meta["k"])
         if buf.size != 8 * k:
             raise ValueError(f"topk payload of {buf.size} bytes does not hold k={k} entries")
+        buf = kernels.device_payload(buf, out)
+        xp = array_module(buf)
+        cuda = kernels.cuda(self.kernel, buf, dtype)
+        if cuda is not None:
+            return cuda.topk_decode(buf, k, n, out)
         idx = buf[: 4 * k].view("<u4")
         if k and int(idx.max()) >= n:
             raise ValueError(f"topk payload has an index beyond {n} values")

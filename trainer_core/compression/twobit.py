@@ -19,6 +19,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from trainer_core.xp import array_module
+
+from . import kernels
 from .base import Compressor, param_error, work_dtype
 
 #: byte -> its four decoded codes as multiples of t (+1, -1, 0), first element first.
@@ -58,6 +61,9 @@ class TwoBit(Compressor):
         t = float(dtype.type(self.threshold))
         tw = work_dtype(dtype).type(t)
         n = g.size
+        cuda = kernels.cuda(self.kernel, g, dtype)
+        if cuda is not None:
+            return cuda.twobit_encode(g, r, tw), {"threshold": t}
         if self.use_fast(g, dtype):
             from . import _fast
 
@@ -70,6 +76,11 @@ class TwoBit(Compressor):
         t = float(meta["threshold"])
         if buf.size < (n + 3) // 4:
             raise ValueError(f"2bit payload of {buf.size} bytes is too short for {n} values")
+        buf = kernels.device_payload(buf, out)
+        xp = array_module(buf)
+        cuda = kernels.cuda(self.kernel, buf, dtype)
+        if cuda is not None:
+            return cuda.twobit_decode(buf, t, n, out)
         if self.use_fast(buf, dtype):
             from . import _fast
 

@@ -24,7 +24,7 @@ from trainer_core.compression.codec import WorkerCodec, resolve_compression, val
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError
 from trainer_core.kv import dist_state
-from trainer_core.kv.api import _OPEN, KVStore, check_key, host_sum, normalize, write_out
+from trainer_core.kv.api import _OPEN, KVStore, check_key, normalize, write_out
 from trainer_core.kv.figures import for_store, timed
 from trainer_core.kv.held import Held, PushHold, serial
 from trainer_core.kv.keys import KeyMeta, Outgoing, Where, direct_target, read_frame, result_of
@@ -36,7 +36,7 @@ from trainer_core.transport import wire
 from trainer_core.transport.channel import Received
 from trainer_core.transport.shm import Segment, SegmentFactory
 from trainer_core.transport.wire import Key
-from trainer_core.xp import to_host
+from trainer_core.xp import flat_sum, to_host
 
 
 def install_excepthook() -> None:
@@ -250,10 +250,10 @@ class DistKVStore(KVStore):
         compressed = False
         for k, vals in pushes:
             m = self._meta(k)
-            flat = host_sum(vals, m.dtype) if vals else None
+            packed = self.codec.active(m.dtype)  # compressed: summed and encoded on the values' device
+            flat = flat_sum(vals, m.dtype, device=packed) if vals else None
             if flat is not None and flat.size != m.size:
                 raise KVError(f"key {k!r}: pushed {flat.size} elements, initialized with {m.size}")
-            packed = self.codec.active(m.dtype)
             compressed = compressed or packed
             for p in m.parts:
                 out = per_server.setdefault(p.server, Outgoing())

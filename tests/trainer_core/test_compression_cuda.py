@@ -1,0 +1,476 @@
+"""The CUDA kernels of compression/_cuda.py: byte-identical to the host kernels.
+
+Two ways, so that they are checked on every machine:
+
+* ``host_sim``: the kernels' CUDA C body compiled with the host's C++ compiler behind a shim of
+  the few CUDA-only lines (thread indices, float16 conversions, atomics, ``__syncthreads`` as a
+  no-op with one thread per block), loaded with ctypes and driven by the very glue that drives
+  them on cupy (``_cuda.Kernels``), on numpy arrays; compared with the numba and numpy kernels.
+  A numpy subclass standing in for cupy's array type carries them through the compressors, the
+  dispatch (``kernels.cuda``), the codec and a dist worker's push, as a cupy array would go.
+* ``gpu``: the same comparisons on cupy arrays, where cupy and a GPU are there (skipped with the
+  reason otherwise), plus the NVRTC compile of the real source wherever cupy imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import shutil
+import subprocess
+import types
+from typing import Any
+
+import numpy as np
+import pytest
+
+from trainer_core import xp as xpmod
+from trainer_core.compression import _cuda, get_compressor, kernels, onebit, twobit
+from trainer_core.compression.codec import WorkerCodec
+from trainer_core.kv import api as kv_api
+from trainer_core.kv import dist as kv_dist
+
+DTYPES = [np.float32, np.float64, np.float16]
+SIZES = [0, 1, 7, 8, 15, 16, 17, 1000, 3 * 64 + 5, 10007]
+
+SHIM = r"""
+#include <cstring>
+struct Dim3 { unsigned int x, y, z; };
+static Dim3 threadIdx, blockIdx, blockDim, gridDim;
+#define __global__
+#define __shared__ static
+#define DEV static inline
+static inline void __syncthreads() {}
+static inline unsigned int atomicAdd(unsigned int* p, unsigned int v) { unsigned int o = *p; *p += v; return o; }
+static inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+    unsigned long long o = *p; *p += v; return o;
+}
+DEV float h2f(unsigned short h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
+DEV unsigned short f2h(float f) { _Float16 x = (_Float16)f; unsigned short h; std::memcpy(&h, &x, 2); return h; }
+DEV unsigned int bits_of(float x) { unsigned int u; std::memcpy(&u, &x, 4); return u; }
+DEV unsigned long long bits_of(double x) { unsigned long long u; std::memcpy(&u, &x, 8); return u; }
+extern "C" void sim_block(unsigned int block, unsigned int grid) {
+    blockIdx.x = block; gridDim.x = grid; blockDim.x = 1; threadIdx.x = 0;
+}
+"""
+
+#: numpy scalar type -> ctypes type of a kernel argument
+CTYPES = {
+    np.float32: ctypes.c_float,
+    np.float64: ctypes.c_double,
+    np.int64: ctypes.c_longlong,
+    np.int32: ctypes.c_int,
+}
+
+
+class Sim:
+    """A kernel of the host-compiled library, called as cupy calls a RawKernel: ``f(grid, block, args)``
+    runs every block of the grid (at most ``blocks``; the kernels stride over the rest) with one thread."""
+
+    def __init__(self, lib: ctypes.CDLL, name: str, blocks: int = 3) -> None:
+        self.fn, self.lib, self.blocks = getattr(lib, name), lib, blocks
+        self.launches = 0
+
+    def __call__(self, grid: tuple[int], block: tuple[int], args: tuple[Any, ...]) -> None:
+        assert grid[0] >= 1 and block[0] >= 1
+        cargs = [
+            ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray) else CTYPES[type(a)](a) for a in args
+        ]
+        nb = min(grid[0], self.blocks)
+        for b in range(nb):
+            self.lib.sim_block(b, nb)
+            self.fn(*cargs)
+        self.launches += 1
+
+
+@pytest.fixture(scope="module")
+def host_sim(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Per dtype name, a compile function that returns ``_cuda.Kernels`` over the host-compiled body."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the CUDA kernels' body on the host")
+    out: dict[str, Any] = {}
+    for dt in DTYPES:
+        name = np.dtype(dt).name
+        src = tmp_path_factory.mktemp("sim") / f"{name}.cpp"
+        src.write_text(SHIM + _cuda.render(dt))
+        lib = src.with_suffix(".so")
+        cmd = [cxx, "-O2", "-shared", "-fPIC", "-ffp-contract=off", "-o", str(lib), str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0 and "_Float16" in proc.stderr:
+            pytest.skip("the host C++ compiler has no _Float16")
+        assert proc.returncode == 0, proc.stderr
+        out[name] = ctypes.CDLL(str(lib))
+    return out
+
+
+def sim_kernels(libs: dict[str, Any], dtype: Any, xp: Any = np) -> _cuda.Kernels:
+    lib = libs[np.dtype(dtype).name]
+    return _cuda.Kernels(xp, {n: Sim(lib, n) for n in _cuda.NAMES}, dtype, np.asarray)
+
+
+def same_bits(a: Any, b: Any) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def gradients(n: int, dtype: Any, steps: int = 3, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed + n)
+    return [(rng.standard_normal(n) * 0.7).astype(dtype) for _ in range(steps)]
+
+
+# -- pure host-side parts ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_source_of_each_dtype_fills_every_placeholder_and_defines_every_kernel(dtype):
+    body = _cuda.render(dtype)
+    assert "$" not in body
+    g, w, k = _cuda.TYPES[np.dtype(dtype).name]
+    assert f"typedef {g} G;" in body and f"typedef {w} W;" in body and f"typedef {k} K;" in body
+    for name in _cuda.NAMES:
+        assert body.count(f'extern "C" __global__ void {name}(') == 1
+    assert _cuda.source(dtype).startswith(_cuda.PREAMBLE)
+
+
+def test_launch_geometry_covers_the_work_in_at_most_max_blocks():
+    assert _cuda.geometry(0) == ((1,), (256,))
+    assert _cuda.geometry(256) == ((1,), (256,))
+    assert _cuda.geometry(257) == ((2,), (256,))
+    assert _cuda.geometry(10**9) == ((_cuda.MAX_BLOCKS,), (256,))
+    assert _cuda.geometry(100, threads=64) == ((2,), (64,))
+
+
+@pytest.mark.parametrize("n", [*SIZES, 2**20 + 3])
+def test_payload_sizes_are_those_of_the_host_layouts(n):
+    for b in (8, 64, 2048):
+        nblocks, nbytes = _cuda.onebit_sizes(n, b)
+        assert 8 * nblocks + nbytes == onebit.wire_bytes(n, b)
+    assert _cuda.twobit_bytes(n) == twobit.wire_bytes(n)
+
+
+# -- the kernels, compiled on the host ---------------------------------------------------------
+
+
+def host_compressor(params: dict[str, Any], dtype: Any) -> Any:
+    # the numba kernels where they run (float32/float64), else the numpy ones (tested equal elsewhere)
+    return get_compressor(params)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+def test_2bit_kernels_match_the_host_kernels(host_sim, dtype, n):
+    k = sim_kernels(host_sim, dtype)
+    c = host_compressor({"type": "2bit", "threshold": 0.5}, dtype)
+    r = np.zeros(n, np.float64 if dtype == np.float64 else np.float32)
+    for g in gradients(n, dtype):
+        want, meta = c.encode(g)
+        got = k.twobit_encode(g, r, meta["threshold"])
+        assert same_bits(got, want) and same_bits(r, c.residual)
+        assert same_bits(k.twobit_decode(got, meta["threshold"], n, None), c.decode(want, meta, n, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("block", [8, 64, 2048])
+def test_1bit_kernels_match_the_host_kernels(host_sim, dtype, n, block):
+    k = sim_kernels(host_sim, dtype)
+    c = host_compressor({"type": "1bit", "block_size": block}, dtype)
+    r = np.zeros(n, np.float64 if dtype == np.float64 else np.float32)
+    for g in gradients(n, dtype):
+        want, meta = c.encode(g)
+        got = k.onebit_encode(g, r, block)
+        assert same_bits(got, want) and same_bits(r, c.residual)
+        out = np.full(n, 7, dtype)
+        assert k.onebit_decode(got, block, n, out) is out
+        assert same_bits(out, c.decode(want, meta, n, dtype))
+
+
+def tied(n: int, dtype: Any, seed: int) -> np.ndarray:
+    """Few distinct magnitudes (ties everywhere, ±0.0 among them)."""
+    rng = np.random.default_rng(seed)
+    return (rng.integers(-3, 4, n) * 0.25 * rng.choice([-1.0, 1.0], n)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("ratio", [0.01, 0.3, 1.0])
+@pytest.mark.parametrize("data", ["random", "tied"])
+def test_topk_kernels_match_the_host_kernels_ties_included(host_sim, dtype, n, ratio, data):
+    k = sim_kernels(host_sim, dtype)
+    c = host_compressor({"type": "topk", "ratio": ratio}, dtype)
+    r = np.zeros(n, np.float64 if dtype == np.float64 else np.float32)
+    grads = gradients(n, dtype) if data == "random" else [tied(n, dtype, s) for s in range(3)]
+    for g in grads:
+        want, meta = c.encode(g)
+        got = k.topk_encode(g, r, meta["k"])
+        assert same_bits(got, want) and same_bits(r, c.residual)
+        assert same_bits(k.topk_decode(got, meta["k"], n, None), c.decode(want, meta, n, dtype))
+
+
+def test_topk_decode_refuses_an_index_beyond_the_values(host_sim):
+    k = sim_kernels(host_sim, np.float32)
+    bad = np.concatenate([np.array([0, 9], "<u4").view(np.uint8), np.ones(2, "<f4").view(np.uint8)])
+    with pytest.raises(ValueError, match="index beyond 5"):
+        k.topk_decode(bad, 2, 5, None)
+
+
+# -- a stand-in for cupy: the dispatch, the codec's transfer and a dist worker's push ----------
+
+
+class FakeDevice(np.ndarray):
+    """Host memory playing a device array: what reaches it goes through cupy's calls."""
+
+    @property
+    def device(self) -> Any:  # cupy's Device: a context manager
+        return contextlib.nullcontext()
+
+    @property
+    def data(self) -> Any:  # cupy's MemoryPointer: its address
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+    def get(self, out: np.ndarray | None = None) -> np.ndarray:
+        host = np.empty(self.shape, self.dtype) if out is None else out
+        np.copyto(host, self.view(np.ndarray))
+        return host
+
+
+def fake_cupy() -> types.ModuleType:
+    """A module that is numpy, except that arrays it makes are ``FakeDevice``."""
+
+    def wrap(fn: Any) -> Any:
+        def call(*a: Any, **kw: Any) -> Any:
+            res = fn(*a, **kw)
+            return res.view(FakeDevice) if isinstance(res, np.ndarray) else res
+
+        return call
+
+    class Fake(types.ModuleType):
+        ndarray = FakeDevice
+
+        def __getattr__(self, name: str) -> Any:
+            fn = getattr(np, name)
+            return wrap(fn) if callable(fn) and not isinstance(fn, type) else fn
+
+    mod = Fake("fakecupy")
+    mod.asarray = lambda x, dtype=None: np.array(x, dtype=dtype).view(FakeDevice)  # type: ignore[attr-defined]
+    mod.asnumpy = lambda x: np.array(x.view(np.ndarray))  # type: ignore[attr-defined]
+    return mod
+
+
+@pytest.fixture
+def device(monkeypatch, host_sim):
+    """``FakeDevice`` arrays count as cupy arrays; the CUDA kernels are the host-compiled ones.
+    Yields the record of transfers: (direction, bytes)."""
+    fake = fake_cupy()
+    monkeypatch.setattr(xpmod, "_cupy", fake)
+    built: list[str] = []
+
+    def compile_sim(dtype: Any) -> _cuda.Kernels:
+        built.append(np.dtype(dtype).name)
+        return sim_kernels(host_sim, dtype, fake)
+
+    monkeypatch.setattr(_cuda, "compile_cupy", compile_sim)
+    monkeypatch.setattr(kernels, "_cuda_built", {})
+    monkeypatch.setattr(kernels, "_cuda_warned", False)
+    moved: list[tuple[str, int]] = []
+    real_pinned = xpmod.pinned_empty
+    monkeypatch.setattr(xpmod, "pinned_empty", lambda n: (moved.append(("to host", n)), real_pinned(n))[1])
+    real_up = xpmod.payload_to_device
+
+    def up(x: Any, like: Any) -> Any:
+        moved.append(("to device", np.asarray(x).nbytes))
+        return real_up(x, like)
+
+    monkeypatch.setattr(xpmod, "payload_to_device", up)
+
+    real_to_host = xpmod.to_host
+
+    def no_full_copy(x: Any) -> np.ndarray:
+        if isinstance(x, FakeDevice):
+            raise AssertionError(f"to_host of a {type(x).__name__} of {x.nbytes} bytes")
+        return real_to_host(x)
+
+    for mod in (xpmod, kv_api, kv_dist):  # every module that took to_host in by name
+        monkeypatch.setattr(mod, "to_host", no_full_copy)
+    return types.SimpleNamespace(fake=fake, built=built, moved=moved)
+
+
+def on_device(x: np.ndarray) -> FakeDevice:
+    return np.array(x).view(FakeDevice)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "params",
+    [{"type": "2bit", "threshold": 0.5}, {"type": "1bit", "block_size": 64}, {"type": "topk", "ratio": 0.05}],
+)
+def test_a_device_array_takes_the_cuda_kernels_through_the_compressor(device, dtype, params):
+    host, dev = get_compressor(params), get_compressor(params)
+    n = 3000
+    for g in gradients(n, dtype):
+        want, meta = host.encode(g)
+        got, dmeta = dev.encode(on_device(g))
+        assert isinstance(got, FakeDevice) and isinstance(dev.residual, FakeDevice)
+        assert dmeta == meta and same_bits(got.view(np.ndarray), want)
+        assert same_bits(dev.residual.view(np.ndarray), host.residual)
+        out = on_device(np.zeros(n, dtype))
+        dev.decode(got, dmeta, n, dtype, out=out)  # device payload, device output
+        assert same_bits(out.view(np.ndarray), host.decode(want, meta, n, dtype))
+        out2 = on_device(np.zeros(n, dtype))
+        dev.decode(want, meta, n, dtype, out=out2)  # host payload, device output: sent up, unpacked there
+        assert same_bits(out2.view(np.ndarray), out.view(np.ndarray))
+    assert device.built == [np.dtype(dtype).name]  # compiled once
+    assert ("to device", len(want)) in device.moved and all(m[1] <= len(want) for m in device.moved)
+
+
+def test_kernel_numpy_and_host_arrays_keep_their_kernels(device):
+    g = np.linspace(-1, 1, 100, dtype=np.float32)
+    assert kernels.cuda("auto", g, g.dtype) is None
+    assert kernels.cuda("numpy", on_device(g), g.dtype) is None
+    assert isinstance(kernels.cuda("auto", on_device(g), g.dtype), _cuda.Kernels)
+    assert kernels.cuda("numba", on_device(g), g.dtype) is kernels.cuda("auto", on_device(g), g.dtype)
+    c = get_compressor({"type": "2bit", "kernel": "numpy"})
+    payload, _ = c.encode(on_device(g))  # the array-module kernel, on the "device"
+    assert isinstance(payload, FakeDevice) and device.built == ["float32"]
+
+
+def test_a_compile_failure_falls_back_to_the_array_module_kernels_with_one_warning(
+    device, monkeypatch, caplog
+):
+    def broken(dtype: Any) -> Any:
+        raise RuntimeError("nvrtc: error: identifier 'x' is undefined\nmore lines")
+
+    monkeypatch.setattr(_cuda, "compile_cupy", broken)
+    log = kernels.logger()
+    monkeypatch.setattr(log, "propagate", True)
+    params = {"type": "1bit", "block_size": 64}
+    host, dev = get_compressor(params), get_compressor(params)
+    with caplog.at_level(logging.INFO, logger=kernels.LOGGER_NAME):
+        for dtype in (np.float32, np.float32, np.float64):
+            g = gradients(500, dtype)[0]
+            want, _ = (host if dtype == np.float32 else get_compressor(params)).encode(g)
+            got, _ = (dev if dtype == np.float32 else get_compressor(params)).encode(on_device(g))
+            assert same_bits(got.view(np.ndarray), want)  # the array-module kernels on the device
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+    msg = warnings[0].getMessage()
+    assert "CUDA kernels cannot be compiled" in msg and "identifier 'x' is undefined" in msg
+    assert "more lines" not in msg and "array-module" in msg
+
+
+def test_the_codec_copies_a_device_payload_to_the_host_once_at_its_own_size(device):
+    codec = WorkerCodec()
+    codec.set_params({"type": "2bit", "threshold": 0.5})
+    g = on_device(gradients(4096, np.float32)[0])
+    payload, _ = codec.encode("w", 0, g)
+    assert type(payload) is np.ndarray and payload.dtype == np.uint8 and payload.nbytes == 1024
+    assert device.moved == [("to host", 1024)]
+
+
+def test_flat_sum_keeps_device_values_on_the_device_only_when_asked(device):
+    a, b = on_device(np.ones(10, np.float32)), on_device(np.full(10, 2.0, np.float32))
+    s = xpmod.flat_sum([a, b], np.dtype(np.float64), device=True)
+    assert isinstance(s, FakeDevice) and s.dtype == np.float64 and s.tolist() == [3.0] * 10
+    with pytest.raises(AssertionError, match="to_host of a FakeDevice"):
+        xpmod.flat_sum([a, b], np.dtype(np.float32), device=False)
+    h = xpmod.flat_sum([np.ones((2, 2), np.float32)], None, device=True)
+    assert type(h) is np.ndarray and h.shape == (4,)
+
+
+def test_a_compressed_push_of_a_device_array_never_copies_the_whole_array_to_the_host(device):
+    from tests.trainer_core.test_ps_client import InProcessJob, run_workers
+
+    n, params = 20000, {"type": "2bit", "threshold": 0.5}
+    grads = [gradients(n, np.float32, steps=1, seed=s)[0] for s in range(2)]
+
+    def body(kv: Any) -> Any:
+        kv.init("w", np.zeros(n, np.float32))
+        kv.set_gradient_compression(params)
+        kv.push("w", on_device(grads[kv.rank]))
+        out = np.empty(n, np.float32)
+        kv.pull("w", out)
+        return out
+
+    j = InProcessJob(2, 2)
+    try:
+        results = run_workers(j, "dist_sync", body)
+    finally:
+        j.stop()
+    def round_trip(g: np.ndarray) -> np.ndarray:  # 2bit is elementwise: the parts do not matter
+        return get_compressor(params).decode(*get_compressor(params).encode(g), n, np.float32)
+
+    want = round_trip(sum(round_trip(g) for g in grads))  # the pull is compressed by the server too
+    for got in results:
+        np.testing.assert_array_equal(got, want)
+    sizes = [m[1] for m in device.moved]
+    assert sizes and max(sizes) <= twobit.wire_bytes(n)  # only compressed parts left the "device"
+
+
+# -- on a GPU ----------------------------------------------------------------------------------
+
+
+def gpu() -> Any:
+    cupy = pytest.importorskip("cupy")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("cupy sees no GPU")
+        cupy.zeros(1).sum().item()
+    except Exception as exc:  # no driver, no device, a device that cannot run
+        pytest.skip(f"no usable GPU: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
+    return cupy
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_cuda_source_compiles_with_nvrtc(dtype):
+    pytest.importorskip("cupy")
+    nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+    prog = nvrtc.createProgram(_cuda.source(dtype), "k.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, ["--gpu-architecture=compute_70", *_cuda.OPTIONS])
+    except Exception:
+        pytest.fail(nvrtc.getProgramLog(prog))
+    assert all(name.encode() in nvrtc.getPTX(prog) for name in _cuda.NAMES)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [*SIZES, 2**20 + 13])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"type": "2bit", "threshold": 0.5},
+        {"type": "1bit"},
+        {"type": "1bit", "block_size": 64},
+        {"type": "topk", "ratio": 0.01},
+        {"type": "topk", "ratio": 0.5},
+    ],
+)
+def test_on_a_gpu_the_kernels_are_byte_identical_to_the_host_kernels(dtype, n, params):
+    cupy = gpu()
+    kernels._cuda_built.clear()
+    host, dev = get_compressor(params), get_compressor(params)
+    grads = gradients(n, dtype) + ([tied(n, dtype, 1)] if params["type"] == "topk" else [])
+    for g in grads:
+        want, meta = host.encode(g)
+        got, dmeta = dev.encode(cupy.asarray(g))
+        assert isinstance(got, cupy.ndarray) and dmeta == meta
+        assert same_bits(cupy.asnumpy(got), want)
+        assert same_bits(cupy.asnumpy(dev.residual), host.residual)
+        out = cupy.zeros(n, dtype)
+        dev.decode(want, meta, n, dtype, out=out)
+        assert same_bits(cupy.asnumpy(out), host.decode(want, meta, n, dtype))
+    assert kernels._cuda_built.get(np.dtype(dtype).name) is not None  # the CUDA kernels ran
+
+
+def test_on_a_gpu_the_codec_copies_only_the_payload(monkeypatch):
+    cupy = gpu()
+    copied: list[int] = []
+    real = cupy.ndarray.get
+    monkeypatch.setattr(
+        cupy.ndarray, "get", lambda self, *a, **kw: (copied.append(self.nbytes), real(self, *a, **kw))[1]
+    )
+    codec = WorkerCodec()
+    codec.set_params({"type": "1bit"})
+    payload, _ = codec.encode("w", 0, cupy.asarray(gradients(1 << 20, np.float32)[0]))
+    assert type(payload) is np.ndarray and copied == [payload.nbytes] == [onebit.wire_bytes(1 << 20)]
