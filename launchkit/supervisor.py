@@ -115,7 +115,10 @@ class Supervisor:
         self.keeper = outputs.Keeper(plan.job_id, ui.warn)  # every stream's output, for launchkit logs
         attempt = (record.attempt + 1, record.max_restarts + 1) if record and record.max_restarts else None
         log = self.writer.dashboard.log if isinstance(self.writer, LineSink) else self.writer.log
-        self.publisher = Publisher(plan, ui, dashboard, telemetry.model if telemetry else None, log, attempt)
+        model = telemetry.model if telemetry else None
+        self.publisher = Publisher(
+            plan, ui, dashboard, model, log, attempt, record.started_at if record else None
+        )
         self._root: _Running | None = None
         self._started = time.monotonic()
         self.log_dir = Path(log_dir) if log_dir else None

@@ -90,6 +90,7 @@ class Publisher:
         metrics: JobMetrics | None,
         log: deque[tuple[str, str]],
         attempt: tuple[int, int] | None = None,  # (this attempt, of how many), 1 first
+        started_at: float | None = None,  # when the job started (its first attempt), time.time()
     ) -> None:
         self.plan = plan
         self.ui = ui
@@ -98,7 +99,7 @@ class Publisher:
         self.log = log
         self.attempt = attempt
         self.cpu = CpuMeter()
-        self.started = time.monotonic()
+        self.started = time.time() if started_at is None else started_at
         self._live_next = 0.0
         self._live_failed = False
 
@@ -125,7 +126,7 @@ class Publisher:
             job_id=self.plan.job_id,
             name=self.plan.job_name,
             backend=self.plan.backend,
-            elapsed=time.monotonic() - self.started,
+            elapsed=max(0.0, time.time() - self.started),
             rows=tuple(rows),
             log=tuple(self.log),
             attempt=self.attempt[0] if self.attempt else None,
