@@ -15,7 +15,9 @@ order: 2-bit compares and subtracts in the work type; 1-bit sums each block's fo
 ``4 i + j``) sequentially in float64, one thread per lane, joins them as ``(l0 + l1) + (l2 + l3)``
 and divides in float64 (so its means are bitwise those of the host, not those of a parallel
 scan); top-k finds the k-th largest ``|v|`` exactly (radix histogram, then a sort of one bucket)
-and breaks ties by lowest index. Compiled with ``--fmad=false`` so no add is fused into a multiply.
+and breaks ties by lowest index. Every float32 add, subtract, compare and conversion is a PTX
+instruction without ``.ftz`` (cupy compiles with ``-ftz=true``, which would flush subnormals to
+zero: a value of -1e-40 would then count as >= 0), and ``--fmad=false`` fuses nothing.
 
 This module imports cupy only in ``compile_cupy``; ``Kernels`` works on whatever array module and
 launcher it is given (cupy and ``RawModule`` functions here, numpy and host-compiled ones in tests).
@@ -35,8 +37,9 @@ THREADS = 256
 MAX_BLOCKS = 4096
 #: first top-k histogram: the top 11 bits of the magnitude (sign bit cleared)
 NBINS = 2048
-#: NVRTC options: no fused multiply-add, IEEE division and denormals (NVRTC's defaults, said here)
-OPTIONS = ("--fmad=false", "--prec-div=true", "--ftz=false", "-std=c++14")
+#: NVRTC options: no fused multiply-add. (cupy adds ``-ftz=true``, which is why float32 operations
+#: are written in PTX: ``PREAMBLE``.)
+OPTIONS = ("--fmad=false", "-std=c++14")
 NAMES = (
     "twobit_encode",
     "twobit_decode",
@@ -60,6 +63,22 @@ DEV float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) :
 DEV unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 DEV unsigned int bits_of(float x) { return __float_as_uint(x); }
 DEV unsigned long long bits_of(double x) { return (unsigned long long)__double_as_longlong(x); }
+/* float32 operations in PTX without .ftz: cupy compiles with -ftz=true, which would flush
+   subnormals (a tiny negative value would compare >= 0) */
+DEV float add(float a, float b) { float c; asm("add.rn.f32 %0, %1, %2;" : "=f"(c) : "f"(a), "f"(b)); return c; }
+DEV float sub(float a, float b) { float c; asm("sub.rn.f32 %0, %1, %2;" : "=f"(c) : "f"(a), "f"(b)); return c; }
+DEV bool ge(float a, float b) {
+    unsigned int p;
+    asm("{ .reg .pred q; setp.ge.f32 q, %1, %2; selp.u32 %0, 1, 0, q; }" : "=r"(p) : "f"(a), "f"(b));
+    return p != 0u;
+}
+DEV bool le(float a, float b) {
+    unsigned int p;
+    asm("{ .reg .pred q; setp.le.f32 q, %1, %2; selp.u32 %0, 1, 0, q; }" : "=r"(p) : "f"(a), "f"(b));
+    return p != 0u;
+}
+DEV double widen(float x) { double d; asm("cvt.f64.f32 %0, %1;" : "=d"(d) : "f"(x)); return d; }
+DEV float narrow(double x) { float f; asm("cvt.rn.f32.f64 %0, %1;" : "=f"(f) : "d"(x)); return f; }
 """
 
 BODY = string.Template(r"""
@@ -71,29 +90,39 @@ typedef $K K;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (long long)blockDim.x * gridDim.x)
 
+/* every floating-point operation goes through these (float32 ones in PREAMBLE) */
+DEV double add(double a, double b) { return a + b; }
+DEV double sub(double a, double b) { return a - b; }
+DEV bool ge(double a, double b) { return a >= b; }
+DEV bool le(double a, double b) { return a <= b; }
+DEV double widen(double x) { return x; }
+DEV float to_f(float x) { return x; }
+DEV float to_f(double x) { return narrow(x); }
+DEV float from_f(float x, float) { return x; }
+DEV double from_f(float x, double) { return widen(x); }
 DEV float load(unsigned short h) { return h2f(h); }
 DEV float load(float x) { return x; }
 DEV double load(double x) { return x; }
 DEV void put(unsigned short* p, long long i, float x) { p[i] = f2h(x); }
-DEV void put(unsigned short* p, long long i, double x) { p[i] = f2h((float)x); }
+DEV void put(unsigned short* p, long long i, double x) { p[i] = f2h(narrow(x)); }
 DEV void put(float* p, long long i, float x) { p[i] = x; }
-DEV void put(float* p, long long i, double x) { p[i] = (float)x; }
-DEV void put(double* p, long long i, float x) { p[i] = (double)x; }
+DEV void put(float* p, long long i, double x) { p[i] = narrow(x); }
+DEV void put(double* p, long long i, float x) { p[i] = widen(x); }
 DEV void put(double* p, long long i, double x) { p[i] = x; }
 DEV long long lmin(long long a, long long b) { return a < b ? a : b; }
 
 /* 2-bit: one thread per payload byte (4 values, the first in the high bits); bytes past the
    values (the padding to whole 32-bit words) are written as 0 */
-extern "C" __global__ void twobit_encode(const G* g, W* r, W t, unsigned char* out, long long n,
+extern "C" __global__ void twobit_encode(const G* g, W* r, W t, W nt, unsigned char* out, long long n,
                                          long long nbytes) {
     GRID_LOOP(i, nbytes) {
         unsigned int b = 0;
         for (int j = 0; j < 4; ++j) {
             long long k = 4 * i + j;
             if (k < n) {
-                W v = r[k] + load(g[k]);
-                if (v >= t) { b |= 3u << (6 - 2 * j); v -= t; }
-                else if (v <= -t) { b |= 2u << (6 - 2 * j); v += t; }
+                W v = add(r[k], load(g[k]));
+                if (ge(v, t)) { b |= 3u << (6 - 2 * j); v = sub(v, t); }
+                else if (le(v, nt)) { b |= 2u << (6 - 2 * j); v = add(v, t); }
                 r[k] = v;
             }
         }
@@ -118,9 +147,9 @@ extern "C" __global__ void onebit_lanes(const G* g, W* r, long long n, long long
         double ps = 0.0, ns = 0.0;
         long long cp = 0;
         for (long long k = s + (q & 3); k < e; k += 4) {
-            W v = r[k] + load(g[k]);
+            W v = add(r[k], load(g[k]));
             r[k] = v;
-            if (v >= 0) { ps += (double)v; cp += 1; } else { ns += (double)v; }
+            if (ge(v, (W)0)) { ps += widen(v); cp += 1; } else { ns += widen(v); }
         }
         sums[2 * q] = ps;
         sums[2 * q + 1] = ns;
@@ -129,7 +158,7 @@ extern "C" __global__ void onebit_lanes(const G* g, W* r, long long n, long long
 }
 
 DEV float onebit_mean(double total, long long count, int half) {
-    float m = count > 0 ? (float)(total / (double)count) : 0.0f;
+    float m = count > 0 ? narrow(total / (double)count) : 0.0f;
     return half ? h2f(f2h(m)) : m;
 }
 
@@ -154,8 +183,8 @@ extern "C" __global__ void onebit_pack(W* r, long long n, long long block, const
             long long k = k0 + j;
             if (k < e) {
                 W v = r[k];
-                bool p = v >= 0;
-                r[k] = v - (p ? (W)hi : (W)lo);
+                bool p = ge(v, (W)0);
+                r[k] = sub(v, from_f(p ? hi : lo, (W)0));
                 acc |= (unsigned int)p << (7 - j);
             }
         }
@@ -181,7 +210,7 @@ extern "C" __global__ void topk_keys(const G* g, W* r, K* keys, long long n, uns
     for (int b = threadIdx.x; b < NBINS; b += blockDim.x) local[b] = 0u;
     __syncthreads();
     GRID_LOOP(i, n) {
-        W v = r[i] + load(g[i]);
+        W v = add(r[i], load(g[i]));
         r[i] = v;
         K key = bits_of(v) & (~(K)0 >> 1);
         keys[i] = key;
@@ -199,10 +228,10 @@ extern "C" __global__ void topk_gather(const long long* idx, W* r, long long k, 
     GRID_LOOP(j, k) {
         long long i = idx[j];
         W v = r[i];
-        float s = (float)v;
+        float s = to_f(v);
         out_idx[j] = (unsigned int)i;
         out_val[j] = s;
-        r[i] = v - (half ? (W)h2f(f2h(s)) : (W)s);
+        r[i] = sub(v, from_f(half ? h2f(f2h(s)) : s, (W)0));
     }
 }
 
@@ -268,7 +297,8 @@ class Kernels:
     def twobit_encode(self, g: Any, r: Any, t: float) -> Any:
         n = g.size
         out = self.xp.empty(twobit_bytes(n), dtype=np.uint8)
-        self.launch("twobit_encode", out.size, g, r, self.work.type(t), out, np.int64(n), np.int64(out.size))
+        tw = self.work.type(t)
+        self.launch("twobit_encode", out.size, g, r, tw, -tw, out, np.int64(n), np.int64(out.size))
         return out
 
     def twobit_decode(self, buf: Any, t: float, n: int, out: Any) -> Any:

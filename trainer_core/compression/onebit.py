@@ -104,8 +104,10 @@ def _blocks(x: Any, b: int) -> list[Any]:
 def lane_sums(xp: Any, w: Any) -> Any:
     """Row sums of ``w``, in float64, in the compiled kernel's order: four interleaved running sums
     (lane j holds columns 4 i + j, each summed left to right from +0.0), joined as
-    ``(l0 + l1) + (l2 + l3)``. The same order on both host paths makes their outputs identical
-    (cupy's cumsum is a parallel scan, so on a GPU a mean may differ in its last bit)."""
+    ``(l0 + l1) + (l2 + l3)``. The same order on both host paths and in the CUDA kernel
+    (``_cuda.py``) makes their outputs identical; only this function run on cupy (the fallback
+    when the CUDA kernels cannot compile) may differ in a mean's last bit, cupy's cumsum being a
+    parallel scan."""
     pad = (-w.shape[1]) % 4
     if pad:
         w = xp.concatenate([w, xp.zeros((w.shape[0], pad), dtype=w.dtype)], axis=1)
