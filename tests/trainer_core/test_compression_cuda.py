@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import shutil
 import subprocess
 import types
@@ -126,6 +127,16 @@ def gradients(n: int, dtype: Any, steps: int = 3, seed: int = 0) -> list[np.ndar
     return [(rng.standard_normal(n) * 0.7).astype(dtype) for _ in range(steps)]
 
 
+def subnormal(n: int, dtype: Any, seed: int = 0) -> np.ndarray:
+    """Subnormals of both signs, ±0.0 and a few ordinary values: where flushing to zero would show."""
+    rng = np.random.default_rng(seed + n)
+    tiny = np.finfo(dtype).smallest_subnormal
+    x = (rng.integers(-5, 6, n) * tiny).astype(dtype)
+    x[rng.random(n) < 0.1] = -0.0
+    x[rng.random(n) < 0.05] = 0.75
+    return x
+
+
 # -- pure host-side parts ----------------------------------------------------------------------
 
 
@@ -170,7 +181,7 @@ def test_2bit_kernels_match_the_host_kernels(host_sim, dtype, n):
     k = sim_kernels(host_sim, dtype)
     c = host_compressor({"type": "2bit", "threshold": 0.5}, dtype)
     r = np.zeros(n, np.float64 if dtype == np.float64 else np.float32)
-    for g in gradients(n, dtype):
+    for g in [*gradients(n, dtype), subnormal(n, dtype)]:
         want, meta = c.encode(g)
         got = k.twobit_encode(g, r, meta["threshold"])
         assert same_bits(got, want) and same_bits(r, c.residual)
@@ -184,13 +195,33 @@ def test_1bit_kernels_match_the_host_kernels(host_sim, dtype, n, block):
     k = sim_kernels(host_sim, dtype)
     c = host_compressor({"type": "1bit", "block_size": block}, dtype)
     r = np.zeros(n, np.float64 if dtype == np.float64 else np.float32)
-    for g in gradients(n, dtype):
+    for g in [subnormal(n, dtype), *gradients(n, dtype)]:
         want, meta = c.encode(g)
         got = k.onebit_encode(g, r, block)
         assert same_bits(got, want) and same_bits(r, c.residual)
         out = np.full(n, 7, dtype)
         assert k.onebit_decode(got, block, n, out) is out
         assert same_bits(out, c.decode(want, meta, n, dtype))
+
+
+#: blocks whose float32 means depend on the order of the float64 sums: a float32 tie (2**24 + 1)
+#: pushed off it only when the two 2**-29 are added together first. Block 8: lanes are single
+#: elements, joined (l0 + l1) + (l2 + l3); block 16: lane 0 sums 2**24, 1, 2**-29, 2**-29 in order.
+ORDER = {
+    8: [2.0**24, 1.0, 2.0**-29, 2.0**-29, -1.0, -1.0, -1.0, -1.0],
+    16: [2.0**24, 0, 0, 0, 1.0, 0, 0, 0, 2.0**-29, 0, 0, 0, 2.0**-29, 0, 0, 0],
+}
+
+
+@pytest.mark.parametrize("block", sorted(ORDER))
+def test_1bit_means_follow_the_host_summation_order(host_sim, block):
+    k = sim_kernels(host_sim, np.float32)
+    g = np.array(ORDER[block] * 3, np.float32)
+    want, _ = get_compressor({"type": "1bit", "block_size": block}).encode(g)
+    pos = [float(v) for v in ORDER[block] if v >= 0]
+    # the order does decide the mean here: left to right and exactly give different float32 means
+    assert np.float32(sum(pos) / len(pos)) != np.float32(math.fsum(pos) / len(pos))
+    assert same_bits(k.onebit_encode(g, np.zeros(g.size, np.float32), block), want)
 
 
 def tied(n: int, dtype: Any, seed: int) -> np.ndarray:
@@ -202,12 +233,16 @@ def tied(n: int, dtype: Any, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("ratio", [0.01, 0.3, 1.0])
-@pytest.mark.parametrize("data", ["random", "tied"])
+@pytest.mark.parametrize("data", ["random", "tied", "subnormal"])
 def test_topk_kernels_match_the_host_kernels_ties_included(host_sim, dtype, n, ratio, data):
     k = sim_kernels(host_sim, dtype)
     c = host_compressor({"type": "topk", "ratio": ratio}, dtype)
     r = np.zeros(n, np.float64 if dtype == np.float64 else np.float32)
-    grads = gradients(n, dtype) if data == "random" else [tied(n, dtype, s) for s in range(3)]
+    grads = {
+        "random": gradients(n, dtype),
+        "tied": [tied(n, dtype, s) for s in range(3)],
+        "subnormal": [subnormal(n, dtype, s) for s in range(3)],
+    }[data]
     for g in grads:
         want, meta = c.encode(g)
         got = k.topk_encode(g, r, meta["k"])
@@ -460,7 +495,7 @@ def test_on_a_gpu_the_kernels_are_byte_identical_to_the_host_kernels(dtype, n, p
     cupy = gpu()
     kernels._cuda_built.clear()
     host, dev = get_compressor(params), get_compressor(params)
-    grads = gradients(n, dtype) + ([tied(n, dtype, 1)] if params["type"] == "topk" else [])
+    grads = [subnormal(n, dtype), *gradients(n, dtype), tied(n, dtype, 1)]
     for g in grads:
         want, meta = host.encode(g)
         got, dmeta = dev.encode(cupy.asarray(g))
@@ -468,19 +503,33 @@ def test_on_a_gpu_the_kernels_are_byte_identical_to_the_host_kernels(dtype, n, p
         assert same_bits(cupy.asnumpy(got), want)
         assert same_bits(cupy.asnumpy(dev.residual), host.residual)
         out = cupy.zeros(n, dtype)
-        dev.decode(want, meta, n, dtype, out=out)
+        dev.decode(want, meta, n, dtype, out=out)  # a host payload: sent up, unpacked on the device
         assert same_bits(cupy.asnumpy(out), host.decode(want, meta, n, dtype))
+        assert same_bits(cupy.asnumpy(dev.decode(got, meta, n, dtype)), cupy.asnumpy(out))
     assert kernels._cuda_built.get(np.dtype(dtype).name) is not None  # the CUDA kernels ran
+
+
+@pytest.mark.parametrize("block", sorted(ORDER))
+def test_on_a_gpu_1bit_means_follow_the_host_summation_order(block):
+    cupy = gpu()
+    g = np.array(ORDER[block] * 3, np.float32)
+    want, _ = get_compressor({"type": "1bit", "block_size": block}).encode(g)
+    got, _ = get_compressor({"type": "1bit", "block_size": block}).encode(cupy.asarray(g))
+    assert same_bits(cupy.asnumpy(got), want)
 
 
 def test_on_a_gpu_the_codec_copies_only_the_payload(monkeypatch):
     cupy = gpu()
-    copied: list[int] = []
-    real = cupy.ndarray.get
-    monkeypatch.setattr(
-        cupy.ndarray, "get", lambda self, *a, **kw: (copied.append(self.nbytes), real(self, *a, **kw))[1]
-    )
+    staged: list[int] = []
+    real = xpmod.pinned_empty
+    monkeypatch.setattr(xpmod, "pinned_empty", lambda n: (staged.append(n), real(n))[1])
+
+    def no_full_copy(x: Any) -> Any:
+        raise AssertionError(f"a copy of {x.nbytes} bytes to the host")
+
+    monkeypatch.setattr(xpmod, "to_host", no_full_copy)
+    monkeypatch.setattr(cupy, "asnumpy", no_full_copy)
     codec = WorkerCodec()
     codec.set_params({"type": "1bit"})
     payload, _ = codec.encode("w", 0, cupy.asarray(gradients(1 << 20, np.float32)[0]))
-    assert type(payload) is np.ndarray and copied == [payload.nbytes] == [onebit.wire_bytes(1 << 20)]
+    assert type(payload) is np.ndarray and staged == [payload.nbytes] == [onebit.wire_bytes(1 << 20)]
