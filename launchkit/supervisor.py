@@ -117,7 +117,7 @@ class Supervisor:
         log = self.writer.dashboard.log if isinstance(self.writer, LineSink) else self.writer.log
         model = telemetry.model if telemetry else None
         self.publisher = Publisher(
-            plan, ui, dashboard, model, log, attempt, record.started_at if record else None
+            plan, ui, dashboard, model, log, attempt, record.started_at if record else None, backend.status
         )
         self._root: _Running | None = None
         self._started = time.monotonic()

@@ -58,6 +58,11 @@ class Backend:
     def set_cleanup_sink(self, sink: Callable[[list[str]], None]) -> None:
         """Where to send commands that must run if the launcher dies (the reaper runs them)."""
 
+    def status(self) -> str:
+        """What the job is waiting on outside its processes (an engine's queue), for the
+        dashboard's header; empty when nothing."""
+        return ""
+
     def set_host_sink(self, sink: Callable[..., None]) -> None:
         """Where to send the figures a remote host's sampler reports (the metrics endpoint's
         ``host_report``); backends without remote samplers ignore it."""

@@ -233,6 +233,7 @@ class EngineBackend(Backend):
         self._cleanup_sink: Callable[[list[str]], None] | None = None
         self.engine_code: int | None = None  # the engine's own exit code, once it ended
         self._engine_ended = threading.Event()
+        self.last_said = ""
 
     # -- what an engine module provides --------------------------------------------------------
     def engine_runs(self, task: Task) -> bool:
@@ -334,9 +335,14 @@ class EngineBackend(Backend):
         return super().scheduler_summary(root_uri, port)
 
     def say(self, message: str) -> None:
-        """A line of the engine's own (state changes), on the launcher's console."""
+        """A line of the engine's own (state changes), on the launcher's console; the latest is
+        the dashboard header's ``status``."""
+        self.last_said = message
         if self.console is not None:
             self.console.print(f"[{self.engine_label}] {message}", markup=False, highlight=False)
+
+    def status(self) -> str:
+        return self.last_said
 
     def engine_end_message(self, code: int) -> str:
         return f"{self.engine_label} ended (exit {code}) before this process reported its end"

@@ -58,6 +58,8 @@ def header(state: DashboardState) -> Text:
         of = f" of {state.attempts}" if state.attempts else ""
         title.append(f"attempt {state.attempt}{of}  ", style="bold yellow" if state.attempt > 1 else "dim")
     title.append(counts(state.rows))
+    if state.status and not state.finished:
+        title.append(f"  {state.status}", style="yellow")
     return title
 
 

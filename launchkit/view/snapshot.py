@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from launchkit.console import Ui
@@ -91,7 +91,9 @@ class Publisher:
         log: deque[tuple[str, str]],
         attempt: tuple[int, int] | None = None,  # (this attempt, of how many), 1 first
         started_at: float | None = None,  # when the job started (its first attempt), time.time()
+        status: Callable[[], str] | None = None,  # the backend's word on what the job waits on
     ) -> None:
+        self.status = status
         self.plan = plan
         self.ui = ui
         self.dashboard = dashboard
@@ -134,6 +136,7 @@ class Publisher:
             training=None if model is None else training(model, registering(procs), running),
             root_cause=root_cause_of(root),
             finished=finished,
+            status=self.status() if self.status else "",
         )
 
     def publish(self, procs: Sequence[Proc], root: Proc | None = None, final: bool = False) -> None:

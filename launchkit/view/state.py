@@ -48,6 +48,7 @@ class DashboardState:
     training: Training | None = None  # None: no telemetry for this job
     root_cause: RootCause | None = None
     finished: bool = False
+    status: str = ""  # what the job waits on outside its processes (an engine's queue state)
 
     def running(self) -> set[tuple[str, int]]:
         return {(r.role, r.rank) for r in self.rows if r.state in ("running", "starting")}
@@ -117,6 +118,7 @@ def from_json(doc: Any, training: Training | None = None) -> DashboardState:
         training=training,
         root_cause=root,
         finished=_typed(doc, "finished", bool, False),
+        status=_typed(doc, "status", str, ""),
     )
 
 

@@ -107,6 +107,19 @@ def test_render_the_attempt_of_a_restarted_job() -> None:
     assert "attempt" not in text_of(dashstates.healthy())
 
 
+def test_render_what_an_engine_job_waits_on() -> None:
+    from launchkit.backends.slurm import SlurmBackend
+    from launchkit.view import state as view_state
+
+    backend = SlurmBackend()
+    assert backend.status() == ""
+    backend.say("slurm job 42: pending")  # as the batch run says it when squeue's state changes
+    state = DashboardState(**{**dashstates.healthy().__dict__, "status": backend.status()})
+    assert "4 running  slurm job 42: pending" in text_of(state)
+    assert view_state.from_json(view_state.to_json(state)).status == "slurm job 42: pending"
+    assert "pending" not in text_of(DashboardState(**{**state.__dict__, "finished": True}))
+
+
 def test_render_waiting_for_nodes() -> None:
     m = dashstates.model(workers=1)
     state = dashstates.healthy()
