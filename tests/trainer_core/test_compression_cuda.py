@@ -366,12 +366,17 @@ def test_a_device_array_takes_the_cuda_kernels_through_the_compressor(device, dt
     assert ("to device", len(want)) in device.moved and all(m[1] <= len(want) for m in device.moved)
 
 
-def test_kernel_numpy_and_host_arrays_keep_their_kernels(device):
+def test_kernel_numpy_and_host_arrays_keep_their_kernels(device, monkeypatch, caplog):
+    monkeypatch.setattr(kernels.logger(), "propagate", True)
+    caplog.set_level(logging.DEBUG, logger=kernels.LOGGER_NAME)
     g = np.linspace(-1, 1, 100, dtype=np.float32)
     assert kernels.cuda("auto", g, g.dtype) is None
     assert kernels.cuda("numpy", on_device(g), g.dtype) is None
     assert isinstance(kernels.cuda("auto", on_device(g), g.dtype), _cuda.Kernels)
     assert kernels.cuda("numba", on_device(g), g.dtype) is kernels.cuda("auto", on_device(g), g.dtype)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == [
+        "trainer_core compression: CUDA kernels for cupy arrays (cupy ?; float32 ready)"
+    ]  # said once per process
     c = get_compressor({"type": "2bit", "kernel": "numpy"})
     payload, _ = c.encode(on_device(g))  # the array-module kernel, on the "device"
     assert isinstance(payload, FakeDevice) and device.built == ["float32"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -196,7 +197,14 @@ def _compile_cuda(name: str) -> Any:
             first,
         )
         return None
-    logger().debug("trainer_core compression: CUDA kernels compiled for %s cupy arrays", name)
+    said = any(k is not None for k in _cuda_built.values())
+    version = getattr(sys.modules.get("cupy"), "__version__", "?")
+    logger().log(
+        logging.DEBUG if said else logging.INFO,
+        "trainer_core compression: CUDA kernels for cupy arrays (cupy %s; %s ready)",
+        version,
+        name,
+    )
     return built
 
 
