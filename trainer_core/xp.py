@@ -83,9 +83,9 @@ def like(host: np.ndarray, template: Any) -> Any:
 
 def flat_sum(values: list[Any], dtype: np.dtype | None = None, device: bool = False) -> Any:
     """The sum of one key's values as one flat array of ``dtype``: on the device when ``device``
-    and every value is a device array (a compressed push: only the payload leaves the device),
-    else on the host (each device array copied once, by ``to_host``)."""
-    if device and all(is_device_array(v) for v in values):
+    and every value is an array on one device (a compressed push: only the payload leaves the
+    device), else on the host (each device array copied once, by ``to_host``)."""
+    if device and all(is_device_array(v) and v.device == values[0].device for v in values):
         total = values[0] if len(values) == 1 else values[0].copy()
         for v in values[1:]:
             total += v

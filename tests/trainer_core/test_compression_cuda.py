@@ -260,12 +260,15 @@ def test_topk_decode_refuses_an_index_beyond_the_values(host_sim):
 # -- a stand-in for cupy: the dispatch, the codec's transfer and a dist worker's push ----------
 
 
+ONE_DEVICE = contextlib.nullcontext()
+
+
 class FakeDevice(np.ndarray):
     """Host memory playing a device array: what reaches it goes through cupy's calls."""
 
     @property
-    def device(self) -> Any:  # cupy's Device: a context manager
-        return contextlib.nullcontext()
+    def device(self) -> Any:  # cupy's Device: a context manager, equal for arrays on one device
+        return ONE_DEVICE
 
     @property
     def data(self) -> Any:  # cupy's MemoryPointer: its address
