@@ -479,7 +479,7 @@ def test_the_cuda_source_compiles_with_nvrtc(dtype):
     prog = nvrtc.createProgram(_cuda.source(dtype), "k.cu", [], [])
     try:
         # cupy appends -ftz=true: no float32 operation may flush subnormals all the same
-        nvrtc.compileProgram(prog, ["--gpu-architecture=compute_70", *_cuda.OPTIONS, "-ftz=true"])
+        nvrtc.compileProgram(prog, ["--gpu-architecture=compute_75", *_cuda.OPTIONS, "-ftz=true"])
     except Exception:
         pytest.fail(nvrtc.getProgramLog(prog))
     ptx = nvrtc.getPTX(prog).decode()
