@@ -478,8 +478,9 @@ def test_the_cuda_source_compiles_with_nvrtc(dtype):
     nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
     prog = nvrtc.createProgram(_cuda.source(dtype), "k.cu", [], [])
     try:
-        # cupy appends -ftz=true: no float32 operation may flush subnormals all the same
-        nvrtc.compileProgram(prog, ["--gpu-architecture=compute_75", *_cuda.OPTIONS, "-ftz=true"])
+        # with the options cupy adds (-ftz=true among them: no float32 operation may flush all the same)
+        cupy_adds = ["-std=c++17", "-ftz=true", "--device-as-default-execution-space"]
+        nvrtc.compileProgram(prog, ["--gpu-architecture=compute_75", *_cuda.OPTIONS, *cupy_adds])
     except Exception:
         pytest.fail(nvrtc.getProgramLog(prog))
     ptx = nvrtc.getPTX(prog).decode()

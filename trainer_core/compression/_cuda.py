@@ -39,7 +39,7 @@ MAX_BLOCKS = 4096
 NBINS = 2048
 #: NVRTC options: no fused multiply-add. (cupy adds ``-ftz=true``, which is why float32 operations
 #: are written in PTX: ``PREAMBLE``.)
-OPTIONS = ("--fmad=false", "-std=c++14")
+OPTIONS = ("--fmad=false",)
 NAMES = (
     "twobit_encode",
     "twobit_decode",
