@@ -369,6 +369,20 @@ def test_a_device_array_takes_the_cuda_kernels_through_the_compressor(device, dt
     assert ("to device", len(want)) in device.moved and all(m[1] <= len(want) for m in device.moved)
 
 
+@pytest.mark.parametrize(
+    "params", [{"type": "2bit", "threshold": 0.5}, {"type": "1bit"}, {"type": "topk", "ratio": 0.05}]
+)
+def test_a_residual_loaded_from_a_checkpoint_follows_a_device_gradient(device, params):
+    host, dev = get_compressor(params), get_compressor(params)
+    g1, g2 = gradients(500, np.float32)[:2]
+    host.encode(g1)
+    dev.load_state_dict(host.state_dict())  # as checkpoint.load gives it: host arrays
+    want, meta = host.encode(g2)
+    got, dmeta = dev.encode(on_device(g2))
+    assert isinstance(dev.residual, FakeDevice) and dmeta == meta and same_bits(got.view(np.ndarray), want)
+    assert same_bits(dev.residual.view(np.ndarray), host.residual)
+
+
 def test_kernel_numpy_and_host_arrays_keep_their_kernels(device, monkeypatch, caplog):
     monkeypatch.setattr(kernels.logger(), "propagate", True)
     caplog.set_level(logging.DEBUG, logger=kernels.LOGGER_NAME)

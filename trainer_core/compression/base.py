@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from trainer_core.xp import array_module, is_device_array
+from trainer_core.xp import array_module, is_device_array, like, to_host
 
 #: Gradient dtypes a compressor accepts.
 SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -113,6 +113,9 @@ class Compressor:
         res = self.residual
         if res is None:
             res = self.residual = xp.zeros(flat.size, dtype=wdt)
+        elif array_module(res) is not xp and res.size == flat.size and res.dtype == wdt:
+            # a residual loaded from a checkpoint is a host array: it follows the gradient, once
+            res = self.residual = like(to_host(res), flat)
         elif res.size != flat.size or res.dtype != wdt or array_module(res) is not xp:
             raise ValueError(
                 f"{self.name}: gradient of {flat.size} x {dtype} does not match the residual of "
