@@ -29,8 +29,8 @@ import pytest
 from trainer_core import xp as xpmod
 from trainer_core.compression import _cuda, get_compressor, kernels, onebit, twobit
 from trainer_core.compression.codec import WorkerCodec
-from trainer_core.kv import api as kv_api
 from trainer_core.kv import dist as kv_dist
+from trainer_core.kv import local as kv_local
 
 DTYPES = [np.float32, np.float64, np.float16]
 SIZES = [0, 1, 7, 8, 15, 16, 17, 1000, 3 * 64 + 5, 10007]
@@ -336,7 +336,7 @@ def device(monkeypatch, host_sim):
             raise AssertionError(f"to_host of a {type(x).__name__} of {x.nbytes} bytes")
         return real_to_host(x)
 
-    for mod in (xpmod, kv_api, kv_dist):  # every module that took to_host in by name
+    for mod in (xpmod, kv_local, kv_dist):  # every module that took to_host in by name
         monkeypatch.setattr(mod, "to_host", no_full_copy)
     return types.SimpleNamespace(fake=fake, built=built, moved=moved)
 
@@ -440,6 +440,23 @@ def test_flat_sum_keeps_device_values_on_the_device_only_when_asked(device):
         xpmod.flat_sum([a, b], np.dtype(np.float32), device=False)
     h = xpmod.flat_sum([np.ones((2, 2), np.float32)], None, device=True)
     assert type(h) is np.ndarray and h.shape == (4,)
+
+
+def test_a_compressed_local_push_of_device_arrays_copies_only_the_payload(device):
+    import trainer_core.kv
+
+    n, params = 20000, {"type": "2bit", "threshold": 0.5}
+    g1, g2 = gradients(n, np.float32, steps=2)
+    kv = trainer_core.kv.create("local")
+    kv.init("w", np.zeros(n, np.float32))
+    kv.set_gradient_compression(params)
+    kv.push("w", [on_device(g1), on_device(g2)])  # two devices' values, summed on the device
+    out = np.empty(n, np.float32)
+    kv.pull("w", out)
+    comp = get_compressor(params)
+    want = comp.decode(*comp.encode(g1 + g2), n, np.float32)
+    np.testing.assert_array_equal(out, want)
+    assert device.moved == [("to host", n // 4)]  # the 2-bit payload, once; never the gradient
 
 
 def test_a_compressed_push_of_a_device_array_never_copies_the_whole_array_to_the_host(device):

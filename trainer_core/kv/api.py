@@ -12,7 +12,7 @@ import numpy as np
 
 from trainer_core.errors import KVError
 from trainer_core.transport.wire import Key
-from trainer_core.xp import like, to_host
+from trainer_core.xp import like
 
 Pairs = list[tuple[Key, list[Any]]]
 
@@ -36,15 +36,6 @@ def as_list(value: Any) -> list[Any]:
     if value is None:
         raise KVError("a value is missing")
     return list(value) if isinstance(value, list | tuple) else [value]
-
-
-def host_sum(values: list[Any], dtype: np.dtype | None = None) -> np.ndarray:
-    """The sum of one key's values, on host, as one flat array."""
-    first = to_host(values[0])
-    total = first if len(values) == 1 else sum((to_host(v) for v in values[1:]), start=first.copy())
-    if dtype is not None and total.dtype != dtype:
-        total = total.astype(dtype)
-    return np.asarray(total).reshape(-1)
 
 
 def write_out(host: np.ndarray, outs: list[Any]) -> None:

@@ -19,12 +19,12 @@ import numpy as np
 from trainer_core.compression.codec import WorkerCodec, resolve_compression, validate_params
 from trainer_core.compression.codec import decode as gc_decode
 from trainer_core.errors import KVError
-from trainer_core.kv.api import KVStore, check_key, host_sum, normalize, write_out
+from trainer_core.kv.api import KVStore, check_key, normalize, write_out
 from trainer_core.optim.server import to_spec
 from trainer_core.ps.store import Request, Store
 from trainer_core.transport import wire
 from trainer_core.transport.wire import Key
-from trainer_core.xp import to_host
+from trainer_core.xp import flat_sum, to_host
 
 
 class LocalKVStore(KVStore):
@@ -66,12 +66,14 @@ class LocalKVStore(KVStore):
     def push(self, key: Key | Sequence[Key], value: Any) -> None:
         for k, vals in normalize(key, value):
             weight = self._weight(k)
-            grad = host_sum(vals, weight.dtype)
+            compress = self.codec.active(weight.dtype)
+            # compressed: summed and encoded on the device of cupy values, only the payload copied
+            grad = flat_sum(vals, weight.dtype, device=compress)
             if grad.size != weight.size:
                 raise KVError(f"key {k!r}: pushed {grad.size} elements, stored {weight.size}")
             stats = self.codec.stats
             stats.raw_sent += grad.nbytes
-            if self.codec.active(grad.dtype):
+            if compress:
                 payload, meta = self.codec.encode(k, 0, grad)
                 stats.sent += payload.nbytes
                 grad = gc_decode(payload, meta, grad.size, grad.dtype)
