@@ -81,6 +81,14 @@ def like(host: np.ndarray, template: Any) -> Any:
     return host
 
 
+def host_to_device(host: np.ndarray, out: Any) -> None:
+    """Host values copied once, straight into the C-contiguous device array ``out`` of their dtype
+    and size (cupy's ``set``: no temporary on either side)."""
+    src = np.ascontiguousarray(host).reshape(out.shape)
+    with out.device:
+        out.set(src)
+
+
 def flat_sum(values: list[Any], dtype: np.dtype | None = None, device: bool = False) -> Any:
     """The sum of one key's values as one flat array of ``dtype``: on the device when ``device``
     and every value is an array on one device (a compressed push: only the payload leaves the

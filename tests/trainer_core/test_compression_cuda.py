@@ -264,7 +264,12 @@ ONE_DEVICE = contextlib.nullcontext()
 
 
 class FakeDevice(np.ndarray):
-    """Host memory playing a device array: what reaches it goes through cupy's calls."""
+    """Host memory playing a device array: what reaches it goes through cupy's calls. Where the
+    ``device`` fixture sets ``moved``, every copy of host values into a device array is recorded
+    there (``("to device", bytes)``), and so is every copy of a device array into another one
+    (``("device copy", bytes)``: a temporary on the device)."""
+
+    moved: list[tuple[str, int]] | None = None
 
     @property
     def device(self) -> Any:  # cupy's Device: a context manager, equal for arrays on one device
@@ -278,6 +283,30 @@ class FakeDevice(np.ndarray):
         host = np.empty(self.shape, self.dtype) if out is None else out
         np.copyto(host, self.view(np.ndarray))
         return host
+
+    def set(self, arr: np.ndarray) -> None:  # cupy's copy of a host array into this one
+        assert type(arr) is np.ndarray and arr.shape == self.shape and arr.dtype == self.dtype
+        assert self.flags.c_contiguous, "cupy sets only C-contiguous arrays"
+        record("to device", arr.nbytes)
+        np.copyto(self.view(np.ndarray), arr)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if isinstance(value, FakeDevice):
+            record("device copy", value.nbytes)
+        elif isinstance(value, np.ndarray):  # cupy copies a host value up first
+            record("to device", value.nbytes)
+        super().__setitem__(index, value)
+
+
+def record(direction: str, nbytes: int) -> None:
+    if FakeDevice.moved is not None:
+        FakeDevice.moved.append((direction, int(nbytes)))
+
+
+def fake_asarray(x: Any, dtype: Any = None) -> FakeDevice:
+    if not isinstance(x, FakeDevice):  # host values: copied to the "device"
+        record("to device", np.asarray(x).nbytes)
+    return np.array(x, dtype=dtype).view(FakeDevice)
 
 
 def fake_cupy() -> types.ModuleType:
@@ -298,7 +327,7 @@ def fake_cupy() -> types.ModuleType:
             return wrap(fn) if callable(fn) and not isinstance(fn, type) else fn
 
     mod = Fake("fakecupy")
-    mod.asarray = lambda x, dtype=None: np.array(x, dtype=dtype).view(FakeDevice)  # type: ignore[attr-defined]
+    mod.asarray = fake_asarray  # type: ignore[attr-defined]
     mod.asnumpy = lambda x: np.array(x.view(np.ndarray))  # type: ignore[attr-defined]
     return mod
 
@@ -306,7 +335,8 @@ def fake_cupy() -> types.ModuleType:
 @pytest.fixture
 def device(monkeypatch, host_sim):
     """``FakeDevice`` arrays count as cupy arrays; the CUDA kernels are the host-compiled ones.
-    Yields the record of transfers: (direction, bytes)."""
+    Yields the record of transfers: (direction, bytes) (``FakeDevice.moved``; to the host: the
+    page-locked buffers ``payload_to_host`` takes)."""
     fake = fake_cupy()
     monkeypatch.setattr(xpmod, "_cupy", fake)
     built: list[str] = []
@@ -319,15 +349,9 @@ def device(monkeypatch, host_sim):
     monkeypatch.setattr(kernels, "_cuda_built", {})
     monkeypatch.setattr(kernels, "_cuda_warned", False)
     moved: list[tuple[str, int]] = []
+    monkeypatch.setattr(FakeDevice, "moved", moved)
     real_pinned = xpmod.pinned_empty
     monkeypatch.setattr(xpmod, "pinned_empty", lambda n: (moved.append(("to host", n)), real_pinned(n))[1])
-    real_up = xpmod.payload_to_device
-
-    def up(x: Any, like: Any) -> Any:
-        moved.append(("to device", np.asarray(x).nbytes))
-        return real_up(x, like)
-
-    monkeypatch.setattr(xpmod, "payload_to_device", up)
 
     real_to_host = xpmod.to_host
 
@@ -487,6 +511,175 @@ def test_a_compressed_push_of_a_device_array_never_copies_the_whole_array_to_the
         np.testing.assert_array_equal(got, want)
     sizes = [m[1] for m in device.moved]
     assert sizes and max(sizes) <= twobit.wire_bytes(n)  # only compressed parts left the "device"
+
+
+# -- pulls into device arrays: only the payload goes up, decoded into the output ---------------
+
+PULL_PARAMS = [
+    {"type": "2bit", "threshold": 0.5},
+    {"type": "1bit", "block_size": 64},
+    {"type": "topk", "ratio": 0.05},
+]
+
+
+def run_dist(body: Any, shm: bool = False) -> Any:
+    """``body(kv)`` on the one worker of an in-process job with two servers (``cfg``'s bound of
+    1000 elements: a bigger key is split in two parts)."""
+    from tests.trainer_core.test_ps_client import InProcessJob, run_workers
+
+    j = InProcessJob(1, 2, shm=shm)
+    try:
+        return run_workers(j, "dist_sync", body)[0]
+    finally:
+        j.stop()
+
+
+def local_store() -> Any:
+    import trainer_core.kv
+
+    return trainer_core.kv.create("local")
+
+
+def pulled(kv: Any, key: str, n: int, moved: list[tuple[str, int]], push: Any = None) -> tuple[Any, list]:
+    """A pull (a pushpull of ``push``) of ``key`` into a fresh device array, and what it moved."""
+    out = on_device(np.full(n, np.nan, np.float32))
+    moved.clear()
+    if push is None:
+        kv.pull(key, out)
+    else:
+        kv.pushpull(key, on_device(push), out)
+    return out.view(np.ndarray).copy(), list(moved)
+
+
+def payloads(params: dict[str, Any], sizes: list[int]) -> list[tuple[str, int]]:
+    return sorted(("to device", get_compressor(params).wire_bytes(s)) for s in sizes)
+
+
+@pytest.mark.parametrize("params", PULL_PARAMS)
+def test_a_compressed_dist_pull_into_a_device_array_moves_up_only_each_parts_payload(device, params):
+    n = 20000
+    grads = gradients(n, np.float32, steps=2)
+
+    def body(kv: Any) -> Any:
+        kv.init(["h", "d"], [np.zeros(n, np.float32)] * 2)
+        kv.set_gradient_compression(params)
+        seen = []
+        for g in grads:  # the same steps on two keys: pulled to the host and to the "device"
+            kv.push(["h", "d"], [g, g])
+            host = np.empty(n, np.float32)
+            kv.pull("h", host)
+            seen.append((host, *pulled(kv, "d", n, device.moved)))
+        return seen, [p.size for p in kv.meta["d"].parts]
+
+    seen, sizes = run_dist(body)
+    assert len(sizes) == 2  # split over the two servers: each part decoded into its slice
+    for host, dev, moved in seen:
+        assert same_bits(dev, host)
+        assert sorted(moved) == payloads(params, sizes)  # each part's payload, once; never the value
+
+
+@pytest.mark.parametrize("params", PULL_PARAMS)
+def test_a_compressed_dist_pushpull_of_device_arrays_moves_only_payloads_both_ways(device, params):
+    n = 20000
+    grads = gradients(n, np.float32, steps=2, seed=3)
+
+    def body(kv: Any) -> Any:
+        kv.init(["h", "d"], [np.zeros(n, np.float32)] * 2)
+        kv.set_gradient_compression(params)
+        seen = []
+        for g in grads:
+            host = np.empty(n, np.float32)
+            kv.pushpull("h", g, host)
+            seen.append((host, *pulled(kv, "d", n, device.moved, push=g)))
+        return seen, [p.size for p in kv.meta["d"].parts]
+
+    seen, sizes = run_dist(body)
+    for host, dev, moved in seen:
+        assert same_bits(dev, host)
+        assert sorted(m for m in moved if m[0] == "to device") == payloads(params, sizes)
+        assert sorted(m for m in moved if m[0] == "to host") == [
+            ("to host", b) for _, b in payloads(params, sizes)
+        ]  # the push: each part encoded on the device, its payload copied down
+
+
+@pytest.mark.parametrize("params", PULL_PARAMS)
+def test_a_compressed_local_pull_and_pushpull_into_a_device_array_move_up_only_the_payload(device, params):
+    n = 20000
+    kv = local_store()
+    kv.init(["h", "d"], [np.zeros(n, np.float32)] * 2)
+    kv.set_gradient_compression(params)
+    for g in gradients(n, np.float32, steps=2, seed=5):
+        kv.push(["h", "d"], [g, on_device(g)])  # "d" keeps its residual on the "device"
+        host = np.empty(n, np.float32)
+        kv.pull("h", host)
+        dev, moved = pulled(kv, "d", n, device.moved)
+        assert same_bits(dev, host) and moved == payloads(params, [n])
+        kv.pushpull("h", g, host)
+        dev, moved = pulled(kv, "d", n, device.moved, push=g)
+        assert same_bits(dev, host)
+        assert [m for m in moved if m[0] == "to device"] == payloads(params, [n])
+
+
+def test_a_compressed_pull_into_several_outputs_decodes_once_on_their_device(device):
+    n, params = 20000, PULL_PARAMS[0]
+    g = gradients(n, np.float32, steps=1, seed=7)[0]
+
+    def body(kv: Any) -> Any:
+        kv.init("w", np.zeros(n, np.float32))
+        kv.set_gradient_compression(params)
+        kv.push("w", g)
+        host = np.empty(n, np.float32)
+        kv.pull("w", host)
+        seen = []
+        for kinds in (["d", "d"], ["d", "h"]):  # two "GPUs"; a GPU and the host
+            outs = [
+                on_device(np.zeros(n, np.float32)) if c == "d" else np.zeros(n, np.float32) for c in kinds
+            ]
+            device.moved.clear()
+            kv.pull("w", outs)
+            seen.append(([o.view(np.ndarray).copy() for o in outs], list(device.moved)))
+        return host, seen, [p.size for p in kv.meta["w"].parts]
+
+    host, ((two, moved_two), (mixed, moved_mixed)), sizes = run_dist(body)
+    assert all(same_bits(o, host) for o in two + mixed)
+    # on one device: the payloads decoded into the first output, copied on the device to the second
+    assert sorted(moved_two) == sorted([*payloads(params, sizes), ("device copy", 4 * n)])
+    # a host output among them: decoded on the host, the value copied up once
+    assert moved_mixed == [("to device", 4 * n)]
+
+
+@pytest.mark.parametrize("shm", [False, True])
+def test_an_uncompressed_dist_pull_into_a_device_array_moves_each_part_up_once(device, shm):
+    n, small = 20000, 10
+    g = np.linspace(-1, 1, n, dtype=np.float32)
+
+    def body(kv: Any) -> Any:
+        kv.init(["w", "b"], [np.zeros(n, np.float32), np.zeros(small, np.float32)])
+        kv.push(["w", "b"], [g, g[:small]])
+        host = np.empty(n, np.float32)
+        kv.pull("w", host)
+        dev, moved = pulled(kv, "w", n, device.moved)
+        one, moved_one = pulled(kv, "b", small, device.moved)
+        return host, dev, moved, one, moved_one, [p.size for p in kv.meta["w"].parts]
+
+    host, dev, moved, one, moved_one, sizes = run_dist(body, shm=shm)
+    assert len(sizes) == 2 and same_bits(dev, host) and same_bits(one, g[:small])
+    # each part straight from where it arrived into its slice: no full-size host or device temporary
+    assert sorted(moved) == sorted(("to device", 4 * s) for s in sizes)
+    assert moved_one == [("to device", 4 * small)]
+
+
+def test_an_uncompressed_local_pull_into_a_device_array_moves_the_value_up_once(device):
+    n = 5000
+    kv = local_store()
+    kv.init("w", np.zeros(n, np.float32))
+    g = np.linspace(-1, 1, n, dtype=np.float32)
+    kv.push("w", g)
+    dev, moved = pulled(kv, "w", n, device.moved)
+    assert same_bits(dev, g) and moved == [("to device", 4 * n)]  # no temporary copy on the device
+    wide = on_device(np.zeros(n, np.float64))  # another dtype: converted on the device, values kept
+    kv.pull("w", wide)
+    assert same_bits(wide.view(np.ndarray), g.astype(np.float64))
 
 
 # -- on a GPU ----------------------------------------------------------------------------------

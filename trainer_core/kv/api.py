@@ -8,11 +8,9 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
+import trainer_core.xp as arrays
 from trainer_core.errors import KVError
 from trainer_core.transport.wire import Key
-from trainer_core.xp import like
 
 Pairs = list[tuple[Key, list[Any]]]
 
@@ -38,12 +36,17 @@ def as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
-def write_out(host: np.ndarray, outs: list[Any]) -> None:
-    """Copy a flat host result into every output array (numpy or cupy)."""
+def write_out(value: Any, outs: list[Any]) -> None:
+    """Copy a flat result (host, or on the device of every output) into every output array (numpy
+    or cupy). A host value goes up to a cupy output of its dtype once, straight into it."""
     for out in outs:
-        if out.size != host.size:
-            raise KVError(f"output has {out.size} elements, the value {host.size}")
-        out[...] = like(host.reshape(out.shape), out)
+        if out.size != value.size:
+            raise KVError(f"output has {out.size} elements, the value {value.size}")
+        up = arrays.is_device_array(out) and not arrays.is_device_array(value)
+        if up and out.dtype == value.dtype and out.flags.c_contiguous:
+            arrays.host_to_device(value, out)
+        else:
+            out[...] = arrays.like(value.reshape(out.shape), out)
 
 
 class KVStore:

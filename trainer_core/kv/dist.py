@@ -24,10 +24,11 @@ from trainer_core.compression.codec import WorkerCodec, resolve_compression, val
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError
 from trainer_core.kv import dist_state
-from trainer_core.kv.api import _OPEN, KVStore, check_key, normalize, write_out
+from trainer_core.kv.api import _OPEN, KVStore, check_key, normalize
 from trainer_core.kv.figures import for_store, timed
 from trainer_core.kv.held import Held, PushHold, serial
-from trainer_core.kv.keys import KeyMeta, Outgoing, Where, direct_target, read_frame, result_of
+from trainer_core.kv.keys import KeyMeta, Outgoing, Where
+from trainer_core.kv.results import Results
 from trainer_core.log import get_logger
 from trainer_core.optim.server import to_spec
 from trainer_core.ps.client import WorkerClient
@@ -222,14 +223,8 @@ class DistKVStore(KVStore):
             op, per_server, compressed = wire.PUSHPULL, held.per_server, held.compressed
             for out in per_server.values():
                 self.codec.stats.raw_received += sum(p.size * m.dtype.itemsize for m, p, _ in out.where)
-        results: dict[int, np.ndarray] = {}  # id(KeyMeta) -> where the key's pulled value is assembled
-        direct: set[int] = set()  # indexes in ``pulls`` whose output receives the data directly
-        for i, (k, outs) in enumerate(pulls or []):
-            m = self._meta(k)
-            target = direct_target(outs, m)
-            if target is not None and id(m) not in results:
-                results[id(m)] = target
-                direct.add(i)
+        results = Results()  # where each key's pulled value is assembled (an output where it can)
+        results.plan(pulls or [], self._meta)
         if pulls is None and not any(o.borrowed for o in per_server.values()):
             self.hold.hold(Held(per_server, compressed, keys))
             self.client.check()  # an error reply to an earlier push, as a send would raise it
@@ -240,9 +235,7 @@ class DistKVStore(KVStore):
         replies = self.client.wait(list(sent))
         for seq, (server, where) in sent.items():
             self._unpack(server, where, replies[seq], results)
-        for i, (k, outs) in enumerate(pulls):
-            if i not in direct:
-                write_out(results[id(self._meta(k))], outs)
+        results.finish(pulls, self._meta)
 
     def _pack(self, pushes: list[tuple[Key, list[Any]]], pulling: bool) -> tuple[dict[int, Outgoing], bool]:
         """The message for each server, and whether any part is compressed."""
@@ -296,7 +289,7 @@ class DistKVStore(KVStore):
     def _send_held(self, held: Held) -> None:
         """Send a held push as plain pushes (not once the job failed: the next call raises that)."""
         if self.client.failure is None:
-            self._send(wire.PUSH, held.per_server, False, held.compressed, {})
+            self._send(wire.PUSH, held.per_server, False, held.compressed, Results())
 
     def _send(
         self,
@@ -304,14 +297,14 @@ class DistKVStore(KVStore):
         per_server: dict[int, Outgoing],
         pulling: bool,
         compressed: bool,
-        results: dict[int, np.ndarray],
+        results: Results,
     ) -> dict[int, tuple[int, Where]]:
         """Send each server its message; returns ``seq -> (server, parts)``."""
         sent: dict[int, tuple[int, Where]] = {}
         for server, out in per_server.items():
             into = None
             if pulling and not compressed and self.client.sends_directly(server):
-                into = [result_of(results, m)[p.start : p.stop].view(np.uint8).data for m, p, _ in out.where]
+                into = results.into(out.where)
             seq = self.client.send(
                 server, op, out.entries, out.frames, keep=pulling, local=not compressed, into=into
             )
@@ -323,7 +316,7 @@ class DistKVStore(KVStore):
                     m.busy[p.index] = seq
         return sent
 
-    def _unpack(self, server: int, where: Where, reply: Received, results: dict[int, np.ndarray]) -> None:
+    def _unpack(self, server: int, where: Where, reply: Received, results: Results) -> None:
         """Copy one reply's values into the results: from the server's shared buffer, from this
         worker's segment, or from (or already in) a frame."""
         stats = self.codec.stats
@@ -333,16 +326,15 @@ class DistKVStore(KVStore):
         located = reply.header.entries  # set when values are read from the server's buffers
         for idx, (m, p, seg) in enumerate(where):
             m.busy[p.index] = 0
-            dst = result_of(results, m)[p.start : p.stop]
             where_is = located[idx].shm if idx < len(located) else None
             if where_is is not None:
-                np.copyto(dst, self.client.shared_view(server, where_is, m.dtype, p.size))
+                results.put(m, p, self.client.shared_view(server, where_is, m.dtype, p.size))
                 stats.received += p.size * m.dtype.itemsize
             elif seg is not None:
-                np.copyto(dst, seg.view(m.dtype, p.size))
+                results.put(m, p, seg.view(m.dtype, p.size))
                 stats.received += p.size * m.dtype.itemsize
             else:
-                read_frame(dst, m, p, next(frames_in, None), next(metas_in, None), stats)
+                results.read_frame(m, p, next(frames_in, None), next(metas_in, None), stats)
 
     def _release_names(self) -> None:
         """Unlink segment names the servers have mapped already (answered requests)."""

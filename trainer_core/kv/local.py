@@ -20,11 +20,12 @@ from trainer_core.compression.codec import WorkerCodec, resolve_compression, val
 from trainer_core.compression.codec import decode as gc_decode
 from trainer_core.errors import KVError
 from trainer_core.kv.api import KVStore, check_key, normalize, write_out
+from trainer_core.kv.results import decode_into, direct_target
 from trainer_core.optim.server import to_spec
 from trainer_core.ps.store import Request, Store
 from trainer_core.transport import wire
 from trainer_core.transport.wire import Key
-from trainer_core.xp import flat_sum, to_host
+from trainer_core.xp import flat_sum, is_device_array, to_host
 
 
 class LocalKVStore(KVStore):
@@ -90,6 +91,12 @@ class LocalKVStore(KVStore):
             stats = self.codec.stats
             stats.raw_received += weight.nbytes
             stats.received += result.nbytes
+            target = direct_target(outs, weight.dtype, weight.size) if meta is not None else None
+            if target is not None and is_device_array(target):
+                # the server's compressed payload, decoded on the device into the (first) output
+                decode_into(result, meta, weight.size, weight.dtype, target)
+                write_out(target, outs[1:])
+                continue
             if meta is not None:  # the server's compressed payload
                 result = gc_decode(result, meta, weight.size, weight.dtype)
             write_out(result, outs)
