@@ -7,7 +7,8 @@ Two ways, so that they are checked on every machine:
   no-op with one thread per block), loaded with ctypes and driven by the very glue that drives
   them on cupy (``_cuda.Kernels``), on numpy arrays; compared with the numba and numpy kernels.
   A numpy subclass standing in for cupy's array type carries them through the compressors, the
-  dispatch (``kernels.cuda``), the codec and a dist worker's push, as a cupy array would go.
+  dispatch (``kernels.cuda``), the codec, a worker's push and its pulls into device outputs, as a
+  cupy array would go, and records every copy between host and "device".
 * ``gpu``: the same comparisons on cupy arrays, where cupy and a GPU are there (skipped with the
   reason otherwise), plus the NVRTC compile of the real source wherever cupy imports.
 """
