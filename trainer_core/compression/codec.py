@@ -97,16 +97,21 @@ def check_meta(meta: Any) -> dict[str, Any]:
     return dict(meta)
 
 
-def decode(payload: Any, meta: Any, size: int, dtype: Any) -> np.ndarray:
-    """Decode a received payload into a flat array of ``size`` values of ``dtype``."""
+def decode(payload: Any, meta: Any, size: int, dtype: Any, out: Any = None) -> Any:
+    """Decode a received payload into a flat array of ``size`` values of ``dtype``; with ``out`` (a
+    flat C-contiguous array of those, on the host or a device) into ``out``: for a device ``out``,
+    on its device after one copy of the payload (not the values) up."""
     m = check_meta(meta)
+    buf = np.frombuffer(payload, dtype=np.uint8)
+    if out is not None and arrays.is_device_array(out):
+        buf = arrays.payload_to_device(buf, out)
     try:
-        out = _registry().decode(np.frombuffer(payload, dtype=np.uint8), m, (size,), np.dtype(dtype))
+        out = _registry().decode(buf, m, (size,), np.dtype(dtype), out=out)
     except KeyError as exc:  # a parameter the compressor needs is not in the metadata
         raise CompressionError(f"cannot decode a {m['type']} payload: its metadata lacks {exc}") from None
     except (ValueError, TypeError, IndexError) as exc:
         raise CompressionError(f"cannot decode a {m['type']} payload: {exc}") from None
-    return np.asarray(out).reshape(-1)
+    return out.reshape(-1)
 
 
 @dataclass
