@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.reliability import REPO, TRAINPROG, Outcome, Run, Side, end_all, tagged
+from bench.reliability_kit import REPO, TRAINPROG, Outcome, Run, Side, end_all, tagged
 from tests.cluster.netns import HostGroup
 
 HOST_TC_PYTHON = "/var/tmp/launchkit-test-venv-tc/bin/python"
