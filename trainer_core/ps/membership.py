@@ -90,8 +90,8 @@ def join(
             return sched, book
     raise StartupTimeout(
         f"{cfg.role}: the scheduler at {scheduler_endpoint(cfg)} did not start the job within "
-        f"{waited:g} s (PS_START_TIMEOUT and {waited - cfg.start_timeout:g} s): not every node registered, "
-        "or the scheduler is unreachable"
+        f"{waited:g} s (PS_START_TIMEOUT={cfg.start_timeout:g} + {waited - cfg.start_timeout:g} s): not every "
+        "node registered, or the scheduler is unreachable"
     )
 
 
