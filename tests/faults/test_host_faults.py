@@ -209,3 +209,37 @@ def test_two_jobs_on_the_same_hosts(
     assert "[worker 0] done 0 240.0" in second.out and "[worker 1] done 1 240.0" in second.out, second.out
     assert_nothing_left(second_id)
     nothing_on_hosts(group, second_id)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", ["KILL", "STOP"])
+def test_worker_on_a_host_killed_or_stopped(
+    netns_hosts, host_python: str, jobdir: Path, launchkit_home: Path, sig: str
+) -> None:
+    """kill -9 or SIGSTOP of worker 1 on its namespace host (through the host's own process table):
+    its watchdog reports the death, the heartbeats the hang; the job ends naming worker 1."""
+    group = netns_hosts(3)
+    hostfile = group.write_hostfile(jobdir.parent / "hosts")
+    job = Job(ssh_launch(group, hostfile, host_python), launchkit_home, cwd=jobdir)
+    job.wait_for("[worker 1] step 3", timeout=60)
+    host = group[2]  # worker 1's host (MXNet's placement)
+    find = (
+        "grep -lz '^LAUNCHKIT_ROLE_RANK=1$' $(grep -lz '^DMLC_ROLE=worker$' /proc/[0-9]*/environ) 2>/dev/null"
+    )
+    pids = {p.split("/")[2] for p in host.run(find).stdout.split()} & {
+        str(p) for p in host.pids_with_env(f"LAUNCHKIT_JOB_ID={job.job_id}")
+    }
+    worker = min(pids, key=int)  # the program itself, not a child of it
+    host.run(f"kill -{sig} {worker}", check=True)
+    job.fault_at = time.monotonic()
+    code, took = job.finish(timeout=40)
+    if sig == "KILL":
+        assert code == 137, job.out
+        assert "failed: worker 1 on " in job.out and "was killed by signal 9" in job.out, job.out
+        assert took < 5, took
+    else:
+        assert code == 1, job.out
+        assert "worker 1 (host 10.231.0.13" in job.out and "sent no heartbeat for 2 s" in job.out, job.out
+        assert took < 2 + 1 + 4, took
+    assert_nothing_left(job.job_id)
+    nothing_on_hosts(group, job.job_id)
