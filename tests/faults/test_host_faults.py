@@ -154,7 +154,8 @@ def test_launcher_sigkill_during_rsync(
     time.sleep(0.5)
     job.inject(job.proc.pid, signal.SIGKILL)
     job.proc.wait(5)
-    assert wait_until(lambda: not any(_alive(p) for p in rsyncs), 5), [
+    # the rsyncs at once, and their ssh with them (not only once the far end has closed: seconds here)
+    assert wait_until(lambda: not any(_alive(p) for p in rsyncs), 1.5), [
         Path(f"/proc/{p}/cmdline").read_bytes() for p in rsyncs if _alive(p)
     ]
     nothing_on_hosts(group, None)

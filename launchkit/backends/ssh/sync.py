@@ -159,7 +159,14 @@ def dies_with_launcher(argv: Sequence[str]) -> list[str]:
     if program is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
     setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "KILL", "--", program, *argv[1:]] if setpriv else list(argv)
+    if setpriv is None:
+        return list(argv)
+    guard = [setpriv, "--pdeathsig", "KILL", "--"]
+    out = [*guard, program, *argv[1:]]
+    if "-e" in out:  # its ssh too, when rsync itself ends (rsync splits -e's words as a shell would)
+        at = out.index("-e") + 1
+        out[at] = f"{shlex.join(guard)} {out[at]}"
+    return out
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
