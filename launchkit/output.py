@@ -253,6 +253,22 @@ class Merger:
         with self._idle:
             self._idle.notify_all()
 
+    def _take_rest(self, src: Source) -> None:
+        """What a stream not yet ended already holds (its writer may live on): read without
+        waiting, so that nothing already written is lost when reading stops."""
+        try:
+            os.set_blocking(src.fd, False)
+        except OSError:
+            return
+        for _ in range(64):  # at most 64 chunks: a writer that never stops cannot hold us here
+            try:
+                data = os.read(src.fd, CHUNK)
+            except OSError:  # BlockingIOError: nothing more now
+                return
+            if not data:
+                return
+            self._take(src, data)
+
     def _write(self) -> None:
         self._writing_since = time.monotonic()
         try:
@@ -328,6 +344,7 @@ class Merger:
         with self._lock:
             left = list(self._sources.values())
         for src in left:
+            self._take_rest(src)
             self._end(src)
         with contextlib.suppress(Exception):
             self.sink.flush()

@@ -171,6 +171,21 @@ def test_disk_full_during_the_job_is_reported_once_and_the_output_goes_on(
     assert "its --log-dir files" in stderr and "are incomplete" in stderr and "exit 74" in stderr
 
 
+def test_closing_takes_what_a_stream_still_open_already_holds() -> None:
+    """A stream that never ends (a grandchild holds its pipe): when reading stops (the drain's
+    bound passed), what was already written is merged, and the close does not wait for more."""
+    out = io.BytesIO()
+    merger = Merger(OutputWriter(out, io.BytesIO()))
+    r, w = os.pipe()
+    merger.add(os.fdopen(r, "rb"), "out", b"[g] ", deque())  # not started: nothing read yet
+    os.write(w, b"written before the end\npartial")
+    t0 = time.monotonic()
+    merger.close()
+    assert time.monotonic() - t0 < 2.0
+    os.close(w)
+    assert out.getvalue().splitlines() == [b"[g] written before the end", b"[g] partial"]
+
+
 def test_a_stream_epoll_cannot_watch_is_merged_too(tmp_path: Path) -> None:
     f = tmp_path / "file"
     f.write_bytes(b"from a file\nno newline")
