@@ -13,16 +13,13 @@ malformed reads as ``None`` with the reason, and the caller falls back to the jo
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launchkit.jobs.records import JOB_ID_RE, jobs_dir
+from launchkit.jobs.records import JOB_ID_RE, jobs_dir, replace_file
 from launchkit.telemetry.model import JobMetrics
 from launchkit.telemetry.view import KEEP, recent, training
 from launchkit.view import state as view_state
@@ -66,19 +63,8 @@ def recent_json(metrics: JobMetrics, keep: int = KEEP_POINTS) -> dict[str, Any]:
 
 def write(state: DashboardState, metrics: JobMetrics | None, at: float | None = None) -> Path:
     """Replace the job's live file at once (temp file + rename); OSError when it cannot."""
-    d = job_dir(state.job_id)
-    d.mkdir(parents=True, exist_ok=True)
-    target = d / "live.json"
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".live.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(encode(state, metrics, time.time() if at is None else at))
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return target
+    text = encode(state, metrics, time.time() if at is None else at)
+    return replace_file(job_dir(state.job_id) / "live.json", text)
 
 
 @dataclass(frozen=True)

@@ -195,20 +195,24 @@ def started_here(**fields: Any) -> JobRecord:
     )
 
 
-def save(record: JobRecord) -> Path:
-    d = jobs_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{record.id}.json"
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{record.id}.", suffix=".tmp")
+def replace_file(path: Path, text: str) -> Path:
+    """Replace ``path`` with ``text`` at once (a temporary file beside it, then a rename): a reader
+    sees the old content or the new, never a part; OSError when it cannot."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(asdict(record), f, indent=1)
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     return path
+
+
+def save(record: JobRecord) -> Path:
+    return replace_file(jobs_dir() / f"{record.id}.json", json.dumps(asdict(record), indent=1))
 
 
 def read(path: Path) -> JobRecord:
