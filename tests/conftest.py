@@ -1,4 +1,5 @@
-"""Shared fixtures: every test gets its own LAUNCHKIT_HOME."""
+"""Shared fixtures: every test gets its own LAUNCHKIT_HOME; ``served_endpoints`` spies on the
+metrics endpoints a launch serves."""
 
 from __future__ import annotations
 
@@ -11,3 +12,20 @@ def launchkit_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("LAUNCHKIT_HOME", str(home))
     monkeypatch.setenv("NO_COLOR", "1")
     return home
+
+
+@pytest.fixture
+def served_endpoints(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The metrics endpoints ``launching.run_job`` serves in this test, in order (None where it
+    serves none), each with its ``model`` to look into."""
+    from launchkit import launching
+
+    served: list = []
+    real = launching.serve
+
+    def spy(*args, **kwargs):
+        served.append(real(*args, **kwargs))
+        return served[-1]
+
+    monkeypatch.setattr(launching, "serve", spy)
+    return served

@@ -14,22 +14,16 @@ from launchkit.backends.ssh.options import SshOptions
 from launchkit.console import Ui
 from launchkit.core.hostfile import read_hostfile
 from launchkit.core.spec import Host, LaunchSpec
-from launchkit.telemetry.endpoint import Telemetry
 from tests.cluster.conftest import netns_hosts, netns_session  # noqa: F401
 from tests.cluster.test_trainer_core_ssh import ROOT, host_python  # noqa: F401
 
 BUSY = "import time\nt = time.time()\nwhile time.time() - t < 4: pass"
 
 
-def test_remote_rows_get_host_figures_and_process_usage(sshd_loopback, tmp_path: Path, monkeypatch) -> None:
-    served: list[Telemetry] = []
-    real = launching.serve
-
-    def spy(*args, **kwargs):
-        served.append(real(*args, **kwargs))
-        return served[-1]
-
-    monkeypatch.setattr(launching, "serve", spy)
+def test_remote_rows_get_host_figures_and_process_usage(
+    sshd_loopback, tmp_path: Path, served_endpoints
+) -> None:
+    served = served_endpoints
     host = Host(sshd_loopback.host, port=sshd_loopback.port, user=sshd_loopback.user)
     backend = SshBackend(SshOptions(identity=str(sshd_loopback.identity), known_hosts=str(tmp_path / "kh")))
     spec = LaunchSpec(num_workers=1, num_servers=0, command=("python3", "-c", BUSY), hosts=(host,),
@@ -46,17 +40,10 @@ def test_remote_rows_get_host_figures_and_process_usage(sshd_loopback, tmp_path:
 
 @pytest.mark.timeout(480)
 def test_node_reports_cross_hosts_and_every_host_has_the_same_columns(netns_hosts, host_python: str,  # noqa: F811
-                                                                      tmp_path: Path, monkeypatch) -> None:  # fmt: skip
+                                                                      tmp_path: Path, monkeypatch, served_endpoints) -> None:  # fmt: skip
     """trainer_core workers and a server on two namespace hosts report over UDP to the endpoint on
     the bridge; each host's watchdog sends the same figures the launcher's host gets."""
-    served: list[Telemetry] = []
-    real = launching.serve
-
-    def spy(*args, **kwargs):
-        served.append(real(*args, **kwargs))
-        return served[-1]
-
-    monkeypatch.setattr(launching, "serve", spy)
+    served = served_endpoints
     group = netns_hosts(2)
     job = tmp_path / "job"
     job.mkdir()

@@ -22,15 +22,8 @@ JOB = Path(__file__).with_name("metricsjob.py")
 SECRET = "e" * 64
 
 
-def test_a_local_job_reports_every_nodes_bytes_and_the_scripts_loss(monkeypatch) -> None:
-    served: list[Telemetry | None] = []
-    real = launching.serve
-
-    def spy(*args, **kwargs):
-        served.append(real(*args, **kwargs))
-        return served[-1]
-
-    monkeypatch.setattr(launching, "serve", spy)
+def test_a_local_job_reports_every_nodes_bytes_and_the_scripts_loss(served_endpoints) -> None:
+    served = served_endpoints
     spec = LaunchSpec(num_workers=2, num_servers=1, command=(sys.executable, str(JOB)), env=(("STEPS", "5"),))
     assert launching.run_job(spec, LocalBackend(), Ui()).exit_code == 0
     t = served[0]
@@ -49,15 +42,8 @@ def test_a_local_job_reports_every_nodes_bytes_and_the_scripts_loss(monkeypatch)
     assert t._sock.fileno() == -1  # closed with the job
 
 
-def test_one_endpoint_serves_every_attempt_and_a_restart_is_no_replay(monkeypatch) -> None:
-    served: list[Telemetry | None] = []
-    real = launching.serve
-
-    def spy(*args, **kwargs):
-        served.append(real(*args, **kwargs))
-        return served[-1]
-
-    monkeypatch.setattr(launching, "serve", spy)
+def test_one_endpoint_serves_every_attempt_and_a_restart_is_no_replay(served_endpoints) -> None:
+    served = served_endpoints
     job = JOB.with_name("restartjob.py")
     spec = LaunchSpec(num_workers=1, num_servers=1, command=(sys.executable, str(job)), max_restarts=1,
                       restart_backoff=0.1)  # fmt: skip
