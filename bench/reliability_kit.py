@@ -149,9 +149,16 @@ def inject(run: Run, fault: Fault, script: str) -> float:
     return time.monotonic()
 
 
-def finish(run: Run, since: float, cap: float, message: Callable[[list[str]], str]) -> Outcome:
+def finish(
+    run: Run,
+    since: float,
+    cap: float,
+    message: Callable[[list[str]], str],
+    elsewhere: Callable[[], int] = lambda: 0,
+) -> Outcome:
     """Wait for the launcher's exit (at most ``cap`` s after ``since``; then SIGKILL it alone, as a user
-    would end a hung launcher); count what is left 2 s later, then end it all."""
+    would end a hung launcher); count what is left 2 s later (here, and ``elsewhere()``: on hosts),
+    then end it all."""
     code: int | None
     try:
         code = run.proc.wait(max(0.1, since + cap - time.monotonic()))
@@ -161,7 +168,7 @@ def finish(run: Run, since: float, cap: float, message: Callable[[list[str]], st
         run.proc.kill()
         run.proc.wait()
     time.sleep(2.0)
-    left = len(tagged(run.tag))
+    left = len(tagged(run.tag)) + elsewhere()
     job = next((ln.split()[2] for ln in run.lines if ln.startswith("launchkit: job ")), None)
     shm = len(list(Path("/dev/shm").glob(f"launchkit-{job}-*"))) if job else 0
     end_all(run.tag)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.reliability_kit import REPO, TRAINPROG, Outcome, Run, Side, end_all, tagged
+from bench.reliability_kit import REPO, TRAINPROG, Outcome, Run, Side, end_all, finish, tagged
 from tests.cluster.netns import HostGroup
 
 HOST_TC_PYTHON = "/var/tmp/launchkit-test-venv-tc/bin/python"
@@ -98,19 +98,8 @@ class SshSide:
 def settle(
     run: Run, group: HostGroup, since: float, cap: float, message: Callable[[list[str]], str]
 ) -> Outcome:
-    """Like reliability.finish, counting what is left here and on the hosts 2 s after the launcher."""
-    code: int | None
-    try:
-        code = run.proc.wait(max(0.1, since + cap - time.monotonic()))
-        took = time.monotonic() - since
-    except subprocess.TimeoutExpired:
-        code, took = None, cap
-        run.proc.kill()
-        run.proc.wait()
-    time.sleep(2.0)
-    left = len(tagged(run.tag)) + on_hosts(group)
-    end_all(run.tag)
-    return Outcome(code, took, message(run.lines), left, 0)
+    """reliability_kit.finish, counting what is left on the hosts too."""
+    return finish(run, since, cap, message, elsewhere=lambda: on_hosts(group))
 
 
 def link_down(s: SshSide, cap: float) -> Outcome:
