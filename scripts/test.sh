@@ -2,13 +2,14 @@
 # Set up everything the tests need on a fresh Debian 12 machine, then run lint, types and tests.
 #   bash scripts/test.sh [PYTEST ARGS...]
 # Installs (as root, when missing) the Debian packages the test fixtures use, creates .venv,
-# (Open MPI, Slurm and munge for the engine tests; Grid Engine through scripts/install-gridengine.sh),
+# (Open MPI, Slurm and munge for the engine tests; g++ builds the CUDA kernels' bodies on the host
+# for their tests; Grid Engine through scripts/install-gridengine.sh),
 # installs launchkit with its test extra, then runs ruff, mypy and pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEBS=(procps iproute2 tmux util-linux openssh-server openssh-client rsync libgomp1 libquadmath0
-      openmpi-bin mpich slurm-wlm munge)
+      openmpi-bin mpich slurm-wlm munge g++)
 missing=()
 for pkg in "${DEBS[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
