@@ -47,10 +47,9 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from zmq.utils.monitor import recv_monitor_message
 
 from dmlc_env import JobEnv, TaskEnv, build_env
-from tests.trainer_core.probes import WITHIN, closed_by_peer, send_until_closed
+from tests.trainer_core.probes import WITHIN, closed_by_peer, handshake_fails, send_until_closed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError
 from trainer_core.kv.dist import DistKVStore
@@ -284,33 +283,6 @@ def zmq_dealer(ctx: zmq.Context[Any], secret: str) -> zmq.Socket[Any]:
     sock.curve_secretkey = keys.client_secret
     sock.setsockopt(zmq.LINGER, 0)
     return sock
-
-
-def handshake_fails(sock: zmq.Socket[Any], endpoint: str, messages: list[list[bytes]]) -> bool:
-    """Connect ``sock`` (monitored from before the connection), queue ``messages``: whether its
-    ZMTP/CURVE handshake is seen to fail within ``WITHIN``."""
-    mon = sock.get_monitor_socket()
-    try:
-        sock.connect(endpoint)
-        for m in messages:
-            sock.send_multipart(m)
-        deadline = time.monotonic() + WITHIN
-        failed = {
-            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
-            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-            zmq.EVENT_HANDSHAKE_FAILED_AUTH,
-        }
-        while time.monotonic() < deadline:
-            if mon.poll(100):
-                event = recv_monitor_message(mon)["event"]
-                if event in failed:
-                    return True
-                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                    return False
-        return False
-    finally:
-        sock.disable_monitor()
-        mon.close(linger=0)
 
 
 def decodes(header: dict[str, Any]) -> bool:

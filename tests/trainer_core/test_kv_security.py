@@ -9,13 +9,12 @@ from tests.trainer_core.cluster import run_job, worker_script
 INTRUDER = """
 import socket, time, zmq
 import logging
-from zmq.utils.monitor import recv_monitor_message
 from trainer_core.errors import KVError
 from trainer_core.transport import auth
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Trace
 TRACE = Trace(logging.getLogger('intruder'))
-from tests.trainer_core.probes import WITHIN, closed_by_peer, send_until_closed
+from tests.trainer_core.probes import WITHIN, closed_by_peer, handshake_fails, send_until_closed
 
 kv.init('w', np.zeros(16, np.float32))
 ports = [int(s.endpoint.rsplit(':', 1)[1]) for s in kv.client.book.servers] + [int(os.environ['DMLC_PS_ROOT_PORT'])]
@@ -48,31 +47,6 @@ def closed_on(conn, raw, where, what):
     conn.close()
 
 
-FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH}
-
-
-def handshake_refused(sock, endpoint, messages):
-    # connect ``sock`` and queue ``messages``: its ZMTP/CURVE handshake must fail, seen on its
-    # monitor (attached before the connection)
-    mon = sock.get_monitor_socket()
-    sock.connect(endpoint)
-    for m in messages:
-        sock.send(wire.encode(m))
-    deadline = time.monotonic() + WITHIN
-    try:
-        while time.monotonic() < deadline:
-            if mon.poll(100):
-                event = recv_monitor_message(mon)['event']
-                if event in FAILED:
-                    return True
-                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                    return False
-        return False
-    finally:
-        sock.disable_monitor()
-        mon.close(linger=0)
-
-
 def first_answer(receive_one):
     # the first message received within WITHIN (None: none came)
     deadline = time.monotonic() + WITHIN
@@ -94,7 +68,7 @@ if kv.rank == 0:
                 s.curve_serverkey, s.curve_publickey, s.curve_secretkey = wrong.server_public, wrong.client_public, wrong.client_secret
             reg = wire.Header(op=wire.REGISTER, body={'role': 'worker', 'rank': 0, 'host': 'x', 'endpoint': '', 'host_key': 'x', 'pid': 1})
             pull = wire.Header(op=wire.PULL, seq=1, src='worker 0', entries=(wire.Entry('w', 0, 16, '<f4'),), body={'rank': 0})
-            if not handshake_refused(s, f'tcp://127.0.0.1:{port}', (reg, pull)) or s.poll(0):
+            if not handshake_fails(s, f'tcp://127.0.0.1:{port}', [[wire.encode(reg)], [wire.encode(pull)]]) or s.poll(0):
                 answered.append((port, mode))
             s.close(linger=0)
     ctx.term()
