@@ -14,12 +14,10 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 
 from launchkit.output import Sink, clip
-from launchkit.procstat import usage_by_group
 from launchkit.view.render import fit, render
 from launchkit.view.state import DashboardState, ProcRow, RootCause
 
 __all__ = [
-    "CpuMeter",
     "Dashboard",
     "DashboardState",
     "LineSink",
@@ -29,27 +27,6 @@ __all__ = [
     "fit",
     "render",
 ]
-
-
-class CpuMeter:
-    """CPU percent per process group between two samples."""
-
-    def __init__(self) -> None:
-        self._last: dict[int, tuple[float, float]] = {}
-
-    def sample(self, groups: set[int]) -> dict[int, tuple[float | None, int]]:
-        now = time.monotonic()
-        out: dict[int, tuple[float | None, int]] = {}
-        for g, u in usage_by_group(groups).items():
-            prev = self._last.get(g)
-            pct = (
-                None
-                if prev is None or now <= prev[0]
-                else 100.0 * (u.cpu_seconds - prev[1]) / (now - prev[0])
-            )
-            self._last[g] = (now, u.cpu_seconds)
-            out[g] = (pct, u.rss_bytes)
-        return out
 
 
 class Dashboard:

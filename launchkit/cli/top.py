@@ -15,14 +15,15 @@ from rich.console import RenderableType
 
 from launchkit.cli.app import get_app
 from launchkit.console import Ui
-from launchkit.dashboard import CpuMeter, DashboardState, ProcRow, fit, render
+from launchkit.dashboard import DashboardState, ProcRow, fit, render
 from launchkit.errors import UsageError
 from launchkit.hostside import procscan
+from launchkit.hostside.hoststat import GroupMeter
 from launchkit.jobs import detached, live
 from launchkit.jobs import records as jobs
 
 
-def state_of(record: jobs.JobRecord, meter: CpuMeter) -> DashboardState:
+def state_of(record: jobs.JobRecord, meter: GroupMeter) -> DashboardState:
     """The record-only view: the processes the record names, CPU and memory of local ones."""
     record = detached.refresh(record)  # a batch job: its state from the engine
     pids = {p.pid for p in record.processes if p.pid and procscan.alive(p.pid)}
@@ -63,7 +64,7 @@ class Source:
         self.ui = ui
         self.job_id = job_id
         self.record = record
-        self.meter = CpuMeter()
+        self.meter = GroupMeter()
         self._warned = ""
 
     def state(self) -> DashboardState:

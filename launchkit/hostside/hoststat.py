@@ -169,20 +169,17 @@ class Gpus:
         return self.latest
 
 
-class Sampler:
-    """Samples the host and the given process groups; CPU percent is over the time since the
-    previous sample of the same group."""
+class GroupMeter:
+    """CPU percent and resident bytes of process groups; the percent is over the time since the
+    previous sample of the same group (``None`` on its first)."""
 
-    def __init__(self, gpus: Gpus | None = None) -> None:
-        self.gpus = gpus or Gpus()
+    def __init__(self) -> None:
         self._prev: dict[int, tuple[float, float]] = {}  # group -> (cpu seconds, monotonic time)
 
     def sample(
         self, groups: Iterable[int], stats: list[ProcStat] | None = None
-    ) -> tuple[dict[str, float], dict[int, tuple[float | None, int]]]:
-        """(host figures, {group: (cpu percent or None, rss bytes)})."""
-        figures = host_figures()
-        figures.update(self.gpus.sample())
+    ) -> dict[int, tuple[float | None, int]]:
+        """{group: (cpu percent or None, rss bytes)} for the groups in ``groups`` that exist."""
         wanted = set(groups)
         now = time.monotonic()
         usage = group_usage(stats if stats is not None else all_stats(), wanted)
@@ -197,7 +194,23 @@ class Sampler:
         for g in list(self._prev):
             if g not in usage:
                 del self._prev[g]
-        return figures, procs
+        return procs
+
+
+class Sampler:
+    """Samples the host (``host_figures``, GPUs) and the given process groups (``GroupMeter``)."""
+
+    def __init__(self, gpus: Gpus | None = None) -> None:
+        self.gpus = gpus or Gpus()
+        self.groups = GroupMeter()
+
+    def sample(
+        self, groups: Iterable[int], stats: list[ProcStat] | None = None
+    ) -> tuple[dict[str, float], dict[int, tuple[float | None, int]]]:
+        """(host figures, {group: (cpu percent or None, rss bytes)})."""
+        figures = host_figures()
+        figures.update(self.gpus.sample())
+        return figures, self.groups.sample(groups, stats)
 
 
 class Latest:

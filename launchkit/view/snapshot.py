@@ -13,7 +13,8 @@ from typing import Any, Protocol
 
 from launchkit.console import Ui
 from launchkit.core.spec import Plan, Task, TaskResult
-from launchkit.dashboard import CpuMeter, Dashboard
+from launchkit.dashboard import Dashboard
+from launchkit.hostside.hoststat import GroupMeter
 from launchkit.jobs import live
 from launchkit.telemetry.model import JobMetrics
 from launchkit.telemetry.view import training
@@ -100,7 +101,7 @@ class Publisher:
         self.metrics = metrics
         self.log = log
         self.attempt = attempt
-        self.cpu = CpuMeter()
+        self.cpu = GroupMeter()
         self.started = time.time() if started_at is None else started_at
         self._live_next = 0.0
         self._live_failed = False
