@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from launchkit.telemetry.model import Figures, JobMetrics, Series
@@ -92,18 +93,20 @@ def rate(series: Series, name: str, window: float = RATE_WINDOW) -> float | None
     return (v1 - v0) / (t1 - t0)
 
 
-def aligned_mean(series: list[Series], name: str, n: int = SERIES) -> tuple[float, ...]:
-    """The mean over ``series`` of their k-th last value of ``name``, k = n..1 (oldest first)."""
-    columns = [[f[name] for _, f in s.points if name in f][-n:] for s in series]
+def _aligned(columns: list[list[float]], combine: Callable[[list[float]], float]) -> tuple[float, ...]:
+    """``combine`` of the k-th last values of the ``columns`` that have one, for k from the longest
+    column's length down to 1 (oldest first): columns aligned from their newest value."""
     columns = [c for c in columns if c]
     if not columns:
         return ()
     longest = max(len(c) for c in columns)
-    out = []
-    for back in range(longest, 0, -1):
-        values = [c[-back] for c in columns if len(c) >= back]
-        out.append(sum(values) / len(values))
-    return tuple(out)
+    return tuple(combine([c[-back] for c in columns if len(c) >= back]) for back in range(longest, 0, -1))
+
+
+def aligned_mean(series: list[Series], name: str, n: int = SERIES) -> tuple[float, ...]:
+    """The mean over ``series`` of their k-th last value of ``name``, k = n..1 (oldest first)."""
+    columns = [[f[name] for _, f in s.points if name in f][-n:] for s in series]
+    return _aligned(columns, lambda values: sum(values) / len(values))
 
 
 def _latest(series: list[Series], name: str) -> float | None:
@@ -119,11 +122,7 @@ def samples_series(series: list[Series], n: int = SERIES) -> tuple[float, ...]:
         per_worker.append(
             [(v1 - v0) / (t1 - t0) for (t0, v0), (t1, v1) in itertools.pairwise(pts) if t1 > t0]
         )
-    per_worker = [w for w in per_worker if w]
-    if not per_worker:
-        return ()
-    longest = max(len(w) for w in per_worker)
-    return tuple(sum(w[-back] for w in per_worker if len(w) >= back) for back in range(longest, 0, -1))
+    return _aligned(per_worker, sum)
 
 
 def lagging(workers: dict[tuple[str, int], Series]) -> Lagging | None:
