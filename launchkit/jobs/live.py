@@ -21,7 +21,7 @@ from typing import Any
 
 from launchkit.jobs.records import JOB_ID_RE, jobs_dir, replace_file
 from launchkit.telemetry.model import JobMetrics
-from launchkit.telemetry.view import KEEP, recent, training
+from launchkit.telemetry.view import KEEP, training
 from launchkit.view import state as view_state
 from launchkit.view.state import DashboardState
 
@@ -42,23 +42,9 @@ def path(job_id: str) -> Path:
 def encode(state: DashboardState, metrics: JobMetrics | None, at: float) -> str:
     doc: dict[str, Any] = {"version": VERSION, "written_at": at, "state": view_state.to_json(state)}
     if metrics is not None:
-        doc["metrics"] = recent_json(metrics)
+        doc["metrics"] = metrics.to_json(KEEP_POINTS)  # what the panel reads, not the whole history
         doc["expected_nodes"] = state.training.nodes_expected if state.training else 0
     return json.dumps(doc, separators=(",", ":"))
-
-
-def recent_json(metrics: JobMetrics, keep: int = KEEP_POINTS) -> dict[str, Any]:
-    """``metrics.to_json()`` with each series cut to its last ``keep`` reports (cut before it is
-    copied: the launcher's loop pays for what the file holds, not for the whole history)."""
-    with metrics.lock:
-        nodes = {k: recent(s, keep).points for k, s in metrics.nodes.items()}
-        hosts = {h: recent(s, keep).points for h, s in metrics.hosts.items()}
-        procs = list(metrics.procs.items())
-    return {
-        "nodes": [{"role": r, "rank": k, "points": [[t, f] for t, f in p]} for (r, k), p in nodes.items()],
-        "hosts": [{"host": h, "points": [[t, f] for t, f in p]} for h, p in hosts.items()],
-        "procs": [[h, p, c, m] for (h, p), (c, m) in procs],
-    }
 
 
 def write(state: DashboardState, metrics: JobMetrics | None, at: float | None = None) -> Path:

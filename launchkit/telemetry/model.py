@@ -19,6 +19,7 @@ Each keeps a bounded history (for sparklines and rates). The model is guarded by
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections import deque
@@ -40,6 +41,11 @@ class Series:
     @property
     def latest(self) -> Figures:
         return self.points[-1][1] if self.points else {}
+
+    def last(self, n: int | None = None) -> list[tuple[float, Figures]]:
+        """The newest ``n`` reports (all of them when None), oldest first, copied."""
+        points = self.points
+        return list(points) if n is None else list(itertools.islice(points, max(0, len(points) - n), None))
 
     @property
     def at(self) -> float | None:
@@ -79,18 +85,20 @@ class JobMetrics:
             for pid, usage in (procs or {}).items():
                 self.procs[(host, int(pid))] = usage
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, keep: int | None = None) -> dict[str, Any]:
+        """The model as JSON; with ``keep``, each series cut to its last ``keep`` reports (cut
+        before it is copied: a caller pays for what it keeps, not for the whole history)."""
         with self.lock:
-            return {
-                "nodes": [
-                    {"role": r, "rank": k, "points": [[t, f] for t, f in s.points]}
-                    for (r, k), s in self.nodes.items()
-                ],
-                "hosts": [
-                    {"host": h, "points": [[t, f] for t, f in s.points]} for h, s in self.hosts.items()
-                ],
-                "procs": [[h, p, c, m] for (h, p), (c, m) in self.procs.items()],
-            }
+            nodes = {k: s.last(keep) for k, s in self.nodes.items()}
+            hosts = {h: s.last(keep) for h, s in self.hosts.items()}
+            procs = list(self.procs.items())
+        return {
+            "nodes": [
+                {"role": r, "rank": k, "points": [[t, f] for t, f in p]} for (r, k), p in nodes.items()
+            ],
+            "hosts": [{"host": h, "points": [[t, f] for t, f in p]} for h, p in hosts.items()],
+            "procs": [[h, p, c, m] for (h, p), (c, m) in procs],
+        }
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> JobMetrics:

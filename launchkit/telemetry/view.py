@@ -170,8 +170,7 @@ KEEP = SERIES + 4  # the reports a panel reads: a sparkline's worth (rates need 
 
 def recent(series: Series, keep: int = KEEP) -> Series:
     """A copy of the last ``keep`` reports of ``series`` (taken under the model's lock)."""
-    points = series.points
-    return Series(deque(itertools.islice(points, max(0, len(points) - keep), None), maxlen=points.maxlen))
+    return Series(deque(series.last(keep), maxlen=series.points.maxlen))
 
 
 def training(
