@@ -60,8 +60,9 @@ def figure_name(name: str) -> bool:
     return bool(_NAME.match(name))
 
 
-def _number(v: Any) -> TypeGuard[int | float]:
-    """A finite number that fits a float (not a bool)."""
+def finite_number(v: Any) -> TypeGuard[int | float]:
+    """A finite number that fits a float (an int or a float, not a bool): the only figure values
+    a report carries, checked wherever one is read."""
     if not isinstance(v, (int, float)) or isinstance(v, bool):
         return False
     try:
@@ -78,7 +79,7 @@ def encode(key: bytes, report: Report) -> bytes:
     """The datagram for ``report`` (``key``: ``metrics_key(secret)``). Figures that are not finite
     numbers, or whose name is not a figure name, are left out. ``ValueError`` when the datagram
     would exceed ``MAX_DATAGRAM`` bytes or carry more than ``MAX_FIGURES`` figures."""
-    figures = {k: v for k, v in report.figures.items() if figure_name(k) and _number(v)}
+    figures = {k: v for k, v in report.figures.items() if figure_name(k) and finite_number(v)}
     if len(figures) > MAX_FIGURES:
         raise ValueError(f"a report carries at most {MAX_FIGURES} figures, not {len(figures)}")
     body = {
@@ -122,10 +123,10 @@ def _checked(d: Any, job: str) -> Report | None:
     role, rank, seq, t, pid, m = (d.get(k) for k in ("role", "rank", "seq", "t", "pid", "m"))
     if not (_count(rank) and _count(seq) and _count(pid)) or role not in ROLES:
         return None
-    if not _number(t) or not isinstance(m, Mapping):
+    if not finite_number(t) or not isinstance(m, Mapping):
         return None
     if len(m) > MAX_FIGURES or not all(
-        isinstance(k, str) and figure_name(k) and _number(v) for k, v in m.items()
+        isinstance(k, str) and figure_name(k) and finite_number(v) for k, v in m.items()
     ):
         return None
     return Report(job, role, rank, seq, float(t), {k: float(v) for k, v in m.items()}, pid)

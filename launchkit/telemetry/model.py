@@ -20,12 +20,13 @@ Each keeps a bounded history (for sparklines and rates). The model is guarded by
 from __future__ import annotations
 
 import itertools
-import math
 import threading
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from dmlc_env.telemetry import finite_number
 
 HISTORY = 240  # reports kept per node and per host
 
@@ -54,12 +55,24 @@ class Series:
 
 def _clean(figures: Mapping[str, Any]) -> Figures:
     """Only finite numbers (bools excluded): a report is never trusted to be well formed."""
-    out: Figures = {}
-    for k, v in figures.items():
-        number = isinstance(v, (int, float)) and not isinstance(v, bool)
-        if isinstance(k, str) and number and math.isfinite(v):
-            out[k] = float(v)
-    return out
+    return {k: float(v) for k, v in figures.items() if isinstance(k, str) and finite_number(v)}
+
+
+def _dicts(doc: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
+    """The objects in the list ``doc[name]`` of a saved model (untrusted: anything else is skipped)."""
+    value = doc.get(name)
+    return [d for d in value if isinstance(d, dict)] if isinstance(value, list) else []
+
+
+def _points(raw: Any) -> list[tuple[float, dict[str, Any]]]:
+    """The well-formed ``[time, figures]`` pairs of a saved series (untrusted)."""
+    if not isinstance(raw, list):
+        return []
+    return [
+        (float(p[0]), p[1])
+        for p in raw
+        if isinstance(p, list) and len(p) == 2 and finite_number(p[0]) and isinstance(p[1], dict)
+    ]
 
 
 class JobMetrics:
@@ -104,16 +117,14 @@ class JobMetrics:
     def from_json(cls, doc: Mapping[str, Any]) -> JobMetrics:
         """The model saved by ``to_json`` (another launcher's live file: checked, never trusted)."""
         m = cls()
-        for n in doc.get("nodes", []) if isinstance(doc.get("nodes"), list) else []:
-            if isinstance(n, dict) and isinstance(n.get("role"), str) and isinstance(n.get("rank"), int):
-                for p in n.get("points", []) or []:
-                    if isinstance(p, list) and len(p) == 2 and isinstance(p[1], dict):
-                        m.node_report(n["role"], n["rank"], float(p[0]), p[1])
-        for h in doc.get("hosts", []) if isinstance(doc.get("hosts"), list) else []:
-            if isinstance(h, dict) and isinstance(h.get("host"), str):
-                for p in h.get("points", []) or []:
-                    if isinstance(p, list) and len(p) == 2 and isinstance(p[1], dict):
-                        m.host_report(h["host"], float(p[0]), p[1])
+        for n in _dicts(doc, "nodes"):
+            if isinstance(n.get("role"), str) and isinstance(n.get("rank"), int):
+                for t, f in _points(n.get("points")):
+                    m.node_report(n["role"], n["rank"], t, f)
+        for h in _dicts(doc, "hosts"):
+            if isinstance(h.get("host"), str):
+                for t, f in _points(h.get("points")):
+                    m.host_report(h["host"], t, f)
         for row in doc.get("procs", []) if isinstance(doc.get("procs"), list) else []:
             if (
                 isinstance(row, list)
@@ -121,7 +132,7 @@ class JobMetrics:
                 and isinstance(row[0], str)
                 and isinstance(row[1], int)
             ):
-                cpu = row[2] if isinstance(row[2], (int, float)) else None
+                cpu = float(row[2]) if finite_number(row[2]) else None
                 rss = row[3] if isinstance(row[3], int) else 0
                 m.procs[(row[0], row[1])] = (cpu, rss)
         return m

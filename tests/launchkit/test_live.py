@@ -66,3 +66,29 @@ def test_missing_corrupt_old_or_malformed_files_read_as_none_with_the_reason() -
     p.write_text(text.replace('"metrics":{"nodes":', '"metrics":{"nodes":7,"x":'))
     view, why = live.read(state.job_id)
     assert view is not None and view.state.training is not None and view.state.training.step is None
+
+
+def test_odd_values_in_the_metrics_part_are_skipped_not_a_crash() -> None:
+    """A number too large for a float, a time that is not a number, points or rows of the wrong
+    shape: each is left out (a traceback in top or ps before)."""
+    from launchkit.telemetry.model import JobMetrics
+
+    model = JobMetrics.from_json(
+        {
+            "nodes": [
+                {
+                    "role": "worker",
+                    "rank": 0,
+                    "points": [[1.0, {"loss": 10**400, "step": 3}], [{}, {"loss": 1}]],
+                },
+                {"role": "worker", "rank": 1, "points": 5},
+                "not an object",
+            ],
+            "hosts": [{"host": "h", "points": [[10**400, {"load1": 1}], [2.0, {"load1": 2}]]}],
+            "procs": [["h", 7, 10**400, 5], ["h", 8, 12.5, 6]],
+        }
+    )
+    assert model.nodes[("worker", 0)].last() == [(1.0, {"step": 3.0})]
+    assert ("worker", 1) not in model.nodes
+    assert model.hosts["h"].last() == [(2.0, {"load1": 2.0})]
+    assert model.procs == {("h", 7): (None, 5), ("h", 8): (12.5, 6)}
