@@ -71,7 +71,8 @@ def finite_number(v: Any) -> TypeGuard[int | float]:
         return False
 
 
-def _count(v: Any) -> TypeGuard[int]:
+def whole_number(v: Any) -> TypeGuard[int]:
+    """An int of 0 or more (not a bool): a rank, a sequence number, a pid, a byte count."""
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
@@ -121,7 +122,7 @@ def _checked(d: Any, job: str) -> Report | None:
     if not isinstance(d, dict) or d.get("v") != VERSION or d.get("job") != job:
         return None
     role, rank, seq, t, pid, m = (d.get(k) for k in ("role", "rank", "seq", "t", "pid", "m"))
-    if not (_count(rank) and _count(seq) and _count(pid)) or role not in ROLES:
+    if not (whole_number(rank) and whole_number(seq) and whole_number(pid)) or role not in ROLES:
         return None
     if not finite_number(t) or not isinstance(m, Mapping):
         return None

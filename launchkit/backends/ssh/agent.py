@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 import dmlc_env
+from dmlc_env.telemetry import finite_number, whole_number
 from launchkit.backends.ssh import connection as ssh
 from launchkit.core.spec import Host, Task
 from launchkit.errors import BackendError
@@ -44,21 +45,15 @@ def usage_of(hb: dict[str, Any]) -> tuple[dict[str, float], dict[int, tuple[floa
     what is not a number is left out)."""
     host = hb.get("host")
     figures = (
-        {k: v for k, v in host.items() if isinstance(k, str) and _real(v)} if isinstance(host, dict) else {}
+        {k: v for k, v in host.items() if isinstance(k, str) and finite_number(v)}
+        if isinstance(host, dict)
+        else {}
     )
     procs: dict[int, tuple[float | None, int]] = {}
     for row in hb.get("procs") or []:
-        if isinstance(row, list) and len(row) == 3 and _whole(row[0]) and _whole(row[2]):
-            procs[row[0]] = (float(row[1]) if _real(row[1]) else None, row[2])
+        if isinstance(row, list) and len(row) == 3 and whole_number(row[0]) and whole_number(row[2]):
+            procs[row[0]] = (float(row[1]) if finite_number(row[1]) else None, row[2])
     return figures, procs
-
-
-def _whole(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def _real(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and -1e300 < v < 1e300
 
 
 def bootstrap_payload() -> bytes:
