@@ -111,6 +111,35 @@ def test_posted_replies_are_sent_in_order_by_the_sender_thread(pair: tuple[TcpCo
         assert np.frombuffer(frames[0].buffer, np.float32)[-1] == i
 
 
+def test_a_reply_the_kernel_takes_at_once_needs_no_sender_thread(pair: tuple[TcpConn, TcpConn]) -> None:
+    client, server = pair
+    for i in range(5):
+        server.post(str(i).encode(), [np.full(1000, i, np.int32)])
+    assert server._sender is None  # each went out from the posting thread
+    for i in range(5):
+        header, frames = client.read_message(_decode)
+        assert header == str(i).encode() and np.frombuffer(frames[0].buffer, np.int32)[0] == i
+
+
+def test_posting_never_waits_for_a_reader_that_does_not_read(pair: tuple[TcpConn, TcpConn]) -> None:
+    """48 MB posted to a reader that reads nothing: what the kernel cannot take now goes from the
+    sender thread, posts return at once, and every reply arrives whole and in order."""
+    client, server = pair
+    t0 = time.monotonic()
+    for i in range(24):
+        server.post(str(i).encode(), [np.full(1 << 19, i, np.float32)])
+    assert time.monotonic() - t0 < 2.0
+    assert server._sender is not None
+    for i in range(24):
+        header, frames = client.read_message(_decode)
+        got = np.frombuffer(frames[0].buffer, np.float32)
+        assert header == str(i).encode() and got.size == 1 << 19 and (got == i).all()
+    for i in range(3):  # the sender thread is idle again: replies go out at once, still in order
+        server.post(b"after" + str(i).encode(), [np.full(10, i, np.float32)])
+    for i in range(3):
+        assert client.read_message(_decode)[0] == b"after" + str(i).encode()
+
+
 def test_a_wait_is_cut_short_by_the_alive_check(pair: tuple[TcpConn, TcpConn]) -> None:
     client, _ = pair
     calls = []

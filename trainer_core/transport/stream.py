@@ -17,7 +17,6 @@ stream in step; inside one it closes the stream (nothing after it could be frame
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import hmac
 import select
 import socket
@@ -84,7 +83,7 @@ class FramedStream:
         self._tag_out, self._tag_in = (to_server, to_client) if client else (to_client, to_server)
 
     def _tag(self, key: bytes, count: int, head: bytes) -> bytes:
-        return hmac.new(key, _U64.pack(count) + head, hashlib.sha256).digest()[:_TAG]
+        return hmac.digest(key, _U64.pack(count) + head, "sha256")[:_TAG]
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -92,15 +91,19 @@ class FramedStream:
         """Whether bytes (or the peer's close) are waiting, without blocking."""
         return bool(self._rpoll.poll(0))
 
-    def read_message(self, place: RawPlace, alive: Callable[[], None] = _noop) -> tuple[Any, list[Payload]]:
-        """Read one whole message (waiting in slices, calling ``alive`` between them). Frames go where
-        ``place`` says when the buffer it gives has the frame's exact length, else into a fresh or the
-        reusable buffer (valid until the next call). ``ChannelClosed`` when the peer left or broke
-        the framing (the stream is closed)."""
+    def read_message(
+        self, place: RawPlace, alive: Callable[[], None] = _noop, ready: bool = False
+    ) -> tuple[Any, list[Payload]]:
+        """Read one whole message (waiting in slices, calling ``alive`` between them; ``ready``: the
+        caller saw the stream readable, so no wait before it). Frames go where ``place`` says when
+        the buffer it gives has the frame's exact length, else into a fresh or the reusable buffer
+        (valid until the next call). ``ChannelClosed`` when the peer left or broke the framing (the
+        stream is closed)."""
         if self.closed:
             raise ChannelClosed(self.interrupted or "the connection is closed")
-        while not self._rpoll.poll(SLICE_MS):  # giving up here leaves the stream in step
-            alive()
+        if not ready:
+            while not self._rpoll.poll(SLICE_MS):  # giving up here leaves the stream in step
+                alive()
         try:
             head = self._read(_PREFIX.size, alive)
             hlen, count = _PREFIX.unpack(head)
@@ -108,20 +111,19 @@ class FramedStream:
                 raise ChannelClosed(
                     "a message declares a header or frame count out of bounds", violation=True
                 )
-            raw_lens = self._read(_U64.size * count, alive) if count else b""
-            lens = [_U64.unpack_from(raw_lens, i * _U64.size)[0] for i in range(count)]
+            signed = _U64.size * count + hlen  # the frame lengths and the header, then the tag
+            rest = self._read(signed + _TAG, alive)
+            lens = list(struct.unpack_from(f"<{count}Q", rest)) if count else []
             if any(n > MAX_FRAME_BYTES for n in lens):
                 raise ChannelClosed("a message declares a frame out of bounds", violation=True)
-            header = self._read(hlen, alive)
-            tag = self._read(_TAG, alive)
             if not hmac.compare_digest(
-                tag, self._tag(self._tag_in, self._count_in, head + raw_lens + header)
+                rest[signed:], self._tag(self._tag_in, self._count_in, head + rest[:signed])
             ):
                 raise ChannelClosed(
                     "a message with a wrong tag (altered, replayed or out of order)", violation=True
                 )
             self._count_in += 1
-            state, wanted = place(header, lens)
+            state, wanted = place(rest[_U64.size * count : signed], lens)
             return state, self._read_frames(lens, wanted, alive)
         except BaseException as exc:  # the rest of this message is unread: the stream is unusable
             self._abandon(exc)
@@ -194,14 +196,32 @@ class FramedStream:
 
     def write(self, header: bytes, frames: Sequence[Any] = (), alive: Callable[[], None] = _noop) -> None:
         """Send one message from the calling thread; returns when every byte is in the kernel."""
+        self.send_parts(self.frame(header, frames), alive)
+
+    def frame(self, header: bytes, frames: Sequence[Any] = ()) -> list[memoryview]:
+        """One message as the parts to send: its tagged head, then its frames (not copied). Tags
+        count messages, so each framed message must be sent, in the order framed."""
         if self.closed:
             raise ChannelClosed(self.interrupted or "the connection is closed")
         views = [_bytes_view(f) for f in frames]
         head = _PREFIX.pack(len(header), len(views)) + b"".join(_U64.pack(v.nbytes) for v in views) + header
         tag = self._tag(self._tag_out, self._count_out, head)
         self._count_out += 1
+        return [memoryview(head + tag), *(v for v in views if v.nbytes)]
+
+    def send_parts(self, parts: list[memoryview], alive: Callable[[], None] = _noop) -> None:
+        """Send what ``frame`` (or ``send_now``) left, waiting in slices; returns when all is in the kernel."""
         try:
-            self._send_all([head + tag, *views], alive)
+            self._send_all(parts, alive)
+        except BaseException as exc:  # part of the message may be out: the stream is unusable
+            self._abandon(exc)
+            raise
+
+    def send_now(self, parts: list[memoryview]) -> list[memoryview]:
+        """Send as much of ``parts`` as the kernel takes without waiting; returns the rest (empty: all
+        sent), which ``send_parts`` sends later."""
+        try:
+            return self._push(list(parts), socket.MSG_DONTWAIT)
         except BaseException as exc:  # part of the message may be out: the stream is unusable
             self._abandon(exc)
             raise
@@ -210,10 +230,21 @@ class FramedStream:
         pending = [memoryview(p).cast("B") for p in parts if len(p)]
         while pending:
             try:
-                n = self.sock.sendmsg(pending[:64])
+                pending = self._push(pending, 0)
             except (BlockingIOError, InterruptedError):  # a slice passed with nothing sent
                 alive()
-                continue
+
+    def _push(self, pending: list[memoryview], flags: int) -> list[memoryview]:
+        """Send from ``pending`` (consumed in place); returns what is left. Blocking (``flags`` 0): one
+        ``sendmsg``, which may come back short when a slice passed (``BlockingIOError``: nothing
+        sent). ``MSG_DONTWAIT``: until all is sent or the kernel takes no more now."""
+        while pending:
+            try:
+                n = self.sock.sendmsg(pending[:64], (), flags)
+            except (BlockingIOError, InterruptedError):
+                if flags:
+                    return pending
+                raise
             except OSError as exc:
                 raise ChannelClosed(f"connection lost: {exc}") from None
             while n:
@@ -223,6 +254,9 @@ class FramedStream:
                 else:
                     pending[0] = pending[0][n:]
                     n = 0
+            if not flags:
+                break
+        return pending
 
     # -- end -----------------------------------------------------------------------------------
 

@@ -7,9 +7,10 @@ round trip above the kernel's own copies (docs/performance.md). This channel (``
 moves arrays straight between the caller's arrays and the kernel (framing: ``stream.py``): a
 worker sends from the calling thread, so a push needs no private copy, and reads a reply's arrays
 directly into the ``pull`` outputs (its ``place``); a server reads a request's arrays into a
-buffer it reuses (or where its ``place`` says), and sends replies from one sender thread per
-connection, so it never blocks on a slow reader and never stops reading (which rules out a
-send/send deadlock between workers and servers).
+buffer it reuses (or where its ``place`` says), and never blocks on a slow reader, so it never
+stops reading (which rules out a send/send deadlock between workers and servers): a reply goes
+out from the serving thread as far as the kernel takes it without waiting (usually whole: no
+thread hand-off), and the rest, with any reply after it, from one sender thread per connection.
 
 Authentication is the challenge of ``auth.py`` with this channel's own key: the server sends a
 fresh 16-byte nonce, the client answers ``HMAC-SHA256(k, "client" + nonce)``, the server answers
@@ -58,7 +59,9 @@ class TcpChannel(FramedStream, Channel):
         self.ready = nonce is None
         self.born = time.monotonic()
         self._proof = b""
-        self._outbox: queue.SimpleQueue[tuple[bytes, Sequence[Any]] | None] | None = None
+        self._outbox: queue.SimpleQueue[tuple[bytes | None, Sequence[Any]] | None] | None = None
+        self._post_lock = threading.Lock()
+        self._queued = 0  # messages handed to the sender thread and not sent yet
         self._sender: threading.Thread | None = None
         self._released = False
 
@@ -125,7 +128,7 @@ class TcpChannel(FramedStream, Channel):
             return done is not None
         for _ in range(MESSAGES_PER_TURN):
             try:
-                header, frames = self.read_message(self._place_raw, self.alive)
+                header, frames = self.read_message(self._place_raw, self.alive, ready=True)
             except ChannelClosed as exc:
                 if exc.violation:
                     self.trace.log.warning("closed a data connection: %s", exc)
@@ -153,7 +156,7 @@ class TcpChannel(FramedStream, Channel):
 
     def send(self, header: wire.Header, frames: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
         """Client side: send from the calling thread (returns once the bytes are in the kernel).
-        Server side: queue for this connection's sender thread (never blocks)."""
+        Server side: never blocks (``post``)."""
         if fds:
             raise KVError("the TCP data channel carries no file descriptors")
         if self.trace.on:
@@ -166,14 +169,25 @@ class TcpChannel(FramedStream, Channel):
     # -- the server's sender thread ------------------------------------------------------------
 
     def post(self, header: bytes, frames: Sequence[Any] = ()) -> None:
-        """Queue a message for this connection's sender thread (``ChannelClosed`` once closed)."""
+        """Send without ever blocking: what the kernel takes at once goes now, from this thread; the
+        rest (and any message after it, in order) goes from this connection's sender thread.
+        ``ChannelClosed`` once closed."""
         if self.closed:
             raise ChannelClosed(self.interrupted or "the connection is closed")
-        if self._outbox is None:
-            self._outbox = queue.SimpleQueue()
-            self._sender = threading.Thread(target=self._send_loop, name="tcp-send", daemon=True)
-            self._sender.start()
-        self._outbox.put((header, frames))
+        with self._post_lock:
+            if not self._queued:
+                rest = self.send_now(self.frame(header, frames))
+                if not rest:
+                    return
+                item: tuple[bytes | None, Sequence[Any]] = (None, rest)
+            else:
+                item = (header, frames)
+            self._queued += 1
+            if self._outbox is None:
+                self._outbox = queue.SimpleQueue()
+                self._sender = threading.Thread(target=self._send_loop, name="tcp-send", daemon=True)
+                self._sender.start()
+            self._outbox.put(item)
 
     def _send_loop(self) -> None:
         assert self._outbox is not None
@@ -183,10 +197,17 @@ class TcpChannel(FramedStream, Channel):
                 raise ChannelClosed("closed")
 
         while (item := self._outbox.get()) is not None:
+            head, parts = item
             try:
-                self.write(item[0], item[1], alive)
+                if head is None:  # the rest of a message ``post`` began
+                    self.send_parts(list(parts), alive)
+                else:
+                    self.write(head, parts, alive)
             except KVError:
                 return
+            finally:
+                with self._post_lock:
+                    self._queued -= 1
 
     def stop_sending(self) -> None:
         """Let the sender thread finish what is queued, then end (see ``close``)."""

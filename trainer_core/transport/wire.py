@@ -84,6 +84,10 @@ class Header:
     body: dict[str, Any] = field(default_factory=dict)
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # one encoder, not one per message
+_DECODER = json.JSONDecoder()
+
+
 def encode(header: Header) -> bytes:
     """The header frame's bytes (UTF-8 JSON)."""
     d: dict[str, Any] = {"v": VERSION, "op": header.op, "seq": header.seq, "src": header.src}
@@ -91,7 +95,7 @@ def encode(header: Header) -> bytes:
         d["e"] = [e.to_json() for e in header.entries]
     if header.body:
         d["b"] = header.body
-    return json.dumps(d, separators=(",", ":")).encode()
+    return _ENCODER.encode(d).encode()
 
 
 def decode(frame: bytes | memoryview) -> Header:
@@ -99,7 +103,7 @@ def decode(frame: bytes | memoryview) -> Header:
     if len(frame) > MAX_HEADER_BYTES:
         raise WireError("header frame too large")
     try:
-        d = json.loads(bytes(frame))
+        d = _DECODER.decode(bytes(frame).decode())
     except (ValueError, UnicodeDecodeError) as exc:
         raise WireError(f"header is not JSON: {exc}") from None
     if not isinstance(d, dict):
