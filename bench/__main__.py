@@ -1,6 +1,6 @@
 """The peer benchmark suite, in one command:
 
-    python -m bench [--quick] [--only kv,compression,allreduce,launch,startup,output,accuracy]
+    python -m bench [--quick] [--only kv,kv_netns,compression,compressed_kv,allreduce,launch,startup,output,accuracy]
 
 Runs each benchmark side by side with its peers in one run (setting the peers up on first use:
 MXNet 1.9.1 and torch's CPU wheel in venvs of their own), then regenerates the tables between
@@ -9,14 +9,14 @@ the ``<!-- bench:NAME -->`` markers of docs/performance.md and the plots in docs
 | name | compares | needs |
 |---|---|---|
 | kv | trainer_core push+pull / pushpull vs MXNet 1.9.1 dist_sync vs raw pyzmq | |
-| kv_netns | the same across three namespace hosts, 5 alternating runs (not in the default list) | root |
+| kv_netns | the same across three namespace hosts, 5 alternating runs | root |
 | compression | trainer_core's compression kernels vs MXNet's 2-bit quantizer vs memcpy | |
 | allreduce | trainer_core pushpull vs torch.distributed gloo all_reduce | |
 | launch | launchkit over ssh vs one ssh at a time, 3 and 12 hosts | root (namespace hosts) |
 | startup | launchkit + trainer_core vs MXNet's launch.py + MXNet: start to every worker's first KV call, W=8/S=8 | |
 | output | 200,000 lines from 2 and 8 processes, run directly vs under launchkit, local and over ssh (loopback sshd) | root (ssh rows) |
 | accuracy | 32-bit vs 1-bit vs 2-bit training on digits, bytes on the wire | |
-| compressed_kv | compressed push+pull vs MXNet's 2-bit dist_sync (not in the default list) | |
+| compressed_kv | compressed push+pull vs MXNet's 2-bit dist_sync | |
 | capped_links | 1/2-bit vs 32-bit training step on 1 Gbit/s namespace links (not in the default list) | root |
 
 Numbers on a shared machine are noisy: read the ratios, which come from one run.
@@ -183,7 +183,9 @@ def replace_block(doc: str, name: str, body: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (a smoke run)")
-    ap.add_argument("--only", default="kv,compression,allreduce,launch,startup,output,accuracy")
+    ap.add_argument(
+        "--only", default="kv,kv_netns,compression,compressed_kv,allreduce,launch,startup,output,accuracy"
+    )
     args = ap.parse_args()
     doc = DOC.read_text() if DOC.exists() else "# Performance\n"
     for name in args.only.split(","):
