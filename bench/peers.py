@@ -24,7 +24,10 @@ def mxnet_python() -> str:
 
 def torch_python() -> str:
     py = TORCH_VENV / "bin" / "python"
-    if subprocess.run([str(py), "-c", "import torch"], capture_output=True).returncode != 0:
+    if (
+        not py.exists()
+        or subprocess.run([str(py), "-c", "import torch"], capture_output=True).returncode != 0
+    ):
         print(
             f"creating {TORCH_VENV} (pip install torch==2.13.0, the CPU wheel) ...",
             file=sys.stderr,
