@@ -17,6 +17,7 @@ stream in step; inside one it closes the stream (nothing after it could be frame
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import select
 import socket
@@ -73,17 +74,23 @@ class FramedStream:
         # replies may wait in a queue while later ones are read).
         self.reuse = reuse
         self._scratch = np.empty(0, np.uint8)
-        self._tag_out = self._tag_in = b""  # per-connection MAC keys, one per direction
+        # per-connection MACs, one per direction, keyed once (each tag copies its keyed state)
+        self._tag_out = self._tag_in = hmac.new(b"", digestmod=hashlib.sha256)
         self._count_out = self._count_in = 0
 
     def start_session(self, key: bytes, nonce: bytes, client: bool) -> None:
         """Keys that tag every message of this stream, derived from the handshake's nonce."""
         to_server = channel_proof(key, b"session to server", nonce)
         to_client = channel_proof(key, b"session to client", nonce)
-        self._tag_out, self._tag_in = (to_server, to_client) if client else (to_client, to_server)
+        out_key, in_key = (to_server, to_client) if client else (to_client, to_server)
+        self._tag_out = hmac.new(out_key, digestmod=hashlib.sha256)
+        self._tag_in = hmac.new(in_key, digestmod=hashlib.sha256)
 
-    def _tag(self, key: bytes, count: int, head: bytes) -> bytes:
-        return hmac.digest(key, _U64.pack(count) + head, "sha256")[:_TAG]
+    def _tag(self, mac: hmac.HMAC, count: int, head: bytes) -> bytes:
+        h = mac.copy()
+        h.update(_U64.pack(count))
+        h.update(head)
+        return h.digest()[:_TAG]
 
     # -- receiving -----------------------------------------------------------------------------
 
