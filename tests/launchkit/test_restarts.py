@@ -47,7 +47,13 @@ REPORT = (
     'printf \'{"attempt": "%s", "port": "%s", "job": "%s", "secret": "%s"}\\n\' '
     '"$LAUNCHKIT_RESTART_COUNT" "$DMLC_PS_ROOT_PORT" "$LAUNCHKIT_JOB_ID" "$LAUNCHKIT_JOB_SECRET"'
 )
-FAIL_FIRST = f'{REPORT}; test "$LAUNCHKIT_RESTART_COUNT" -ge 1 || {{ sleep 0.5; exit 3; }}'
+# every process reports; attempt 0 fails. In the next, the workers stay a second after reporting:
+# the job ends when its workers do, and a scheduler or server still starting on a loaded machine
+# would be ended before it reported.
+FAIL_FIRST = (
+    f'{REPORT}; test "$LAUNCHKIT_RESTART_COUNT" -ge 1 || {{ sleep 0.5; exit 3; }}; '
+    '[ "$DMLC_ROLE" != worker ] || sleep 1'
+)
 # the worker fails at once with 10 + its attempt; the scheduler waits to be ended
 ALWAYS_FAIL = 'if [ "$DMLC_ROLE" = worker ]; then exit $((10 + LAUNCHKIT_RESTART_COUNT)); fi; exec sleep 30'
 SLEEP = "exec sleep 30"
