@@ -39,6 +39,11 @@ def test_round_trip() -> None:
         b'{"v":1,"op":"push","e":[{"k":1,"p":0,"n":1,"dt":"<f4","shm":"../../etc/passwd"}]}',
         b'{"v":1,"op":"push","e":[{"k":1,"p":0,"n":-5,"dt":"<f4"}]}',
         b'{"v":1,"op":"push","b":[]}',
+        b'{"v":1,"op":[]}',  # unhashable values where a set is consulted: not a TypeError
+        b'{"v":1,"op":{}}',
+        b'{"v":1,"op":"push","e":[{"k":1,"p":0,"n":1,"dt":[]}]}',
+        b'{"v":1,"op":"push","e":[{"k":1,"p":0,"n":1,"dt":"<f4","shm":[]}]}',
+        b'{"v":1,"op":"push","e":{}}',
     ],
 )
 def test_malformed_headers_are_rejected(raw: bytes) -> None:
@@ -67,3 +72,27 @@ def test_random_json_only_raises_wire_error(value: object) -> None:
         return
     with pytest.raises(WireError):
         wire.body_str(h, "rank") if not isinstance(value, str) else wire.body_int(h, "rank")
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(
+    st.sampled_from(["v", "op", "seq", "src", "e", "b"]),
+    st.sampled_from(["k", "p", "n", "dt", "shm", "c"]),
+    _JSON,
+)
+def test_any_value_in_any_field_only_raises_wire_error(field: str, entry_field: str, value: object) -> None:
+    """Every field of the header and of an entry, replaced by any JSON value."""
+    entry: dict[str, object] = {"k": "w", "p": 0, "n": 4, "dt": "<f4"}
+    doc: dict[str, object] = {"v": 1, "op": "push", "seq": 1, "src": "worker 0", "e": [entry], "b": {}}
+    for target, name in ((doc, field), (entry, entry_field)):
+        changed = dict(doc, e=[dict(entry)]) if target is doc else dict(doc, e=[dict(entry, **{name: value})])
+        if target is doc:
+            changed[name] = value
+        with contextlib.suppress(WireError):
+            wire.decode(json.dumps(changed).encode())

@@ -193,7 +193,7 @@ class Trace:
     def received(self, header: wire.Header) -> None:
         self.log.debug("recv %s seq=%d from %s", header.op, header.seq, header.src)
 
-    def decode(self, raw: bytes | memoryview) -> wire.Header | None:
+    def decode(self, raw: bytes | bytearray | memoryview) -> wire.Header | None:
         """The header of a received message, or ``None`` (logged: the message is dropped)."""
         try:
             header = wire.decode(raw)

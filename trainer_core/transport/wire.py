@@ -8,9 +8,11 @@ is parsed as JSON and checked field by field against the schema below; anything 
 from __future__ import annotations
 
 import json
+import json.encoder
+import json.scanner
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainer_core.errors import WireError
 
@@ -46,15 +48,14 @@ STATE_SLOT = re.compile(r"^(value|opt/[A-Za-z0-9_]{1,32}|pull/[A-Za-z0-9_]{1,32}
 Key = int | str
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     """One key part in a data message: ``key``, part index, element count, dtype, where the data is.
 
     ``shm`` names the worker's shared-memory segment holding the part (same host); when it is
     ``None`` the data (if the op carries any) is the next raw frame of the message. ``comp``, on a
     pushed entry, is the metadata of an encoded payload (plain scalars, ``payload_meta``; what they
     mean is the compressor's business, ``compression/codec.py``): the frame then holds the packed
-    bytes, not ``size`` raw values.
+    bytes, not ``size`` raw values. (A named tuple: messages build and read several per round.)
     """
 
     key: Key
@@ -84,8 +85,28 @@ class Header:
     body: dict[str, Any] = field(default_factory=dict)
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"))  # one encoder, not one per message
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 _DECODER = json.JSONDecoder()
+_SCAN: Any = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]  # (typeshed) JSONDecoder's parser
+
+
+def _not_json(o: Any) -> Any:
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+
+# One compiled encoder for every header (``JSONEncoder.encode`` builds one per call); plain data
+# only (no circular check: headers are built here from plain values). Where the C accelerator is
+# missing, the encoder's own ``encode``.
+_C_MAKE: Any = getattr(json.encoder, "c_make_encoder", None)
+_C_ENCODE = (
+    None
+    if _C_MAKE is None
+    else _C_MAKE(None, _not_json, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+)
+
+
+def _json(d: dict[str, Any]) -> str:
+    return "".join(_C_ENCODE(d, 0)) if _C_ENCODE is not None else _ENCODER.encode(d)
 
 
 def encode(header: Header) -> bytes:
@@ -95,35 +116,53 @@ def encode(header: Header) -> bytes:
         d["e"] = [e.to_json() for e in header.entries]
     if header.body:
         d["b"] = header.body
-    return _ENCODER.encode(d).encode()
+    return _json(d).encode()
 
 
-def decode(frame: bytes | memoryview) -> Header:
+def _parse(text: str) -> Any:
+    """One JSON document filling ``text`` exactly (``ValueError`` otherwise)."""
+    try:
+        value, end = _SCAN(text, 0)
+    except StopIteration as stop:
+        raise ValueError(f"no JSON value at {stop.value}") from None
+    if end != len(text):
+        raise ValueError(f"extra data at {end}")
+    return value
+
+
+def decode(frame: bytes | bytearray | memoryview) -> Header:
     """Parse and validate one header frame; raises ``WireError`` on anything unexpected."""
     if len(frame) > MAX_HEADER_BYTES:
         raise WireError("header frame too large")
     try:
-        d = _DECODER.decode(bytes(frame).decode())
+        d = _parse((frame if isinstance(frame, bytes | bytearray) else bytes(frame)).decode())
     except (ValueError, UnicodeDecodeError) as exc:
         raise WireError(f"header is not JSON: {exc}") from None
-    if not isinstance(d, dict):
+    if type(d) is not dict:
         raise WireError("header is not a JSON object")
     if d.get("v") != VERSION:
         raise WireError(f"unsupported wire version {d.get('v')!r}")
     op = d.get("op")
-    if op not in OPS:
+    if type(op) is not str or op not in OPS:  # (an unhashable op must not reach the set)
         raise WireError(f"unknown op {op!r}")
     seq = d.get("seq", 0)
     src = d.get("src", "")
-    if not _is_int(seq) or seq < 0 or not isinstance(src, str) or len(src) > 64:
+    # JSON numbers decode to exact ints (never bools): ``type(...) is int`` is the integer check
+    if type(seq) is not int or seq < 0 or type(src) is not str or len(src) > 64:
         raise WireError("bad seq or src")
-    body = d.get("b", {})
-    if not isinstance(body, dict):
+    body = d.get("b")
+    if body is None:
+        body = {}
+    elif type(body) is not dict:
         raise WireError("body is not an object")
-    raw_entries = d.get("e", [])
-    if not isinstance(raw_entries, list):
+    raw_entries = d.get("e")
+    if raw_entries is None:
+        entries: tuple[Entry, ...] = ()
+    elif type(raw_entries) is list:
+        entries = tuple(map(_entry, raw_entries))
+    else:
         raise WireError("entries is not a list")
-    return Header(op=op, seq=seq, src=src, entries=tuple(_entry(e) for e in raw_entries), body=body)
+    return Header(op, seq, src, entries, body)
 
 
 def _is_int(x: Any) -> bool:
@@ -131,29 +170,30 @@ def _is_int(x: Any) -> bool:
 
 
 def _entry(e: Any) -> Entry:
-    if not isinstance(e, dict):
+    if type(e) is not dict:
         raise WireError("entry is not an object")
     key: Any = e.get("k")
     part: Any = e.get("p")
     size: Any = e.get("n")
     dtype: Any = e.get("dt")
     shm: Any = e.get("shm")
-    if not (_is_int(key) or (isinstance(key, str) and len(key) <= MAX_KEY_LEN)):
-        raise WireError(f"bad key {key!r}")
-    if not _is_int(part) or not 0 <= part < 4096:
-        raise WireError("bad part index")
-    if not _is_int(size) or not 0 <= size <= MAX_ELEMENTS:
-        raise WireError("bad element count")
-    if dtype not in DTYPES:
-        raise WireError(f"unsupported dtype {dtype!r}")
-    if shm is not None and not (isinstance(shm, str) and SHM_NAME.match(shm)):
-        raise WireError("bad shared-memory segment name")
     comp: Any = e.get("c")
+    kind = type(key)
+    if not (kind is int or (kind is str and len(key) <= MAX_KEY_LEN)):
+        raise WireError(f"bad key {key!r}")
+    if type(part) is not int or not 0 <= part < 4096:
+        raise WireError("bad part index")
+    if type(size) is not int or not 0 <= size <= MAX_ELEMENTS:
+        raise WireError("bad element count")
+    if type(dtype) is not str or dtype not in DTYPES:
+        raise WireError(f"unsupported dtype {dtype!r}")
+    if shm is not None and not (type(shm) is str and SHM_NAME.match(shm)):
+        raise WireError("bad shared-memory segment name")
     if comp is not None:
         comp = payload_meta(comp)
         if shm is not None:
             raise WireError("a compressed payload travels as a frame, not in shared memory")
-    return Entry(key=key, part=part, size=size, dtype=dtype, shm=shm, comp=comp)
+    return Entry(key, part, size, dtype, shm, comp)
 
 
 def payload_meta(meta: Any) -> dict[str, Any]:
