@@ -17,6 +17,7 @@ buffers (``memfd``), which the worker maps once and reads results from; the head
 
 from __future__ import annotations
 
+import array
 import hmac
 import os
 import socket
@@ -30,6 +31,8 @@ from trainer_core.transport.auth import PROOF_BYTES, answer_challenge, channel_k
 from trainer_core.transport.channel import Caps, Channel, ChannelClosed, Listener, Received, Trace
 
 _LEN = struct.Struct("<I")
+_READ = 1 << 16  # bytes asked of one read
+_ANC_SPACE = socket.CMSG_SPACE(64 * array.array("i").itemsize)  # room for 64 descriptors
 HANDSHAKE_TIMEOUT_S = 10.0
 UNIX_CAPS = Caps(frames=False, shared_memory=True)
 
@@ -49,7 +52,7 @@ class UnixChannel(Channel):
         self.ready = nonce is None
         self.accept_fds = nonce is None  # only a client takes file descriptors (a server's shared memory)
         self.fds: list[int] = []  # received descriptors, in order, until the messages naming them take them
-        self._buf = bytearray()
+        self._buf: bytes | bytearray = b""  # what was read and not yet cut into messages
 
     @classmethod
     def connect(cls, name: str, secret: str, trace: Trace) -> UnixChannel:
@@ -100,17 +103,19 @@ class UnixChannel(Channel):
                 handle(Received(header, [], self))
         return True
 
-    def _recv(self) -> list[bytes] | None:
-        """The complete messages received so far; ``None`` when the peer closed or misbehaved."""
+    def _recv(self) -> list[bytes | bytearray] | None:
+        """The complete messages received so far; ``None`` when the peer closed or misbehaved.
+
+        One ``recvmsg`` per call in the common case (a message is far smaller than a read); only a
+        client reads descriptors (its servers' buffers), a server's socket takes none."""
         while True:
             try:
-                chunk, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 64, socket.MSG_DONTWAIT)
-                if fds:
-                    if self.accept_fds and self.ready:
-                        self.fds.extend(fds)
-                    else:
-                        for fd in fds:
-                            os.close(fd)
+                if self.accept_fds:
+                    chunk, anc, _, _ = self.sock.recvmsg(_READ, _ANC_SPACE, socket.MSG_DONTWAIT)
+                    if anc:
+                        self._take_ancillary(anc)
+                else:
+                    chunk = self.sock.recv(_READ, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
@@ -119,29 +124,49 @@ class UnixChannel(Channel):
             if not chunk:
                 self.close()
                 return None
-            self._buf += chunk
-            if len(chunk) < 1 << 16:
+            if self._buf:
+                self._buf += chunk
+            else:
+                self._buf = bytearray(chunk) if len(chunk) == _READ or not self.ready else chunk
+            if len(chunk) < _READ:
                 break
         if not self.ready and not self._authenticate():
             return None if self.closed else []
-        out = []
-        while len(self._buf) >= _LEN.size:
-            (n,) = _LEN.unpack_from(self._buf)
+        return self._split()
+
+    def _split(self) -> list[bytes | bytearray] | None:
+        """Cut the complete messages off the front of what was read (``None``: one is too long)."""
+        buf, out, at = self._buf, [], 0
+        while len(buf) - at >= _LEN.size:
+            (n,) = _LEN.unpack_from(buf, at)
             if n > wire.MAX_HEADER_BYTES:
                 self.close()
                 return None
-            if len(self._buf) < _LEN.size + n:
+            if len(buf) - at < _LEN.size + n:
                 break
-            out.append(bytes(self._buf[_LEN.size : _LEN.size + n]))
-            del self._buf[: _LEN.size + n]
+            out.append(buf[at + _LEN.size : at + _LEN.size + n])
+            at += _LEN.size + n
+        self._buf = bytearray(buf[at:]) if at < len(buf) else b""
         return out
+
+    def _take_ancillary(self, anc: list[tuple[int, int, bytes]]) -> None:
+        """Keep the descriptors that came with a reply (closed unless this side takes them)."""
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+                if self.ready:
+                    self.fds.extend(fds)
+                else:
+                    for fd in fds:
+                        os.close(fd)
 
     def _authenticate(self) -> bool:
         """Server side: check the client's proof once it is whole, answer with ours (closed if wrong)."""
         if len(self._buf) < PROOF_BYTES:
             return False
         assert self.nonce is not None
-        proof, self._buf = bytes(self._buf[:PROOF_BYTES]), self._buf[PROOF_BYTES:]
+        proof, self._buf = bytes(self._buf[:PROOF_BYTES]), bytearray(self._buf[PROOF_BYTES:])
         if not hmac.compare_digest(proof, channel_proof(self.key, b"client", self.nonce)):
             self.close()
             return False
