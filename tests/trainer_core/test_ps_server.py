@@ -355,7 +355,7 @@ def test_same_host_workers_share_segments_and_read_the_servers_buffers() -> None
             buf.close()
         ws[0].send(wire.PULL, (entry(shm=segs[0].name),))
         again = ws[0].reply()
-        assert again.header.entries[0].shm is not None and again.header.body["fds"] == []  # sent once
+        assert again.header.entries[0].shm is not None and "fds" not in again.header.body  # sent once
     finally:
         for seg in segs:
             seg.close()

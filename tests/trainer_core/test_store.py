@@ -98,3 +98,48 @@ def test_set_state_refuses_slots_that_are_not_value_opt_or_pull() -> None:
             s.set_state((e,), [ones(1)], [slot], [])
     s.set_state((e,), [ones(0.5)], ["pull/residual"], [])
     assert s.codec.parts[("k", 0)].state_dict()["residual"].tolist() == [0.5] * 4
+
+
+def lending(rank: int, data: np.ndarray, keys: tuple[wire.Key, ...] = ("k",)) -> Request:
+    """A same-host pushpull: its inputs stay as they are until it is answered."""
+    entries = tuple(wire.Entry(k, 0, 4, "<f4") for k in keys)
+    h = wire.Header(op=wire.PUSHPULL, seq=1, entries=entries)
+    return Request(b"x", h, rank, [data] * len(keys), [None] * len(keys), share=True, lends=True)
+
+
+def test_a_lending_first_push_is_read_where_it_lies_when_the_second_comes() -> None:
+    s = Store(num_workers=3)
+    s.handle(req(wire.INIT, 0, ones(0)))
+    first = ones(1)
+    s.handle(lending(0, first))
+    first[:] = 5  # (a worker would not: it waits for the answer) the round reads it later
+    s.handle(lending(1, ones(2)))
+    first[:] = 100  # read once the second push came: no longer used
+    done = s.handle(lending(2, ones(3)))
+    assert len(done) == 3 and done[0].results[0].tolist() == [10.0] * 4
+
+
+def test_one_worker_copies_a_lending_push_and_a_refused_request_gives_back_what_it_lent() -> None:
+    one = Store(num_workers=1)
+    one.handle(req(wire.INIT, 0, ones(0)))
+    (done,) = one.handle(lending(0, ones(4)))
+    assert done.results[0].tolist() == [4.0] * 4
+
+    allocated: list[int] = []
+
+    def alloc(dtype: np.dtype, n: int) -> np.ndarray:
+        allocated.append(n)
+        if len(allocated) == 4:  # "k" and "j" stored, "k"'s accumulator made; "j"'s fails
+            raise MemoryError("no memory for the accumulator")
+        return np.empty(n, dtype)
+
+    s = Store(num_workers=2, alloc=alloc)
+    s.handle(req(wire.INIT, 0, ones(0)))
+    s.handle(req(wire.INIT, 0, ones(0), key="j"))
+    data = ones(1)
+    with pytest.raises(MemoryError):
+        s.handle(lending(0, data, keys=("k", "j")))  # "k" lent its input, then "j" failed
+    data[:] = 50  # the worker reuses its segment once it has the error: "k" kept a copy
+    assert s.keys[("k", 0)].lent is None
+    (done,) = s.handle(req(wire.PUSHPULL, 1, ones(2)))
+    assert done.results[0].tolist() == [3.0] * 4

@@ -23,7 +23,7 @@ from trainer_core.compression.codec import decode as gc_decode
 from trainer_core.compression.codec import resolve_compression
 from trainer_core.errors import KVError, WireError
 from trainer_core.optim import server as optim
-from trainer_core.ps.store import Request, Store, StoreError
+from trainer_core.ps.store import Request, Store, StoreError, dtype_of
 from trainer_core.transport import wire
 from trainer_core.transport.channel import ChannelClosed, Peer, Received
 from trainer_core.transport.shm import MemBuffer, Segment
@@ -47,15 +47,18 @@ class RequestHandler:
         self.log = log
         self.name = name
         self.segments: dict[str, Segment] = {}
-        self.buffers: dict[int, MemBuffer] = {}  # by data address: this server's shared key storage
+        # this server's shared key storage, by ``id`` of the array over each buffer (kept alive here)
+        self.buffers: dict[int, tuple[MemBuffer, np.ndarray]] = {}
+        self._views: dict[tuple[str, str, int], np.ndarray] = {}  # segment views, by (name, dtype, size)
         self.data_seq: dict[int, int] = {}  # per worker rank: the last seq on ``fresh_seq`` channels
         self.store = Store(num_workers, alloc=self._alloc if shared else None)
 
     def close(self) -> None:
+        self._views.clear()  # before the mappings under them
         for seg in self.segments.values():
             seg.close()
         self.segments.clear()
-        for buf in self.buffers.values():
+        for buf, _ in self.buffers.values():
             buf.close()
         self.buffers.clear()
 
@@ -169,7 +172,7 @@ class RequestHandler:
         carries_data = h.op in (wire.INIT, wire.PUSH, wire.PUSHPULL)
         answers = h.op in (wire.PULL, wire.PUSHPULL)
         for e in h.entries:
-            dtype = np.dtype(e.dtype)
+            dtype = dtype_of(e.dtype)
             view = self._segment(e, dtype) if e.shm is not None else None
             data: np.ndarray | None = None
             if carries_data:
@@ -177,7 +180,9 @@ class RequestHandler:
             inputs.append(data)
             outputs.append(view if answers else None)
         share = msg.reply.caps.shared_memory and all(e.shm is not None for e in h.entries)
-        return Request(ident=msg.reply, header=h, rank=rank, inputs=inputs, outputs=outputs, share=share)
+        # a pushpull's segments: its worker waits for the answer before it writes them again
+        lends = share and h.op == wire.PUSHPULL
+        return Request(msg.reply, h, rank, inputs, outputs, share=share, lends=lends)
 
     def _frame_data(self, e: wire.Entry, dtype: np.dtype, frame: Any, op: str) -> np.ndarray:
         """A pushed part's values from its frame: decoded when compressed, else viewed in place.
@@ -211,6 +216,9 @@ class RequestHandler:
 
     def _segment(self, e: wire.Entry, dtype: np.dtype) -> np.ndarray:
         assert e.shm is not None
+        view = self._views.get((e.shm, e.dtype, e.size))
+        if view is not None:
+            return view
         if not e.shm.startswith(self.prefix):
             raise StoreError(f"segment {e.shm} does not belong to this job")
         nbytes = e.size * dtype.itemsize
@@ -223,7 +231,8 @@ class RequestHandler:
             self.segments[e.shm] = seg
         if seg.nbytes < nbytes:
             raise StoreError(f"segment {e.shm} is too small")
-        return seg.view(dtype, e.size)
+        view = self._views[(e.shm, e.dtype, e.size)] = seg.view(dtype, e.size)
+        return view
 
     # -- answering -----------------------------------------------------------------------------
 
@@ -250,7 +259,7 @@ class RequestHandler:
         """Key storage in an anonymous shared buffer that same-host workers can map."""
         buf = MemBuffer(n * dtype.itemsize)
         arr = buf.view(dtype, n)
-        self.buffers[arr.__array_interface__["data"][0]] = buf
+        self.buffers[id(arr)] = (buf, arr)
         return arr
 
     def _reply_shared(self, req: Request) -> None:
@@ -262,14 +271,12 @@ class RequestHandler:
             if not shared or result is None:
                 entries.append(wire.Entry(e.key, e.part, e.size, e.dtype))
                 continue
-            buf = self.buffers[result.__array_interface__["data"][0]]
-            entries.append(wire.Entry(e.key, e.part, e.size, e.dtype, f"{SHARED_PREFIX}{buf.id}"))
+            buf = self.buffers[id(result)][0]
+            entries.append(wire.Entry(e.key, e.part, e.size, e.dtype, SHARED_PREFIX + str(buf.id)))
             if buf.id not in channel.sent_buffers and buf.fd is not None:
                 channel.sent_buffers.add(buf.id)
                 fds.append(buf.fd)
                 announced.append([buf.id, buf.nbytes])
-        header = wire.Header(
-            op=wire.REPLY, seq=req.header.seq, entries=tuple(entries), body={"fds": announced}
-        )
+        body = {"fds": announced} if announced else {}
         with contextlib.suppress(ChannelClosed):
-            channel.send(header, fds=fds)
+            channel.send(wire.Header(wire.REPLY, req.header.seq, "", tuple(entries), body), fds=fds)

@@ -4,8 +4,12 @@ Sync (as MXNet): the pushes of one round of a key are summed; when every worker 
 the optimizer is applied to the sum (or, without one, the sum becomes the value) and the
 pulls waiting for that round are answered. A worker that pushes again before the round ends
 is queued for the next round (its data copied: every push is consumed when it is handled, which
-lets workers reuse a shared-memory segment once any later request to this server is answered). Async: each push is applied at once (with no optimizer the
-pushed value replaces the stored one, as MXNet documents).
+lets workers reuse a shared-memory segment once any later request to this server is answered).
+One exception saves a copy: the first push of a round that comes in a request whose worker waits
+for its answer (a same-host ``pushpull``, ``Request.lends``) is read where it lies when the second
+push is added to it (or copied, if that request is answered with an error first). Async: each
+push is applied at once (with no optimizer the pushed value replaces the stored one, as MXNet
+documents).
 
 A ``Request`` carries, per entry, the input data (a view of a shared-memory segment or of a
 received frame) and where the result goes (a shared-memory view, or ``None``: returned as a
@@ -27,31 +31,53 @@ from trainer_core.errors import KVError
 from trainer_core.optim import server as optim
 from trainer_core.transport import wire
 
+#: the numpy dtype of each dtype name the wire allows, made once (requests name one per entry)
+_DTYPES: dict[str, np.dtype] = {name: np.dtype(name) for name in wire.DTYPES}
+
+
+def dtype_of(name: str) -> np.dtype:
+    """``np.dtype(name)``, from a table for the names the wire allows."""
+    dt = _DTYPES.get(name)
+    return dt if dt is not None else np.dtype(name)
+
 
 class StoreError(KVError):
     """A request the store cannot serve (unknown key, size mismatch); answered with an error reply."""
 
 
-@dataclass
 class Request:
-    """One worker message being served."""
+    """One worker message being served: per entry, its input data (a view of a shared-memory segment
+    or of a received frame) and where its result goes (a shared-memory view, or ``None``: returned
+    as a frame); the results as they are made."""
 
-    ident: Any  # who to answer: the role's reply Peer (a channel, or a ZeroMQ routing peer); None in process
-    header: wire.Header
-    rank: int
-    inputs: list[np.ndarray | None]
-    outputs: list[np.ndarray | None]
-    share: bool = False  # the worker can read results from this server's shared buffers (same host)
-    remaining: int = 0
-    results: list[np.ndarray | None] = field(default_factory=list)
-    shared: list[bool] = field(default_factory=list)  # result i is the stored array itself, not a copy
-    metas: list[dict[str, Any] | None] = field(default_factory=list)  # compressed results' metadata
+    __slots__ = (
+        "header", "ident", "inputs", "lends", "metas", "outputs", "rank", "remaining", "results", "share", "shared",
+    )  # fmt: skip
 
-    def __post_init__(self) -> None:
-        self.remaining = len(self.header.entries)
-        self.results = [None] * len(self.header.entries)
-        self.shared = [False] * len(self.header.entries)
-        self.metas = [None] * len(self.header.entries)
+    def __init__(
+        self,
+        ident: Any,
+        header: wire.Header,
+        rank: int,
+        inputs: list[np.ndarray | None],
+        outputs: list[np.ndarray | None],
+        share: bool = False,
+        lends: bool = False,
+    ) -> None:
+        n = len(header.entries)
+        self.ident = ident  # who to answer: the role's reply Peer (a channel, or a ZeroMQ routing peer); None in process
+        self.header = header
+        self.rank = rank
+        self.inputs = inputs
+        self.outputs = outputs
+        self.share = share  # the worker can read results from this server's shared buffers (same host)
+        # the inputs stay as they are until this request is answered (its worker waits for the
+        # answer before it writes them again), so a round may read them later instead of copying
+        self.lends = lends
+        self.remaining = n
+        self.results: list[np.ndarray | None] = [None] * n
+        self.shared = [False] * n  # result i is the stored array itself, not a copy
+        self.metas: list[dict[str, Any] | None] = [None] * n  # compressed results' metadata
 
 
 @dataclass
@@ -65,6 +91,10 @@ class KeyState:
     deferred: list[tuple[Request, int]] = field(default_factory=list)
     opt_state: dict[str, Any] | None = None
     version: int = 0  # changes with every new value (compressed pulls encode each version once)
+    # The round's first push when its request lends its inputs (``Request.lends``): summed with the
+    # second push straight into ``acc`` instead of being copied there first; ``lender`` is its request.
+    lent: np.ndarray | None = None
+    lender: Request | None = None
 
 
 class Store:
@@ -95,6 +125,7 @@ class Store:
                 for req, _ in st.waiting + st.deferred:
                     failed[id(req)] = req
                 st.waiting, st.deferred, st.pushed = [], [], set()
+                st.lent = st.lender = None  # the round is abandoned: nothing of it is kept
         return list(failed.values())
 
     def set_optimizer(self, spec: dict[str, Any]) -> None:
@@ -216,7 +247,7 @@ class Store:
             or e.shm is not None
             or e.comp is not None
             or st.acc.size != e.size
-            or st.acc.dtype.str != np.dtype(e.dtype).str
+            or st.acc.dtype != dtype_of(e.dtype)
         ):
             return None
         return st.acc
@@ -225,9 +256,21 @@ class Store:
         """Serve ``req``; returns the requests (this one or earlier waiting ones) now complete."""
         self._check(req)
         done: list[Request] = []
-        for i in range(len(req.header.entries)):
-            self._entry(req, i, done)
+        try:
+            for i in range(len(req.header.entries)):
+                self._entry(req, i, done)
+        except BaseException:  # ``req`` is answered with an error now: its worker may reuse its inputs
+            self._copy_lent(req)
+            raise
         return done
+
+    def _copy_lent(self, req: Request) -> None:
+        """Copy into the rounds' accumulators what they still borrow from ``req``'s inputs."""
+        for st in self.keys.values():
+            if st.lender is req:
+                assert st.acc is not None and st.lent is not None
+                np.copyto(st.acc, st.lent)
+                st.lent = st.lender = None
 
     def _check(self, req: Request) -> None:
         for e in req.header.entries:
@@ -236,7 +279,7 @@ class Store:
             st = self.keys.get((e.key, e.part))
             if st is None:
                 raise StoreError(f"key {e.key!r} (part {e.part}) was not initialized")
-            if st.weight.size != e.size or st.weight.dtype.str != np.dtype(e.dtype).str:
+            if st.weight.size != e.size or st.weight.dtype != dtype_of(e.dtype):
                 raise StoreError(
                     f"key {e.key!r}: {e.size} elements of {e.dtype} given, {st.weight.size} of {st.weight.dtype} stored"
                 )
@@ -270,7 +313,7 @@ class Store:
             else:
                 self._done(req, i, done)
             return
-        missing = self.finished - st.pushed - {req.rank}
+        missing = self.finished and self.finished - st.pushed - {req.rank}
         if missing:
             raise StoreError(
                 f"{', '.join(f'worker {r}' for r in sorted(missing))} finished already: "
@@ -282,8 +325,13 @@ class Store:
             return
         if st.acc is None:
             st.acc = self.alloc(st.weight.dtype, st.weight.size)
-        if st.pushed:
+        if st.lent is not None:  # the round's first push, not copied: summed with this one at once
+            np.add(st.lent, data, out=st.acc)
+            st.lent = st.lender = None
+        elif st.pushed:
             np.add(st.acc, data, out=st.acc)
+        elif req.lends and self.num_workers > 1:
+            st.lent, st.lender = data, req
         elif data.ctypes.data != st.acc.ctypes.data:  # not received in place (``landing``)
             np.copyto(st.acc, data)
         st.pushed.add(req.rank)

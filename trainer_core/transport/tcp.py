@@ -275,6 +275,8 @@ class TcpListener(Listener):
     def stale(self) -> list[Channel]:
         """Connections that did not prove the secret within ``HANDSHAKE_TIMEOUT_S``, and the oldest
         beyond ``MAX_PENDING`` still in their handshake."""
+        if not self._pending:  # (asked at every turn of the serving loop)
+            return []
         now = time.monotonic()
         self._pending = [c for c in self._pending if not c.ready and not c.closed]
         late = [c for c in self._pending if now - c.born > HANDSHAKE_TIMEOUT_S]
