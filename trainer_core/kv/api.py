@@ -17,6 +17,9 @@ Pairs = list[tuple[Key, list[Any]]]
 
 def normalize(keys: Key | Sequence[Key], values: Any) -> Pairs:
     """``[(key, [arrays...]), ...]`` from one key or a list of keys and matching values."""
+    kind = type(keys)
+    if kind is str or kind is int:  # one key (the common call): no other checks needed
+        return [(keys, as_list(values))]  # type: ignore[list-item]
     if isinstance(keys, list | tuple):
         if not isinstance(values, list | tuple) or len(values) != len(keys):
             raise KVError("a list of keys needs a list of values of the same length")
@@ -33,7 +36,10 @@ def check_key(key: Any) -> Key:
 def as_list(value: Any) -> list[Any]:
     if value is None:
         raise KVError("a value is missing")
-    return list(value) if isinstance(value, list | tuple) else [value]
+    kind = type(value)
+    if kind is list:
+        return list(value)
+    return list(value) if kind is tuple or isinstance(value, list | tuple) else [value]
 
 
 def write_out(value: Any, outs: list[Any]) -> None:

@@ -184,10 +184,11 @@ class DistKVStore(KVStore):
         return target
 
     def _meta(self, key: Key) -> KeyMeta:
-        try:
-            return self.meta[check_key(key)]
-        except KeyError:
-            raise KVError(f"key {key!r} was not initialized (call init on every worker first)") from None
+        m = self.meta.get(key) if type(key) is str or type(key) is int else None
+        if m is None:
+            check_key(key)
+            raise KVError(f"key {key!r} was not initialized (call init on every worker first)")
+        return m
 
     def _segment(self, m: KeyMeta, p: Part, writing: bool) -> Segment | None:
         """The part's segment (``None``: the server shares no memory with this worker). Before
@@ -248,9 +249,12 @@ class DistKVStore(KVStore):
             if flat is not None and flat.size != m.size:
                 raise KVError(f"key {k!r}: pushed {flat.size} elements, initialized with {m.size}")
             compressed = compressed or packed
+            whole = len(m.parts) == 1
             for p in m.parts:
-                out = per_server.setdefault(p.server, Outgoing())
-                part = flat[p.start : p.stop] if flat is not None else None
+                out = per_server.get(p.server)
+                if out is None:
+                    out = per_server[p.server] = Outgoing()
+                part = (flat if whole else flat[p.start : p.stop]) if flat is not None else None
                 self._pack_part(out, k, m, p, part, packed, pulling)
         return per_server, compressed
 

@@ -79,6 +79,7 @@ class WorkerClient:
         self._async_error: KVError | None = None
         self.local_failure: NodeFailure | None = None
         self._buffers: dict[tuple[int, int], MemBuffer] = {}  # (server, id): servers' shared key storage
+        self._views: dict[tuple[int, str, np.dtype, int], np.ndarray] = {}  # views of them, made once
         self.before_exit: Callable[[], None] | None = None  # e.g. unlink shared-memory names
 
     @classmethod
@@ -143,13 +144,10 @@ class WorkerClient:
         (read there directly, see ``sends_directly``)."""
         self.check()
         seq = next(self._seq)
-        header = wire.Header(
-            op=op,
-            seq=seq,
-            src=self.book.name,
-            entries=tuple(entries),
-            body={"rank": self.rank, **(body or {})},
-        )
+        fields = {"rank": self.book.rank}
+        if body:
+            fields.update(body)
+        header = wire.Header(op, seq, self.book.name, tuple(entries), fields)
         route = self.routes[server]
         ch = route.fast if local and not frames else route.framed
         if into is not None and ch.caps.direct:
@@ -179,9 +177,11 @@ class WorkerClient:
     def wait(self, seqs: Iterable[int]) -> dict[int, Received]:
         """The replies of ``seqs`` (raises ``KVError`` for an error reply, ``NodeFailure`` when the job dies)."""
         want = list(seqs)
-        while any(s not in self._replies for s in want):
-            self._pump()
-        out = {s: self._replies.pop(s) for s in want}
+        replies = self._replies
+        for s in want:
+            while s not in replies:
+                self._pump()
+        out = {s: replies.pop(s) for s in want}
         for msg in out.values():
             if msg.header.op == wire.ERROR:
                 raise KVError(f"server refused the request: {msg.header.body.get('reason')}")
@@ -241,16 +241,22 @@ class WorkerClient:
                 os.close(fd)
                 raise WireError("bad shared buffer announcement")
             self._buffers[(server, item[0])] = MemBuffer(item[1], fd=fd, ident=item[0])
+            for cached in [k for k in self._views if k[0] == server and k[1] == f"{SHARED_PREFIX}{item[0]}"]:
+                del self._views[cached]  # a view of a buffer this announcement replaced
 
     def shared_view(self, server: int, name: str, dtype: np.dtype, n: int) -> np.ndarray:
         """A view of ``n`` elements of server buffer ``launchkit-mem-<id>`` (mapped on an earlier reply)."""
+        view = self._views.get((server, name, dtype, n))
+        if view is not None:
+            return view
         try:
             buf = self._buffers[(server, int(name.removeprefix(SHARED_PREFIX)))]
         except (KeyError, ValueError):
             raise KVError(f"server {server} named an unknown shared buffer {name}") from None
         if n * dtype.itemsize > buf.nbytes:
             raise KVError(f"server {server}: shared buffer {name} is too small")
-        return buf.view(dtype, n)
+        view = self._views[(server, name, dtype, n)] = buf.view(dtype, n)
+        return view
 
     # -- failures ------------------------------------------------------------------------------
 
@@ -352,6 +358,7 @@ class WorkerClient:
         for route in self.routes:
             for ch in route.channels():
                 ch.close()
+        self._views.clear()  # before the mappings under them
         for buf in self._buffers.values():
             buf.close()
         if self.transport is not None:
