@@ -10,7 +10,9 @@ copy) but keeps the messages here instead of sending them. The next call on the 
   order, same server handling: the pull sees that push's round);
 * any other call first sends the held messages as plain pushes, then does its own work;
 * if no call comes within ``HOLD_S``, a helper thread sends them (a worker that pushes and then
-  waits on something outside the store must not hold up the other workers' round).
+  waits on something outside the store must not hold up the other workers' round). The helper
+  is not woken per push: it looks every ``HOLD_S`` while pushes keep coming, and sleeps once
+  none came since its last look (the next push wakes it).
 
 Errors are never lost: a refused ``pushpull`` raises from the ``pull``, a refused push surfaces
 at a later call (``WorkerClient.check``), and an exception while the helper thread sends is kept
@@ -46,7 +48,11 @@ class Held:
 
 class PushHold:
     """The held push of one store, its lock (every call on the store runs under it) and the
-    helper thread that sends a push nobody took within ``HOLD_S``."""
+    helper thread that sends a push nobody took within ``HOLD_S``.
+
+    While pushes keep coming the helper stays awake, looking every ``HOLD_S`` (a push waits at
+    most that long past its ``HOLD_S``), so a push costs no thread wake-up; once it finds that no
+    push was held since its last look it sleeps until ``hold`` wakes it."""
 
     def __init__(self, send: Callable[[Held], None], hold_s: float = HOLD_S) -> None:
         self.lock = threading.RLock()
@@ -55,6 +61,8 @@ class PushHold:
         self.hold_s = hold_s
         self._send = send
         self._kick = threading.Event()
+        self._holds = 0  # pushes held so far (the helper compares it between its looks)
+        self._asleep = False  # the helper waits for ``_kick``
         self._closed = False
         self._thread: threading.Thread | None = None
 
@@ -62,10 +70,11 @@ class PushHold:
         """Keep ``held`` (under ``lock``; nothing may be held already)."""
         assert self.held is None
         self.held = held
-        if not self._kick.is_set():
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="trainer_core push", daemon=True)
-                self._thread.start()
+        self._holds += 1
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="trainer_core push", daemon=True)
+            self._thread.start()
+        elif self._asleep:
             self._kick.set()
 
     def take(self, keys: frozenset[Key]) -> Held | None:
@@ -98,27 +107,46 @@ class PushHold:
         self._kick.set()
 
     def _run(self) -> None:
+        seen = -1
+        wait = self.hold_s
         while True:
-            self._kick.wait()
+            time.sleep(wait)
             if self._closed:
                 return
-            time.sleep(self.hold_s)
-            if self._closed:
-                return
-            if not self.lock.acquire(blocking=False):
-                continue  # a call is running: it sends (or takes) what is held
-            try:
-                held = self.held
-                if held is None:
-                    self._kick.clear()
-                elif time.monotonic() - held.since >= self.hold_s:
-                    self.held = None
-                    self._kick.clear()
-                    self._send(held)
-            except BaseException as exc:  # raised by the next call
-                self.error = exc
-            finally:
-                self.lock.release()
+            wait = self.hold_s
+            due = self._send_due()
+            if due > 0:  # a push is held that is not due yet: look again when it is
+                wait = due
+                continue
+            if self._holds == seen:  # no push since the last look: sleep until the next one
+                self._kick.clear()
+                self._asleep = True
+                if self._holds == seen and not self._closed:  # (``hold`` may have come meanwhile)
+                    self._kick.wait()
+                self._asleep = False
+                if self._closed:
+                    return
+            seen = self._holds
+
+    def _send_due(self) -> float:
+        """Send the held push if it waited ``hold_s`` and no call is running; else the seconds until
+        it is due (0: nothing held, or a running call sends or takes it)."""
+        if not self.lock.acquire(blocking=False):
+            return 0.0  # a call is running: it sends (or takes) what is held
+        try:
+            held = self.held
+            if held is None:
+                return 0.0
+            left = held.since + self.hold_s - time.monotonic()
+            if left > 0:
+                return left
+            self.held = None
+            self._send(held)
+        except BaseException as exc:  # raised by the next call
+            self.error = exc
+        finally:
+            self.lock.release()
+        return 0.0
 
 
 F = TypeVar("F", bound=Callable[..., Any])
