@@ -75,7 +75,7 @@ class FramedStream:
         self.reuse = reuse
         self._scratch = np.empty(0, np.uint8)
         # per-connection MACs, one per direction, keyed once (each tag copies its keyed state)
-        self._tag_out = self._tag_in = hmac.new(b"", digestmod=hashlib.sha256)
+        self._tag_out = self._tag_in = _keyed(b"")
         self._count_out = self._count_in = 0
 
     def start_session(self, key: bytes, nonce: bytes, client: bool) -> None:
@@ -83,13 +83,12 @@ class FramedStream:
         to_server = channel_proof(key, b"session to server", nonce)
         to_client = channel_proof(key, b"session to client", nonce)
         out_key, in_key = (to_server, to_client) if client else (to_client, to_server)
-        self._tag_out = hmac.new(out_key, digestmod=hashlib.sha256)
-        self._tag_in = hmac.new(in_key, digestmod=hashlib.sha256)
+        self._tag_out = _keyed(out_key)
+        self._tag_in = _keyed(in_key)
 
-    def _tag(self, mac: hmac.HMAC, count: int, head: bytes) -> bytes:
+    def _tag(self, mac: Any, count: int, head: bytes) -> bytes:
         h = mac.copy()
-        h.update(_U64.pack(count))
-        h.update(head)
+        h.update(_U64.pack(count) + head)
         return h.digest()[:_TAG]
 
     # -- receiving -----------------------------------------------------------------------------
@@ -281,6 +280,13 @@ class FramedStream:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
             self.sock.close()
+
+
+def _keyed(key: bytes) -> Any:
+    """A keyed HMAC-SHA256 state to copy per message: OpenSSL's own object where ``hmac`` wraps one
+    (its ``copy``, ``update`` and ``digest`` are then C calls, not Python methods around them)."""
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    return getattr(mac, "_hmac", None) or mac
 
 
 def _bytes_view(obj: Any) -> memoryview:
