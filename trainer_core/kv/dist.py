@@ -211,12 +211,13 @@ class DistKVStore(KVStore):
     ) -> None:
         """One push, pull or pushpull call: one message per server, then (pulls) the replies. A push
         is held (``held.py``); a pull of exactly its keys sends it as a ``pushpull``."""
-        keys = frozenset(k for k, _ in pushes)
+        keys = frozenset([k for k, _ in pushes])
         if len(keys) != len(pushes):
             raise KVError("a key appears more than once in one call")
         held = self.hold.take(keys) if op == wire.PULL else None
         self.hold.flush()  # before packing: a held push's segments must be sent before reuse
-        self._release_names()
+        if self._unlink:
+            self._release_names()
         self.codec.stats.exchanges += 1
         if held is None:
             per_server, compressed = self._pack(pushes, pulls is not None)
@@ -224,15 +225,16 @@ class DistKVStore(KVStore):
             op, per_server, compressed = wire.PUSHPULL, held.per_server, held.compressed
             for out in per_server.values():
                 self.codec.stats.raw_received += sum(p.size * m.dtype.itemsize for m, p, _ in out.where)
+        if pulls is None:  # a push: held (``held.py``) unless it left from the caller's array
+            if any(o.borrowed for o in per_server.values()):
+                self._send(op, per_server, False, compressed, None)
+            else:
+                self.hold.hold(Held(per_server, compressed, keys))
+                self.client.check()  # an error reply to an earlier push, as a send would raise it
+            return
         results = Results()  # where each key's pulled value is assembled (an output where it can)
-        results.plan(pulls or [], self._meta)
-        if pulls is None and not any(o.borrowed for o in per_server.values()):
-            self.hold.hold(Held(per_server, compressed, keys))
-            self.client.check()  # an error reply to an earlier push, as a send would raise it
-            return
-        sent = self._send(op, per_server, pulls is not None, compressed, results)
-        if pulls is None:
-            return
+        results.plan(pulls, self._meta)
+        sent = self._send(op, per_server, True, compressed, results)
         replies = self.client.wait(list(sent))
         for seq, (server, where) in sent.items():
             self._unpack(server, where, replies[seq], results)
@@ -293,7 +295,7 @@ class DistKVStore(KVStore):
     def _send_held(self, held: Held) -> None:
         """Send a held push as plain pushes (not once the job failed: the next call raises that)."""
         if self.client.failure is None:
-            self._send(wire.PUSH, held.per_server, False, held.compressed, Results())
+            self._send(wire.PUSH, held.per_server, False, held.compressed, None)
 
     def _send(
         self,
@@ -301,13 +303,14 @@ class DistKVStore(KVStore):
         per_server: dict[int, Outgoing],
         pulling: bool,
         compressed: bool,
-        results: Results,
+        results: Results | None,
     ) -> dict[int, tuple[int, Where]]:
-        """Send each server its message; returns ``seq -> (server, parts)``."""
+        """Send each server its message; returns ``seq -> (server, parts)``. ``results``: where a
+        pull's values go (``None`` for pushes)."""
         sent: dict[int, tuple[int, Where]] = {}
         for server, out in per_server.items():
             into = None
-            if pulling and not compressed and self.client.sends_directly(server):
+            if results is not None and not compressed and self.client.sends_directly(server):
                 into = results.into(out.where)
             seq = self.client.send(
                 server, op, out.entries, out.frames, keep=pulling, local=not compressed, into=into
