@@ -267,3 +267,22 @@ def test_a_pushed_array_may_be_reused_as_soon_as_push_returns(shm: str, encrypt:
         assert res["t_ok"] is True
         assert res["data"] == [encrypt == "0"] * 2  # PS_ENCRYPT=1: servers open no data channel
         assert res["tcp"] == [shm == "0" and encrypt == "0"] * 2
+
+
+MANY_KEYS = """
+keys = list(range(300))
+kv.init(keys, [np.zeros(3, np.float32) for _ in keys])
+for step in range(2):
+    outs = [np.empty(3, np.float32) for _ in keys]
+    kv.pushpull(keys, [np.full(3, k + kv.rank, np.float32) for k in keys], outs)
+    emit(step=step, ok=all(o.tolist() == [2 * k + 1.0] * 3 for k, o in zip(keys, outs)))
+"""
+
+
+def test_one_call_of_300_keys_on_a_same_host_server() -> None:
+    """The first reply hands the worker a buffer per key: 300 descriptors, more than one sendmsg may
+    carry (253) and more than one read takes (64), passed in pieces."""
+    job = run_job(worker_script(MANY_KEYS), 2, 1, {"PS_SHM": "1"})
+    assert_clean(job)
+    for w in job.workers:
+        assert [r["ok"] for r in w.results()] == [True, True]

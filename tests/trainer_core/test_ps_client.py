@@ -206,6 +206,24 @@ def test_a_server_whose_channel_closes_is_blamed_and_the_job_aborted(
     c.close()
 
 
+def test_a_reply_announcing_buffers_that_did_not_come_ends_the_job(job: Callable[..., InProcessJob]) -> None:
+    """Dropping such a reply would leave its request waiting for ever: the server is blamed at once."""
+    j = job(1, 1, shm=True)
+    c = j.client(0)
+    seq = c.send(0, wire.PULL)  # no frames: on the same-host channel
+    server_end = j.channels[0]
+    server_end.receive(lambda msg: None)
+    server_end.send(wire.Header(wire.REPLY, seq, body={"fds": [[7, 64]]}))  # and no descriptor
+    t = time.monotonic()
+    with pytest.raises(NodeFailure, match="server 0: a reply announced shared buffers") as err:
+        c.wait([seq])
+    assert err.value.node == "server 0" and time.monotonic() - t < 1
+    aborts: list[dict] = []
+    j.channels[-1].receive(lambda msg: aborts.append(dict(msg.header.body)))
+    assert [a["node"] for a in aborts] == ["server 0"]
+    c.close()
+
+
 def test_a_job_failure_ends_a_wait(job: Callable[..., InProcessJob]) -> None:
     j = job(2, 1)
     c = j.client(0)

@@ -221,8 +221,9 @@ class WorkerClient:
             try:
                 self._map_buffers(server, ch, announced)
             except (WireError, KVError, ValueError, TypeError, OSError) as exc:
-                self.log.warning("dropped a malformed message from server %d: %s", server, exc)
-                return
+                # dropping it would leave its request waiting for ever: the channel is unusable
+                ch.close()
+                self._broken(server, f"a reply announced shared buffers that could not be mapped ({exc})")
         seq = msg.header.seq
         self._last_reply[server] = max(self._last_reply[server], seq)
         if seq in self.outstanding:
@@ -274,6 +275,15 @@ class WorkerClient:
             self.check()
             raise KVError(f"server {server}: {ch.interrupted}; this KV store cannot be used any more")
         self._peer_closed(server)
+
+    def _broken(self, server: int, reason: str) -> NoReturn:
+        """``server`` broke the protocol on its channel: end the job, naming it and ``reason``."""
+        name = f"server {server}"
+        if self.live.failure is None and self.local_failure is None:
+            self.local_failure = NodeFailure(f"{name}: {reason}", node=name)
+            self.abort(str(self.local_failure), node=name)
+        self.check()
+        raise AssertionError("unreachable")
 
     def _peer_closed(self, server: int) -> NoReturn:
         """A server closed its channel: it died or is leaving because the job ends. Give the heartbeat

@@ -32,7 +32,8 @@ from trainer_core.transport.channel import Caps, Channel, ChannelClosed, Listene
 
 _LEN = struct.Struct("<I")
 _READ = 1 << 16  # bytes asked of one read
-_ANC_SPACE = socket.CMSG_SPACE(64 * array.array("i").itemsize)  # room for 64 descriptors
+MAX_FDS = 64  # descriptors sent with one sendmsg (the kernel takes at most 253) and read with one recvmsg
+_ANC_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 HANDSHAKE_TIMEOUT_S = 10.0
 UNIX_CAPS = Caps(frames=False, shared_memory=True)
 
@@ -84,14 +85,26 @@ class UnixChannel(Channel):
         data = _LEN.pack(len(raw)) + raw
         try:
             if fds:
-                sent = socket.send_fds(self.sock, [data], list(fds))
-                if sent < len(data):
-                    self.sock.sendall(data[sent:])
+                self._send_with_fds(data, list(fds))
             else:
                 self.sock.sendall(data)
         except OSError as exc:
             self.close()
             raise ChannelClosed(f"the same-host channel closed: {exc}") from None
+
+    def _send_with_fds(self, data: bytes, fds: list[int]) -> None:
+        """``data`` with ``fds`` attached, at most ``MAX_FDS`` to a ``sendmsg`` (each with at least
+        one byte of the message): the peer reads them in order, as many as its buffer has room for."""
+        pieces = -(-len(fds) // MAX_FDS)
+        if pieces > len(data):
+            raise OSError(f"{len(fds)} descriptors for a message of {len(data)} bytes")
+        at = 0
+        for i in range(pieces):
+            end = len(data) if i == pieces - 1 else at + 1
+            sent = socket.send_fds(self.sock, [data[at:end]], fds[i * MAX_FDS : (i + 1) * MAX_FDS])
+            if sent < end - at:
+                self.sock.sendall(data[at + sent : end])
+            at = end
 
     def receive(self, handle: Callable[[Received], None]) -> bool:
         messages = None if self.closed else self._recv()
@@ -111,9 +124,13 @@ class UnixChannel(Channel):
         while True:
             try:
                 if self.accept_fds:
-                    chunk, anc, _, _ = self.sock.recvmsg(_READ, _ANC_SPACE, socket.MSG_DONTWAIT)
+                    chunk, anc, flags, _ = self.sock.recvmsg(_READ, _ANC_SPACE, socket.MSG_DONTWAIT)
                     if anc:
                         self._take_ancillary(anc)
+                    if flags & socket.MSG_CTRUNC:  # descriptors were lost: nothing after can be matched
+                        self.interrupted = f"the peer sent more than {MAX_FDS} descriptors at once"
+                        self.close()
+                        return None
                 else:
                     chunk = self.sock.recv(_READ, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
