@@ -36,10 +36,7 @@ def check_key(key: Any) -> Key:
 def as_list(value: Any) -> list[Any]:
     if value is None:
         raise KVError("a value is missing")
-    kind = type(value)
-    if kind is list:
-        return list(value)
-    return list(value) if kind is tuple or isinstance(value, list | tuple) else [value]
+    return list(value) if isinstance(value, list | tuple) else [value]
 
 
 def write_out(value: Any, outs: list[Any]) -> None:

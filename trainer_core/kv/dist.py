@@ -216,8 +216,7 @@ class DistKVStore(KVStore):
             raise KVError("a key appears more than once in one call")
         held = self.hold.take(keys) if op == wire.PULL else None
         self.hold.flush()  # before packing: a held push's segments must be sent before reuse
-        if self._unlink:
-            self._release_names()
+        self._release_names()
         self.codec.stats.exchanges += 1
         if held is None:
             per_server, compressed = self._pack(pushes, pulls is not None)
@@ -227,14 +226,14 @@ class DistKVStore(KVStore):
                 self.codec.stats.raw_received += sum(p.size * m.dtype.itemsize for m, p, _ in out.where)
         if pulls is None:  # a push: held (``held.py``) unless it left from the caller's array
             if any(o.borrowed for o in per_server.values()):
-                self._send(op, per_server, False, compressed, None)
+                self._send(op, per_server, compressed, None)
             else:
                 self.hold.hold(Held(per_server, compressed, keys))
                 self.client.check()  # an error reply to an earlier push, as a send would raise it
             return
         results = Results()  # where each key's pulled value is assembled (an output where it can)
         results.plan(pulls, self._meta)
-        sent = self._send(op, per_server, True, compressed, results)
+        sent = self._send(op, per_server, compressed, results)
         replies = self.client.wait(list(sent))
         for seq, (server, where) in sent.items():
             self._unpack(server, where, replies[seq], results)
@@ -295,18 +294,18 @@ class DistKVStore(KVStore):
     def _send_held(self, held: Held) -> None:
         """Send a held push as plain pushes (not once the job failed: the next call raises that)."""
         if self.client.failure is None:
-            self._send(wire.PUSH, held.per_server, False, held.compressed, None)
+            self._send(wire.PUSH, held.per_server, held.compressed, None)
 
     def _send(
         self,
         op: str,
         per_server: dict[int, Outgoing],
-        pulling: bool,
         compressed: bool,
         results: Results | None,
     ) -> dict[int, tuple[int, Where]]:
         """Send each server its message; returns ``seq -> (server, parts)``. ``results``: where a
-        pull's values go (``None`` for pushes)."""
+        pull's values go (``None`` for pushes, which get no reply)."""
+        pulling = results is not None
         sent: dict[int, tuple[int, Where]] = {}
         for server, out in per_server.items():
             into = None
