@@ -119,6 +119,30 @@ def test_a_lending_first_push_is_read_where_it_lies_when_the_second_comes() -> N
     assert len(done) == 3 and done[0].results[0].tolist() == [10.0] * 4
 
 
+@pytest.mark.parametrize("then", [wire.PULL, wire.PUSH])
+def test_a_lending_push_is_copied_when_its_worker_sends_anything_else_first(then: str) -> None:
+    """A push sent as a pushpull whose answer the worker does not wait for (``kv/held.py``): its
+    worker writes the segment again once a later request is answered, so the server copies what it
+    borrows before serving that request (``release``); other workers' messages leave it lent."""
+    s = Store(num_workers=3)
+    s.handle(req(wire.INIT, 0, ones(0)))
+    s.handle(req(wire.INIT, 0, ones(0), key="j"))
+    first = ones(1)
+    s.handle(lending(0, first))
+    s.handle(req(wire.PUSH, 1, ones(2), key="j"))  # another worker: "k" still reads ``first``
+    assert s.keys[("k", 0)].lent is first
+    s.release(1)  # another worker's message: "k" still reads ``first``
+    assert s.keys[("k", 0)].lent is first
+    later = req(then, 0, None if then == wire.PULL else ones(7), key="j")
+    s.release(0)  # the server calls it for every message, before serving it
+    s.handle(later)
+    assert s.keys[("k", 0)].lent is None
+    first[:] = 100  # the worker has the answer to ``later``: it may write its segment
+    s.handle(lending(1, ones(2)))
+    done = s.handle(lending(2, ones(3)))
+    assert done[0].results[0].tolist() == [6.0] * 4
+
+
 def test_one_worker_copies_a_lending_push_and_a_refused_request_gives_back_what_it_lent() -> None:
     one = Store(num_workers=1)
     one.handle(req(wire.INIT, 0, ones(0)))

@@ -73,6 +73,7 @@ class RequestHandler:
             rank = wire.body_int(h, "rank")
             if not 0 <= rank < self.num_workers:
                 raise WireError(f"bad worker rank {rank}")
+            self.store.release(rank)
             if h.op in wire.DATA_OPS:
                 req = self._request(msg, rank)
                 for r in [req] if not h.entries else self.store.handle(req):

@@ -5,9 +5,11 @@ the optimizer is applied to the sum (or, without one, the sum becomes the value)
 pulls waiting for that round are answered. A worker that pushes again before the round ends
 is queued for the next round (its data copied: every push is consumed when it is handled, which
 lets workers reuse a shared-memory segment once any later request to this server is answered).
-One exception saves a copy: the first push of a round that comes in a request whose worker waits
-for its answer (a same-host ``pushpull``, ``Request.lends``) is read where it lies when the second
-push is added to it (or copied, if that request is answered with an error first). Async: each
+One exception saves a copy: the first push of a round that comes in a same-host ``pushpull``
+(``Request.lends``) is read where it lies when the second push is added to it. It is copied after
+all when that request is answered with an error first, and when any other message of the same
+worker comes first (``release``: its worker may write the segment again once that one is
+answered). Async: each
 push is applied at once (with no optimizer the pushed value replaces the stored one, as MXNet
 documents).
 
@@ -109,6 +111,7 @@ class Store:
         self.finished: set[int] = set()
         self.codec = ServerCodec()
         self._versions = itertools.count(1)
+        self._lent: dict[int, KeyState] = {}  # id -> the states reading a push where it lies
 
     def set_compression(self, params: dict[str, Any] | None) -> None:
         """Compress pulled values with ``params`` from now on (``None``: off); residuals restart."""
@@ -125,6 +128,7 @@ class Store:
                 for req, _ in st.waiting + st.deferred:
                     failed[id(req)] = req
                 st.waiting, st.deferred, st.pushed = [], [], set()
+                self._lent.pop(id(st), None)
                 st.lent = st.lender = None  # the round is abandoned: nothing of it is kept
         return list(failed.values())
 
@@ -260,16 +264,24 @@ class Store:
             for i in range(len(req.header.entries)):
                 self._entry(req, i, done)
         except BaseException:  # ``req`` is answered with an error now: its worker may reuse its inputs
-            self._copy_lent(req)
+            self._copy_lent(lambda lender: lender is req)
             raise
         return done
 
-    def _copy_lent(self, req: Request) -> None:
-        """Copy into the rounds' accumulators what they still borrow from ``req``'s inputs."""
-        for st in self.keys.values():
-            if st.lender is req:
-                assert st.acc is not None and st.lent is not None
+    def release(self, rank: int) -> None:
+        """Worker ``rank`` sent another request: copy what the rounds still borrow from its pushes
+        (it may write those segments again once that request is answered). Called for every
+        message before it is served."""
+        if self._lent:
+            self._copy_lent(lambda lender: lender.rank == rank)
+
+    def _copy_lent(self, whose: Callable[[Request], bool]) -> None:
+        """Copy into the rounds' accumulators what they still borrow from the requests ``whose``."""
+        for st in list(self._lent.values()):
+            assert st.acc is not None and st.lent is not None and st.lender is not None
+            if whose(st.lender):
                 np.copyto(st.acc, st.lent)
+                self._lent.pop(id(st))
                 st.lent = st.lender = None
 
     def _check(self, req: Request) -> None:
@@ -327,11 +339,13 @@ class Store:
             st.acc = self.alloc(st.weight.dtype, st.weight.size)
         if st.lent is not None:  # the round's first push, not copied: summed with this one at once
             np.add(st.lent, data, out=st.acc)
+            self._lent.pop(id(st))
             st.lent = st.lender = None
         elif st.pushed:
             np.add(st.acc, data, out=st.acc)
         elif req.lends and self.num_workers > 1:
             st.lent, st.lender = data, req
+            self._lent[id(st)] = st
         elif data.ctypes.data != st.acc.ctypes.data:  # not received in place (``landing``)
             np.copyto(st.acc, data)
         st.pushed.add(req.rank)
