@@ -1,5 +1,7 @@
-"""A push held until the next call (kv/held.py): a pull of its keys right after it goes out with it
-as one ``pushpull``; anything else sends it first; nobody calling sends it within ``HOLD_S``.
+"""A push whose pull may follow (kv/held.py). Asked (shared memory, sync): it goes out at once as a
+``pushpull`` and a pull of its keys right after it takes the replies; anything else drops them.
+Held (otherwise): a pull of its keys right after it goes out with it as one ``pushpull``;
+anything else sends it first; nobody calling sends it within ``HOLD_S``.
 
 In one process on memory channels (the harness of ``test_ps_client.py``): each server's handler is
 wrapped to record the data ops it receives, which shows how the calls travelled, and the values
@@ -19,6 +21,7 @@ from tests.trainer_core.test_ps_client import AS_ZMQ, FRAMED, InProcessJob, job,
 from trainer_core.errors import KVError
 from trainer_core.kv import held
 from trainer_core.kv.dist import DistKVStore
+from trainer_core.kv.held import MAX_UNCLAIMED
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Received
 
@@ -45,8 +48,10 @@ def ops_of(seen: list[list[tuple[int, str]]], rank: int) -> list[list[str]]:
     return [[op for r, op in log if r == rank] for log in seen]
 
 
-# the held paths: shared-memory segments, and frames sent as private copies (as over CURVE)
-HOLDING = [pytest.param({"shm": True}, id="shm"), pytest.param({"framed": AS_ZMQ}, id="copied-frames")]
+# the asked path (shared-memory segments) and the held one (frames sent as private copies, as over CURVE)
+SHM = {"shm": True}
+COPIED = {"framed": AS_ZMQ}
+HOLDING = [pytest.param(SHM, id="shm-asked"), pytest.param(COPIED, id="copied-frames-held")]
 
 
 @pytest.mark.parametrize("kw", HOLDING)
@@ -72,8 +77,9 @@ def test_push_then_pull_is_one_pushpull_and_sees_that_round(job: Callable, kw: d
 
 @pytest.mark.parametrize("kw", HOLDING)
 def test_several_pushes_then_one_pull(job: Callable, kw: dict) -> None:
-    """Each push sends the one held before it; the pull of other keys sends the last one first.
-    Two pushes of one key are two rounds, and the pull after them sees the second."""
+    """Held: each push sends the one held before it; the pull of other keys sends the last one
+    first. Asked: every push is a pushpull, and a pull of other keys is a pull of its own. Two
+    pushes of one key are two rounds, and the pull after them sees the second."""
     j = job(2, 1, **kw)
     seen = record_ops(j)
 
@@ -93,14 +99,64 @@ def test_several_pushes_then_one_pull(job: Callable, kw: dict) -> None:
     for res in run_workers(j, "dist_sync", body):
         assert res == {"ab": [[3.0] * 4, [30.0] * 4], "second": [3000.0] * 4, "both": [[2.0] * 4] * 2}
     P, Q, PP = wire.PUSH, wire.PULL, wire.PUSHPULL
+    asked = kw is SHM
     for rank in (0, 1):
-        assert ops_of(seen, rank) == [[P, P, Q, Q, P, PP, PP]]
+        assert ops_of(seen, rank) == [[PP, PP, Q, Q, PP, PP, PP] if asked else [P, P, Q, Q, P, PP, PP]]
 
 
-def test_a_push_nobody_follows_is_sent_by_the_helper_thread(job: Callable) -> None:
-    """Worker 0 pushes and then waits on something outside the store until worker 1 has the
-    round's value: only a push sent without a further call of worker 0 lets that finish."""
+def test_a_second_push_of_a_key_does_not_wait_for_the_round_of_the_first(job: Callable) -> None:
+    """An asked push lends its segment to the server (read where it lies until the round's next
+    push). Worker 0 pushes the key twice before worker 1 pushes at all: the second push must neither
+    wait for that round (worker 1 waits for it) nor overwrite the first round's values (the server
+    copies them when worker 0's next request comes)."""
     j = job(2, 1, shm=True)
+    pushed_twice = threading.Event()
+
+    def body(kv: DistKVStore) -> list:
+        kv.init("w", np.zeros(4, np.float32))
+        r = kv.rank + 1
+        if kv.rank == 0:
+            kv.push("w", np.full(4, r, np.float32))
+            kv.push("w", np.full(4, 10 * r, np.float32))
+            pushed_twice.set()
+            return [kv.pull("w", np.empty(4, np.float32)).tolist()]
+        assert pushed_twice.wait(10), "worker 0's second push waited for a round worker 1 had not pushed to"
+        first = kv.pushpull("w", np.full(4, r, np.float32), np.empty(4, np.float32)).tolist()
+        return [first, kv.pushpull("w", np.full(4, 10 * r, np.float32), np.empty(4, np.float32)).tolist()]
+
+    assert run_workers(j, "dist_sync", body) == [[[30.0] * 4], [[3.0] * 4, [30.0] * 4]]
+
+
+def test_unclaimed_replies_of_asked_pushes_are_bounded(job: Callable) -> None:
+    """Pushes of many keys, then their pulls: at most ``MAX_UNCLAIMED`` pushes are asked before
+    their replies are read (more could fill a socket's buffer while the worker reads none); the
+    rest are held, and every value is right."""
+    n = MAX_UNCLAIMED + 8
+    j = job(2, 1, shm=True)
+    seen = record_ops(j)
+
+    def body(kv: DistKVStore) -> list:
+        keys = [f"k{i}" for i in range(n)]
+        kv.init(keys, [np.zeros(4, np.float32)] * n)
+        for i, k in enumerate(keys):
+            kv.push(k, np.full(4, (kv.rank + 1) * i, np.float32))
+            assert len(kv.client.unclaimed) <= MAX_UNCLAIMED
+        return [kv.pull(k, np.empty(4, np.float32))[0] for k in keys]
+
+    assert run_workers(j, "dist_sync", body) == [[3.0 * i for i in range(n)]] * 2
+    for rank in (0, 1):
+        (ops,) = ops_of(seen, rank)
+        pushes = ops[:n]
+        assert pushes[:MAX_UNCLAIMED] == [wire.PUSHPULL] * MAX_UNCLAIMED  # no wait read a reply
+        assert set(pushes[MAX_UNCLAIMED:]) == {wire.PUSH}
+
+
+@pytest.mark.parametrize("kw", HOLDING)
+def test_a_push_nobody_follows_is_sent_at_once_or_by_the_helper_thread(job: Callable, kw: dict) -> None:
+    """Worker 0 pushes and then waits on something outside the store until worker 1 has the
+    round's value: only a push sent without a further call of worker 0 lets that finish (asked: at
+    once; held: by the helper thread)."""
+    j = job(2, 1, **kw)
     seen = record_ops(j)
     got = threading.Event()
 
@@ -115,7 +171,8 @@ def test_a_push_nobody_follows_is_sent_by_the_helper_thread(job: Callable) -> No
         return out
 
     assert run_workers(j, "dist_sync", body) == [[], [3.0] * 4]
-    assert ops_of(seen, 0) == [[wire.PUSH]] and ops_of(seen, 1) == [[wire.PUSHPULL]]
+    assert ops_of(seen, 0) == [[wire.PUSHPULL if kw is SHM else wire.PUSH]]
+    assert ops_of(seen, 1) == [[wire.PUSHPULL]]
 
 
 def test_a_push_from_the_callers_array_is_not_held(job: Callable) -> None:
@@ -139,12 +196,15 @@ def refuse_next_push(j: InProcessJob) -> None:
     j.handlers[0].store.keys.clear()
 
 
-@pytest.mark.parametrize("then", ["pull", "barrier", "push", "helper"])
-def test_an_error_of_a_held_push_surfaces_at_the_latest_on_the_next_call(job: Callable, then: str) -> None:
-    """Refused by the server: raised by the pull that took it (a pushpull), by a barrier or the next
-    push (sent as a push, its error reply met at a later wait), or, when the helper thread sent it,
-    by the next call; never lost."""
-    j = job(1, 1, shm=True)
+@pytest.mark.parametrize("kw", HOLDING)
+@pytest.mark.parametrize("then", ["pull", "barrier", "push", "later"])
+def test_an_error_of_a_push_surfaces_at_the_latest_on_the_next_call(
+    job: Callable, then: str, kw: dict
+) -> None:
+    """Refused by the server: raised by the pull that took it (a pushpull), by a barrier, by the next
+    push when it waits for its segment (else by the wait after it), or, when it was sent (held: by
+    the helper thread) and its error came while nobody called, by the next call; never lost."""
+    j = job(1, 1, **kw)
     seen = record_ops(j)
 
     def body(kv: DistKVStore) -> str:
@@ -157,7 +217,8 @@ def test_an_error_of_a_held_push_surfaces_at_the_latest_on_the_next_call(job: Ca
             elif then == "barrier":
                 kv.barrier()
             elif then == "push":
-                kv.push("w", np.ones(4, np.float32))  # sends the held one, then waits for its segment
+                kv.push("w", np.ones(4, np.float32))  # shm: waits for its segment, meeting the error
+                kv.barrier()  # copied frames: that push waited for nothing, the next wait meets it
             else:
                 while kv.hold.held is not None:
                     threading.Event().wait(held.HOLD_S)
@@ -169,4 +230,4 @@ def test_an_error_of_a_held_push_surfaces_at_the_latest_on_the_next_call(job: Ca
         return "raised"
 
     assert run_workers(j, "dist_sync", body) == ["raised"]
-    assert ops_of(seen, 0)[0][0] == (wire.PUSHPULL if then == "pull" else wire.PUSH)
+    assert ops_of(seen, 0)[0][0] == (wire.PUSHPULL if then == "pull" or kw is SHM else wire.PUSH)

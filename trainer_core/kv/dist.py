@@ -5,9 +5,11 @@ of a call for that server. A part exchanged with a server whose channel shares t
 goes through a shared-memory segment owned by this worker (the channel carries only the header);
 otherwise the part travels as a frame. Pushes do not wait for the server: a part's segment is
 reused only after the server has handled the previous push from it (pushes get no reply; any
-later answered request to the same server proves it, see ``WorkerClient.confirm``). A push is held
-until the next call (at most ``held.HOLD_S``), so that a pull of its keys right after it goes out
-with it as one ``pushpull`` (``held.py``). The servers' state for checkpoints is in ``dist_state.py``.
+later answered request to the same server proves it, see ``WorkerClient.confirm``). A pull of
+exactly the keys of the push before it costs no message of its own: the push went out as a
+``pushpull`` whose replies the pull takes, or was held until the pull (at most ``held.HOLD_S``) and
+goes out with it as one ``pushpull`` (``held.py``). The servers' state for checkpoints is in
+``dist_state.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from trainer_core.errors import KVError
 from trainer_core.kv import dist_state
 from trainer_core.kv.api import _OPEN, KVStore, check_key, normalize
 from trainer_core.kv.figures import for_store, timed
-from trainer_core.kv.held import Held, PushHold, serial
+from trainer_core.kv.held import MAX_UNCLAIMED, Asked, Held, PushHold, serial
 from trainer_core.kv.keys import KeyMeta, Outgoing, Where
 from trainer_core.kv.results import Results
 from trainer_core.log import get_logger
@@ -78,7 +80,7 @@ class DistKVStore(KVStore):
         self._closed = False
         self.compression: dict[str, Any] | None = None
         self.codec = WorkerCodec()
-        self.hold = PushHold(self._send_held)
+        self.hold = PushHold(self._send_held, self._forget_asked)
         self.timing, self._figures = for_store(self.codec.stats, self.client.live)
         metrics.add_source(self._figures)
         _OPEN.add(self)
@@ -210,30 +212,35 @@ class DistKVStore(KVStore):
         self, op: str, pushes: list[tuple[Key, list[Any]]], pulls: list[tuple[Key, list[Any]]] | None
     ) -> None:
         """One push, pull or pushpull call: one message per server, then (pulls) the replies. A push
-        is held (``held.py``); a pull of exactly its keys sends it as a ``pushpull``."""
+        is asked or held (``held.py``); a pull of exactly its keys takes its replies or sends it as
+        a ``pushpull``."""
         keys = frozenset([k for k, _ in pushes])
         if len(keys) != len(pushes):
             raise KVError("a key appears more than once in one call")
-        held = self.hold.take(keys) if op == wire.PULL else None
+        taken = self.hold.take(keys) if op == wire.PULL else None
         self.hold.flush()  # before packing: a held push's segments must be sent before reuse
         self._release_names()
         self.codec.stats.exchanges += 1
-        if held is None:
+        if taken is None:
             per_server, compressed = self._pack(pushes, pulls is not None)
         else:
-            op, per_server, compressed = wire.PUSHPULL, held.per_server, held.compressed
-            for out in per_server.values():
-                self.codec.stats.raw_received += sum(p.size * m.dtype.itemsize for m, p, _ in out.where)
-        if pulls is None:  # a push: held (``held.py``) unless it left from the caller's array
+            for where in taken.wheres():
+                self.codec.stats.raw_received += sum(p.size * m.dtype.itemsize for m, p, _ in where)
+            per_server, compressed = taken.per_server, taken.compressed
+            op = wire.PUSHPULL
+        if pulls is None:  # a push: asked or held (``held.py``) unless it left from the caller's array
             if any(o.borrowed for o in per_server.values()):
                 self._send(op, per_server, compressed, None)
+            elif self._answered(per_server, compressed):
+                sent = self._send(wire.PUSHPULL, per_server, False, None, asked=True)
+                self.hold.ask(Asked(per_server, False, keys, sent))
             else:
                 self.hold.hold(Held(per_server, compressed, keys))
                 self.client.check()  # an error reply to an earlier push, as a send would raise it
             return
         results = Results()  # where each key's pulled value is assembled (an output where it can)
         results.plan(pulls, self._meta)
-        sent = self._send(op, per_server, compressed, results)
+        sent = taken.sent if isinstance(taken, Asked) else self._send(op, per_server, compressed, results)
         replies = self.client.wait(list(sent))
         for seq, (server, where) in sent.items():
             self._unpack(server, where, replies[seq], results)
@@ -291,6 +298,19 @@ class DistKVStore(KVStore):
                 stats.sent += raw
         out.where.append((m, p, seg))
 
+    def _answered(self, per_server: dict[int, Outgoing], compressed: bool) -> bool:
+        """Whether a push goes out as a ``pushpull`` whose replies a pull may take (``held.py``):
+        sync, every part in shared memory with its server, few replies unclaimed."""
+        return (
+            self.sync
+            and not compressed
+            and len(self.client.unclaimed) < MAX_UNCLAIMED
+            and all(self.client.same_host[s] for s in per_server)
+        )
+
+    def _forget_asked(self, asked: Asked) -> None:
+        self.client.forget(asked.servers())
+
     def _send_held(self, held: Held) -> None:
         """Send a held push as plain pushes (not once the job failed: the next call raises that)."""
         if self.client.failure is None:
@@ -302,10 +322,11 @@ class DistKVStore(KVStore):
         per_server: dict[int, Outgoing],
         compressed: bool,
         results: Results | None,
+        asked: bool = False,
     ) -> dict[int, tuple[int, Where]]:
         """Send each server its message; returns ``seq -> (server, parts)``. ``results``: where a
-        pull's values go (``None`` for pushes, which get no reply)."""
-        pulling = results is not None
+        pull's values go (``None`` for pushes, which get no reply unless ``asked``)."""
+        pulling = results is not None or asked
         sent: dict[int, tuple[int, Where]] = {}
         for server, out in per_server.items():
             into = None

@@ -75,6 +75,7 @@ class WorkerClient:
         self._last_push = [0] * n
         self._seq = itertools.count(1)
         self.outstanding: set[int] = set()
+        self.unclaimed: set[int] = set()  # requests whose replies nobody waits for any more (``forget``)
         self._replies: dict[int, Received] = {}
         self._async_error: KVError | None = None
         self.local_failure: NodeFailure | None = None
@@ -167,6 +168,19 @@ class WorkerClient:
         returns (``caps.direct``): then a push needs no private copy and replies can be read in place."""
         return self.routes[server].framed.caps.direct
 
+    def forget(self, sent: dict[int, int]) -> None:
+        """Wait for none of the replies of ``sent`` (seq -> server): each is dropped when it comes (an
+        error reply is raised by a later call, as for a push), and ``drain`` only makes sure that its
+        request was handled."""
+        for seq, server in sent.items():
+            self._last_push[server] = max(self._last_push[server], seq)
+            msg = self._replies.pop(seq, None)
+            if msg is not None:
+                self._dropped(msg)
+            elif seq in self.outstanding:
+                self.outstanding.discard(seq)
+                self.unclaimed.add(seq)
+
     def confirm(self, server: int, seq: int) -> None:
         """Until ``server`` has handled request ``seq``: a server handles one connection's messages in
         order, so any answered later request proves it; else ask with an empty request."""
@@ -229,7 +243,13 @@ class WorkerClient:
         if seq in self.outstanding:
             self.outstanding.discard(seq)
             self._replies[seq] = msg
-        elif msg.header.op == wire.ERROR and self._async_error is None:
+        else:
+            self.unclaimed.discard(seq)
+            self._dropped(msg)
+
+    def _dropped(self, msg: Received) -> None:
+        """A reply nobody waits for (a push's, or a forgotten one): only an error is kept, for later."""
+        if msg.header.op == wire.ERROR and self._async_error is None:
             self._async_error = KVError(f"server refused a push: {msg.header.body.get('reason')}")
 
     def _map_buffers(self, server: int, ch: Channel, announced: Any) -> None:
