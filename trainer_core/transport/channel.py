@@ -210,32 +210,35 @@ class Poller:
 
     def __init__(self) -> None:
         self._poller = zmq.Poller()
-        self._items: dict[Any, Source | Listener] = {}
-        self._keys: dict[int, Any] = {}
-        self._listeners: list[Listener] = []
+        self._sources: dict[Any, Source] = {}  # by what is polled
+        self._listening: dict[Any, Listener] = {}
+        self._keys: dict[int, Any] = {}  # id(item) -> what is polled
 
     def add(self, item: Source | Listener) -> None:
         key = item.pollable()
         self._poller.register(key, zmq.POLLIN)
-        self._items[key] = item
-        self._keys[id(item)] = key
         if isinstance(item, Listener):
-            self._listeners.append(item)
+            self._listening[key] = item
+        else:
+            self._sources[key] = item
+        self._keys[id(item)] = key
 
     def remove(self, item: Source | Listener) -> None:
         key = self._keys.pop(id(item), None)
         if key is not None:
             self._poller.unregister(key)
-            del self._items[key]
-        if isinstance(item, Listener):
-            self._listeners.remove(item)
+            self._sources.pop(key, None)
+            self._listening.pop(key, None)
 
     def sources(self) -> list[Source]:
-        return [s for s in self._items.values() if isinstance(s, Source)]
+        return list(self._sources.values())
 
     def poll(self, timeout_s: float) -> list[Source | Listener]:
         """The sources and listeners that are ready, after at most ``timeout_s``."""
-        return [self._items[key] for key, _ in self._poller.poll(int(timeout_s * 1000))]
+        return [
+            self._sources.get(key) or self._listening[key]
+            for key, _ in self._poller.poll(int(timeout_s * 1000))
+        ]
 
     def serve(
         self,
@@ -246,15 +249,20 @@ class Poller:
         """One turn of a serving loop: close stale channels, wait at most ``timeout_s``, accept the
         channels waiting (and watch them from now on), hand every message waiting to ``handle``, and
         stop watching sources that closed (``on_closed`` is told)."""
-        for listener in list(self._listeners):
+        for listener in list(self._listening.values()):
             for ch in listener.stale():
                 self.remove(ch)
                 ch.close()
-        for item in self.poll(timeout_s):
-            if isinstance(item, Listener):
-                for ch in item.accept():
-                    if item.on_accept is not None:
-                        item.on_accept(ch)
+        sources = self._sources
+        for key, _ in self._poller.poll(int(timeout_s * 1000)):
+            item = sources.get(key)
+            if item is None:
+                ready = self._listening.get(key)
+                if ready is None:  # removed while an earlier ready item was served
+                    continue
+                for ch in ready.accept():
+                    if ready.on_accept is not None:
+                        ready.on_accept(ch)
                     self.add(ch)
             elif not item.receive(handle):
                 self.remove(item)
