@@ -21,6 +21,7 @@ import logging
 import math
 import shutil
 import subprocess
+import threading
 import types
 from typing import Any
 
@@ -74,7 +75,11 @@ CTYPES = {
 
 class Sim:
     """A kernel of the host-compiled library, called as cupy calls a RawKernel: ``f(grid, block, args)``
-    runs every block of the grid (at most ``blocks``; the kernels stride over the rest) with one thread."""
+    runs every block of the grid (at most ``blocks``; the kernels stride over the rest) with one thread.
+    The block index lives in the library's globals and ctypes lets other threads run meanwhile, so
+    one launch at a time (the workers of an in-process job are threads)."""
+
+    launching = threading.Lock()
 
     def __init__(self, lib: ctypes.CDLL, name: str, blocks: int = 3) -> None:
         self.fn, self.lib, self.blocks = getattr(lib, name), lib, blocks
@@ -86,10 +91,11 @@ class Sim:
             ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray) else CTYPES[type(a)](a) for a in args
         ]
         nb = min(grid[0], self.blocks)
-        for b in range(nb):
-            self.lib.sim_block(b, nb)
-            self.fn(*cargs)
-        self.launches += 1
+        with Sim.launching:
+            for b in range(nb):
+                self.lib.sim_block(b, nb)
+                self.fn(*cargs)
+            self.launches += 1
 
 
 @pytest.fixture(scope="module")
