@@ -34,6 +34,7 @@ _LEN = struct.Struct("<I")
 _READ = 1 << 16  # bytes asked of one read
 MAX_FDS = 64  # descriptors sent with one sendmsg (the kernel takes at most 253) and read with one recvmsg
 _ANC_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+_CTRUNC = int(socket.MSG_CTRUNC)  # (the enum's ``&`` runs in Python, on every read)
 HANDSHAKE_TIMEOUT_S = 10.0
 UNIX_CAPS = Caps(frames=False, shared_memory=True)
 
@@ -127,7 +128,7 @@ class UnixChannel(Channel):
                     chunk, anc, flags, _ = self.sock.recvmsg(_READ, _ANC_SPACE, socket.MSG_DONTWAIT)
                     if anc:
                         self._take_ancillary(anc)
-                    if flags & socket.MSG_CTRUNC:  # descriptors were lost: nothing after can be matched
+                    if flags & _CTRUNC:  # descriptors were lost: nothing after can be matched
                         self.interrupted = f"the peer sent more than {MAX_FDS} descriptors at once"
                         self.close()
                         return None

@@ -11,7 +11,6 @@ import json
 import json.encoder
 import json.scanner
 import re
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from trainer_core.errors import WireError
@@ -74,15 +73,15 @@ class Entry(NamedTuple):
         return d
 
 
-@dataclass(frozen=True)
-class Header:
-    """The decoded header frame. ``body`` holds the op-specific plain-data fields."""
+class Header(NamedTuple):
+    """The decoded header frame. ``body`` holds the op-specific plain-data fields (read, never
+    changed: the default is shared). (A named tuple: each message builds or reads one.)"""
 
     op: str
     seq: int = 0
     src: str = ""
     entries: tuple[Entry, ...] = ()
-    body: dict[str, Any] = field(default_factory=dict)
+    body: dict[str, Any] = {}  # noqa: RUF012  (read-only, see above)
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
