@@ -8,7 +8,7 @@ evenly. Bigger arrays are split into contiguous, nearly equal parts, part ``i`` 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainer_core.transport.wire import Key
 
@@ -21,10 +21,10 @@ class Part:
     server: int
     start: int
     stop: int
+    size: int = field(init=False, compare=False)  # stop - start (read several times per call)
 
-    @property
-    def size(self) -> int:
-        return self.stop - self.start
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", self.stop - self.start)
 
 
 def server_of(key: Key, num_servers: int) -> int:
