@@ -111,7 +111,8 @@ class Store:
         self.finished: set[int] = set()
         self.codec = ServerCodec()
         self._versions = itertools.count(1)
-        self._lent: dict[int, KeyState] = {}  # id -> the states reading a push where it lies
+        # by the lender's rank, by id: the states reading a push where it lies (``KeyState.lent``)
+        self._lent: dict[int, dict[int, KeyState]] = {}
 
     def set_compression(self, params: dict[str, Any] | None) -> None:
         """Compress pulled values with ``params`` from now on (``None``: off); residuals restart."""
@@ -128,8 +129,7 @@ class Store:
                 for req, _ in st.waiting + st.deferred:
                     failed[id(req)] = req
                 st.waiting, st.deferred, st.pushed = [], [], set()
-                self._lent.pop(id(st), None)
-                st.lent = st.lender = None  # the round is abandoned: nothing of it is kept
+                self._unlend(st)  # the round is abandoned: nothing of it is kept
         return list(failed.values())
 
     def set_optimizer(self, spec: dict[str, Any]) -> None:
@@ -264,7 +264,9 @@ class Store:
             for i in range(len(req.header.entries)):
                 self._entry(req, i, done)
         except BaseException:  # ``req`` is answered with an error now: its worker may reuse its inputs
-            self._copy_lent(lambda lender: lender is req)
+            for st in list(self._lent.get(req.rank, {}).values()):
+                if st.lender is req:
+                    self._copy_lent(st)
             raise
         return done
 
@@ -272,17 +274,24 @@ class Store:
         """Worker ``rank`` sent another request: copy what the rounds still borrow from its pushes
         (it may write those segments again once that request is answered). Called for every
         message before it is served."""
-        if self._lent:
-            self._copy_lent(lambda lender: lender.rank == rank)
+        lent = self._lent.get(rank)
+        if lent:
+            for st in list(lent.values()):
+                self._copy_lent(st)
 
-    def _copy_lent(self, whose: Callable[[Request], bool]) -> None:
-        """Copy into the rounds' accumulators what they still borrow from the requests ``whose``."""
-        for st in list(self._lent.values()):
-            assert st.acc is not None and st.lent is not None and st.lender is not None
-            if whose(st.lender):
-                np.copyto(st.acc, st.lent)
-                self._lent.pop(id(st))
-                st.lent = st.lender = None
+    def _copy_lent(self, st: KeyState) -> None:
+        """Copy into the round's accumulator what it still borrows."""
+        assert st.acc is not None and st.lent is not None
+        np.copyto(st.acc, st.lent)
+        self._unlend(st)
+
+    def _unlend(self, st: KeyState) -> None:
+        if st.lender is not None:
+            lent = self._lent[st.lender.rank]
+            del lent[id(st)]
+            if not lent:
+                del self._lent[st.lender.rank]
+        st.lent = st.lender = None
 
     def _check(self, req: Request) -> None:
         for e in req.header.entries:
@@ -339,13 +348,12 @@ class Store:
             st.acc = self.alloc(st.weight.dtype, st.weight.size)
         if st.lent is not None:  # the round's first push, not copied: summed with this one at once
             np.add(st.lent, data, out=st.acc)
-            self._lent.pop(id(st))
-            st.lent = st.lender = None
+            self._unlend(st)
         elif st.pushed:
             np.add(st.acc, data, out=st.acc)
         elif req.lends and self.num_workers > 1:
             st.lent, st.lender = data, req
-            self._lent[id(st)] = st
+            self._lent.setdefault(req.rank, {})[id(st)] = st
         elif data.ctypes.data != st.acc.ctypes.data:  # not received in place (``landing``)
             np.copyto(st.acc, data)
         st.pushed.add(req.rank)
