@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -96,3 +97,47 @@ def test_any_value_in_any_field_only_raises_wire_error(field: str, entry_field: 
             changed[name] = value
         with contextlib.suppress(WireError):
             wire.decode(json.dumps(changed).encode())
+
+
+def test_encode_writes_seq_last() -> None:
+    raw = wire.encode(wire.Header(wire.PULL, 12, "worker 0", (wire.Entry("w", 0, 4, "<f4"),), {"rank": 0}))
+    assert raw.endswith(b',"seq":12}')
+
+
+def test_the_decoder_remembers_a_header_but_reads_each_seq() -> None:
+    d = wire.Decoder()
+    h = wire.Header(
+        wire.PUSHPULL, 1, "worker 1", (wire.Entry("w", 0, 10, "<f4", "launchkit-j-w1-2-0"),), {"rank": 1}
+    )
+    for seq in (1, 2, 0, 10**17, 999):
+        raw = wire.encode(h._replace(seq=seq))
+        assert d.decode(raw) == wire.decode(raw) == h._replace(seq=seq)
+    assert len(d._seen) == 1
+    for odd in (b"01", b"-1", b"1.5", b"", b" 1", b"1e3", b"true", b"9" * 30):  # the full decoder's say
+        raw = wire.encode(h)[: -len(b"1}")] + odd + b"}"
+        assert outcome(d.decode, raw) == outcome(wire.decode, raw)
+
+
+def outcome(decode: Callable[[bytes], wire.Header], raw: bytes) -> object:
+    try:
+        return decode(raw)
+    except WireError:
+        return WireError
+
+
+def test_the_decoder_forgets_when_full() -> None:
+    d = wire.Decoder(size=3)
+    for i in range(10):
+        d.decode(wire.encode(wire.Header(wire.PULL, i, f"worker {i}")))
+        assert len(d._seen) <= 3
+
+
+@given(st.binary(max_size=40), st.binary(max_size=40), st.integers(0, 10**18))
+def test_the_decoder_says_what_decode_says(head: bytes, tail: bytes, seq: int) -> None:
+    """Frames around a remembered one (same bytes but the seq, or changed before it, or after it)."""
+    d = wire.Decoder()
+    base = wire.encode(wire.Header(wire.PUSH, 3, "worker 0", (wire.Entry(7, 1, 4, "<f8"),), {"rank": 0}))
+    prefix = base[: base.rfind(b',"seq":')]
+    d.decode(base)
+    for raw in (prefix + b',"seq":' + str(seq).encode() + b"}", head + base, base + tail, prefix + tail):
+        assert outcome(d.decode, raw) == outcome(wire.decode, raw)

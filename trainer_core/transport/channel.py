@@ -182,6 +182,7 @@ class Trace:
 
     def __init__(self, log: logging.Logger, verbose: int = 0) -> None:
         self.log = log
+        self.headers = wire.Decoder()  # the node's decoder (it remembers recent headers)
         self.verbose = verbose
         self.on = verbose >= 2  # callers test it before ``sent``/``received``: no call per message else
 
@@ -196,7 +197,7 @@ class Trace:
     def decode(self, raw: bytes | bytearray | memoryview) -> wire.Header | None:
         """The header of a received message, or ``None`` (logged: the message is dropped)."""
         try:
-            header = wire.decode(raw)
+            header = self.headers.decode(raw)
         except WireError as exc:
             self.log.warning("dropped a malformed message: %s", exc)
             return None

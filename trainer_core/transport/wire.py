@@ -109,12 +109,13 @@ def _json(d: dict[str, Any]) -> str:
 
 
 def encode(header: Header) -> bytes:
-    """The header frame's bytes (UTF-8 JSON)."""
-    d: dict[str, Any] = {"v": VERSION, "op": header.op, "seq": header.seq, "src": header.src}
+    """The header frame's bytes (UTF-8 JSON; ``seq`` last, see ``Decoder``)."""
+    d: dict[str, Any] = {"v": VERSION, "op": header.op, "src": header.src}
     if header.entries:
         d["e"] = [e.to_json() for e in header.entries]
     if header.body:
         d["b"] = header.body
+    d["seq"] = header.seq
     return _json(d).encode()
 
 
@@ -162,6 +163,41 @@ def decode(frame: bytes | bytearray | memoryview) -> Header:
     else:
         raise WireError("entries is not a list")
     return Header(op, seq, src, entries, body)
+
+
+_SEQ_LAST = b',"seq":'
+_CACHED_PREFIX_BYTES = 2048
+
+
+class Decoder:
+    """``decode`` that remembers recent headers by everything but their ``seq``.
+
+    A worker's requests and a server's replies repeat round after round, byte for byte, but for
+    the sequence number; ``encode`` writes it last. A frame that ends in ``,"seq":<digits>}`` and
+    whose bytes before that were decoded (and validated) before is the same header with that
+    ``seq``: it is not parsed again. Anything else is decoded in full. The headers returned share
+    their ``entries`` and ``body`` (read, never changed). One per node (``Trace``), at most
+    ``size`` remembered."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._seen: dict[bytes, Header] = {}
+
+    def decode(self, frame: bytes | bytearray | memoryview) -> Header:
+        raw = frame if type(frame) is bytes else bytes(frame)
+        cut = raw.rfind(_SEQ_LAST, 0, _CACHED_PREFIX_BYTES + len(_SEQ_LAST))
+        digits = raw[cut + len(_SEQ_LAST) : -1] if cut > 0 and raw[-1:] == b"}" else b""
+        if not (0 < len(digits) < 19 and digits.isdigit() and (digits[0] != 48 or len(digits) == 1)):
+            return decode(raw)  # (48: a leading "0", which JSON forbids)
+        prefix = raw[:cut]
+        seen = self._seen.get(prefix)
+        if seen is not None:
+            return Header(seen.op, int(digits), seen.src, seen.entries, seen.body)
+        header = decode(raw)
+        if len(self._seen) >= self.size:
+            self._seen.clear()
+        self._seen[prefix] = header
+        return header
 
 
 def _is_int(x: Any) -> bool:
