@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer_core.ps.store import Request, Store, StoreError
+from trainer_core.ps.request import Request
+from trainer_core.ps.store import Store, StoreError
 from trainer_core.transport import wire
 
 

@@ -14,9 +14,7 @@ goes out with it as one ``pushpull`` (``held.py``). The servers' state for check
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -27,8 +25,9 @@ from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError
 from trainer_core.kv import dist_state
 from trainer_core.kv.api import _OPEN, KVStore, check_key, normalize
+from trainer_core.kv.excepthook import install_excepthook
 from trainer_core.kv.figures import for_store, timed
-from trainer_core.kv.held import MAX_UNCLAIMED, Asked, Held, PushHold, serial
+from trainer_core.kv.held import Asked, Held, PushHold, askable, serial
 from trainer_core.kv.keys import KeyMeta, Outgoing, Where
 from trainer_core.kv.results import Results
 from trainer_core.log import get_logger
@@ -40,23 +39,6 @@ from trainer_core.transport.channel import Received
 from trainer_core.transport.shm import Segment, SegmentFactory
 from trainer_core.transport.wire import Key
 from trainer_core.xp import flat_sum, to_host
-
-
-def install_excepthook() -> None:
-    """Once per process: an uncaught exception in a worker aborts the job at once (naming this worker)
-    instead of leaving the others waiting for its pushes."""
-    previous = sys.excepthook
-    if getattr(previous, "trainer_core", False):
-        return
-
-    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        previous(kind, value, tb)
-        for store in list(_OPEN):
-            if isinstance(store, DistKVStore):
-                store.abort(f"uncaught {kind.__name__}: {value}")
-
-    hook.trainer_core = True  # type: ignore[attr-defined]
-    sys.excepthook = hook
 
 
 class DistKVStore(KVStore):
@@ -80,7 +62,7 @@ class DistKVStore(KVStore):
         self._closed = False
         self.compression: dict[str, Any] | None = None
         self.codec = WorkerCodec()
-        self.hold = PushHold(self._send_held, self._forget_asked)
+        self.hold = PushHold(self._send_held, self.client.forget)
         self.timing, self._figures = for_store(self.codec.stats, self.client.live)
         metrics.add_source(self._figures)
         _OPEN.add(self)
@@ -231,7 +213,9 @@ class DistKVStore(KVStore):
         if pulls is None:  # a push: asked or held (``held.py``) unless it left from the caller's array
             if any(o.borrowed for o in per_server.values()):
                 self._send(op, per_server, compressed, None)
-            elif self._answered(per_server, compressed):
+            elif askable(
+                self.sync and not compressed, per_server, self.client.same_host, self.client.unclaimed
+            ):
                 sent = self._send(wire.PUSHPULL, per_server, False, None, asked=True)
                 self.hold.ask(Asked(per_server, False, keys, sent))
             else:
@@ -297,19 +281,6 @@ class DistKVStore(KVStore):
                 out.borrowed = out.borrowed or (now and not pulling)
                 stats.sent += raw
         out.where.append((m, p, seg))
-
-    def _answered(self, per_server: dict[int, Outgoing], compressed: bool) -> bool:
-        """Whether a push goes out as a ``pushpull`` whose replies a pull may take (``held.py``):
-        sync, every part in shared memory with its server, few replies unclaimed."""
-        return (
-            self.sync
-            and not compressed
-            and len(self.client.unclaimed) < MAX_UNCLAIMED
-            and all(self.client.same_host[s] for s in per_server)
-        )
-
-    def _forget_asked(self, asked: Asked) -> None:
-        self.client.forget(asked.servers())
 
     def _send_held(self, held: Held) -> None:
         """Send a held push as plain pushes (not once the job failed: the next call raises that)."""

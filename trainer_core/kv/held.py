@@ -13,8 +13,8 @@ copy), then:
   pushes the key again, so a ``pull`` of exactly its keys as the next call waits for those
   replies and sends nothing; any other call stops waiting for them (``WorkerClient.forget``:
   each is dropped when it comes, an error reply is raised by a later call). The server reads the
-  push where it lies until the round's next push or this worker's next request
-  (``Store.handle``), so the segment is free whenever a later request is answered, as for a
+  push where it lies until the round's next push or this worker's next message
+  (``Store.release``), so the segment is free whenever a later request is answered, as for a
   push. At most ``MAX_UNCLAIMED`` such replies are left unclaimed at once, so they never fill a
   socket's buffer; beyond that a push is held.
 * **held** (``Held``, otherwise): the messages are kept here instead of being sent, and the next
@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -81,6 +81,14 @@ class Asked(Packed):
         return {seq: server for seq, (server, _) in self.sent.items()}
 
 
+def askable(
+    sync: bool, per_server: Mapping[int, Any], same_host: list[bool], unclaimed: Collection[int]
+) -> bool:
+    """Whether a push goes out as a ``pushpull`` whose replies a pull may take (``Asked``): a sync,
+    uncompressed push whose servers all share memory with this worker, few replies unclaimed."""
+    return sync and len(unclaimed) < MAX_UNCLAIMED and all(same_host[s] for s in per_server)
+
+
 class PushHold:
     """The held or asked push of one store, its lock (every call on the store runs under it) and
     the helper thread that sends a held push nobody took within ``HOLD_S``.
@@ -90,7 +98,7 @@ class PushHold:
     push was held since its last look it sleeps until ``hold`` wakes it."""
 
     def __init__(
-        self, send: Callable[[Held], None], forget: Callable[[Asked], None], hold_s: float = HOLD_S
+        self, send: Callable[[Held], None], forget: Callable[[dict[int, int]], None], hold_s: float = HOLD_S
     ) -> None:
         self.lock = threading.RLock()
         self.held: Held | None = None
@@ -143,7 +151,7 @@ class PushHold:
         """Send the held push now, and stop waiting for the replies of an asked one (under ``lock``)."""
         asked, self.asked = self.asked, None
         if asked is not None:
-            self._forget(asked)
+            self._forget(asked.servers())
         held, self.held = self.held, None
         if held is not None:
             self._send(held)

@@ -22,7 +22,8 @@ from trainer_core.errors import KVError
 from trainer_core.kv.api import KVStore, check_key, normalize, write_out
 from trainer_core.kv.results import decode_into, direct_target
 from trainer_core.optim.server import to_spec
-from trainer_core.ps.store import Request, Store
+from trainer_core.ps.request import Request
+from trainer_core.ps.store import Store
 from trainer_core.transport import wire
 from trainer_core.transport.wire import Key
 from trainer_core.xp import flat_sum, is_device_array, to_host

@@ -319,7 +319,7 @@ class WorkerClient:
     def check(self) -> None:
         """Raise a failure of the job, or an error reply to an earlier push."""
         if self._async_error is None and self.live.failure is None and self.local_failure is None:
-            return  # (several times per call: the common case in one test)
+            return  # (called several times per store call: the common case costs one test)
         self._job_alive()
         if self._async_error is not None:
             err, self._async_error = self._async_error, None

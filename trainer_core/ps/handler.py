@@ -22,7 +22,8 @@ from trainer_core.compression.codec import decode as gc_decode
 from trainer_core.compression.codec import resolve_compression
 from trainer_core.errors import KVError, WireError
 from trainer_core.optim import server as optim
-from trainer_core.ps.store import Request, Store, StoreError, dtype_of
+from trainer_core.ps.request import Request
+from trainer_core.ps.store import Store, StoreError, dtype_of
 from trainer_core.transport import wire
 from trainer_core.transport.channel import ChannelClosed, Peer, Received
 from trainer_core.transport.shm import MemBuffer, Segment

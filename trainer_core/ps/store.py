@@ -9,9 +9,8 @@ One exception saves a copy: the first push of a round that comes in a same-host 
 (``Request.lends``) is read where it lies when the second push is added to it. It is copied after
 all when that request is answered with an error first, and when any other message of the same
 worker comes first (``release``: its worker may write the segment again once that one is
-answered). Async: each
-push is applied at once (with no optimizer the pushed value replaces the stored one, as MXNet
-documents).
+answered). Async: each push is applied at once (with no optimizer the pushed value replaces the
+stored one, as MXNet documents).
 
 A ``Request`` carries, per entry, the input data (a view of a shared-memory segment or of a
 received frame) and where the result goes (a shared-memory view, or ``None``: returned as a
@@ -22,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,6 +29,7 @@ from trainer_core.compression.base import work_dtype
 from trainer_core.compression.codec import ServerCodec
 from trainer_core.errors import KVError
 from trainer_core.optim import server as optim
+from trainer_core.ps.request import KeyState, Request
 from trainer_core.transport import wire
 
 #: the numpy dtype of each dtype name the wire allows, made once (requests name one per entry)
@@ -45,58 +44,6 @@ def dtype_of(name: str) -> np.dtype:
 
 class StoreError(KVError):
     """A request the store cannot serve (unknown key, size mismatch); answered with an error reply."""
-
-
-class Request:
-    """One worker message being served: per entry, its input data (a view of a shared-memory segment
-    or of a received frame) and where its result goes (a shared-memory view, or ``None``: returned
-    as a frame); the results as they are made."""
-
-    __slots__ = (
-        "header", "ident", "inputs", "lends", "metas", "outputs", "rank", "remaining", "results", "share", "shared",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        ident: Any,
-        header: wire.Header,
-        rank: int,
-        inputs: list[np.ndarray | None],
-        outputs: list[np.ndarray | None],
-        share: bool = False,
-        lends: bool = False,
-    ) -> None:
-        n = len(header.entries)
-        self.ident = ident  # who to answer: the role's reply Peer (a channel, or a ZeroMQ routing peer); None in process
-        self.header = header
-        self.rank = rank
-        self.inputs = inputs
-        self.outputs = outputs
-        self.share = share  # the worker can read results from this server's shared buffers (same host)
-        # the inputs stay as they are until this request is answered (its worker waits for the
-        # answer before it writes them again), so a round may read them later instead of copying
-        self.lends = lends
-        self.remaining = n
-        self.results: list[np.ndarray | None] = [None] * n
-        self.shared = [False] * n  # result i is the stored array itself, not a copy
-        self.metas: list[dict[str, Any] | None] = [None] * n  # compressed results' metadata
-
-
-@dataclass
-class KeyState:
-    """One key part on this server."""
-
-    weight: np.ndarray
-    acc: np.ndarray | None = None
-    pushed: set[int] = field(default_factory=set)
-    waiting: list[tuple[Request, int]] = field(default_factory=list)
-    deferred: list[tuple[Request, int]] = field(default_factory=list)
-    opt_state: dict[str, Any] | None = None
-    version: int = 0  # changes with every new value (compressed pulls encode each version once)
-    # The round's first push when its request lends its inputs (``Request.lends``): summed with the
-    # second push straight into ``acc`` instead of being copied there first; ``lender`` is its request.
-    lent: np.ndarray | None = None
-    lender: Request | None = None
 
 
 class Store:

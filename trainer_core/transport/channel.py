@@ -236,10 +236,11 @@ class Poller:
 
     def poll(self, timeout_s: float) -> list[Source | Listener]:
         """The sources and listeners that are ready, after at most ``timeout_s``."""
-        return [
-            self._sources.get(key) or self._listening[key]
-            for key, _ in self._poller.poll(int(timeout_s * 1000))
-        ]
+        ready: list[Source | Listener] = []
+        for key, _ in self._poller.poll(int(timeout_s * 1000)):
+            source = self._sources.get(key)
+            ready.append(source if source is not None else self._listening[key])
+        return ready
 
     def serve(
         self,
