@@ -125,6 +125,13 @@ def outcome(decode: Callable[[bytes], wire.Header], raw: bytes) -> object:
         return WireError
 
 
+def test_the_decoder_decodes_a_long_header_in_full_without_remembering_it() -> None:
+    d = wire.Decoder()
+    h = wire.Header(wire.PULL, 5, "worker 0", body={"note": "x" * 4000})
+    assert d.decode(wire.encode(h)) == h and d.decode(bytearray(wire.encode(h))) == h
+    assert not d._seen
+
+
 def test_the_decoder_forgets_when_full() -> None:
     d = wire.Decoder(size=3)
     for i in range(10):

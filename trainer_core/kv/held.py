@@ -75,18 +75,19 @@ class Held(Packed):
 class Asked(Packed):
     """A push call's messages, sent as ``pushpull``s whose replies nobody waits for yet."""
 
-    sent: dict[int, tuple[int, Where]] = field(default_factory=dict)  # seq -> (server, parts)
+    sent: dict[int, tuple[int, Where]]  # seq -> (server, parts)
 
     def servers(self) -> dict[int, int]:
         return {seq: server for seq, (server, _) in self.sent.items()}
 
 
 def askable(
-    sync: bool, per_server: Mapping[int, Any], same_host: list[bool], unclaimed: Collection[int]
+    uncompressed_sync: bool, per_server: Mapping[int, Any], same_host: list[bool], unclaimed: Collection[int]
 ) -> bool:
-    """Whether a push goes out as a ``pushpull`` whose replies a pull may take (``Asked``): a sync,
-    uncompressed push whose servers all share memory with this worker, few replies unclaimed."""
-    return sync and len(unclaimed) < MAX_UNCLAIMED and all(same_host[s] for s in per_server)
+    """Whether a push goes out as a ``pushpull`` whose replies a pull may take (``Asked``): an
+    uncompressed push of a sync job whose servers all share memory with this worker, few replies
+    unclaimed."""
+    return uncompressed_sync and len(unclaimed) < MAX_UNCLAIMED and all(same_host[s] for s in per_server)
 
 
 class PushHold:

@@ -299,7 +299,7 @@ class WorkerClient:
     def _broken(self, server: int, reason: str) -> NoReturn:
         """``server`` broke the protocol on its channel: end the job, naming it and ``reason``."""
         name = f"server {server}"
-        if self.live.failure is None and self.local_failure is None:
+        if self.failure is None:
             self.local_failure = NodeFailure(f"{name}: {reason}", node=name)
             self.abort(str(self.local_failure), node=name)
         self.check()

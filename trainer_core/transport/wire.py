@@ -167,6 +167,8 @@ def decode(frame: bytes | bytearray | memoryview) -> Header:
 
 _SEQ_LAST = b',"seq":'
 _CACHED_PREFIX_BYTES = 2048
+#: the longest frame ``Decoder`` remembers: a prefix, then ``,"seq":`` with at most 18 digits and ``}``
+_CACHED_FRAME_BYTES = _CACHED_PREFIX_BYTES + len(_SEQ_LAST) + 18 + 1
 
 
 class Decoder:
@@ -184,8 +186,10 @@ class Decoder:
         self._seen: dict[bytes, Header] = {}
 
     def decode(self, frame: bytes | bytearray | memoryview) -> Header:
+        if len(frame) > _CACHED_FRAME_BYTES:
+            return decode(frame)  # (not remembered: no copy or search of a long frame)
         raw = frame if type(frame) is bytes else bytes(frame)
-        cut = raw.rfind(_SEQ_LAST, 0, _CACHED_PREFIX_BYTES + len(_SEQ_LAST))
+        cut = raw.rfind(_SEQ_LAST)
         digits = raw[cut + len(_SEQ_LAST) : -1] if cut > 0 and raw[-1:] == b"}" else b""
         if not (0 < len(digits) < 19 and digits.isdigit() and (digits[0] != 48 or len(digits) == 1)):
             return decode(raw)  # (48: a leading "0", which JSON forbids)
