@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import json
 import shlex
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,16 +128,39 @@ def _run_batch(
         reached[conn] = HostResult(first, True, latency_ms=ms, data={"rtt_ms": rtt})
 
     ssh.on_each(reach, list(batch))
+    # The deadline is ours, not invoke's: invoke's timer closes the channel from its own thread and
+    # the run can return before that thread finishes, unmarked as timed out, with the thread still
+    # writing to a transport that is closed next. Ours closes the connections and is joined first.
+    fired = threading.Event()
+
+    def expire() -> None:
+        fired.set()
+        for conn in reached:
+            ssh.close(conn)
+
+    deadline = threading.Timer(timeout, expire)
+    deadline.start()
     try:
         done = fabric.ThreadingGroup.from_connections(list(reached)).run(
-            command, hide=True, warn=True, in_stream=False, timeout=timeout
+            command, hide=True, warn=True, in_stream=False
         )
     except GroupException as exc:
         done = exc.result
+    finally:
+        deadline.cancel()
+        deadline.join()
+    expired = fired.is_set()
+    late = f"{what} did not complete within {timeout:g} seconds"
     for conn, error in done.failed.items():
-        results.update({h: HostResult(h, False, ssh.describe(h, conn, opts, error)) for h in batch[conn]})
+        for h in batch[conn]:
+            results[h] = HostResult(
+                h, False, f"{h}: {late}" if expired else ssh.describe(h, conn, opts, error)
+            )
     for conn, res in done.succeeded.items():
         for h in batch[conn]:
+            if res.exited == -1 and expired:  # no exit status: its connection was closed
+                results[h] = HostResult(h, False, f"{h}: {late}")
+                continue
             if res.exited != 0:
                 error = f"{h}: {what} failed ({res.exited}): {res.stderr.strip()[-200:]}"
                 results[h] = HostResult(h, False, error)
