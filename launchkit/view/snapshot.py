@@ -109,7 +109,11 @@ class Publisher:
     def snapshot(
         self, procs: Sequence[Proc], root: Proc | None = None, finished: bool = False
     ) -> DashboardState:
-        model = self.metrics
+        return self._snapshot(procs, root, finished, self.metrics)
+
+    def _snapshot(
+        self, procs: Sequence[Proc], root: Proc | None, finished: bool, model: JobMetrics | None
+    ) -> DashboardState:
         sampled: dict[tuple[str, int], tuple[float | None, int]] = {}
         if model is not None:  # the hosts' samplers (this host's included) saw the processes
             with model.lock:
@@ -148,7 +152,10 @@ class Publisher:
         write = final or now >= self._live_next
         if not (show or write):
             return
-        state = self.snapshot(procs, root, finished=final)
+        model = self.metrics
+        if write and model is not None:  # one copy for the frame and the file: a host's sampler
+            model = JobMetrics.from_json(model.to_json(live.KEEP_POINTS))  # may report in between
+        state = self._snapshot(procs, root, final, model)
         if self.dashboard is not None:
             if final:
                 self.dashboard.stop(state)
@@ -157,7 +164,7 @@ class Publisher:
         if write and not self._live_failed:
             self._live_next = now + live.EVERY
             try:
-                live.write(state, self.metrics)
+                live.write(state, model)
             except OSError as exc:
                 self._live_failed = True
                 self.ui.warn(

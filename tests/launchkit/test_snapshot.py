@@ -9,6 +9,7 @@ from typing import Any
 
 from launchkit.console import Ui
 from launchkit.core.spec import Host, Plan, Task, TaskResult
+from launchkit.jobs import live
 from launchkit.telemetry.model import JobMetrics
 from launchkit.view.snapshot import Publisher, usage_of
 from tests.launchkit.dashstates import T0
@@ -70,3 +71,40 @@ def test_usage_by_host_and_pid_or_by_a_pid_only_one_host_has() -> None:
     assert usage_of(procs, "node3", 5) is None  # two hosts have a pid 5: which one is not known
     assert usage_of(procs, "localhost", 7) == (3.0, 3)  # the launcher's host under another name
     assert usage_of(procs, "node1", 8) is None
+
+
+class Shown:
+    """A dashboard that keeps its last frame; a host's sampler reports while the frame is drawn."""
+
+    def __init__(self, metrics: JobMetrics) -> None:
+        self.metrics = metrics
+        self.frames: list[Any] = []
+
+    def due(self) -> bool:
+        return True
+
+    def update(self, state: Any) -> None:
+        self.frames.append(state)
+
+    def stop(self, state: Any = None) -> None:
+        self.frames.append(state)
+        self.metrics.host_report("b", T0 + 99, {"load1": 7.0, "mem_used": 3 * 2**30, "mem_total": 2**34})
+
+
+def test_the_final_frame_and_the_live_file_show_one_state(tmp_path, monkeypatch) -> None:
+    """``launchkit top`` ends on the launching terminal's last frame, host figures included, even
+    when a host's sampler reports between the frame and the live file (CI saw 0.7 against 0.8 GiB)."""
+    monkeypatch.setenv("LAUNCHKIT_HOME", str(tmp_path))
+    runs = [Run(task("server", 0, "b"), Handle(20)), Run(task("worker", 0, "b"), Handle(21))]
+    plan = Plan("1126-000000-abcdef", "train", "local", "b", 9000, tuple(r.task for r in runs))
+    m = JobMetrics()
+    for i in range(60):  # more reports than the live file keeps
+        m.host_report("b", T0 + i, {"load1": 1.0, "mem_used": 2**30 + i, "mem_total": 2**34})
+        m.node_report("worker", 0, T0 + i, {"step": i, "loss": 1.0 / (i + 1), "samples_total": 32 * i})
+    shown = Shown(m)
+    pub = Publisher(plan, Ui(), shown, m, deque())  # type: ignore[arg-type]
+    pub.publish(runs, final=True)
+    view, why = live.read(plan.job_id)
+    assert view is not None and why == ""
+    frame = shown.frames[-1]
+    assert frame.training.hosts[0].load1 == 1.0 and view.state.training == frame.training
