@@ -52,6 +52,10 @@ class Series:
     def at(self) -> float | None:
         return self.points[-1][0] if self.points else None
 
+    def cut(self, n: int | None = None) -> Series:
+        """A new series of the newest ``n`` reports (all of them when None)."""
+        return Series(deque(self.last(n), maxlen=self.points.maxlen))
+
 
 def _clean(figures: Mapping[str, Any]) -> Figures:
     """Only finite numbers (bools excluded): a report is never trusted to be well formed."""
@@ -97,6 +101,15 @@ class JobMetrics:
             self.hosts.setdefault(host, Series()).points.append((at, _clean(figures)))
             for pid, usage in (procs or {}).items():
                 self.procs[(host, int(pid))] = usage
+
+    def copy(self, keep: int | None = None) -> JobMetrics:
+        """A copy taken at one moment (under the lock), each series cut to its last ``keep`` reports."""
+        m = JobMetrics()
+        with self.lock:
+            m.nodes = {k: s.cut(keep) for k, s in self.nodes.items()}
+            m.hosts = {h: s.cut(keep) for h, s in self.hosts.items()}
+            m.procs = dict(self.procs)
+        return m
 
     def to_json(self, keep: int | None = None) -> dict[str, Any]:
         """The model as JSON; with ``keep``, each series cut to its last ``keep`` reports (cut

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -168,19 +167,14 @@ def host_figures(host: str, series: Series) -> HostFigures:
 KEEP = SERIES + 4  # the reports a panel reads: a sparkline's worth (rates need fewer)
 
 
-def recent(series: Series, keep: int = KEEP) -> Series:
-    """A copy of the last ``keep`` reports of ``series`` (taken under the model's lock)."""
-    return Series(deque(series.last(keep), maxlen=series.points.maxlen))
-
-
 def training(
     model: JobMetrics, nodes_expected: int = 0, running: set[tuple[str, int]] | None = None
 ) -> Training:
     """The training panel's figures from the model (copied under its lock). Only the workers in
     ``running`` (all when None) can be named as lagging: a worker that has ended is not late."""
     with model.lock:
-        nodes = {k: recent(s) for k, s in model.nodes.items()}
-        hosts = {h: recent(s) for h, s in model.hosts.items()}
+        nodes = {k: s.cut(KEEP) for k, s in model.nodes.items()}
+        hosts = {h: s.cut(KEEP) for h, s in model.hosts.items()}
     workers = {k: s for k, s in nodes.items() if k[0] == "worker"}
     candidates = {k: s for k, s in workers.items() if running is None or k in running}
     ws = [workers[k] for k in sorted(workers)]

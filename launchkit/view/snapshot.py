@@ -154,7 +154,7 @@ class Publisher:
             return
         model = self.metrics
         if write and model is not None:  # one copy for the frame and the file: a host's sampler
-            model = JobMetrics.from_json(model.to_json(live.KEEP_POINTS))  # may report in between
+            model = model.copy(live.KEEP_POINTS)  # may report in between
         state = self._snapshot(procs, root, final, model)
         if self.dashboard is not None:
             if final:
