@@ -75,13 +75,17 @@ def test_ps_shows_the_latest_step_and_loss() -> None:
     assert doc["step"] == 300 and abs(doc["loss"] - 0.0695) < 1e-3
 
 
+def both_ready(job_id: str) -> bool:
+    view, _ = live.read(job_id)
+    lines = set(view.state.log) if view is not None else set()
+    return {(f"worker {r}", "ready") for r in (0, 1)} <= lines
+
+
 def test_top_of_a_real_job_shows_its_output_from_another_terminal(launchkit_home) -> None:
     proc = start(["launch", "-n", "2", "-s", "0", sys.executable, PROG, "wait"])
     try:
         job = wait_for_job(launchkit_home)
-        assert wait_until(
-            lambda: "ready" in (live.path(job).read_text() if live.path(job).exists() else ""), 10
-        )
+        assert wait_until(lambda: both_ready(job), 10)  # both, not the first one's line alone
         res = run(["top", job, "--once"])
         assert res.returncode == 0, res.stderr
         assert "[worker 1] ready" in res.stdout and "3 running" in res.stdout
