@@ -182,6 +182,9 @@ def test_live_dashboard_in_a_terminal(tmp_path) -> None:
         "for i in range(30):\n"
         "    print(os.environ['DMLC_ROLE'], os.environ['LAUNCHKIT_ROLE_RANK'], 'step', i, flush=True)\n"
         "    time.sleep(0.1)\n"
+        "if os.environ['DMLC_ROLE'] == 'worker' and os.environ['LAUNCHKIT_ROLE_RANK'] == '1':\n"
+        "    time.sleep(1.0)\n"  # the job's last line, whatever the others' start-up skew
+        "    print('worker 1 is done', flush=True)\n"
     )
     cmd = shlex.join(
         [
@@ -206,12 +209,12 @@ def test_live_dashboard_in_a_terminal(tmp_path) -> None:
             return "running" in screen and "worker    │    1" in screen and "scheduler │    0" in screen
 
         assert wait_until(rows_shown, 10), tmux("capture-pane", "-p", "-t", "dash")
-        live = tmux("capture-pane", "-p", "-t", "dash")
-        assert "step" in live
+        # its output while it runs ("step" alone would match the job's name, steps)
+        assert wait_until(lambda: "] worker 1 step" in tmux("capture-pane", "-p", "-t", "dash"), 10)
         assert wait_until(lambda: "EXIT=0" in tmux("capture-pane", "-p", "-t", "dash"), 15)
         final = tmux("capture-pane", "-p", "-t", "dash")
         assert "4 ok" in final
-        assert "[worker 1] worker 1 step 29" in final
+        assert "[worker 1] worker 1 is done" in final
         assert "all 4 processes succeeded" in final
     finally:
         subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)

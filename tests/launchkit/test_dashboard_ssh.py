@@ -5,6 +5,7 @@ in ``launchkit top`` from another terminal."""
 from __future__ import annotations
 
 import threading
+import uuid
 from pathlib import Path
 
 from launchkit import launching
@@ -16,13 +17,15 @@ from launchkit.jobs import live
 from tests.cluster.conftest import sshd_loopback  # noqa: F401
 from tests.launchkit.procs import job_ids, run, wait_until
 
-BUSY = "import time\nt = time.time()\nwhile time.time() - t < 5: pass"
+# busy until the test has seen what it looks for (the STOP file), at most 60 s
+BUSY = "import os, sys, time\nt = time.time()\nwhile not os.path.exists(sys.argv[1]) and time.time() - t < 60: pass"
 
 
 def test_remote_rows_and_host_figures_in_the_live_view(sshd_loopback, launchkit_home, tmp_path: Path) -> None:  # noqa: F811
     host = Host(sshd_loopback.host, port=sshd_loopback.port, user=sshd_loopback.user)
     backend = SshBackend(SshOptions(identity=str(sshd_loopback.identity), known_hosts=str(tmp_path / "kh")))
-    spec = LaunchSpec(num_workers=1, num_servers=0, command=("python3", "-c", BUSY), hosts=(host,),
+    stop = Path(f"/tmp/lk-dash-ssh-{uuid.uuid4().hex[:8]}")  # /tmp: the remote user can see it
+    spec = LaunchSpec(num_workers=1, num_servers=0, command=("python3", "-c", BUSY, str(stop)), hosts=(host,),
                       backend="ssh", cwd="/tmp")  # fmt: skip
     results: list[JobResult] = []
     job = threading.Thread(target=lambda: results.append(launching.run_job(spec, backend, Ui())))
@@ -48,5 +51,7 @@ def test_remote_rows_and_host_figures_in_the_live_view(sshd_loopback, launchkit_
         worker = next(line for line in res.stdout.splitlines() if "worker" in line and "running" in line)
         assert str(host) in worker and "%" in worker and "MiB" in worker
     finally:
+        stop.touch()
         job.join(timeout=60)
+        stop.unlink()
     assert results and results[0].exit_code == 0
