@@ -3,8 +3,10 @@ its tail, and --follow until the job ends; the capped files behind it (launchkit
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 from launchkit.jobs import outputs
 from tests.launchkit.procs import record, run, start, wait_for_job
@@ -56,8 +58,12 @@ def test_logs_usage_errors(launchkit_home) -> None:
         assert "Traceback" not in res.stderr
 
 
-def test_follow_prints_lines_as_they_come_and_ends_with_the_job(launchkit_home) -> None:
-    script = 'for i in 1 2 3 4 5 6 7 8; do echo "$DMLC_ROLE $LAUNCHKIT_ROLE_RANK tick $i"; sleep 0.25; done'
+def test_follow_prints_lines_as_they_come_and_ends_with_the_job(launchkit_home, tmp_path: Path) -> None:
+    # after its first tick the job waits for GO, so that it is still running however slowly
+    # `logs --follow` starts; the test makes GO once the first line has come
+    go = tmp_path / "go"
+    script = (f'for i in 1 2 3 4 5 6 7 8; do echo "$DMLC_ROLE $LAUNCHKIT_ROLE_RANK tick $i"; '
+              f'while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done; sleep 0.25; done')  # fmt: skip
     job_proc = start(["launch", "-n", "1", "-s", "0", "--launcher", "local", "sh", "-c", script])
     try:
         job = wait_for_job(launchkit_home)
@@ -69,6 +75,7 @@ def test_follow_prints_lines_as_they_come_and_ends_with_the_job(launchkit_home) 
         first = follow.stdout.readline()
         assert first.startswith("[worker 0] worker 0 tick ")
         assert job_proc.poll() is None  # the line came while the job still ran
+        go.touch()
         # the rest through the same buffered reader (communicate() would skip what it holds)
         rest = follow.stdout.read()
         assert record(launchkit_home, job)["state"] == "succeeded"  # it ended with the job, not before
