@@ -158,6 +158,8 @@ def test_output_waits_for_acknowledgements_and_heartbeats_go_on() -> None:
         code = "import sys\nfor i in range(60000): print(f'{i:08d}' + 'y' * 41)"
         dog.send({"op": "spawn", "id": 1, "argv": [sys.executable, "-c", code], "env": {}, "cwd": "/"})
         dog.until("started", id=1)
+        while not dog.output(1):  # its first output (a slow start must not read as held at 0)
+            dog.next_event("output")
         for _ in range(3):  # heartbeats while the process is held back
             dog.events = [m for m in dog.events if m.get("ev") != "hb"]
             dog.until("hb")

@@ -97,14 +97,15 @@ def test_a_removed_source_leaves_its_last_figures(endpoint: socket.socket) -> No
 
 def test_at_most_one_report_per_interval(endpoint: socket.socket) -> None:
     r = reporter(address(endpoint), interval=0.25)
-    end = time.monotonic() + 1.0
-    while time.monotonic() < end:
+    start = time.monotonic()
+    while time.monotonic() < start + 1.0:
         r.report(loss=1.0, samples=1)
         r.soon()
         time.sleep(0.001)
+    took = time.monotonic() - start  # 1 s, or more on a busy machine
     got = drain(endpoint, 0.3)
     r.close()
-    assert 3 <= len(got) <= 1.3 / 0.25 + 1
+    assert 3 <= len(got) <= (took + 0.3) / 0.25 + 1
 
 
 def test_a_gone_endpoint_costs_nothing_and_raises_nothing() -> None:
