@@ -150,13 +150,18 @@ def test_three_netns_hosts_are_separate_hosts(netns_hosts) -> None:
     for h in (node1, node3):
         proc = h.ssh(f"{needle} nohup sleep 60 >/dev/null 2>&1 < /dev/null &")
         assert proc.returncode == 0, proc.stderr
-    # (ssh may return before the backgrounded child has exec'd with the variable set)
+    # (ssh may return before the backgrounded child has exec'd with the variable set, and through
+    # nohup before it is `sleep`)
     deadline = time.monotonic() + 5
-    while not (node1.pids_with_env(needle) and node3.pids_with_env(needle)) and time.monotonic() < deadline:
+
+    def started(h) -> bool:
+        pids = h.pids_with_env(needle)
+        return len(pids) == 1 and h.run(f"cat /proc/{pids[0]}/comm").stdout.strip() == "sleep"
+
+    while not (started(node1) and started(node3)) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert started(node1)
     pids = node1.pids_with_env(needle)
-    assert len(pids) == 1
-    assert node1.run(f"cat /proc/{pids[0]}/comm").stdout.strip() == "sleep"
     assert node2.pids_with_env(needle) == []
 
     # stop() powers a host off: its sshd and every process in it end; the others keep running.

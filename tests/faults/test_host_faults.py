@@ -200,11 +200,12 @@ def test_two_jobs_on_the_same_hosts(
     second.wait_for("[worker 1] step 3", timeout=60)
     killed = run(["kill", first_id, "--grace-period", "1"], timeout=60)
     assert killed.returncode == 0, killed.stdout + killed.stderr
+    # at once, before the second job can have finished on its own
+    assert all(h.pids_with_env(f"LAUNCHKIT_JOB_ID={second_id}") for h in group), "the other job was hit"
     code, _ = first.finish(timeout=20)
     assert code == 128 + signal.SIGTERM, first.out
     assert_nothing_left(first_id)
     nothing_on_hosts(group, first_id)
-    assert all(h.pids_with_env(f"LAUNCHKIT_JOB_ID={second_id}") for h in group), "the other job was hit"
     code, _ = second.finish(timeout=60)
     assert code == 0, second.out
     assert "[worker 0] done 0 240.0" in second.out and "[worker 1] done 1 240.0" in second.out, second.out
