@@ -52,6 +52,9 @@ def ops_of(seen: list[list[tuple[int, str]]], rank: int) -> list[list[str]]:
 SHM = {"shm": True}
 COPIED = {"framed": AS_ZMQ}
 HOLDING = [pytest.param(SHM, id="shm-asked"), pytest.param(COPIED, id="copied-frames-held")]
+# where a test counts on a pull taking the push just before it: the default 1 ms hold is shorter
+# than a thread switch on a loaded machine, and the helper would then send the push alone
+UNHURRIED = 1.0
 
 
 @pytest.mark.parametrize("kw", HOLDING)
@@ -60,6 +63,7 @@ def test_push_then_pull_is_one_pushpull_and_sees_that_round(job: Callable, kw: d
     seen = record_ops(j)
 
     def body(kv: DistKVStore) -> list:
+        kv.hold.hold_s = UNHURRIED
         kv.init("w", np.zeros(3000, np.float32))  # split over both servers
         out, hist = np.empty(3000, np.float32), []
         for step in range(4):
@@ -84,6 +88,7 @@ def test_several_pushes_then_one_pull(job: Callable, kw: dict) -> None:
     seen = record_ops(j)
 
     def body(kv: DistKVStore) -> dict:
+        kv.hold.hold_s = UNHURRIED
         kv.init(["a", "b"], [np.zeros(4, np.float32), np.zeros(4, np.float32)])
         r = kv.rank + 1
         kv.push("a", np.full(4, r, np.float32))
@@ -208,6 +213,8 @@ def test_an_error_of_a_push_surfaces_at_the_latest_on_the_next_call(
     seen = record_ops(j)
 
     def body(kv: DistKVStore) -> str:
+        if then == "pull":
+            kv.hold.hold_s = UNHURRIED
         kv.init("w", np.zeros(4, np.float32))
         refuse_next_push(j)
         kv.push("w", np.ones(4, np.float32))

@@ -237,7 +237,18 @@ def test_kv_store_whose_first_request_fails_releases_everything(
     abort = wire.Header(
         op=wire.ABORT, src="server 0", body={"reason": "server 0 is not there", "node": "server 0"}
     )
-    timer = threading.Timer(1.0, lambda: sched.reg.send(abort))
+
+    def abort_once_the_worker_hears() -> None:  # the scheduler sends aborts on heartbeat channels
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            rec = sched.scheduler.nodes.get("worker 0")
+            if rec is not None and rec.ctl is not None:
+                break
+            time.sleep(0.01)
+        time.sleep(0.2)  # its first request is waiting by now
+        sched.reg.send(abort)
+
+    timer = threading.Thread(target=abort_once_the_worker_hears)
     timer.start()
     before = Held.now()
     with pytest.raises(NodeFailure, match="server 0 is not there"):
