@@ -39,6 +39,7 @@ def wait_ready(job: Job) -> None:
         if all("READY" in w.output() for w in job.workers if w.rank == 0):
             return
         time.sleep(0.05)
+    raise AssertionError(f"worker 0 not ready within 30 s: {job.outputs()}")
 
 
 def check_failed(job: Job, victim: str, elapsed: float) -> None:

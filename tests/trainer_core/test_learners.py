@@ -127,6 +127,7 @@ def run_workers(n: int, fn: Callable[[FakeKV], Any]) -> list[Any]:
         t.join(30)
     if errors:
         raise errors[0]
+    assert not any(t.is_alive() for t in threads), "a worker thread did not finish within 30 s"
     return results
 
 

@@ -23,7 +23,7 @@ SECRET = "tcpchan-test-secret"
 TRACE = Trace(logging.getLogger("test_tcpchan"))
 
 
-def _server_side(listener: TcpListener, timeout: float = 3.0) -> TcpConn:
+def _server_side(listener: TcpListener, timeout: float = 20.0) -> TcpConn:
     """Accept one connection and drive its handshake to the end (as the server's loop does)."""
     deadline = time.monotonic() + timeout
     conns: list = []
@@ -47,7 +47,7 @@ def pair() -> Iterator[tuple[TcpConn, TcpConn]]:
     t = threading.Thread(target=lambda: box.append(_server_side(listener)))
     t.start()
     client = TcpConn.connect(f"tcp://127.0.0.1:{listener.port}", SECRET, TRACE)
-    t.join(5)
+    t.join(25)
     server = box[0]
     yield client, server
     client.close()
@@ -178,7 +178,7 @@ def test_a_client_without_the_secret_is_refused() -> None:
     results: list[bool | None] = []
 
     def serve() -> None:
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + 20
         conns: list = []
         while not conns and time.monotonic() < deadline:
             select.select([listener.pollable()], [], [], 0.1)
@@ -193,7 +193,7 @@ def test_a_client_without_the_secret_is_refused() -> None:
     t.start()
     with pytest.raises(KVError, match="data channel"):
         TcpConn.connect(f"tcp://127.0.0.1:{listener.port}", "another-secret", TRACE)
-    t.join(5)
+    t.join(25)
     assert results == [None]
     # garbage instead of a proof: refused the same way, nothing is read past it
     raw = socket.create_connection(("127.0.0.1", listener.port))
@@ -202,7 +202,7 @@ def test_a_client_without_the_secret_is_refused() -> None:
     t.start()
     assert len(raw.recv(16)) == 16
     raw.sendall(b"\0" * 32 + b'{"op":"pull"}')
-    t.join(5)
+    t.join(25)
     assert results == [None]
     raw.close()
     listener.close()
