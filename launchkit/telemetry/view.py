@@ -172,9 +172,8 @@ def training(
 ) -> Training:
     """The training panel's figures from the model (copied under its lock). Only the workers in
     ``running`` (all when None) can be named as lagging: a worker that has ended is not late."""
-    with model.lock:
-        nodes = {k: s.cut(KEEP) for k, s in model.nodes.items()}
-        hosts = {h: s.cut(KEEP) for h, s in model.hosts.items()}
+    recent = model.copy(KEEP)
+    nodes, hosts = recent.nodes, recent.hosts
     workers = {k: s for k, s in nodes.items() if k[0] == "worker"}
     candidates = {k: s for k, s in workers.items() if running is None or k in running}
     ws = [workers[k] for k in sorted(workers)]
