@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.launchkit.procs import pids_with_env
+from tests.launchkit.procs import pids_with_env, wait_until
 
 from .netns import STATE_ROOT, ClusterLock, HostGroup, sweep_stale
 from .sshd import LoopbackSshd, port_open
@@ -152,15 +152,12 @@ def test_three_netns_hosts_are_separate_hosts(netns_hosts) -> None:
         assert proc.returncode == 0, proc.stderr
     # (ssh may return before the backgrounded child has exec'd with the variable set, and through
     # nohup before it is `sleep`)
-    deadline = time.monotonic() + 5
 
     def started(h) -> bool:
         pids = h.pids_with_env(needle)
         return len(pids) == 1 and h.run(f"cat /proc/{pids[0]}/comm").stdout.strip() == "sleep"
 
-    while not (started(node1) and started(node3)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert started(node1)
+    assert wait_until(lambda: started(node1) and started(node3), 5)
     pids = node1.pids_with_env(needle)
     assert node2.pids_with_env(needle) == []
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -55,6 +56,11 @@ def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+def until_exists_sh(path: Path) -> str:
+    """A shell loop that waits until ``path`` exists (a job's step the test lets go of)."""
+    return f"while [ ! -e {shlex.quote(str(path))} ]; do sleep 0.05; done"
 
 
 def run(args: list[str], timeout: float = 30, **kw) -> subprocess.CompletedProcess[str]:

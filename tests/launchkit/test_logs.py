@@ -3,13 +3,12 @@ its tail, and --follow until the job ends; the capped files behind it (launchkit
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 from launchkit.jobs import outputs
-from tests.launchkit.procs import record, run, start, wait_for_job
+from tests.launchkit.procs import record, run, start, until_exists_sh, wait_for_job
 
 LINES = 'for i in 1 2 3 4 5; do echo "$DMLC_ROLE $LAUNCHKIT_ROLE_RANK out $i"; done; echo "$DMLC_ROLE $LAUNCHKIT_ROLE_RANK err" >&2'
 
@@ -63,7 +62,7 @@ def test_follow_prints_lines_as_they_come_and_ends_with_the_job(launchkit_home, 
     # `logs --follow` starts; the test makes GO once the first line has come
     go = tmp_path / "go"
     script = (f'for i in 1 2 3 4 5 6 7 8; do echo "$DMLC_ROLE $LAUNCHKIT_ROLE_RANK tick $i"; '
-              f'while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done; sleep 0.25; done')  # fmt: skip
+              f'{until_exists_sh(go)}; sleep 0.25; done')  # fmt: skip
     job_proc = start(["launch", "-n", "1", "-s", "0", "--launcher", "local", "sh", "-c", script])
     try:
         job = wait_for_job(launchkit_home)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from tests.launchkit.procs import (
     record,
     run,
     start,
+    until_exists_sh,
     wait_for_job,
     wait_until,
 )
@@ -318,8 +318,7 @@ def test_a_signal_during_the_backoff_ends_the_launch_at_once(launchkit_home, how
 def test_a_signal_during_a_failures_teardown_is_not_restarted(launchkit_home, tmp_path: Path) -> None:
     # the worker fails once both are seen running (GO); the scheduler ignores SIGTERM, so the
     # teardown lasts the grace period
-    go = shlex.quote(str(tmp_path / "go"))
-    script = (f'if [ "$DMLC_ROLE" = worker ]; then while [ ! -e {go} ]; do sleep 0.05; done; exit 3; fi; '
+    script = (f'if [ "$DMLC_ROLE" = worker ]; then {until_exists_sh(tmp_path / "go")}; exit 3; fi; '
               'trap "" TERM; exec sleep 30')  # fmt: skip
     proc = start(["launch", "-n", "1", "-s", "0", "--max-restarts", "3", "--grace-period", "4",
                   "sh", "-c", script])  # fmt: skip

@@ -248,12 +248,12 @@ def test_kv_store_whose_first_request_fails_releases_everything(
         time.sleep(0.2)  # its first request is waiting by now
         sched.reg.send(abort)
 
-    timer = threading.Thread(target=abort_once_the_worker_hears)
-    timer.start()
+    aborter = threading.Thread(target=abort_once_the_worker_hears)
+    aborter.start()
     before = Held.now()
     with pytest.raises(NodeFailure, match="server 0 is not there"):
         DistKVStore("dist_sync", config("worker", sched.port, job, PS_ENCRYPT="1"), exit_on_failure=False)
-    timer.join(10)
+    aborter.join(10)
     sched.thread.join(10)  # the scheduler ended the job
     released(before, job)
 
