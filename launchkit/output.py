@@ -248,7 +248,10 @@ class Merger:
         if src.kept is not None:
             src.kept.close()
         with self._lock:
-            self._sources.pop(src.fd, None)
+            # its number was given back above: a stream added since may hold it (a process started
+            # as this one ended), and that one stays
+            if self._sources.get(src.fd) is src:
+                del self._sources[src.fd]
         src.done.set()
         with self._idle:
             self._idle.notify_all()

@@ -222,3 +222,51 @@ def test_a_stalled_reader_of_the_output_loses_nothing_after_the_job_ends(tmp_pat
             f"[{who}] line {i:06d} " + "z" * 40 for i in range(3000)
         ]
     assert len(lines) == 6000
+
+
+class SlowClose:
+    """A ``Kept`` whose close takes a while (a full disk, a slow filesystem), and says when it began."""
+
+    def __init__(self) -> None:
+        self.closing = threading.Event()
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closing.set()
+        time.sleep(0.3)
+
+
+def test_a_stream_added_while_another_ends_keeps_its_output() -> None:
+    """A process that ends while the next is being started: the next one's stream may get the
+    descriptor number the ended one just gave back. The end of the first must not drop the
+    second (its output would be lost, and the job still succeed)."""
+    out = io.BytesIO()
+    merger = Merger(OutputWriter(out, io.BytesIO()))
+    first_r, first_w = os.pipe()
+    second_r, second_w = os.pipe()  # made before the first ends: its dup takes the freed number
+    kept = SlowClose()
+    first = merger.add(os.fdopen(first_r, "rb"), "out", b"[first] ", deque(), kept=kept)
+    merger.start()
+    os.write(first_w, b"one\n")
+    os.close(first_w)
+    assert kept.closing.wait(10.0)  # the first stream's end is under way: its descriptor is closed
+    fillers = []  # every lower free number taken, so that the next dup gets the one given back
+    while (fd := os.open(os.devnull, os.O_RDONLY)) < first.fd:
+        fillers.append(fd)
+    os.close(fd)
+    assert fd == first.fd
+    second = merger.add(os.fdopen(second_r, "rb"), "out", b"[second] ", deque())
+    for fd in fillers:
+        os.close(fd)
+    assert second.fd == first.fd  # the case in question
+    os.write(second_w, b"two\n")
+    os.close(second_w)
+    assert merger.drain(10.0)
+    merger.close()
+    assert second.done.is_set()
+    assert sorted(out.getvalue().splitlines()) == [b"[first] one", b"[second] two"]
