@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -43,18 +44,25 @@ from tests.launchkit.procs import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-# every process prints its attempt, port, job id and secret as JSON, then fails on attempt 0 only
+# every process prints its attempt, port, job id and secret as JSON
 REPORT = (
     'printf \'{"attempt": "%s", "port": "%s", "job": "%s", "secret": "%s"}\\n\' '
     '"$LAUNCHKIT_RESTART_COUNT" "$DMLC_PS_ROOT_PORT" "$LAUNCHKIT_JOB_ID" "$LAUNCHKIT_JOB_SECRET"'
 )
-# every process reports; attempt 0 fails. In the next, the workers stay a second after reporting:
-# the job ends when its workers do, and a scheduler or server still starting on a loaded machine
-# would be ended before it reported.
-FAIL_FIRST = (
-    f'{REPORT}; test "$LAUNCHKIT_RESTART_COUNT" -ge 1 || {{ sleep 0.5; exit 3; }}; '
-    '[ "$DMLC_ROLE" != worker ] || sleep 1'
-)
+
+
+def fail_first(barrier: Path, processes: int) -> str:
+    """Every process reports, then waits until all ``processes`` of its attempt have (a file each
+    in ``barrier``); attempt 0 then fails. Without the wait, the first process to fail ends the
+    others, and one still starting on a loaded machine would be ended before it reported."""
+    mine = f"{shlex.quote(str(barrier))}/a$LAUNCHKIT_RESTART_COUNT"
+    return (
+        f"{REPORT}; touch {mine}.$$; "
+        f"until set -- {mine}.*; [ $# -ge {processes} ]; do sleep 0.05; done; "
+        'test "$LAUNCHKIT_RESTART_COUNT" -ge 1 || exit 3'
+    )
+
+
 # the worker fails at once with 10 + its attempt; the scheduler waits to be ended
 ALWAYS_FAIL = 'if [ "$DMLC_ROLE" = worker ]; then exit $((10 + LAUNCHKIT_RESTART_COUNT)); fi; exec sleep 30'
 SLEEP = "exec sleep 30"
@@ -175,9 +183,11 @@ def attempts_of(stdout: str) -> list[dict[tuple[str, int], dict]]:
     return [by[k] for k in sorted(by)]
 
 
-def test_a_job_failing_once_is_restarted_with_a_new_port_and_the_same_identity(launchkit_home) -> None:
+def test_a_job_failing_once_is_restarted_with_a_new_port_and_the_same_identity(
+    launchkit_home, tmp_path: Path
+) -> None:
     res = run(["launch", "-n", "2", "-s", "1", "--max-restarts", "2", "--restart-backoff", "0.2",
-               "sh", "-c", FAIL_FIRST])  # fmt: skip
+               "sh", "-c", fail_first(tmp_path, 4)])  # fmt: skip
     assert res.returncode == 0, res.stderr
     first, second = attempts_of(res.stdout)
     assert len(first) == len(second) == 4  # every process of both attempts ran (none of a third)
@@ -355,7 +365,7 @@ def test_ssh_job_is_restarted_on_its_host(sshd_loopback, tmp_path: Path, launchk
     hostfile.write_text(sshd_loopback.hostfile_line() + "\n")
     res = run(["launch", "-H", str(hostfile), "-i", str(sshd_loopback.identity), "--known-hosts",
                str(tmp_path / "known_hosts"), "-n", "1", "-s", "1", "--max-restarts", "1",
-               "--restart-backoff", "0", "sh", "-c", FAIL_FIRST], cwd="/", timeout=60)  # fmt: skip
+               "--restart-backoff", "0", "sh", "-c", fail_first(tmp_path, 3)], cwd="/", timeout=60)  # fmt: skip
     assert res.returncode == 0, res.stderr
     first, second = attempts_of(res.stdout)
     assert sorted(first) == sorted(second) == [("scheduler", 0), ("server", 0), ("worker", 0)]
