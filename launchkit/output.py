@@ -32,6 +32,7 @@ PIPE_SIZE = 1 << 20  # what a pipe is widened to (the default limit for unprivil
 LINGER = 0.002  # seconds to wait after a round that brought less than SMALL bytes
 SMALL = 1 << 14
 LOG_BUFFER = 1 << 18
+DRAIN_MOST = 30.0  # seconds a drain reads streams that keep coming (a grandchild printing on)
 REPORT_LINE = 300  # characters of one line in a failure report
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
@@ -146,6 +147,7 @@ class Merger:
         self._lock = threading.Lock()
         self._stop = False
         self._writing_since: float | None = None
+        self._progress = 0.0  # when a round last read something
         self._idle = threading.Condition()
         self._thread = threading.Thread(target=self._run, daemon=True, name="output")
         self._started = False
@@ -196,6 +198,7 @@ class Merger:
                 if fd not in order:
                     order.append(fd)
             got = 0
+            ended: list[Source] = []
             for fd in list(order):
                 if fd not in fds:
                     continue
@@ -215,8 +218,15 @@ class Merger:
                     self._take(src, data)
                 else:
                     self._end(src)
+                    ended.append(src)
                     order.remove(fd)
-            self._write()
+            if got:
+                self._progress = time.monotonic()
+            try:
+                self._write()
+            finally:
+                for src in ended:  # only now: a drain that sees no streams left has their lines out
+                    self._forget(src)
             if got < SMALL and not self._stop:
                 time.sleep(LINGER)
 
@@ -227,7 +237,7 @@ class Merger:
             try:
                 src.log.write(data)
             except OSError as exc:
-                self._log_failed(exc)
+                self.log_failed(exc)
         lines = src.take(data)
         if lines:
             self.sink.add(src.prefix, lines, src.stream)
@@ -247,9 +257,12 @@ class Merger:
             self._close_log(src.log)
         if src.kept is not None:
             src.kept.close()
+
+    def _forget(self, src: Source) -> None:
+        """After ``_end`` and the write of its lines: the stream is done."""
         with self._lock:
-            # its number was given back above: a stream added since may hold it (a process started
-            # as this one ended), and that one stays
+            # its number was given back in _end: a stream added since may hold it (a process
+            # started as this one ended), and that one stays
             if self._sources.get(src.fd) is src:
                 del self._sources[src.fd]
         src.done.set()
@@ -280,7 +293,9 @@ class Merger:
             self._writing_since = None
 
     # -- log files -----------------------------------------------------------------------------
-    def _log_failed(self, exc: OSError) -> None:
+    def log_failed(self, exc: OSError) -> None:
+        """A ``--log-dir`` file could not be opened or written: said once (``on_log_error``), and
+        the log files stop; the merged output goes on."""
         if self.log_error is not None:
             return
         self.log_error = exc
@@ -303,7 +318,7 @@ class Merger:
             except ValueError:
                 continue
             except OSError as exc:
-                self._log_failed(exc)
+                self.log_failed(exc)
                 return
 
     def _close_log(self, log: IO[bytes]) -> None:
@@ -314,26 +329,33 @@ class Merger:
         try:
             log.close()
         except OSError as exc:
-            self._log_failed(exc)
+            self.log_failed(exc)
 
     # -- the end -------------------------------------------------------------------------------
-    def drain(self, timeout: float) -> bool:
-        """Wait until every stream has ended and its lines are out. Time spent writing to a slow
-        reader (a pager, a full pipe) does not count towards ``timeout``: a slow reader slows
-        output and loses none; only streams that never end (a grandchild holding one open) are
-        given up after ``timeout``. Returns whether every stream ended."""
-        waited = 0.0
+    def drain(self, timeout: float, most: float = DRAIN_MOST) -> bool:
+        """Wait until every stream has ended and its lines are out. ``timeout`` counts only time
+        in which nothing was read or written: output still arriving (a remote process's last
+        lines) and a slow reader of ours (a pager, a full pipe) are waited for, and lose nothing.
+        Streams that stay silent and open (a grandchild holding one) are given up after
+        ``timeout``, and streams that never end at all after ``most`` seconds of reading (time
+        spent writing to a slow reader not counted). Returns whether every stream ended."""
+        quiet_since = time.monotonic()
+        reading = 0.0
         with self._idle:
             while True:
                 with self._lock:
                     if not self._sources:
                         break
-                if waited >= timeout:
+                now = time.monotonic()
+                if self._writing_since is not None or self._progress > quiet_since:
+                    quiet_since = now
+                elif now - quiet_since >= timeout:
                     break
-                t0 = time.monotonic()
+                if reading >= most:
+                    break
                 self._idle.wait(0.05)
                 if self._writing_since is None:
-                    waited += time.monotonic() - t0
+                    reading += time.monotonic() - now
         with self._lock:
             return not self._sources
 
@@ -349,6 +371,7 @@ class Merger:
         for src in left:
             self._take_rest(src)
             self._end(src)
+            self._forget(src)
         with contextlib.suppress(Exception):
             self.sink.flush()
         self._flush_logs()

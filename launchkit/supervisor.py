@@ -151,7 +151,7 @@ class Supervisor:
         try:
             return open(path, "ab", buffering=LOG_BUFFER)
         except OSError as exc:
-            self._log_failed(exc)
+            self.merger.log_failed(exc)  # said once, and the job's exit code says it (74)
             return None
 
     def _log_failed(self, exc: OSError) -> None:

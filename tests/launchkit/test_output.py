@@ -270,3 +270,94 @@ def test_a_stream_added_while_another_ends_keeps_its_output() -> None:
     merger.close()
     assert second.done.is_set()
     assert sorted(out.getvalue().splitlines()) == [b"[first] one", b"[second] two"]
+
+
+def test_drain_waits_for_output_still_arriving_and_gives_up_on_silence() -> None:
+    """A stream that keeps delivering (a remote process's last lines, after its exit) is waited
+    for past ``timeout``; one that stays open and silent is given up after ``timeout``."""
+    out = io.BytesIO()
+    merger = Merger(OutputWriter(out, io.BytesIO()))
+    flowing_r, flowing_w = os.pipe()
+    merger.add(os.fdopen(flowing_r, "rb"), "out", b"[f] ", deque())
+    merger.start()
+
+    def trickle() -> None:  # 2 s of output, a line every 0.1 s, then the end
+        for n in range(20):
+            os.write(flowing_w, b"line %d\n" % n)
+            time.sleep(0.1)
+        os.close(flowing_w)
+
+    t = threading.Thread(target=trickle)
+    t.start()
+    assert merger.drain(1.0)  # the bound is 1 s of silence, not 1 s in all
+    t.join()
+    assert out.getvalue().splitlines()[-1] == b"[f] line 19"
+
+    silent_r, silent_w = os.pipe()
+    merger.add(os.fdopen(silent_r, "rb"), "out", b"[s] ", deque())
+    t0 = time.monotonic()
+    assert not merger.drain(0.5)
+    assert 0.4 < time.monotonic() - t0 < 5.0
+    merger.close()
+    os.close(silent_w)
+
+
+def test_drain_gives_up_on_a_stream_that_never_ends_after_most() -> None:
+    out = io.BytesIO()
+    merger = Merger(OutputWriter(out, io.BytesIO()))
+    r, w = os.pipe()
+    merger.add(os.fdopen(r, "rb"), "out", b"[g] ", deque())
+    merger.start()
+    stop = threading.Event()
+
+    def chatter() -> None:  # a grandchild that prints on and on
+        while not stop.wait(0.05):
+            os.write(w, b"still here\n")
+        os.close(w)
+
+    t = threading.Thread(target=chatter)
+    t.start()
+    t0 = time.monotonic()
+    assert not merger.drain(1.0, most=1.5)
+    assert time.monotonic() - t0 < 5.0
+    merger.close()
+    stop.set()
+    t.join()
+
+
+class SlowFlush(OutputWriter):
+    """A console that takes a while to write (a slow terminal)."""
+
+    def flush(self) -> None:
+        time.sleep(0.05)
+        super().flush()
+
+
+def test_when_drain_says_every_stream_ended_their_lines_are_written() -> None:
+    out = io.BytesIO()
+    merger = Merger(SlowFlush(out, io.BytesIO()))
+    pipes = [os.pipe() for _ in range(3)]
+    for i, (r, _) in enumerate(pipes):
+        merger.add(os.fdopen(r, "rb"), "out", b"[p %d] " % i, deque())
+    merger.start()
+    for i, (_, w) in enumerate(pipes):
+        os.write(w, b"last words of %d" % i)  # no newline: the end gives it one
+        os.close(w)
+    assert merger.drain(10.0)
+    # before close(): the last round's write is already done
+    assert sorted(out.getvalue().splitlines()) == [b"[p %d] last words of %d" % (i, i) for i in range(3)]
+    merger.close()
+
+
+def test_a_log_file_that_cannot_be_opened_makes_the_job_exit_74(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    (logs / "worker-1.stdout").mkdir(parents=True)  # the directory is writable, that file cannot be
+    res = run(["launch", "-n", "2", "-s", "0", "--launcher", "local", "--log-dir", str(logs),
+               "echo", "hello"], cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 74, res.stderr
+    assert sorted(res.stdout.splitlines()) == [
+        f"[{p}] hello" for p in ("scheduler 0", "worker 0", "worker 1")
+    ]
+    stderr = " ".join(res.stderr.split())
+    assert stderr.count(f"cannot write to --log-dir {logs}") == 1 and "exit 74" in stderr
+    assert "Traceback" not in res.stderr
