@@ -206,7 +206,8 @@ class Supervisor:
             check_log_dir(self.log_dir)
         reaper_proc, reaper_pipe = reaper.start(self.plan.job_id, self.grace)
         self.reaper = reaper_proc
-        self.backend.set_cleanup_sink(lambda argv: reaper.add_cleanup(reaper_pipe, argv))
+        cleanups = reaper.Cleanups(reaper_pipe)
+        self.backend.set_cleanup_sink(cleanups.add)
         old_handlers = self._install_signals()
         teardown_at: float | None = None  # when we began ending the job
         kill_at: float | None = None
@@ -274,15 +275,19 @@ class Supervisor:
             self.backend.wait_ended(self.grace + 5.0)
             strays = procscan.sweep_job(self.plan.job_id, self.grace, exclude=(reaper_proc.pid,))
             procscan.remove_shm(self.plan.job_id)
-            # one bound for streams that never end (a given-up process, a grandchild holding one);
-            # a slow reader of our own output only slows this down
+            # a bound for streams that stay silent and open (a given-up process, a grandchild
+            # holding one); output still coming and a slow reader of ours only slow this down
             self.merger.drain(2.0)
         finally:
             self.merger.close()
             self.publisher.publish(self._procs, self._root, final=True)
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
-            os.close(reaper_pipe)  # the reaper sweeps once more and exits
+        # a signal after the last process ended (while the job was being swept and its output
+        # drained): nothing is left to end, but it still counts (no restart after Ctrl-C)
+        while self._signals:
+            signalled = signalled or self._signals.pop(0)
+            cleanups.close()  # the reaper sweeps once more and exits
             with contextlib.suppress(Exception):
                 self.backend.close()
         results = [self._final(run) for run in self._procs]

@@ -3,7 +3,7 @@
 The launcher starts it first, in a session of its own, holding the write end of a pipe whose
 read end is the reaper's stdin. When the launcher exits for any reason (including SIGKILL), the
 kernel closes the pipe, the reaper reads EOF, runs the cleanup commands the launcher sent it
-(``add_cleanup``: e.g. ``scancel JOB`` for a job a cluster engine runs), ends every process that
+(``Cleanups.add``: e.g. ``scancel JOB`` for a job a cluster engine runs), ends every process that
 still carries the job's id in its environment, then removes the job's shared-memory segments.
 Usage: ``python -m launchkit.jobs.reaper JOB_ID GRACE_SECONDS``.
 """
@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 from launchkit.hostside.procscan import remove_shm, sweep_job
 
@@ -38,10 +39,28 @@ def start(job_id: str, grace: float) -> tuple[subprocess.Popen[bytes], int]:
     return proc, write_end
 
 
-def add_cleanup(pipe: int, argv: list[str]) -> None:
-    """Tell the reaper to run ``argv`` (no shell) when the launcher is gone."""
-    with contextlib.suppress(OSError):
-        os.write(pipe, json.dumps(argv).encode() + b"\n")
+class Cleanups:
+    """The launcher's end of the pipe to its reaper. ``add`` may be called from any thread (an
+    engine's reader); after ``close`` it does nothing, so it never writes to a descriptor number
+    that was given back (and may belong to another file by then)."""
+
+    def __init__(self, pipe: int) -> None:
+        self._pipe: int | None = pipe
+        self._lock = threading.Lock()
+
+    def add(self, argv: list[str]) -> None:
+        """Tell the reaper to run ``argv`` (no shell) when the launcher is gone."""
+        with self._lock:
+            if self._pipe is not None:
+                with contextlib.suppress(OSError):
+                    os.write(self._pipe, json.dumps(argv).encode() + b"\n")
+
+    def close(self) -> None:
+        """The reaper sweeps once more and exits."""
+        with self._lock:
+            pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            os.close(pipe)
 
 
 def run_cleanups(data: bytes, timeout: float = 20.0) -> None:

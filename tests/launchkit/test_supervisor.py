@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import threading
 import time
 
@@ -13,6 +14,7 @@ from launchkit.backends.base import Backend
 from launchkit.console import OutputWriter, Ui
 from launchkit.core.plan import make_plan
 from launchkit.core.spec import LaunchSpec, Task
+from launchkit.launching import restart_cause
 from launchkit.supervisor import Supervisor
 
 
@@ -70,3 +72,43 @@ def test_a_process_that_never_confirms_its_end_is_given_up(tmp_path) -> None:
     assert all(h.signals[:2] == [15, 9] for h in stuck)
     assert "did not confirm their end" in err.getvalue()
     assert {r.exit_code for r in result.results if r.task.role != "worker"} == {137}
+
+
+class Ended(Stuck):
+    """A process that ended at once (a worker with 3, the others with 0), its streams closed."""
+
+    def __init__(self, task: Task) -> None:
+        super().__init__(task)
+        os.close(self._w1)
+        os.close(self._w2)
+
+    def wait(self) -> int:
+        return 3 if self.task.role == "worker" else 0
+
+
+class SignalledAfterTheEnd(StuckBackend):
+    """Every process ends at once; SIGTERM reaches the launcher while it waits for the backend's
+    helpers, after the last process ended (``launchkit kill`` or Ctrl-C a moment late)."""
+
+    def start(self, task: Task) -> Ended:
+        h = Ended(task)
+        self.handles.append(h)
+        return h
+
+    def wait_ended(self, timeout: float) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_signal_after_the_last_process_ended_still_counts(tmp_path) -> None:
+    spec = LaunchSpec(num_workers=1, num_servers=1, command=("x",), cwd=str(tmp_path))
+    plan = make_plan(spec, job_id="t-late-signal", secret="s", root_uri="127.0.0.1", root_port=1)
+    ui = Ui(Console(file=io.StringIO()), Console(file=io.StringIO()))
+    sup = Supervisor(
+        plan, SignalledAfterTheEnd(), ui, writer=OutputWriter(io.BytesIO(), io.BytesIO()), grace=0.2
+    )
+    before = signal.getsignal(signal.SIGTERM)
+    result = sup.run()
+    assert signal.getsignal(signal.SIGTERM) is before  # the launcher's handlers are back
+    assert result.exit_code == 3 and result.root_cause is not None  # the worker's failure stands
+    assert result.signalled == signal.SIGTERM  # and the signal is not lost: no restart follows
+    assert restart_cause(result, 0, 3) is None
