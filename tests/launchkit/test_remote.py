@@ -313,3 +313,31 @@ def test_output_is_never_written_to_a_descriptor_closed_meanwhile(tmp_path, monk
     assert proc.stdout.read() == b"PAYLOAD and more\n"
     os.close(fired[0])
     assert victim.read_bytes() == b""
+
+
+def test_an_exit_and_a_lost_connection_at_once_give_one_result(tmp_path, monkeypatch) -> None:
+    """The host is declared lost (its note being written) just as the process's exit arrives on
+    the channel: whoever waits sees the first end only, not the other's code."""
+    proc = agent_mod.RemoteProcess(_agent(), 0, _task(tmp_path))
+    inside, release = threading.Event(), threading.Event()
+    feed = agent_mod.RemoteProcess.feed
+
+    def slow_feed(self, stream: str, data: bytes, acked: bool = True) -> None:
+        inside.set()
+        release.wait(10)
+        feed(self, stream, data, acked)
+
+    monkeypatch.setattr(agent_mod.RemoteProcess, "feed", slow_feed)
+    seen: list[int] = []
+    waiter = threading.Thread(target=lambda: seen.append(proc.wait()))
+    waiter.start()
+    lost = threading.Thread(target=proc.finish, args=(255, "host h1 stopped answering"))
+    lost.start()
+    assert inside.wait(10)  # the lost host's end is under way
+    exited = threading.Thread(target=proc.finish, args=(0,))
+    exited.start()
+    time.sleep(0.2)  # the exit, had it not waited, would have woken the waiter by now
+    release.set()
+    for t in (lost, exited, waiter):
+        t.join(10)
+    assert seen == [255] and proc.wait() == 255

@@ -122,6 +122,7 @@ class RemoteProcess:
         self.stdout: IO[bytes] = self._streams["o"].reader
         self.stderr: IO[bytes] = self._streams["e"].reader
         self._done = threading.Event()
+        self._finishing = threading.Lock()  # the channel's reader and a lost host's heartbeat
         self._rc = 0
         self.started = threading.Event()
 
@@ -137,12 +138,15 @@ class RemoteProcess:
             s.close()
 
     def finish(self, rc: int, note: str | None = None) -> None:
-        if self._done.is_set():
-            return
-        if note:
-            self.feed("e", f"launchkit: {note}\n".encode(), acked=False)
-        self._rc = rc
-        self._done.set()
+        """The process ended with ``rc`` (the first call counts: an exit and a lost connection
+        may come at once, from two threads)."""
+        with self._finishing:
+            if self._done.is_set():
+                return
+            if note:
+                self.feed("e", f"launchkit: {note}\n".encode(), acked=False)
+            self._rc = rc
+            self._done.set()
         self.started.set()
 
     def close_all(self) -> None:
