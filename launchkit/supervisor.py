@@ -283,13 +283,13 @@ class Supervisor:
             self.publisher.publish(self._procs, self._root, final=True)
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
+            cleanups.close()  # the reaper sweeps once more and exits
+            with contextlib.suppress(Exception):
+                self.backend.close()
         # a signal after the last process ended (while the job was being swept and its output
         # drained): nothing is left to end, but it still counts (no restart after Ctrl-C)
         while self._signals:
             signalled = signalled or self._signals.pop(0)
-            cleanups.close()  # the reaper sweeps once more and exits
-            with contextlib.suppress(Exception):
-                self.backend.close()
         results = [self._final(run) for run in self._procs]
         if root is not None:
             root = next(r for r in results if r.task == root.task)

@@ -72,6 +72,7 @@ def test_a_process_that_never_confirms_its_end_is_given_up(tmp_path) -> None:
     assert all(h.signals[:2] == [15, 9] for h in stuck)
     assert "did not confirm their end" in err.getvalue()
     assert {r.exit_code for r in result.results if r.task.role != "worker"} == {137}
+    assert sup.reaper is not None and sup.reaper.wait(10) is not None  # its pipe was closed: it ended
 
 
 class Ended(Stuck):
