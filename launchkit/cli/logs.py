@@ -60,7 +60,7 @@ def show_kept(
 ) -> None:
     """The kept streams ``pick`` selects; with ``follow``, new lines (and new streams) as they
     come, until the job ends."""
-    followers: dict[Path, tuple[outputs.Kept, Iterator[tuple[int, list[str]]]]] = {}
+    followers: dict[Path, tuple[outputs.Kept, Iterator[list[str]]]] = {}
 
     def take_new(offset_of: bool) -> None:
         for k in outputs.kept(job_id):
@@ -75,7 +75,7 @@ def show_kept(
         ended = record is None or record.shown_state != "running"
         take_new(False)
         for k, lines_after in followers.values():
-            emit(ui, k, next(lines_after)[1])
+            emit(ui, k, next(lines_after))
         if ended:  # one last read after the job ended: its streams are complete
             return
         time.sleep(POLL)

@@ -130,20 +130,35 @@ def last_lines(paths: tuple[Path, ...], n: int | None) -> list[str]:
     return list(lines)
 
 
-def follow(path: Path, start: int) -> Iterator[tuple[int, list[str]]]:
-    """Complete lines written to ``path`` past byte ``start``: one (new offset, lines) per call."""
-    offset, inode = start, None
+def follow(path: Path, start: int) -> Iterator[list[str]]:
+    """The complete lines written to ``path`` past byte ``start``, one list per call. A rotation
+    between two calls loses nothing: the rest of the old file (now ``<name>.1``) comes first, and
+    a line the rotation cut (files are capped by bytes) is joined again. Only a file rotated twice
+    between two calls (``CAP`` bytes in between) leaves a gap."""
+    older = path.with_name(path.name + ".1")
+    offset, inode, pending = start, None, b""
     while True:
-        lines: list[str] = []
+        data = b""
         with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
             st = os.fstat(f.fileno())
-            if inode is not None and st.st_ino != inode:  # rotated: the new file starts from zero
+            if inode is not None and st.st_ino != inode:  # rotated: the old file is now .1
+                data = _rest(older, inode, offset)
                 offset = 0
             inode = st.st_ino
             f.seek(offset)
-            data = f.read()
-            cut = data.rfind(b"\n")
-            if cut >= 0:
-                lines = [x.decode(errors="replace").rstrip("\r") for x in data[:cut].split(b"\n")]
-                offset += cut + 1
-        yield offset, lines
+            new = f.read()
+            offset += len(new)
+            data += new
+        data = pending + data
+        cut = data.rfind(b"\n")
+        pending = data[cut + 1 :]
+        yield [x.decode(errors="replace").rstrip("\r") for x in data[:cut].split(b"\n")] if cut >= 0 else []
+
+
+def _rest(path: Path, inode: int, offset: int) -> bytes:
+    """What ``path`` holds past ``offset``, if it is still the file ``inode``."""
+    with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_ino == inode:
+            f.seek(offset)
+            return f.read()
+    return b""

@@ -110,3 +110,22 @@ def test_kept_files_are_capped_and_a_failure_warns_once(tmp_path, monkeypatch) -
     keeper = outputs.Keeper("1122-000000-abcdef", warnings.append)
     assert keeper.open("worker", 0, "out") is None and keeper.open("worker", 1, "err") is None
     assert len(warnings) == 1 and "cannot keep the job's output" in warnings[0]
+
+
+def test_follow_loses_nothing_when_the_file_is_rotated() -> None:
+    """The kept file rotates (mid-line: it is capped by bytes) between two reads of a follower:
+    the rest of the old file, now ``.1``, comes first, and the cut line is joined again."""
+    keeper = outputs.Keeper("1122-000000-fedcba", [].append, cap=100)
+    f = keeper.open("worker", 0, "out")
+    assert f is not None
+    follower = outputs.follow(f.path, 0)
+    text = b"".join(b"line %02d\n" % i for i in range(40))
+    got: list[str] = []
+    for n in range(0, len(text), 7):  # 7-byte writes: lines are cut, and so is the rotation
+        f.write(text[n : n + 7])
+        f.flush()
+        if n % 63 == 0:  # a read now and then, fewer than 100 bytes apart: one rotation at most
+            got += next(follower)
+    f.close()
+    got += next(follower)
+    assert got == [f"line {i:02d}" for i in range(40)]
