@@ -24,6 +24,7 @@ import pytest
 from trainer_core.errors import KVError
 from trainer_core.transport import wire
 from trainer_core.transport.channel import (
+    HANDSHAKE_TIMEOUT_S,
     Caps,
     Channel,
     ChannelClosed,
@@ -270,28 +271,63 @@ def test_the_poller_hands_each_ready_channel_its_messages() -> None:
         ch.close()
 
 
-def test_the_poller_accepts_and_drops_stale_connections() -> None:
-    tcp = TcpListener("127.0.0.1", SECRET, TRACE)
+@pytest.mark.parametrize("kind", ["unix", "tcp"])
+def test_the_poller_accepts_and_drops_connections_that_never_authenticate(kind: str) -> None:
+    """A peer that connects and never answers the nonce is closed once its handshake is older than
+    the bound, on the same-host listener as on the TCP one (the unix one kept such a peer for ever)."""
+    listener: UnixListener | TcpListener
+    if kind == "unix":
+        listener = UnixListener("stale", SECRET, TRACE)
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        raw.connect("\0" + listener.name)
+    else:
+        listener = TcpListener("127.0.0.1", SECRET, TRACE)
+        raw = socket.create_connection(("127.0.0.1", listener.port))
     poller = Poller()
-    poller.add(tcp)
+    poller.add(listener)
     accepted: list[Channel] = []
-    tcp.on_accept = accepted.append
-    raw = socket.create_connection(("127.0.0.1", tcp.port))  # never proves the secret
+    listener.on_accept = accepted.append
     deadline = time.monotonic() + 5
     while not accepted:
         assert time.monotonic() < deadline
         poller.serve(lambda m: None, 0.1)
-    assert len(raw.recv(16)) == 16  # the nonce
+    assert len(raw.recv(16)) == 16  # the nonce; the peer never proves the secret
     (conn,) = accepted
     assert conn in poller.sources()
-    assert isinstance(conn, TcpChannel)
-    conn.born -= 60  # its handshake started a minute ago
+    poller.serve(lambda m: None, 0.01)
+    assert not conn.closed  # within the bound it may still answer
+    listener.handshakes.age(HANDSHAKE_TIMEOUT_S + 1)  # its handshake started long ago
     poller.serve(lambda m: None, 0.01)
     assert conn.closed and poller.sources() == []
     raw.settimeout(2)
     assert raw.recv(10) == b""
     raw.close()
-    tcp.close()
+    listener.close()
+
+
+def test_a_listener_closes_the_oldest_handshakes_beyond_the_most_it_holds() -> None:
+    listener = UnixListener("crowd", SECRET, TRACE)
+    listener.handshakes.most = 2
+    poller = Poller()
+    poller.add(listener)
+    accepted: list[Channel] = []
+    listener.on_accept = accepted.append
+    raws = []
+    for _ in range(3):
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        raw.connect("\0" + listener.name)
+        raws.append(raw)
+    deadline = time.monotonic() + 5
+    while len(accepted) < 3:
+        assert time.monotonic() < deadline
+        poller.serve(lambda m: None, 0.1)
+    poller.serve(lambda m: None, 0.01)
+    assert [c.closed for c in accepted] == [True, False, False]
+    for ch in accepted:
+        ch.close()
+    for raw in raws:
+        raw.close()
+    listener.close()
 
 
 def test_memory_channels_are_pollable_eventfds_and_closing_one_ends_the_other() -> None:

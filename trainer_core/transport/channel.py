@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import select
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -175,6 +176,49 @@ class Listener(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+
+HANDSHAKE_TIMEOUT_S = 10.0  # an accepted connection must prove the secret within this long
+MAX_PENDING = 64  # connections still in their handshake; beyond it the oldest is closed
+
+
+class Handshakes:
+    """A listener's accepted connections that have not proved the secret yet.
+
+    A peer that connects and never completes the handshake must not hold its connection (and a
+    descriptor) for ever: ``stale`` gives the ones older than ``bound_s``, and the oldest beyond
+    ``most``, for the serving loop to close. Every listener keeps one (docs/wire.md, "Channels").
+    """
+
+    def __init__(
+        self, trace: Trace, what: str, bound_s: float = HANDSHAKE_TIMEOUT_S, most: int = MAX_PENDING
+    ) -> None:
+        self.trace = trace
+        self.what = what
+        self.bound_s = bound_s
+        self.most = most
+        self._pending: list[tuple[float, Channel]] = []  # (accepted at, channel), oldest first
+
+    def add(self, ch: Channel) -> None:
+        self._pending.append((time.monotonic(), ch))
+
+    def stale(self, ready: Callable[[Channel], bool]) -> list[Channel]:
+        """The connections to close now; ``ready(ch)`` says whether one has proved the secret."""
+        if not self._pending:  # (asked at every turn of the serving loop)
+            return []
+        now = time.monotonic()
+        self._pending = [(t, c) for t, c in self._pending if not c.closed and not ready(c)]
+        late = [c for t, c in self._pending if now - t > self.bound_s]
+        if late:
+            self.trace.log.warning("closed %d %s that did not authenticate in time", len(late), self.what)
+        keep = [(t, c) for t, c in self._pending if now - t <= self.bound_s]
+        extra = [c for _, c in keep[: max(0, len(keep) - self.most)]]
+        self._pending = keep[len(extra) :]
+        return [*late, *extra]
+
+    def age(self, by_s: float) -> None:
+        """Make every pending connection ``by_s`` seconds older (tests)."""
+        self._pending = [(t - by_s, c) for t, c in self._pending]
 
 
 class Trace:

@@ -26,20 +26,26 @@ import hmac
 import queue
 import socket
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from trainer_core.errors import KVError, WireError
 from trainer_core.transport import wire
 from trainer_core.transport.auth import PROOF_BYTES, answer_challenge, channel_key, channel_proof, offer_nonce
-from trainer_core.transport.channel import Caps, Channel, ChannelClosed, Listener, Received, Trace
+from trainer_core.transport.channel import (
+    HANDSHAKE_TIMEOUT_S,
+    Caps,
+    Channel,
+    ChannelClosed,
+    Handshakes,
+    Listener,
+    Received,
+    Trace,
+)
 from trainer_core.transport.stream import FramedStream
 
 _LABEL = b"launchkit-kv-tcp-v1"
-HANDSHAKE_TIMEOUT_S = 10.0
 STALL_S = 10.0  # a server closes a connection whose started message gets no byte for this long
-MAX_PENDING = 64  # connections still in their handshake; beyond it the oldest is closed
 MESSAGES_PER_TURN = 8  # messages read from one connection before the others get a turn
 MALFORMED_FRAMES = 1 << 20  # bytes of frames a message with a bad header may carry (read, dropped)
 TCP_CAPS = Caps(frames=True, direct=True, fresh_seq=True)
@@ -57,7 +63,6 @@ class TcpChannel(FramedStream, Channel):
         if self.server_side:
             self.stall_s = STALL_S
         self.ready = nonce is None
-        self.born = time.monotonic()
         self._proof = b""
         self._outbox: queue.SimpleQueue[tuple[bytes | None, Sequence[Any]] | None] | None = None
         self._post_lock = threading.Lock()
@@ -253,7 +258,7 @@ class TcpListener(Listener):
             self.sock.close()
             raise
         self.port: int = self.sock.getsockname()[1]
-        self._pending: list[TcpChannel] = []  # accepted, handshake not done yet (oldest first)
+        self.handshakes = Handshakes(trace, "data connection(s)")
 
     def pollable(self) -> int:
         return self.sock.fileno()
@@ -269,25 +274,17 @@ class TcpListener(Listener):
             nonce = offer_nonce(sock)
             if nonce is not None:
                 conn = TcpChannel(sock, self.key, self.trace, nonce)
-                self._pending.append(conn)
+                self.handshakes.add(conn)
                 conns.append(conn)
 
     def stale(self) -> list[Channel]:
         """Connections that did not prove the secret within ``HANDSHAKE_TIMEOUT_S``, and the oldest
         beyond ``MAX_PENDING`` still in their handshake."""
-        if not self._pending:  # (asked at every turn of the serving loop)
-            return []
-        now = time.monotonic()
-        self._pending = [c for c in self._pending if not c.ready and not c.closed]
-        late = [c for c in self._pending if now - c.born > HANDSHAKE_TIMEOUT_S]
-        if late:
-            self.trace.log.warning(
-                "closed %d data connection(s) that did not authenticate in time", len(late)
-            )
-        keep = [c for c in self._pending if c not in late]
-        extra = keep[: max(0, len(keep) - MAX_PENDING)]
-        self._pending = [c for c in keep if c not in extra]
-        return [*late, *extra]
+        return self.handshakes.stale(_proved)
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _proved(ch: Channel) -> bool:
+    return isinstance(ch, TcpChannel) and ch.ready

@@ -28,14 +28,22 @@ from typing import Any
 from trainer_core.errors import KVError
 from trainer_core.transport import wire
 from trainer_core.transport.auth import PROOF_BYTES, answer_challenge, channel_key, channel_proof, offer_nonce
-from trainer_core.transport.channel import Caps, Channel, ChannelClosed, Listener, Received, Trace
+from trainer_core.transport.channel import (
+    HANDSHAKE_TIMEOUT_S,
+    Caps,
+    Channel,
+    ChannelClosed,
+    Handshakes,
+    Listener,
+    Received,
+    Trace,
+)
 
 _LEN = struct.Struct("<I")
 _READ = 1 << 16  # bytes asked of one read
 MAX_FDS = 64  # descriptors sent with one sendmsg (the kernel takes at most 253) and read with one recvmsg
 _ANC_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 _CTRUNC = int(socket.MSG_CTRUNC)  # (the enum's ``&`` runs in Python, on every read)
-HANDSHAKE_TIMEOUT_S = 10.0
 UNIX_CAPS = Caps(frames=False, shared_memory=True)
 
 
@@ -222,6 +230,7 @@ class UnixListener(Listener):
         except BaseException:
             self.sock.close()
             raise
+        self.handshakes = Handshakes(trace, "same-host connection(s)")
 
     def pollable(self) -> int:
         return self.sock.fileno()
@@ -236,7 +245,18 @@ class UnixListener(Listener):
                 return conns
             nonce = offer_nonce(sock)
             if nonce is not None:
-                conns.append(UnixChannel(sock, self.key, self.trace, nonce))
+                conn = UnixChannel(sock, self.key, self.trace, nonce)
+                self.handshakes.add(conn)
+                conns.append(conn)
+
+    def stale(self) -> list[Channel]:
+        """Connections that did not prove the secret within ``HANDSHAKE_TIMEOUT_S`` (a same-host peer
+        that connects and never answers the nonce), and the oldest beyond ``MAX_PENDING``."""
+        return self.handshakes.stale(_proved)
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _proved(ch: Channel) -> bool:
+    return isinstance(ch, UnixChannel) and ch.ready
