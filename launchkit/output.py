@@ -8,9 +8,12 @@ chunks and writes them, prefixed, with few system calls.
   stream ends, when it gets one), so lines of different processes never mix and each process's
   bytes keep their order;
 - everything read in one round goes out in one write per target (stdout, stderr);
-- ``--log-dir`` files get each stream's raw bytes through a large buffer, flushed whenever the
-  merger has nothing to read; a failed log write (disk full, read-only) is reported once through
-  ``on_log_error`` and stops the log files, never the merged output;
+- ``--log-dir`` files and the kept output (``launchkit.jobs.outputs``) get each stream's raw bytes
+  through a large buffer, flushed whenever the merger has nothing to read and, while output keeps
+  coming, at least every ``FLUSH_EVERY`` seconds: the files stay within a second of the console
+  whatever the line rate, and a launcher killed outright (SIGKILL) loses at most that much; a
+  failed log write (disk full, read-only) is reported once through ``on_log_error`` and stops the
+  log files, never the merged output;
 - when a round brings little, the merger lingers a moment so that the next read finds more
   (the pipes are widened to ``PIPE_SIZE`` where the kernel allows it, so the writers do not wait).
 """
@@ -32,6 +35,7 @@ PIPE_SIZE = 1 << 20  # what a pipe is widened to (the default limit for unprivil
 LINGER = 0.002  # seconds to wait after a round that brought less than SMALL bytes
 SMALL = 1 << 14
 LOG_BUFFER = 1 << 18
+FLUSH_EVERY = 0.25  # seconds at most between two flushes of the files while output keeps coming
 DRAIN_MOST = 30.0  # seconds a drain reads streams that keep coming (a grandchild printing on)
 REPORT_LINE = 300  # characters of one line in a failure report
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -152,6 +156,7 @@ class Merger:
         self._thread = threading.Thread(target=self._run, daemon=True, name="output")
         self._started = False
         self._logs: list[IO[bytes]] = []
+        self._flushed_at = 0.0  # when the files were last flushed
 
     def add(self, stream: IO[bytes], name: str, prefix: bytes, tail: deque[str],
             log: IO[bytes] | None = None, kept: Kept | None = None) -> Source:  # fmt: skip
@@ -186,11 +191,7 @@ class Merger:
             except OSError:
                 break
             if not ready:
-                self._flush_logs()
-                with self._lock:
-                    kept = [src.kept for src in self._sources.values() if src.kept is not None]
-                for k in kept:
-                    k.flush()
+                self._flush_files()
                 continue
             fds = {fd for fd, _ in ready}
             # serve in turn: streams that were served last go to the back
@@ -227,6 +228,8 @@ class Merger:
             finally:
                 for src in ended:  # only now: a drain that sees no streams left has their lines out
                     self._forget(src)
+            if time.monotonic() - self._flushed_at >= FLUSH_EVERY:  # output that never pauses
+                self._flush_files()
             if got < SMALL and not self._stop:
                 time.sleep(LINGER)
 
@@ -306,6 +309,15 @@ class Merger:
                 log.close()
         if self.on_log_error is not None:
             self.on_log_error(exc)
+
+    def _flush_files(self) -> None:
+        """Every file the merger writes (``--log-dir``, kept output) flushed to the kernel."""
+        self._flushed_at = time.monotonic()
+        self._flush_logs()
+        with self._lock:
+            kept = [src.kept for src in self._sources.values() if src.kept is not None]
+        for k in kept:
+            k.flush()
 
     def _flush_logs(self) -> None:
         if self.log_error is not None:
