@@ -155,11 +155,19 @@ def check_restarts(backend: str, max_restarts: int, restart_backoff: float) -> N
 
 def check_command(command: list[str]) -> None:
     """The program to run must be a word: ``''`` or ``' '`` (an empty quoted command) is a
-    usage error, not a process that cannot start or an ``sh -c ' '`` that does nothing."""
+    usage error, not a process that cannot start or an ``sh -c ' '`` that does nothing; so is a
+    command of only ``NAME=VALUE`` words (``A=1``), which the shell runs as no program at all."""
     if any("\0" in word for word in command):
         bad = next(word for word in command if "\0" in word)
         raise UsageError(f"command word {bad!r} holds a NUL byte, which no program argument or variable can")
     _, words = split_assignments(command)
+    last = words[-1] if words else ""
+    if len(words) == 1 and split_assignments([last, "x"])[0] and not any(c.isspace() for c in last):
+        # NAME=VALUE words and nothing after them (one word with spaces runs under sh -c)
+        raise UsageError(
+            f"no command after {shlex.join(command)}: NAME=VALUE words set variables for a program, "
+            "expected one after them, e.g. `launchkit launch -n 2 PS_VERBOSE=1 python train.py`"
+        )
     if not words or not words[0].strip():
         raise UsageError(
             f"empty command {shlex.join(command)}: expected a program to run, "

@@ -128,6 +128,8 @@ def test_scheduler_overrides_and_interface(tmp_path: Path) -> None:
         (["-n", "1", " "], "empty command ' ': expected a program to run"),
         (["-n", "1", "--", "\t"], "empty command ' ': expected a program to run"),  # (the tab, as printed)
         (["-n", "1", "A=1", ""], "empty command A=1 '': expected a program to run"),
+        (["-n", "1", "A=1"], "no command after A=1: NAME=VALUE words set variables"),
+        (["-n", "1", "--", "A=1", "B=2"], "no command after A=1 B=2: NAME=VALUE words"),
         (["-n", "1", "", "x.py"], "empty command '' x.py: expected a program to run"),
         (["-n", "1", "--sync-timeout", "0", "x"], "--sync-timeout must be more than 0, got 0"),
     ],
