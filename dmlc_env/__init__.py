@@ -45,6 +45,26 @@ LAUNCHKIT_METRICS_ADDR = "LAUNCHKIT_METRICS_ADDR"
 
 ROLES = ("scheduler", "server", "worker")
 
+# Variables only the launcher sets: a user's --env or NAME=VALUE word must not override one (the
+# role, ranks, address or identity of a process would then be wrong, and the job hang or a sweep
+# miss it). LAUNCHKIT_ is the launcher's prefix: every name under it that reaches a process is
+# the launcher's (its helpers': the rank shim, the batch runner), but for its own two settings.
+LAUNCHER_SET = frozenset(
+    {
+        DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER,
+        DMLC_NODE_HOST, DMLC_TASK_ID, DMLC_JOB_CLUSTER, DMLC_INTERFACE, LAUNCHKIT_JOB_ID,
+        LAUNCHKIT_ROLE_RANK, LAUNCHKIT_LOCAL_RANK, LAUNCHKIT_JOB_SECRET, LAUNCHKIT_RESTART_COUNT,
+        LAUNCHKIT_METRICS_ADDR,
+    }
+)  # fmt: skip
+LAUNCHER_SETTINGS = frozenset({"LAUNCHKIT_HOME", "LAUNCHKIT_DEBUG"})  # read by the launcher itself
+
+
+def launcher_owned(name: str) -> bool:
+    """Whether ``name`` is a variable the launcher sets in the job's processes (not the user)."""
+    return name in LAUNCHER_SET or (name.startswith("LAUNCHKIT_") and name not in LAUNCHER_SETTINGS)
+
+
 # Variables whose values must never be shown (dry-run plans, job records, logs).
 SECRET_VARS = frozenset({LAUNCHKIT_JOB_SECRET})
 SECRET_PLACEHOLDER = "<hidden>"

@@ -5,8 +5,10 @@ shared with the hosts."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import socket
 
+from launchkit.core.hostfile import parse_host
 from launchkit.errors import UsageError
 from launchkit.hostside import netif
 
@@ -23,6 +25,32 @@ def interface_address(name: str) -> str:
     if address is None:
         raise UsageError(f"network interface {name!r} has no IPv4 address")
     return address
+
+
+def check_address(flag: str, text: str, *, resolve: bool) -> None:
+    """An address given on the command line (``--scheduler-ip``): an IP address, or a host name
+    that, with ``resolve``, has an address here (where the scheduler runs). UsageError otherwise,
+    before anything starts: nodes told to reach ``notanip`` waited silently until the time limit."""
+    try:
+        ipaddress.ip_address(text)
+        return
+    except ValueError:
+        pass
+    try:
+        host = parse_host(text)
+    except ValueError:
+        host = None
+    if host is None or host.port is not None or host.user is not None:
+        raise UsageError(f"{flag} {text!r}: expected an IP address (e.g. 10.0.0.5 or fe80::1) or a host name")
+    if resolve:
+        try:
+            socket.getaddrinfo(text, None, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise UsageError(
+                f"{flag} {text!r}: not an IP address, and no address is known for it here ({reason}); "
+                "expected the address the job's processes reach this machine at, e.g. 10.0.0.5"
+            ) from None
 
 
 def fallback_address() -> str:

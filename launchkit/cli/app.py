@@ -1,8 +1,14 @@
-"""The root typer app and the per-run ``App`` object (the console) that commands receive."""
+"""The root typer app and the per-run ``App`` object (the console) that commands receive.
+
+It also holds the one rule for numbers on the command line (``bound_numbers``): every numeric
+option and argument of every command is finite and from 0 to ``MAX_NUMBER`` (docs/launch.md).
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import typer
 
@@ -13,6 +19,39 @@ from launchkit.console import Ui
 @dataclass
 class App:
     ui: Ui = field(default_factory=Ui)
+
+
+MAX_NUMBER = 10_000_000  # ten million: a count, or seconds (about 115 days)
+
+
+def check_number(value: Any) -> None:
+    """The rule for numbers on the command line: finite and from 0 to ``MAX_NUMBER``; ``nan``,
+    ``inf``, ``1e400`` or ``-1`` as a count or a number of seconds never means what was asked (a
+    wait that never ends or overflows). Options narrow it further where they need to."""
+    numbers = value if isinstance(value, list | tuple) else [value]
+    for number in numbers:
+        if not isinstance(number, int | float) or isinstance(number, bool):
+            continue
+        if not (math.isfinite(number) and 0 <= number <= MAX_NUMBER):
+            raise typer.BadParameter(f"{number!r}: expected a finite number from 0 to {MAX_NUMBER}")
+
+
+def bound_numbers(command: Any) -> None:
+    """Check every numeric parameter of ``command`` and of its subcommands with ``check_number``
+    once it is parsed (chained before the parameter's own callback, if it has one)."""
+    for param in command.params:
+        callback = param.callback
+        if getattr(callback, "bounded", False):
+            continue
+
+        def checked(ctx: Any, param: Any, value: Any, callback: Any = callback) -> Any:
+            check_number(value)
+            return value if callback is None else callback(ctx, param, value)
+
+        checked.bounded = True  # type: ignore[attr-defined]
+        param.callback = checked
+    for sub in getattr(command, "commands", {}).values():
+        bound_numbers(sub)
 
 
 app = typer.Typer(
@@ -40,6 +79,7 @@ def root(
     ),
 ) -> None:
     ctx.obj = App()
+    bound_numbers(ctx.command)  # before the subcommand parses its arguments
 
 
 def get_app(ctx: typer.Context) -> App:

@@ -12,7 +12,6 @@ This module turns the flags into a ``LaunchSpec`` and a backend, and prints; run
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from launchkit import backends, launching
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app
 from launchkit.cli.engines import EngineFlags, engine_backend_options, engine_hosts
+from launchkit.cli.launchargs import check_not_owned, parse_env_items, working_directory
 from launchkit.cli.planview import plan_to_json, show_plan
 from launchkit.console import Ui
 from launchkit.core.hostfile import read_hostfile
@@ -31,29 +31,12 @@ from launchkit.core.plan import split_assignments
 from launchkit.core.spec import LOCALHOST, JobResult, LaunchSpec
 from launchkit.dashboard import Dashboard
 from launchkit.errors import UsageError
+from launchkit.jobs import records
+from launchkit.netutil import check_address
 
 # launch.py's --p3: MXNet's P3 van (priority-based parameter propagation), for every process.
 P3_ENV = (("DMLC_PS_VAN_TYPE", "p3"), ("DMLC_PS_WATER_MARK", "10"))
 MAX_BACKOFF = 86400.0  # --restart-backoff: at most a day
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def parse_env_items(items: list[str], flag: str, environ: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    """``NAME:VALUE`` (split at the first ``:``; the value is taken literally) or ``NAME``
-    (forward the launcher's own value), as launch.py."""
-    pairs: list[tuple[str, str]] = []
-    for item in items:
-        name, colon, value = item.partition(":")
-        if not _ENV_NAME.match(name):
-            raise UsageError(f"{flag} {item!r}: expected NAME:VALUE or NAME, with NAME a variable name")
-        if not colon:
-            if name not in environ:
-                raise UsageError(f"{flag} {name}: {name} is not set in the launcher's environment")
-            value = environ[name]
-        if "\0" in value:
-            raise UsageError(f"{flag} {name}: the value holds a NUL byte, which no environment variable can")
-        pairs.append((name, value))
-    return tuple(pairs)
 
 
 def build_spec(
@@ -102,6 +85,8 @@ def build_spec(
         sync_dst_dir = None
     if gpus_per_worker is not None and gpus_per_worker < 1:
         raise UsageError(f"--gpus-per-worker must be at least 1, got {gpus_per_worker}")
+    if scheduler_ip is not None:
+        check_address("--scheduler-ip", scheduler_ip, resolve=backend in ("local", "ssh"))
     if scheduler_port is not None and not 1 <= scheduler_port <= 65535:
         raise UsageError(f"--scheduler-port {scheduler_port}: expected a number from 1 to 65535")
     if grace_period < 0:
@@ -114,6 +99,8 @@ def build_spec(
     environ = dict(os.environ)
     ns = num_workers if num_servers is None else num_servers
     assign_hosts(num_workers, ns, hosts)  # placement errors before anything else happens
+    flags = {"--env": env, "--env-server": env_server, "--env-worker": env_worker}
+    check_not_owned(flags, split_assignments(command)[0], gpus_per_worker)
     return LaunchSpec(
         num_workers=num_workers,
         num_servers=ns,
@@ -133,7 +120,7 @@ def build_spec(
         interface=interface or os.environ.get(dmlc_env.DMLC_INTERFACE) or None,
         grace_period=grace_period,
         time_limit=time_limit,
-        cwd=os.getcwd(),
+        cwd=working_directory(),
         max_restarts=max_restarts,
         restart_backoff=restart_backoff,
     )
@@ -333,6 +320,7 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             show_dry_run(spec, backend, ui, as_json=as_json)
             return
+        records.check_home()  # the job's record and kept output go there: before anything starts
         if detach:
             done = launching.submit_detached(spec, backend)
             ui.info(
@@ -378,10 +366,18 @@ def report(ui: Ui, result: JobResult) -> None:
     if root is not None:
         t = root.task
         how = f"was killed by signal {root.signal}" if root.signal else f"exited with code {root.exit_code}"
+        by = result.named_by
+        if by is not None:  # it failed first, but another process said so before it ended
+            if root.killed_by_launcher and root.signal:
+                how = f"did not end by itself: the launcher ended it (signal {root.signal})"
+            else:
+                how = f"it {how}"
+            how = f"failed, as {by.task.role} {by.task.rank} reported (exit {by.exit_code}); {how}"
         ui.error(f"job {result.job_id} failed{_after(result)}: {t.role} {t.rank} on {root.where} {how}")
-        if root.tail:
-            ui.err.print(f"  last lines of {t.role} {t.rank}:", style="dim")
-            ui.lines(root.tail)
+        for r in (root, by) if by is not None else (root,):
+            if r.tail:
+                ui.err.print(f"  last lines of {r.task.role} {r.task.rank}:", style="dim")
+                ui.lines(r.tail if r is root else r.tail[-5:])
         others = [r for r in result.results if r.killed_by_launcher]
         if others:
             ui.info(f"ended the other {len(others)} process(es) of the job")

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,11 +32,61 @@ JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def home() -> Path:
-    return Path(os.environ.get("LAUNCHKIT_HOME") or Path.home() / ".launchkit")
+    if os.environ.get("LAUNCHKIT_HOME"):
+        return Path(os.environ["LAUNCHKIT_HOME"])
+    try:
+        return Path.home() / ".launchkit"
+    except RuntimeError:  # no HOME, and no passwd entry for this user
+        raise UsageError("cannot tell this user's home directory: set HOME or LAUNCHKIT_HOME") from None
 
 
 def jobs_dir() -> Path:
     return home() / "jobs"
+
+
+def _home_problem(path: Path) -> str | None:
+    """What makes ``path`` (LAUNCHKIT_HOME or its jobs directory) unusable for reading records:
+    not a directory, a dangling link, a directory that cannot be listed; None when it is fine or
+    does not exist (no jobs yet)."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        if path.is_symlink():
+            return f"a link to {os.readlink(path)}, which does not exist"
+        return None
+    except OSError as exc:  # ENOTDIR (a file above it), EACCES, ELOOP, ENAMETOOLONG
+        return exc.strerror or str(exc)
+    if not stat.S_ISDIR(info.st_mode):
+        return "not a directory"
+    if not os.access(path, os.R_OK | os.X_OK):
+        return "cannot be read (permission denied)"
+    return None
+
+
+def check_readable() -> None:
+    """UsageError naming the path when the job records cannot be read (see ``_home_problem``)."""
+    for path, what in ((home(), "LAUNCHKIT_HOME"), (jobs_dir(), "the job records' directory")):
+        problem = _home_problem(path)
+        if problem is not None:
+            raise UsageError(f"{what} {path}: {problem} (expected a directory for launchkit's job records)")
+
+
+def check_home() -> Path:
+    """Before a launch: the jobs directory exists (made if missing) and a file can be written in
+    it; UsageError naming the path and what is wrong otherwise. Returns the directory."""
+    check_readable()
+    where = jobs_dir()
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=where, prefix=".probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write job records in {where}: {exc.strerror or exc} "
+            "(LAUNCHKIT_HOME, default ~/.launchkit, must be a directory this user can write)"
+        ) from None
+    return where
 
 
 def process_start_time(pid: int) -> int | None:
@@ -244,6 +295,7 @@ def load(job_id: str, on_bad: OnBad | None = None) -> JobRecord | None:
     """The record of ``job_id``; None when there is none, or it is bad (then ``on_bad`` hears why)."""
     if not JOB_ID_RE.match(job_id):
         return None
+    check_readable()
     try:
         return read(jobs_dir() / f"{job_id}.json")
     except FileNotFoundError:
@@ -257,6 +309,7 @@ def load(job_id: str, on_bad: OnBad | None = None) -> JobRecord | None:
 def load_all(on_bad: OnBad | None = None) -> list[JobRecord]:
     """Every readable record, oldest first; each bad one is skipped and handed to ``on_bad``."""
     records = []
+    check_readable()
     with contextlib.suppress(OSError):
         for path in sorted(jobs_dir().glob("*.json")):
             if not JOB_ID_RE.match(path.stem):
