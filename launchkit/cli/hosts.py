@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,9 +15,18 @@ from launchkit.backends.engine_hosts import engine_hosts
 from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app
-from launchkit.core.hostfile import format_host, host_key, parse_host, parse_line, read_hostfile, unique_hosts
+from launchkit.core.hostfile import (
+    format_host,
+    host_key,
+    parse_host,
+    parse_hostfile,
+    parse_line,
+    read_hostfile,
+    read_text,
+    unique_hosts,
+)
 from launchkit.core.spec import Host
-from launchkit.errors import UsageError
+from launchkit.errors import HostfileError, UsageError
 
 hosts_app = typer.Typer(help="Inspect and manage hostfiles.", no_args_is_help=True)
 
@@ -66,6 +78,8 @@ def check_hosts(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     ui = get_app(ctx).ui
+    if connect_timeout <= 0:
+        raise UsageError(f"--connect-timeout must be more than 0, got {connect_timeout:g}")
     hosts = unique_hosts(read_hostfile(hostfile, ui.warn))
     opts = SshOptions(ssh_port, identity, known_hosts, strict_host_keys, connect_timeout)
     results = ssh_commands.probe(hosts, opts)
@@ -105,13 +119,68 @@ def check_hosts(
         raise typer.Exit(1)
 
 
-def _edit(path: Path, change: Callable[[list[str]], list[str]]) -> None:
-    """Rewrite a hostfile atomically, keeping every other line (comments included) as it was."""
-    text = path.read_text() if path.exists() else ""
-    lines = change(text.splitlines())
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in lines))
-    os.replace(tmp, path)
+_KINDS = {
+    stat.S_IFIFO: "a fifo",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+}
+
+
+def _editable(path: Path) -> tuple[Path, os.stat_result | None]:
+    """The file that ``hosts add/remove`` rewrites for ``path``: the file itself or, for a link,
+    the file it points to (the link stays a link); with its stat, None when it does not exist yet.
+    UsageError naming ``path`` when it cannot be a hostfile: a directory, a fifo, a missing parent."""
+    try:
+        real = Path(os.path.realpath(path))
+    except OSError as exc:  # a relative path in a working directory that was removed
+        raise HostfileError(
+            str(path), None, f"cannot find it: {exc.strerror or exc} (the current directory?)"
+        ) from None
+    try:
+        info = real.stat()
+    except FileNotFoundError:
+        if not real.parent.is_dir():
+            raise UsageError(
+                f"{path}: no such file, and no directory {real.parent} to create it in"
+            ) from None
+        return real, None
+    except OSError as exc:  # a file where a directory should be, a link loop
+        raise HostfileError(str(path), None, f"cannot use it: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise HostfileError(str(path), None, "is a directory, expected a hostfile")
+    if not stat.S_ISREG(info.st_mode):
+        kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
+        raise HostfileError(str(path), None, f"is {kind}: hosts add and remove rewrite a regular file")
+    return real, info
+
+
+def _edit(path: Path, change: Callable[[list[str]], list[str]], *, create: bool = False) -> None:
+    """Rewrite a hostfile at once, keeping every other line (comments included) as it was:
+    the new text goes to a temporary file in the target's own directory, with the target's mode
+    (and owner, where we may), renamed over it. A file without hosts is refused unless
+    ``create`` (``hosts add`` starts one)."""
+    real, info = _editable(path)
+    if info is None and not create:
+        raise HostfileError(str(path), None, "no such file")
+    text = read_text(path) if info is not None else ""
+    parse_hostfile(text, str(path), allow_empty=create)  # never rewrite a file that does not parse
+    new = "".join(line + "\n" for line in change(text.splitlines()))
+    tmp = real.with_name(f".{real.name}.{secrets.token_hex(4)}.tmp")
+    mode = 0o666 if info is None else stat.S_IMODE(info.st_mode)  # 0o666: the umask applies
+    try:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w", encoding="utf-8") as f:
+            f.write(new)
+        if info is not None:
+            os.chmod(tmp, mode)
+            with contextlib.suppress(OSError):  # only root may give a file to another user
+                os.chown(tmp, info.st_uid, info.st_gid)
+        os.replace(tmp, real)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        where = f" (the file it links to, {real})" if path.is_symlink() else ""
+        raise UsageError(f"{path}: cannot write{where}: {exc.strerror or exc}") from None
 
 
 @hosts_app.command("add", help="Add a host to a hostfile (created if missing), keeping its comments.")
@@ -123,10 +192,14 @@ def add_host(
 ) -> None:
     ui = get_app(ctx).ui
     entry = _parse_arg(host, slots)
-    existing = read_hostfile(hostfile) if hostfile.exists() and hostfile.read_text().strip() else []
-    if any(host_key(h) == host_key(entry) for h in existing):
-        raise UsageError(f"{hostfile}: {host} is already there")
-    _edit(hostfile, lambda lines: [*lines, format_host(entry)])
+
+    def change(lines: list[str]) -> list[str]:
+        existing = parse_hostfile("\n".join(lines), str(hostfile), allow_empty=True)
+        if any(host_key(h) == host_key(entry) for h in existing):
+            raise UsageError(f"{hostfile}: {host} is already there")
+        return [*lines, format_host(entry)]
+
+    _edit(hostfile, change, create=True)
     ui.text(f"added {format_host(entry)} to {hostfile}")
 
 
@@ -138,7 +211,6 @@ def remove_host(
 ) -> None:
     ui = get_app(ctx).ui
     target = _parse_arg(host, None)
-    read_hostfile(hostfile)  # refuse to edit a file that does not parse
     removed: list[str] = []
 
     def change(lines: list[str]) -> list[str]:
@@ -152,11 +224,11 @@ def remove_host(
                 removed.append(line)
             else:
                 kept.append(line)
+        if not removed:
+            raise UsageError(f"{hostfile}: no line names {host}")
         return kept
 
     _edit(hostfile, change)
-    if not removed:
-        raise UsageError(f"{hostfile}: no line names {host}")
     ui.text(f"removed {len(removed)} line(s) from {hostfile}")
 
 

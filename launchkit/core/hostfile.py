@@ -144,8 +144,9 @@ def hostfile_warnings(hosts: Sequence[Host], path: str = "<hostfile>") -> list[s
     return out
 
 
-def parse_hostfile(text: str, path: str = "<hostfile>") -> list[Host]:
-    """Parse a whole hostfile. Raises HostfileError(path, line, reason); never anything else."""
+def parse_hostfile(text: str, path: str = "<hostfile>", *, allow_empty: bool = False) -> list[Host]:
+    """Parse a whole hostfile. Raises HostfileError(path, line, reason); never anything else.
+    A file without hosts is one too, unless ``allow_empty`` (a file ``hosts add`` adds to)."""
     if text.startswith("\ufeff"):
         text = text[1:]
     hosts: list[Host] = []
@@ -158,16 +159,15 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> list[Host]:
             raise HostfileError(path, number, str(exc)) from None
         if host is not None:
             hosts.append(Host(host.name, host.port, host.user, host.slots, line=number))
-    if not hosts:
+    if not hosts and not allow_empty:
         raise HostfileError(path, None, "no hosts in file: expected one host per line")
     return hosts
 
 
-def read_hostfile(path: str | Path, warn: Callable[[str], None] | None = None) -> list[Host]:
-    """Read and parse a hostfile from disk; ``warn`` hears ``hostfile_warnings``."""
-    p = Path(path)
+def read_text(path: str | Path) -> str:
+    """A hostfile's text; HostfileError naming the file (and the line of a byte that is not UTF-8)."""
     try:
-        data = p.read_bytes()
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise HostfileError(str(path), None, "no such file") from None
     except IsADirectoryError:
@@ -175,11 +175,15 @@ def read_hostfile(path: str | Path, warn: Callable[[str], None] | None = None) -
     except OSError as exc:
         raise HostfileError(str(path), None, f"cannot read: {exc.strerror or exc}") from None
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise HostfileError(str(path), line, "not UTF-8 text: expected a text file") from None
-    hosts = parse_hostfile(text, str(path))
+
+
+def read_hostfile(path: str | Path, warn: Callable[[str], None] | None = None) -> list[Host]:
+    """Read and parse a hostfile from disk; ``warn`` hears ``hostfile_warnings``."""
+    hosts = parse_hostfile(read_text(path), str(path))
     if warn is not None:
         for message in hostfile_warnings(hosts, str(path)):
             warn(message)

@@ -190,3 +190,9 @@ def test_host_colon_small_number_is_a_port_with_a_warning(tmp_path, text: str, w
             "(Horovod's and mpirun's host:N); for slots write 'worker-0 slots=2'"
         )
     assert hosts[0].port is not None  # still launch.py's meaning
+
+
+def test_a_file_of_comments_only_parses_to_no_hosts_where_allowed() -> None:
+    assert parse_hostfile("# nothing yet\n\n", "h", allow_empty=True) == []
+    with pytest.raises(HostfileError, match="no hosts in file"):
+        parse_hostfile("# nothing yet\n", "h")
