@@ -2,7 +2,8 @@
 
 trainer_core: ``train`` -> ``kv`` -> ``ps`` -> ``metrics`` -> ``transport``, each layer importing
 only the ones below it; ``compression`` and ``optim`` are leaves any layer may use, which themselves use only the
-base modules (``errors``, ``log``, ``xp``, ``config``). Neither trainer_core nor ``dmlc_env``
+base modules (``errors``, ``log``, ``xp``, ``config``); ``collective`` (not wired in yet) uses only the
+base and the leaves, and nothing imports it. Neither trainer_core nor ``dmlc_env``
 imports launchkit; ``dmlc_env`` and ``launchkit.hostside`` import only the standard library.
 Across all three packages there is no import cycle, and no module is longer than MAX_LINES.
 """
@@ -23,6 +24,8 @@ MAX_LINES = 400
 TC_LAYERS = ("transport", "metrics", "ps", "kv", "train")
 TC_LEAVES = ("compression", "optim")
 TC_BASE = ("errors", "log", "xp", "config")
+# beside the layers, for now: uses only the base and the leaves, and nothing else imports it
+TC_STANDALONE = ("collective",)
 
 
 def module_name(path: Path) -> str:
@@ -128,6 +131,21 @@ def test_trainer_core_layers() -> None:
         "layer rule broken (train -> kv -> ps -> metrics -> transport; compression/optim are leaves):\n"
         + "\n".join(bad)
     )
+
+
+def test_collective_stands_alone() -> None:
+    """``collective`` imports only the base modules, the leaves and itself; no other module imports it."""
+    assert "trainer_core.collective" in MODULES
+    bad = []
+    for src, targets in GRAPH.items():
+        for dst, line in sorted(targets):
+            a, b = tc_part(src), tc_part(dst)
+            if a in TC_STANDALONE and dst.startswith("trainer_core") and b != a:
+                if b not in TC_BASE + TC_LEAVES:
+                    bad.append(f"{where(src, line)}: {src} imports {dst}")
+            elif b in TC_STANDALONE and a != b:
+                bad.append(f"{where(src, line)}: {src} imports {dst}")
+    assert not bad, "collective uses only errors/log/xp/config and compression/optim:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("package", ["trainer_core", "dmlc_env"])

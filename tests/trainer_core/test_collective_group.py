@@ -1,0 +1,218 @@
+"""The Group API (trainer_core.collective.group): broadcast, allgather (ragged), reduce_scatter,
+barrier, async handles, fusion, and failures, on in-process synchronous links."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from trainer_core.collective import CollectiveClosed, Group, PeerTimeout, Thresholds
+from trainer_core.collective.fabric import Fabric, run_ranks
+from trainer_core.collective.fusion import plan
+
+TH = Thresholds(segment_bytes=4096)
+
+
+def groups(w: int, timeout: float = 10, **kw: object) -> list[Group]:
+    fabric = Fabric(w, timeout=timeout, eager=False)
+    return [Group(fabric.endpoint(r), thresholds=TH, **kw) for r in range(w)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, 5])
+@pytest.mark.parametrize("n", [0, 1, 10_001])
+def test_broadcast_from_every_root(w: int, n: int) -> None:
+    gs = groups(w)
+    for root in range(w):
+        inputs = [np.full((n, 2), r, np.float64) for r in range(w)]
+
+        def body(r: int, inputs: list[np.ndarray] = inputs, root: int = root) -> np.ndarray:
+            return gs[r].broadcast(inputs[r], root)
+
+        out = run_ranks(w, body)
+        for o in out:
+            assert o.shape == (n, 2) and (o == root).all()
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, 4, 5])
+def test_ragged_allgather(w: int) -> None:
+    gs = groups(w)
+    inputs = [np.arange(r * 3, dtype=np.int32).reshape(r, 3) + 100 * r for r in range(w)]  # rank 0: none
+    out = run_ranks(w, lambda r: gs[r].allgather(inputs[r]))
+    want = np.concatenate(inputs)
+    for o in out:
+        assert o.dtype == np.int32 and np.array_equal(o, want)
+
+
+def test_allgather_of_large_and_scalar_arrays() -> None:
+    gs = groups(3)
+    big = [np.random.default_rng(r).standard_normal(50_001 + r) for r in range(3)]
+    out = run_ranks(3, lambda r: gs[r].allgather(big[r]))
+    assert all(np.array_equal(o, np.concatenate(big)) for o in out)
+    out = run_ranks(3, lambda r: gs[r].allgather(np.float32(r)))
+    assert all(o.tolist() == [0.0, 1.0, 2.0] for o in out)
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, 5])
+@pytest.mark.parametrize("rows", [0, 1, 7, 1000])
+def test_reduce_scatter_keeps_this_ranks_rows(w: int, rows: int) -> None:
+    gs = groups(w)
+    inputs = [np.arange(rows * 2, dtype=np.int64).reshape(rows, 2) * (r + 1) for r in range(w)]
+    out = run_ranks(w, lambda r: gs[r].reduce_scatter(inputs[r]))
+    total = sum(inputs)
+    for r, part in zip(range(w), np.array_split(total, w), strict=True):
+        assert np.array_equal(out[r], part)
+
+
+def test_mean_reduce_scatter_and_out() -> None:
+    gs = groups(2)
+    out = run_ranks(2, lambda r: gs[r].reduce_scatter(np.full(4, 2.0 * (r + 1)), op="mean"))
+    assert out[0].tolist() == [3.0, 3.0] and out[1].tolist() == [3.0, 3.0]
+    dest = [np.empty((2, 2), np.float32) for _ in range(2)]
+    got = run_ranks(2, lambda r: gs[r].allreduce(np.ones((2, 2), np.float32), out=dest[r]))
+    assert got[0] is dest[0] and (dest[1] == 2).all()
+    with pytest.raises(ValueError, match=r"out must be a float32 array of shape \(2, 2\)"):
+        gs[0].allreduce(np.ones((2, 2), np.float32), out=np.empty(4, np.float32))
+
+
+def test_barrier_waits_for_the_last_rank() -> None:
+    gs = groups(5)
+    entered = threading.Event()
+    late_done = []
+
+    def body(r: int) -> bool:
+        if r == 3:
+            entered.wait(5)
+            late_done.append(True)
+        gs[r].barrier()
+        return bool(late_done)
+
+    def release() -> None:
+        # every other rank is inside the barrier (its work is pending) before rank 3 arrives
+        entered.set()
+
+    works = []
+    for r in (0, 1, 2, 4):
+        works.append(gs[r].barrier_async())
+    assert not any(w.done() for w in works)
+    release()
+    gs[3].barrier()
+    for w in works:
+        w.wait()
+    assert late_done == [] and all(w.done() for w in works)
+    assert run_ranks(5, body) == [True] * 5
+
+
+def test_async_handles_overlap_and_keep_their_order() -> None:
+    """Each rank queues several operations without blocking, computes, then waits (out of order);
+    rank 1 queues only after rank 0 saw its first handle still pending."""
+    gs = groups(2)
+    seen_pending = threading.Event()
+
+    def body(r: int) -> list[float]:
+        if r == 1:
+            assert seen_pending.wait(5)
+        works = [gs[r].allreduce_async(np.full(1000, float(k + r))) for k in range(4)]
+        works.append(gs[r].allgather_async(np.array([r])))
+        if r == 0:
+            assert not works[0].done()  # rank 1 has not submitted: nothing can have finished
+            seen_pending.set()
+        busy = sum(i * i for i in range(20_000))  # the caller computes meanwhile
+        assert busy > 0
+        got = [float(w.wait()[0]) for w in reversed(works[:4])]
+        assert works[4].wait().tolist() == [0, 1]
+        return got
+
+    out = run_ranks(2, body)
+    assert out[0] == out[1] == [7.0, 5.0, 3.0, 1.0]
+
+
+def test_grouped_allreduce_fuses_into_buckets() -> None:
+    w = 3
+    shapes = [(3,), (2, 2), (0,), (5,), (1,), (7, 3)]
+    dtypes = [np.float32, np.float32, np.float32, np.int64, np.float32, np.int64]
+    inputs = [
+        [np.full(s, r + i, dt) for i, (s, dt) in enumerate(zip(shapes, dtypes, strict=True))]
+        for r in range(w)
+    ]
+    fabric = Fabric(w, timeout=10, eager=False)
+    th = Thresholds(fusion_bytes=30)
+    out = run_ranks(w, lambda r: Group(fabric.endpoint(r), thresholds=th).grouped_allreduce(inputs[r]))
+    for res in out:
+        for i, (s, dt) in enumerate(zip(shapes, dtypes, strict=True)):
+            assert res[i].shape == s and res[i].dtype == dt
+            assert (res[i] == sum(r + i for r in range(w))).all()
+    # the buckets those arrays made: float32 12 + 16 + 0 bytes, then 4 more would pass 30; each
+    # int64 array is a bucket of its own
+    sizes = [
+        (np.dtype(dt).name, int(np.prod(s)) * np.dtype(dt).itemsize)
+        for s, dt in zip(shapes, dtypes, strict=True)
+    ]
+    assert plan(sizes, 30) == [[0, 1, 2], [3], [4], [5]]
+    assert plan(sizes, 1 << 20) == [[0, 1, 2, 4], [3, 5]]
+
+
+def test_fusion_sends_fewer_messages() -> None:
+    w, k = 2, 50
+    small = [[np.full(10, float(r + i), np.float32) for i in range(k)] for r in range(w)]
+    messages = []
+    for fused in (False, True):
+        fabric = Fabric(w, timeout=10)
+
+        def body(r: int, fused: bool = fused, fabric: Fabric = fabric) -> list[np.ndarray]:
+            g = Group(fabric.endpoint(r))
+            return g.grouped_allreduce(small[r]) if fused else [g.allreduce(a) for a in small[r]]
+
+        res = run_ranks(w, body)
+        assert all((res[0][i] == 2 * i + 1).all() for i in range(k))
+        messages.append(fabric.endpoint(0).sent_messages)
+    assert messages[1] * k == messages[0]
+
+
+def test_a_silent_peer_fails_the_collective_naming_it() -> None:
+    """Rank 2 never comes: rank 1, which waits on it, names it; rank 0 waits on rank 1 (recursive
+    doubling folds 3 ranks into 2) and fails within the same timeout, naming the peer it waited on
+    (naming the root cause on every rank is the node layer's liveness, not the links')."""
+    gs = groups(3, timeout=0.5)
+    start = time.monotonic()
+    works = [gs[r].allreduce_async(np.ones(10)) for r in (0, 1)]
+    with pytest.raises(PeerTimeout, match=r"rank 2 sent nothing to rank 1 within 0.5 s") as info:
+        works[1].wait()
+    assert info.value.node == "rank 2" and info.value.peer == 2
+    with pytest.raises(PeerTimeout, match="rank 1 sent nothing to rank 0"):
+        works[0].wait()
+    assert time.monotonic() - start < 3.0
+    # the group is broken from then on: later operations fail at once with that error
+    with pytest.raises(PeerTimeout, match="rank 2 sent nothing to rank 1"):
+        gs[1].barrier()
+
+
+def test_a_silent_peer_in_a_ring_is_named() -> None:
+    gs = groups(2, timeout=0.3)
+    ring = Group(gs[0].links, thresholds=Thresholds(force="ring"))
+    start = time.monotonic()
+    with pytest.raises(PeerTimeout, match=r"rank 1 sent nothing to rank 0 within 0\.3 s"):
+        ring.allreduce(np.ones(100))
+    assert time.monotonic() - start < 2.0
+
+
+def test_closed_group_refuses_work() -> None:
+    g = groups(1)[0]
+    assert g.allreduce(np.arange(3)).tolist() == [0, 1, 2]
+    g.close()
+    with pytest.raises(CollectiveClosed, match="allreduce: the group is closed"):
+        g.allreduce(np.arange(3))
+
+
+def test_bad_arguments_fail_in_the_caller() -> None:
+    g = groups(2)[0]
+    with pytest.raises(ValueError, match="root must be a rank of the group"):
+        g.broadcast(np.ones(2), root=2)
+    with pytest.raises(ValueError, match="hosts lists 3 ranks for a group of 2"):
+        Group(g.links, hosts=["a", "b", "c"])
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        Thresholds(force="tree")
+    with pytest.raises(TypeError, match="not bool"):
+        g.allreduce(np.ones(2, bool))

@@ -1,0 +1,1 @@
+"""The collective algorithms, each written against ``links.Links`` (see docs/collectives.md)."""

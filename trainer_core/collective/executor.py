@@ -1,0 +1,103 @@
+"""Runs a group's operations in order on one background thread; each submission returns a ``Work``.
+
+Every rank must submit the same operations in the same order (as with Horovod and
+torch.distributed); the executor numbers them, and the number is the operation's tag namespace.
+Operations run one at a time, in submission order, so the caller's thread is free to compute while
+they run (``Work.wait()`` later). After an operation failed, the group is broken (its peers may be
+anywhere in the sequence): every later operation fails at once with the same error.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from trainer_core.errors import KVError
+
+
+class CollectiveClosed(KVError):
+    """An operation was submitted to, or was pending in, a closed group."""
+
+
+class Work:
+    """The handle of one submitted operation."""
+
+    def __init__(self, name: str, seq: int) -> None:
+        self.name, self.seq = name, seq
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._event.set()
+
+    def done(self) -> bool:
+        """Whether the operation finished (successfully or not)."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The operation's result, once it finished; its error raised if it failed. ``timeout``:
+        seconds to wait at most (``TimeoutError`` then; the operation goes on)."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"collective {self.name} (op {self.seq}) still running after {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error is not None else "done" if self.done() else "pending"
+        return f"<Work {self.name} op {self.seq} {state}>"
+
+
+_STOP = object()
+
+
+class Executor:
+    """One background thread that runs submitted operations in order."""
+
+    def __init__(self, name: str = "collective") -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._closed = False
+        self._broken: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, name: str, fn: Callable[[int], Any]) -> Work:
+        """Queue ``fn(seq)``; returns its ``Work`` at once."""
+        with self._lock:
+            if self._closed:
+                raise CollectiveClosed(f"collective {name}: the group is closed")
+            work = Work(name, self._seq)
+            self._seq += 1
+            self._queue.put((work, fn))
+        return work
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            work, fn = item
+            if self._broken is not None:
+                work._finish(error=self._broken)
+                continue
+            try:
+                work._finish(fn(work.seq))
+            except BaseException as exc:
+                self._broken = exc
+                work._finish(error=exc)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Run what is queued, then stop the thread (waits ``timeout`` seconds at most)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_STOP)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)

@@ -1,0 +1,228 @@
+"""``Group``: the collective operations of one set of ranks over one ``Links``.
+
+Every operation exists twice: ``allreduce(...)`` returns the result, ``allreduce_async(...)``
+returns a ``Work`` at once (``wait()`` gives the result, ``done()`` polls), the operation running on
+the group's background thread (``executor.Executor``) in submission order. Every rank must call the
+same operations in the same order with arrays of the same dtype and shape (ragged ``allgather``:
+the same dtype and trailing shape).
+
+Arrays are numpy arrays, or cupy arrays that are copied to host memory and back (the NCCL path
+comes later). A result is a fresh array; ``allreduce``'s ``out`` receives it instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from trainer_core.xp import like, to_host
+
+from . import compressed, fusion, policy
+from .algorithms import doubling, hierarchical, ring, tree
+from .algorithms.hierarchical import Topology
+from .executor import Executor, Work
+from .links import Ctx, Links
+from .policy import Thresholds
+from .reduce import ReduceSpec, spec_for
+
+
+class Group:
+    """The collectives of ``links.size`` ranks; ``hosts`` (host of each rank) enables the
+    hierarchical path; ``thresholds`` overrides the algorithm choice."""
+
+    def __init__(
+        self, links: Links, hosts: Sequence[str] | None = None, thresholds: Thresholds | None = None
+    ) -> None:
+        if hosts is not None and len(hosts) != links.size:
+            raise ValueError(f"hosts lists {len(hosts)} ranks for a group of {links.size}")
+        self.links = links
+        self.topology = None if hosts is None else Topology.of(hosts)
+        self.thresholds = thresholds or Thresholds()
+        self._executor = Executor(f"collective-{links.rank}")
+        #: the algorithm of the last allreduce (for tests and logs)
+        self.last_algorithm = ""
+
+    @property
+    def rank(self) -> int:
+        return self.links.rank
+
+    @property
+    def size(self) -> int:
+        return self.links.size
+
+    def close(self) -> None:
+        """Finish the queued operations and stop the background thread."""
+        self._executor.close()
+
+    def __enter__(self) -> Group:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _submit(self, name: str, fn: Callable[[Ctx], Any]) -> Work:
+        return self._executor.submit(name, lambda seq: fn(Ctx.for_op(self.links, seq)))
+
+    # -- allreduce ----------------------------------------------------------------------------
+    def allreduce_async(self, array: Any, op: str = "sum", out: Any = None, kind: str | None = None) -> Work:
+        """Start reducing ``array`` over all ranks (``op``: sum, mean, max, min; ``kind="bfloat16"``
+        for bfloat16 bits in a uint16 array)."""
+        spec = spec_for(array.dtype, op, kind)
+        host = np.array(to_host(array), copy=True, order="C")
+        _check_out(host, out)
+
+        def run(ctx: Ctx) -> Any:
+            flat = host.reshape(-1)
+            self._allreduce_flat(ctx, flat, spec)
+            spec.finish(flat, self.size)
+            return _deliver(host, array, out)
+
+        return self._submit("allreduce", run)
+
+    def allreduce(self, array: Any, op: str = "sum", out: Any = None, kind: str | None = None) -> Any:
+        return self.allreduce_async(array, op, out, kind).wait()
+
+    def _allreduce_flat(self, ctx: Ctx, flat: np.ndarray, spec: ReduceSpec) -> None:
+        th = self.thresholds
+        algo = self.last_algorithm = policy.choose(flat.nbytes, self.topology, th)
+        if algo == policy.HIERARCHICAL:
+            assert self.topology is not None
+            hierarchical.allreduce(ctx, flat, spec, self.topology, self._flat_allreduce)
+        else:
+            self._flat_allreduce(ctx, flat, spec, algo)
+
+    def _flat_allreduce(self, ctx: Ctx, flat: np.ndarray, spec: ReduceSpec, algo: str | None = None) -> None:
+        th = self.thresholds
+        if algo is None or algo == policy.HIERARCHICAL:
+            algo = policy.flat_algorithm(flat.nbytes, th)
+        if algo == policy.RING:
+            ring.allreduce(ctx, flat, spec, th.segment_bytes)
+        else:
+            doubling.allreduce(ctx, flat, spec)
+
+    def grouped_allreduce_async(
+        self, arrays: Sequence[Any], op: str = "sum", kind: str | None = None
+    ) -> Work:
+        """Reduce many arrays at once, fused into buckets of one dtype of at most
+        ``thresholds.fusion_bytes``; the result is the list of reduced arrays."""
+        specs = [spec_for(a.dtype, op, kind) for a in arrays]
+        hosts = [to_host(a) for a in arrays]
+        buckets = fusion.plan(
+            [(s.kind, h.nbytes) for s, h in zip(specs, hosts, strict=True)], self.thresholds.fusion_bytes
+        )
+        packed = [fusion.pack(hosts, b) for b in buckets]
+
+        def run(ctx: Ctx) -> list[Any]:
+            results: list[Any] = [None] * len(arrays)
+            for i, (bucket, buf) in enumerate(zip(buckets, packed, strict=True)):
+                spec = specs[bucket[0]]
+                self._allreduce_flat(ctx.phase(i % 15), buf, spec)
+                spec.finish(buf, self.size)
+                fusion.unpack(buf, hosts, bucket, results)
+            return [like(r, a) for r, a in zip(results, arrays, strict=True)]
+
+        return self._submit("grouped_allreduce", run)
+
+    def grouped_allreduce(self, arrays: Sequence[Any], op: str = "sum", kind: str | None = None) -> list[Any]:
+        return self.grouped_allreduce_async(arrays, op, kind).wait()
+
+    def compressed_allreduce_async(
+        self, array: Any, state: compressed.ErrorFeedback, key: Any = 0, op: str = "mean"
+    ) -> Work:
+        """Reduce ``array`` compressed with ``state``'s compressor, with error feedback kept in
+        ``state`` under ``key`` (one key per tensor; see ``compressed``)."""
+        spec = spec_for(array.dtype, op)
+        if spec.dtype.kind != "f":
+            raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {spec.dtype}")
+        host = np.array(to_host(array), copy=True, order="C")
+        st = state.key(key, self.size)
+
+        def run(ctx: Ctx) -> Any:
+            flat = compressed.allreduce(ctx, host.reshape(-1), spec, st)
+            return like(flat.reshape(host.shape), array)
+
+        return self._submit("compressed_allreduce", run)
+
+    def compressed_allreduce(
+        self, array: Any, state: compressed.ErrorFeedback, key: Any = 0, op: str = "mean"
+    ) -> Any:
+        return self.compressed_allreduce_async(array, state, key, op).wait()
+
+    # -- the others -----------------------------------------------------------------------------
+    def broadcast_async(self, array: Any, root: int = 0) -> Work:
+        """Start sending ``root``'s ``array`` to every rank; the result is a fresh array."""
+        if not 0 <= root < self.size:
+            raise ValueError(f"broadcast root must be a rank of the group (0..{self.size - 1}), not {root}")
+        host = np.array(to_host(array), copy=True, order="C")
+
+        def run(ctx: Ctx) -> Any:
+            tree.broadcast(ctx, host.reshape(-1).view(np.uint8), root, self.thresholds.segment_bytes)
+            return like(host, array)
+
+        return self._submit("broadcast", run)
+
+    def broadcast(self, array: Any, root: int = 0) -> Any:
+        return self.broadcast_async(array, root).wait()
+
+    def allgather_async(self, array: Any) -> Work:
+        """Start concatenating every rank's ``array`` along the first axis, in rank order; the first
+        dimension may differ between ranks (ragged)."""
+        host = np.ascontiguousarray(to_host(array))
+        if host.ndim == 0:
+            host = host.reshape(1)
+
+        def run(ctx: Ctx) -> Any:
+            flat, _ = ring.ragged_allgather(
+                ctx, host.view(np.uint8).reshape(-1), self.thresholds.segment_bytes
+            )
+            rows = flat.view(host.dtype).reshape(-1, *host.shape[1:])
+            return like(rows, array)
+
+        return self._submit("allgather", run)
+
+    def allgather(self, array: Any) -> Any:
+        return self.allgather_async(array).wait()
+
+    def reduce_scatter_async(self, array: Any, op: str = "sum", kind: str | None = None) -> Work:
+        """Start reducing ``array`` and keep this rank's block of the first axis (the rows split as
+        ``numpy.array_split`` does: the first ``rows % size`` ranks get one more)."""
+        spec = spec_for(array.dtype, op, kind)
+        host = np.array(to_host(array), copy=True, order="C")
+        if host.ndim == 0:
+            raise ValueError("reduce_scatter needs an array with at least one axis")
+
+        def run(ctx: Ctx) -> Any:
+            rows = ring.blocks(host.shape[0], self.size)
+            row = int(np.prod(host.shape[1:], dtype=np.int64))
+            flat = host.reshape(-1)
+            bounds = [(a * row, b * row) for a, b in rows]
+            ring.reduce_scatter(ctx, flat, spec, self.thresholds.segment_bytes, bounds)
+            a, b = rows[self.rank]
+            mine = host[a:b].copy()
+            spec.finish(mine.reshape(-1), self.size)
+            return like(mine, array)
+
+        return self._submit("reduce_scatter", run)
+
+    def reduce_scatter(self, array: Any, op: str = "sum", kind: str | None = None) -> Any:
+        return self.reduce_scatter_async(array, op, kind).wait()
+
+    def barrier_async(self) -> Work:
+        return self._submit("barrier", doubling.barrier)
+
+    def barrier(self) -> None:
+        self.barrier_async().wait()
+
+
+def _check_out(host: np.ndarray, out: Any) -> None:
+    if out is not None and (tuple(out.shape) != host.shape or out.dtype != host.dtype):
+        raise ValueError(f"out must be a {host.dtype} array of shape {host.shape}")
+
+
+def _deliver(host: np.ndarray, template: Any, out: Any) -> Any:
+    if out is None:
+        return like(host, template)
+    out[...] = like(host, out)
+    return out

@@ -1,0 +1,150 @@
+"""The point-to-point interface the collective algorithms are written against.
+
+An algorithm sees one ``Links``: this process's ``rank``, the group's ``size``, and two
+non-blocking calls, ``send(peer, tag, buffer)`` and ``recv(peer, tag, out)``, each returning a
+``Handle`` to wait on. Because neither call blocks, a rank can post its send to one neighbour and
+its receive from the other before waiting on either, which is what keeps a ring of synchronous
+(rendezvous) channels from deadlocking. A buffer passed to ``send`` must not change until its
+handle is done; ``out`` is filled with exactly as many bytes as the matching send carried (a
+different length is an error that names the peer).
+
+Messages between one pair with one tag arrive in the order they were sent. ``Ctx`` turns an
+operation's sequence number, a phase and a step into the tag, so that the messages of different
+operations and phases never match each other.
+
+The in-process implementation for tests is ``fabric.Fabric``; the socket one comes with the node
+layer (docs/collectives.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
+
+from trainer_core.errors import NodeFailure
+
+#: Default seconds a wait lasts before the peer is declared unresponsive.
+DEFAULT_TIMEOUT = 30.0
+
+
+class Handle(Protocol):
+    """A posted send or receive."""
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Return once the operation completed; raise ``PeerTimeout`` (naming the peer) after
+        ``timeout`` seconds (``None``: the links' own timeout), or the error that ended it."""
+        ...
+
+    def done(self) -> bool:
+        """Whether the operation completed (successfully or not) without waiting."""
+        ...
+
+
+class Links(Protocol):
+    """One rank's point-to-point connections to the other ranks of a group."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def send(self, peer: int, tag: int, buffer: np.ndarray) -> Handle:
+        """Post the bytes of the C-contiguous ``buffer`` to ``peer``; returns at once."""
+        ...
+
+    def recv(self, peer: int, tag: int, out: np.ndarray) -> Handle:
+        """Post a receive from ``peer`` into the C-contiguous ``out``; returns at once."""
+        ...
+
+
+class LinkError(NodeFailure):
+    """A point-to-point operation failed; ``node`` names the peer (``rank 3``)."""
+
+    def __init__(self, message: str, peer: int) -> None:
+        super().__init__(message, node=f"rank {peer}")
+        self.peer = peer
+
+
+class PeerTimeout(LinkError):
+    """A peer did not send (or take) a message within the timeout."""
+
+
+def wait_all(handles: Sequence[Handle]) -> None:
+    """Wait for every handle, in order (the first error is raised)."""
+    for h in handles:
+        h.wait()
+
+
+class SubLinks:
+    """The links of a subgroup: ranks ``0..len(members)-1`` stand for the global ranks ``members``."""
+
+    def __init__(self, links: Links, members: Sequence[int]) -> None:
+        self.members = tuple(members)
+        if links.rank not in self.members:
+            raise ValueError(f"rank {links.rank} is not in the subgroup {self.members}")
+        self.links = links
+        self._rank = self.members.index(links.rank)
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def send(self, peer: int, tag: int, buffer: np.ndarray) -> Handle:
+        return self.links.send(self.members[peer], tag, buffer)
+
+    def recv(self, peer: int, tag: int, out: np.ndarray) -> Handle:
+        return self.links.recv(self.members[peer], tag, out)
+
+
+# tag layout (64 bits): operation sequence | 2 nested phases of 4 bits | step (12 bits) | segment (20)
+_SEG_BITS, _STEP_BITS, _PHASE_BITS, _MAX_DEPTH = 20, 12, 4, 2
+_PHASE_SHIFT = _SEG_BITS + _STEP_BITS
+_SEQ_SHIFT = _PHASE_SHIFT + _PHASE_BITS * _MAX_DEPTH
+MAX_SEGMENTS = 1 << _SEG_BITS
+MAX_STEPS = 1 << _STEP_BITS
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """The links an algorithm runs on and the tag namespace of its operation and phase."""
+
+    links: Links
+    base: int = 0
+    depth: int = 0
+
+    @classmethod
+    def for_op(cls, links: Links, seq: int) -> Ctx:
+        """The context of the ``seq``-th operation of a group (every rank numbers them alike)."""
+        return cls(links, (seq % (1 << (64 - _SEQ_SHIFT))) << _SEQ_SHIFT)
+
+    def phase(self, p: int) -> Ctx:
+        """A nested namespace for one phase (0..14) of the operation (phases nest two deep)."""
+        if not 0 <= p < (1 << _PHASE_BITS) - 1 or self.depth >= _MAX_DEPTH:
+            raise ValueError(f"phase {p} at depth {self.depth}: out of the tag space")
+        shift = _PHASE_SHIFT + _PHASE_BITS * self.depth
+        return replace(self, base=self.base | ((p + 1) << shift), depth=self.depth + 1)
+
+    def on(self, links: Links) -> Ctx:
+        """The same namespace on other links (a subgroup's)."""
+        return replace(self, links=links)
+
+    def tag(self, step: int, seg: int = 0) -> int:
+        if not (0 <= step < MAX_STEPS and 0 <= seg < MAX_SEGMENTS):
+            raise ValueError(f"step {step} / segment {seg} out of the tag space")
+        return self.base | (step << _SEG_BITS) | seg
+
+    @property
+    def rank(self) -> int:
+        return self.links.rank
+
+    @property
+    def size(self) -> int:
+        return self.links.size

@@ -1,0 +1,61 @@
+"""Which allreduce algorithm runs, by message size and topology.
+
+The thresholds are named fields of ``Thresholds`` so that a group can be given others; the
+defaults are PROVISIONAL: they come from the textbook cost model (latency-bound below a few
+hundred KiB, ring above), not yet from measurements over sockets, which come with the node layer
+(docs/collectives.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .algorithms.hierarchical import Topology
+from .algorithms.ring import SEGMENT_BYTES
+
+RECURSIVE_DOUBLING = "recursive_doubling"
+RING = "ring"
+HIERARCHICAL = "hierarchical"
+ALGORITHMS = (RECURSIVE_DOUBLING, RING, HIERARCHICAL)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When each algorithm is used (provisional defaults, to be measured)."""
+
+    #: buffers of at least this many bytes go round the ring; smaller ones by recursive doubling.
+    ring_min_bytes: int = 256 * 1024
+    #: the hierarchical path is taken from this many bytes up, when some host has several ranks
+    #: and there are several hosts.
+    hierarchical_min_bytes: int = 0
+    #: ring and broadcast segments (the pipelining unit).
+    segment_bytes: int = SEGMENT_BYTES
+    #: ``grouped_allreduce`` packs arrays of one dtype into buckets of at most this many bytes
+    #: (Horovod's HOROVOD_FUSION_THRESHOLD is 64 MiB).
+    fusion_bytes: int = 64 * 1024 * 1024
+    #: force one algorithm (one of ``ALGORITHMS``), or None to choose by size and topology.
+    force: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.force is not None and self.force not in ALGORITHMS:
+            raise ValueError(f"collective algorithm must be one of {ALGORITHMS}, not {self.force!r}")
+        for name in ("ring_min_bytes", "hierarchical_min_bytes", "segment_bytes", "fusion_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < (1 if name in ("segment_bytes", "fusion_bytes") else 0):
+                raise ValueError(f"threshold {name} must be a non-negative integer of bytes, not {value!r}")
+
+
+def flat_algorithm(nbytes: int, th: Thresholds) -> str:
+    """Ring or recursive doubling, by size alone."""
+    return RING if nbytes >= th.ring_min_bytes else RECURSIVE_DOUBLING
+
+
+def choose(nbytes: int, topo: Topology | None, th: Thresholds) -> str:
+    """The allreduce algorithm for a buffer of ``nbytes`` on ``topo`` (None: one rank per host)."""
+    if th.force is not None:
+        if th.force == HIERARCHICAL and topo is None:
+            raise ValueError("the hierarchical algorithm needs the rank -> host map")
+        return th.force
+    if topo is not None and topo.nhosts > 1 and topo.max_local > 1 and nbytes >= th.hierarchical_min_bytes:
+        return HIERARCHICAL
+    return flat_algorithm(nbytes, th)
