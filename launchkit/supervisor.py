@@ -3,7 +3,8 @@
 - every process's output is merged live, each line prefixed ``[role rank]``, stdout and stderr
   kept apart, and copied to ``--log-dir`` files when asked;
 - when a process fails, the others get SIGTERM and, after the grace period, SIGKILL; the
-  earliest failure is the root cause, and its exit code becomes the job's;
+  process that failed first on its own is the root cause (``launchkit.rootcause``: not one that
+  only ends because another node failed), and its exit code becomes the job's;
 - SIGINT / SIGTERM / SIGHUP to the launcher end the job the same way (exit 130 / 143 / 129),
   a second one skips the grace period;
 - a reaper process (``launchkit.jobs.reaper``) ends the job's processes if the launcher itself is
@@ -35,7 +36,8 @@ from launchkit.errors import UsageError
 from launchkit.hostside import procscan
 from launchkit.jobs import outputs, reaper
 from launchkit.jobs import records as jobs
-from launchkit.output import Merger
+from launchkit.output import Merger, Source
+from launchkit.rootcause import PEER_WAIT, Blame, Tail, named_root
 from launchkit.view.snapshot import LOG_LINES, Publisher
 
 if TYPE_CHECKING:
@@ -81,8 +83,12 @@ def job_exit_code(root: TaskResult | None, interrupted_by: int | None, results: 
 class _Running:
     task: Task
     handle: ProcessHandle | None
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    tail: deque[str] = field(default_factory=lambda: Tail(TAIL_LINES))  # (a Tail: it sees dmlc_env lines)
     result: TaskResult | None = None
+    sources: list[Source] = field(default_factory=list)
+
+    def output_ended(self) -> bool:
+        return all(src.done.is_set() for src in self.sources)
 
 
 class Supervisor:
@@ -120,6 +126,7 @@ class Supervisor:
             plan, ui, dashboard, model, log, attempt, record.started_at if record else None, backend.status
         )
         self._root: _Running | None = None
+        self._named_by: _Running | None = None  # the process that named the root cause as failed
         self._started = time.monotonic()
         self.log_dir = Path(log_dir) if log_dir else None
         self.grace = grace
@@ -181,7 +188,9 @@ class Supervisor:
             for stream, name in ((handle.stdout, "out"), (handle.stderr, "err")):
                 prefix = self.writer.prefix(task.role, task.rank, name)
                 kept = self.keeper.open(task.role, task.rank, name)
-                self.merger.add(stream, name, prefix, run.tail, self._open_log(task, name), kept)
+                run.sources.append(
+                    self.merger.add(stream, name, prefix, run.tail, self._open_log(task, name), kept)
+                )
             threading.Thread(target=self._wait, args=(index, handle), daemon=True).start()
 
     def _give_up(self, since: float) -> None:
@@ -214,34 +223,49 @@ class Supervisor:
         given_up_at: float | None = None
         interrupted_by: int | None = None
         signalled: int | None = None  # the first signal, also one during a teardown under way
-        root: TaskResult | None = None
+        blame = Blame(min(PEER_WAIT, self.grace))  # the failures before the teardown
+
+        def tear_down() -> None:
+            nonlocal teardown_at, kill_at
+            teardown_at = time.monotonic()
+            kill_at = teardown_at + self.grace
+            self._signal_all(signal.SIGTERM)
+
+        def settle(force: bool = False) -> None:
+            """Begin the teardown once the failures so far name the root cause (or ``force``)."""
+            if teardown_at is None and blame.decide(time.monotonic(), force=force):
+                assert blame.root is not None
+                self._root = self._procs[blame.root]
+                tear_down()
+
         try:
             self.merger.start()
             self._start_all()
             self._save_started()
             pending = len(self._procs)
             while pending:
+                settle()
                 while self._signals:
                     sig = self._signals.pop(0)
                     signalled = signalled or sig
                     if teardown_at is None:
-                        interrupted_by = sig
                         self.ui.warn(f"received {signal.Signals(sig).name}: ending the job")
-                        teardown_at = time.monotonic()
-                        kill_at = teardown_at + self.grace
-                        self._signal_all(signal.SIGTERM)
+                        if blame.failed:  # a failure came first: it stays the root cause
+                            settle(force=True)
+                        else:
+                            interrupted_by = sig
+                            tear_down()
                     else:  # a second interrupt: no more grace
                         kill_at = time.monotonic()
                 if (
                     self.time_limit is not None
                     and teardown_at is None
+                    and not blame.failed  # a failure came first: its teardown is near
                     and time.monotonic() - self._started > self.time_limit
                 ):
                     self.timed_out = True
                     self.ui.warn(f"the job's time limit ({self.time_limit:g}s) passed: ending the job")
-                    teardown_at = time.monotonic()
-                    kill_at = teardown_at + self.grace
-                    self._signal_all(signal.SIGTERM)
+                    tear_down()
                 if kill_at is not None and time.monotonic() >= kill_at:
                     self._signal_all(signal.SIGKILL)
                     kill_at = float("inf")
@@ -267,17 +291,17 @@ class Supervisor:
                     killed_by_launcher=teardown_at is not None,
                 )
                 if exit_code != 0 and teardown_at is None:
-                    root = run.result
-                    self._root = run
-                    teardown_at = time.monotonic()
-                    kill_at = teardown_at + self.grace
-                    self._signal_all(signal.SIGTERM)
+                    blame.add(index, time.monotonic(), run.tail, run.output_ended)
+            settle(force=True)  # every process ended before a root cause was named
             self.backend.wait_ended(self.grace + 5.0)
             strays = procscan.sweep_job(self.plan.job_id, self.grace, exclude=(reaper_proc.pid,))
             procscan.remove_shm(self.plan.job_id)
             # a bound for streams that stay silent and open (a given-up process, a grandchild
             # holding one); output still coming and a slow reader of ours only slow this down
             self.merger.drain(2.0)
+            if self._root is not None:  # with every output read: the node a reporter names
+                index, by = named_root(self._procs.index(self._root), self._procs)
+                self._root, self._named_by = self._procs[index], None if by is None else self._procs[by]
         finally:
             self.merger.close()
             self.publisher.publish(self._procs, self._root, final=True)
@@ -291,11 +315,13 @@ class Supervisor:
         while self._signals:
             signalled = signalled or self._signals.pop(0)
         results = [self._final(run) for run in self._procs]
-        if root is not None:
-            root = next(r for r in results if r.task == root.task)
+        root = results[self._procs.index(self._root)] if self._root is not None else None
+        named_by = results[self._procs.index(self._named_by)] if self._named_by is not None else None
         code = (
             EXIT_TIMEOUT if self.timed_out and root is None else job_exit_code(root, interrupted_by, results)
         )
+        if named_by is not None and root is not None and root.killed_by_launcher and root.signal:
+            code = named_by.exit_code  # a node that never ended on its own: the code of the one that named it
         if code == 0 and self.merger.log_error is not None:
             code = EXIT_LOG_FAILED
             self.ui.error(
@@ -311,6 +337,7 @@ class Supervisor:
             signalled=signalled,
             strays_killed=strays,
             timed_out=self.timed_out,
+            named_by=named_by,
         )
         self._save_finished(result)
         return result

@@ -125,3 +125,4 @@ class JobResult:
     strays_killed: int = 0
     timed_out: bool = False  # ended by --time-limit
     attempt: int = 0  # which attempt ended so (LAUNCHKIT_RESTART_COUNT): 0 first
+    named_by: TaskResult | None = None  # the process whose output named the root cause as failed

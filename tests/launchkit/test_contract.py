@@ -135,3 +135,25 @@ def test_trainer_core_reads_what_the_launcher_sets() -> None:
         assert cfg.job_id == "j7" and cfg.secret == "s" * 64
         assert (cfg.env.root_uri, cfg.env.root_port) == ("127.0.0.1", 9)
         assert (cfg.env.num_workers, cfg.env.num_servers) == (3, 2)
+
+
+def test_the_peer_failed_line_reads_back_as_the_node_it_names() -> None:
+    """dmlc_env.ending: what a node says as it ends because another failed, and what a launcher
+    reads back; a name that is not a node's (free text, a newline) becomes ``another node``."""
+    import io
+
+    from dmlc_env.ending import PeerFailure, peer_failed_line, peer_failure, say_peer_failed
+
+    for node, read in [("worker 1", PeerFailure("worker", 1)), ("server 0", PeerFailure("server", 0)),
+                       ("scheduler", PeerFailure("scheduler", 0)), (None, PeerFailure(None)),
+                       ("1 of 2 workers", PeerFailure(None)), ("worker 1\nworker 2", PeerFailure(None))]:  # fmt: skip
+        line = peer_failed_line(node)
+        assert "\n" not in line and peer_failure(line) == read
+        assert peer_failure(f"[12:00:00 4242] {line}") == read  # after a logging prefix
+    out = io.StringIO()
+    say_peer_failed("worker 3", out)
+    assert out.getvalue() == "dmlc_env: this node ends because worker 3 failed\n"
+    assert (
+        peer_failure("worker 1 failed") is None
+        and peer_failure(peer_failed_line("worker 1") + " (x)") is None
+    )

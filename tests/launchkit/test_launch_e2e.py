@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from dmlc_env.ending import peer_failed_line
 from tests.launchkit.procs import (
     PROG,
     parse_prefixed,
@@ -17,6 +18,7 @@ from tests.launchkit.procs import (
     record,
     run,
     start,
+    until_exists_sh,
     wait_for_job,
     wait_until,
 )
@@ -234,3 +236,60 @@ def test_time_limit_ends_the_job_with_124(launchkit_home) -> None:
     job = wait_for_job(launchkit_home)
     assert pids_with_job(job) == []
     assert record(launchkit_home, job)["state"] == "timed out"
+
+
+def test_root_cause_is_the_process_that_failed_not_the_one_that_noticed_first(tmp_path) -> None:
+    """The scheduler exits first, saying (dmlc_env.ending) that it ends because worker 1 failed;
+    worker 1 exits only after the launcher has reaped the scheduler, with its own code."""
+    pid = tmp_path / "scheduler.pid"
+    script = tmp_path / "job.sh"
+    script.write_text(
+        'case "$DMLC_ROLE $LAUNCHKIT_ROLE_RANK" in\n'
+        f'"scheduler 0") echo "trainer_core scheduler: aborting"; echo "{peer_failed_line("worker 1")}"; '
+        f"echo $$ > {pid}; exit 1 ;;\n"
+        f'"worker 1") {until_exists_sh(pid)}; while kill -0 "$(cat {pid})" 2>/dev/null; do sleep 0.02; done\n'
+        '  echo "Traceback (most recent call last):" >&2; echo "ValueError: boom" >&2; exit 3 ;;\n'
+        "*) exec sleep 60 ;;\n"
+        "esac\n"
+    )
+    res = run(["launch", "-n", "2", "-s", "1", "--grace-period", "2", "sh", str(script)])
+    assert res.returncode == 3, res.stderr
+    assert "failed: worker 1 on localhost exited with code 3" in res.stderr
+    assert "ValueError: boom" in res.stderr.split("last lines of worker 1:")[1]
+
+
+TC_JOB = """\
+import os, signal, sys
+from trainer_core import kv
+store = kv.create("dist_sync")
+if os.environ["LAUNCHKIT_ROLE_RANK"] == "1":
+    if sys.argv[1] == "raise":
+        raise ValueError("boom from worker 1")
+    print("worker 1 stops", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+signal.pause()
+"""
+
+
+def test_trainer_core_worker_that_raises_is_the_root_cause(tmp_path) -> None:
+    (tmp_path / "job.py").write_text(TC_JOB)
+    res = run(["launch", "-n", "2", "-s", "1", PY, "job.py", "raise"], cwd=tmp_path, timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert "failed: worker 1 on localhost exited with code 1" in res.stderr, res.stderr
+    assert "ValueError: boom from worker 1" in res.stderr.split("last lines of worker 1:")[1]
+
+
+def test_trainer_core_hung_worker_is_the_root_cause(tmp_path) -> None:
+    """Worker 1 stops (SIGSTOP): the scheduler gives up on its heartbeats and exits; worker 1 never
+    ends by itself. It is named, as the scheduler reported it, with the scheduler's exit code."""
+    (tmp_path / "job.py").write_text(TC_JOB)
+    env = ["--env", "PS_HEARTBEAT_INTERVAL:0.2", "--env", "PS_HEARTBEAT_TIMEOUT:1"]
+    res = run(["launch", "-n", "2", "-s", "1", "--grace-period", "1", *env, PY, "job.py", "stop"], cwd=tmp_path,
+              timeout=60)  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    assert (
+        "failed: worker 1 on localhost failed, as scheduler 0 reported (exit 1); did not end by itself: "
+        "the launcher ended it (signal 9)"
+    ) in " ".join(res.stderr.split()), res.stderr
+    report = res.stderr.split("last lines of worker 1:")[1]
+    assert "worker 1 stops" in report and "sent no heartbeat" in report.split("last lines of scheduler 0:")[1]

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 import trainer_core.metrics as metrics
+from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, NodeFailure, WireError
 from trainer_core.ps.handler import SHARED_PREFIX
@@ -357,6 +358,8 @@ class WorkerClient:
 
     def abort(self, reason: str, node: str | None = None) -> None:
         """Ask the scheduler to end the job now (``node`` failed, by default this worker); does not wait."""
+        if node is not None:  # another node failed (a server): for the launcher, not this one
+            say_peer_failed(node)
         if self.live.failure is None:
             body = {"reason": reason, "node": node or self.book.name}
             self.sched.send(wire.Header(op=wire.ABORT, src=self.book.name, body=body))

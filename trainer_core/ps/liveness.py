@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from dmlc_env.ending import say_peer_failed
 from trainer_core.errors import NodeFailure
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Received
@@ -43,6 +44,7 @@ class Health:
             self.failure = failure
             self.failed.set()
             self.log.error("trainer_core %s: %s", self.node, failure)
+            say_peer_failed(failure.node)  # for the launcher: not this node's own failure
             if self.on_failure is not None:
                 self.on_failure(failure)
 

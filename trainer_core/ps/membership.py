@@ -7,6 +7,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import NodeFailure, StartupTimeout, WireError
 from trainer_core.transport import wire
@@ -75,6 +76,9 @@ def join(
             continue
         h = inbox.pop(0).header
         if h.op == wire.ABORT or h.op == wire.ERROR:
+            if h.op == wire.ABORT:  # for the launcher: another node failed (an ERROR is about this one)
+                node = h.body.get("node")
+                say_peer_failed(node if isinstance(node, str) else None)
             raise NodeFailure(
                 f"the scheduler refused to start the job: {h.body.get('reason')}", node="scheduler"
             )

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import WireError
 from trainer_core.log import get_logger
@@ -92,11 +93,11 @@ class Scheduler:
                     return self.exit_code
             now = time.monotonic()
             if not self.nodes and now - started > cfg.start_timeout:
+                missing = missing_nodes(self.pending, self.expected)
                 return self._abort(
                     f"only {len(self.pending)} of {sum(self.expected.values())} nodes registered within "
-                    f"{cfg.start_timeout:g} s (PS_START_TIMEOUT); missing: "
-                    + ", ".join(missing_nodes(self.pending, self.expected)),
-                    None,
+                    f"{cfg.start_timeout:g} s (PS_START_TIMEOUT); missing: " + ", ".join(missing),
+                    missing[0] if len(missing) == 1 else None,  # the one node at fault, when it is one
                     [r.peer for r in self.pending],
                 )
             if self.nodes and cfg.liveness_on:
@@ -223,6 +224,7 @@ class Scheduler:
 
     def _abort(self, reason: str, node: str | None, extra: list[Peer] | None = None) -> int:
         self.log.error("trainer_core scheduler: aborting the job: %s", reason)
+        say_peer_failed(node)  # for the launcher: the scheduler ends because of ``node``
         body = {"reason": reason, "node": node}
         targets = [r.ctl for r in self.nodes.values() if r.ctl is not None and r.name != node]
         for peer in targets + (extra or []):

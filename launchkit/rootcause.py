@@ -1,0 +1,133 @@
+"""Which failed process started the end of a job: the root cause.
+
+The first process to exit with an error is not always the one that failed: when a trainer_core
+worker raises, the scheduler learns it from the worker's abort and exits before the worker has
+finished printing its traceback; when a node hangs, the scheduler gives up on it and exits, and
+the hung node never exits by itself. A node that ends because another failed says so in a line
+of its output (``dmlc_env.ending``: ``dmlc_env: this node ends because worker 1 failed``). So:
+
+- a failed process is judged once its output has been read to its end (``OUTPUT_WAIT`` at most):
+  one that printed that line *reports* another's failure, any other failed *on its own*;
+- the first process that failed on its own is the root cause, and the teardown begins with it;
+- while every failed process only reports another's failure, the teardown waits up to
+  ``PEER_WAIT`` for the node they name to end on its own (with its own exit code and traceback);
+  when it has not, the teardown begins anyway, and the node named is still the root cause
+  (ended by the launcher: a hung node), else the first process that failed.
+
+``Tail`` and ``Blame`` hold no process and no clock of their own: the supervisor gives them its
+lines and times (``tests/launchkit/test_rootcause.py`` drives them by hand).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from dmlc_env.ending import PeerFailure, peer_failure
+from launchkit.core.spec import Task, TaskResult
+
+OUTPUT_WAIT = 0.5  # seconds after a process's exit for the last of its output (its line) to be read
+PEER_WAIT = 3.0  # at most this long (and never past the grace period) for the node named to end
+
+
+class Tail(deque[str]):
+    """A process's last lines, remembering a line, however far back, that says the process ends
+    because another node failed (``peer``)."""
+
+    def __init__(self, maxlen: int) -> None:
+        super().__init__(maxlen=maxlen)
+        self.peer: PeerFailure | None = None
+
+    def append(self, line: str) -> None:
+        self._see(line)
+        super().append(line)
+
+    def extend(self, lines: Iterable[str]) -> None:
+        lines = list(lines)
+        for line in lines:
+            self._see(line)
+        super().extend(lines)
+
+    def _see(self, line: str) -> None:
+        if self.peer is None and "dmlc_env: " in line:
+            self.peer = peer_failure(line)
+
+
+def peer_of(lines: deque[str]) -> PeerFailure | None:
+    """The failure a process's lines say it ends by (a plain deque says none)."""
+    return lines.peer if isinstance(lines, Tail) else None
+
+
+@dataclass
+class _Failed:
+    index: int  # the process, as the supervisor counts them
+    seen: float  # when its exit came (the supervisor's monotonic clock)
+    tail: deque[str]
+    output_ended: Callable[[], bool]  # every stream of it read to its end
+
+
+class Blame:
+    """The failures before the teardown, in the order their exits came; ``decide`` says when the
+    teardown begins and ``root`` is then the process that failed first on its own."""
+
+    def __init__(self, peer_wait: float) -> None:
+        self.peer_wait = peer_wait
+        self.failed: list[_Failed] = []
+        self.root: int | None = None
+
+    def add(self, index: int, now: float, tail: deque[str], output_ended: Callable[[], bool]) -> None:
+        self.failed.append(_Failed(index, now, tail, output_ended))
+
+    def decide(self, now: float, *, force: bool = False) -> bool:
+        """Whether the teardown begins now (``root`` set): a process that failed on its own, the
+        wait for the node named is over, or ``force`` (a signal, the time limit, nothing left)."""
+        if self.root is not None:
+            return True
+        if not self.failed:
+            return False
+        for f in self.failed:
+            if peer_of(f.tail) is not None:
+                continue  # it reports another's failure
+            if not force and not f.output_ended() and now - f.seen < OUTPUT_WAIT:
+                return False  # not judged yet, and it came before any later one
+            self.root = f.index
+            return True
+        if force or now - self.failed[0].seen >= self.peer_wait:
+            self.root = self.failed[0].index
+            return True
+        return False
+
+
+class Proc(Protocol):
+    """A process as the supervisor holds it."""
+
+    @property
+    def task(self) -> Task: ...
+    @property
+    def tail(self) -> deque[str]: ...
+    @property
+    def result(self) -> TaskResult | None: ...
+
+
+def named_root(root: int, procs: Sequence[Proc]) -> tuple[int, int | None]:
+    """The final root cause, once every output is read: ``root`` when it failed on its own; when
+    it only reported another's failure, the node it (or another reporter) names, if that is a
+    process of the job that failed on its own. Returns (root, the process that named it or None)."""
+    if peer_of(procs[root].tail) is None:
+        return root, None
+    where = {(p.task.role, p.task.rank): i for i, p in enumerate(procs)}
+
+    def failed(i: int) -> bool:
+        result = procs[i].result
+        return result is not None and not result.ok
+
+    for by in [root] + [i for i in range(len(procs)) if i != root]:
+        peer = peer_of(procs[by].tail)
+        if peer is None or peer.role is None or not failed(by):
+            continue
+        named = where.get((peer.role, peer.rank))
+        if named is not None and named != by and failed(named) and peer_of(procs[named].tail) is None:
+            return named, by
+    return root, None

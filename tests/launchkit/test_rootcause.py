@@ -1,0 +1,101 @@
+"""The root-cause choice in-process: Tail, Blame and named_root driven by hand (the real processes
+are in test_launch_e2e.py's root-cause tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dmlc_env.ending import PeerFailure, peer_failed_line
+from launchkit.core.spec import LOCALHOST, Task, TaskResult
+from launchkit.rootcause import OUTPUT_WAIT, Blame, Tail, named_root
+
+SAYS_W1 = peer_failed_line("worker 1")
+
+
+def tail(*lines: str) -> Tail:
+    t = Tail(3)
+    t.extend(lines)
+    return t
+
+
+def test_tail_remembers_the_line_after_it_scrolled_out() -> None:
+    t = tail("x", SAYS_W1)
+    for i in range(10):
+        t.append(f"traceback line {i}")
+    assert SAYS_W1 not in t and len(t) == 3
+    assert t.peer == PeerFailure("worker", 1)
+    assert tail("ERROR:trainer_core:" + peer_failed_line(None)).peer == PeerFailure(None)
+    assert tail("dmlc_env: this node ends because worker 1 failed, says the user").peer is None
+
+
+def ended() -> bool:
+    return True
+
+
+def running() -> bool:
+    return False
+
+
+def test_a_process_that_failed_on_its_own_is_the_root_at_once() -> None:
+    b = Blame(peer_wait=3.0)
+    b.add(2, 10.0, tail("Traceback", "ValueError: x"), ended)
+    assert b.decide(10.0) and b.root == 2
+
+
+def test_a_reporter_waits_for_the_process_that_failed_on_its_own() -> None:
+    b = Blame(peer_wait=3.0)
+    b.add(0, 10.0, tail(SAYS_W1), ended)  # the scheduler: first to exit
+    assert not b.decide(10.5)
+    b.add(4, 10.6, tail("ValueError: boom"), ended)  # worker 1, later
+    assert b.decide(10.6) and b.root == 4
+
+
+def test_a_failure_whose_output_is_not_read_yet_is_judged_when_it_is() -> None:
+    b = Blame(peer_wait=3.0)
+    out = tail()
+    b.add(0, 10.0, out, running)
+    b.add(4, 10.1, tail("ValueError"), ended)
+    assert not b.decide(10.2)  # the first one may still say it only reports another
+    out.append(SAYS_W1)
+    assert b.decide(10.2) and b.root == 4
+    b = Blame(peer_wait=3.0)
+    b.add(0, 10.0, tail(), running)  # its streams never end (a grandchild holds them)
+    assert not b.decide(10.0 + OUTPUT_WAIT / 2) and b.decide(10.0 + OUTPUT_WAIT) and b.root == 0
+
+
+def test_only_reporters_begin_the_teardown_after_the_wait_or_when_forced() -> None:
+    b = Blame(peer_wait=3.0)
+    b.add(0, 10.0, tail(SAYS_W1), ended)
+    b.add(1, 10.1, tail(SAYS_W1), ended)
+    assert not b.decide(12.9)
+    assert b.decide(13.0) and b.root == 0
+    b = Blame(peer_wait=3.0)
+    b.add(0, 10.0, tail(SAYS_W1), ended)
+    assert b.decide(10.1, force=True) and b.root == 0  # a signal, or nothing left to wait for
+    assert not Blame(3.0).decide(99.0, force=True)  # no failure: nothing to decide
+
+
+@dataclass
+class P:
+    task: Task
+    tail: Tail
+    result: TaskResult | None
+
+
+def procs(tails: list[Tail], failed: set[int]) -> list[P]:
+    roles = [("scheduler", 0), ("server", 0), ("worker", 0), ("worker", 1)]
+    out = []
+    for i, ((role, rank), t) in enumerate(zip(roles, tails, strict=True)):
+        task = Task(role, rank, i, LOCALHOST, 0, ("x",))
+        out.append(P(task, t, TaskResult(task, 1 if i in failed else 0, None, 0.0)))
+    return out
+
+
+def test_named_root_names_the_node_a_reporter_names() -> None:
+    tails = [tail(SAYS_W1), tail("serving"), tail(SAYS_W1), tail("worker 1 stops")]
+    assert named_root(0, procs(tails, {0, 2, 3})) == (3, 0)
+    assert named_root(3, procs(tails, {0, 2, 3})) == (3, None)  # it failed on its own
+    # the node named succeeded, or is not a process of this job: the reporter stays the root
+    assert named_root(0, procs(tails, {0, 2})) == (0, None)
+    alone = [tail(peer_failed_line("worker 7")), tail("serving"), tail("x"), tail("y")]
+    assert named_root(0, procs(alone, {0, 2, 3})) == (0, None)
