@@ -76,6 +76,7 @@ def dry_run_plan(spec: LaunchSpec, backend: Backend) -> Plan:
 
 
 RESTARTABLE = ("local", "ssh")  # backends whose jobs --max-restarts restarts (docs/launch.md)
+CANNOT_START = {126: "cannot be executed", 127: "was not found"}  # the shell's codes (exit-codes.md)
 REAPER_WAIT = 30.0  # seconds past the grace period for the last attempt's reaper to finish its sweep
 WATCHDOG_SWEEP = 2.0  # seconds a lost host's watchdog is given for its final sweep by job id
 
@@ -89,9 +90,22 @@ def restart_cause(result: JobResult, attempt: int, max_restarts: int) -> str | N
     root = result.root_cause
     if attempt >= max_restarts or root is None or result.signalled is not None or result.timed_out:
         return None
+    if never_starts(result) is not None:
+        return None
     return f"{root.task.role} {root.task.rank} exit {root.exit_code}" + (
         f", signal {root.signal}" if root.signal else ""
     )
+
+
+def never_starts(result: JobResult) -> str | None:
+    """Why the job's command will not start on a restart either: every process that ended by
+    itself exited 126 or 127 (the shell's "cannot execute" and "not found"; a program the launcher
+    could not start counts as such); None otherwise."""
+    own = [r for r in result.results if not r.killed_by_launcher and not r.ok]
+    if result.root_cause is None or not own or any(r.exit_code not in CANNOT_START for r in own):
+        return None
+    root = result.root_cause
+    return f"its command {CANNOT_START.get(root.exit_code, 'cannot start')} ({root.task.role} {root.task.rank} exit {root.exit_code})"
 
 
 def restart_delay(backoff: float, result: JobResult, watchdog_end: float | None) -> float:
@@ -165,6 +179,9 @@ def run_job(spec: LaunchSpec, backend: Backend, ui: Ui, *, dashboard: Dashboard 
             result, supervisor = _attempt(job, attempt)
             cause = restart_cause(result, attempt, spec.max_restarts)
             if cause is None:
+                why = never_starts(result) if attempt < spec.max_restarts else None
+                if why is not None and result.signalled is None and not result.timed_out:
+                    ui.warn(f"job {job.job_id}: no restart: {why}, and a restart would run the same command")
                 return result
             if job.stop.signum is not None:  # came as the attempt ended, after its supervisor's handlers
                 return _ended_between(job, result, 128 + job.stop.signum)

@@ -29,7 +29,7 @@ from launchkit.core.plan import make_plan
 from launchkit.core.spec import Host, JobResult, LaunchSpec, Task, TaskResult
 from launchkit.errors import BackendError, UsageError
 from launchkit.jobs.records import JobRecord
-from launchkit.launching import restart_cause, restart_delay
+from launchkit.launching import never_starts, restart_cause, restart_delay
 from tests.cluster.conftest import netns_hosts, netns_session, sshd_loopback  # noqa: F401
 from tests.launchkit.procs import (
     job_ids,
@@ -93,6 +93,35 @@ def test_success_signals_and_the_time_limit_are_not_restarted() -> None:
     assert restart_cause(result(124, failed=False, timed_out=True), 0, 5) is None
     # a job that succeeded but whose --log-dir files are incomplete (74): no process failed
     assert restart_cause(result(74, failed=False), 0, 5) is None
+
+
+def test_a_command_that_cannot_start_is_not_restarted() -> None:
+    """126 / 127 on every process that ended by itself: the same command will not start again."""
+
+    def ended(code: int, rank: int = 0, by_launcher: bool = False) -> TaskResult:
+        return TaskResult(
+            Task("worker", rank, rank, Host("localhost"), rank, ("x",)), code, None, 0.0, by_launcher
+        )
+
+    def job(*results: TaskResult) -> JobResult:
+        return JobResult("j", results[0].exit_code, results, root_cause=results[0])
+
+    assert restart_cause(job(ended(127), ended(127, 1)), 0, 3) is None
+    assert restart_cause(job(ended(126), ended(143, 1, by_launcher=True)), 0, 3) is None
+    assert never_starts(job(ended(127))) == "its command was not found (worker 0 exit 127)"
+    # another process failed on its own with another code, or the root itself did: restarted
+    assert restart_cause(job(ended(127), ended(3, 1)), 0, 3) == "worker 0 exit 127"
+    assert restart_cause(job(ended(3), ended(127, 1)), 0, 3) == "worker 0 exit 3"
+
+
+def test_a_command_that_cannot_start_ends_the_launch_saying_why(launchkit_home) -> None:
+    res = run(["launch", "-n", "1", "-s", "1", "--max-restarts", "2", "--restart-backoff", "0",
+               "no-such-program-xyz"])  # fmt: skip
+    assert res.returncode == 127, res.stderr
+    assert "restarting" not in res.stderr and "attempt 2" not in res.stderr, res.stderr
+    assert "no restart: its command was not found (scheduler 0 exit 127)" in " ".join(res.stderr.split())
+    rec = record(launchkit_home, wait_for_job(launchkit_home))
+    assert (rec["attempt"], rec["state"], rec["exit_code"]) == (0, "failed", 127)
 
 
 def spec_for(launcher: str = "local", **kw: object) -> LaunchSpec:
