@@ -7,15 +7,17 @@ for pipes); the job's merged output goes to stdout/stderr through ``OutputWriter
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO, cast
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from launchkit.output import REPORT_LINE, printable
 
@@ -24,26 +26,70 @@ def _no_color() -> bool:
     return "NO_COLOR" in os.environ or os.environ.get("TERM") == "dumb"
 
 
+def _cannot_draw() -> bool:
+    """A terminal that cannot move its cursor (``TERM=dumb``, as rich reads it): it gets what a
+    pipe gets (the plain merged output, no dashboard), at its own width."""
+    return os.environ.get("TERM") in ("dumb", "unknown")
+
+
+def _isatty(f: object) -> bool:
+    try:
+        return bool(f.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        return False
+
+
+class _Stderr(io.TextIOBase):
+    """``sys.stderr`` as it is at each write. While the dashboard (a rich live view) is shown on
+    the terminal, ``sys.stderr`` is rich's proxy, which prints a message above the view; rich's
+    own stderr console would bypass it and write over the view (the message was then erased by the
+    next frame and the view's top lines left behind). A stderr that is not a terminal (``2>file``)
+    is written directly."""
+
+    @staticmethod
+    def _target() -> TextIO:
+        current = sys.stderr
+        real: TextIO = getattr(current, "rich_proxied_file", current)
+        return current if _isatty(real) else real
+
+    def write(self, text: str) -> int:
+        return self._target().write(text)
+
+    def flush(self) -> None:
+        self._target().flush()
+
+    def isatty(self) -> bool:
+        return _isatty(self._target())
+
+    def fileno(self) -> int:
+        return self._target().fileno()
+
+
 class Ui:
     """Holds the consoles; one per CLI invocation, passed down (no global singleton)."""
 
     def __init__(self, out: Console | None = None, err: Console | None = None) -> None:
-        self.out = out or Console(no_color=_no_color(), soft_wrap=True, highlight=False)
-        self.err = err or Console(stderr=True, no_color=_no_color(), soft_wrap=True, highlight=False)
-        if not self.out.is_terminal:  # pipes and files: never truncate ids or paths
-            self.out.width = max(self.out.width, 200)
+        # ``out.is_terminal``: a terminal that the dashboard (a live view) can be drawn on
+        plain = _cannot_draw()
+        self.out = out or Console(
+            no_color=_no_color(), soft_wrap=True, highlight=False, force_terminal=False if plain else None
+        )
+        self.err = err or Console(
+            file=cast(TextIO, _Stderr()), no_color=_no_color(), soft_wrap=True, highlight=False
+        )
+        if not self.out.is_terminal and not (out is None and plain and _isatty(sys.stdout)):
+            self.out.width = max(self.out.width, 200)  # pipes and files: never truncate ids or paths
 
     # -- messages -------------------------------------------------------------------------
     def info(self, message: str) -> None:
         self.err.print(f"[bold cyan]launchkit[/]: {message}", markup=True)
 
     def warn(self, message: str) -> None:
-        self.err.print("[bold yellow]launchkit: warning:[/] ", end="")
-        self.err.print(message, markup=False)
+        # one print, one write: above the dashboard, a part without its newline is a line of its own
+        self.err.print(Text.assemble(("launchkit: warning: ", "bold yellow"), message))
 
     def error(self, message: str) -> None:
-        self.err.print("[bold red]launchkit: error:[/] ", end="")
-        self.err.print(message, markup=False)
+        self.err.print(Text.assemble(("launchkit: error: ", "bold red"), message))
 
     def lines(self, lines: Iterable[str], style: str = "dim") -> None:
         """Lines of a report (a process's last lines): control characters escaped, long lines cut."""

@@ -7,8 +7,12 @@ supervisor, sized to the terminal, plus the CPU/memory sampling of the job's loc
 
 from __future__ import annotations
 
+import contextlib
+import os
+import termios
 import time
 from collections import deque
+from collections.abc import Callable
 
 from rich.console import Console, RenderableType
 from rich.live import Live
@@ -38,6 +42,7 @@ class Dashboard:
         self.log: deque[tuple[str, str]] = deque(maxlen=log_lines)
         self._live: Live | None = None
         self._next = 0.0
+        self._restore: Callable[[], None] | None = None
 
     def add_line(self, label: str, line: str) -> None:
         self.log.append((label, line))
@@ -48,13 +53,15 @@ class Dashboard:
     def update(self, state: DashboardState) -> None:
         self._next = time.monotonic() + self.interval
         if self._live is None:
+            self._restore = quiet_echo(self.console)
             self._live = Live(self.view(state), console=self.console, auto_refresh=False, transient=False)
             self._live.start()
         else:
             self._live.update(self.view(state), refresh=True)
 
     def view(self, state: DashboardState) -> RenderableType:
-        return render(state, *fit(state, self.console.height))
+        width = self.console.width
+        return render(state, *fit(state, self.console.height, width), width=width)
 
     def stop(self, state: DashboardState | None = None) -> None:
         if self._live is not None:
@@ -62,6 +69,32 @@ class Dashboard:
                 self._live.update(self.view(state), refresh=True)
             self._live.stop()
             self._live = None
+        if self._restore is not None:
+            self._restore()
+            self._restore = None
+
+
+def quiet_echo(console: Console) -> Callable[[], None] | None:
+    """Turn the terminal's echo off while the view is shown: a key typed or a Ctrl-C (``^C``) was
+    echoed at the end of the frame, moved the cursor a line down, and every frame after it was
+    drawn a line too low, leaving the top line of the one before on the screen. Returns what puts
+    the echo back; None where there is nothing to do (not a terminal, a job in the background)."""
+    try:
+        fd = console.file.fileno()
+        if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+            return None
+        before = termios.tcgetattr(fd)
+        quiet = termios.tcgetattr(fd)
+        quiet[3] &= ~termios.ECHO
+        termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    except (OSError, ValueError, termios.error):  # io.UnsupportedOperation is an OSError
+        return None
+
+    def restore() -> None:
+        with contextlib.suppress(OSError, termios.error):
+            termios.tcsetattr(fd, termios.TCSADRAIN, before)
+
+    return restore
 
 
 class TailSink:

@@ -54,7 +54,17 @@ def from_live(record: jobs.JobRecord, view: live.Live, now: float) -> DashboardS
     state = view.state
     running = record.shown_state == "running"
     elapsed = state.elapsed + max(0.0, now - view.written_at) if running else state.elapsed
+    if not running and not state.finished:  # its launcher died mid-frame (lost): nothing is known since
+        state = dataclasses.replace(state, rows=tuple(unknown(r) for r in state.rows))
     return dataclasses.replace(state, elapsed=elapsed, message=ending(record) or state.message)
+
+
+def unknown(row: ProcRow) -> ProcRow:
+    """A process whose launcher died while it ran: its state is unknown ("lost"), and the CPU and
+    memory the launcher last sampled are not shown as if current."""
+    if row.state not in ("running", "starting"):
+        return row
+    return dataclasses.replace(row, state="lost", detail="", cpu_percent=None, rss_bytes=None)
 
 
 class Source:
@@ -83,7 +93,10 @@ class Source:
 
 
 def frame(ui: Ui, state: DashboardState) -> RenderableType:
-    return render(state, *fit(state, ui.out.height)) if ui.out.is_terminal else render(state)
+    if not ui.out.is_terminal:
+        return render(state)
+    width = ui.out.width
+    return render(state, *fit(state, ui.out.height, width), width=width)
 
 
 def register(app: typer.Typer) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -18,7 +19,7 @@ SPARK_WIDTH = 30
 
 def sparkline(values: Sequence[float], width: int = SPARK_WIDTH) -> str:
     """The last ``width`` values as unicode blocks, scaled between their minimum and maximum."""
-    values = list(values)[-width:]
+    values = list(values)[-width:] if width > 0 else []
     if not values:
         return ""
     low, high = min(values), max(values)
@@ -45,37 +46,72 @@ def mbps(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def figures_table(t: Training) -> Table:
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(style="bold", no_wrap=True, min_width=11)
-    grid.add_column(justify="right", no_wrap=True)
-    grid.add_column(style="cyan", no_wrap=True)
-    grid.add_row("step", "-" if t.step is None else f"{t.step:,}", "")
-    grid.add_row("loss", number(t.loss), sparkline(t.loss_series))
-    grid.add_row("accuracy", number(t.accuracy), sparkline(t.accuracy_series))
-    grid.add_row("samples/s", number(t.samples_per_s, 3), sparkline(t.samples_series))
+def _values(t: Training) -> list[tuple[str, str | Text, Sequence[float] | str | Text]]:
+    """The figures' rows: (label, value, sparkline series or a note)."""
+    rows: list[tuple[str, str | Text, Sequence[float] | str | Text]] = [
+        ("step", "-" if t.step is None else f"{t.step:,}", ""),
+        ("loss", number(t.loss), t.loss_series),
+        ("accuracy", number(t.accuracy), t.accuracy_series),
+        ("samples/s", number(t.samples_per_s, 3), t.samples_series),
+    ]
     if t.compression_ratio is not None:
-        grid.add_row("compression", f"{t.compression_ratio:.1f}x", "")
+        rows.append(("compression", f"{t.compression_ratio:.1f}x", ""))
     if t.lagging is not None:
         lag = t.lagging
-        grid.add_row(
-            "slowest", Text(f"{lag.role} {lag.rank}", style="bold yellow"), Text(lag.why, style="yellow")
+        rows.append(
+            ("slowest", Text(f"{lag.role} {lag.rank}", style="bold yellow"), Text(lag.why, style="yellow"))
         )
+    return rows
+
+
+LABEL = 11  # the figures' label column
+
+
+def figures_width(t: Training) -> int:
+    """The figures without their sparklines: label, value and the space between."""
+    values = [v.cell_len if isinstance(v, Text) else cell_len(v) for _, v, _ in _values(t)]
+    return LABEL + 1 + max(values)
+
+
+def figures_table(t: Training, spark: int = SPARK_WIDTH) -> Table:
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold", no_wrap=True, min_width=LABEL)
+    grid.add_column(justify="right", no_wrap=True)
+    if spark:  # no room: no sparklines, and the slowest worker named without the why
+        grid.add_column(style="cyan", no_wrap=True, overflow="ellipsis")
+    for label, value, series in _values(t):
+        third = series if isinstance(series, (str, Text)) else sparkline(series, spark)
+        grid.add_row(label, value, *((third,) if spark else ()))
     return grid
 
 
-def hosts_table(hosts: Sequence[HostFigures]) -> Table:
-    table = Table(show_edge=False, header_style="bold", box=None, padding=(0, 1))
-    for col in ("host", "load", "mem GiB", "in MB/s", "out MB/s"):
-        table.add_column(col, justify="left" if col == "host" else "right", no_wrap=True)
+def _host_cells(hosts: Sequence[HostFigures]) -> tuple[list[str], list[list[str]]]:
+    columns = ["host", "load", "mem GiB", "in MB/s", "out MB/s"]
     gpu = any(h.gpu_util is not None for h in hosts)
     if gpu:
-        table.add_column("gpu", justify="right")
+        columns.append("gpu")
+    rows = []
     for h in hosts:
         mem = "-" if h.mem_used is None else f"{gib(h.mem_used)}/{gib(h.mem_total)}"
         cells = [h.host, number(h.load1, 3), mem, mbps(h.rx_mbps), mbps(h.tx_mbps)]
         if gpu:
             cells.append("-" if h.gpu_util is None else f"{h.gpu_util:.0f}%")
+        rows.append(cells)
+    return columns, rows
+
+
+def hosts_width(hosts: Sequence[HostFigures]) -> int:
+    """The hosts table's width (each column its widest cell, a space either side)."""
+    columns, rows = _host_cells(hosts)
+    return sum(max(cell_len(c) for c in (col, *(r[i] for r in rows))) + 2 for i, col in enumerate(columns))
+
+
+def hosts_table(hosts: Sequence[HostFigures]) -> Table:
+    table = Table(show_edge=False, header_style="bold", box=None, padding=(0, 1))
+    columns, rows = _host_cells(hosts)
+    for col in columns:
+        table.add_column(col, justify="left" if col == "host" else "right", no_wrap=True, overflow="ellipsis")
+    for cells in rows:
         table.add_row(*cells)
     return table
 
@@ -84,16 +120,54 @@ def waiting_line(t: Training) -> str:
     return f"waiting for nodes to register: {t.nodes_reported} of {t.nodes_expected}"
 
 
-def training_panel(t: Training, finished: bool = False) -> RenderableType:
+GAP = 4  # between the figures and the hosts table
+MIN_SPARK = 6  # a shorter sparkline is left out
+
+
+def layout(t: Training, width: int | None) -> tuple[bool, int]:
+    """(hosts beside the figures, sparkline width) for a panel ``width`` cells wide (None: as wide
+    as it takes). Beside them while both fit with a short sparkline; below them otherwise, so that
+    no figure is ever cut (a narrow terminal); the sparklines take what room is left."""
+    if width is None:
+        return True, SPARK_WIDTH
+    inner = width - 4  # the panel's border and padding
+    figures = figures_width(t) + 1
+    least = figures
+    if t.nodes_reported == 0:
+        least = cell_len(NO_REPORT)
+    hosts = hosts_width(t.hosts) if t.hosts else 0
+    beside = not hosts or least + GAP + hosts <= inner
+    room = inner - figures - (GAP + hosts if beside and hosts else 0)
+    return beside, min(SPARK_WIDTH, room) if room >= MIN_SPARK else 0
+
+
+def panel_lines(t: Training, finished: bool, width: int | None) -> int:
+    """How many lines ``training_panel`` takes."""
+    figures = len(_values(t)) if t.nodes_reported else 1
+    hosts = len(t.hosts) + 1 if t.hosts else 0
+    beside, _ = layout(t, width)
+    body = max(figures, hosts) if beside else figures + hosts
+    return 2 + body + (1 if t.waiting and not finished else 0)
+
+
+NO_REPORT = "no training report yet (trainer_core's nodes report here)"
+
+
+def training_panel(t: Training, finished: bool = False, width: int | None = None) -> RenderableType:
     parts: list[RenderableType] = []
     if t.waiting and not finished:
-        parts.append(Text(waiting_line(t), style="yellow"))
-    figures: RenderableType = figures_table(t)
+        parts.append(Text(waiting_line(t), style="yellow", no_wrap=True, overflow="ellipsis"))
+    beside, spark = layout(t, width)
+    figures: RenderableType = figures_table(t, spark)
     if t.nodes_reported == 0:
-        figures = Text("no training report yet (trainer_core's nodes report here)", style="dim")
-    row = Table.grid(padding=(0, 4))
-    row.add_column()
-    row.add_column()
-    row.add_row(figures, hosts_table(t.hosts) if t.hosts else "")
-    parts.append(row)
+        figures = Text(NO_REPORT, style="dim", no_wrap=True, overflow="ellipsis")
+    hosts: RenderableType = hosts_table(t.hosts) if t.hosts else ""
+    if beside:
+        row = Table.grid(padding=(0, GAP))
+        row.add_column()
+        row.add_column()
+        row.add_row(figures, hosts)
+        parts.append(row)
+    else:
+        parts += [figures, hosts]
     return Panel(Group(*parts), title="training", title_align="left", border_style="blue")

@@ -7,12 +7,13 @@ lines, the output pane, and a closing message."""
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from launchkit.view.panel import training_panel
+from launchkit.view.panel import panel_lines, training_panel
 from launchkit.view.state import DashboardState, ProcRow
 
 STATE_STYLE = {
@@ -21,6 +22,7 @@ STATE_STYLE = {
     "ok": "bold green",
     "failed": "bold red",
     "ended": "dim",
+    "lost": "yellow",  # its launcher died: nothing known since
 }
 _FIRST = {"failed": 0, "starting": 1}  # shown first when not every row fits
 
@@ -48,19 +50,33 @@ def counts(rows: tuple[ProcRow, ...]) -> str:
     return ", ".join(f"{n} {s}" for s, n in sorted(by_state.items()))
 
 
-def header(state: DashboardState) -> Text:
-    title = Text.assemble(
-        ("launchkit ", "bold cyan"),
-        (f"{state.name} ", "bold"),
-        (f"{state.job_id}  {state.backend}  {duration(state.elapsed)}  ", "dim"),
-    )
+def header(state: DashboardState, width: int | None = None) -> Text:
+    """The frame's title. In a narrow terminal the parts that matter least go first (the job's
+    name, the backend, its id, the engine's status), so that the elapsed time and the counts by
+    state always show."""
+    parts: list[tuple[int, str, str]] = [  # (drop order: highest first, text, style)
+        (0, "launchkit ", "bold cyan"),
+        (5, f"{state.name} ", "bold"),
+        (3, f"{state.job_id}  ", "dim"),
+        (4, f"{state.backend}  ", "dim"),
+        (0, f"{duration(state.elapsed)}  ", "dim"),
+    ]
     if state.attempt is not None:
         of = f" of {state.attempts}" if state.attempts else ""
-        title.append(f"attempt {state.attempt}{of}  ", style="bold yellow" if state.attempt > 1 else "dim")
-    title.append(counts(state.rows))
+        parts.append((1, f"attempt {state.attempt}{of}  ", "bold yellow" if state.attempt > 1 else "dim"))
+    parts.append((0, counts(state.rows), ""))
     if state.status and not state.finished:
-        title.append(f"  {state.status}", style="yellow")
-    return title
+        parts.append((2, f"  {state.status}", "yellow"))
+    if width is not None:
+        room = width - TITLE_MARGIN
+        for drop in (6, 5, 4, 3, 2, 1):
+            if sum(cell_len(text) for _, text, _ in parts) <= room:
+                break
+            parts = [p for p in parts if p[0] < drop]
+    return Text.assemble(*((text, style) for _, text, style in parts), no_wrap=True, overflow="ellipsis")
+
+
+TITLE_MARGIN = 6  # a panel's title: the corner, a rule and a space either side
 
 
 def shown_rows(rows: tuple[ProcRow, ...], max_rows: int | None) -> tuple[list[ProcRow], int]:
@@ -74,32 +90,58 @@ def shown_rows(rows: tuple[ProcRow, ...], max_rows: int | None) -> tuple[list[Pr
     return [rows[i] for i in chosen], len(rows) - keep
 
 
-def process_table(state: DashboardState, max_rows: int | None) -> Table:
+COLUMNS = ("role", "rank", "host", "pid", "state", "cpu", "mem", "last line")
+_DROP = ("last line", "pid", "host", "mem", "cpu")  # in a narrow terminal, the first left out
+LAST_LINE_MIN = 8
+
+
+def _cells(r: ProcRow) -> dict[str, str]:
+    return {
+        "role": r.role,
+        "rank": str(r.rank),
+        "host": r.host,
+        "pid": "" if r.pid is None else str(r.pid),
+        "state": r.state + (f" ({r.detail})" if r.detail else ""),
+        "cpu": "" if r.cpu_percent is None else f"{r.cpu_percent:.0f}%",
+        "mem": mem(r.rss_bytes),
+        "last line": r.last_line,
+    }
+
+
+def columns(rows: list[ProcRow], width: int | None) -> list[str]:
+    """The columns that fit ``width`` cells (None: all), each at its widest cell: a row is always
+    one line, never wrapped."""
+    shown = list(COLUMNS)
+    if width is None:
+        return shown
+    cells = [_cells(r) for r in rows]
+
+    def need(cols: list[str]) -> int:  # a space either side of each cell, a rule between
+        widest = [max(cell_len(c), *(cell_len(x[c]) for x in cells)) if c != "last line" else LAST_LINE_MIN
+                  for c in cols]  # fmt: skip
+        return sum(w + 2 for w in widest) + len(cols) - 1
+
+    for col in _DROP:
+        if need(shown) <= width:
+            break
+        shown.remove(col)
+    return shown
+
+
+def process_table(state: DashboardState, max_rows: int | None, width: int | None = None) -> Table:
     table = Table(expand=True, show_edge=False, header_style="bold")
-    for col, kw in (
-        ("role", {}),
-        ("rank", {"justify": "right"}),
-        ("host", {}),
-        ("pid", {"justify": "right"}),
-        ("state", {}),
-        ("cpu", {"justify": "right"}),
-        ("mem", {"justify": "right"}),
-        ("last line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"}),
-    ):
-        table.add_column(col, **kw)
     rows, left_out = shown_rows(state.rows, max_rows)
+    shown = columns(rows, width)
+    for col in shown:
+        kw: dict[str, object] = {"justify": "right"} if col in ("rank", "pid", "cpu", "mem") else {}
+        if col == "last line":
+            kw["ratio"] = 1
+        table.add_column(col, no_wrap=True, overflow="ellipsis", **kw)  # type: ignore[arg-type]
     for r in rows:
-        st = Text(r.state + (f" ({r.detail})" if r.detail else ""), style=STATE_STYLE.get(r.state, ""))
-        table.add_row(
-            r.role,
-            str(r.rank),
-            r.host,
-            "" if r.pid is None else str(r.pid),
-            st,
-            "" if r.cpu_percent is None else f"{r.cpu_percent:.0f}%",
-            mem(r.rss_bytes),
-            Text(r.last_line),
-        )
+        cells = _cells(r)
+        table.add_row(*(
+            Text(cells[c], style=STATE_STYLE.get(r.state, "")) if c == "state" else Text(cells[c]) for c in shown
+        ))  # fmt: skip
     if left_out:
         hidden = tuple(r for r in state.rows if r not in rows)
         table.caption = f"... and {left_out} more processes: {counts(hidden)}"
@@ -122,14 +164,14 @@ def root_cause_panel(state: DashboardState) -> RenderableType | None:
 MIN_LOG = 3  # output lines kept when the process rows need the room
 
 
-def fit(state: DashboardState, height: int) -> tuple[int, int]:
-    """(process rows, output lines) that fit a terminal ``height`` lines high beside the other
-    parts: every row when they fit with ``MIN_LOG`` output lines, the output pane the rest."""
+def fit(state: DashboardState, height: int, width: int | None = None) -> tuple[int, int]:
+    """(process rows, output lines) that fit a terminal ``height`` lines high (and ``width``
+    wide, which decides the training panel's layout) beside the other parts: every row when they
+    fit with ``MIN_LOG`` output lines, the output pane the rest."""
     used = 4 + 2 + (1 if state.message else 0)  # the frame, the table's header, the output pane's box
     t = state.training
     if t is not None:
-        used += 2 + max(5 if t.compression_ratio is None else 6, len(t.hosts) + 1) + (1 if t.waiting else 0)
-        used += 1 if t.lagging is not None else 0
+        used += panel_lines(t, state.finished, None if width is None else width - FRAME)
     if state.root_cause is not None:
         used += 2 + max(1, len(state.root_cause.lines))
     room = max(0, height - used)
@@ -137,13 +179,19 @@ def fit(state: DashboardState, height: int) -> tuple[int, int]:
     return rows, max(1, min(len(state.log), room - min(rows, len(state.rows)) - 1))
 
 
+FRAME = 4  # the frame's border and padding, both sides
+
+
 def render(
-    state: DashboardState, max_rows: int | None = None, log_lines: int | None = None
+    state: DashboardState, max_rows: int | None = None, log_lines: int | None = None, width: int | None = None
 ) -> RenderableType:
+    """The whole dashboard; ``width``: the terminal's, for a layout that never wraps a line (None:
+    as wide as it takes, for a pipe)."""
+    inner = None if width is None else width - FRAME
     parts: list[RenderableType] = []
     if state.training is not None:
-        parts.append(training_panel(state.training, state.finished))
-    parts.append(process_table(state, max_rows))
+        parts.append(training_panel(state.training, state.finished, inner))
+    parts.append(process_table(state, max_rows, inner))
     cause = root_cause_panel(state)
     if cause is not None:
         parts.append(cause)
@@ -154,5 +202,5 @@ def render(
         log.append(line)
     parts.append(Panel(log, title="output", title_align="left", border_style="dim"))
     if state.message:
-        parts.append(Text(state.message, style="bold"))
-    return Panel(Group(*parts), title=header(state), title_align="left")
+        parts.append(Text(state.message, style="bold", no_wrap=True, overflow="ellipsis"))
+    return Panel(Group(*parts), title=header(state, width), title_align="left")

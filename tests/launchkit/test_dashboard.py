@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import itertools
 import shlex
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from rich.console import Console
 from launchkit.dashboard import DashboardState, ProcRow, fit, render
 from launchkit.telemetry.view import training
 from launchkit.view.panel import sparkline
+from launchkit.view.render import duration
 from tests.launchkit import dashstates
 from tests.launchkit.procs import PROG, pids_with_job, record, run, start, wait_for_job, wait_until
 
@@ -132,13 +135,30 @@ def test_a_small_terminal_keeps_every_row_and_shortens_the_output() -> None:
     state = DashboardState(
         **{**dashstates.healthy().__dict__, "log": tuple(("worker 0", f"l{i}") for i in range(12))}
     )
-    rows, lines = fit(state, 24)
-    assert (rows, lines) == (4, 5)
+    rows, lines = fit(state, 24, 80)
+    assert (rows, lines) == (4, 6)
     console = Console(record=True, width=80, height=24, no_color=True)
-    console.print(render(state, rows, lines))
+    console.print(render(state, rows, lines, width=80))
     text = console.export_text()
     assert len(text.splitlines()) <= 24
-    assert "worker    │    1" in text and "[worker 0] l11" in text and "l6" not in text
+    assert "worker    │    1" in text and "[worker 0] l11" in text and "l5" not in text
+
+
+def test_a_narrow_terminal_cuts_no_figure_and_wraps_no_row() -> None:
+    # 60 cells: the header kept its counts, the training figures their digits, each row one line
+    for state, counts in ((dashstates.healthy(), "4 running"), (dashstates.failed(), "3 ended, 1 failed")):
+        for width in (60, 80):
+            text = Console(record=True, width=width, height=15, no_color=True, file=io.StringIO())
+            text.print(render(state, *fit(state, 15, width), width=width))
+            lines = text.export_text().splitlines()
+            assert state.job_id[:4] in lines[0] or width == 60
+            assert f"{duration(state.elapsed)}  {counts} ─" in lines[0], lines[0]
+            body = "\n".join(lines)
+            for figure in ("300", "0.06952", "0.99", "640", "16.0x", "3.0/8.0", "2.00"):
+                assert figure in body, (figure, body)
+            table = lines[next(i for i, x in enumerate(lines) if "━" in x) + 1 :]
+            rows = list(itertools.takewhile(lambda x: "╭" not in x and "..." not in x, table))
+            assert rows and all(any(r in x for r in ("scheduler", "server", "worker")) for x in rows), body
 
 
 def test_render_64_processes_over_12_hosts_fits_and_is_quick() -> None:

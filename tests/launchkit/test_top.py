@@ -3,6 +3,7 @@ the same view as the launching terminal; without one (or with a bad one), the re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -119,3 +120,20 @@ def test_top_of_a_failed_job_shows_its_root_cause_from_the_live_file(launchkit_h
     out = run(["top", job, "--once"]).stdout
     assert "root cause: worker 1 on localhost (exit 3), its last lines" in out
     assert "worker 1 is failing" in out and "job failed (exit 3)" in out
+
+
+def test_top_of_a_lost_job_does_not_show_its_processes_running() -> None:
+    # the launcher died (SIGKILL) with the live file saying 4 running at 50-53% CPU
+    state = dashstates.healthy()
+    rec = running_record(state.job_id)
+    assert rec.launcher_start is not None
+    # the launcher's pid, now another process's (another start time): the launcher is gone
+    rec = dataclasses.replace(rec, launcher_start=rec.launcher_start - 1)
+    jobs.save(rec)
+    live.write(state, dashstates.model())
+    res = run(["top", state.job_id, "--once"])
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "job lost" in out and "4 lost" in out and "running" not in out
+    rows = [line for line in out.splitlines() if "line" in line and "localhost" in line]
+    assert len(rows) == 4 and all("lost" in r and "%" not in r and "MiB" not in r for r in rows), out
