@@ -15,7 +15,7 @@ from launchkit.console import Ui
 from launchkit.core.hostfile import read_hostfile
 from launchkit.errors import UsageError
 from launchkit.jobs import records as jobs
-from launchkit.jobs.kill import active_job_ids, stop_job
+from launchkit.jobs.kill import StopResult, active_job_ids, stop_job
 
 
 def _report_hosts(ui: Ui, results: tuple[HostResult, ...] | list[HostResult]) -> bool:
@@ -26,6 +26,18 @@ def _report_hosts(ui: Ui, results: tuple[HostResult, ...] | list[HostResult]) ->
         else:
             ui.error(f"{r.host}: unreachable: {r.error}")
     return all(r.ok for r in results)
+
+
+def _said(res: StopResult) -> str:
+    """What ``kill`` did to one job."""
+    if res.cancelled:
+        return f"{res.job_id}: cancelled {res.cancelled}"
+    if res.lost:
+        return (
+            f"{res.job_id}: already lost (its launcher died without recording the end); "
+            f"ended {res.ended} process(es) it left here; its record stays lost"
+        )
+    return f"{res.job_id}: ended {res.ended} process(es) here"
 
 
 def register(app: typer.Typer) -> None:
@@ -50,13 +62,15 @@ def register(app: typer.Typer) -> None:
         reached = True
         warn = jobs.skipping(ui.warn)
         if job_id:
-            if jobs.load(job_id, warn) is None and job_id not in active_job_ids():
+            bad: list[jobs.BadRecord] = []
+            if jobs.load(job_id, bad.append) is None and job_id not in active_job_ids():
+                if bad:  # the same words as logs and top
+                    raise UsageError(jobs.unreadable(bad[0]))
                 raise UsageError(f"no job {job_id!r} here (see launchkit ps --all)")
+            if bad:  # its processes still run: they are found by the job id, without the record
+                ui.warn(f"{jobs.unreadable(bad[0])}; ending the job's processes found by its id")
             res = stop_job(job_id, grace)
-            if res.cancelled:
-                ui.text(f"{job_id}: cancelled {res.cancelled}")
-            else:
-                ui.text(f"{job_id}: ended {res.ended} process(es) here")
+            ui.text(_said(res))
             reached = _report_hosts(ui, res.hosts)
         else:
             ids = active_job_ids(warn)
@@ -64,7 +78,7 @@ def register(app: typer.Typer) -> None:
             for jid in ids:
                 res = stop_job(jid, grace)
                 total += res.ended
-                ui.text(f"{jid}: ended {res.ended} process(es)")
+                ui.text(_said(res))
                 reached = _report_hosts(ui, res.hosts) and reached
             ui.text(f"ended {total} process(es) in {len(ids)} job(s) here")
             if hostfile:

@@ -26,6 +26,7 @@ class StopResult:
     launcher_stopped: bool
     hosts: tuple[HostResult, ...] = ()  # per remote host: processes ended there, or the error
     cancelled: str | None = None  # a detached job: the engine job that was cancelled
+    lost: bool = False  # its launcher had died without recording the end: the record is left so
 
 
 def remote_hosts(record: jobs.JobRecord) -> tuple[list[Host], SshOptions] | None:
@@ -62,11 +63,12 @@ def stop_job(job_id: str, grace: float = 3.0) -> StopResult:
             )
         return StopResult(job_id, 0, True, cancelled=f"{info.get('engine')} job {info.get('engine_job')}")
     stopped = False
-    if record is not None and record.state == "running":
+    lost = record is not None and record.shown_state == "lost"
+    if record is not None and record.state == "running" and not lost:
         stopped = _stop_launcher(record, grace)
     procscan.sweep_job(job_id, grace)
     procscan.remove_shm(job_id)
-    if record is not None:
+    if record is not None and not lost:  # a lost job's end is not known: it stays lost
         fresh = jobs.load(job_id) or record
         if fresh.state == "running" or (stopped and fresh.state == "interrupted"):
             jobs.finish(fresh, "killed", fresh.exit_code)
@@ -75,7 +77,7 @@ def stop_job(job_id: str, grace: float = 3.0) -> StopResult:
     where = remote_hosts(record) if record is not None else None
     if where is not None:
         remote = tuple(ssh_commands.sweep(where[0], where[1], job_id, grace))
-    return StopResult(job_id, ended, stopped, remote)
+    return StopResult(job_id, ended, stopped, remote, lost=lost)
 
 
 def active_job_ids(on_bad: jobs.OnBad | None = None) -> list[str]:

@@ -322,9 +322,14 @@ def load_all(on_bad: OnBad | None = None) -> list[JobRecord]:
     return sorted(records, key=lambda r: r.started_at)
 
 
+def unreadable(bad: BadRecord) -> str:
+    """The one wording of a job record that cannot be read, for every command about one job."""
+    return f"cannot read the job record {bad.message}"
+
+
 def refuse(bad: BadRecord) -> None:
     """An ``on_bad`` for a command about one job: its record is unreadable, so stop (exit 2)."""
-    raise UsageError(f"cannot read the job record {bad.message}")
+    raise UsageError(unreadable(bad))
 
 
 def skipping(warn: Callable[[str], None]) -> OnBad:

@@ -155,6 +155,15 @@ def test_sigkill_of_launcher_leaves_no_process(launchkit_home) -> None:
     ps = run(["ps", "--json"])
     states = {j["id"]: j["shown_state"] for j in json.loads(ps.stdout)}
     assert states[job] == "lost"
+    # kill of the lost job: it says so, and the record stays lost (it said 'ended 0', marked killed)
+    res = run(["kill", job])
+    assert res.returncode == 0, res.stderr
+    assert (
+        f"{job}: already lost (its launcher died without recording the end); ended 0 process(es)"
+        in res.stdout
+    )
+    ps = run(["ps", "--json"])
+    assert {j["id"]: j["shown_state"] for j in json.loads(ps.stdout)}[job] == "lost"
 
 
 def test_strays_left_after_success_are_ended(launchkit_home) -> None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from launchkit.jobs import records as jobs
-from tests.launchkit.procs import run
+from tests.launchkit.procs import pids_with_job, run, wait_until
 
 GOOD = "1123-040000-aaaaaa"
 
@@ -98,7 +100,9 @@ def test_top_still_works(jobs_dir: Path) -> None:
     assert GOOD in res.stdout and "worker" in res.stdout
 
 
-@pytest.mark.parametrize("command", [["top", "bad-started", "--once"], ["logs", "bad-started"]])
+@pytest.mark.parametrize(
+    "command", [["top", "bad-started", "--once"], ["logs", "bad-started"], ["kill", "bad-started"]]
+)
 def test_one_job_commands_name_the_bad_record(jobs_dir: Path, command: list[str]) -> None:
     res = run(command)
     assert res.returncode == 2, res.stderr
@@ -108,12 +112,23 @@ def test_one_job_commands_name_the_bad_record(jobs_dir: Path, command: list[str]
     )
 
 
-def test_kill_of_a_bad_record_warns_and_still_looks_for_its_processes(jobs_dir: Path) -> None:
-    res = run(["kill", "bad-list"])
-    assert res.returncode == 2
-    err = " ".join(res.stderr.split())
-    assert f"warning: skipping unreadable job record {jobs_dir}/bad-list.json: expected a JSON object" in err
-    assert "error: no job 'bad-list' here" in err
+def test_kill_of_a_bad_record_still_ends_its_processes(jobs_dir: Path) -> None:
+    """The record cannot be read, but a process of the job runs: found by its job id and ended,
+    with the same words for the record as logs and top use."""
+    proc = subprocess.Popen(["sleep", "60"], env={**os.environ, "LAUNCHKIT_JOB_ID": "bad-list"})
+    try:
+        assert wait_until(lambda: proc.pid in pids_with_job("bad-list"), 10)
+        res = run(["kill", "bad-list"])
+        assert res.returncode == 0, res.stderr
+        assert (
+            f"warning: cannot read the job record {jobs_dir}/bad-list.json: expected a JSON object, got a list; "
+            "ending the job's processes found by its id"
+        ) in " ".join(res.stderr.split())
+        assert "bad-list: ended 1 process(es) here" in res.stdout
+        assert proc.wait(10) == -15
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_written_record_reads_back() -> None:
