@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -16,9 +17,22 @@ from trainer_core.collective.fusion import plan
 TH = Thresholds(segment_bytes=4096)
 
 
-def groups(w: int, timeout: float = 10, **kw: object) -> list[Group]:
+_MADE: list[Group] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_groups() -> Iterator[None]:
+    yield
+    while _MADE:
+        _MADE.pop().close()
+
+
+def groups(w: int, timeout: float = 10) -> list[Group]:
+    """``w`` groups on synchronous in-memory links (closed after the test)."""
     fabric = Fabric(w, timeout=timeout, eager=False)
-    return [Group(fabric.endpoint(r), thresholds=TH, **kw) for r in range(w)]  # type: ignore[arg-type]
+    made = [Group(fabric.endpoint(r), thresholds=TH) for r in range(w)]
+    _MADE.extend(made)
+    return made
 
 
 @pytest.mark.parametrize("w", [1, 2, 3, 5])

@@ -34,6 +34,7 @@ from .links import Ctx, Handle, wait_all
 from .reduce import ReduceSpec
 
 _LEN = np.dtype("<u4")
+OPS = ("sum", "mean")
 
 
 def pack(payload: Any, meta: dict[str, Any]) -> np.ndarray:
@@ -86,7 +87,7 @@ def allreduce(ctx: Ctx, flat: np.ndarray, spec: ReduceSpec, state: KeyState) -> 
     """The compressed reduction of every rank's ``flat`` (float16/32/64; op sum or mean): a fresh
     array, bit-identical on every rank."""
     size, rank = ctx.size, ctx.rank
-    if spec.op not in ("sum", "mean"):
+    if spec.op not in OPS:
         raise ValueError(f"compressed allreduce sums or averages, not {spec.op!r}")
     bounds = ring.blocks(flat.size, size)
     mine = _exchange(ctx.phase(0), [_encode(state.workers[c], flat[a:b]) for c, (a, b) in enumerate(bounds)])

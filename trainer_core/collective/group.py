@@ -25,7 +25,7 @@ from .algorithms.hierarchical import Topology
 from .executor import Executor, Work
 from .links import Ctx, Links
 from .policy import Thresholds
-from .reduce import ReduceSpec, spec_for
+from .reduce import FLOAT_DTYPES, ReduceSpec, spec_for
 
 
 class Group:
@@ -133,9 +133,11 @@ class Group:
     ) -> Work:
         """Reduce ``array`` compressed with ``state``'s compressor, with error feedback kept in
         ``state`` under ``key`` (one key per tensor; see ``compressed``)."""
+        if np.dtype(array.dtype) not in FLOAT_DTYPES:
+            raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {np.dtype(array.dtype)}")
+        if op not in compressed.OPS:
+            raise ValueError(f"compressed allreduce sums or averages, not {op!r}")
         spec = spec_for(array.dtype, op)
-        if spec.dtype.kind != "f":
-            raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {spec.dtype}")
         host = np.array(to_host(array), copy=True, order="C")
         st = state.key(key, self.size)
 

@@ -1,0 +1,39 @@
+"""The algorithm choice (trainer_core.collective.policy)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer_core.collective import Thresholds, Topology, choose
+
+
+def test_size_picks_doubling_then_ring() -> None:
+    th = Thresholds(ring_min_bytes=1000)
+    assert choose(999, None, th) == "recursive_doubling"
+    assert choose(1000, None, th) == "ring"
+    assert choose(0, None, Thresholds()) == "recursive_doubling"
+
+
+def test_topology_picks_hierarchical_only_with_several_hosts_of_several_ranks() -> None:
+    th = Thresholds(ring_min_bytes=1000, hierarchical_min_bytes=10)
+    assert choose(100, Topology.of(["a", "a", "b", "b"]), th) == "hierarchical"
+    assert choose(5, Topology.of(["a", "a", "b", "b"]), th) == "recursive_doubling"
+    assert choose(100, Topology.of(["a", "a", "a"]), th) == "recursive_doubling"  # one host
+    assert choose(5000, Topology.of(["a", "b", "c"]), th) == "ring"  # one rank per host
+
+
+def test_forced_algorithm_and_bad_thresholds() -> None:
+    assert choose(1 << 30, None, Thresholds(force="recursive_doubling")) == "recursive_doubling"
+    with pytest.raises(ValueError, match="needs the rank -> host map"):
+        choose(1, None, Thresholds(force="hierarchical"))
+    with pytest.raises(ValueError, match="threshold segment_bytes must be"):
+        Thresholds(segment_bytes=0)
+    with pytest.raises(ValueError, match="threshold ring_min_bytes must be"):
+        Thresholds(ring_min_bytes=-1)
+
+
+def test_topology_leaders_and_locals() -> None:
+    topo = Topology.of(["b", "a", "b", "a", "c"])
+    assert topo.leaders() == (0, 1, 4)
+    assert topo.local(2) == (0, 2) and topo.local(3) == (1, 3)
+    assert (topo.nhosts, topo.max_local) == (3, 2)
