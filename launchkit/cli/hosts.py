@@ -133,10 +133,8 @@ def _editable(path: Path) -> tuple[Path, os.stat_result | None]:
     UsageError naming ``path`` when it cannot be a hostfile: a directory, a fifo, a missing parent."""
     try:
         real = Path(os.path.realpath(path))
-    except OSError as exc:  # a relative path in a working directory that was removed
-        raise HostfileError(
-            str(path), None, f"cannot find it: {exc.strerror or exc} (the current directory?)"
-        ) from None
+    except OSError:  # a relative path in a working directory that was removed
+        raise HostfileError(str(path), None, "cannot find it (the current directory was removed)") from None
     try:
         info = real.stat()
     except FileNotFoundError:

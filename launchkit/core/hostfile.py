@@ -19,6 +19,7 @@ Every error names the file, the line and what was expected.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -169,7 +170,7 @@ def read_text(path: str | Path) -> str:
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
-        raise HostfileError(str(path), None, "no such file") from None
+        raise HostfileError(str(path), None, "no such file" + _removed_cwd(path)) from None
     except IsADirectoryError:
         raise HostfileError(str(path), None, "is a directory, expected a hostfile") from None
     except OSError as exc:
@@ -179,6 +180,17 @@ def read_text(path: str | Path) -> str:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise HostfileError(str(path), line, "not UTF-8 text: expected a text file") from None
+
+
+def _removed_cwd(path: str | Path) -> str:
+    """Why a relative path names nothing when the working directory itself was removed."""
+    if Path(path).is_absolute():
+        return ""
+    try:
+        os.getcwd()
+    except OSError:
+        return " (the current directory was removed)"
+    return ""
 
 
 def read_hostfile(path: str | Path, warn: Callable[[str], None] | None = None) -> list[Host]:

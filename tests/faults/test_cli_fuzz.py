@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from pathlib import Path
 
 import pytest
@@ -49,14 +50,17 @@ SETTINGS = settings(
 
 
 def run_cli(argv: list[str]) -> tuple[int, str]:
-    out, err = io.StringIO(), io.StringIO()
+    # byte buffers underneath, as a real stdout has (a launch writes its jobs' output there)
+    out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="backslashreplace") for _ in "12")
     code = 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             main(argv)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    return code, out.getvalue() + err.getvalue()
+    out.flush()
+    err.flush()
+    return code, b"".join(f.buffer.getvalue() for f in (out, err)).decode("utf-8", "backslashreplace")  # type: ignore[attr-defined]
 
 
 def check(argv: list[str]) -> None:
@@ -116,3 +120,155 @@ def test_a_nul_byte_in_a_variable_or_an_argument_is_a_usage_error(words: list[st
     to end in 'internal error: ValueError: embedded null byte' from the process start."""
     code, text = run_cli(["launch", "-n", "1", "-s", "0", "--launcher", "local", *words])
     assert code == 2 and "NUL byte" in text and "internal error" not in text, text
+
+
+# --- the environment and the file system: every command, odd LAUNCHKIT_HOMEs, a removed working
+# directory, hostfiles of every kind. The property: exit 0 or 2 with a clean message, never a
+# traceback or an "internal error"; where the case is broken for that command, exit 2 naming the
+# path. (`kill --all` is left out: with a usable home it would end every job of this user.)
+
+LAUNCH = ["launch", "-n", "1", "-s", "0", "--launcher", "local", "true"]
+RECORD_COMMANDS = {
+    "launch": LAUNCH,
+    "launch --dry-run": ["launch", "--dry-run", "-n", "1", "-s", "0", "true"],
+    "ps": ["ps", "--all"],
+    "kill": ["kill", "1127-000000-abcdef"],
+    "logs": ["logs", "1127-000000-abcdef"],
+    "top": ["top", "1127-000000-abcdef", "--once"],
+    "hosts list": ["hosts", "list", "-H", "hosts"],
+    "hosts add": ["hosts", "add", "node9", "-H", "hosts"],
+    "hosts remove": ["hosts", "remove", "node1", "-H", "hosts"],
+}
+
+
+def _odd_environment(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str | None:
+    """Set up ``case``; return the path the refusals must name (None: nothing is wrong)."""
+    Path("hosts").write_text("node1\nnode2\n")
+    home = tmp_path / "odd-home"
+    if case == "home is a file":
+        home.write_text("")
+    elif case == "home is a dangling link":
+        home.symlink_to(tmp_path / "nowhere")
+    elif case == "home's jobs is a file":
+        home.mkdir()
+        (home / "jobs").write_text("")
+        home = home / "jobs"
+    elif case == "home cannot be made":
+        home = Path("/proc/self/odd-home")  # for root too
+    elif case == "home is not UTF-8":
+        home = Path(os.fsdecode(bytes(tmp_path) + b"/h\xffome"))
+    elif case == "cwd removed":
+        gone = tmp_path / "gone"
+        gone.mkdir()
+        monkeypatch.chdir(gone)
+        gone.rmdir()
+        return "current directory"
+    monkeypatch.setenv("LAUNCHKIT_HOME", str(home))
+    return None if case == "home is not UTF-8" else str(home)
+
+
+# which commands each case must refuse (the others may run: exit 0, or 2 for the made-up job id)
+REFUSED = {
+    "home is a file": {"launch", "ps", "kill", "logs", "top"},
+    "home is a dangling link": {"launch", "ps", "kill", "logs", "top"},
+    "home's jobs is a file": {"launch", "ps", "kill", "logs", "top"},
+    "home cannot be made": {"launch"},
+    "home is not UTF-8": set(),
+    "cwd removed": {
+        "launch",
+        "launch --dry-run",
+        "hosts list",
+        "hosts add",
+        "hosts remove",
+    },  # hosts: a relative -H
+}
+
+
+@pytest.mark.parametrize("command", list(RECORD_COMMANDS))
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_every_command_in_an_odd_environment_runs_or_says_why(
+    case: str, command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LAUNCHKIT_HOME=/some/file ran the job and ended in 'internal error: NotADirectoryError';
+    a launch from a removed directory in 'internal error: FileNotFoundError'."""
+    named = _odd_environment(case, tmp_path, monkeypatch)
+    code, text = run_cli(RECORD_COMMANDS[command])
+    assert "Traceback" not in text and "internal error" not in text, text[-2000:]
+    if command in REFUSED[case]:
+        assert code == 2 and named is not None and named in text, (code, text[-2000:])
+    else:
+        assert code in (0, 2), (code, text[-2000:])
+
+
+def _hostfile(kind: str, tmp_path: Path) -> Path:
+    """A path given as -H of ``kind``."""
+    path = tmp_path / kind.replace(" ", "-")
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "missing parent":
+        path = tmp_path / "no" / "such" / "hosts"
+    elif kind == "not UTF-8":
+        path.write_bytes(b"node1\n\xc3\x28\n")
+    elif kind == "dangling link":
+        path.symlink_to(tmp_path / "nowhere")
+    elif kind == "link loop":
+        path.symlink_to(path)
+    elif kind == "unreadable":
+        path = Path("/proc/self/mem")  # EIO, for root too
+    elif kind == "empty":
+        path.write_text("")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "a link to a good file":
+        (tmp_path / "good").write_text("node1\n")
+        path.symlink_to(tmp_path / "good")
+    elif kind == "a name that is not UTF-8":
+        path = Path(os.fsdecode(bytes(tmp_path) + b"/h\xffosts"))
+        path.write_text("node1\n")
+    return path
+
+
+BAD_HOSTFILES = [
+    "directory",
+    "missing parent",
+    "not UTF-8",
+    "dangling link",
+    "link loop",
+    "unreadable",
+    "empty",
+]
+GOOD_HOSTFILES = ["a link to a good file", "a name that is not UTF-8"]
+HOSTFILE_COMMANDS = {  # -H FILE goes after these words
+    "launch": ["launch", "-n", "1", "-s", "0", "--scheduler-ip", "10.0.0.1"],
+    "launch --dry-run": ["launch", "--dry-run", "-n", "1", "-s", "0", "--scheduler-ip", "10.0.0.1"],
+    "hosts list": ["hosts", "list"],
+    "hosts add": ["hosts", "add", "node9"],
+    "hosts remove": ["hosts", "remove", "node1"],
+    "hosts check": ["hosts", "check", "--connect-timeout", "1"],
+}
+# what a good file may still do: a launch or a check would contact the (made-up) hosts
+ONLY_FOR_BAD = {"launch", "hosts check"}
+
+
+@pytest.mark.parametrize("command", list(HOSTFILE_COMMANDS))
+@pytest.mark.parametrize("kind", BAD_HOSTFILES + GOOD_HOSTFILES + ["fifo"])
+def test_every_hostfile_command_on_every_kind_of_file(kind: str, command: str, tmp_path: Path) -> None:
+    """hosts add on a directory, under a missing directory and on a non-UTF-8 file ended in
+    'internal error' (exit 1) while hosts list said what was wrong (exit 2)."""
+    if kind in GOOD_HOSTFILES and command in ONLY_FOR_BAD:
+        pytest.skip("would contact the hosts")
+    if kind == "fifo" and command not in ("hosts add", "hosts remove"):
+        pytest.skip("reading a fifo waits for a writer, as cat does (a pipe is a fine hostfile: -H <(...))")
+    if kind in ("dangling link", "empty") and command == "hosts add":
+        kind = "missing parent"  # hosts add starts a file there (as `echo >> link` would); not in a missing directory
+    path = _hostfile(kind, tmp_path)
+    before = sorted(tmp_path.iterdir())
+    code, text = run_cli(
+        [*HOSTFILE_COMMANDS[command], "-H", str(path), *(["true"] if "launch" in command else [])]
+    )
+    assert "Traceback" not in text and "internal error" not in text, text[-2000:]
+    if kind in GOOD_HOSTFILES:
+        assert code == 0, text[-2000:]
+    else:
+        assert code == 2 and str(path) in text, (code, text[-2000:])
+        assert sorted(tmp_path.iterdir()) == before  # nothing written, nothing left behind
