@@ -14,8 +14,7 @@ The flat gradient is cut into ``size`` chunks (``ring.blocks``), chunk ``c`` own
 A rank sends ``2 (size-1)/size`` compressed chunks' worth of bytes: the ring's traffic divided by
 the compressor's ratio (plus a small header per message: the payload's metadata as JSON, never
 pickle). Compressors come from ``trainer_core.compression`` by their params; float16/32/64 only.
-``powersgd`` sees 1-D chunks, which it sends raw: its low-rank allreduce (P and Q allreduced) is not
-here yet.
+``powersgd`` takes its own path (``lowrank``: the factors P and Q are allreduced).
 """
 
 from __future__ import annotations

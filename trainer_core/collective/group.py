@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from trainer_core.compression.powersgd import PowerSGD
 from trainer_core.xp import like, to_host
 
-from . import compressed, fusion, policy
+from . import compressed, fusion, lowrank, policy
 from .algorithms import doubling, hierarchical, ring, tree
 from .algorithms.hierarchical import Topology
 from .executor import Executor, Work
@@ -132,7 +133,8 @@ class Group:
         self, array: Any, state: compressed.ErrorFeedback, key: Any = 0, op: str = "mean"
     ) -> Work:
         """Reduce ``array`` compressed with ``state``'s compressor, with error feedback kept in
-        ``state`` under ``key`` (one key per tensor; see ``compressed``)."""
+        ``state`` under ``key`` (one key per tensor; see ``compressed``, and ``lowrank`` for
+        ``powersgd``)."""
         if np.dtype(array.dtype) not in FLOAT_DTYPES:
             raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {np.dtype(array.dtype)}")
         if op not in compressed.OPS:
@@ -142,6 +144,8 @@ class Group:
         st = state.key(key, self.size)
 
         def run(ctx: Ctx) -> Any:
+            if isinstance(st.server, PowerSGD):  # its own form: P and Q are allreduced
+                return like(lowrank.allreduce(ctx, host, spec, st.server, self._flat_allreduce), array)
             flat = compressed.allreduce(ctx, host.reshape(-1), spec, st)
             return like(flat.reshape(host.shape), array)
 
