@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from launchkit.errors import UsageError
 from launchkit.jobs import records as jobs
 from tests.launchkit.procs import pids_with_job, run, wait_until
 
@@ -136,3 +137,27 @@ def test_a_written_record_reads_back() -> None:
     assert jobs.read(path) == good_record()
     assert jobs.load(GOOD) == good_record()
     assert jobs.load("no-such-job") is None
+
+
+def test_check_home_makes_the_jobs_directory_and_names_what_is_wrong(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In-process: the checks a launch (check_home) and a reader (load, load_all) make of
+    LAUNCHKIT_HOME before anything else."""
+    monkeypatch.setenv("LAUNCHKIT_HOME", str(tmp_path / "new" / "home"))
+    assert jobs.load_all() == [] and jobs.load(GOOD) is None  # a home not made yet: no jobs
+    assert jobs.check_home() == tmp_path / "new" / "home" / "jobs" and jobs.jobs_dir().is_dir()
+    assert list(jobs.jobs_dir().iterdir()) == []  # the write probe is gone
+    (tmp_path / "file").write_text("")
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    for home, problem in (
+        ("file", "not a directory"),
+        ("link", f"a link to {tmp_path / 'nowhere'}, which does"),
+    ):
+        monkeypatch.setenv("LAUNCHKIT_HOME", str(tmp_path / home))
+        for check in (jobs.check_home, jobs.load_all, lambda: jobs.load(GOOD)):
+            with pytest.raises(UsageError, match=f"LAUNCHKIT_HOME {tmp_path / home}: {problem}"):
+                check()
+    monkeypatch.setenv("LAUNCHKIT_HOME", "/proc/self/home")
+    with pytest.raises(UsageError, match="cannot write job records in /proc/self/home/jobs"):
+        jobs.check_home()
