@@ -24,7 +24,11 @@ class App:
 MAX_NUMBER = 10_000_000  # ten million: a count, or seconds (about 115 days)
 
 
-def check_number(value: Any) -> None:
+# options whose numbers need a narrower range, whichever command has them
+RANGES = {"--ssh-port": (1, 65535), "--scheduler-port": (1, 65535), "--gpus-per-worker": (1, 1024)}
+
+
+def check_number(value: Any, low: int = 0, high: int = MAX_NUMBER) -> None:
     """The rule for numbers on the command line: finite and from 0 to ``MAX_NUMBER``; ``nan``,
     ``inf``, ``1e400`` or ``-1`` as a count or a number of seconds never means what was asked (a
     wait that never ends or overflows). Options narrow it further where they need to."""
@@ -32,8 +36,8 @@ def check_number(value: Any) -> None:
     for number in numbers:
         if not isinstance(number, int | float) or isinstance(number, bool):
             continue
-        if not (math.isfinite(number) and 0 <= number <= MAX_NUMBER):
-            raise typer.BadParameter(f"{number!r}: expected a finite number from 0 to {MAX_NUMBER}")
+        if not (math.isfinite(number) and low <= number <= high):
+            raise typer.BadParameter(f"{number!r}: expected a number from {low} to {high}")
 
 
 def bound_numbers(command: Any) -> None:
@@ -44,8 +48,10 @@ def bound_numbers(command: Any) -> None:
         if getattr(callback, "bounded", False):
             continue
 
-        def checked(ctx: Any, param: Any, value: Any, callback: Any = callback) -> Any:
-            check_number(value)
+        bounds = next((RANGES[o] for o in param.opts if o in RANGES), (0, MAX_NUMBER))
+
+        def checked(ctx: Any, param: Any, value: Any, callback: Any = callback, bounds: Any = bounds) -> Any:
+            check_number(value, *bounds)
             return value if callback is None else callback(ctx, param, value)
 
         checked.bounded = True  # type: ignore[attr-defined]

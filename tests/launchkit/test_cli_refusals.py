@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import dmlc_env
-from launchkit.cli.app import MAX_NUMBER
+from launchkit.cli.app import MAX_NUMBER, RANGES
 from tests.launchkit.procs import LAUNCHKIT, job_ids, run
 
 TOO_BIG = str(MAX_NUMBER + 1)
@@ -37,17 +37,23 @@ TOO_BIG = str(MAX_NUMBER + 1)
         (["logs", "x", "--tail", "99999999999999999999"], "--tail"),
         (["hosts", "check", "-H", "hf", "--connect-timeout", "nan"], "--connect-timeout"),
         (["hosts", "add", "node9", "-H", "hf", "--slots", TOO_BIG], "--slots"),
+        (["launch", "-n", "1", "--ssh-port", "70000"], "--ssh-port"),
+        (["kill", "--all", "--ssh-port", "0"], "--ssh-port"),
+        (["hosts", "check", "-H", "hf", "--ssh-port", "65536"], "--ssh-port"),
+        (["launch", "-n", "1", "--gpus-per-worker", "9999999"], "--gpus-per-worker"),
     ],
 )
 def test_every_number_is_finite_and_bounded(tmp_path: Path, args: list[str], flag: str) -> None:
     """nan or inf as --grace-period hung the teardown with a process left running; 1e400 and nan
-    were taken as time limits."""
+    were taken as time limits; --ssh-port 70000 was taken, --gpus-per-worker 9999999 made a
+    CUDA_VISIBLE_DEVICES of 79 MB."""
     (tmp_path / "hf").write_text("node1\n")
     marker = tmp_path / "started"
     command = ["sh", "-c", f"touch {marker}"] if args[0] == "launch" else []
     res = run([*args, *command], cwd=tmp_path)
     assert res.returncode == 2, (res.stdout, res.stderr)
-    assert flag in res.stderr and f"a finite number from 0 to {MAX_NUMBER}" in res.stderr, res.stderr
+    low, high = RANGES.get(flag, (0, MAX_NUMBER))
+    assert flag in res.stderr and f"expected a number from {low} to {high}" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and not marker.exists()
     assert (tmp_path / "hf").read_text() == "node1\n"
 
