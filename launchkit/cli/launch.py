@@ -22,7 +22,7 @@ from launchkit import backends, launching
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app
 from launchkit.cli.engines import EngineFlags, engine_backend_options, engine_hosts
-from launchkit.cli.launchargs import check_not_owned, parse_env_items, working_directory
+from launchkit.cli.launchargs import check_not_owned, check_restarts, parse_env_items, working_directory
 from launchkit.cli.planview import plan_to_json, show_plan
 from launchkit.console import Ui
 from launchkit.core.hostfile import read_hostfile
@@ -36,7 +36,6 @@ from launchkit.netutil import check_address
 
 # launch.py's --p3: MXNet's P3 van (priority-based parameter propagation), for every process.
 P3_ENV = (("DMLC_PS_VAN_TYPE", "p3"), ("DMLC_PS_WATER_MARK", "10"))
-MAX_BACKOFF = 86400.0  # --restart-backoff: at most a day
 
 
 def build_spec(
@@ -100,7 +99,8 @@ def build_spec(
     ns = num_workers if num_servers is None else num_servers
     assign_hosts(num_workers, ns, hosts)  # placement errors before anything else happens
     flags = {"--env": env, "--env-server": env_server, "--env-worker": env_worker}
-    check_not_owned(flags, split_assignments(command)[0], gpus_per_worker)
+    for warning in check_not_owned(flags, split_assignments(command)[0], gpus_per_worker):
+        ui.warn(warning)  # one per variable the docs let --env set (DMLC_INTERFACE)
     return LaunchSpec(
         num_workers=num_workers,
         num_servers=ns,
@@ -124,20 +124,6 @@ def build_spec(
         max_restarts=max_restarts,
         restart_backoff=restart_backoff,
     )
-
-
-def check_restarts(backend: str, max_restarts: int, restart_backoff: float) -> None:
-    if max_restarts < 0:
-        raise UsageError(f"--max-restarts must be 0 or more, got {max_restarts}")
-    if not 0 <= restart_backoff <= MAX_BACKOFF:  # also NaN
-        raise UsageError(
-            f"--restart-backoff must be from 0 to {MAX_BACKOFF:g} seconds, got {restart_backoff:g}"
-        )
-    if max_restarts and backend not in launching.RESTARTABLE:
-        raise UsageError(
-            f"--max-restarts: --launcher {backend} does not restart jobs "
-            f"(only {' and '.join(launching.RESTARTABLE)} do)"
-        )
 
 
 def check_command(command: list[str]) -> None:

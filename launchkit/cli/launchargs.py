@@ -1,6 +1,6 @@
 """Checks of ``launchkit launch``'s values that need more than a flag's type: the ``--env`` items
-and ``NAME=VALUE`` words (no variable the launcher owns), and the working directory. Each raises
-``UsageError`` (exit 2) before anything starts."""
+and ``NAME=VALUE`` words (no variable the launcher owns), the working directory, the restart
+flags. Each raises ``UsageError`` (exit 2) before anything starts."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import re
 from collections.abc import Iterable
 
 import dmlc_env
+from launchkit import launching
 from launchkit.errors import UsageError
+
+MAX_BACKOFF = 86400.0  # --restart-backoff: at most a day
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # the flag that sets what a launcher-owned variable would (said in the refusal)
 _INSTEAD = {
-    dmlc_env.DMLC_INTERFACE: "--interface",
     dmlc_env.DMLC_PS_ROOT_URI: "--scheduler-ip",
     dmlc_env.DMLC_PS_ROOT_PORT: "--scheduler-port",
     dmlc_env.DMLC_NUM_WORKER: "-n",
@@ -41,24 +43,38 @@ def parse_env_items(items: list[str], flag: str, environ: dict[str, str]) -> tup
     return tuple(pairs)
 
 
+# launcher-owned variables that the docs let --env set (docs/migrating-from-mxnet.md: MXNet users
+# keep ps-lite on loopback with --env DMLC_INTERFACE:lo): taken, with one warning saying what differs
+_WARN_ONLY = {
+    dmlc_env.DMLC_INTERFACE: "the job's processes get it, but the launcher does not use it for the "
+    "scheduler's address or the hosts' DMLC_NODE_HOST; --interface does all three",
+}
+
+
 def check_not_owned(
     flags: dict[str, list[str]], assignments: Iterable[tuple[str, str]], gpus_per_worker: int | None
-) -> None:
+) -> list[str]:
     """Refuse a variable the launcher sets in every process (``dmlc_env.launcher_owned``: the
     ``DMLC_*`` contract and ``LAUNCHKIT_*``), and ``CUDA_VISIBLE_DEVICES`` with
     ``--gpus-per-worker``, whether given by a flag (``flags``: ``--env`` -> its items) or by a
     ``NAME=VALUE`` word before the command (``assignments``): ``--env DMLC_ROLE:worker`` made
-    every process a worker, and the job hung."""
+    every process a worker, and the job hung. Returns the warnings for those the docs allow
+    (``_WARN_ONLY``), one per variable."""
     given = [
         (f"{flag} {item.partition(':')[0]}", item.partition(":")[0]) for flag in flags for item in flags[flag]
     ]
     given += [(f"{name}=... (before the command)", name) for name, _ in assignments]
+    warnings: dict[str, str] = {}
     for where, name in given:
+        if name in _WARN_ONLY:
+            warnings.setdefault(name, f"{where}: {_WARN_ONLY[name]}")
+            continue
         owned = dmlc_env.launcher_owned(name)
         if owned or (name == dmlc_env.CUDA_VISIBLE_DEVICES and gpus_per_worker is not None):
             why = "is set by the launcher (the job's contract)" if owned else "is set by --gpus-per-worker"
             instead = f"; use {_INSTEAD[name]}" if name in _INSTEAD else ""
             raise UsageError(f"{where}: {name} {why} and cannot be overridden{instead} (docs/environment.md)")
+    return list(warnings.values())
 
 
 def working_directory() -> str:
@@ -70,3 +86,17 @@ def working_directory() -> str:
             f"the current directory cannot be used ({exc.strerror or exc}: it was removed?); "
             "the job's processes start in it: cd to a directory that exists"
         ) from None
+
+
+def check_restarts(backend: str, max_restarts: int, restart_backoff: float) -> None:
+    if max_restarts < 0:
+        raise UsageError(f"--max-restarts must be 0 or more, got {max_restarts}")
+    if not 0 <= restart_backoff <= MAX_BACKOFF:  # also NaN
+        raise UsageError(
+            f"--restart-backoff must be from 0 to {MAX_BACKOFF:g} seconds, got {restart_backoff:g}"
+        )
+    if max_restarts and backend not in launching.RESTARTABLE:
+        raise UsageError(
+            f"--max-restarts: --launcher {backend} does not restart jobs "
+            f"(only {' and '.join(launching.RESTARTABLE)} do)"
+        )

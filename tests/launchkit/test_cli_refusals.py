@@ -98,7 +98,7 @@ def test_scheduler_addresses_that_work_are_taken(tmp_path: Path) -> None:
         (["--env", "LAUNCHKIT_JOB_ID:x"], "--env LAUNCHKIT_JOB_ID: LAUNCHKIT_JOB_ID is set by the launcher"),
         (["--env-server", "DMLC_NUM_WORKER:9"], "DMLC_NUM_WORKER is set by the launcher (the job's contract) and "
          "cannot be overridden; use -n"),
-        (["--env-worker", "DMLC_INTERFACE:lo"], "cannot be overridden; use --interface"),
+        (["--env-worker", "DMLC_PS_ROOT_PORT:9"], "cannot be overridden; use --scheduler-port"),
         (["--env", "LAUNCHKIT_SHIM_TASKS:[]"], "--env LAUNCHKIT_SHIM_TASKS"),
         (["DMLC_PS_ROOT_URI=10.0.0.9"], "DMLC_PS_ROOT_URI=... (before the command): DMLC_PS_ROOT_URI is set"),
         (["--gpus-per-worker", "1", "--env-worker", "CUDA_VISIBLE_DEVICES:0"], "CUDA_VISIBLE_DEVICES is set by "
@@ -167,3 +167,13 @@ def test_a_removed_working_directory_stops_the_launch(tmp_path: Path, launchkit_
     assert res.returncode == 2, (res.stdout, res.stderr)
     assert "the current directory cannot be used" in res.stderr and "internal error" not in res.stderr
     assert not marker.exists() and not job_ids(launchkit_home)
+
+
+def test_dmlc_interface_may_be_set_as_the_docs_say_with_one_warning(tmp_path: Path) -> None:
+    """docs/migrating-from-mxnet.md keeps ps-lite on loopback with --env DMLC_INTERFACE:lo: taken,
+    with one warning that --interface also picks the launcher's addresses."""
+    args = ["--env", "DMLC_INTERFACE:lo", "--env-worker", "DMLC_INTERFACE:lo", "DMLC_INTERFACE=lo"]
+    res = run(["launch", "-n", "1", "-s", "0", "--dry-run", *args, "true"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("warning") == 1 and "--interface does all three" in res.stderr, res.stderr
+    assert "DMLC_INTERFACE=lo" in res.stdout
