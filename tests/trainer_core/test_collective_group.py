@@ -178,7 +178,7 @@ def test_a_silent_peer_fails_the_collective_naming_it() -> None:
     with pytest.raises(PeerTimeout, match=r"rank 2 sent nothing to rank 1 within 0.5 s") as info:
         works[1].wait()
     assert info.value.node == "rank 2" and info.value.peer == 2
-    with pytest.raises(PeerTimeout, match="rank 1 sent nothing to rank 0"):
+    with pytest.raises(PeerTimeout, match=r"rank 1 (sent nothing to|did not take a message from) rank 0"):
         works[0].wait()
     assert time.monotonic() - start < 3.0
     # the group is broken from then on: later operations fail at once with that error
