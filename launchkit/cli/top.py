@@ -117,6 +117,12 @@ def register(app: typer.Typer) -> None:
             time.sleep(min(interval, 0.5))
             ui.out.print(frame(ui, source.state()))
             return
+        if not ui.out.is_terminal:  # a pipe, TERM=dumb: one frame after another, as they come
+            while True:
+                ui.out.print(frame(ui, source.state()))
+                if not source.running:
+                    return
+                time.sleep(interval)
         from rich.live import Live
 
         with Live(frame(ui, source.state()), console=ui.out, auto_refresh=False) as shown:

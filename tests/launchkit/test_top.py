@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import threading
 
 from launchkit.jobs import live
 from launchkit.jobs import records as jobs
 from tests.launchkit import dashstates
-from tests.launchkit.procs import PROG, run, start, wait_for_job, wait_until
+from tests.launchkit.procs import PROG, run, start, until_exists_sh, wait_for_job, wait_until
 
 
 def running_record(job_id: str) -> jobs.JobRecord:
@@ -137,3 +138,25 @@ def test_top_of_a_lost_job_does_not_show_its_processes_running() -> None:
     assert "job lost" in out and "4 lost" in out and "running" not in out
     rows = [line for line in out.splitlines() if "line" in line and "localhost" in line]
     assert len(rows) == 4 and all("lost" in r and "%" not in r and "MiB" not in r for r in rows), out
+
+
+def test_top_where_it_cannot_draw_prints_frames_as_they_come(launchkit_home, tmp_path) -> None:
+    # a pipe (as TERM=dumb): a frame at each refresh while the job runs, not one at its end
+    go = tmp_path / "go"
+    proc = start(["launch", "-n", "1", "-s", "0", "--launcher", "local", "sh", "-c", until_exists_sh(go)])
+    try:
+        job = wait_for_job(launchkit_home)
+        top = start(["top", job, "--interval", "0.2"])
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(top.stdout or ()), daemon=True)
+        reader.start()
+        frames = lambda: sum(line.startswith("╭─ launchkit") for line in list(lines))  # noqa: E731
+        assert wait_until(lambda: frames() >= 2, 15), lines
+        assert proc.poll() is None  # two frames while the job still runs
+        go.touch()
+        assert top.wait(timeout=20) == 0
+        reader.join(timeout=10)
+        assert "job succeeded" in "".join(lines).split("╭─ launchkit")[-1]
+    finally:
+        go.touch()
+        proc.communicate(timeout=20)
