@@ -4,6 +4,8 @@ bootstrap command and module payload), on this machine."""
 from __future__ import annotations
 
 import ast
+import contextlib
+import dataclasses
 import inspect
 import io
 import json
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import IO
 
 import fabric
 import paramiko
@@ -341,3 +344,69 @@ def test_an_exit_and_a_lost_connection_at_once_give_one_result(tmp_path, monkeyp
     for t in (lost, exited, waiter):
         t.join(10)
     assert seen == [255] and proc.wait() == 255
+
+
+class _PipeChannel:
+    """The few methods of a paramiko channel the agent uses, over a watchdog run here (the same
+    bootstrap command and payload as over ssh)."""
+
+    def __init__(self) -> None:
+        self.p: subprocess.Popen[bytes] | None = None
+
+    def exec_command(self, command: str) -> None:
+        self.p = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)  # fmt: skip
+
+    def sendall(self, data: bytes) -> None:
+        assert self.p is not None and self.p.stdin is not None
+        self.p.stdin.write(data)
+        self.p.stdin.flush()
+
+    def makefile(self, mode: str) -> IO[bytes]:
+        assert self.p is not None and self.p.stdout is not None
+        return self.p.stdout
+
+    def makefile_stderr(self, mode: str) -> IO[bytes]:
+        assert self.p is not None and self.p.stderr is not None
+        return self.p.stderr
+
+    def close(self) -> None:
+        if self.p is not None and self.p.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.p.stdin.close()
+
+
+class _PipeConnection:
+    def __init__(self) -> None:
+        self.chan = _PipeChannel()
+        self.transport = self
+
+    def open_session(self, timeout: float | None = None) -> _PipeChannel:
+        return self.chan
+
+
+def test_an_instruction_the_watchdog_cannot_read_is_a_protocol_error_naming_the_host(tmp_path) -> None:
+    """The watchdog answers a malformed instruction with a 'bad' event: the agent reports it as a
+    protocol error naming the host, and the processes there end with it (it was dropped, and the
+    process the instruction was about ran on, unended)."""
+    conn = _PipeConnection()
+    agent = HostAgent(
+        Host("h1"), conn, "job-bad", hb_interval=0.2, hb_timeout=30.0, grace=1.0, interface=None
+    )
+    agent.start(10.0)
+    task = dataclasses.replace(_task(tmp_path), argv=("sleep", "60"), env={"LAUNCHKIT_JOB_ID": "job-bad"})
+    proc = agent.spawn(0, task)
+    try:
+        assert proc.started.wait(10) and proc.pid is not None
+        agent.send({"op": "signal", "id": 0})  # no "sig": the watchdog cannot read it
+        assert proc._done.wait(10), "the bad event was dropped"
+        assert proc.wait() == agent_mod.LOST_EXIT
+        assert agent.lost is not None and "protocol error with the watchdog on h1" in agent.lost
+        assert "KeyError" in agent.lost
+        assert b"launchkit: protocol error with the watchdog on h1" in proc.stderr.read()
+        assert wait_until(lambda: pids_with_job("job-bad") == [], 10)  # ended there as the channel closed
+    finally:
+        agent.close(2.0)
+        assert conn.chan.p is not None
+        conn.chan.p.kill()
+        conn.chan.p.wait()

@@ -298,6 +298,14 @@ class HostAgent:
             self.on_usage(str(self.host), *usage_of(msg))
         elif ev == "lost":
             self._mark_lost(f"watchdog on {self.host}: {msg.get('msg')}")
+        elif ev == "bad":  # it could not read an instruction of ours (a spawn, a signal): the two
+            # ends disagree on the protocol, and what that instruction was for will never happen
+            self._mark_lost(
+                f"protocol error with the watchdog on {self.host}: it could not read an instruction "
+                f"from the launcher ({str(msg.get('msg'))[:300]}); ending the job's processes there"
+            )
+            with contextlib.suppress(Exception):  # its end of the channel: it ends them all
+                self.chan.close()
         elif ev == "bye":
             self.swept = int(msg.get("swept", 0))
             self._bye.set()
