@@ -158,9 +158,10 @@ def test_backends_that_do_not_restart_refuse_the_flag(launcher: str) -> None:
 
 def test_bad_flags_exit_2_from_the_cli() -> None:
     for flags, text in [
-        (["--max-restarts", "-2"], "--max-restarts must be 0 or more"),
+        (["--max-restarts", "-2"], "'--max-restarts': -2: expected a number from 0 to"),  # the CLI's rule
         (["--max-restarts", "two"], "Invalid value for '--max-restarts'"),
-        (["--restart-backoff", "-1"], "--restart-backoff must be from 0"),
+        (["--restart-backoff", "-1"], "'--restart-backoff': -1.0: expected a number from 0 to"),
+        (["--restart-backoff", "86401"], "--restart-backoff must be from 0"),
         (["--max-restarts", "1", "--launcher", "mpi"], "--launcher mpi does not restart jobs"),
     ]:
         res = run(["launch", "-n", "1", *flags, "true"])
