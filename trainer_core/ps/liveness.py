@@ -41,10 +41,12 @@ class Health:
     def fail(self, failure: NodeFailure) -> None:
         """Record the job's failure (the first one counts)."""
         if self.failure is None:
+            # for the launcher: not this node's own failure (said first: once ``failure`` is set,
+            # the main thread may raise it and exit before this thread writes another line)
+            say_peer_failed(failure.node)
             self.failure = failure
             self.failed.set()
             self.log.error("trainer_core %s: %s", self.node, failure)
-            say_peer_failed(failure.node)  # for the launcher: not this node's own failure
             if self.on_failure is not None:
                 self.on_failure(failure)
 
