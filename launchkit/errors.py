@@ -7,6 +7,7 @@ from __future__ import annotations
 EXIT_USAGE = 2  # bad flags, bad hostfile, impossible placement: nothing was started
 EXIT_INTERNAL = 1  # a bug in launchkit, or a backend that failed in an unexpected way
 EXIT_SIGINT = 130
+EXIT_IO = 74  # EX_IOERR: launchkit's own output could not be written (a full disk, a closed pipe)
 
 
 class LaunchkitError(Exception):

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import sys
+from typing import NoReturn
 
 from launchkit.cli import hosts, kill, launch, logs, ps, top
 from launchkit.cli.app import app
 from launchkit.console import Ui
-from launchkit.errors import EXIT_INTERNAL, EXIT_SIGINT, LaunchkitError
+from launchkit.errors import EXIT_INTERNAL, EXIT_IO, EXIT_SIGINT, LaunchkitError
+
+# errors of writing (our output, a record) that are the machine's, not launchkit's bugs
+_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EPIPE, errno.EROFS}
 
 for module in (launch, ps, kill, top, logs):
     module.register(app)
@@ -18,6 +24,13 @@ app.add_typer(hosts.hosts_app, name="hosts")
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one message and an exit code, never a traceback.
     (typer/click already turn bad flags into a usage message and exit code 2.)"""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is None:  # started with it closed: its output goes nowhere, not into a file
+            null = os.open(os.devnull, os.O_WRONLY)  # that would take its number
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115
     try:
         app(args=argv, prog_name="launchkit")
     except LaunchkitError as exc:
@@ -28,5 +41,22 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if os.environ.get("LAUNCHKIT_DEBUG"):
             raise
+        if isinstance(exc, OSError) and exc.errno in _WRITE_ERRORS:
+            _cannot_write(exc)
         Ui().error(f"internal error: {type(exc).__name__}: {exc} (set LAUNCHKIT_DEBUG=1 for a traceback)")
         sys.exit(EXIT_INTERNAL)
+
+
+def _cannot_write(exc: OSError) -> NoReturn:
+    """A write the machine refused (a full disk, a closed pipe): say so once, exit 74."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # what is left in it can never be written: let it go
+            with contextlib.suppress(OSError, ValueError):
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, stream.fileno())
+                os.close(null)
+    with contextlib.suppress(OSError, ValueError):
+        Ui().error(f"cannot write{f' {exc.filename}' if exc.filename else ''}: {exc.strerror}")
+    sys.exit(EXIT_IO)

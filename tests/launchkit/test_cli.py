@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.launchkit.procs import run
+from tests.launchkit.procs import LAUNCHKIT, run
 
 SEED_LINES = [
     # the seeds' tools/launch.py command lines, with `launchkit launch` in place of `python tools/launch.py`
@@ -313,3 +314,19 @@ def test_dry_run_scheduler_address_is_the_launchs_or_says_it_is_chosen_at_launch
         assert not any("chosen at launch" in n for n in plan["notes"])
     plan = dry(["-n", "1", "-s", "0", "-H", "alias", "--scheduler-ip", "10.9.8.7", "x"], tmp_path)
     assert plan["tasks"][1]["env"]["DMLC_PS_ROOT_URI"] == "10.9.8.7"
+
+
+def test_output_that_cannot_be_written_is_a_clean_error() -> None:
+    """stdout on a full disk ended in 'internal error: OSError: No space left on device', and a
+    closed stdout in 'internal error: AttributeError: NoneType has no attribute write'."""
+    for args in (["--version"], ["hosts", "list", "-H", "hostfiles/example", "--json"]):
+        with open("/dev/full", "w") as full:
+            res = subprocess.run(
+                [*LAUNCHKIT, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=30
+            )
+        assert res.returncode == 74, res.stderr
+        assert res.stderr == "launchkit: error: cannot write: No space left on device\n", res.stderr
+        res = subprocess.run(
+            ["sh", "-c", 'exec "$@" >&-', "sh", *LAUNCHKIT, *args], capture_output=True, text=True
+        )
+        assert res.returncode == 0 and res.stderr == "", res.stderr
