@@ -24,13 +24,16 @@ from typing import IO, Any
 import dmlc_env
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.backends.local import LocalBackend, spawn
-from launchkit.core.spec import Plan, Task
+from launchkit.core.spec import LaunchSpec, Plan, Task
 from launchkit.hostside import shim
 
 ENGINE_TAIL = 20
 #: How long an exit caused by the engine's own teardown waits for a real failure to be seen first.
 TEARDOWN_HOLD = 1.0
+#: How long an engine process may stay once every task has reported its end.
+ENGINE_LINGER = 1.0
 Feed = Callable[[bytes], None]
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def shim_argv(python: str, task: Task) -> list[str]:
@@ -60,11 +63,14 @@ def shim_table(plan: Plan, ordered: Sequence[Task]) -> str:
     return json.dumps({"v": 1, "tasks": rows}, separators=(",", ":"))
 
 
-def engine_env(plan: Plan, ordered: Sequence[Task]) -> dict[str, str]:
+def engine_env(plan: Plan, ordered: Sequence[Task], grace: float | None = None) -> dict[str, str]:
     """The variables the engine must pass to every rank by name: the shared contract values,
-    the shim's table, and the defaults (unbuffered Python)."""
+    the shim's table, the defaults (unbuffered Python) and the grace period the shim gives its
+    command between SIGTERM and SIGKILL."""
     common, _ = split_env(ordered)
     env = {**dmlc_env.DEFAULTS, **common, shim.TASKS_VAR: shim_table(plan, ordered)}
+    if grace is not None:
+        env[shim.GRACE_VAR] = f"{grace:g}"
     return env
 
 
@@ -91,13 +97,21 @@ class EngineRun:
         """Commands that end the engine's job if the launcher dies (run by the reaper)."""
         return []
 
+    def finish(self) -> None:
+        """Every task has reported its end but the engine lingers: end what is left of it."""
+
 
 class PopenRun(EngineRun):
     """An engine that is one local process (``mpirun``, ``srun``): its stdout and stderr carry
-    the framed lines; SIGTERM goes to it (it forwards), SIGKILL to its whole group."""
+    the framed lines; a stop (SIGTERM, SIGINT, SIGHUP) goes to it as ``stop_signal`` (the one it
+    forwards to the ranks at once; Open MPI's mpirun delays SIGTERM, but forwards SIGUSR2),
+    SIGKILL to its whole group."""
 
-    def __init__(self, argv: list[str], env: Mapping[str, str], cwd: str) -> None:
+    def __init__(
+        self, argv: list[str], env: Mapping[str, str], cwd: str, stop_signal: int | None = None
+    ) -> None:
         self.argv, self.env, self.cwd = argv, dict(env), cwd
+        self.stop_signal = stop_signal
         self.proc: subprocess.Popen[bytes] | None = None
         self.readers: list[threading.Thread] = []
 
@@ -116,12 +130,17 @@ class PopenRun(EngineRun):
             t.join(5.0)
         return 128 - rc if rc < 0 else rc
 
+    def finish(self) -> None:
+        self.signal(signal.SIGKILL)  # its ranks are gone: nothing of the job's is lost
+
     def signal(self, sig: int) -> None:
         if self.proc is None or self.proc.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             if sig == signal.SIGKILL:
                 os.killpg(self.proc.pid, sig)
+            elif self.stop_signal is not None and sig in STOP_SIGNALS:
+                self.proc.send_signal(self.stop_signal)
             else:
                 self.proc.send_signal(sig)
 
@@ -234,10 +253,19 @@ class EngineBackend(Backend):
         self.engine_code: int | None = None  # the engine's own exit code, once it ended
         self._engine_ended = threading.Event()
         self.last_said = ""
+        self.grace = 5.0  # --grace-period, from connect()
+
+    def connect(self, spec: LaunchSpec) -> str | None:
+        self.grace = spec.grace_period
+        return None
 
     # -- what an engine module provides --------------------------------------------------------
     def engine_runs(self, task: Task) -> bool:
         return task.role != "scheduler"
+
+    def engine_noise(self, text: str) -> bool:
+        """A line of the engine's own that says nothing to the user (an echo of our own signal)."""
+        return False
 
     def make_run(self, plan: Plan) -> EngineRun:
         raise NotImplementedError
@@ -276,7 +304,7 @@ class EngineBackend(Backend):
         proc = self.procs.get(frame.task) if frame is not None else None
         if frame is None or proc is None:
             text = line.decode(errors="replace").rstrip("\r\n")
-            if text.strip():
+            if text.strip() and not self.engine_noise(text):
                 self.engine_tail.append(text)
                 if self.console is not None:
                     self.console.print(f"[{self.engine_label}] {text}", markup=False, highlight=False)
@@ -312,8 +340,16 @@ class EngineBackend(Backend):
             self._engine_ended.set()
 
     def wait_ended(self, timeout: float) -> None:
-        if self.run is not None:
-            self._engine_ended.wait(timeout)
+        if self.run is None:
+            return
+        if all(p.finished for p in self.procs.values()) and not self._engine_ended.is_set():
+            # every task reported its end: the engine has only itself to end. Open MPI's mpirun
+            # sometimes never does when a signal it forwards meets a rank's exit (seen: about 1 run
+            # in 2 when the failed rank's end and the stop come together), so it gets a bound
+            if self._engine_ended.wait(min(timeout, ENGINE_LINGER)):
+                return
+            self.run.finish()
+        self._engine_ended.wait(timeout)
 
     def _settle(self, code: int) -> None:
         self.engine_code = code

@@ -9,23 +9,35 @@ value; the shim turns the MPI rank into the role and ranks. See docs/backends.md
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
+import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dmlc_env import merge_env
-from launchkit.backends.engine import EngineBackend, EngineRun, PopenRun, engine_env, shim_argv
+from launchkit.backends.engine import (
+    STOP_SIGNALS,
+    EngineBackend,
+    EngineRun,
+    PopenRun,
+    engine_env,
+    shim_argv,
+)
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.core.hostfile import format_host
 from launchkit.core.spec import LOCALHOST, Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError, UsageError
+from launchkit.hostside import shim
 
 EXIT_ENGINE_SETUP = 2
 
@@ -87,10 +99,34 @@ class MpiOptions:
     grace: float = 5.0  # --grace-period: how long a rank may take to end after SIGTERM
 
 
+def mpi_env(plan: Plan, opts: MpiOptions) -> dict[str, str]:
+    """What every rank gets by name: the engine's variables, the grace period, and for Open MPI
+    the shim's SIGUSR2-means-stop (mpirun forwards SIGUSR2 to every rank at once, while its own
+    SIGTERM reaches them only after ``odls_base_sigkill_timeout``)."""
+    env = engine_env(plan, rank_order(plan), opts.grace)
+    if opts.flavor == "openmpi":
+        env[shim.NOTIFY_VAR] = "1"
+    return env
+
+
+def stop_signal(flavor: str) -> int | None:
+    """What the launcher sends mpirun to stop the ranks: SIGUSR2 for Open MPI (forwarded at
+    once); Hydra forwards SIGTERM itself."""
+    return signal.SIGUSR2 if flavor == "openmpi" else None
+
+
+#: mpirun's echo of the signal the launcher sent it: the launcher already says it is ending the job
+NOISE = re.compile(r"^mpirun: Forwarding signal \d+ to job$")
+#: Hydra's farewell when the ranks ended on the SIGTERM the launcher sent (first line), and the
+#: two lines that always follow it
+HYDRA_ECHO = re.compile(r"^YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Terminated \(signal 15\)$")
+HYDRA_ECHO_REST = 2
+
+
 def render(plan: Plan, opts: MpiOptions, ssh: SshOptions) -> list[str]:
     """The mpirun command line for the job. Pure: values of the job's variables never appear."""
     ordered = rank_order(plan)
-    names = sorted(engine_env(plan, ordered))
+    names = sorted(mpi_env(plan, opts))
     hosts = ",".join(f"{h}:{n}" for h, n in host_slots(ordered))
     cwd = ordered[0].cwd
     program = shim_argv(opts.python, ordered[0])
@@ -114,6 +150,10 @@ def render(plan: Plan, opts: MpiOptions, ssh: SshOptions) -> list[str]:
             argv += ["-x", name]
     else:  # Hydra: MPICH and Intel MPI
         argv = [opts.mpirun, "-n", str(len(ordered)), "-hosts", hosts, "-wdir", cwd]
+        if opts.flavor == "mpich":
+            # a failed rank ends the job through the launcher (root cause, grace period): Hydra
+            # would SIGKILL the others at once and print its BAD TERMINATION banner
+            argv.append("-disable-auto-cleanup")
         argv += ["-genvlist", ",".join(names)]
         if opts.interface:
             argv += ["-iface", opts.interface]
@@ -136,6 +176,14 @@ def check_hosts(hosts: Sequence[Host], ssh: SshOptions) -> None:
                 f"--launcher mpi: {flag} {value!r}: Open MPI splits its ssh options at spaces; "
                 "use a path without spaces"
             )
+
+
+def signal_shim_of(command_pid: int, sig: int) -> None:
+    """Signal the shim that started ``command_pid`` on this machine (its parent), if it still is one."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        ppid = int(Path(f"/proc/{command_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        if b"launchkit.hostside.shim" in Path(f"/proc/{ppid}/cmdline").read_bytes():
+            os.kill(ppid, sig)
 
 
 def root_note(flavor: str) -> str | None:
@@ -190,12 +238,12 @@ class MpiBackend(EngineBackend):
             raise UsageError(f"--mpi-args {mpi_args!r}: {exc}") from None
         self.python = node_python or sys.executable
         self._flavor: str | None = None
-        self.grace = 5.0
+        self._echo_left = 0  # lines of Hydra's farewell still to drop
         self.hosts: tuple[Host, ...] = ()
 
     def connect(self, spec: LaunchSpec) -> str | None:
         """Refuse what mpirun's host and ssh syntax cannot carry, before anything starts."""
-        self.grace = spec.grace_period
+        super().connect(spec)
         self.hosts = () if all(h == LOCALHOST for h in spec.hosts) else spec.hosts
         check_hosts(self.hosts, self.ssh)
         return None
@@ -243,7 +291,29 @@ class MpiBackend(EngineBackend):
         self.options(plan)  # the implementation, or a clear error, before anything starts
         super().prepare(plan)
 
+    def signal_engine(self, sig: int) -> None:
+        super().signal_engine(sig)
+        if sig in STOP_SIGNALS and not self.hosts:
+            # the ranks here also get it straight from the launcher: mpirun does not forward a
+            # signal once it is ending the job itself (a rank killed by a signal)
+            for proc in list(self.procs.values()):
+                if proc.pid is not None and not proc.finished:
+                    signal_shim_of(proc.pid, signal.SIGTERM)
+
+    def engine_noise(self, text: str) -> bool:
+        text = text.strip()
+        if NOISE.match(text):
+            return True
+        if self.tearing_down and HYDRA_ECHO.match(text):
+            self._echo_left = HYDRA_ECHO_REST
+            return True
+        if self._echo_left:
+            self._echo_left -= 1
+            return True
+        return False
+
     def make_run(self, plan: Plan) -> EngineRun:
-        argv = render(plan, self.options(plan), self.ssh)
-        env = merge_env(os.environ, engine_env(plan, rank_order(plan)))
-        return PopenRun(argv, env, rank_order(plan)[0].cwd)
+        opts = self.options(plan)
+        argv = render(plan, opts, self.ssh)
+        env = merge_env(os.environ, mpi_env(plan, opts))
+        return PopenRun(argv, env, rank_order(plan)[0].cwd, stop_signal(opts.flavor))

@@ -35,6 +35,10 @@ from dataclasses import dataclass
 from launchkit.hostside import rendezvous
 
 TASKS_VAR = "LAUNCHKIT_SHIM_TASKS"
+#: The launcher's --grace-period: SIGKILL this long after the command was asked to stop.
+GRACE_VAR = "LAUNCHKIT_SHIM_GRACE"
+#: "1": SIGUSR2 means "stop" (Grid Engine's qdel -notify; what Open MPI's mpirun forwards at once).
+NOTIFY_VAR = "LAUNCHKIT_SHIM_NOTIFY"
 #: Variables that instruct the shim (and the batch programs) and that the command does not get.
 CONTROL_PREFIXES = ("LAUNCHKIT_SHIM_", "LAUNCHKIT_BATCH", "LAUNCHKIT_RENDEZVOUS", "LAUNCHKIT_SECRET_FILE")
 MARK = b"\x1elk "
@@ -125,6 +129,15 @@ def task_of(environ: Mapping[str, str]) -> tuple[int, dict[str, str]]:
     return int(row["i"]), {str(k): str(v) for k, v in row["env"].items()}
 
 
+def shim_grace(environ: Mapping[str, str]) -> float:
+    """The grace period the launcher passed (``LAUNCHKIT_SHIM_GRACE``), else ``GRACE``."""
+    try:
+        value = float(environ.get(GRACE_VAR, "") or GRACE)
+    except ValueError:
+        return GRACE
+    return value if 0 <= value < 1e6 else GRACE
+
+
 def node_address(environ: Mapping[str, str]) -> str:
     """``DMLC_NODE_HOST`` where the plan left it to the node: the interface's address when
     ``DMLC_INTERFACE`` names one, else the address this node reaches the scheduler through."""
@@ -187,37 +200,70 @@ def _end_job(environ: Mapping[str, str]) -> None:
                          start_new_session=True)  # fmt: skip
 
 
-def _guard(shim: int, group: int, poll: float = 0.2) -> None:
-    """Fork a guardian in a session of its own: if the shim is killed outright (an engine's
-    SIGKILL, which the shim cannot pass on), it kills the command's process group, so that
-    nothing the command started outlives the shim. It ends by itself once the group is gone."""
-    try:
-        pid = os.fork()
-    except OSError:
-        return
-    if pid:
-        return
-    try:  # the guardian: no Python cleanup, no inherited streams
-        os.setsid()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_IGN)
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.closerange(3, 65536)
-        while True:
-            try:
-                os.killpg(group, 0)
-            except OSError:
-                break  # the command's group is gone: nothing to guard
-            try:
-                os.kill(shim, 0)
-            except ProcessLookupError:
-                _killpg(group, signal.SIGKILL)
-                break
-            time.sleep(poll)
-    finally:
-        os._exit(0)
+class _Guardian:
+    """A process in a session of its own, forked before the command starts: if the shim is
+    killed outright (an engine's SIGKILL, which the shim cannot pass on), it kills the command's
+    process group (``watch``), so that nothing the command started outlives the shim, and writes
+    the task's end marks (137) on the shim's streams, so the launcher learns of the end at once.
+    It learns of the shim's death from a pipe only the shim holds; ``release`` ends it (and waits
+    for it) when the shim ends normally, so no guardian is left over after a clean end."""
+
+    def __init__(self, index: int) -> None:
+        self.pid = 0
+        self.w = -1
+        try:
+            r, self.w = os.pipe()
+            self.pid = os.fork()
+        except OSError:
+            return
+        if self.pid:
+            os.close(r)
+            return
+        try:  # the guardian: no Python cleanup; only the shim's output streams and the pipe kept
+            _guardian(index, r, self.w)
+        finally:
+            os._exit(0)
+
+    def watch(self, group: int) -> None:
+        self._say(f"{group}\n".encode())
+
+    def release(self) -> None:
+        if self.w < 0:
+            return
+        self._say(b"x")
+        with contextlib.suppress(OSError):
+            os.close(self.w)
+        self.w = -1
+        with contextlib.suppress(OSError):
+            os.waitpid(self.pid, 0)
+
+    def _say(self, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self.w, data)
+
+
+def _guardian(index: int, r: int, w: int) -> None:  # pragma: no cover - a forked child
+    os.setsid()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
+    os.close(w)
+    os.dup2(os.open(os.devnull, os.O_RDWR), 0)
+    os.dup2(r, 3)
+    os.closerange(4, 65536)
+    said = b""
+    while True:
+        data = os.read(3, 64)
+        if not data:
+            break  # EOF without the last word: the shim is gone
+        said += data
+        if said.endswith(b"x"):
+            return  # released: the shim ends normally
+    group = said.split(b"\n")[0]
+    if group.isdigit():
+        _killpg(int(group), signal.SIGKILL)
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            os.write(fd, frame_event(index, "x", 128 + signal.SIGKILL, 0))
 
 
 def _killpg(pid: int, sig: int) -> None:
@@ -231,12 +277,23 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int:
     except (ValueError, KeyError, TypeError) as exc:
         sys.stderr.write(f"launchkit shim: {exc}\n")
         return 2
+    guard = _Guardian(index)
+    try:
+        return _run(argv, environ, index, own, guard)
+    finally:
+        guard.release()
+
+
+def _run(
+    argv: list[str], environ: Mapping[str, str], index: int, own: dict[str, str], guard: _Guardian
+) -> int:
     env = dict(environ)
     env.update(own)
     try:
         rendezvous.resolve(env)
     except (OSError, TimeoutError) as exc:
         sys.stderr.write(f"launchkit shim: {exc}\n")
+        guard.release()
         for fd in (1, 2):
             with contextlib.suppress(OSError):
                 os.write(fd, frame_event(index, "x", 1, 0))
@@ -253,13 +310,15 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int:
     # Grid Engine's qdel -notify sends SIGUSR2 before SIGKILL: with LAUNCHKIT_SHIM_NOTIFY=1 it
     # means "stop" (SIGTERM to the command, SIGKILL after the grace period)
     # (its SIGUSR1 announces a suspension, which SIGSTOP then does: nothing to pass on)
-    notify = environ.get("LAUNCHKIT_SHIM_NOTIFY") == "1"
+    notify = environ.get(NOTIFY_VAR) == "1"
     stopping = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP} | ({signal.SIGUSR2} if notify else set())
 
     def on_signal(signum: int, _frame: object) -> None:
         if notify and signum == signal.SIGUSR1:
             return
-        if signum in stopping and not stop["asked"]:
+        if signum in stopping:
+            if stop["asked"]:
+                return  # one stop is passed on once (the engine and the launcher may both send it)
             stop["asked"] = time.monotonic()
         forward = signal.SIGTERM if notify and signum == signal.SIGUSR2 else signum
         for pid in started:
@@ -283,11 +342,12 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int:
         code = 127 if isinstance(exc, FileNotFoundError) else 126
         for piece in frame_output(index, "e", f"cannot start {argv[0]!r}: {exc.strerror or exc}".encode()):
             err.write(piece)
+        guard.release()
         for stream in (out, err):
             stream.write(frame_event(index, "x", code, 0))
         return code
     started.append(child.pid)
-    _guard(os.getpid(), child.pid)
+    guard.watch(child.pid)
     if stop["asked"]:  # a signal came while it was starting
         _killpg(child.pid, signal.SIGTERM)
     os.close(o_w)
@@ -303,7 +363,7 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int:
         t.start()
 
     parent = os.getppid()
-    grace = float(environ.get("LAUNCHKIT_SHIM_GRACE", GRACE) or GRACE)
+    grace = shim_grace(environ)
     while child.poll() is None:
         if not stop["asked"] and os.getppid() != parent:  # the engine's daemon is gone
             stop["asked"] = time.monotonic()
@@ -317,6 +377,7 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int:
         t.join(2.0)
     rc = child.returncode
     code = 128 - rc if rc < 0 else rc
+    guard.release()  # before the end marks: nothing of the task is left once they are read
     for stream in (out, err):  # one end mark per stream: each says that stream is complete
         stream.write(frame_event(index, "x", code, 1 if stop["asked"] else 0))
     if code and not stop["asked"]:  # after the end marks: this failure is the job's root cause

@@ -1,6 +1,7 @@
 """What the engine backends' tests share: the contract check, starting a launch that keeps
-running, ending it each way (launchkit kill, Ctrl-C, SIGKILL of the launcher), and the
---detach round trip (submit, ps, logs, top, kill)."""
+running, ending it each way (launchkit kill, Ctrl-C, SIGKILL of the launcher), the
+--detach round trip (submit, ps, logs, top, kill), and the teardown timing of a job whose
+processes trap SIGTERM (``teardown``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.launchkit.procs import LAUNCHKIT, PROG, pids_with_job, record, run, wait_for_job, wait_until
@@ -119,3 +122,83 @@ def detached_failure(
     assert wait_until(idle, 30)
     assert wait_until(lambda: "failed" in run(["ps", "--all"], env=env).stdout, 10)
     assert record(home, job)["exit_code"] == 3
+
+
+#: Every process of the job writes `start T` to MARKS/ROLE-RANK, and `term T` when SIGTERM comes
+#: (it traps it, and exits 143); with `fail`, worker 1 exits 3 (`fail T`) once all have started.
+TEARDOWN_SH = """\
+f="$1/$DMLC_ROLE-$LAUNCHKIT_ROLE_RANK"
+trap 'echo "term $(date +%s.%N)" >> "$f"; exit 143' TERM
+echo "start $(date +%s.%N)" >> "$f"
+if [ "$2" = fail ] && [ "$DMLC_ROLE" = worker ] && [ "$LAUNCHKIT_ROLE_RANK" = 1 ]; then
+  while [ "$(ls "$1" | wc -l)" -lt "$3" ]; do sleep 0.05; done
+  echo "fail $(date +%s.%N)" >> "$f"
+  exit 3
+fi
+while :; do sleep 0.1; done
+"""
+
+
+@dataclass
+class Teardown:
+    """How a job with TERM-trapping processes ended: seconds from the cause (worker 1's failure,
+    the SIGINT, the `launchkit kill`) to the launcher's exit, and to each process's SIGTERM."""
+
+    rc: int
+    exit_s: float
+    term_s: dict[str, float]
+    stderr: str
+    stdout: str
+
+
+def marks(directory: Path) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for p in directory.iterdir():
+        words = [line.split() for line in p.read_text().splitlines()]
+        out[p.name] = {w[0]: float(w[1]) for w in words if len(w) == 2}
+    return out
+
+
+def teardown(
+    how: str,
+    launcher: str,
+    cwd: Path,
+    home: Path,
+    env: dict[str, str],
+    extra: tuple[str, ...] = (),
+    grace: int = 10,
+) -> Teardown:
+    """Run a 2-worker, 1-server job whose processes trap SIGTERM, with a long grace period, and
+    end it by ``how``: ``fail`` (worker 1 exits 3), ``sigint`` (to the launcher), ``kill``."""
+    (cwd / "teardown.sh").write_text(TEARDOWN_SH)
+    box = cwd / "marks"
+    box.mkdir()
+    mode = "fail" if how == "fail" else "wait"
+    proc = subprocess.Popen(
+        [*LAUNCHKIT, "launch", "--launcher", launcher, "-n", "2", "-s", "1", "--grace-period", str(grace), *extra,
+         "--", "sh", "teardown.sh", str(box), mode, "4"],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        started = lambda: len(marks(box)) == 4 and all("start" in m for m in marks(box).values())  # noqa: E731
+        assert wait_until(started, 40), marks(box)
+        t0 = time.time()
+        if how == "sigint":
+            proc.send_signal(signal.SIGINT)
+        elif how == "kill":
+            killer = subprocess.Popen([*LAUNCHKIT, "kill", wait_for_job(home)], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        out, err = proc.communicate(timeout=45)
+        ended = time.time()
+        if how == "kill":
+            said, _ = killer.communicate(timeout=30)
+            assert killer.returncode == 0, said
+            err += f"{said}(launchkit kill took {time.time() - t0:.1f}s)\n"
+    finally:
+        proc.kill()
+    seen = marks(box)
+    if how == "fail":
+        t0 = seen["worker-1"]["fail"]
+    terms = {name: m["term"] - t0 for name, m in seen.items() if "term" in m}
+    return Teardown(proc.returncode, ended - t0, terms, err, out)

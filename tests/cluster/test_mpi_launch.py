@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.enginejobs import check_contract
+from tests.cluster.enginejobs import check_contract, teardown
 from tests.launchkit.procs import (
     PROG,
     job_ids,
@@ -120,3 +121,35 @@ def test_two_namespace_hosts(netns_hosts, node_python, tmp_path: Path, launchkit
         assert wait_until(lambda: not on_hosts() and not pids_with_job(job), 15)
     finally:
         proc.kill()
+
+
+#: The engine's own lines that say nothing to the user: echoes of the launcher's signal, the shim's
+#: guardians counted as leftovers (issue 27)
+NOISE = ("leftover", "Forwarding signal", "Abort is in progress", "BAD TERMINATION", "EXIT STRING")
+
+
+@pytest.mark.parametrize("mpirun", MPIRUNS)
+@pytest.mark.parametrize("how", ["fail", "sigint", "kill"])
+def test_every_rank_gets_sigterm_when_the_grace_period_starts(
+    tmp_path: Path, launchkit_home: Path, mpirun: str, how: str
+) -> None:
+    """Grace 10 s, every process traps SIGTERM: all get it at once and the launch ends when they
+    have (Open MPI's mpirun passed its own SIGTERM on only after odls_base_sigkill_timeout)."""
+    env = {**os.environ, "LAUNCHKIT_HOME": str(launchkit_home)}
+    t = teardown(how, "mpi", tmp_path, launchkit_home, env, ("--mpirun", mpirun))
+    assert t.rc == {"fail": 3, "sigint": 130, "kill": 143}[how], t.stderr[-3000:]
+    assert sorted(t.term_s) == ["scheduler-0", "server-0", "worker-0"] + (
+        ["worker-1"] if how != "fail" else []
+    )
+    assert max(t.term_s.values()) < 3.0, t.term_s
+    assert t.exit_s < 5.0, (t.exit_s, t.stderr[-3000:])
+    assert not [w for w in NOISE if w in t.stderr + t.stdout], t.stderr[-3000:]
+
+
+@pytest.mark.parametrize("mpirun", MPIRUNS)
+def test_clean_job_warns_about_nothing(tmp_path: Path, launchkit_home: Path, mpirun: str) -> None:
+    res = run(
+        ["launch", "-n", "2", "-s", "1", "--launcher", "mpi", "--mpirun", mpirun, "--", "true"], cwd=tmp_path
+    )
+    assert res.returncode == 0, res.stderr
+    assert "warning" not in res.stderr and "[mpirun]" not in res.stdout + res.stderr, res.stderr
