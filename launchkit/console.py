@@ -7,6 +7,7 @@ for pipes); the job's merged output goes to stdout/stderr through ``OutputWriter
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -113,6 +114,36 @@ class Ui:
         self.out.print(message, markup=False)
 
 
+def refused(target: BinaryIO, stream: str, exc: OSError) -> None:
+    """The job's merged output could not be written to ``target`` (a full disk, EIO, a reader
+    that went away): said once on stderr (unless stderr is what failed, or only a pipe's reader
+    left), noted on the stream (``REFUSED``: the launch then exits 74 if the job succeeds, as
+    ``launchkit.cli.main`` reads it), and the stream's descriptor pointed at /dev/null, so that
+    what is left in its buffer is dropped instead of failing again when the launcher exits. The
+    job goes on: its output is still kept for ``launchkit logs`` and ``--log-dir``."""
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(target, REFUSED, exc)
+    with contextlib.suppress(AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, target.fileno())
+        finally:
+            os.close(null)
+    if stream == "out" and not isinstance(exc, BrokenPipeError):
+        with contextlib.suppress(OSError, ValueError):
+            Ui().error(
+                f"cannot write the job's output to stdout: {exc.strerror or exc}; the job goes on "
+                "(launchkit logs has its output), exit 74 if it succeeds"
+            )
+
+
+def refusal(target: object) -> OSError | None:
+    """The error a stream refused the job's output with (``refused``), if it did."""
+    error = getattr(target, REFUSED, None)
+    return error if isinstance(error, OSError) else None
+
+
+REFUSED = "launchkit_refused"
 _ROLE_COLORS = {"scheduler": "35", "server": "34", "worker": "32"}
 
 
@@ -165,8 +196,11 @@ class OutputWriter:
                 try:
                     target.write(b"".join(parts))
                     target.flush()
-                except (BrokenPipeError, ValueError):
-                    self._broken.add(stream)  # our reader went away (`| head`); keep supervising
+                except ValueError:  # closed
+                    self._broken.add(stream)
+                except OSError as exc:  # `| head` went away, a full disk, EIO: keep supervising
+                    self._broken.add(stream)
+                    refused(target, stream, exc)
 
     def write(self, prefix: bytes, line: bytes, stream: str) -> None:
         """One line at once (a line without its newline gets one)."""

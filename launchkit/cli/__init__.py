@@ -10,7 +10,7 @@ from typing import NoReturn
 
 from launchkit.cli import hosts, kill, launch, logs, ps, top
 from launchkit.cli.app import app
-from launchkit.console import Ui
+from launchkit.console import Ui, refusal
 from launchkit.errors import EXIT_INTERNAL, EXIT_IO, EXIT_SIGINT, LaunchkitError
 
 # errors of writing (our output, a record) that are the machine's, not launchkit's bugs
@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> None:
             setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115
     try:
         app(args=argv, prog_name="launchkit")
+    except SystemExit as exc:
+        if exc.code in (0, None) and refusal(sys.stdout.buffer) is not None:
+            sys.exit(EXIT_IO)  # the job succeeded, but its output could not be written (said then)
+        raise
     except LaunchkitError as exc:
         Ui().error(exc.message)
         sys.exit(exc.exit_code)

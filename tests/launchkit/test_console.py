@@ -1,0 +1,60 @@
+"""launchkit.console: the merged output's writer when the machine refuses its writes (a full
+disk, a reader that went away): the launcher keeps supervising, says it once, exits 74."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from launchkit.console import OutputWriter, refusal
+from tests.launchkit.procs import LAUNCHKIT, pids_with_job
+
+
+def test_a_refused_write_is_noted_and_the_writer_goes_on(capfd) -> None:
+    """A write to /dev/full raised OSError out of the output thread (a traceback, and the job's
+    pipes were never read again)."""
+    with open("/dev/full", "wb") as full:
+        fd = full.fileno()
+        writer = OutputWriter(full, io.BytesIO())
+        writer.write(b"[worker 0] ", b"hello\n", "out")
+        writer.write(b"[worker 0] ", b"more\n", "out")  # dropped, silently
+        error = refusal(full)
+        assert error is not None and "No space left on device" in str(error)
+        assert os.path.samestat(os.fstat(fd), os.stat(os.devnull))  # what is left goes nowhere
+        full.write(b"x" * 100000)
+        full.flush()
+    err = capfd.readouterr().err
+    assert err.count("cannot write the job's output to stdout: No space left on device") == 1, err
+
+
+def test_a_launch_with_stdout_on_a_full_disk_says_so_once_and_exits_74(
+    launchkit_home, tmp_path: Path
+) -> None:
+    """It printed a traceback from the output thread and exited 0."""
+    jobs = {
+        0: ["python3", "-c", "print('x' * 100000)\nfor i in range(200): print(i)"],
+        3: ["sh", "-c", "seq 5000; exit 3"],
+    }
+    for code, cmd in jobs.items():
+        argv = [*LAUNCHKIT, "launch", "-n", "2", "-s", "0", "--", *cmd]
+        with open("/dev/full", "w") as full:
+            res = subprocess.run(
+                argv, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, cwd=tmp_path
+            )
+        assert res.returncode == (74 if code == 0 else 3), res.stderr
+        assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
+        assert res.stderr.count("cannot write the job's output to stdout: No space left on device") == 1
+        job = re.search(r"job (\S+) \(", res.stderr)
+        assert job is not None, res.stderr
+        listed = subprocess.run(
+            [*LAUNCHKIT, "ps", "--all", "--json"], capture_output=True, text=True, check=True
+        )
+        record = next(j for j in json.loads(listed.stdout) if j["id"] == job[1])
+        assert record["state"] == ("succeeded" if code == 0 else "failed"), record
+        assert pids_with_job(job[1]) == []
+        logs = subprocess.run([*LAUNCHKIT, "logs", job[1], "--tail", "1"], capture_output=True, text=True)
+        assert logs.returncode == 0 and logs.stdout.strip(), logs  # the output was kept
