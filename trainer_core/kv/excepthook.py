@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from types import TracebackType
 
+from dmlc_env.ending import say_peer_failed
+from trainer_core.errors import NodeFailure
 from trainer_core.kv.api import _OPEN
 
 
@@ -17,6 +19,8 @@ def install_excepthook() -> None:
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         previous(kind, value, tb)
+        if isinstance(value, NodeFailure):  # for the launcher, after the traceback: its last line
+            say_peer_failed(value.node)
         for store in list(_OPEN):
             abort = getattr(store, "abort", None)
             if abort is not None:
