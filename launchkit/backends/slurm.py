@@ -37,7 +37,7 @@ from launchkit.backends.engine import (
 )
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
-from launchkit.hostside import batchjob
+from launchkit.hostside import batchjob, shim
 from launchkit.hostside.netif import route_address
 
 #: Slurm end states -> exit codes (docs/exit-codes.md); FAILED uses the job's own code.
@@ -53,6 +53,14 @@ STATE_CODES = {
 }
 FINAL_STATES = {*STATE_CODES, "FAILED", "SPECIAL_EXIT", "REVOKED"}
 UNKNOWN = "UNKNOWN"  # Slurm did not answer this time
+#: Slurm's own account of steps ending (the launcher reports every process's end itself)
+NOISE = re.compile(
+    r"^(slurmstepd(-\S+)?: error: \*\*\* STEP \S+ ON \S+ CANCELLED AT \S+ \*\*\*"
+    r"|srun: error: \S+: tasks? [\d,-]+: (Exited with exit code \d+|Killed|Terminated)"
+    r"|srun: launch/slurm: _step_signal: Terminating StepId=\S+"
+    r"|srun: Job step aborted: Waiting up to \d+ seconds for job step to finish\."
+    r"|srun: forcing job termination)$"
+)
 
 
 @dataclass(frozen=True)
@@ -170,7 +178,8 @@ def batch_script(python: str) -> str:
 
 def batch_env(plan: Plan, opts: SlurmOptions, grace: float, *, in_allocation: bool) -> dict[str, str]:
     """What the batch job's environment carries (by name, never on a command line)."""
-    env = engine_env(plan, scheduler_last(plan))
+    env = engine_env(plan, scheduler_last(plan), grace)
+    env[shim.NOTIFY_VAR] = "1"  # a stop comes as SIGUSR2, which srun forwards (batchjob.STOP)
     if not in_allocation:  # the batch job finds its own address and port on its first node
         env[dmlc_env.DMLC_PS_ROOT_URI] = ""
         env[dmlc_env.DMLC_PS_ROOT_PORT] = "0"
@@ -254,8 +263,9 @@ class SbatchRun(BatchRun):
         assert self.job_id is not None
         if sig == signal.SIGKILL:
             return [end_argv(self.job_id)]
-        name = signal.Signals(sig).name.removeprefix("SIG")
-        return [["scancel", "--full", f"--signal={name}", self.job_id]]
+        # to the batch program only, which stops the steps and the scheduler (batchjob._stop):
+        # SIGTERM to the steps' srun would SIGKILL their tasks
+        return [["scancel", "--batch", "--signal=USR2", self.job_id]]
 
 
 class SlurmBackend(BatchBackend):
@@ -272,12 +282,12 @@ class SlurmBackend(BatchBackend):
         super().__init__(console)
         base = slurm or SlurmOptions()
         self.opts = replace(base, python=node_python or base.python)
-        self.grace = 5.0
         self.inside = in_allocation(os.environ)
         self.steps: set[str] = set()
 
     def connect(self, spec: LaunchSpec) -> str | None:
         """Inside an allocation: the local address that reaches the first node (its NodeAddr)."""
+        super().connect(spec)
         if not self.inside or not spec.hosts:
             return None
         return route_address(batchjob.node_address(spec.hosts[0].name))
@@ -329,12 +339,15 @@ class SlurmBackend(BatchBackend):
         cwd = plan.tasks[0].cwd
         env = merge_env(os.environ, batch_env(plan, self.opts, self.grace, in_allocation=self.inside))
         if self.inside:
-            return PopenRun([self.opts.python, "-m", "launchkit.hostside.batchjob"], env, cwd)
+            return PopenRun([self.opts.python, "-m", "launchkit.hostside.batchjob"], env, cwd, batchjob.STOP)
         script = batch_script(self.opts.python)
         self.batch = SbatchRun(
             self._sbatch(plan), script, env, cwd, self.say, output=output_path(cwd, plan.job_id)
         )
         return self.batch
+
+    def engine_noise(self, text: str) -> bool:
+        return bool(NOISE.match(text.strip()))
 
     def can_detach(self) -> bool:
         return not self.inside

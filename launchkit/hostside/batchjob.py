@@ -29,8 +29,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from launchkit.hostside import shim
+
 BATCH_VAR = "LAUNCHKIT_BATCH"
 RANK_OVERRIDE = "LAUNCHKIT_SHIM_RANK"
+STOP = signal.SIGUSR2  # what a stop is passed on as (see main)
 
 
 def allocation_nodes(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -77,6 +80,7 @@ class _Relay:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
+        self.steps: set[str] = set()  # JOB.STEP of every step a shim reported its start from
 
     def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -90,12 +94,34 @@ class _Relay:
     def _copy(self, src: Any, fd: int) -> None:
         with contextlib.suppress(OSError, ValueError):
             for line in iter(src.readline, b""):
+                frame = shim.parse_frame(line)
+                if frame is not None and frame.kind == "s":
+                    fields = frame.fields()
+                    if len(fields) >= 4 and "-" not in (fields[2], fields[3]):
+                        self.steps.add(f"{fields[2]}.{fields[3]}")
                 with self.lock:
                     os.write(fd, line)
 
     def join(self) -> None:
         for t in self.threads:
             t.join(5.0)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], scheduler: bool, steps: set[str]) -> None:
+    """Ask every task to stop, so that each gets its grace period. srun turns SIGTERM into
+    SIGKILL of its tasks ("forcing job termination") and passes any other signal to every process
+    of the step, the command's too: the steps get SIGTERM from ``scancel --signal=TERM STEP``
+    (ids from the shims' start marks); the scheduler, a child of ours, SIGUSR2 (the shim's "stop")."""
+    if scheduler and procs[0].poll() is None:
+        with contextlib.suppress(OSError):
+            procs[0].send_signal(STOP)
+    if steps:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(["scancel", "--signal=TERM", *sorted(steps)], capture_output=True, timeout=30)
+    for p in procs[1 if scheduler else 0 :]:  # a step not started yet: srun ends it
+        if p.poll() is None and not steps:
+            with contextlib.suppress(OSError):
+                p.send_signal(signal.SIGTERM)
 
 
 def main() -> int:
@@ -119,12 +145,9 @@ def main() -> int:
     stop_at: list[float] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        stop_at.append(time.monotonic())
-        for p in procs:
-            with contextlib.suppress(OSError):
-                p.send_signal(signum)
+        stop_at.append(time.monotonic())  # acted on in the loop below
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # before any child exists
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, STOP):  # before any child exists
         signal.signal(sig, on_signal)
     tmp = tempfile.mkdtemp(prefix="launchkit-batch-")
     if spec.get("scheduler") is not None:
@@ -137,20 +160,17 @@ def main() -> int:
             f.write(hostfile_text(step["slots"], nodes))
         step_env = {**env, "SLURM_HOSTFILE": path, "LAUNCHKIT_SHIM_OFFSET": str(step["offset"])}
         procs.append(relay.start([*step["srun"], *program], step_env))
-    if stop_at:  # a signal came while the children were starting
-        for p in procs:
-            with contextlib.suppress(OSError):
-                p.send_signal(signal.SIGTERM)
     first_failure = 0
+    stopped = False
     while [p.poll() for p in procs].count(None):  # poll every one (any() would stop early)
         for p in procs:
             if p.returncode is not None and p.returncode != 0 and not first_failure:
                 rc = p.returncode
                 first_failure = 128 - rc if rc < 0 else rc
                 stop_at.append(time.monotonic())
-                for q in procs:
-                    if q.poll() is None:
-                        q.send_signal(signal.SIGTERM)
+        if stop_at and not stopped:
+            stopped = True
+            _stop(procs, spec.get("scheduler") is not None, relay.steps)
         if stop_at and time.monotonic() - stop_at[0] > grace + 5:
             for q in procs:
                 if q.poll() is None:

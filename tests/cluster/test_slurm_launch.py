@@ -17,6 +17,7 @@ from tests.cluster.enginejobs import (
     end_running_job,
     env_of,
     gone,
+    teardown,
 )
 from tests.launchkit.procs import (
     LAUNCHKIT,
@@ -97,3 +98,18 @@ def test_hosts_from_the_allocation(slurm_local, tmp_path: Path, launchkit_home: 
                          stdin=subprocess.DEVNULL)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert [(h["host"], h["slots"]) for h in json.loads(res.stdout)] == [("localhost", 4)]
+
+
+@pytest.mark.parametrize("how", ["fail", "sigint", "kill"])
+def test_every_process_gets_sigterm_when_the_grace_period_starts(
+    slurm_local, tmp_path: Path, launchkit_home: Path, how: str
+) -> None:
+    """Grace 10 s, every process traps SIGTERM: all get it at once, and the launch ends when they
+    have (the shim gets the launcher's grace period; it used its own 5 s)."""
+    t = teardown(how, "slurm", tmp_path, launchkit_home, env_of(slurm_local, launchkit_home))
+    assert t.rc == {"fail": 3, "sigint": 130, "kill": 143}[how], t.stderr[-3000:]
+    assert {"scheduler-0", "server-0", "worker-0"} <= set(t.term_s), (t.term_s, t.stderr[-3000:])
+    assert max(t.term_s.values()) < 3.0, t.term_s
+    assert t.exit_s < 6.0, (t.exit_s, t.stderr[-3000:])
+    noise = ("leftover", "CANCELLED", "_step_signal", "forcing job termination", "Exited with exit code")
+    assert not [w for w in noise if w in t.stderr + t.stdout], t.stderr[-3000:]
