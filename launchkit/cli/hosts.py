@@ -154,7 +154,8 @@ def _editable(path: Path) -> tuple[Path, os.stat_result | None]:
 
 
 def _edit(path: Path, change: Callable[[list[str]], list[str]], *, create: bool = False) -> None:
-    """Rewrite a hostfile at once, keeping every other line (comments included) as it was:
+    """Rewrite a hostfile at once, keeping every other line (comments included) as it was, and
+    its line ends (CRLF stays CRLF):
     the new text goes to a temporary file in the target's own directory, with the target's mode
     (and owner, where we may), renamed over it. A file without hosts is refused unless
     ``create`` (``hosts add`` starts one)."""
@@ -163,7 +164,10 @@ def _edit(path: Path, change: Callable[[list[str]], list[str]], *, create: bool 
         raise HostfileError(str(path), None, "no such file")
     text = read_text(path) if info is not None else ""
     parse_hostfile(text, str(path), allow_empty=create)  # never rewrite a file that does not parse
-    new = "".join(line + "\n" for line in change(text.splitlines()))
+    eol = "\r\n" if "\n" in text and text.count("\r\n") == text.count("\n") else "\n"  # as the file has it
+    body = text[: -len(eol)] if text.endswith(eol) else text
+    # split at the file's line ends only: str.splitlines also splits at \x0c, \x1c, U+2028...
+    new = "".join(line + eol for line in change(body.split(eol) if body else []))
     tmp = real.with_name(f".{real.name}.{secrets.token_hex(4)}.tmp")
     mode = 0o666 if info is None else stat.S_IMODE(info.st_mode)  # 0o666: the umask applies
     try:

@@ -101,3 +101,18 @@ def test_hosts_check_needs_a_positive_timeout(tmp_path: Path) -> None:
     (tmp_path / "hf").write_text("node1\n")
     res = run(["hosts", "check", "-H", str(tmp_path / "hf"), "--connect-timeout", "0"])
     assert res.returncode == 2 and "--connect-timeout must be more than 0, got 0" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("eol", ["\r\n", "\n"])
+def test_every_other_line_is_kept_byte_for_byte(tmp_path: Path, eol: str) -> None:
+    """A CRLF hostfile came back with LF line ends, and a comment with a form feed or U+2028 in
+    it (str.splitlines splits there) came back as two lines."""
+    hf = tmp_path / "hosts"
+    before = eol.join(["# my cluster \x0c page", "node1 slots=2  # caf\u2028e", "", "\tnode2", ""])
+    hf.write_bytes(before.encode())
+    res = run(["hosts", "add", "node3", "-H", str(hf)])
+    assert res.returncode == 0, res.stderr
+    assert hf.read_bytes() == (before + "node3" + eol).encode()
+    res = run(["hosts", "remove", "node3", "-H", str(hf)])
+    assert res.returncode == 0, res.stderr
+    assert hf.read_bytes() == before.encode()
