@@ -89,6 +89,10 @@ class BatchRun(EngineRun):
         """Where the job's output lands (a file, or a directory of per-task files)."""
         raise NotImplementedError
 
+    def describe_state(self, state: str) -> str:
+        """The engine's state as the launcher says it."""
+        return state.lower()
+
     # -- EngineRun ---------------------------------------------------------------------------------
     def submit(self) -> str:
         """Submit (the script on the submitter's stdin: no file left behind); the engine's job id."""
@@ -122,7 +126,7 @@ class BatchRun(EngineRun):
                     final_reads = 0  # an end counts only when seen FINAL_READS times in a row
                     if state not in (shown, "UNKNOWN") and self.say is not None:
                         shown = state
-                        self.say(f"{self.engine} job {self.job_id}: {state.lower()}")
+                        self.say(f"{self.engine} job {self.job_id}: {self.describe_state(state)}")
                 else:
                     self.ended_state, self._code = state, code
                     final_reads += 1

@@ -145,6 +145,73 @@ def error_state(qstat_text: str, job: str) -> bool:
     return False
 
 
+def task_states(qstat_text: str, job: str) -> tuple[list[int], list[int]]:
+    """(running, pending) task ids of ``job`` in ``qstat -g d`` (one line per array task)."""
+    running: list[int] = []
+    pending: list[int] = []
+    for line in qstat_text.splitlines():
+        words = line.split()
+        if len(words) > 5 and words[0] == job and words[-1].isdigit():
+            (pending if "q" in words[4] else running).append(int(words[-1]))
+    return running, pending
+
+
+def scheduling_info(qstat_j_text: str) -> str:
+    """Grid Engine's reason a job waits: the first line of ``qstat -j``'s ``scheduling info``
+    (given with the scheduler's ``schedd_job_info true``); empty when it gives none."""
+    for line in qstat_j_text.splitlines():
+        if line.startswith("scheduling info:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def queue_slots(qstat_gc_text: str) -> dict[str, int]:
+    """Each cluster queue's slots in all (``qstat -g c``'s TOTAL column)."""
+    slots: dict[str, int] = {}
+    for line in qstat_gc_text.splitlines():
+        words = line.split()
+        if len(words) >= 6 and words[5].isdigit() and not line.startswith(("CLUSTER", "-")):
+            slots[words[0]] = int(words[5])
+    return slots
+
+
+def slots_short(plan: Plan, opts: SgeOptions, slots: dict[str, int]) -> str | None:
+    """Why the array job can never run all its tasks at once on these queues, or None."""
+    per_task = parse_pe(opts.pe)[1] if opts.pe else 1
+    need = len(plan.tasks) * per_task
+    queues = [q.split("@")[0] for q in opts.queue.split(",")] if opts.queue else list(slots)
+    if not queues or any(q not in slots for q in queues):
+        return None  # a queue qstat does not list: nothing is known
+    have = sum(slots[q] for q in set(queues))
+    if have >= need:
+        return None
+    counts = (
+        f"1 scheduler + {len(plan.by_role('server'))} server(s) + {len(plan.by_role('worker'))} worker(s)"
+    )
+    where = (
+        f"queue {', '.join(sorted(set(queues)))} has"
+        if opts.queue
+        else f"the queues ({', '.join(sorted(slots))}) have"
+    )
+    each = f" x {per_task} slots (--pe)" if per_task > 1 else ""
+    return (
+        f"--launcher sge: the job is one array job whose {len(plan.tasks)} tasks ({counts}{each}) must all "
+        f"run at once: it needs {need} slots, but {where} {have} in all; it would wait for ever. "
+        "Use fewer servers or workers, or a queue with more slots (--queue)"
+    )
+
+
+def check_slots(plan: Plan, opts: SgeOptions, env: Mapping[str, str] | None = None) -> None:
+    """Refuse (exit 2) a job the queues can never run at once, where ``qstat -g c`` tells."""
+    try:
+        shown = _run(["qstat", "-g", "c"], env)
+    except (OSError, subprocess.SubprocessError):
+        return
+    why = slots_short(plan, opts, queue_slots(shown.stdout)) if shown.returncode == 0 else None
+    if why:
+        raise UsageError(why)
+
+
 def _run(argv: list[str], env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         argv, capture_output=True, text=True, timeout=30, env=None if env is None else dict(env)
@@ -156,8 +223,18 @@ def job_status(job: str, env: Mapping[str, str] | None = None) -> tuple[str, int
     try:
         shown = _run(["qstat", "-j", job], env)
         if shown.returncode == 0:
-            listing = _run(["qstat"], env).stdout
-            return ("ERROR" if error_state(listing, job) else "QUEUED_OR_RUNNING"), None
+            listing = _run(["qstat", "-g", "d"], env).stdout
+            if error_state(listing, job):
+                return "ERROR", None
+            running, pending = task_states(listing, job)
+            if pending and running:  # some wait while the others run (and wait for them)
+                ids = ", ".join(map(str, pending[:5])) + (", ..." if len(pending) > 5 else "")
+                why = scheduling_info(shown.stdout) or "no free slot"
+                return (
+                    f"RUNNING {len(running)} of {len(running) + len(pending)} tasks; task(s) {ids} pending: {why}",
+                    None,
+                )
+            return ("PENDING" if pending else "QUEUED_OR_RUNNING"), None
         if "do not exist" not in (shown.stderr + shown.stdout):
             return "UNKNOWN", None  # qmaster busy or unreachable: ask again later
         acct = _run(["qacct", "-j", job], env)
@@ -204,6 +281,9 @@ class QsubRun(BatchRun):
         if code is not None:
             forget_files(self.directory)
         return ("RUNNING" if state == "QUEUED_OR_RUNNING" else state), code
+
+    def describe_state(self, state: str) -> str:
+        return "running" + state[7:] if state.startswith("RUNNING ") else state.lower()
 
     def output_location(self) -> str:
         return self.directory
@@ -273,6 +353,10 @@ class SgeBackend(BatchBackend):
             "scheduler's task publishes its address in the job's directory",
             f"the job script, on qsub's stdin: {job_script(self.opts.python, plan.tasks[0]).splitlines()[-1]}",
         ]
+
+    def prepare(self, plan: Plan) -> None:
+        check_slots(plan, self.opts)  # before anything is submitted
+        super().prepare(plan)
 
     def make_run(self, plan: Plan) -> EngineRun:
         cwd = plan.tasks[0].cwd

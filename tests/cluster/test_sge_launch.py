@@ -20,6 +20,7 @@ from tests.cluster.enginejobs import (
     env_of,
     gone,
     start_waiting_job,
+    teardown,
 )
 from tests.launchkit.procs import (
     LAUNCHKIT,
@@ -115,3 +116,46 @@ def test_hosts_from_a_parallel_job(sge_local, tmp_path: Path, launchkit_home: Pa
                          "-wd", str(tmp_path), "-v", "PATH"], input=script)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert [(h["host"], h["slots"]) for h in json.loads(out.read_text())] == [(socket.gethostname(), 2)]
+
+
+@pytest.mark.parametrize("how", ["fail", "sigint", "kill"])
+def test_every_process_gets_sigterm_when_the_grace_period_starts(
+    sge_local, tmp_path: Path, launchkit_home: Path, how: str
+) -> None:
+    """Grace 10 s, every process traps SIGTERM: all get it at once, and the launch ends when they
+    have."""
+    t = teardown(how, "sge", tmp_path, launchkit_home, env_of(sge_local, launchkit_home))
+    assert t.rc == {"fail": 3, "sigint": 130, "kill": 143}[how], t.stderr[-3000:]
+    assert {"scheduler-0", "server-0", "worker-0"} <= set(t.term_s), (t.term_s, t.stderr[-3000:])
+    assert max(t.term_s.values()) < 3.0, t.term_s
+    assert t.exit_s < 6.0, (t.exit_s, t.stderr[-3000:])
+    assert "leftover" not in t.stderr, t.stderr[-3000:]
+
+
+def test_job_needing_more_slots_than_the_queues_have_is_refused(
+    sge_local, tmp_path: Path, launchkit_home: Path
+) -> None:
+    """9 tasks (4 servers, 4 workers, the scheduler) on the 8-slot queue: exit 2 at once, naming the
+    slots, nothing submitted (it sat in the queue until the time limit)."""
+    res = launch(sge_local, tmp_path, launchkit_home, "-n", "4", "-s", "4", "--time-limit", "40",
+                 "python3", PROG, "wait", "5")  # fmt: skip
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "needs 9 slots" in res.stderr and "8 in all" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and not sge_local.job_ids()
+
+
+def test_pending_tasks_are_shown_with_their_reason(sge_local, tmp_path: Path, launchkit_home: Path) -> None:
+    """Slots taken by another job: the tasks that wait, and Grid Engine's reason, are in the view."""
+    blocker = sge_local.run(
+        ["qsub", "-terse", "-t", "1-6", "-b", "y", "-o", "/dev/null", "-j", "y", "sleep", "60"]
+    )
+    assert blocker.returncode == 0, blocker.stderr
+    try:
+        assert wait_until(lambda: sge_local.run(["qstat", "-s", "r"]).stdout.count(" r ") >= 6, 20)
+        res = launch(sge_local, tmp_path, launchkit_home, "-n", "2", "-s", "1", "--time-limit", "8",
+                     "python3", PROG, "wait", "30")  # fmt: skip
+        assert res.returncode == 124, res.stderr[-3000:]
+        assert "running 2 of 4 tasks; task(s) 3, 4 pending: queue instance" in res.stderr, res.stderr[-3000:]
+        assert "because it is full" in res.stderr
+    finally:
+        sge_local.delete_all_jobs()

@@ -16,8 +16,12 @@ from launchkit.backends.sge import (
     parse_qacct,
     placeholder_hosts,
     qsub_argv,
+    queue_slots,
     scheduler_first,
+    scheduling_info,
+    slots_short,
     task_env,
+    task_states,
 )
 from launchkit.core.plan import make_plan
 from launchkit.core.spec import LaunchSpec
@@ -110,3 +114,39 @@ def test_error_state_from_the_listing() -> None:
         "     16 0.55500 lk-1123-02 root  r     11/23/2026 01:08:38 all.q  1 1\n"
     )
     assert error_state(listing, "15") and not error_state(listing, "16") and not error_state(listing, "1")
+
+
+QSTAT_GC = """\
+CLUSTER QUEUE                   CQLOAD   USED    RES  AVAIL  TOTAL aoACDS  cdsuE
+--------------------------------------------------------------------------------
+all.q                             0.46      8      0      0      8      0      0
+big.q                             0.00      0      0     16     16      0      0
+"""
+QSTAT_GD = """\
+job-ID  prior   name       user         state submit/start at     queue                          slots ja-task-ID
+-----------------------------------------------------------------------------------------------------------------
+      4 0.50000 sleep      root         r     11/27/2026 11:24:19 all.q@vm                           1 1
+      4 0.50000 sleep      root         r     11/27/2026 11:24:19 all.q@vm                           1 2
+      4 0.50000 sleep      root         qw    11/27/2026 11:24:19                                    1 9
+      5 0.50000 other      root         qw    11/27/2026 11:24:19                                    1 1
+"""
+
+
+def test_slots_the_array_job_needs_against_the_queues() -> None:
+    slots = queue_slots(QSTAT_GC)
+    assert slots == {"all.q": 8, "big.q": 16}
+    why = slots_short(plan_for(4, 4), SgeOptions(queue="all.q"), slots)
+    assert why is not None and "needs 9 slots" in why and "queue all.q has 8" in why
+    assert slots_short(plan_for(4, 4), SgeOptions(), slots) is None  # 24 slots in all
+    assert slots_short(plan_for(2, 2), SgeOptions(queue="all.q@vm"), slots) is None
+    why = slots_short(plan_for(2, 2), SgeOptions(queue="all.q", pe="smp:2"), slots)
+    assert why is not None and "needs 10 slots" in why
+    assert slots_short(plan_for(4, 4), SgeOptions(queue="unknown.q"), slots) is None  # nothing known
+
+
+def test_pending_tasks_and_their_reason() -> None:
+    assert task_states(QSTAT_GD, "4") == ([1, 2], [9])
+    text = "job_name: x\nscheduling info:            queue instance \"all.q@vm\" dropped because it is full\n" \
+        "                            All queues dropped because of overload or full\n"  # fmt: skip
+    assert scheduling_info(text) == 'queue instance "all.q@vm" dropped because it is full'
+    assert scheduling_info("job_name: x\n") == ""
