@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from launchkit.errors import EXIT_IO
 from launchkit.output import REPORT_LINE, printable
 
 
@@ -66,16 +67,31 @@ class _Stderr(io.TextIOBase):
         return self._target().fileno()
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """A reader that went away (``| head``): nothing more is written there (its descriptor
+        points at /dev/null), and the command exits 74 as docs/exit-codes.md says, without a
+        word (rich's own answer was a silent exit 1, and it nulled stdout whichever had failed)."""
+        self.quiet = True
+        with contextlib.suppress(AttributeError, ValueError, OSError, io.UnsupportedOperation):
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, self.file.fileno())
+            finally:
+                os.close(null)
+        raise SystemExit(EXIT_IO)
+
+
 class Ui:
     """Holds the consoles; one per CLI invocation, passed down (no global singleton)."""
 
     def __init__(self, out: Console | None = None, err: Console | None = None) -> None:
         # ``out.is_terminal``: a terminal that the dashboard (a live view) can be drawn on
         plain = _cannot_draw()
-        self.out = out or Console(
+        self.out = out or _Console(
             no_color=_no_color(), soft_wrap=True, highlight=False, force_terminal=False if plain else None
         )
-        self.err = err or Console(
+        self.err = err or _Console(
             file=cast(TextIO, _Stderr()), no_color=_no_color(), soft_wrap=True, highlight=False
         )
         if not self.out.is_terminal and not (out is None and plain and _isatty(sys.stdout)):

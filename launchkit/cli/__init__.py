@@ -31,11 +31,14 @@ def main(argv: list[str] | None = None) -> None:
                 os.dup2(null, fd)
                 os.close(null)
             setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115
+    stdout = sys.stdout
     try:
         app(args=argv, prog_name="launchkit")
     except SystemExit as exc:
         if exc.code in (0, None) and refusal(sys.stdout.buffer) is not None:
             sys.exit(EXIT_IO)  # the job succeeded, but its output could not be written (said then)
+        if exc.code == 1 and sys.stdout is not stdout:  # typer's answer to EPIPE (`| head` went away):
+            sys.exit(EXIT_IO)  # stdout wrapped to pacify its last flush, and a silent exit 1
         raise
     except LaunchkitError as exc:
         Ui().error(exc.message)

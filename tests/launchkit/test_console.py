@@ -58,3 +58,25 @@ def test_a_launch_with_stdout_on_a_full_disk_says_so_once_and_exits_74(
         assert pids_with_job(job[1]) == []
         logs = subprocess.run([*LAUNCHKIT, "logs", job[1], "--tail", "1"], capture_output=True, text=True)
         assert logs.returncode == 0 and logs.stdout.strip(), logs  # the output was kept
+
+
+def test_a_reader_that_went_away_is_exit_74_without_a_word(launchkit_home, tmp_path: Path) -> None:
+    """`launchkit logs JOB | head` (and every command whose output a pipe's reader left) exited 1
+    without a word (rich's and typer's answer to EPIPE), where docs/exit-codes.md says 74."""
+    (tmp_path / "hosts").write_text("".join(f"node{i}\n" for i in range(2000)))
+    commands = [
+        ["--version"],  # typer's echo
+        ["hosts", "list", "-H", "hosts"],  # a rich table
+        ["launch", "--dry-run", "-n", "3", "--", "true"],
+        ["launch", "-n", "1", "-s", "0", "--", "seq", "20000"],  # the merged output
+    ]
+    for args in commands:
+        r, w = os.pipe()
+        os.close(r)
+        try:
+            res = subprocess.run([*LAUNCHKIT, *args], stdout=w, stderr=subprocess.PIPE, text=True,
+                                 timeout=60, cwd=tmp_path)  # fmt: skip
+        finally:
+            os.close(w)
+        assert res.returncode == 74, (args, res.stderr)
+        assert "error" not in res.stderr and "Traceback" not in res.stderr, (args, res.stderr)
