@@ -41,7 +41,12 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(EXIT_IO)  # stdout wrapped to pacify its last flush, and a silent exit 1
         raise
     except LaunchkitError as exc:
-        Ui().error(exc.message)
+        try:
+            Ui().error(exc.message)
+        except OSError as refused:  # stderr on a full disk: as any write of ours that is refused
+            if refused.errno not in _WRITE_ERRORS:
+                raise
+            _cannot_write(refused)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(EXIT_SIGINT)

@@ -80,3 +80,12 @@ def test_a_reader_that_went_away_is_exit_74_without_a_word(launchkit_home, tmp_p
             os.close(w)
         assert res.returncode == 74, (args, res.stderr)
         assert "error" not in res.stderr and "Traceback" not in res.stderr, (args, res.stderr)
+
+
+def test_an_error_that_cannot_be_written_is_exit_74(launchkit_home) -> None:
+    """With stderr on a full disk, a refused command (`logs nojob`: exit 2) ended in a traceback
+    nobody saw and exit 1, where a usage error of typer's and a failed job were exit 74."""
+    for args in (["logs", "nojob"], ["hosts", "list", "-H", "/nonexistent/hosts"], ["launch", "--bogus"]):
+        with open("/dev/full", "w") as full:
+            res = subprocess.run([*LAUNCHKIT, *args], stdout=subprocess.PIPE, stderr=full, timeout=30)
+        assert res.returncode == 74, args
