@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import shlex
+import signal
 
 import pytest
 
 from launchkit.backends.engine import split_env
-from launchkit.backends.mpi import MpiOptions, detect_flavor, host_slots, rank_order, render, rsh_args
+from launchkit.backends.mpi import (
+    NOISE,
+    MpiOptions,
+    detect_flavor,
+    host_slots,
+    mpi_env,
+    rank_order,
+    render,
+    rsh_args,
+    stop_signal,
+)
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.core.plan import make_plan
 from launchkit.core.spec import Host, LaunchSpec
@@ -100,3 +111,16 @@ def test_mixed_ssh_ports_are_refused() -> None:
     plan = plan_for((Host("a", port=22), Host("b", port=2222)))
     with pytest.raises(UsageError, match="same ssh user and port"):
         rsh_args(SshOptions(), rank_order(plan))
+
+
+def test_a_stop_reaches_every_rank_at_once() -> None:
+    """Open MPI forwards SIGUSR2 at once (its SIGTERM only after odls_base_sigkill_timeout): the
+    shims take it as SIGTERM; Hydra forwards SIGTERM, and leaves a failed rank's peers to us."""
+    plan = plan_for((Host("localhost"),))
+    ompi = render(plan, MpiOptions(flavor="openmpi", grace=10), SshOptions())
+    assert "LAUNCHKIT_SHIM_NOTIFY" in ompi and "LAUNCHKIT_SHIM_GRACE" in ompi
+    assert mpi_env(plan, MpiOptions(flavor="openmpi", grace=10))["LAUNCHKIT_SHIM_GRACE"] == "10"
+    assert stop_signal("openmpi") == signal.SIGUSR2 and stop_signal("mpich") is None
+    hydra = render(plan, MpiOptions(flavor="mpich"), SshOptions())
+    assert "-disable-auto-cleanup" in hydra and "LAUNCHKIT_SHIM_NOTIFY" not in " ".join(hydra)
+    assert NOISE.match("mpirun: Forwarding signal 12 to job")

@@ -154,3 +154,39 @@ def test_the_command_does_not_see_the_shims_instructions() -> None:
     res = _run_shim([sys.executable, "-c", "import os; print(sorted(k for k in os.environ if 'SHIM' in k))"])
     out = [shim.parse_frame(line) for line in res.stdout.splitlines(keepends=True)]
     assert any(f is not None and f.kind == "o" and f.data == b"[]" for f in out)
+
+
+def test_the_guardian_reports_a_killed_shims_end_and_a_clean_end_leaves_none() -> None:
+    """SIGKILL of the shim: its guardian writes the task's end marks (137) on the shim's streams.
+    A normal end: the guardian is gone before the end marks (it used to outlive the shim, and
+    every mpi job warned about it as a leftover process)."""
+    table = json.dumps({"v": 1, "tasks": [{"i": 4, "env": {}}]})
+    marker = f"lk-guard2-{os.getpid()}"
+    env = {**os.environ, shim.TASKS_VAR: table, "PMI_RANK": "0", "X_MARK": marker}
+    p = subprocess.Popen([sys.executable, "-m", "launchkit.hostside.shim", "--", "sleep", "30"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    assert p.stdout is not None
+    assert shim.parse_frame(p.stdout.readline()) is not None  # started
+    p.kill()
+    ends = [shim.parse_frame(line) for line in p.stdout.read().splitlines(keepends=True)]
+    assert [(f.task, f.kind, f.fields()) for f in ends if f] == [(4, "x", ["137", "0"])]
+    p.wait(5)
+
+    res = _run_shim(["true"], X_MARK=marker)
+    assert res.returncode == 0
+    assert not [d for d in os.listdir("/proc") if d.isdigit() and _environ_has(int(d), marker)]
+
+
+def _environ_has(pid: int, marker: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"X_MARK={marker}".encode() in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("value", "grace"), [("10", 10.0), ("", shim.GRACE), ("nan", shim.GRACE), ("x", shim.GRACE)]
+)
+def test_grace_from_the_launcher(value: str, grace: float) -> None:
+    assert shim.shim_grace({shim.GRACE_VAR: value}) == grace
