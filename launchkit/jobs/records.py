@@ -32,8 +32,17 @@ JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def home() -> Path:
-    if os.environ.get("LAUNCHKIT_HOME"):
-        return Path(os.environ["LAUNCHKIT_HOME"])
+    """``$LAUNCHKIT_HOME``, an absolute path: a relative one (``~/lk`` quoted, ``lk``) named a
+    different directory from every working directory, so a job launched in one was not found by
+    ``ps``, ``kill``, ``logs`` or ``top`` run in another."""
+    value = os.environ.get("LAUNCHKIT_HOME")
+    if value:
+        if not os.path.isabs(value):
+            raise UsageError(
+                f"LAUNCHKIT_HOME {value}: a relative path (expected an absolute path, e.g. /home/me/.launchkit; "
+                "'~' is not expanded there): each command would look for jobs under its own current directory"
+            )
+        return Path(value)
     try:
         return Path.home() / ".launchkit"
     except RuntimeError:  # no HOME, and no passwd entry for this user

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -161,3 +162,15 @@ def test_check_home_makes_the_jobs_directory_and_names_what_is_wrong(
     monkeypatch.setenv("LAUNCHKIT_HOME", "/proc/self/home")
     with pytest.raises(UsageError, match="cannot write job records in /proc/self/home/jobs"):
         jobs.check_home()
+
+
+@pytest.mark.parametrize("value", ["lk-home", "~/.launchkit", "./x"])
+def test_a_relative_home_is_refused(value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative LAUNCHKIT_HOME (a quoted '~' too) was taken under the current directory: a job
+    launched in one directory was 'no job here' for ps/kill/logs/top run in another."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LAUNCHKIT_HOME", value)
+    for check in (jobs.check_home, jobs.load_all, lambda: jobs.load(GOOD)):
+        with pytest.raises(UsageError, match=f"LAUNCHKIT_HOME {re.escape(value)}: a relative path"):
+            check()
+    assert list(tmp_path.iterdir()) == []  # nothing made here
