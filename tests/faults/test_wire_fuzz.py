@@ -53,7 +53,8 @@ from tests.trainer_core.probes import WITHIN, closed_by_peer, handshake_fails, s
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError
 from trainer_core.kv.dist import DistKVStore
-from trainer_core.transport import wire
+from trainer_core.ps import protocol as wire
+from trainer_core.ps.protocol import SCHEMA
 from trainer_core.transport.auth import channel_key, channel_proof, derive_keys
 from trainer_core.transport.channel import Channel, Received, Trace
 from trainer_core.transport.stream import MAX_FRAME_BYTES, MAX_FRAMES
@@ -64,7 +65,7 @@ REPO = Path(__file__).resolve().parents[2]
 SECRET = "fuzz-job-secret"
 N = 16  # elements of the key "w" (float32)
 RSS_SLACK = 256 << 20
-TRACE = Trace(logging.getLogger("test_wire_fuzz"))
+TRACE = Trace(logging.getLogger("test_wire_fuzz"), schema=SCHEMA)
 FUZZ = settings(
     max_examples=100,
     deadline=None,

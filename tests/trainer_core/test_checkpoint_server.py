@@ -18,9 +18,9 @@ import pytest
 from tests.trainer_core.cluster import Job, run_job, worker_script
 from trainer_core import kv as kvstore
 from trainer_core.errors import KVError, WireError
+from trainer_core.ps import protocol as wire
 from trainer_core.ps import store as store_mod
 from trainer_core.train import checkpoint
-from trainer_core.transport import wire
 
 K, N = 3, 6
 COMP = {"type": "1bit", "block_size": 512}

@@ -16,8 +16,8 @@ from trainer_core import kv as kvstore
 from trainer_core.compression import get_compressor
 from trainer_core.compression.codec import ServerCodec, WorkerCodec, check_meta, resolve_compression
 from trainer_core.errors import CompressionError, WireError
+from trainer_core.ps import protocol as wire
 from trainer_core.ps import store as store_mod
-from trainer_core.transport import wire
 
 STEPS = 3
 

@@ -22,7 +22,7 @@ from trainer_core.errors import KVError
 from trainer_core.kv import held
 from trainer_core.kv.dist import DistKVStore
 from trainer_core.kv.held import MAX_UNCLAIMED
-from trainer_core.transport import wire
+from trainer_core.ps import protocol as wire
 from trainer_core.transport.channel import Received
 
 __all__ = ["job"]  # the fixture, used by the tests below

@@ -11,9 +11,10 @@ import socket, time, zmq
 import logging
 from trainer_core.errors import KVError
 from trainer_core.transport import auth
-from trainer_core.transport import wire
+from trainer_core.ps import protocol as wire
 from trainer_core.transport.channel import Trace
-TRACE = Trace(logging.getLogger('intruder'))
+from trainer_core.ps.protocol import SCHEMA
+TRACE = Trace(logging.getLogger('intruder'), schema=SCHEMA)
 from tests.trainer_core.probes import WITHIN, closed_by_peer, handshake_fails, send_until_closed
 
 kv.init('w', np.zeros(16, np.float32))

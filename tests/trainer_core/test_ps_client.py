@@ -24,12 +24,13 @@ import pytest
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, NodeFailure
 from trainer_core.kv.dist import DistKVStore
+from trainer_core.ps import protocol as wire
 from trainer_core.ps.client import WorkerClient
 from trainer_core.ps.handler import RequestHandler
 from trainer_core.ps.liveness import Health
 from trainer_core.ps.membership import Book, ServerInfo
+from trainer_core.ps.protocol import SCHEMA
 from trainer_core.ps.routes import Route
-from trainer_core.transport import wire
 from trainer_core.transport.channel import Caps, Channel, Poller, Received
 from trainer_core.transport.memory import MemoryChannel
 from trainer_core.transport.shm import job_prefix
@@ -64,17 +65,17 @@ class InProcessJob:
     def client(self, rank: int, grace_s: float = 0.1) -> WorkerClient:
         routes = []
         for i, (poller, _) in enumerate(self.serving):
-            framed, framed_end = MemoryChannel.pair(self.framed, log=LOG)
+            framed, framed_end = MemoryChannel.pair(self.framed, log=LOG, schema=SCHEMA)
             framed_end.place = self.handlers[i].place
             poller.add(framed_end)
             fast = framed
             if self.shm:
-                fast, fast_end = MemoryChannel.pair(SAME_HOST, log=LOG)
+                fast, fast_end = MemoryChannel.pair(SAME_HOST, log=LOG, schema=SCHEMA)
                 poller.add(fast_end)
                 self.channels.append(fast_end)
             routes.append(Route(framed=framed, fast=fast))
             self.channels.append(framed_end)
-        sched, sched_end = MemoryChannel.pair(AS_ZMQ, log=LOG)
+        sched, sched_end = MemoryChannel.pair(AS_ZMQ, log=LOG, schema=SCHEMA)
         self.sched.add(sched_end)
         self.channels.append(sched_end)
         book = Book(

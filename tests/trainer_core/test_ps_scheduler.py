@@ -16,8 +16,9 @@ from collections.abc import Iterator
 import pytest
 
 from trainer_core.config import NodeConfig
+from trainer_core.ps import protocol as wire
+from trainer_core.ps.protocol import SCHEMA
 from trainer_core.ps.scheduler import Scheduler
-from trainer_core.transport import wire
 from trainer_core.transport.channel import Received
 from trainer_core.transport.memory import MemoryChannel
 
@@ -29,8 +30,8 @@ class Node:
 
     def __init__(self, sched: Scheduler, role: str, hint: int = -1, pid: int = 1) -> None:
         self.sched, self.role, self.hint, self.pid = sched, role, hint, pid
-        self.ctl, self._ctl_end = MemoryChannel.pair(log=LOG)
-        self.hb, self._hb_end = MemoryChannel.pair(log=LOG)
+        self.ctl, self._ctl_end = MemoryChannel.pair(log=LOG, schema=SCHEMA)
+        self.hb, self._hb_end = MemoryChannel.pair(log=LOG, schema=SCHEMA)
         self.name = ""
 
     def _to_scheduler(self, end: MemoryChannel, channel: MemoryChannel, h: wire.Header) -> None:
@@ -75,7 +76,8 @@ def config(workers: int, servers: int) -> NodeConfig:
 @pytest.fixture
 def job() -> Iterator[tuple[Scheduler, list[Node], list[Node]]]:
     """A scheduler for 1 server and 2 workers, every node registered and its book read."""
-    router, _ = MemoryChannel.pair(log=LOG)  # the scheduler never reads it: the test hands it messages
+    # the scheduler never reads it: the test hands it messages
+    router, _ = MemoryChannel.pair(log=LOG, schema=SCHEMA)
     sched = Scheduler(config(2, 1), LOG, router=router)
     servers = [Node(sched, "server", pid=10)]
     workers = [Node(sched, "worker", hint=1, pid=20), Node(sched, "worker", pid=21)]
@@ -94,7 +96,7 @@ def job() -> Iterator[tuple[Scheduler, list[Node], list[Node]]]:
 
 
 def test_the_book_goes_out_once_every_node_registered() -> None:
-    router, _ = MemoryChannel.pair(log=LOG)
+    router, _ = MemoryChannel.pair(log=LOG, schema=SCHEMA)
     sched = Scheduler(config(2, 1), LOG, router=router)
     nodes = [Node(sched, "worker", pid=1), Node(sched, "server", pid=2), Node(sched, "worker", hint=0, pid=3)]
     nodes[0].register()
@@ -116,7 +118,7 @@ def test_the_book_goes_out_once_every_node_registered() -> None:
 
 
 def test_too_many_nodes_of_a_role_are_refused() -> None:
-    router, _ = MemoryChannel.pair(log=LOG)
+    router, _ = MemoryChannel.pair(log=LOG, schema=SCHEMA)
     sched = Scheduler(config(1, 1), LOG, router=router)
     a, b = Node(sched, "worker", pid=1), Node(sched, "worker", pid=2)
     a.register()
@@ -187,7 +189,7 @@ def test_messages_of_unknown_nodes_are_ignored(job: tuple[Scheduler, list[Node],
 
 
 def test_a_malformed_registration_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
-    router, _ = MemoryChannel.pair(log=LOG)
+    router, _ = MemoryChannel.pair(log=LOG, schema=SCHEMA)
     sched = Scheduler(config(1, 1), LOG, router=router)
     node = Node(sched, "worker")
     with caplog.at_level(logging.WARNING):

@@ -20,8 +20,9 @@ import pytest
 
 from trainer_core.compression.codec import WorkerCodec, resolve_compression
 from trainer_core.compression.codec import decode as gc_decode
+from trainer_core.ps import protocol as wire
 from trainer_core.ps.handler import SHARED_PREFIX, RequestHandler
-from trainer_core.transport import wire
+from trainer_core.ps.protocol import SCHEMA
 from trainer_core.transport.channel import Caps, ChannelClosed, Received
 from trainer_core.transport.memory import MemoryChannel
 from trainer_core.transport.shm import MemBuffer, SegmentFactory, job_prefix
@@ -38,7 +39,7 @@ class Worker:
     def __init__(self, handler: RequestHandler, rank: int, caps: Caps = DIRECT) -> None:
         self.handler = handler
         self.rank = rank
-        self.end, self.server_end = MemoryChannel.pair(caps, log=LOG)
+        self.end, self.server_end = MemoryChannel.pair(caps, log=LOG, schema=SCHEMA)
         self.server_end.place = handler.place
         self.seq = 0
 

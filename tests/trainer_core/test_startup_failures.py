@@ -27,12 +27,12 @@ import pytest
 from trainer_core.config import NodeConfig
 from trainer_core.errors import ConfigError, KVError, NodeFailure, StartupTimeout
 from trainer_core.kv.dist import DistKVStore
+from trainer_core.ps import protocol as wire
 from trainer_core.ps import server as server_module
 from trainer_core.ps.client import WorkerClient
 from trainer_core.ps.liveness import Liveness
 from trainer_core.ps.scheduler import Scheduler
 from trainer_core.ps.server import Server
-from trainer_core.transport import wire
 from trainer_core.transport.control import Transport
 
 LOG = logging.getLogger("test_startup_failures")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from trainer_core.ps import protocol as wire
 from trainer_core.ps.request import Request
 from trainer_core.ps.store import Store, StoreError
-from trainer_core.transport import wire
 
 
 def req(op: str, rank: int, data: np.ndarray | None = None, key: wire.Key = "k") -> Request:

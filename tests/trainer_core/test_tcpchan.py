@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 
 from trainer_core.errors import KVError
+from trainer_core.ps.protocol import SCHEMA
 from trainer_core.transport.channel import ChannelClosed, Trace
 from trainer_core.transport.tcp import TcpChannel as TcpConn
 from trainer_core.transport.tcp import TcpListener
 
 SECRET = "tcpchan-test-secret"
-TRACE = Trace(logging.getLogger("test_tcpchan"))
+TRACE = Trace(logging.getLogger("test_tcpchan"), schema=SCHEMA)
 
 
 def _server_side(listener: TcpListener, timeout: float = 20.0) -> TcpConn:

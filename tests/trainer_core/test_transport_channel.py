@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from trainer_core.errors import KVError
-from trainer_core.transport import wire
+from trainer_core.ps import protocol as wire
+from trainer_core.ps.protocol import SCHEMA
 from trainer_core.transport.channel import (
     HANDSHAKE_TIMEOUT_S,
     Caps,
@@ -41,7 +42,7 @@ from trainer_core.transport.unix import UnixChannel, UnixListener
 
 SECRET = "channel-contract-secret"
 LOG = logging.getLogger("test_transport_channel")
-TRACE = Trace(LOG)
+TRACE = Trace(LOG, schema=SCHEMA)
 KINDS = ["memory", "memory-shm", "unix", "tcp"]
 
 
@@ -82,9 +83,9 @@ def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Channel, Channel]]:
     client: Channel
     server: Channel
     if kind == "memory":
-        client, server = MemoryChannel.pair(log=LOG)
+        client, server = MemoryChannel.pair(log=LOG, schema=SCHEMA)
     elif kind == "memory-shm":  # as the unix channel: headers only, shared memory
-        client, server = MemoryChannel.pair(Caps(frames=False, shared_memory=True), log=LOG)
+        client, server = MemoryChannel.pair(Caps(frames=False, shared_memory=True), log=LOG, schema=SCHEMA)
     elif kind == "unix":
         unix = listener = UnixListener("contract", SECRET, TRACE)
         client, server = _accept(unix, lambda: UnixChannel.connect(unix.name, SECRET, TRACE))
@@ -253,7 +254,10 @@ def test_a_closed_peer_ends_receive_and_a_closed_channel_refuses_to_send(
 
 
 def test_the_poller_hands_each_ready_channel_its_messages() -> None:
-    (a_client, a_server), (b_client, b_server) = MemoryChannel.pair(), MemoryChannel.pair()
+    (a_client, a_server), (b_client, b_server) = (
+        MemoryChannel.pair(schema=SCHEMA),
+        MemoryChannel.pair(schema=SCHEMA),
+    )
     poller = Poller()
     poller.add(a_server)
     poller.add(b_server)
@@ -331,7 +335,7 @@ def test_a_listener_closes_the_oldest_handshakes_beyond_the_most_it_holds() -> N
 
 
 def test_memory_channels_are_pollable_eventfds_and_closing_one_ends_the_other() -> None:
-    a, b = MemoryChannel.pair()
+    a, b = MemoryChannel.pair(schema=SCHEMA)
     fds = {a.pollable(), b.pollable()}
     assert len(fds) == 2
     assert all(os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[eventfd]" for fd in fds)

@@ -11,6 +11,7 @@ from trainer_core.config import NodeConfig
 from trainer_core.errors import ConfigError, OptimizerError
 from trainer_core.optim import server as optim
 from trainer_core.ps import sharding
+from trainer_core.ps.protocol import SCHEMA
 from trainer_core.transport import auth, host, shm
 
 
@@ -98,7 +99,7 @@ def test_rank_assignment_honours_launcher_ranks() -> None:
     from trainer_core.ps.scheduler import NodeRecord, assign_ranks
     from trainer_core.transport.memory import MemoryChannel
 
-    peer, other = MemoryChannel.pair()
+    peer, other = MemoryChannel.pair(schema=SCHEMA)
 
     def rec(hint: int) -> NodeRecord:
         return NodeRecord(

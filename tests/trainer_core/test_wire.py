@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainer_core.errors import WireError
-from trainer_core.transport import wire
+from trainer_core.ps import protocol as wire
 
 
 def test_round_trip() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import trainer_core.xp as arrays
 from trainer_core.errors import KVError
-from trainer_core.transport.wire import Key
+from trainer_core.ps.protocol import Key
 
 Pairs = list[tuple[Key, list[Any]]]
 

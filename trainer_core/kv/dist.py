@@ -32,12 +32,12 @@ from trainer_core.kv.keys import KeyMeta, Outgoing, Where
 from trainer_core.kv.results import Results
 from trainer_core.log import get_logger
 from trainer_core.optim.server import to_spec
+from trainer_core.ps import protocol
 from trainer_core.ps.client import WorkerClient
+from trainer_core.ps.protocol import Key
 from trainer_core.ps.sharding import Part, split
-from trainer_core.transport import wire
 from trainer_core.transport.channel import Received
 from trainer_core.transport.shm import Segment, SegmentFactory
-from trainer_core.transport.wire import Key
 from trainer_core.xp import flat_sum, to_host
 
 
@@ -69,7 +69,7 @@ class DistKVStore(KVStore):
         install_excepthook()
         self.client.before_exit = self._unlink_names
         try:
-            self._to_all_servers(wire.SET_MODE, {"sync": self.sync})
+            self._to_all_servers(protocol.SET_MODE, {"sync": self.sync})
         except BaseException:
             self._cleanup()
             raise
@@ -90,7 +90,7 @@ class DistKVStore(KVStore):
     @serial()
     def set_optimizer(self, optimizer: Any, **kwargs: Any) -> None:
         """Server-side optimizer for every key (sent as a plain-data spec, see ``optim/server.py``)."""
-        self._to_all_servers(wire.SET_OPTIMIZER, {"spec": to_spec(optimizer, **kwargs)})
+        self._to_all_servers(protocol.SET_OPTIMIZER, {"spec": to_spec(optimizer, **kwargs)})
 
     @serial()
     def set_gradient_compression(self, params: Any) -> None:
@@ -100,7 +100,7 @@ class DistKVStore(KVStore):
         self.compression = validate_params(params)
         self.client.drain()
         self.codec.set_params(active)
-        self._to_all_servers(wire.SET_COMPRESSION, {"params": self.compression})
+        self._to_all_servers(protocol.SET_COMPRESSION, {"params": self.compression})
 
     def wire_stats(self) -> dict[str, int]:
         """Data bytes sent and received (payloads; raw parts at their size), ``raw_*`` (what 32-bit
@@ -135,36 +135,36 @@ class DistKVStore(KVStore):
         for k, vals in pairs:
             host = to_host(vals[0])
             dtype = np.dtype(host.dtype)
-            if dtype.str not in wire.DTYPES:
+            if dtype.str not in protocol.DTYPES:
                 raise KVError(f"key {k!r}: unsupported dtype {dtype}")
             parts = split(k, host.size, self.num_servers, self.cfg.bigarray_bound)
             self.meta[k] = KeyMeta(host.shape, dtype, host.size, parts, [None] * len(parts), [0] * len(parts))
             flat = np.ascontiguousarray(host).reshape(-1)
             for p in parts:
                 out = per_server.setdefault(p.server, Outgoing())
-                out.entries.append(wire.Entry(k, p.index, p.size, dtype.str))
+                out.entries.append(protocol.Entry(k, p.index, p.size, dtype.str))
                 out.frames.append(flat[p.start : p.stop])
         if self.rank == 0:
             self.client.wait(
-                [self.client.send(s, wire.INIT, o.entries, o.frames) for s, o in per_server.items()]
+                [self.client.send(s, protocol.INIT, o.entries, o.frames) for s, o in per_server.items()]
             )
         self.client.barrier()
 
     @serial(flush=False)
     def push(self, key: Key | Sequence[Key], value: Any) -> None:
-        self._exchange(wire.PUSH, normalize(key, value), None)
+        self._exchange(protocol.PUSH, normalize(key, value), None)
 
     @serial(flush=False)
     def pull(self, key: Key | Sequence[Key], out: Any) -> Any:
         pairs = normalize(key, out)
-        self._exchange(wire.PULL, [(k, []) for k, _ in pairs], pairs)
+        self._exchange(protocol.PULL, [(k, []) for k, _ in pairs], pairs)
         return out
 
     @serial(flush=False)
     def pushpull(self, key: Key | Sequence[Key], value: Any, out: Any = None) -> Any:
         """Push and pull in one message per server (one round trip)."""
         target = value if out is None else out
-        self._exchange(wire.PUSHPULL, normalize(key, value), normalize(key, target))
+        self._exchange(protocol.PUSHPULL, normalize(key, value), normalize(key, target))
         return target
 
     def _meta(self, key: Key) -> KeyMeta:
@@ -199,7 +199,7 @@ class DistKVStore(KVStore):
         keys = frozenset([k for k, _ in pushes])
         if len(keys) != len(pushes):
             raise KVError("a key appears more than once in one call")
-        taken = self.hold.take(keys) if op == wire.PULL else None
+        taken = self.hold.take(keys) if op == protocol.PULL else None
         self.hold.flush()  # before packing: a held push's segments must be sent before reuse
         self._release_names()
         self.codec.stats.exchanges += 1
@@ -209,14 +209,14 @@ class DistKVStore(KVStore):
             for where in taken.wheres():
                 self.codec.stats.raw_received += sum(p.size * m.dtype.itemsize for m, p, _ in where)
             per_server, compressed = taken.per_server, taken.compressed
-            op = wire.PUSHPULL
+            op = protocol.PUSHPULL
         if pulls is None:  # a push: asked or held (``held.py``) unless it left from the caller's array
             if any(o.borrowed for o in per_server.values()):
                 self._send(op, per_server, compressed, None)
             elif askable(
                 self.sync and not compressed, per_server, self.client.same_host, self.client.unclaimed
             ):
-                sent = self._send(wire.PUSHPULL, per_server, False, None, asked=True)
+                sent = self._send(protocol.PUSHPULL, per_server, False, None, asked=True)
                 self.hold.ask(Asked(per_server, False, keys, sent))
             else:
                 self.hold.hold(Held(per_server, compressed, keys))
@@ -263,16 +263,16 @@ class DistKVStore(KVStore):
         seg = None if packed else self._segment(m, p, writing=data is not None)
         if packed and data is not None:
             payload, meta = self.codec.encode(k, p.index, data)
-            out.entries.append(wire.Entry(k, p.index, p.size, m.dtype.str, comp=meta))
+            out.entries.append(protocol.Entry(k, p.index, p.size, m.dtype.str, comp=meta))
             out.frames.append(payload)
             stats.sent += payload.nbytes
         elif seg is not None:
             if data is not None:
                 np.copyto(seg.view(m.dtype, p.size), data)
                 stats.sent += raw
-            out.entries.append(wire.Entry(k, p.index, p.size, m.dtype.str, seg.name))
+            out.entries.append(protocol.Entry(k, p.index, p.size, m.dtype.str, seg.name))
         else:
-            out.entries.append(wire.Entry(k, p.index, p.size, m.dtype.str))
+            out.entries.append(protocol.Entry(k, p.index, p.size, m.dtype.str))
             if data is not None and not packed:
                 # zero-copy when the bytes are gone before the call returns: the call waits for the
                 # reply, or the channel sends from this thread (``caps.direct``); else a private copy
@@ -285,7 +285,7 @@ class DistKVStore(KVStore):
     def _send_held(self, held: Held) -> None:
         """Send a held push as plain pushes (not once the job failed: the next call raises that)."""
         if self.client.failure is None:
-            self._send(wire.PUSH, held.per_server, held.compressed, None)
+            self._send(protocol.PUSH, held.per_server, held.compressed, None)
 
     def _send(
         self,

@@ -14,15 +14,15 @@ import numpy as np
 
 from trainer_core.errors import KVError
 from trainer_core.kv.keys import KeyMeta
+from trainer_core.ps import protocol
 from trainer_core.ps.client import WorkerClient
+from trainer_core.ps.protocol import Key
 from trainer_core.ps.sharding import Part
-from trainer_core.transport import wire
 from trainer_core.transport.channel import Received
-from trainer_core.transport.wire import Key
 from trainer_core.xp import to_host
 
 #: per server: the entries, arrays, slot names and ``[key, part, slot, number]`` scalars of one message
-PerServer = dict[int, tuple[list[wire.Entry], list[np.ndarray], list[str], list[list[Any]]]]
+PerServer = dict[int, tuple[list[protocol.Entry], list[np.ndarray], list[str], list[list[Any]]]]
 
 
 def server_state(client: WorkerClient, meta: Mapping[Key, KeyMeta]) -> dict[Key, dict[str, Any]]:
@@ -38,7 +38,7 @@ def server_state(client: WorkerClient, meta: Mapping[Key, KeyMeta]) -> dict[Key,
     client.barrier()
     out: dict[Key, dict[str, Any]] = {}
     if client.rank == 0:
-        seqs = [client.send(s, wire.GET_STATE, local=False) for s in range(client.book.num_servers)]
+        seqs = [client.send(s, protocol.GET_STATE, local=False) for s in range(client.book.num_servers)]
         replies = client.wait(seqs)
         for server, seq in enumerate(seqs):
             _take_state(meta, server, replies[seq], out)
@@ -57,7 +57,7 @@ def _take_state(
 ) -> None:
     """Check one ``get_state`` reply and copy its arrays into ``out`` (parts into whole keys)."""
     h = reply.header
-    slots, scalars = wire.state_body(h)
+    slots, scalars = protocol.state_body(h)
     if len(reply.frames) != len(h.entries):
         raise KVError(
             f"server {server}: state reply with {len(reply.frames)} frames for {len(h.entries)} entries"
@@ -109,7 +109,7 @@ def load_server_state(
             for name, value in slots.items():
                 _put_state(m, k, name, value, per_server)
         seqs = [
-            client.send(s, wire.SET_STATE, e, a, body={"slots": sl, "scalars": sc}, local=False)
+            client.send(s, protocol.SET_STATE, e, a, body={"slots": sl, "scalars": sc}, local=False)
             for s, (e, a, sl, sc) in per_server.items()
             if e or sc
         ]
@@ -126,7 +126,7 @@ def _put_state(m: KeyMeta, k: Key, name: str, value: Any, per_server: PerServer)
         p = m.parts[int(index_s)]
         arr = np.ascontiguousarray(to_host(value)).reshape(-1)
         entries, arrays, slots, _ = per_server[p.server]
-        entries.append(wire.Entry(k, p.index, arr.size, arr.dtype.str))
+        entries.append(protocol.Entry(k, p.index, arr.size, arr.dtype.str))
         arrays.append(arr)
         slots.append(f"pull/{slot}")
         return
@@ -140,10 +140,10 @@ def _put_state(m: KeyMeta, k: Key, name: str, value: Any, per_server: PerServer)
     flat = np.ascontiguousarray(to_host(value)).reshape(-1)
     if flat.size != m.size:
         raise KVError(f"key {k!r}: state {name!r} has {flat.size} elements, the key {m.size}")
-    if flat.dtype.str not in wire.DTYPES:
+    if flat.dtype.str not in protocol.DTYPES:
         raise KVError(f"key {k!r}: state {name!r} has an unsupported dtype {flat.dtype}")
     for p in m.parts:
         entries, arrays, slots, _ = per_server[p.server]
-        entries.append(wire.Entry(k, p.index, p.size, flat.dtype.str))
+        entries.append(protocol.Entry(k, p.index, p.size, flat.dtype.str))
         arrays.append(flat[p.start : p.stop])
         slots.append(name)

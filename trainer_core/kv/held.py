@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from trainer_core.kv.keys import Outgoing, Where
-from trainer_core.transport.wire import Key
+from trainer_core.ps.protocol import Key
 
 #: the longest a push waits for the next call before the helper thread sends it (seconds)
 HOLD_S = 0.001

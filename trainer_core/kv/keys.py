@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from trainer_core.ps import protocol
 from trainer_core.ps.sharding import Part
-from trainer_core.transport import wire
 from trainer_core.transport.shm import Segment
 
 
@@ -33,7 +33,7 @@ Where = list[tuple[KeyMeta, Part, Segment | None]]
 class Outgoing:
     """One message being built for one server."""
 
-    entries: list[wire.Entry] = field(default_factory=list)
+    entries: list[protocol.Entry] = field(default_factory=list)
     frames: list[Any] = field(default_factory=list)
     where: Where = field(default_factory=list)
     borrowed: bool = False  # a frame is the caller's own array, sent without a copy

@@ -22,10 +22,10 @@ from trainer_core.errors import KVError
 from trainer_core.kv.api import KVStore, check_key, normalize, write_out
 from trainer_core.kv.results import decode_into, direct_target
 from trainer_core.optim.server import to_spec
+from trainer_core.ps import protocol
+from trainer_core.ps.protocol import Key
 from trainer_core.ps.request import Request
 from trainer_core.ps.store import Store
-from trainer_core.transport import wire
-from trainer_core.transport.wire import Key
 from trainer_core.xp import flat_sum, is_device_array, to_host
 
 
@@ -52,8 +52,8 @@ class LocalKVStore(KVStore):
     def _serve(self, op: str, key: Key, data: np.ndarray | None, like: np.ndarray) -> Request:
         """One request of worker 0 for ``key`` (``like``: its size and dtype); one worker's requests
         complete at once."""
-        entry = wire.Entry(key, 0, like.size, like.dtype.str)
-        req = Request(None, wire.Header(op=op, entries=(entry,)), 0, [data], [None])
+        entry = protocol.Entry(key, 0, like.size, like.dtype.str)
+        req = Request(None, protocol.Header(op=op, entries=(entry,)), 0, [data], [None])
         done = self.store.handle(req)
         assert done == [req], "a one-worker store answers every request at once"
         return req
@@ -62,7 +62,7 @@ class LocalKVStore(KVStore):
         for k, vals in normalize(key, value):
             host = to_host(vals[0])
             flat = np.ascontiguousarray(host).reshape(-1)
-            self._serve(wire.INIT, k, flat, flat)
+            self._serve(protocol.INIT, k, flat, flat)
             self.shapes[k] = host.shape
 
     def push(self, key: Key | Sequence[Key], value: Any) -> None:
@@ -81,12 +81,12 @@ class LocalKVStore(KVStore):
                 grad = gc_decode(payload, meta, grad.size, grad.dtype)
             else:
                 stats.sent += grad.nbytes
-            self._serve(wire.PUSH, k, grad, weight)
+            self._serve(protocol.PUSH, k, grad, weight)
 
     def pull(self, key: Key | Sequence[Key], out: Any) -> Any:
         for k, outs in normalize(key, out):
             weight = self._weight(k)
-            req = self._serve(wire.PULL, k, None, weight)
+            req = self._serve(protocol.PULL, k, None, weight)
             result, meta = req.results[0], req.metas[0]
             assert result is not None
             stats = self.codec.stats
@@ -147,7 +147,7 @@ class LocalKVStore(KVStore):
     def load_server_state(self, state: dict[Key, dict[str, Any]]) -> None:
         """Restore ``server_state()`` (after ``set_optimizer``, ``set_gradient_compression`` and
         ``init``); every key is checked before any is changed (``Store.set_state``)."""
-        entries: list[wire.Entry] = []
+        entries: list[protocol.Entry] = []
         arrays: list[np.ndarray] = []
         slots: list[str] = []
         scalars: list[tuple[Key, int, str, int | float]] = []
@@ -163,7 +163,7 @@ class LocalKVStore(KVStore):
                     scalars.append((k, 0, name, int(value)))
                     continue
                 arr = np.ascontiguousarray(to_host(value)).reshape(-1)
-                entries.append(wire.Entry(k, 0, arr.size, arr.dtype.str))
+                entries.append(protocol.Entry(k, 0, arr.size, arr.dtype.str))
                 arrays.append(arr)
                 slots.append(name)
         self.store.set_state(tuple(entries), arrays, slots, scalars)

@@ -22,8 +22,8 @@ from trainer_core.compression.codec import decode as gc_decode
 from trainer_core.errors import KVError
 from trainer_core.kv.api import Pairs, write_out
 from trainer_core.kv.keys import KeyMeta, Where
+from trainer_core.ps.protocol import Key
 from trainer_core.ps.sharding import Part
-from trainer_core.transport.wire import Key
 
 
 def direct_target(outs: list[Any], dtype: np.dtype, size: int) -> Any:

@@ -24,11 +24,11 @@ import trainer_core.metrics as metrics
 from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, NodeFailure, WireError
+from trainer_core.ps import protocol
 from trainer_core.ps.handler import SHARED_PREFIX
 from trainer_core.ps.liveness import Health, Liveness
 from trainer_core.ps.membership import Book, join, scheduler_endpoint
 from trainer_core.ps.routes import Route, open_routes
-from trainer_core.transport import wire
 from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Received, Source
 from trainer_core.transport.control import Transport
 from trainer_core.transport.shm import MemBuffer
@@ -87,7 +87,7 @@ class WorkerClient:
     @classmethod
     def join(cls, cfg: NodeConfig, log: logging.Logger, exit_on_failure: bool = True) -> WorkerClient:
         """Join the job described by ``cfg``: register, start heartbeats, connect to every server."""
-        transport = Transport(cfg.secret, log, cfg.verbose)
+        transport = Transport(cfg.secret, log, cfg.verbose, protocol.SCHEMA)
         live: Liveness | None = None
         try:
             sched, book = join(transport, cfg, cfg.env.node_host or "", None, log)
@@ -132,7 +132,7 @@ class WorkerClient:
         self,
         server: int,
         op: str,
-        entries: Sequence[wire.Entry] = (),
+        entries: Sequence[protocol.Entry] = (),
         frames: Sequence[Any] = (),
         body: dict[str, Any] | None = None,
         keep: bool = True,
@@ -149,7 +149,7 @@ class WorkerClient:
         fields = {"rank": self.book.rank}
         if body:
             fields.update(body)
-        header = wire.Header(op, seq, self.book.name, tuple(entries), fields)
+        header = protocol.Header(op, seq, self.book.name, tuple(entries), fields)
         route = self.routes[server]
         ch = route.fast if local and not frames else route.framed
         if into is not None and ch.caps.direct:
@@ -187,7 +187,7 @@ class WorkerClient:
         order, so any answered later request proves it; else ask with an empty request."""
         if self._last_reply[server] > seq:
             return
-        self.wait([self.send(server, wire.PULL)])
+        self.wait([self.send(server, protocol.PULL)])
 
     def wait(self, seqs: Iterable[int]) -> dict[int, Received]:
         """The replies of ``seqs`` (raises ``KVError`` for an error reply, ``NodeFailure`` when the job dies)."""
@@ -198,7 +198,7 @@ class WorkerClient:
                 self._pump()
         out = {s: replies.pop(s) for s in want}
         for msg in out.values():
-            if msg.header.op == wire.ERROR:
+            if msg.header.op == protocol.ERROR:
                 raise KVError(f"server refused the request: {msg.header.body.get('reason')}")
         return out
 
@@ -225,9 +225,9 @@ class WorkerClient:
         server, ch = self._server_of[id(source)]
         self._lost(server, ch)
 
-    def _place(self, header: wire.Header, lens: list[int]) -> list[memoryview]:
+    def _place(self, header: protocol.Header, lens: list[int]) -> list[memoryview]:
         into = self._places.pop(header.seq, None)
-        return into if into is not None and header.op == wire.REPLY else []
+        return into if into is not None and header.op == protocol.REPLY else []
 
     def _deliver(self, msg: Received) -> None:
         server, ch = self._server_of[id(msg.reply)]
@@ -250,7 +250,7 @@ class WorkerClient:
 
     def _dropped(self, msg: Received) -> None:
         """A reply nobody waits for (a push's, or a forgotten one): only an error is kept, for later."""
-        if msg.header.op == wire.ERROR and self._async_error is None:
+        if msg.header.op == protocol.ERROR and self._async_error is None:
             self._async_error = KVError(f"server refused a push: {msg.header.body.get('reason')}")
 
     def _map_buffers(self, server: int, ch: Channel, announced: Any) -> None:
@@ -349,12 +349,12 @@ class WorkerClient:
 
     def barrier(self) -> None:
         """Until every worker has called ``barrier`` (bounded by heartbeats)."""
-        self._scheduler_call(wire.BARRIER, wire.BARRIER_DONE)
+        self._scheduler_call(protocol.BARRIER, protocol.BARRIER_DONE)
 
     def finish(self) -> None:
         """Tell the servers and the scheduler this worker is done; wait until every worker is (MXNet's finalize)."""
-        self.wait([self.send(s, wire.FINISH) for s in range(len(self.routes))])
-        self._scheduler_call(wire.FINISH, wire.FINISHED)
+        self.wait([self.send(s, protocol.FINISH) for s in range(len(self.routes))])
+        self._scheduler_call(protocol.FINISH, protocol.FINISHED)
 
     def abort(self, reason: str, node: str | None = None) -> None:
         """Ask the scheduler to end the job now (``node`` failed, by default this worker); does not wait."""
@@ -362,12 +362,12 @@ class WorkerClient:
             say_peer_failed(node)
         if self.live.failure is None:
             body = {"reason": reason, "node": node or self.book.name}
-            self.sched.send(wire.Header(op=wire.ABORT, src=self.book.name, body=body))
+            self.sched.send(protocol.Header(op=protocol.ABORT, src=self.book.name, body=body))
 
     def _scheduler_call(self, op: str, reply_op: str) -> None:
         self.check()
         seq = next(self._seq)
-        self.sched.send(wire.Header(op=op, seq=seq, src=self.book.name))
+        self.sched.send(protocol.Header(op=op, seq=seq, src=self.book.name))
         done: list[Received] = []
 
         def take(msg: Received) -> None:

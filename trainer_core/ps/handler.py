@@ -22,9 +22,9 @@ from trainer_core.compression.codec import decode as gc_decode
 from trainer_core.compression.codec import resolve_compression
 from trainer_core.errors import KVError, WireError
 from trainer_core.optim import server as optim
+from trainer_core.ps import protocol
 from trainer_core.ps.request import Request
 from trainer_core.ps.store import Store, StoreError, dtype_of
-from trainer_core.transport import wire
 from trainer_core.transport.channel import ChannelClosed, Peer, Received
 from trainer_core.transport.shm import MemBuffer, Segment
 
@@ -70,47 +70,51 @@ class RequestHandler:
             return
         h = msg.header
         try:
-            rank = wire.body_int(h, "rank")
+            rank = protocol.body_int(h, "rank")
             if not 0 <= rank < self.num_workers:
                 raise WireError(f"bad worker rank {rank}")
             self.store.release(rank)
-            if h.op in wire.DATA_OPS:
+            if h.op in protocol.DATA_OPS:
                 req = self._request(msg, rank)
                 for r in [req] if not h.entries else self.store.handle(req):
                     self._reply(r)
-            elif h.op == wire.GET_STATE:
+            elif h.op == protocol.GET_STATE:
                 entries, arrays, slots, scalars = self.store.get_state()
                 body = {"slots": slots, "scalars": scalars}
                 self._send(
-                    msg.reply, wire.Header(wire.REPLY, h.seq, entries=tuple(entries), body=body), arrays
+                    msg.reply,
+                    protocol.Header(protocol.REPLY, h.seq, entries=tuple(entries), body=body),
+                    arrays,
                 )
             else:
                 self._command(msg, rank)
-                self._send(msg.reply, wire.Header(op=wire.REPLY, seq=h.seq))
+                self._send(msg.reply, protocol.Header(op=protocol.REPLY, seq=h.seq))
         except (KVError, ValueError, TypeError) as exc:
             self.log.warning("%s: refused %s from worker: %s", self.name, h.op, exc)
-            self._send(msg.reply, wire.Header(op=wire.ERROR, seq=h.seq, body={"reason": str(exc)}))
+            self._send(msg.reply, protocol.Header(op=protocol.ERROR, seq=h.seq, body={"reason": str(exc)}))
 
     def _command(self, msg: Received, rank: int) -> None:
         """A request that changes the server's settings or state (answered with an empty reply)."""
         h = msg.header
-        if h.op == wire.SET_STATE:
-            self.store.set_state(h.entries, self._state_arrays(msg), *wire.state_body(h))
-        elif h.op == wire.SET_MODE:
+        if h.op == protocol.SET_STATE:
+            self.store.set_state(h.entries, self._state_arrays(msg), *protocol.state_body(h))
+        elif h.op == protocol.SET_MODE:
             sync = h.body.get("sync")
             if not isinstance(sync, bool):
                 raise WireError("sync must be true or false")
             self.store.sync = sync
-        elif h.op == wire.SET_OPTIMIZER:
+        elif h.op == protocol.SET_OPTIMIZER:
             spec = h.body.get("spec")
             if not isinstance(spec, dict):
                 raise WireError("spec must be an object")
             self.store.set_optimizer(optim.validate(spec))
-        elif h.op == wire.FINISH:
+        elif h.op == protocol.FINISH:
             for req in self.store.worker_finished(rank):
                 reason = f"worker {rank} finished while this request waited for its push (sync mode)"
-                self._send(req.ident, wire.Header(op=wire.ERROR, seq=req.header.seq, body={"reason": reason}))
-        elif h.op == wire.SET_COMPRESSION:
+                self._send(
+                    req.ident, protocol.Header(op=protocol.ERROR, seq=req.header.seq, body={"reason": reason})
+                )
+        elif h.op == protocol.SET_COMPRESSION:
             params = h.body.get("params")
             if not isinstance(params, dict):
                 raise WireError("params must be an object")
@@ -131,7 +135,7 @@ class RequestHandler:
         self.data_seq[rank] = msg.header.seq
         return True
 
-    def place(self, h: wire.Header, lens: list[int]) -> list[memoryview | None]:
+    def place(self, h: protocol.Header, lens: list[int]) -> list[memoryview | None]:
         """Where a request's frames land on a ``caps.direct`` channel: a push that opens a sync round
         straight into the key's accumulator (``Store.landing``), the rest anywhere (the store
         consumes a request's arrays while handling it, copying any it keeps). A request declaring
@@ -141,7 +145,11 @@ class RequestHandler:
         if declared > 2 * holds + SMALL_FRAMES:
             raise ChannelClosed(f"a message declares {declared} bytes of frames for entries of {holds}", True)
         rank = h.body.get("rank")
-        if h.op not in (wire.PUSH, wire.PUSHPULL) or len(lens) != len(h.entries) or not isinstance(rank, int):
+        if (
+            h.op not in (protocol.PUSH, protocol.PUSHPULL)
+            or len(lens) != len(h.entries)
+            or not isinstance(rank, int)
+        ):
             return []
         dests: list[memoryview | None] = []
         for e in h.entries:
@@ -170,8 +178,8 @@ class RequestHandler:
         frames = iter(msg.frames)
         inputs: list[np.ndarray | None] = []
         outputs: list[np.ndarray | None] = []
-        carries_data = h.op in (wire.INIT, wire.PUSH, wire.PUSHPULL)
-        answers = h.op in (wire.PULL, wire.PUSHPULL)
+        carries_data = h.op in (protocol.INIT, protocol.PUSH, protocol.PUSHPULL)
+        answers = h.op in (protocol.PULL, protocol.PUSHPULL)
         for e in h.entries:
             dtype = dtype_of(e.dtype)
             view = self._segment(e, dtype) if e.shm is not None else None
@@ -182,10 +190,10 @@ class RequestHandler:
             outputs.append(view if answers else None)
         share = msg.reply.caps.shared_memory and all(e.shm is not None for e in h.entries)
         # a pushpull's segments: its worker waits for the answer before it writes them again
-        lends = share and h.op == wire.PUSHPULL
+        lends = share and h.op == protocol.PUSHPULL
         return Request(msg.reply, h, rank, inputs, outputs, share=share, lends=lends)
 
-    def _frame_data(self, e: wire.Entry, dtype: np.dtype, frame: Any, op: str) -> np.ndarray:
+    def _frame_data(self, e: protocol.Entry, dtype: np.dtype, frame: Any, op: str) -> np.ndarray:
         """A pushed part's values from its frame: decoded when compressed, else viewed in place.
 
         A compressed part (never an ``init``) must name a stored key part of its size and dtype
@@ -196,7 +204,7 @@ class RequestHandler:
                 raise WireError(f"key {e.key!r}: compressed payload missing")
             stored = self.store.keys.get((e.key, e.part))
             if (
-                op == wire.INIT
+                op == protocol.INIT
                 or stored is None
                 or stored.weight.size != e.size
                 or stored.weight.dtype != dtype
@@ -215,7 +223,7 @@ class RequestHandler:
             raise WireError(f"key {e.key!r}: data frame missing or of the wrong size")
         return np.frombuffer(frame.buffer, dtype=dtype)
 
-    def _segment(self, e: wire.Entry, dtype: np.dtype) -> np.ndarray:
+    def _segment(self, e: protocol.Entry, dtype: np.dtype) -> np.ndarray:
         assert e.shm is not None
         view = self._views.get((e.shm, e.dtype, e.size))
         if view is not None:
@@ -237,18 +245,18 @@ class RequestHandler:
 
     # -- answering -----------------------------------------------------------------------------
 
-    def _send(self, peer: Peer, header: wire.Header, frames: list[Any] | None = None) -> None:
+    def _send(self, peer: Peer, header: protocol.Header, frames: list[Any] | None = None) -> None:
         """Answer on the channel the request came from (a gone peer is no error: its channel closes)."""
         if frames and not peer.caps.frames:
             reason = "data frames on a channel that carries headers only"
-            header, frames = wire.Header(op=wire.ERROR, seq=header.seq, body={"reason": reason}), None
+            header, frames = protocol.Header(op=protocol.ERROR, seq=header.seq, body={"reason": reason}), None
         try:
             peer.send(header, frames or ())
         except ChannelClosed:
             return
 
     def _reply(self, req: Request) -> None:
-        if req.header.op == wire.PUSH and not req.header.body.get("ack"):
+        if req.header.op == protocol.PUSH and not req.header.body.get("ack"):
             return  # pushes are not acknowledged (a later reply proves they were handled)
         if any(req.shared):
             self._reply_shared(req)
@@ -256,7 +264,7 @@ class RequestHandler:
         frames: list[Any] = [r for r in req.results if r is not None]
         metas = [m for r, m in zip(req.results, req.metas, strict=True) if r is not None]
         body = {"c": metas} if any(m is not None for m in metas) else {}
-        self._send(req.ident, wire.Header(op=wire.REPLY, seq=req.header.seq, body=body), frames)
+        self._send(req.ident, protocol.Header(op=protocol.REPLY, seq=req.header.seq, body=body), frames)
 
     def _alloc(self, dtype: np.dtype, n: int) -> np.ndarray:
         """Key storage in an anonymous shared buffer that same-host workers can map."""
@@ -272,16 +280,16 @@ class RequestHandler:
         entries, fds, announced = [], [], []
         for e, result, shared in zip(req.header.entries, req.results, req.shared, strict=True):
             if not shared or result is None:
-                entries.append(wire.Entry(e.key, e.part, e.size, e.dtype))
+                entries.append(protocol.Entry(e.key, e.part, e.size, e.dtype))
                 continue
             buf = self.buffers[id(result)][0]
-            entries.append(wire.Entry(e.key, e.part, e.size, e.dtype, SHARED_PREFIX + str(buf.id)))
+            entries.append(protocol.Entry(e.key, e.part, e.size, e.dtype, SHARED_PREFIX + str(buf.id)))
             if buf.id not in channel.sent_buffers and buf.fd is not None:
                 channel.sent_buffers.add(buf.id)
                 fds.append(buf.fd)
                 announced.append([buf.id, buf.nbytes])
         body = {"fds": announced} if announced else {}
         try:
-            channel.send(wire.Header(wire.REPLY, req.header.seq, "", tuple(entries), body), fds=fds)
+            channel.send(protocol.Header(protocol.REPLY, req.header.seq, "", tuple(entries), body), fds=fds)
         except ChannelClosed:
             return  # a gone peer is no error: its channel closes (a context manager costs more)

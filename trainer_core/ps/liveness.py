@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from dmlc_env.ending import say_peer_failed
 from trainer_core.errors import NodeFailure
-from trainer_core.transport import wire
+from trainer_core.ps import protocol
 from trainer_core.transport.channel import Received
 from trainer_core.transport.control import Transport
 
@@ -106,7 +106,7 @@ class Liveness(Health):
             while not self._stop.is_set() and not self.failed.is_set():
                 now = time.monotonic()
                 if (on or not sent_once) and now >= next_beat:
-                    sched.send(wire.Header(op=wire.HEARTBEAT, src=self.node))
+                    sched.send(protocol.Header(op=protocol.HEARTBEAT, src=self.node))
                     sent_once = True
                     next_beat = now + self.interval
                 if sched.wait(min(period, 0.2)):
@@ -124,9 +124,9 @@ class Liveness(Health):
 
     def _on_message(self, msg: Received) -> None:
         h = msg.header
-        if h.op == wire.HEARTBEAT_ACK:
+        if h.op == protocol.HEARTBEAT_ACK:
             self._last_ack = time.monotonic()
-        elif h.op == wire.ABORT:
+        elif h.op == protocol.ABORT:
             node = h.body.get("node")
             reason = h.body.get("reason")
             self.fail(
@@ -135,5 +135,5 @@ class Liveness(Health):
                     node=node if isinstance(node, str) else None,
                 )
             )
-        elif h.op == wire.TERMINATE:
+        elif h.op == protocol.TERMINATE:
             self.terminated.set()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import NodeFailure, StartupTimeout, WireError
-from trainer_core.transport import wire
+from trainer_core.ps import protocol
 from trainer_core.transport.channel import Received
 from trainer_core.transport.control import Transport, ZmqChannel
 from trainer_core.transport.host import machine_identity
@@ -65,7 +65,7 @@ def join(
         "host_key": machine_identity(cfg.env.node_host),
         "pid": os.getpid(),
     }
-    sched.send(wire.Header(op=wire.REGISTER, body=body))
+    sched.send(protocol.Header(op=protocol.REGISTER, body=body))
     waited = cfg.start_timeout + scheduler_first(cfg.start_timeout)
     deadline = time.monotonic() + waited
     inbox: list[Received] = []
@@ -75,14 +75,14 @@ def join(
         if not inbox:
             continue
         h = inbox.pop(0).header
-        if h.op == wire.ABORT or h.op == wire.ERROR:
-            if h.op == wire.ABORT:  # for the launcher: another node failed (an ERROR is about this one)
+        if h.op == protocol.ABORT or h.op == protocol.ERROR:
+            if h.op == protocol.ABORT:  # for the launcher: another node failed (an ERROR is about this one)
                 node = h.body.get("node")
                 say_peer_failed(node if isinstance(node, str) else None)
             raise NodeFailure(
                 f"the scheduler refused to start the job: {h.body.get('reason')}", node="scheduler"
             )
-        if h.op == wire.BOOK:
+        if h.op == protocol.BOOK:
             try:
                 book = _book(h)
             except (WireError, TypeError, KeyError) as exc:
@@ -105,7 +105,7 @@ def scheduler_first(start_timeout: float) -> float:
     return min(2.0, start_timeout)
 
 
-def _book(h: wire.Header) -> Book:
+def _book(h: protocol.Header) -> Book:
     servers = h.body.get("servers")
     if not isinstance(servers, list):
         raise WireError("servers missing")
@@ -120,10 +120,10 @@ def _book(h: wire.Header) -> Book:
         for i, s in enumerate(servers)
     )
     return Book(
-        role=wire.body_str(h, "role"),
-        rank=wire.body_int(h, "rank"),
-        name=wire.body_str(h, "name"),
-        num_workers=wire.body_int(h, "num_workers"),
-        num_servers=wire.body_int(h, "num_servers"),
+        role=protocol.body_str(h, "role"),
+        rank=protocol.body_int(h, "rank"),
+        name=protocol.body_str(h, "name"),
+        num_workers=protocol.body_int(h, "num_workers"),
+        num_servers=protocol.body_int(h, "num_servers"),
         servers=infos,
     )

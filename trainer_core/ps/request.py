@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer_core.transport import wire
+from trainer_core.ps import protocol
 
 
 class Request:
@@ -23,7 +23,7 @@ class Request:
     def __init__(
         self,
         ident: Any,
-        header: wire.Header,
+        header: protocol.Header,
         rank: int,
         inputs: list[np.ndarray | None],
         outputs: list[np.ndarray | None],

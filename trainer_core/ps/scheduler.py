@@ -18,7 +18,7 @@ from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import WireError
 from trainer_core.log import get_logger
-from trainer_core.transport import wire
+from trainer_core.ps import protocol
 from trainer_core.transport.channel import Peer, Received, Source
 from trainer_core.transport.control import Transport
 from trainer_core.transport.host import interface_address
@@ -59,7 +59,7 @@ class Scheduler:
         self.transport: Transport | None = None
         self.endpoint = ""
         if router is None:
-            self.transport = Transport(cfg.secret, self.log, cfg.verbose)
+            self.transport = Transport(cfg.secret, self.log, cfg.verbose, protocol.SCHEMA)
             try:
                 host = interface_address(cfg.env.interface) if cfg.env.interface else "*"
                 router, self.endpoint = self.transport.bind_router(host, cfg.env.root_port)
@@ -120,29 +120,29 @@ class Scheduler:
 
     def _handle(self, msg: Received) -> int | None:
         h, peer = msg.header, msg.reply
-        if h.op == wire.REGISTER:
+        if h.op == protocol.REGISTER:
             return self._register(h, peer)
         rec = self.nodes.get(h.src)
         if rec is None:
             return None  # not a registered node's message; ignore
         rec.last_seen = time.monotonic()
-        if h.op == wire.HEARTBEAT:
+        if h.op == protocol.HEARTBEAT:
             rec.ctl = peer
-            peer.send(wire.Header(op=wire.HEARTBEAT_ACK))
-        elif h.op == wire.ABORT:
+            peer.send(protocol.Header(op=protocol.HEARTBEAT_ACK))
+        elif h.op == protocol.ABORT:
             reason = h.body.get("reason")
             culprit = self.nodes.get(str(h.body.get("node")), rec)
             text = reason if isinstance(reason, str) else "?"
             if culprit is rec:
                 return self._abort(f"{rec.describe()} failed: {text}", rec.name)
             return self._abort(f"{culprit.describe()}: {text} (seen by {rec.name})", culprit.name)
-        elif h.op == wire.BARRIER and rec.role == "worker":
+        elif h.op == protocol.BARRIER and rec.role == "worker":
             self.barrier_waiters.append((peer, h.seq))
             if len(self.barrier_waiters) == self.expected["worker"]:
                 for who, seq in self.barrier_waiters:
-                    who.send(wire.Header(op=wire.BARRIER_DONE, seq=seq))
+                    who.send(protocol.Header(op=protocol.BARRIER_DONE, seq=seq))
                 self.barrier_waiters.clear()
-        elif h.op == wire.FINISH and rec.role == "worker" and not rec.finished:
+        elif h.op == protocol.FINISH and rec.role == "worker" and not rec.finished:
             rec.finished = True
             self.finish_waiters.append((peer, h.seq))
             if len(self.finish_waiters) == self.expected["worker"]:
@@ -157,24 +157,28 @@ class Scheduler:
             )
         return None
 
-    def _register(self, h: wire.Header, peer: Peer) -> int | None:
-        role = wire.body_str(h, "role")
+    def _register(self, h: protocol.Header, peer: Peer) -> int | None:
+        role = protocol.body_str(h, "role")
         if role not in self.expected or self.nodes:
-            peer.send(wire.Header(op=wire.ERROR, body={"reason": "unexpected registration"}))
+            peer.send(protocol.Header(op=protocol.ERROR, body={"reason": "unexpected registration"}))
             return None
         rec = NodeRecord(
             role=role,
-            rank_hint=wire.body_int(h, "rank"),
-            host=wire.body_str(h, "host"),
-            endpoint=wire.body_str(h, "endpoint"),
-            host_key=wire.body_str(h, "host_key"),
-            pid=wire.body_int(h, "pid"),
-            local=wire.body_str(h, "local", ""),
-            data=wire.body_str(h, "data", ""),
+            rank_hint=protocol.body_int(h, "rank"),
+            host=protocol.body_str(h, "host"),
+            endpoint=protocol.body_str(h, "endpoint"),
+            host_key=protocol.body_str(h, "host_key"),
+            pid=protocol.body_int(h, "pid"),
+            local=protocol.body_str(h, "local", ""),
+            data=protocol.body_str(h, "data", ""),
             peer=peer,
         )
         if sum(1 for r in self.pending if r.role == role) >= self.expected[role]:
-            peer.send(wire.Header(op=wire.ERROR, body={"reason": f"more than {self.expected[role]} {role}s"}))
+            peer.send(
+                protocol.Header(
+                    op=protocol.ERROR, body={"reason": f"more than {self.expected[role]} {role}s"}
+                )
+            )
             return None
         self.pending.append(rec)
         if self.cfg.verbose:
@@ -207,7 +211,7 @@ class Scheduler:
             r.last_seen = now
             self.nodes[r.name] = r
             body = {**book, "role": r.role, "rank": r.rank, "name": r.name}
-            r.peer.send(wire.Header(op=wire.BOOK, body=body))
+            r.peer.send(protocol.Header(op=protocol.BOOK, body=body))
         if self.cfg.verbose:
             self.log.info("job started: %d servers, %d workers", len(servers), self.expected["worker"])
         return None
@@ -215,9 +219,9 @@ class Scheduler:
     def _finish(self) -> int:
         for rec in self.nodes.values():
             if rec.role == "server" and rec.ctl is not None:
-                rec.ctl.send(wire.Header(op=wire.TERMINATE))
+                rec.ctl.send(protocol.Header(op=protocol.TERMINATE))
         for who, seq in self.finish_waiters:
-            who.send(wire.Header(op=wire.FINISHED, seq=seq))
+            who.send(protocol.Header(op=protocol.FINISHED, seq=seq))
         if self.cfg.verbose:
             self.log.info("every worker finished: job done")
         return 0
@@ -228,7 +232,7 @@ class Scheduler:
         body = {"reason": reason, "node": node}
         targets = [r.ctl for r in self.nodes.values() if r.ctl is not None and r.name != node]
         for peer in targets + (extra or []):
-            peer.send(wire.Header(op=wire.ABORT, body=body))
+            peer.send(protocol.Header(op=protocol.ABORT, body=body))
         return 1
 
 

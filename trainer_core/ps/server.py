@@ -18,10 +18,10 @@ import trainer_core.metrics as metrics
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError
 from trainer_core.log import get_logger
+from trainer_core.ps import protocol
 from trainer_core.ps.handler import RequestHandler
 from trainer_core.ps.liveness import Liveness
 from trainer_core.ps.membership import join, scheduler_endpoint
-from trainer_core.transport import wire
 from trainer_core.transport.channel import Channel, ChannelClosed, Listener, Poller, Received
 from trainer_core.transport.control import Transport
 from trainer_core.transport.host import bind_and_publish_hosts
@@ -29,7 +29,7 @@ from trainer_core.transport.shm import job_prefix
 from trainer_core.transport.tcp import TcpListener
 from trainer_core.transport.unix import UnixListener
 
-_PUSHING = frozenset({wire.INIT, wire.PUSH, wire.PUSHPULL})
+_PUSHING = frozenset({protocol.INIT, protocol.PUSH, protocol.PUSHPULL})
 
 
 class Server:
@@ -38,7 +38,7 @@ class Server:
     def __init__(self, cfg: NodeConfig, log: logging.Logger | None = None) -> None:
         self.cfg = cfg
         self.log = log or get_logger(cfg.verbose)
-        self.transport = Transport(cfg.secret, self.log, cfg.verbose)
+        self.transport = Transport(cfg.secret, self.log, cfg.verbose, protocol.SCHEMA)
         self.handler: RequestHandler | None = None
         self.listeners: list[Listener] = []
         self.accepted: list[Channel] = []

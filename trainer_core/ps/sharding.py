@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 
-from trainer_core.transport.wire import Key
+from trainer_core.ps.protocol import Key
 
 
 @dataclass(frozen=True)

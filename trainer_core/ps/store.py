@@ -29,11 +29,11 @@ from trainer_core.compression.base import work_dtype
 from trainer_core.compression.codec import ServerCodec
 from trainer_core.errors import KVError
 from trainer_core.optim import server as optim
+from trainer_core.ps import protocol
 from trainer_core.ps.request import KeyState, Request
-from trainer_core.transport import wire
 
 #: the numpy dtype of each dtype name the wire allows, made once (requests name one per entry)
-_DTYPES: dict[str, np.dtype] = {name: np.dtype(name) for name in wire.DTYPES}
+_DTYPES: dict[str, np.dtype] = {name: np.dtype(name) for name in protocol.DTYPES}
 
 
 def dtype_of(name: str) -> np.dtype:
@@ -54,7 +54,7 @@ class Store:
         self.alloc = alloc or (lambda dtype, n: np.empty(n, dtype=dtype))
         self.sync = True
         self.updater: optim.Updater | None = None
-        self.keys: dict[tuple[wire.Key, int], KeyState] = {}
+        self.keys: dict[tuple[protocol.Key, int], KeyState] = {}
         self.finished: set[int] = set()
         self.codec = ServerCodec()
         self._versions = itertools.count(1)
@@ -86,7 +86,7 @@ class Store:
 
     # -- state for checkpoints (ops get_state / set_state) -------------------------------------------
 
-    def _closed_round(self, kid: tuple[wire.Key, int]) -> KeyState:
+    def _closed_round(self, kid: tuple[protocol.Key, int]) -> KeyState:
         st = self.keys.get(kid)
         if st is None:
             raise StoreError(f"key {kid[0]!r} (part {kid[1]}) was not initialized")
@@ -96,18 +96,18 @@ class Store:
             )
         return st
 
-    def get_state(self) -> tuple[list[wire.Entry], list[np.ndarray], list[str], list[list[Any]]]:
+    def get_state(self) -> tuple[list[protocol.Entry], list[np.ndarray], list[str], list[list[Any]]]:
         """Every key part's state: its value, its optimizer state and its pull compressor's state, as
         (entries, arrays, slot names, ``[key, part, slot, number]`` scalars); copies."""
-        entries: list[wire.Entry] = []
+        entries: list[protocol.Entry] = []
         arrays: list[np.ndarray] = []
         slots: list[str] = []
         scalars: list[list[Any]] = []
 
-        def add(kid: tuple[wire.Key, int], slot: str, value: Any) -> None:
+        def add(kid: tuple[protocol.Key, int], slot: str, value: Any) -> None:
             if isinstance(value, np.ndarray):
                 arr = np.ascontiguousarray(value).reshape(-1).copy()
-                entries.append(wire.Entry(kid[0], kid[1], arr.size, arr.dtype.str))
+                entries.append(protocol.Entry(kid[0], kid[1], arr.size, arr.dtype.str))
                 arrays.append(arr)
                 slots.append(slot)
             else:
@@ -125,20 +125,20 @@ class Store:
 
     def set_state(
         self,
-        entries: tuple[wire.Entry, ...],
+        entries: tuple[protocol.Entry, ...],
         arrays: list[np.ndarray],
         slots: list[str],
-        scalars: list[tuple[wire.Key, int, str, int | float]],
+        scalars: list[tuple[protocol.Key, int, str, int | float]],
     ) -> None:
         """Restore what ``get_state`` returned for the key parts it names (all checked first, then
         applied): values, optimizer state (none given: starts from zero state), pull residuals (none
         given: start from zero)."""
-        given: dict[tuple[wire.Key, int], dict[str, Any]] = {}
+        given: dict[tuple[protocol.Key, int], dict[str, Any]] = {}
         for e, arr, slot in zip(entries, arrays, slots, strict=True):
             given.setdefault((e.key, e.part), {})[slot] = arr
         for key, part, slot, value in scalars:
             given.setdefault((key, part), {})[slot] = value
-        plans: list[tuple[KeyState, tuple[wire.Key, int], dict[str, Any]]] = []
+        plans: list[tuple[KeyState, tuple[protocol.Key, int], dict[str, Any]]] = []
         for kid, slots_of in given.items():
             st = self._closed_round(kid)
             n, dt = st.weight.size, st.weight.dtype
@@ -182,7 +182,7 @@ class Store:
             pull = {k[5:]: np.array(v, copy=True) for k, v in slots_of.items() if k.startswith("pull/")}
             self.codec.load_part(kid, pull)
 
-    def landing(self, rank: int, e: wire.Entry) -> np.ndarray | None:
+    def landing(self, rank: int, e: protocol.Entry) -> np.ndarray | None:
         """Where a raw push of entry ``e`` by worker ``rank`` may be received directly, saving a copy:
         the key's round accumulator when this push will open a sync round (it is overwritten by
         that push anyway; the previous value using that memory was read by every worker before
@@ -242,7 +242,7 @@ class Store:
 
     def _check(self, req: Request) -> None:
         for e in req.header.entries:
-            if req.header.op == wire.INIT:
+            if req.header.op == protocol.INIT:
                 continue
             st = self.keys.get((e.key, e.part))
             if st is None:
@@ -255,7 +255,7 @@ class Store:
     def _entry(self, req: Request, i: int, done: list[Request]) -> None:
         op, e = req.header.op, req.header.entries[i]
         kid = (e.key, e.part)
-        if op == wire.INIT:
+        if op == protocol.INIT:
             data = req.inputs[i]
             assert data is not None
             weight = self.alloc(data.dtype, data.size)
@@ -264,7 +264,7 @@ class Store:
             self._done(req, i, done)
             return
         st = self.keys[kid]
-        if op == wire.PULL:
+        if op == protocol.PULL:
             if self.sync and any(r.rank == req.rank for r, _ in st.deferred):
                 st.deferred.append((req, i))  # after this worker's queued push: its round's value
             elif self.sync and req.rank in st.pushed:
@@ -276,7 +276,7 @@ class Store:
         assert data is not None
         if not self.sync:
             self._apply(st, data)
-            if op == wire.PUSHPULL:
+            if op == protocol.PUSHPULL:
                 self._answer(st, req, i, done)
             else:
                 self._done(req, i, done)
@@ -304,7 +304,7 @@ class Store:
         elif data.ctypes.data != st.acc.ctypes.data:  # not received in place (``landing``)
             np.copyto(st.acc, data)
         st.pushed.add(req.rank)
-        if op == wire.PUSHPULL:
+        if op == protocol.PUSHPULL:
             st.waiting.append((req, i))
         else:
             self._done(req, i, done)

@@ -222,11 +222,14 @@ class Handshakes:
 
 
 class Trace:
-    """The logging every channel of a node shares: each message at ``PS_VERBOSE=2``, drops as warnings."""
+    """What every channel of a node shares: the header decoder for the node's ``schema`` (the
+    protocols it speaks; ``wire.OPAQUE``: any kind, no entries) and the logging: each message at
+    ``PS_VERBOSE=2``, drops as warnings."""
 
-    def __init__(self, log: logging.Logger, verbose: int = 0) -> None:
+    def __init__(self, log: logging.Logger, verbose: int = 0, schema: wire.Schema = wire.OPAQUE) -> None:
         self.log = log
-        self.headers = wire.Decoder()  # the node's decoder (it remembers recent headers)
+        # the node's decoder (it remembers recent headers), for the protocols it speaks
+        self.headers = wire.Decoder(schema)
         self.verbose = verbose
         self.on = verbose >= 2  # callers test it before ``sent``/``received``: no call per message else
 

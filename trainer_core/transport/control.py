@@ -25,12 +25,15 @@ ZMQ_CAPS = Caps(frames=True)
 
 
 class Transport:
-    """One node's ZeroMQ context and CURVE keys; creates its authenticated channels."""
+    """One node's ZeroMQ context and CURVE keys; creates its authenticated channels, which decode
+    with ``schema`` (the protocols the node speaks)."""
 
-    def __init__(self, secret: str, log: logging.Logger, verbose: int = 0) -> None:
+    def __init__(
+        self, secret: str, log: logging.Logger, verbose: int = 0, schema: wire.Schema = wire.OPAQUE
+    ) -> None:
         self.keys: CurveKeys = derive_keys(secret)
         self.ctx = zmq.Context()
-        self.trace = Trace(log, verbose)
+        self.trace = Trace(log, verbose, schema)
         self._sockets: list[zmq.Socket[Any]] = []
 
     def bind_router(self, host: str, port: int | None = None) -> tuple[Router, str]:

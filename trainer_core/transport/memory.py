@@ -43,10 +43,10 @@ class MemoryChannel(Channel):
 
     @classmethod
     def pair(
-        cls, caps: Caps = MEMORY_CAPS, log: logging.Logger | None = None
+        cls, caps: Caps = MEMORY_CAPS, log: logging.Logger | None = None, schema: wire.Schema = wire.OPAQUE
     ) -> tuple[MemoryChannel, MemoryChannel]:
-        """Two connected ends with ``caps`` (both alike), logging to ``log``."""
-        trace = Trace(log or logging.getLogger("trainer_core.memory"))
+        """Two connected ends with ``caps`` (both alike), logging to ``log``, decoding with ``schema``."""
+        trace = Trace(log or logging.getLogger("trainer_core.memory"), schema=schema)
         a, b = cls(caps, trace), cls(caps, trace)
         a.other, b.other = b, a
         return a, b

@@ -36,7 +36,7 @@ _PREFIX = struct.Struct("<II")
 _U64 = struct.Struct("<Q")
 _TAG = 16  # bytes of HMAC-SHA256 that tag each message
 MAX_FRAMES = 1 << 16
-MAX_FRAME_BYTES = wire.MAX_ELEMENTS * 8
+MAX_FRAME_BYTES = wire.MAX_FRAME_BYTES
 SLICE_MS = 100
 _ALIGN = 64
 
