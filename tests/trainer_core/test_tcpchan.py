@@ -116,7 +116,7 @@ def test_a_reply_the_kernel_takes_at_once_needs_no_sender_thread(pair: tuple[Tcp
     client, server = pair
     for i in range(5):
         server.post(str(i).encode(), [np.full(1000, i, np.int32)])
-    assert server._sender is None  # each went out from the posting thread
+    assert server._outbox.thread is None  # each went out from the posting thread
     for i in range(5):
         header, frames = client.read_message(_decode)
         assert header == str(i).encode() and np.frombuffer(frames[0].buffer, np.int32)[0] == i
@@ -130,7 +130,7 @@ def test_posting_never_waits_for_a_reader_that_does_not_read(pair: tuple[TcpConn
     for i in range(24):
         server.post(str(i).encode(), [np.full(1 << 19, i, np.float32)])
     assert time.monotonic() - t0 < 2.0
-    assert server._sender is not None
+    assert server._outbox.thread is not None
     for i in range(24):
         header, frames = client.read_message(_decode)
         got = np.frombuffer(frames[0].buffer, np.float32)

@@ -251,7 +251,7 @@ class RequestHandler:
             reason = "data frames on a channel that carries headers only"
             header, frames = protocol.Header(op=protocol.ERROR, seq=header.seq, body={"reason": reason}), None
         try:
-            peer.send(header, frames or ())
+            peer.post(header, frames or ())  # a server never waits for a worker to read
         except ChannelClosed:
             return
 
@@ -290,6 +290,6 @@ class RequestHandler:
                 announced.append([buf.id, buf.nbytes])
         body = {"fds": announced} if announced else {}
         try:
-            channel.send(protocol.Header(protocol.REPLY, req.header.seq, "", tuple(entries), body), fds=fds)
+            channel.post(protocol.Header(protocol.REPLY, req.header.seq, "", tuple(entries), body), fds=fds)
         except ChannelClosed:
             return  # a gone peer is no error: its channel closes (a context manager costs more)

@@ -3,9 +3,11 @@
 The roles (``trainer_core.ps``) talk through these types only and never ask which transport is
 under them:
 
-* a ``Peer`` is where a message can be sent: ``send(header, frames, fds)``. Its ``caps`` say what
+* a ``Peer`` is where a message can be sent: ``send(header, frames, fds)`` (returns once the
+  caller's arrays are free again) or ``post`` (never waits for the peer). Its ``caps`` say what
   it carries: data frames or headers only, shared-memory references and descriptors, frames
-  sent and received in place (no copy).
+  sent and received in place (no copy). Channels are symmetric: either end may send, post,
+  receive and pass descriptors (where ``caps`` allow), whichever end connected.
 * a ``Source`` is where messages arrive: ``receive(handle)`` hands each complete message waiting
   to ``handle`` as a ``Received``, whose ``reply`` is the ``Peer`` that answers its sender.
 * a ``Channel`` is both: a connection to one peer (the reply goes back on it). A ZeroMQ ROUTER is
@@ -85,7 +87,15 @@ class Peer(ABC):
     @abstractmethod
     def send(self, header: wire.Header, frames: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
         """Send one message: ``frames`` are arrays or buffers, sent without copying; ``fds`` only where
-        ``caps.shared_memory``. ``ChannelClosed`` when the peer is gone."""
+        ``caps.shared_memory``. Once it returns the caller may change its arrays; on a stream it may
+        wait for the peer to read (see ``post``). ``ChannelClosed`` when the peer is gone."""
+
+    def post(self, header: wire.Header, frames: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
+        """Send one message without ever waiting for the peer to read: what cannot leave at once is
+        sent, in order, by the channel (``frames`` must not change until it is). Either side of any
+        channel may post while it receives: nodes that all send to each other at once cannot
+        deadlock. Here: ``send``, for channels whose ``send`` never waits (ZeroMQ, memory)."""
+        self.send(header, frames, fds)
 
 
 @dataclass(slots=True)

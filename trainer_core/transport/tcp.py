@@ -4,13 +4,15 @@ ZeroMQ moves a message through an I/O thread on each side, allocates a buffer fo
 frame, and pyzmq's zero-copy sends add a garbage-collector hand-off per frame; the worker then
 copies each received array into its destination. On a busy host that CPU is most of a cross-host
 round trip above the kernel's own copies (docs/performance.md). This channel (``caps.direct``)
-moves arrays straight between the caller's arrays and the kernel (framing: ``stream.py``): a
-worker sends from the calling thread, so a push needs no private copy, and reads a reply's arrays
-directly into the ``pull`` outputs (its ``place``); a server reads a request's arrays into a
-buffer it reuses (or where its ``place`` says), and never blocks on a slow reader, so it never
-stops reading (which rules out a send/send deadlock between workers and servers): a reply goes
-out from the serving thread as far as the kernel takes it without waiting (usually whole: no
-thread hand-off), and the rest, with any reply after it, from one sender thread per connection.
+moves arrays straight between the caller's arrays and the kernel (framing: ``stream.py``) and is
+symmetric: either side may ``send`` (from the calling thread, so a worker's push needs no private
+copy) or ``post`` (never waits for the peer: what the kernel takes at once goes from the calling
+thread, usually all of it, and the rest, with any message posted after it, from one sender thread
+per connection, ``outbox.py``). A server posts its replies, so it never stops reading (which
+rules out a send/send deadlock between workers and servers); nodes that all send to each other
+at once (a ring) post too. Received arrays are read directly where the receiver's ``place``
+says (a worker's ``pull`` outputs), else into a fresh buffer, or on the accepting side into a
+buffer it reuses.
 
 Authentication is the challenge of ``auth.py`` with this channel's own key: the server sends a
 fresh 16-byte nonce, the client answers ``HMAC-SHA256(k, "client" + nonce)``, the server answers
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import queue
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ from trainer_core.transport.channel import (
     Received,
     Trace,
 )
+from trainer_core.transport.outbox import Outbox
 from trainer_core.transport.stream import FramedStream
 
 _LABEL = b"launchkit-kv-tcp-v1"
@@ -64,10 +66,7 @@ class TcpChannel(FramedStream, Channel):
             self.stall_s = STALL_S
         self.ready = nonce is None
         self._proof = b""
-        self._outbox: queue.SimpleQueue[tuple[bytes | None, Sequence[Any]] | None] | None = None
-        self._post_lock = threading.Lock()
-        self._queued = 0  # messages handed to the sender thread and not sent yet
-        self._sender: threading.Thread | None = None
+        self._outbox = Outbox("tcp-send", self._write_queued, lambda: self.closed)
         self._released = False
 
     @classmethod
@@ -160,70 +159,55 @@ class TcpChannel(FramedStream, Channel):
         return header, (self.place(header, lens) if self.place is not None else [])
 
     def send(self, header: wire.Header, frames: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
-        """Client side: send from the calling thread (returns once the bytes are in the kernel).
-        Server side: never blocks (``post``)."""
+        """Send from the calling thread (after what was posted before); returns once the bytes are in
+        the kernel, so the caller may change its arrays again. Either side."""
         if fds:
             raise KVError("the TCP data channel carries no file descriptors")
         if self.trace.on:
             self.trace.sent(header, len(frames))
-        if self.server_side:
-            self.post(wire.encode(header), frames)
-        else:
-            self.write(wire.encode(header), frames, self.alive)
+        if self._outbox.busy():
+            self._outbox.drain(self.alive)
+        self.write(wire.encode(header), frames, self.alive)
 
-    # -- the server's sender thread ------------------------------------------------------------
-
-    def post(self, header: bytes, frames: Sequence[Any] = ()) -> None:
-        """Send without ever blocking: what the kernel takes at once goes now, from this thread; the
-        rest (and any message after it, in order) goes from this connection's sender thread.
-        ``ChannelClosed`` once closed."""
+    def post(self, header: wire.Header | bytes, frames: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
+        """Send without ever waiting for the peer: what the kernel takes at once goes now, from this
+        thread; the rest (and any message after it, in order) from this connection's sender thread,
+        which reads ``frames`` until it is sent. ``ChannelClosed`` once closed. Either side.
+        (``header`` may be given encoded, as to the stream's ``write``.)"""
+        if fds:
+            raise KVError("the TCP data channel carries no file descriptors")
         if self.closed:
             raise ChannelClosed(self.interrupted or "the connection is closed")
-        with self._post_lock:
-            if not self._queued:
-                rest = self.send_now(self.frame(header, frames))
-                if not rest:
-                    return
-                item: tuple[bytes | None, Sequence[Any]] = (None, rest)
-            else:
-                item = (header, frames)
-            self._queued += 1
-            if self._outbox is None:
-                self._outbox = queue.SimpleQueue()
-                self._sender = threading.Thread(target=self._send_loop, name="tcp-send", daemon=True)
-                self._sender.start()
-            self._outbox.put(item)
+        if isinstance(header, bytes):
+            raw = header
+        else:
+            if self.trace.on:
+                self.trace.sent(header, len(frames))
+            raw = wire.encode(header)
+        if self._outbox.busy():
+            self._outbox.put((raw, frames))
+            return
+        rest = self.send_now(self.frame(raw, frames))
+        if rest:
+            self._outbox.put((None, rest))
 
-    def _send_loop(self) -> None:
-        assert self._outbox is not None
-
-        def alive() -> None:
-            if self.closed:
-                raise ChannelClosed("closed")
-
-        while (item := self._outbox.get()) is not None:
-            head, parts = item
-            try:
-                if head is None:  # the rest of a message ``post`` began
-                    self.send_parts(list(parts), alive)
-                else:
-                    self.write(head, parts, alive)
-            except KVError:
-                return
-            finally:
-                with self._post_lock:
-                    self._queued -= 1
+    def _write_queued(self, item: tuple[bytes | None, Sequence[Any]], alive: Callable[[], None]) -> None:
+        """The sender thread: the rest of a message ``post`` began, or a whole queued one."""
+        head, parts = item
+        if head is None:
+            self.send_parts(list(parts), alive)
+        else:
+            self.write(head, parts, alive)
 
     def stop_sending(self) -> None:
         """Let the sender thread finish what is queued, then end (see ``close``)."""
-        if self._sender is not None and self._outbox is not None:
-            self._outbox.put(None)
+        self._outbox.stop()
 
     def close(self, flush_s: float = 0.0) -> None:
         """Close; with ``flush_s``, first give the sender thread that long to send what is queued.
         The descriptor is released only once no other thread can still use it (it could be reused)."""
         self.stop_sending()
-        sender = self._sender
+        sender = self._outbox.thread
         on_sender = sender is threading.current_thread()
         if sender is not None and flush_s > 0 and not on_sender:
             sender.join(flush_s)

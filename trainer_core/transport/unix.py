@@ -11,17 +11,22 @@ with ``k`` derived from the job secret by keyed BLAKE2b (``auth.py``). A peer wi
 cannot pass; the secret never crosses the socket; a fresh nonce per connection defeats replay, and
 a stream socket cannot be joined by a third process afterwards. Frames are ``[u32 little-endian
 length][header]``; a length above ``wire.MAX_HEADER_BYTES`` or a failed handshake closes the
-connection. A server may attach file descriptors (SCM_RIGHTS) to a reply: its own shared-memory
-buffers (``memfd``), which the worker maps once and reads results from; the header lists them.
+connection. Either side may attach file descriptors (SCM_RIGHTS) to a message, e.g. a server to
+a reply: its own shared-memory buffers (``memfd``), which the worker maps once and reads results
+from; the header lists them. Either side may ``send`` (from the calling thread) or ``post``
+(never waits for the peer: what the socket does not take at once goes from a sender thread,
+``outbox.py``), so nodes that all send to each other at once do not deadlock.
 """
 
 from __future__ import annotations
 
 import array
+import contextlib
 import hmac
 import os
 import socket
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,6 +43,7 @@ from trainer_core.transport.channel import (
     Received,
     Trace,
 )
+from trainer_core.transport.outbox import Outbox
 
 _LEN = struct.Struct("<I")
 _READ = 1 << 16  # bytes asked of one read
@@ -60,9 +66,9 @@ class UnixChannel(Channel):
         self.key = key
         self.nonce = nonce  # server side: set until the client proved the secret
         self.ready = nonce is None
-        self.accept_fds = nonce is None  # only a client takes file descriptors (a server's shared memory)
         self.fds: list[int] = []  # received descriptors, in order, until the messages naming them take them
         self._buf: bytes | bytearray = b""  # what was read and not yet cut into messages
+        self._outbox = Outbox("unix-send", self._write_queued, lambda: self.closed)
 
     @classmethod
     def connect(cls, name: str, secret: str, trace: Trace) -> UnixChannel:
@@ -83,16 +89,12 @@ class UnixChannel(Channel):
         return self.sock.fileno()
 
     def send(self, header: wire.Header, frames: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
-        """Send one header, with file descriptors attached (SCM_RIGHTS) when given."""
-        if frames:
-            raise KVError("the same-host channel carries headers only")
-        if self.closed:
-            raise ChannelClosed("the same-host channel is closed")
-        if self.trace.on:
-            self.trace.sent(header, 0)
-        raw = wire.encode(header)
-        data = _LEN.pack(len(raw)) + raw
+        """Send one header from the calling thread (after what was posted before), with file
+        descriptors attached (SCM_RIGHTS) when given."""
+        data = self._message(header, frames)
         try:
+            if self._outbox.busy():
+                self._outbox.drain(self.alive)
             if fds:
                 self._send_with_fds(data, list(fds))
             else:
@@ -100,6 +102,58 @@ class UnixChannel(Channel):
         except OSError as exc:
             self.close()
             raise ChannelClosed(f"the same-host channel closed: {exc}") from None
+
+    def post(self, header: wire.Header, frames: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
+        """Send one header without waiting for the peer: what the socket takes at once goes now, the
+        rest (and any message posted after it) from this channel's sender thread."""
+        data = self._message(header, frames)
+        if self._outbox.busy():
+            self._outbox.put((data, list(fds)))
+            return
+        try:
+            rest = self._send_now(data, list(fds))
+        except OSError as exc:
+            self.close()
+            raise ChannelClosed(f"the same-host channel closed: {exc}") from None
+        if rest[0]:
+            self._outbox.put(rest)
+
+    def _message(self, header: wire.Header, frames: Sequence[Any]) -> bytes:
+        if frames:
+            raise KVError("the same-host channel carries headers only")
+        if self.closed:
+            raise ChannelClosed("the same-host channel is closed")
+        if self.trace.on:
+            self.trace.sent(header, 0)
+        raw = wire.encode(header)
+        return _LEN.pack(len(raw)) + raw
+
+    def _send_now(self, data: bytes, fds: list[int]) -> tuple[bytes, list[int]]:
+        """Send what the socket takes without waiting; returns the rest (empty bytes: all sent) and
+        the descriptors that did not go with it (as ``_send_with_fds`` splits them)."""
+        at = 0
+        pieces = -(-len(fds) // MAX_FDS)
+        for i in range(pieces):
+            end = len(data) if i == pieces - 1 else at + 1
+            chunk = fds[i * MAX_FDS : (i + 1) * MAX_FDS]
+            try:
+                at += socket.send_fds(self.sock, [data[at:end]], chunk, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return data[at:], fds[i * MAX_FDS :]
+        while at < len(data):
+            try:
+                at += self.sock.send(data[at:], socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+        return data[at:], []
+
+    def _write_queued(self, item: tuple[bytes, list[int]], alive: Any) -> None:
+        """The sender thread: one queued message (or the rest of one), blocking."""
+        data, fds = item
+        if fds:
+            self._send_with_fds(data, fds)
+        else:
+            self.sock.sendall(data)
 
     def _send_with_fds(self, data: bytes, fds: list[int]) -> None:
         """``data`` with ``fds`` attached, at most ``MAX_FDS`` to a ``sendmsg`` (each with at least
@@ -128,20 +182,17 @@ class UnixChannel(Channel):
     def _recv(self) -> list[bytes | bytearray] | None:
         """The complete messages received so far; ``None`` when the peer closed or misbehaved.
 
-        One ``recvmsg`` per call in the common case (a message is far smaller than a read); only a
-        client reads descriptors (its servers' buffers), a server's socket takes none."""
+        One ``recvmsg`` per call in the common case (a message is far smaller than a read); either
+        side takes descriptors, once the peer proved the secret (any before are closed)."""
         while True:
             try:
-                if self.accept_fds:
-                    chunk, anc, flags, _ = self.sock.recvmsg(_READ, _ANC_SPACE, socket.MSG_DONTWAIT)
-                    if anc:
-                        self._take_ancillary(anc)
-                    if flags & _CTRUNC:  # descriptors were lost: nothing after can be matched
-                        self.interrupted = f"the peer sent more than {MAX_FDS} descriptors at once"
-                        self.close()
-                        return None
-                else:
-                    chunk = self.sock.recv(_READ, socket.MSG_DONTWAIT)
+                chunk, anc, flags, _ = self.sock.recvmsg(_READ, _ANC_SPACE, socket.MSG_DONTWAIT)
+                if anc:
+                    self._take_ancillary(anc)
+                if flags & _CTRUNC:  # descriptors were lost: nothing after can be matched
+                    self.interrupted = f"the peer sent more than {MAX_FDS} descriptors at once"
+                    self.close()
+                    return None
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
@@ -206,13 +257,28 @@ class UnixChannel(Channel):
         taken, self.fds = self.fds[:n], self.fds[n:]
         return taken
 
+    def stop_sending(self) -> None:
+        self._outbox.stop()
+
     def close(self, flush_s: float = 0.0) -> None:
-        if not self.closed:
-            self.closed = True
-            self.sock.close()
-            for fd in self.fds:
-                os.close(fd)
-            self.fds = []
+        """Close; with ``flush_s``, first give the sender thread that long to send what is queued."""
+        self._outbox.stop()
+        sender = self._outbox.thread
+        on_sender = sender is threading.current_thread()
+        if sender is not None and flush_s > 0 and not on_sender:
+            sender.join(flush_s)
+        if self.closed:
+            return
+        self.closed = True
+        if sender is not None:  # wake a send blocked in the sender thread; it ends
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+            if not on_sender:
+                sender.join(1.0)
+        self.sock.close()
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
 
 class UnixListener(Listener):
