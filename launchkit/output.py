@@ -244,8 +244,12 @@ class Merger:
         lines = src.take(data)
         if lines:
             self.sink.add(src.prefix, lines, src.stream)
-            last = lines.rsplit(b"\n", self.tail_lines + 1)[-self.tail_lines - 1 : -1]
-            src.tail.extend(clip(line) for line in last)
+            cut = lines.rsplit(b"\n", self.tail_lines + 1)
+            if len(cut) > self.tail_lines + 1 and b"dmlc_env: " in cut[0]:
+                # the tail keeps the last lines only, but must see a node's line saying it ends
+                # because another failed however far back it came (rootcause.Tail)
+                src.tail.extend(clip(line) for line in cut[0].split(b"\n") if b"dmlc_env: " in line)
+            src.tail.extend(clip(line) for line in cut[-self.tail_lines - 1 : -1])
 
     def _end(self, src: Source) -> None:
         if src.carry:
