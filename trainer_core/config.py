@@ -65,8 +65,12 @@ class NodeConfig:
                 "environment variable LAUNCHKIT_JOB_SECRET is not set: every connection of the KV store "
                 "is authenticated with it (launchkit sets it; set any random string when starting nodes by hand)"
             )
-        if env.num_servers < 1 or env.num_workers < 1:
-            raise ConfigError("DMLC_NUM_SERVER and DMLC_NUM_WORKER must be at least 1")
+        if env.num_workers < 1:
+            raise ConfigError(f"DMLC_NUM_WORKER={env.num_workers}: a job needs at least 1 worker")
+        if env.num_servers < 0:
+            raise ConfigError(
+                f"DMLC_NUM_SERVER={env.num_servers}: expected 0 (workers only, no parameter server) or more"
+            )
         interval = _float(e, PS_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_INTERVAL)
         timeout = _float(e, PS_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT)
         if interval > 0 and timeout > 0 and timeout < 2 * interval:

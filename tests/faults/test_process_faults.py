@@ -83,7 +83,7 @@ def test_sigstop_at_startup(role: str, rank: int, launchkit_home: Path) -> None:
 
 def test_missing_nodes_named_by_rank_or_counted() -> None:
     """launchkit's nodes carry their rank (named); launch.py's do not (counted)."""
-    from trainer_core.ps.scheduler import NodeRecord, missing_nodes
+    from trainer_core.node.scheduler import NodeRecord, missing_nodes
 
     def rec(role: str, hint: int) -> NodeRecord:
         return NodeRecord(role, hint, "h", "", "", 1, "", "", peer=None)  # type: ignore[arg-type]

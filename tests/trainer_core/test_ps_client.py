@@ -24,11 +24,11 @@ import pytest
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, NodeFailure
 from trainer_core.kv.dist import DistKVStore
+from trainer_core.node.book import Book, NodeInfo
+from trainer_core.node.liveness import Health
 from trainer_core.ps import protocol as wire
 from trainer_core.ps.client import WorkerClient
 from trainer_core.ps.handler import RequestHandler
-from trainer_core.ps.liveness import Health
-from trainer_core.ps.membership import Book, ServerInfo
 from trainer_core.ps.protocol import SCHEMA
 from trainer_core.ps.routes import Route
 from trainer_core.transport.channel import Caps, Channel, Poller, Received
@@ -84,7 +84,7 @@ class InProcessJob:
             name=f"worker {rank}",
             num_workers=self.num_workers,
             num_servers=self.num_servers,
-            servers=tuple(ServerInfo(i, f"memory:{i}", "this machine") for i in range(self.num_servers)),
+            servers=tuple(NodeInfo(i, f"memory:{i}", "this machine") for i in range(self.num_servers)),
         )
         return WorkerClient(book, routes, sched, Health(f"worker {rank}", LOG), LOG, grace_s=grace_s)
 

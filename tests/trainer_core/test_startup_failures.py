@@ -27,10 +27,10 @@ import pytest
 from trainer_core.config import NodeConfig
 from trainer_core.errors import ConfigError, KVError, NodeFailure, StartupTimeout
 from trainer_core.kv.dist import DistKVStore
+from trainer_core.node import postoffice
+from trainer_core.node.liveness import Liveness
 from trainer_core.ps import protocol as wire
-from trainer_core.ps import server as server_module
 from trainer_core.ps.client import WorkerClient
-from trainer_core.ps.liveness import Liveness
 from trainer_core.ps.scheduler import Scheduler
 from trainer_core.ps.server import Server
 from trainer_core.transport.control import Transport
@@ -337,7 +337,7 @@ def test_server_whose_data_listener_cannot_bind_closes_the_same_host_one(
     def no_port(*_args: object) -> None:
         raise OSError(98, "Address already in use")
 
-    monkeypatch.setattr(server_module, "TcpListener", no_port)
+    monkeypatch.setattr(postoffice, "TcpListener", no_port)  # (the node layer opens a node's listeners)
     before = Held.now()
     srv = Server(config("server", free_port(), job), LOG)
     with pytest.raises(KVError, match="cannot listen for the data channel"):

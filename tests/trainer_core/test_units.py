@@ -74,6 +74,20 @@ def test_config_defaults_and_errors() -> None:
         NodeConfig.from_environ(env(PS_HEARTBEAT_TIMEOUT="abc"))
     with pytest.raises(ConfigError, match="DMLC_NUM_WORKER"):
         NodeConfig.from_environ({k: v for k, v in env().items() if k != "DMLC_NUM_WORKER"})
+    with pytest.raises(ConfigError, match="DMLC_NUM_WORKER=0"):
+        NodeConfig.from_environ(env(DMLC_NUM_WORKER="0"))
+
+
+def test_a_job_without_servers_is_a_valid_config_but_not_a_kv_store() -> None:
+    """``-s 0`` (DMLC_NUM_SERVER=0): workers and a scheduler only, for collectives; the dist KV store
+    says it needs a server instead of waiting for one."""
+    from trainer_core.kv.dist import DistKVStore
+
+    cfg = NodeConfig.from_environ(env(DMLC_NUM_SERVER="0"))
+    assert cfg.env.num_servers == 0 and cfg.env.num_workers == 2
+    assert NodeConfig.from_environ(env(DMLC_NUM_SERVER="0"), role="scheduler").role == "scheduler"
+    with pytest.raises(ConfigError, match="DMLC_NUM_SERVER=0"):
+        DistKVStore("dist_sync", cfg)
 
 
 def test_curve_keys_are_derived_from_the_secret() -> None:
@@ -96,7 +110,7 @@ def test_segments_are_removed() -> None:
 
 
 def test_rank_assignment_honours_launcher_ranks() -> None:
-    from trainer_core.ps.scheduler import NodeRecord, assign_ranks
+    from trainer_core.node.scheduler import NodeRecord, assign_ranks
     from trainer_core.transport.memory import MemoryChannel
 
     peer, other = MemoryChannel.pair(schema=SCHEMA)

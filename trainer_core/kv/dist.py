@@ -22,7 +22,7 @@ import numpy as np
 import trainer_core.metrics as metrics
 from trainer_core.compression.codec import WorkerCodec, resolve_compression, validate_params
 from trainer_core.config import NodeConfig
-from trainer_core.errors import KVError
+from trainer_core.errors import ConfigError, KVError
 from trainer_core.kv import dist_state
 from trainer_core.kv.api import _OPEN, KVStore, check_key, normalize
 from trainer_core.kv.excepthook import install_excepthook
@@ -48,6 +48,11 @@ class DistKVStore(KVStore):
         self, name: str, cfg: NodeConfig, exit_on_failure: bool = True, client: WorkerClient | None = None
     ) -> None:
         """Join the job (or use ``client``, already connected: tests on in-memory channels)."""
+        if client is None and cfg.env.num_servers < 1:
+            raise ConfigError(
+                f"kvstore {name!r} needs at least one parameter server, and this job has none "
+                "(DMLC_NUM_SERVER=0, launched with -s 0): start it with -s 1 or more"
+            )
         self.type = name
         self.sync = "async" not in name
         self.cfg = cfg

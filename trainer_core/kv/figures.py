@@ -12,7 +12,7 @@ from time import perf_counter_ns
 from typing import Any, TypeVar
 
 from trainer_core.compression.codec import WireStats
-from trainer_core.ps.liveness import Health
+from trainer_core.node.liveness import Health
 
 
 class Timing:

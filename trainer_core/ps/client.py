@@ -1,33 +1,32 @@
-"""The worker role's connection to the job: scheduler, servers, heartbeats, request tracking.
+"""The worker role's connection to the servers: routes, requests to them, their shared buffers.
 
-``WorkerClient`` sends requests to servers on their ``routes.Route`` channels, tracks outstanding
-requests by sequence number, and waits for replies. It never asks which transport a channel is:
-it picks the route's ``fast`` channel for requests without frames and ``framed`` otherwise, and
-reads the rest from ``caps``. Every wait polls the channels in short slices and checks the job's
-``Health`` between them, so it is bounded by the peers' liveness, never by a wall-clock timeout.
-``WorkerClient.join`` connects a real worker; tests build one on ``transport.memory`` channels.
-``kv.DistKVStore`` builds the KV API on top of it.
+``WorkerClient`` sends requests to servers on their ``routes.Route`` channels and waits for
+replies; the node it runs on (``node.postoffice.Postoffice``: the book, the scheduler, liveness,
+barriers, aborts, the exit watchdog, request numbering and tracking) is ``node``. It never asks
+which transport a channel is: it picks the route's ``fast`` channel for requests without frames
+and ``framed`` otherwise, and reads the rest from ``caps``. Every wait polls the channels in
+short slices and checks the job's ``Health`` between them, so it is bounded by the peers'
+liveness, never by a wall-clock timeout. ``WorkerClient.join`` connects a real worker; tests
+build one on ``transport.memory`` channels. ``kv.DistKVStore`` builds the KV API on top of it.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
 
 import trainer_core.metrics as metrics
-from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, NodeFailure, WireError
+from trainer_core.node.book import Book
+from trainer_core.node.liveness import Health
+from trainer_core.node.postoffice import Postoffice
 from trainer_core.ps import protocol
 from trainer_core.ps.handler import SHARED_PREFIX
-from trainer_core.ps.liveness import Health, Liveness
-from trainer_core.ps.membership import Book, join, scheduler_endpoint
 from trainer_core.ps.routes import Route, open_routes
 from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Received, Source
 from trainer_core.transport.control import Transport
@@ -35,11 +34,11 @@ from trainer_core.transport.shm import MemBuffer
 
 
 class WorkerClient:
-    """One worker's channels and in-flight requests.
+    """One worker's channels to the servers and its requests to them.
 
-    ``routes[i]`` reaches server ``i``; ``sched`` is the channel to the scheduler (barriers, finish,
-    abort); ``health`` says whether the job failed; when a server's channel closes the client waits
-    ``grace_s`` for the scheduler to name the cause before blaming that server.
+    ``routes[i]`` reaches server ``i``; ``node`` is the worker's place in the job (``sched``, the
+    channel to the scheduler; ``live``, whether the job failed); when a server's channel closes the
+    client waits ``grace_s`` for the scheduler to name the cause before blaming that server.
     """
 
     def __init__(
@@ -50,17 +49,12 @@ class WorkerClient:
         health: Health,
         log: logging.Logger,
         grace_s: float = 1.0,
+        node: Postoffice | None = None,
     ) -> None:
-        self.book = book
+        self.node = node or Postoffice(book, sched, health, log, grace_s)
         self.routes = routes
-        self.sched = sched
-        self.live = health
         self.log = log
-        self.grace_s = grace_s
-        self.transport: Transport | None = None
-        self._closed = False
-        self._raised = threading.Event()  # the failure reached the user (or the client closed)
-        self._watchdog: threading.Thread | None = None
+        self.requests = self.node.requests
         self._poller = Poller()
         self._server_of: dict[int, tuple[int, Channel]] = {}  # id(channel) -> (server, channel)
         for i, route in enumerate(routes):
@@ -74,47 +68,74 @@ class WorkerClient:
         self._last_reply = [0] * n
         self._places: dict[int, list[memoryview]] = {}  # seq -> where the reply's frames go (direct)
         self._last_push = [0] * n
-        self._seq = itertools.count(1)
-        self.outstanding: set[int] = set()
-        self.unclaimed: set[int] = set()  # requests whose replies nobody waits for any more (``forget``)
-        self._replies: dict[int, Received] = {}
         self._async_error: KVError | None = None
-        self.local_failure: NodeFailure | None = None
         self._buffers: dict[tuple[int, int], MemBuffer] = {}  # (server, id): servers' shared key storage
         self._views: dict[tuple[int, str, np.dtype, int], np.ndarray] = {}  # views of them, made once
-        self.before_exit: Callable[[], None] | None = None  # e.g. unlink shared-memory names
+        self._closed = False
 
     @classmethod
     def join(cls, cfg: NodeConfig, log: logging.Logger, exit_on_failure: bool = True) -> WorkerClient:
-        """Join the job described by ``cfg``: register, start heartbeats, connect to every server."""
-        transport = Transport(cfg.secret, log, cfg.verbose, protocol.SCHEMA)
-        live: Liveness | None = None
+        """Join the job described by ``cfg`` (``Postoffice.join``), then connect to every server."""
+        node = Postoffice.join(cfg, log, protocol.SCHEMA)
         try:
-            sched, book = join(transport, cfg, cfg.env.node_host or "", None, log)
-            live = Liveness(
-                transport,
-                scheduler_endpoint(cfg),
-                book.name,
-                cfg.heartbeat_interval,
-                cfg.heartbeat_timeout,
-                log,
-            )
-            live.start()
             metrics.report(registered=1)  # the first report says this worker registered
-            routes = open_routes(cfg, book, transport, log)
+            assert node.transport is not None
+            routes = open_routes(cfg, node.book, node.transport, log)
         except BaseException:
-            if live is not None:
-                live.stop()
-            transport.close()
+            node.stop()
+            node.close_transport()
             raise
-        grace = cfg.heartbeat_timeout + cfg.heartbeat_interval if cfg.liveness_on else 1.0
-        client = cls(book, routes, sched, live, log, grace_s=grace)
-        client.transport = transport
+        client = cls(node.book, routes, node.sched, node.live, log, node.grace_s, node=node)
         if exit_on_failure:
-            live.on_failure = client._exit_soon
-            if live.failure is not None:  # failed before the hook was in place
-                client._exit_soon(live.failure)
+            node.exit_on_failure()
         return client
+
+    # what the node holds, as this client's own (the KV store and the tests read them here)
+
+    @property
+    def book(self) -> Book:
+        return self.node.book
+
+    @property
+    def sched(self) -> Channel:
+        return self.node.sched
+
+    @property
+    def live(self) -> Health:
+        return self.node.live
+
+    @property
+    def grace_s(self) -> float:
+        return self.node.grace_s
+
+    @property
+    def transport(self) -> Transport | None:
+        return self.node.transport
+
+    @property
+    def local_failure(self) -> NodeFailure | None:
+        return self.node.local_failure
+
+    @property
+    def before_exit(self) -> Callable[[], None] | None:
+        return self.node.before_exit
+
+    @before_exit.setter
+    def before_exit(self, hook: Callable[[], None] | None) -> None:
+        self.node.before_exit = hook
+
+    @property
+    def outstanding(self) -> set[int]:
+        return self.requests.outstanding
+
+    @property
+    def unclaimed(self) -> set[int]:
+        """Requests whose replies nobody waits for any more (``forget``)."""
+        return self.requests.unclaimed
+
+    @property
+    def _seq(self) -> Any:  # the node's request numbers (tests take one with ``next``)
+        return self.requests.seq
 
     @property
     def rank(self) -> int:
@@ -145,7 +166,7 @@ class WorkerClient:
         ``into``: where the reply's frames go, one byte view per frame, on a ``direct`` channel
         (read there directly, see ``sends_directly``)."""
         self.check()
-        seq = next(self._seq)
+        seq = self.requests.next()
         fields = {"rank": self.book.rank}
         if body:
             fields.update(body)
@@ -159,7 +180,7 @@ class WorkerClient:
         except ChannelClosed:
             self._lost(server, ch)
         if keep:
-            self.outstanding.add(seq)
+            self.requests.expect(seq)
         else:
             self._last_push[server] = seq
         return seq
@@ -175,12 +196,9 @@ class WorkerClient:
         request was handled."""
         for seq, server in sent.items():
             self._last_push[server] = max(self._last_push[server], seq)
-            msg = self._replies.pop(seq, None)
+            msg = self.requests.forget(seq)
             if msg is not None:
                 self._dropped(msg)
-            elif seq in self.outstanding:
-                self.outstanding.discard(seq)
-                self.unclaimed.add(seq)
 
     def confirm(self, server: int, seq: int) -> None:
         """Until ``server`` has handled request ``seq``: a server handles one connection's messages in
@@ -191,12 +209,7 @@ class WorkerClient:
 
     def wait(self, seqs: Iterable[int]) -> dict[int, Received]:
         """The replies of ``seqs`` (raises ``KVError`` for an error reply, ``NodeFailure`` when the job dies)."""
-        want = list(seqs)
-        replies = self._replies
-        for s in want:
-            while s not in replies:
-                self._pump()
-        out = {s: replies.pop(s) for s in want}
+        out = self.requests.wait(seqs, self._pump)
         for msg in out.values():
             if msg.header.op == protocol.ERROR:
                 raise KVError(f"server refused the request: {msg.header.body.get('reason')}")
@@ -208,8 +221,7 @@ class WorkerClient:
 
     def drain(self) -> None:
         """Until every request has been answered and every push handled."""
-        while self.outstanding:
-            self._pump()
+        self.requests.drain(self._pump)
         for server, seq in enumerate(self._last_push):
             if seq:
                 self.confirm(server, seq)
@@ -238,14 +250,10 @@ class WorkerClient:
             except (WireError, KVError, ValueError, TypeError, OSError) as exc:
                 # dropping it would leave its request waiting for ever: the channel is unusable
                 ch.close()
-                self._broken(server, f"a reply announced shared buffers that could not be mapped ({exc})")
-        seq = msg.header.seq
-        self._last_reply[server] = max(self._last_reply[server], seq)
-        if seq in self.outstanding:
-            self.outstanding.discard(seq)
-            self._replies[seq] = msg
-        else:
-            self.unclaimed.discard(seq)
+                reason = f"a reply announced shared buffers that could not be mapped ({exc})"
+                self.node.peer_broke(f"server {server}", reason)
+        self._last_reply[server] = max(self._last_reply[server], msg.header.seq)
+        if not self.requests.arrived(msg):
             self._dropped(msg)
 
     def _dropped(self, msg: Received) -> None:
@@ -285,43 +293,21 @@ class WorkerClient:
     def _job_alive(self) -> None:
         """Between the slices of a transfer: raise only if the job failed (an error reply to an earlier
         push is reported between messages, by ``check``, never in the middle of one)."""
-        failure = self.failure
-        if failure is not None:
-            self._raised.set()
-            raise failure
+        self.node.raise_failure()
 
     def _lost(self, server: int, ch: Channel) -> NoReturn:
         """A channel to ``server`` closed: this side cut a message off (an interrupt), or the peer left."""
         if ch.interrupted:
             self.check()
             raise KVError(f"server {server}: {ch.interrupted}; this KV store cannot be used any more")
-        self._peer_closed(server)
-
-    def _broken(self, server: int, reason: str) -> NoReturn:
-        """``server`` broke the protocol on its channel: end the job, naming it and ``reason``."""
-        name = f"server {server}"
-        if self.failure is None:
-            self.local_failure = NodeFailure(f"{name}: {reason}", node=name)
-            self.abort(str(self.local_failure), node=name)
-        self.check()
-        raise AssertionError("unreachable")
-
-    def _peer_closed(self, server: int) -> NoReturn:
-        """A server closed its channel: it died or is leaving because the job ends. Give the heartbeat
-        thread ``grace_s`` to learn the cause from the scheduler, else blame the server."""
-        self.live.failed.wait(self.grace_s)
-        if self.live.failure is None:
-            name = f"server {server}"
-            self.local_failure = NodeFailure(f"{name} closed its connection: it died", node=name)
-            self.abort(str(self.local_failure), node=name)
-        self.check()
-        raise AssertionError("unreachable")
+        self.node.peer_lost(f"server {server}")
 
     def check(self) -> None:
         """Raise a failure of the job, or an error reply to an earlier push."""
-        if self._async_error is None and self.live.failure is None and self.local_failure is None:
+        node = self.node
+        if self._async_error is None and node.live.failure is None and node.local_failure is None:
             return  # (called several times per store call: the common case costs one test)
-        self._job_alive()
+        node.raise_failure()
         if self._async_error is not None:
             err, self._async_error = self._async_error, None
             raise err
@@ -329,55 +315,22 @@ class WorkerClient:
     @property
     def failure(self) -> NodeFailure | None:
         """The failure that ended the job for this worker, if any."""
-        return self.live.failure or self.local_failure
+        return self.node.failure
 
-    def _exit_soon(self, failure: NodeFailure) -> None:
-        """From the heartbeat thread: if the user's code does not meet the failure in a KV call soon
-        (a long computation), end the process, as the rest of the job is ending."""
-
-        def watchdog() -> None:
-            if not self._raised.wait(max(self.grace_s, 2.0)) and not self._closed:
-                self.log.error("trainer_core %s: exiting: %s", self.book.name, failure)
-                if self.before_exit is not None:
-                    self.before_exit()
-                os._exit(1)
-
-        self._watchdog = threading.Thread(target=watchdog, name="trainer_core-exit-watchdog", daemon=True)
-        self._watchdog.start()
+    def abort(self, reason: str, node: str | None = None) -> None:
+        """Ask the scheduler to end the job now (``node`` failed, by default this worker); does not wait."""
+        self.node.abort(reason, node)
 
     # -- the scheduler -------------------------------------------------------------------------
 
     def barrier(self) -> None:
         """Until every worker has called ``barrier`` (bounded by heartbeats)."""
-        self._scheduler_call(protocol.BARRIER, protocol.BARRIER_DONE)
+        self.node.barrier(self.check)
 
     def finish(self) -> None:
         """Tell the servers and the scheduler this worker is done; wait until every worker is (MXNet's finalize)."""
         self.wait([self.send(s, protocol.FINISH) for s in range(len(self.routes))])
-        self._scheduler_call(protocol.FINISH, protocol.FINISHED)
-
-    def abort(self, reason: str, node: str | None = None) -> None:
-        """Ask the scheduler to end the job now (``node`` failed, by default this worker); does not wait."""
-        if node is not None:  # another node failed (a server): for the launcher, not this one
-            say_peer_failed(node)
-        if self.live.failure is None:
-            body = {"reason": reason, "node": node or self.book.name}
-            self.sched.send(protocol.Header(op=protocol.ABORT, src=self.book.name, body=body))
-
-    def _scheduler_call(self, op: str, reply_op: str) -> None:
-        self.check()
-        seq = next(self._seq)
-        self.sched.send(protocol.Header(op=op, seq=seq, src=self.book.name))
-        done: list[Received] = []
-
-        def take(msg: Received) -> None:
-            if msg.header.op == reply_op and msg.header.seq == seq:
-                done.append(msg)
-
-        while not done:
-            self.check()
-            if self.sched.wait(0.1):
-                self.sched.receive(take)
+        self.node.finish(self.check)
 
     def close(self) -> None:
         """Release everything: the heartbeat thread and the exit watchdog are stopped and joined
@@ -385,16 +338,11 @@ class WorkerClient:
         if self._closed:
             return
         self._closed = True
-        self._raised.set()  # the watchdog has nothing left to do
-        self.live.stop()
-        watchdog = self._watchdog
-        if watchdog is not None and watchdog is not threading.current_thread():
-            watchdog.join()
+        self.node.stop()
         for route in self.routes:
             for ch in route.channels():
                 ch.close()
         self._views.clear()  # before the mappings under them
         for buf in self._buffers.values():
             buf.close()
-        if self.transport is not None:
-            self.transport.close(linger_ms=0 if self.live.failure else 1000)
+        self.node.close_transport()

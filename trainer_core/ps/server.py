@@ -16,18 +16,16 @@ import time
 
 import trainer_core.metrics as metrics
 from trainer_core.config import NodeConfig
-from trainer_core.errors import KVError
 from trainer_core.log import get_logger
+from trainer_core.node.book import join, scheduler_endpoint
+from trainer_core.node.liveness import Liveness
+from trainer_core.node.postoffice import listen
 from trainer_core.ps import protocol
 from trainer_core.ps.handler import RequestHandler
-from trainer_core.ps.liveness import Liveness
-from trainer_core.ps.membership import join, scheduler_endpoint
 from trainer_core.transport.channel import Channel, ChannelClosed, Listener, Poller, Received
 from trainer_core.transport.control import Transport
 from trainer_core.transport.host import bind_and_publish_hosts
 from trainer_core.transport.shm import job_prefix
-from trainer_core.transport.tcp import TcpListener
-from trainer_core.transport.unix import UnixListener
 
 _PUSHING = frozenset({protocol.INIT, protocol.PUSH, protocol.PUSHPULL})
 
@@ -67,31 +65,18 @@ class Server:
         trace = self.transport.trace
         bind_host, publish_host = bind_and_publish_hosts(cfg.env.interface, cfg.env.node_host)
         router, endpoint = self.transport.bind_router(bind_host)
-        local: UnixListener | None = None
-        data: TcpListener | None = None
-        if cfg.use_shm:
-            try:
-                local = UnixListener(cfg.job_id, cfg.secret, trace)
-            except OSError as exc:
-                raise KVError(f"cannot listen for same-host channels: {exc}") from None
-            self.listeners.append(local)
-        if not cfg.encrypt:
-            try:
-                data = TcpListener(bind_host, cfg.secret, trace)
-            except OSError as exc:
-                raise KVError(f"cannot listen for the data channel on {bind_host}: {exc}") from None
-            self.listeners.append(data)
+        local, data = listen(cfg, trace, self.listeners)
         _, book = join(
             self.transport,
             cfg,
             publish_host,
             f"tcp://{publish_host}:{endpoint.rsplit(':', 1)[1]}",
             self.log,
-            local=local.name if local is not None else "",
-            data=f"tcp://{publish_host}:{data.port}" if data is not None else "",
+            local=local,
+            data=data,
         )
         self.handler = RequestHandler(
-            book.num_workers, job_prefix(cfg.job_id), self.log, shared=local is not None, name=book.name
+            book.num_workers, job_prefix(cfg.job_id), self.log, shared=bool(local), name=book.name
         )
         live = self.live = Liveness(
             self.transport,

@@ -1,4 +1,9 @@
-"""Joining a job: register with the scheduler and receive the address book (servers and workers)."""
+"""Joining a job: register with the scheduler and receive the book of every node of the job.
+
+Every node registers what it listens on (a ZeroMQ endpoint, a same-host channel, a TCP data
+channel); the book lists every server and every worker with those, so a worker can reach the
+servers and, as well, the other workers (``node.links``).
+"""
 
 from __future__ import annotations
 
@@ -10,21 +15,22 @@ from dataclasses import dataclass
 from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import NodeFailure, StartupTimeout, WireError
-from trainer_core.ps import protocol
+from trainer_core.node import protocol
+from trainer_core.transport import wire
 from trainer_core.transport.channel import Received
 from trainer_core.transport.control import Transport, ZmqChannel
 from trainer_core.transport.host import machine_identity
 
 
 @dataclass(frozen=True)
-class ServerInfo:
-    """One server in the address book."""
+class NodeInfo:
+    """One node (a server or a worker) in the book: where it listens."""
 
     rank: int
-    endpoint: str
-    host_key: str  # the server's ``machine_identity``: equal to a worker's, they share memory
-    local: str = ""  # the server's same-host channel (``transport/unix.py``), empty when it has none
-    data: str = ""  # the server's TCP data channel (``transport/tcp.py``), empty with PS_ENCRYPT=1
+    endpoint: str  # its ZeroMQ endpoint, empty when it has none (a worker)
+    host_key: str  # its ``machine_identity``: equal to another node's, they share memory
+    local: str = ""  # its same-host channel (``transport/unix.py``), empty when it has none
+    data: str = ""  # its TCP data channel (``transport/tcp.py``), empty with PS_ENCRYPT=1
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,8 @@ class Book:
     name: str
     num_workers: int
     num_servers: int
-    servers: tuple[ServerInfo, ...]
+    servers: tuple[NodeInfo, ...]
+    workers: tuple[NodeInfo, ...] = ()  # (empty from a scheduler that lists servers only)
 
 
 def scheduler_endpoint(cfg: NodeConfig) -> str:
@@ -65,7 +72,7 @@ def join(
         "host_key": machine_identity(cfg.env.node_host),
         "pid": os.getpid(),
     }
-    sched.send(protocol.Header(op=protocol.REGISTER, body=body))
+    sched.send(wire.Header(op=protocol.REGISTER, body=body))
     waited = cfg.start_timeout + scheduler_first(cfg.start_timeout)
     deadline = time.monotonic() + waited
     inbox: list[Received] = []
@@ -105,25 +112,31 @@ def scheduler_first(start_timeout: float) -> float:
     return min(2.0, start_timeout)
 
 
-def _book(h: protocol.Header) -> Book:
-    servers = h.body.get("servers")
-    if not isinstance(servers, list):
-        raise WireError("servers missing")
-    infos = tuple(
-        ServerInfo(
+def _nodes(h: wire.Header, field: str, required: bool) -> tuple[NodeInfo, ...]:
+    listed = h.body.get(field)
+    if listed is None and not required:
+        return ()
+    if not isinstance(listed, list):
+        raise WireError(f"{field} missing")
+    return tuple(
+        NodeInfo(
             rank=i,
             endpoint=str(s["endpoint"]),
             host_key=str(s["host_key"]),
             local=str(s.get("local", "")),
             data=str(s.get("data", "")),
         )
-        for i, s in enumerate(servers)
+        for i, s in enumerate(listed)
     )
+
+
+def _book(h: wire.Header) -> Book:
     return Book(
-        role=protocol.body_str(h, "role"),
-        rank=protocol.body_int(h, "rank"),
-        name=protocol.body_str(h, "name"),
-        num_workers=protocol.body_int(h, "num_workers"),
-        num_servers=protocol.body_int(h, "num_servers"),
-        servers=infos,
+        role=wire.body_str(h, "role"),
+        rank=wire.body_int(h, "rank"),
+        name=wire.body_str(h, "name"),
+        num_workers=wire.body_int(h, "num_workers"),
+        num_servers=wire.body_int(h, "num_servers"),
+        servers=_nodes(h, "servers", True),
+        workers=_nodes(h, "workers", False),
     )

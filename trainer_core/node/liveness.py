@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 from dmlc_env.ending import say_peer_failed
 from trainer_core.errors import NodeFailure
-from trainer_core.ps import protocol
+from trainer_core.node import protocol
+from trainer_core.transport import wire
 from trainer_core.transport.channel import Received
 from trainer_core.transport.control import Transport
 
@@ -106,7 +107,7 @@ class Liveness(Health):
             while not self._stop.is_set() and not self.failed.is_set():
                 now = time.monotonic()
                 if (on or not sent_once) and now >= next_beat:
-                    sched.send(protocol.Header(op=protocol.HEARTBEAT, src=self.node))
+                    sched.send(wire.Header(op=protocol.HEARTBEAT, src=self.node))
                     sent_once = True
                     next_beat = now + self.interval
                 if sched.wait(min(period, 0.2)):

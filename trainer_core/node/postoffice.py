@@ -1,0 +1,229 @@
+"""One node's place in its job (ps-lite's Postoffice): the book, the scheduler, liveness, the end.
+
+``Postoffice.join`` registers with the scheduler (with what this node listens on: a worker's
+same-host and TCP data listeners, so that other workers can reach it), waits for the book of all
+nodes and starts the heartbeats. Then: ``barrier`` and ``finish`` (bounded by liveness, never by
+a wall clock), ``abort`` (ends the job for every node, naming the culprit), ``check``/``failure``
+(the job's failure as this node knows it), ``peer_lost``/``peer_broke`` (the failure policy when
+a channel to another node closes or breaks its protocol: wait ``grace_s`` for the scheduler to
+name the cause, else blame that node), an exit watchdog (a failure the user's code does not meet
+in a call soon ends the process), and ``requests`` (``node.requests``: numbering and tracking
+requests). What runs above it (``ps``, ``collective``) adds its own channels and messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import NoReturn
+
+from dmlc_env.ending import say_peer_failed
+from trainer_core.config import NodeConfig
+from trainer_core.errors import KVError, NodeFailure
+from trainer_core.node import protocol
+from trainer_core.node.book import Book, join, scheduler_endpoint
+from trainer_core.node.liveness import Health, Liveness
+from trainer_core.node.requests import Requests
+from trainer_core.transport import wire
+from trainer_core.transport.channel import Channel, Listener, Received, Trace
+from trainer_core.transport.control import Transport
+from trainer_core.transport.host import bind_and_publish_hosts
+from trainer_core.transport.tcp import TcpListener
+from trainer_core.transport.unix import UnixListener
+
+
+def listen(cfg: NodeConfig, trace: Trace, into: list[Listener]) -> tuple[str, str]:
+    """Open this node's listeners for the other nodes (same-host unless ``PS_SHM=0``, TCP data
+    unless ``PS_ENCRYPT=1``), each added to ``into`` as it is made (the caller closes them, also
+    when a later one fails: ``KVError``); returns what to publish: ``(local name, data endpoint)``."""
+    bind_host, publish_host = bind_and_publish_hosts(cfg.env.interface, cfg.env.node_host)
+    local = data = ""
+    if cfg.use_shm:
+        try:
+            unix = UnixListener(cfg.job_id, cfg.secret, trace)
+        except OSError as exc:
+            raise KVError(f"cannot listen for same-host channels: {exc}") from None
+        into.append(unix)
+        local = unix.name
+    if not cfg.encrypt:
+        try:
+            tcp = TcpListener(bind_host, cfg.secret, trace)
+        except OSError as exc:
+            raise KVError(f"cannot listen for the data channel on {bind_host}: {exc}") from None
+        into.append(tcp)
+        data = f"tcp://{publish_host}:{tcp.port}"
+    return local, data
+
+
+class Postoffice:
+    """A joined node: ``book`` (every node, where each listens), ``sched`` (its channel to the
+    scheduler), ``live`` (the job's health, from heartbeats), ``listeners`` (where the other
+    nodes reach it), ``requests``."""
+
+    def __init__(
+        self, book: Book, sched: Channel, health: Health, log: logging.Logger, grace_s: float = 1.0
+    ) -> None:
+        self.book = book
+        self.sched = sched
+        self.live = health
+        self.log = log
+        self.grace_s = grace_s
+        self.requests = Requests()
+        self.transport: Transport | None = None
+        self.listeners: list[Listener] = []
+        self.local_failure: NodeFailure | None = None
+        self.closed = False
+        self.raised = threading.Event()  # the failure reached the user (or the node closed)
+        self.before_exit: Callable[[], None] | None = None  # e.g. unlink shared-memory names
+        self._watchdog: threading.Thread | None = None
+
+    @classmethod
+    def join(cls, cfg: NodeConfig, log: logging.Logger, schema: wire.Schema = protocol.SCHEMA) -> Postoffice:
+        """Join the job of ``cfg`` as a worker: listen, register, wait for the book, start the
+        heartbeats. Everything opened is closed again if one of them fails."""
+        transport = Transport(cfg.secret, log, cfg.verbose, schema)
+        listeners: list[Listener] = []
+        live: Liveness | None = None
+        try:
+            local, data = listen(cfg, transport.trace, listeners)
+            sched, book = join(transport, cfg, cfg.env.node_host or "", None, log, local=local, data=data)
+            live = Liveness(
+                transport,
+                scheduler_endpoint(cfg),
+                book.name,
+                cfg.heartbeat_interval,
+                cfg.heartbeat_timeout,
+                log,
+            )
+            live.start()
+        except BaseException:
+            if live is not None:
+                live.stop()
+            for listener in listeners:
+                listener.close()
+            transport.close()
+            raise
+        grace = cfg.heartbeat_timeout + cfg.heartbeat_interval if cfg.liveness_on else 1.0
+        node = cls(book, sched, live, log, grace_s=grace)
+        node.transport = transport
+        node.listeners = listeners
+        return node
+
+    @property
+    def rank(self) -> int:
+        return self.book.rank
+
+    @property
+    def name(self) -> str:
+        return self.book.name
+
+    # -- failures ------------------------------------------------------------------------------
+
+    @property
+    def failure(self) -> NodeFailure | None:
+        """The failure that ended the job for this node, if any."""
+        return self.live.failure or self.local_failure
+
+    def raise_failure(self) -> None:
+        """Raise the job's failure, if any (it then reached the user: the watchdog stands down)."""
+        failure = self.failure
+        if failure is not None:
+            self.raised.set()
+            raise failure
+
+    def peer_broke(self, name: str, reason: str) -> NoReturn:
+        """Node ``name`` broke the protocol on its channel: end the job, naming it and ``reason``."""
+        if self.failure is None:
+            self.local_failure = NodeFailure(f"{name}: {reason}", node=name)
+            self.abort(str(self.local_failure), node=name)
+        self.raise_failure()
+        raise AssertionError("unreachable")
+
+    def peer_lost(self, name: str) -> NoReturn:
+        """Node ``name`` closed its channel: it died or is leaving because the job ends. Give the
+        heartbeat thread ``grace_s`` to learn the cause from the scheduler, else blame that node."""
+        self.live.failed.wait(self.grace_s)
+        if self.live.failure is None:
+            self.local_failure = NodeFailure(f"{name} closed its connection: it died", node=name)
+            self.abort(str(self.local_failure), node=name)
+        self.raise_failure()
+        raise AssertionError("unreachable")
+
+    def exit_on_failure(self) -> None:
+        """From now on a failure of the job that the user's code does not meet in a call soon (a
+        long computation) ends the process, as the rest of the job is ending."""
+        self.live.on_failure = self._exit_soon
+        if self.live.failure is not None:  # failed before the hook was in place
+            self._exit_soon(self.live.failure)
+
+    def _exit_soon(self, failure: NodeFailure) -> None:
+        """From the heartbeat thread: start the exit watchdog."""
+
+        def watchdog() -> None:
+            if not self.raised.wait(max(self.grace_s, 2.0)) and not self.closed:
+                self.log.error("trainer_core %s: exiting: %s", self.book.name, failure)
+                if self.before_exit is not None:
+                    self.before_exit()
+                os._exit(1)
+
+        self._watchdog = threading.Thread(target=watchdog, name="trainer_core-exit-watchdog", daemon=True)
+        self._watchdog.start()
+
+    # -- the scheduler -------------------------------------------------------------------------
+
+    def barrier(self, check: Callable[[], None] | None = None) -> None:
+        """Until every worker has called ``barrier`` (bounded by heartbeats)."""
+        self.scheduler_call(protocol.BARRIER, protocol.BARRIER_DONE, check)
+
+    def finish(self, check: Callable[[], None] | None = None) -> None:
+        """Until every worker has said it is done (MXNet's finalize)."""
+        self.scheduler_call(protocol.FINISH, protocol.FINISHED, check)
+
+    def abort(self, reason: str, node: str | None = None) -> None:
+        """Ask the scheduler to end the job now (``node`` failed, by default this one); does not wait."""
+        if node is not None:  # another node failed (a server): for the launcher, not this one
+            say_peer_failed(node)
+        if self.live.failure is None:
+            body = {"reason": reason, "node": node or self.book.name}
+            self.sched.send(wire.Header(op=protocol.ABORT, src=self.book.name, body=body))
+
+    def scheduler_call(self, op: str, reply_op: str, check: Callable[[], None] | None = None) -> None:
+        """Send ``op`` to the scheduler and wait for its ``reply_op``, calling ``check`` (default:
+        ``raise_failure``) between 0.1 s waits."""
+        check = check or self.raise_failure
+        check()
+        seq = self.requests.next()
+        self.sched.send(wire.Header(op=op, seq=seq, src=self.book.name))
+        done: list[Received] = []
+
+        def take(msg: Received) -> None:
+            if msg.header.op == reply_op and msg.header.seq == seq:
+                done.append(msg)
+
+        while not done:
+            check()
+            if self.sched.wait(0.1):
+                self.sched.receive(take)
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop the heartbeat thread and the exit watchdog and join them: nothing of this node's runs
+        on after it (its channels can then be closed)."""
+        self.closed = True
+        self.raised.set()  # the watchdog has nothing left to do
+        self.live.stop()
+        watchdog = self._watchdog
+        if watchdog is not None and watchdog is not threading.current_thread():
+            watchdog.join()
+
+    def close_transport(self) -> None:
+        """Close the listeners and the transport (after ``stop`` and the channels above)."""
+        for listener in self.listeners:
+            listener.close()
+        self.listeners = []
+        if self.transport is not None:
+            self.transport.close(linger_ms=0 if self.live.failure else 1000)
+            self.transport = None
