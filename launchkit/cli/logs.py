@@ -37,9 +37,13 @@ def picked(role: str | None, rank: int | None, of: tuple[str, int]) -> bool:
 
 
 def emit(ui: Ui, k: outputs.Kept, lines: list[str]) -> None:
-    console = ui.out if k.stream == "stdout" else ui.err
-    for text in lines:
-        console.print(f"[{k.role} {k.rank}] {text}", markup=False, highlight=False)
+    """Lines as the launch's console got them, control characters included: a progress bar's
+    carriage returns (rich's print dropped them and ran the bar's states into one line)."""
+    if not lines:
+        return
+    target = (ui.out if k.stream == "stdout" else ui.err).file
+    target.write("".join(f"[{k.role} {k.rank}] {text}\n" for text in lines))
+    target.flush()
 
 
 def head(k: outputs.Kept, tail: int | None) -> tuple[list[str], int]:

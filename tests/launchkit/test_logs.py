@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from launchkit.jobs import outputs
-from tests.launchkit.procs import record, run, start, until_exists_sh, wait_for_job
+from tests.launchkit.procs import LAUNCHKIT, record, run, start, until_exists_sh, wait_for_job
 
 LINES = 'for i in 1 2 3 4 5; do echo "$DMLC_ROLE $LAUNCHKIT_ROLE_RANK out $i"; done; echo "$DMLC_ROLE $LAUNCHKIT_ROLE_RANK err" >&2'
 
@@ -129,3 +129,15 @@ def test_follow_loses_nothing_when_the_file_is_rotated() -> None:
     f.close()
     got += next(follower)
     assert got == [f"line {i:02d}" for i in range(40)]
+
+
+def test_logs_keeps_the_control_characters_the_console_got(launchkit_home) -> None:
+    """A progress bar (carriage returns) came out of logs as one line of every state run
+    together: 'progress 0progress 1progress 2'."""
+    job = launched(launchkit_home, r"printf '\rprogress 0\rprogress 1\a\n'; printf 'tab\there\n' >&2")
+    res = subprocess.run(
+        [*LAUNCHKIT, "logs", job, "--role", "worker", "--rank", "0"], capture_output=True, timeout=30
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == b"[worker 0] \rprogress 0\rprogress 1\a\n"
+    assert res.stderr == b"[worker 0] tab\there\n"
