@@ -128,6 +128,7 @@ def _max_slots(text: str) -> int:
         raise ValueError(f"bad max_slots {text!r}: expected a whole number from 1 to 1000000") from None
 
 
+MAX_BYTES = 16 << 20  # a hostfile is read whole: more is not a hostfile (a device that never ends)
 UNLIKELY_PORT = 22  # below this, host:N is more likely Horovod's or mpirun's slot count than a port
 
 
@@ -168,13 +169,18 @@ def parse_hostfile(text: str, path: str = "<hostfile>", *, allow_empty: bool = F
 def read_text(path: str | Path) -> str:
     """A hostfile's text; HostfileError naming the file (and the line of a byte that is not UTF-8)."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)  # /dev/zero or /dev/urandom: read until memory ran out
     except FileNotFoundError:
         raise HostfileError(str(path), None, "no such file" + _removed_cwd(path)) from None
     except IsADirectoryError:
         raise HostfileError(str(path), None, "is a directory, expected a hostfile") from None
     except OSError as exc:
         raise HostfileError(str(path), None, f"cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_BYTES:
+        raise HostfileError(
+            str(path), None, f"more than {MAX_BYTES >> 20} MiB: expected a hostfile (one host per line)"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launchkit.core.hostfile import format_host, parse_hostfile, parse_line, read_hostfile
+from launchkit.core.hostfile import format_host, parse_hostfile, parse_line, read_hostfile, read_text
 from launchkit.core.spec import Host
 from launchkit.errors import HostfileError
 
@@ -196,3 +196,14 @@ def test_a_file_of_comments_only_parses_to_no_hosts_where_allowed() -> None:
     assert parse_hostfile("# nothing yet\n\n", "h", allow_empty=True) == []
     with pytest.raises(HostfileError, match="no hosts in file"):
         parse_hostfile("# nothing yet\n", "h")
+
+
+def test_a_hostfile_that_never_ends_is_refused(tmp_path) -> None:
+    """-H /dev/zero read until memory ran out (the launch, hosts list and check never answered)."""
+    big = tmp_path / "big"
+    big.write_text("node1\n" * (3 << 20))  # 18 MiB: first, so that the old code fails here
+    with pytest.raises(HostfileError, match="more than 16 MiB"):
+        read_text(big)
+    for path in ("/dev/zero", "/dev/urandom"):
+        with pytest.raises(HostfileError, match=f"{path}: more than 16 MiB: expected a hostfile"):
+            read_text(path)
