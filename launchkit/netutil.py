@@ -27,15 +27,37 @@ def interface_address(name: str) -> str:
     return address
 
 
-def check_address(flag: str, text: str, *, resolve: bool) -> None:
+def check_address(flag: str, text: str, *, resolve: bool, here: bool = False) -> None:
     """An address given on the command line (``--scheduler-ip``): an IP address, or a host name
-    that, with ``resolve``, has an address here (where the scheduler runs). UsageError otherwise,
-    before anything starts: nodes told to reach ``notanip`` waited silently until the time limit."""
+    that, with ``resolve``, has an address here (where the scheduler runs); with ``here`` (every
+    process runs on this machine), an address of this machine. UsageError otherwise, before
+    anything starts: nodes told to reach ``notanip``, or an address no interface here has, waited
+    silently until the time limit."""
     try:
         ipaddress.ip_address(text)
-        return
+        numeric = True
     except ValueError:
-        pass
+        numeric = False
+    if not numeric:
+        _check_name(flag, text, resolve=resolve or here)
+    if here:
+        _check_local(flag, text)
+
+
+def _check_local(flag: str, text: str) -> None:
+    """``text`` names an address a socket can be bound to on this machine."""
+    with contextlib.suppress(OSError, UnicodeError):
+        for family, kind, proto, _, addr in socket.getaddrinfo(text, 0, type=socket.SOCK_STREAM):
+            with contextlib.suppress(OSError), socket.socket(family, kind, proto) as sock:
+                sock.bind(addr)
+                return
+    raise UsageError(
+        f"{flag} {text!r}: not an address of this machine; with --launcher local every process "
+        "runs here, so the scheduler must listen on one of this machine's addresses (e.g. 127.0.0.1)"
+    )
+
+
+def _check_name(flag: str, text: str, *, resolve: bool) -> None:
     try:
         host = parse_host(text)
     except ValueError:

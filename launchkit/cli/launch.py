@@ -85,7 +85,7 @@ def build_spec(
     if gpus_per_worker is not None and gpus_per_worker < 1:
         raise UsageError(f"--gpus-per-worker must be at least 1, got {gpus_per_worker}")
     if scheduler_ip is not None:
-        check_address("--scheduler-ip", scheduler_ip, resolve=backend in ("local", "ssh"))
+        check_address("--scheduler-ip", scheduler_ip, resolve=backend == "ssh", here=backend == "local")
     if scheduler_port is not None and not 1 <= scheduler_port <= 65535:
         raise UsageError(f"--scheduler-port {scheduler_port}: expected a number from 1 to 65535")
     if grace_period < 0:

@@ -70,9 +70,12 @@ def test_the_largest_grace_period_still_ends_a_failed_job_at_once(tmp_path: Path
     assert time.monotonic() - started < 20, res.stderr
 
 
-@pytest.mark.parametrize("address", ["notanip", "10.0.0.1:80", "a b", "user@10.0.0.1", "nosuch.invalid"])
+@pytest.mark.parametrize(
+    "address", ["notanip", "10.0.0.1:80", "a b", "user@10.0.0.1", "nosuch.invalid", "192.0.2.1", "1.2.3"]
+)
 def test_a_scheduler_address_nothing_can_reach_is_refused(tmp_path: Path, address: str) -> None:
-    """`--scheduler-ip notanip` gave no output at all until the time limit, then 124."""
+    """`--scheduler-ip notanip` gave no output at all until the time limit, then 124; so did an
+    address no interface of this machine has (`1.2.3` is 1.2.0.3) with every process here."""
     marker = tmp_path / "started"
     res = run(
         ["launch", "-n", "1", "-s", "0", "--scheduler-ip", address, "sh", "-c", f"touch {marker}"],
