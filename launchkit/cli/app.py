@@ -25,10 +25,15 @@ MAX_NUMBER = 10_000_000  # ten million: a count, or seconds (about 115 days)
 
 
 # options whose numbers need a narrower range, whichever command has them
-RANGES = {"--ssh-port": (1, 65535), "--scheduler-port": (1, 65535), "--gpus-per-worker": (1, 1024)}
+RANGES: dict[str, tuple[float, float]] = {
+    "--ssh-port": (1, 65535),
+    "--scheduler-port": (1, 65535),
+    "--gpus-per-worker": (1, 1024),
+    "--interval": (0.1, MAX_NUMBER),  # top's refresh
+}
 
 
-def check_number(value: Any, low: int = 0, high: int = MAX_NUMBER) -> None:
+def check_number(value: Any, low: float = 0, high: float = MAX_NUMBER) -> None:
     """The rule for numbers on the command line: finite and from 0 to ``MAX_NUMBER``; ``nan``,
     ``inf``, ``1e400`` or ``-1`` as a count or a number of seconds never means what was asked (a
     wait that never ends or overflows). Options narrow it further where they need to."""
@@ -37,7 +42,11 @@ def check_number(value: Any, low: int = 0, high: int = MAX_NUMBER) -> None:
         if not isinstance(number, int | float) or isinstance(number, bool):
             continue
         if not (math.isfinite(number) and low <= number <= high):
-            raise typer.BadParameter(f"{number!r}: expected a number from {low} to {high}")
+            raise typer.BadParameter(f"{number!r}: expected a number from {_plain(low)} to {_plain(high)}")
+
+
+def _plain(bound: float) -> str:
+    return str(int(bound)) if bound == int(bound) else f"{bound:g}"
 
 
 def bound_numbers(command: Any) -> None:

@@ -121,11 +121,11 @@ def register(app: typer.Typer) -> None:
         role: str = typer.Option(
             None, "--role", help="Only this role's processes: scheduler, server, worker."
         ),
-        rank: int = typer.Option(None, "--rank", min=0, help="Only the processes of this rank."),
+        rank: int = typer.Option(None, "--rank", help="Only the processes of this rank."),
         follow: bool = typer.Option(
             False, "-f", "--follow", help="Go on printing new lines until the job ends."
         ),
-        tail: int = typer.Option(None, "-n", "--tail", min=0, help="Only the last N lines of each stream."),
+        tail: int = typer.Option(None, "-n", "--tail", help="Only the last N lines of each stream."),
     ) -> None:
         ui = get_app(ctx).ui
         if role is not None and role not in ROLES:

@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         job_id: str = typer.Argument(..., help="The job id (see launchkit ps)."),
         once: bool = typer.Option(False, "--once", help="Print one frame and exit."),
-        interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between refreshes."),
+        interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes."),
     ) -> None:
         ui = get_app(ctx).ui
         record = jobs.load(job_id, jobs.refuse)
