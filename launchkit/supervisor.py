@@ -264,7 +264,7 @@ class Supervisor:
                     and time.monotonic() - self._started > self.time_limit
                 ):
                     self.timed_out = True
-                    self.ui.warn(f"the job's time limit ({self.time_limit:g}s) passed: ending the job")
+                    self.ui.warn("the job's time limit passed: ending the job")
                     tear_down()
                 if kill_at is not None and time.monotonic() >= kill_at:
                     self._signal_all(signal.SIGKILL)
