@@ -5,8 +5,9 @@
 >>> work = group.allreduce_async(grad)      # ... compute ...; work.wait()
 
 The algorithms (``algorithms/``) are written against the small point-to-point interface of
-``links``; ``fabric`` links N ranks in one process for tests. The wiring to the job's sockets (a
-default group made from the environment) comes with the node layer: see docs/collectives.md.
+``links``; ``fabric`` links N ranks in one process for tests; ``netlinks`` links the worker
+processes of a job over the node layer's sockets, and ``join()`` makes the group of the job's
+workers from the environment (``job``): see docs/collectives.md.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .algorithms.hierarchical import Topology
 from .compressed import ErrorFeedback
 from .executor import CollectiveClosed, Work
 from .group import Group
+from .job import JobGroup, join
 from .links import Ctx, Handle, LinkError, Links, PeerTimeout, SubLinks
 from .policy import ALGORITHMS, Thresholds, choose
 from .reduce import BFLOAT16, OPS, ReduceSpec, bf16_to_f32, f32_to_bf16, spec_for
@@ -28,6 +30,7 @@ __all__ = [
     "ErrorFeedback",
     "Group",
     "Handle",
+    "JobGroup",
     "LinkError",
     "Links",
     "PeerTimeout",
@@ -39,5 +42,6 @@ __all__ = [
     "bf16_to_f32",
     "choose",
     "f32_to_bf16",
+    "join",
     "spec_for",
 ]

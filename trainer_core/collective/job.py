@@ -1,0 +1,79 @@
+"""The collective group of a job's workers, made from the environment through the node layer.
+
+>>> group = join()            # every worker of the job calls it (DMLC_* from the launcher)
+>>> total = group.allreduce(grad)
+>>> group.close()             # every worker: finish the job, close the links
+
+``join`` joins the job through its scheduler (``node.postoffice.Postoffice``, with the
+collectives' message kinds), links this worker to every other (``netlinks.NetLinks``) and
+returns a ``JobGroup``: rank = the worker's rank, size = the number of workers, the hosts of
+every rank (their machine identities, for the hierarchical path), and ``local_rank`` and
+``local_size`` among the workers of this machine, all from the book.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from trainer_core.config import NodeConfig
+from trainer_core.log import get_logger
+from trainer_core.node import protocol as node_protocol
+from trainer_core.node.postoffice import Postoffice
+
+from . import protocol
+from .group import Group
+from .links import DEFAULT_TIMEOUT
+from .netlinks import NetLinks
+from .policy import Thresholds
+
+#: what a worker of a collective job decodes: the node layer's kinds and the collectives'
+SCHEMA = node_protocol.SCHEMA | protocol.SCHEMA
+
+
+class JobGroup(Group):
+    """The group of every worker of the job; owns its node and links (``close`` ends both)."""
+
+    def __init__(self, node: Postoffice, links: NetLinks, thresholds: Thresholds | None = None) -> None:
+        workers = node.book.workers
+        super().__init__(links, [w.host_key for w in workers], thresholds)
+        self.node = node
+        self.netlinks = links
+        #: the host name of every rank, in rank order
+        self.hosts = tuple(w.host_key.split("|")[0] for w in workers)
+        assert self.topology is not None
+        local = self.topology.local(links.rank)
+        self.local_rank = local.index(links.rank)
+        self.local_size = len(local)
+
+    def close(self, finish: bool = True) -> None:
+        """Finish the queued operations; then (``finish``, and the job has not failed) wait for every
+        worker to finish as well, say bye to the peers and leave the job."""
+        try:
+            super().close()
+            if finish and self.node.failure is None:
+                self.node.finish()
+        finally:
+            self.netlinks.close()
+            self.node.stop()
+            self.node.close_transport()
+
+
+def join(
+    environ: Mapping[str, str] | None = None,
+    log: logging.Logger | None = None,
+    thresholds: Thresholds | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> JobGroup:
+    """Join the job of ``environ`` (default: this process's) as a worker and return its group;
+    ``timeout``: seconds one point-to-point wait lasts at most."""
+    cfg = NodeConfig.from_environ(environ)
+    log = log or get_logger(cfg.verbose)
+    node = Postoffice.join(cfg, log, SCHEMA)
+    try:
+        links = NetLinks(node, cfg, timeout, log)
+    except BaseException:
+        node.stop()
+        node.close_transport()
+        raise
+    return JobGroup(node, links, thresholds)

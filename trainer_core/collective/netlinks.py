@@ -1,0 +1,386 @@
+"""``NetLinks``: the collectives' ``Links`` between the worker processes of a job, over sockets.
+
+Built on a joined ``node.postoffice.Postoffice`` (its book lists every worker with its TCP data
+listener). Each pair of workers gets exactly one channel: the lower rank connects to the higher
+one's data listener (authenticated with the job's secret, as every channel is) and says who it
+is (``coll_hello``); the higher rank accepts it. One receiving thread per process serves the
+listener and every channel: an incoming ``coll_data`` is matched by (sender, tag) to the
+receive posted for it and read straight into its buffer; one that comes before its receive is
+kept (copied) until the receive is posted. Sends go out with the channel's non-blocking
+``post`` (from a copy of the buffer, so a send is complete once posted), so ranks that all send
+to each other at once (a ring) cannot deadlock.
+
+Failure: a peer's channel that ends without its ``coll_bye`` (it died) breaks the group: every
+pending and later operation fails with a ``LinkError`` naming that peer (rank and host). A job
+failure the scheduler reports (a stopped worker, an abort) ends every wait too; the scheduler's
+word is raised first when there is one. A wait has a timeout (``PeerTimeout``).
+
+Same-host pairs use TCP over loopback too: the same-host channel carries headers only, and the
+shared-memory path within a host is not there yet (docs/collectives.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from trainer_core.config import NodeConfig
+from trainer_core.errors import KVError, WireError
+from trainer_core.node.postoffice import Postoffice
+from trainer_core.transport import wire
+from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Received, Source
+from trainer_core.transport.tcp import TcpChannel, TcpListener
+
+from . import protocol
+from .links import DEFAULT_TIMEOUT, LinkError
+from .nethandles import DONE, SLICE_S, Done, Recv, Wake, bytes_of
+
+FLUSH_S = 5.0  # how long ``close`` lets queued messages go out
+
+
+class NetLinks:
+    """This worker's ``Links`` to every other worker of the job (see the module's docstring).
+
+    ``node``: the joined worker (its node decoder must know ``protocol.SCHEMA``); ``cfg``: its
+    configuration (the secret, the start-up bound); ``timeout``: seconds a wait lasts at most."""
+
+    def __init__(
+        self,
+        node: Postoffice,
+        cfg: NodeConfig,
+        timeout: float = DEFAULT_TIMEOUT,
+        log: logging.Logger | None = None,
+    ) -> None:
+        book = node.book
+        if book.role != "worker" or len(book.workers) != book.num_workers:
+            raise ValueError(
+                f"collective links join workers: this node is {book.name}, its book lists "
+                f"{len(book.workers)} of {book.num_workers} workers"
+            )
+        if node.transport is None:
+            raise ValueError("collective links need a joined node (its transport is closed)")
+        kinds = node.transport.trace.headers.schema.kinds
+        if kinds is not None and not protocol.SCHEMA.kinds <= kinds:  # type: ignore[operator]
+            raise ValueError("the node was joined without the collectives' message kinds (protocol.SCHEMA)")
+        listener = next((x for x in node.listeners if isinstance(x, TcpListener)), None)
+        if listener is None and book.num_workers > 1:
+            raise KVError(
+                "collectives between processes need the TCP data channel, which PS_ENCRYPT=1 turns off"
+            )
+        self.node = node
+        self.cfg = cfg
+        self.timeout = timeout
+        self.log = log or node.log
+        self._rank, self._size = book.rank, book.num_workers
+        self._trace = node.transport.trace
+        self._lock = threading.Condition()
+        self._chan: dict[int, Channel] = {}  # peer -> its channel (once it said hello)
+        self._who: dict[Channel, int] = {}  # channel -> peer
+        self._posted: dict[tuple[int, int], deque[Recv]] = {}
+        self._early: dict[tuple[int, int], deque[bytes]] = {}
+        self._gone: dict[int, LinkError] = {}  # peers whose channel ended
+        self._left: set[int] = set()  # peers that said bye
+        self._broken: LinkError | None = None  # a peer died: every operation fails
+        self._placing: Recv | None = None  # the receive the message being read goes into
+        self._adds: list[Channel] = []
+        self._closing = False
+        self._stop = False
+        self._wake = Wake()
+        self._poller = Poller()
+        self._poller.add(self._wake)
+        self._listener = listener
+        if listener is not None:
+            listener.on_accept = self._accepted
+            self._poller.add(listener)
+        self._thread = threading.Thread(target=self._run, name=f"collective-recv-{self._rank}", daemon=True)
+        self._thread.start()
+        try:
+            self._connect(cfg.start_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def raise_failure(self) -> None:
+        """Raise the job's failure as the scheduler reported it, if any."""
+        self.node.raise_failure()
+
+    def where(self, peer: int) -> str:
+        """``worker 3 on hostname``."""
+        host = self.node.book.workers[peer].host_key.split("|")[0]
+        return f"worker {peer} on {host or '?'}"
+
+    # -- setting up ----------------------------------------------------------------------------
+
+    def _connect(self, bound_s: float) -> None:
+        """Connect to every higher rank, then wait (at most ``bound_s``) for every lower one."""
+        for peer in range(self._rank + 1, self._size):
+            endpoint = self.node.book.workers[peer].data
+            if not endpoint:
+                raise KVError(f"collective: {self.where(peer)} publishes no data channel to reach it on")
+            ch = TcpChannel.connect(endpoint, self.cfg.secret, self._trace)
+            self._accepted(ch)
+            with self._lock:
+                self._chan[peer], self._who[ch] = ch, peer
+                self._adds.append(ch)
+            ch.post(protocol.hello(self._rank))
+            self._wake.ring()
+        deadline = time.monotonic() + bound_s
+        with self._lock:
+            while len(self._chan) + len(self._gone) < self._size - 1:
+                missing = [p for p in range(self._rank) if p not in self._chan]
+                if time.monotonic() > deadline:
+                    raise KVError(
+                        f"collective: rank {self._rank}: ranks {missing} did not connect within {bound_s:g} s"
+                    )
+                self._lock.wait(SLICE_S)
+                self._lock.release()
+                try:
+                    self.node.raise_failure()
+                finally:
+                    self._lock.acquire()
+
+    def _accepted(self, ch: Channel) -> None:
+        ch.place = lambda header, lens: self._place(ch, header, lens)
+
+    # -- the receiving thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = self._poller
+        while not self._stop:
+            try:
+                poller.serve(self._handle, 1.0, self._closed)
+            except Exception:  # never leave the group without its receiver silently
+                self.log.exception("collective: the receiving thread failed")
+                self._break(LinkError(f"collective: rank {self._rank}'s receiving thread failed", self._rank))
+                return
+            if self._adds:
+                with self._lock:
+                    adds, self._adds = self._adds, []
+                for ch in adds:
+                    poller.add(ch)
+
+    def _place(self, ch: Channel, header: wire.Header, lens: list[int]) -> Sequence[memoryview | None]:
+        """Where a message's frame goes: straight into its posted receive, when there is one."""
+        peer = self._who.get(ch)
+        if header.op != protocol.DATA or len(lens) != 1 or peer is None:
+            return []
+        try:
+            key = (peer, protocol.tag_of(header))
+        except WireError:
+            return []
+        with self._lock:
+            queue = self._posted.get(key)
+            if not queue or self._early.get(key):
+                return []
+            op = queue.popleft()
+            if not queue:
+                del self._posted[key]
+            self._placing = op
+        return [op.view]
+
+    def _handle(self, msg: Received) -> None:
+        h, ch = msg.header, msg.reply
+        assert isinstance(ch, Channel)
+        peer = self._who.get(ch)
+        if h.op == protocol.HELLO and peer is None:
+            self._hello(ch, h)
+        elif h.op == protocol.DATA and peer is not None:
+            try:
+                self._data(peer, h, msg.frames)
+            except WireError as exc:
+                self.log.warning("collective: closed the channel of rank %d: %s", peer, exc)
+                ch.close()
+        elif h.op == protocol.BYE and peer is not None:
+            with self._lock:
+                self._left.add(peer)
+        else:
+            self.log.warning("collective: closed a channel that sent %s out of turn", h.op)
+            ch.close()
+
+    def _hello(self, ch: Channel, h: wire.Header) -> None:
+        try:
+            peer = wire.body_int(h, "rank")
+        except WireError:
+            peer = -1
+        with self._lock:
+            if not 0 <= peer < self._rank or peer in self._chan:
+                self.log.warning("collective: closed a channel that said it was rank %d", peer)
+                ch.close()
+                return
+            self._chan[peer], self._who[ch] = ch, peer
+            self._lock.notify_all()
+
+    def _data(self, peer: int, h: wire.Header, frames: list[Any]) -> None:
+        op, self._placing = self._placing, None
+        if op is not None:  # ``_place`` gave it this message's frame
+            if frames and frames[0].placed:
+                op.finish()
+            else:
+                op.finish(self.mismatch(op, len(frames[0].buffer) if frames else -1))
+            return
+        tag = protocol.tag_of(h)
+        data = bytes(frames[0].buffer) if len(frames) == 1 else None
+        if data is None:
+            self.log.warning("collective: dropped a message of rank %d with %d frames", peer, len(frames))
+            return
+        key = (peer, tag)
+        with self._lock:
+            queue = self._posted.get(key)
+            if queue and not self._early.get(key):  # posted after ``_place`` looked
+                op = queue.popleft()
+                if not queue:
+                    del self._posted[key]
+            else:
+                self._early.setdefault(key, deque()).append(data)
+        if op is not None:
+            op.fill(data)
+
+    def _closed(self, source: Source) -> None:
+        """A channel ended: a peer that said bye left; any other died, which breaks the group."""
+        if source is self._wake or not isinstance(source, Channel):
+            return
+        op, self._placing = self._placing, None
+        with self._lock:
+            peer = self._who.pop(source, None)
+            if peer is None:
+                return  # an accepted connection that never said who it was
+            if self._chan.get(peer) is source:
+                del self._chan[peer]
+            left = self._closing or peer in self._left
+        if left:
+            err = LinkError(f"collective: rank {peer} ({self.where(peer)}) left the group", peer)
+            self._fail_peer(peer, err, op)
+            return
+        why = f" ({source.interrupted})" if source.interrupted else ""
+        err = LinkError(
+            f"collective: rank {peer} ({self.where(peer)}) closed its connection to rank {self._rank}"
+            f"{why}: it died or stopped, and the group is broken",
+            peer,
+        )
+        self.log.error("%s", err)
+        self._break(err, op)
+
+    def _fail_peer(self, peer: int, err: LinkError, op: Recv | None) -> None:
+        with self._lock:
+            self._gone[peer] = err
+            failed = [o for (p, _), q in self._posted.items() if p == peer for o in q]
+            for key in [k for k in self._posted if k[0] == peer]:
+                del self._posted[key]
+            self._lock.notify_all()
+        for o in [op, *failed]:
+            if o is not None:
+                o.finish(err)
+
+    def _break(self, err: LinkError, op: Recv | None = None) -> None:
+        with self._lock:
+            if self._broken is None:
+                self._broken = err
+            self._gone.setdefault(err.peer, err)
+            failed = [o for q in self._posted.values() for o in q]
+            self._posted.clear()
+            self._lock.notify_all()
+        for o in [op, *failed]:
+            if o is not None:
+                o.finish(err)
+
+    # -- the Links interface -------------------------------------------------------------------
+
+    def _check(self, peer: int) -> LinkError | None:
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise ValueError(f"rank {self._rank}: no link to rank {peer} (group of {self._size})")
+        return self._broken or self._gone.get(peer)
+
+    def send(self, peer: int, tag: int, buffer: np.ndarray) -> Done:
+        """Post a copy of ``buffer``'s bytes to ``peer``; complete at once."""
+        copy = np.frombuffer(bytes_of(buffer, writable=False), np.uint8).copy()
+        err = self._check(peer)
+        ch = self._chan.get(peer)
+        if err is not None:
+            self.node.raise_failure()
+            raise err
+        if ch is None:
+            raise LinkError(f"collective: rank {self._rank} has no channel to rank {peer}", peer)
+        try:
+            ch.post(protocol.data(tag), [copy])
+        except (ChannelClosed, KVError, OSError) as exc:
+            self.node.raise_failure()
+            raise self._gone.get(peer) or LinkError(
+                f"collective: sending to rank {peer} ({self.where(peer)}) failed: {exc}", peer
+            ) from None
+        return DONE
+
+    def recv(self, peer: int, tag: int, out: np.ndarray) -> Recv:
+        """Post a receive from ``peer`` into ``out``; returns at once."""
+        op = Recv(self, peer, tag, bytes_of(out, writable=True))
+        key = (peer, tag)
+        with self._lock:
+            err = self._check(peer)
+            if err is not None:
+                op.finish(err)
+                return op
+            queue = self._early.get(key)
+            if not queue:
+                self._posted.setdefault(key, deque()).append(op)
+                return op
+            data = queue.popleft()
+            if not queue:
+                del self._early[key]
+        op.fill(data)
+        return op
+
+    def cancel(self, op: Recv) -> bool:
+        """Withdraw a pending receive; ``False`` when it was matched meanwhile."""
+        with self._lock:
+            queue = self._posted.get((op.peer, op.tag))
+            if queue is None or op not in queue:
+                return False
+            queue.remove(op)
+            if not queue:
+                del self._posted[(op.peer, op.tag)]
+            return True
+
+    def mismatch(self, op: Recv, got: int) -> LinkError:
+        return LinkError(
+            f"collective: rank {op.peer} ({self.where(op.peer)}) sent {got} bytes to rank {self._rank} "
+            f"(tag {op.tag:#x}), which expected {len(op.view)}; the ranks disagree on the operation",
+            op.peer,
+        )
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Say bye to every peer, stop the receiving thread and close the channels (what is queued
+        is given ``FLUSH_S`` to go out). Peers' channels ending after this are not failures."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            chans = list(self._chan.values())
+        for ch in chans:
+            with contextlib.suppress(ChannelClosed, KVError, OSError):
+                ch.post(protocol.bye())
+        self._stop = True
+        self._wake.ring()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        if self._listener is not None:
+            self._poller.remove(self._listener)
+            self._listener.on_accept = None
+        for ch in {*chans, *(s for s in self._poller.sources() if isinstance(s, Channel))}:
+            ch.close(flush_s=FLUSH_S)
+        self._wake.close()

@@ -1,0 +1,43 @@
+"""The collectives' own messages between workers (docs/collectives.md, "Over sockets").
+
+They travel in the transport's envelope (``transport.wire``) on the TCP data channels between
+workers, authenticated like every channel:
+
+* ``coll_hello`` (``{"rank": r}``): the first message on a channel, from the rank that connected,
+  so that the accepting rank knows whose channel it is;
+* ``coll_data`` (``{"t": tag}``, one frame): one point-to-point message of a collective, matched
+  by (sender, tag) to the receiver's posted receive;
+* ``coll_bye``: the sender closes the group normally; the channel's end is not a failure.
+
+They carry no entries. ``SCHEMA`` is to be combined with the node layer's (``node.protocol``)
+for the node's decoder.
+"""
+
+from __future__ import annotations
+
+from trainer_core.errors import WireError
+from trainer_core.transport import wire
+
+HELLO, DATA, BYE = "coll_hello", "coll_data", "coll_bye"
+SCHEMA = wire.Schema(frozenset({HELLO, DATA, BYE}))
+MAX_TAG = (1 << 64) - 1
+
+
+def hello(rank: int) -> wire.Header:
+    return wire.Header(HELLO, body={"rank": rank})
+
+
+def data(tag: int) -> wire.Header:
+    return wire.Header(DATA, body={"t": tag})
+
+
+def bye() -> wire.Header:
+    return wire.Header(BYE)
+
+
+def tag_of(h: wire.Header) -> int:
+    """The tag of a ``coll_data`` header (``WireError`` if it is not a 64-bit unsigned integer)."""
+    tag = wire.body_int(h, "t")
+    if not 0 <= tag <= MAX_TAG:
+        raise WireError(f"tag {tag} out of range")
+    return tag
