@@ -13,6 +13,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
 from tests.trainer_core.cluster import FAST_LIVENESS, Job, run_job
 
@@ -126,7 +127,18 @@ g.close(finish=False)
 """
 
 
-def test_a_killed_worker_fails_the_others_collective_naming_it() -> None:
+@pytest.mark.parametrize(
+    ("sig", "said"),
+    [
+        (signal.SIGKILL, "rank 2 (worker 2 on 127.0.0.1) closed its connection"),
+        (signal.SIGSTOP, "sent no heartbeat"),
+    ],
+)
+def test_a_killed_or_stopped_worker_fails_the_others_collective_naming_it(sig: int, said: str) -> None:
+    """Worker 2 is killed (or stopped) while the others wait in an allreduce. Killed: their
+    channels to it end, the operation fails at once on every other worker naming it, and the
+    worker that saw it first has the scheduler end the job naming it. Stopped: its channels stay
+    open; the scheduler's heartbeat timeout ends the job naming it, and the waits raise that."""
     killed: list[float] = []
 
     def kill_worker_2(job: Job) -> None:
@@ -134,7 +146,7 @@ def test_a_killed_worker_fails_the_others_collective_naming_it() -> None:
         while time.monotonic() < deadline and not all("READY" in p.output() for p in job.workers):
             time.sleep(0.02)  # (waits for the workers' READY lines)
         victim = next(p for p in job.workers if p.rank == 2)
-        victim.popen.send_signal(signal.SIGKILL)
+        victim.popen.send_signal(sig)
         killed.append(time.time())
 
     job = run_job(KILLED_CODE, 3, 0, timeout=30, during=kill_worker_2, not_awaited=("worker 2",))
@@ -145,8 +157,10 @@ def test_a_killed_worker_fails_the_others_collective_naming_it() -> None:
             continue
         (res,) = p.results()
         assert res["error"] is not None, job.outputs()
-        assert res["node"] in ("rank 2", "worker 2"), res
-        assert "worker 2" in res["error"], res  # the rank and where it ran (or the scheduler's word)
+        # the worker that saw it first told the scheduler, which ended the job naming it
+        assert res["node"] == "worker 2", res
+        assert said in res["error"], res
         assert res["at"] - killed[0] < bound, res
-        assert p.popen.returncode is not None
+    assert job.codes()["scheduler 0"] == 1
+    assert "aborting the job: worker 2 (host 127.0.0.1" in job.of("scheduler")[0].output()
     assert not job.leftover_shm

@@ -31,8 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, WireError
+from trainer_core.node import protocol as node_protocol
+from trainer_core.node.book import scheduler_endpoint
 from trainer_core.node.postoffice import Postoffice
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Received, Source
@@ -42,6 +45,7 @@ from . import protocol
 from .links import DEFAULT_TIMEOUT, LinkError
 from .nethandles import DONE, SLICE_S, Done, Recv, Wake, bytes_of
 
+REPORT_S = 1.0  # how long a worker that saw a peer die waits for the scheduler to confirm the abort
 FLUSH_S = 5.0  # how long ``close`` lets queued messages go out
 
 
@@ -273,7 +277,26 @@ class NetLinks:
             peer,
         )
         self.log.error("%s", err)
+        if self._broken is None:
+            self._report(peer, err)
         self._break(err, op)
+
+    def _report(self, peer: int, err: LinkError) -> None:
+        """Tell the scheduler that worker ``peer`` died (unless the job failed already), so that it
+        ends the job for every node naming that worker; wait (at most ``REPORT_S``) until its word
+        comes back, which the waits then raise first."""
+        node, transport = self.node, self.node.transport
+        if node.failure is not None or transport is None:
+            return
+        name = f"worker {peer}"
+        body = {"reason": str(err), "node": name}
+        ch = transport.connect(scheduler_endpoint(self.cfg))
+        try:
+            ch.send(wire.Header(op=node_protocol.ABORT, src=node.name, body=body))
+            if not node.live.failed.wait(REPORT_S):
+                say_peer_failed(name)  # for the launcher (the heartbeat thread says it with the abort)
+        finally:
+            ch.close(flush_s=0.0 if node.live.failed.is_set() else 1.0)
 
     def _fail_peer(self, peer: int, err: LinkError, op: Recv | None) -> None:
         with self._lock:
