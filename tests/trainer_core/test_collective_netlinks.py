@@ -1,0 +1,135 @@
+"""``NetLinks`` in one process: three workers joined through a real scheduler (in a thread, on
+real sockets, as test_node.py does), each with its links; matching by (peer, tag), early
+arrivals, length mismatches, timeouts and misbehaving connections."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from tests.trainer_core.test_node import WORKERS, config, free_port, run_all
+from trainer_core.collective import LinkError, PeerTimeout
+from trainer_core.collective import protocol as coll_protocol
+from trainer_core.collective.job import SCHEMA
+from trainer_core.collective.netlinks import NetLinks
+from trainer_core.node import protocol
+from trainer_core.node.postoffice import Postoffice
+from trainer_core.node.scheduler import Scheduler
+from trainer_core.transport.channel import Trace
+from trainer_core.transport.tcp import TcpChannel
+
+LOG = logging.getLogger("test_collective_netlinks")
+
+
+class Net:
+    """A scheduler in a thread, ``WORKERS`` joined nodes and their links."""
+
+    def __init__(self, timeout: float = 10.0) -> None:
+        self.job = f"net-{uuid.uuid4().hex[:8]}"
+        port = free_port()
+        self.scheduler = Scheduler(config("scheduler", port, self.job), LOG, schema=SCHEMA)
+        self.thread = threading.Thread(target=self.scheduler.run, name="test-scheduler")
+        self.thread.start()
+        self.cfgs = [config("worker", port, self.job, rank=r) for r in range(WORKERS)]
+        self.nodes: list[Postoffice] = run_all(lambda r: Postoffice.join(self.cfgs[r], LOG, SCHEMA))
+        self.links: list[NetLinks] = run_all(lambda r: NetLinks(self.nodes[r], self.cfgs[r], timeout, LOG))
+
+    def close(self) -> None:
+        run_all(lambda r: self.nodes[r].finish())  # the scheduler ends the job at once
+        for links in self.links:
+            links.close()
+        for node in self.nodes:
+            node.stop()
+            node.close_transport()
+        self.thread.join(20)
+
+
+@pytest.fixture
+def net() -> Iterator[Net]:
+    n = Net()
+    yield n
+    n.close()
+
+
+def until(cond, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 10
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def test_messages_match_by_peer_and_tag_in_order_also_before_their_receive(net: Net) -> None:
+    a, b, c = net.links
+    assert [(x.rank, x.size) for x in net.links] == [(r, WORKERS) for r in range(WORKERS)]
+    a.send(1, 5, np.arange(10, dtype=np.int64)).wait()
+    a.send(1, 5, np.arange(10, 20, dtype=np.int64)).wait()
+    c.send(1, 5, np.full(3, 7, dtype=np.float32)).wait()
+    until(lambda: (0, 5) in b._early and (2, 5) in b._early, "the messages arrived before their receives")
+    first, second, other = np.empty(10, np.int64), np.empty(10, np.int64), np.empty(3, np.float32)
+    for h in (b.recv(2, 5, other), b.recv(0, 5, first), b.recv(0, 5, second)):
+        h.wait()
+    assert first.tolist() == list(range(10)) and second.tolist() == list(range(10, 20))
+    assert other.tolist() == [7, 7, 7]
+    # posted first: read straight into the buffer; an empty message too
+    big, empty = np.empty(1 << 20, np.float32), np.empty(0, np.float32)
+    handles = [a.recv(2, 9, big), a.recv(1, 9, empty)]
+    c.send(0, 9, np.ones(1 << 20, np.float32))
+    b.send(0, 9, np.empty(0, np.float32))
+    for h in handles:
+        h.wait()
+    assert big.sum() == 1 << 20 and all(h.done() for h in handles)
+
+
+def test_a_length_mismatch_and_a_silent_peer_fail_naming_the_peer(net: Net) -> None:
+    a, b, _ = net.links
+    handle = b.recv(0, 1, np.empty(4, np.float32))
+    a.send(1, 1, np.empty(5, np.float32))
+    with pytest.raises(LinkError, match=r"rank 0 \(worker 0 on 127\.0\.0\.1\) sent 20 bytes .* expected 16"):
+        handle.wait()
+    with pytest.raises(PeerTimeout, match=r"rank 2 .* sent nothing to rank 1 within 0\.2 s") as err:
+        b.recv(2, 2, np.empty(1, np.float32)).wait(0.2)
+    assert err.value.node == "rank 2" and not b._posted
+    with pytest.raises(ValueError, match="no link to rank 1"):
+        b.send(1, 0, np.empty(1))
+
+
+def test_a_connection_that_claims_a_rank_it_is_not_is_closed(net: Net) -> None:
+    """Rank 1 accepts only ranks below it, each once: a connection with the secret that says it
+    is rank 2 (which rank 1 connects to itself) or rank 0 again is closed; the links work on."""
+    _, b, _ = net.links
+    trace = Trace(LOG, schema=SCHEMA)
+    for claimed in (2, 0):
+        ch = TcpChannel.connect(net.nodes[1].book.workers[1].data, net.cfgs[0].secret, trace)
+        ch.post(coll_protocol.hello(claimed))
+        assert ch.wait(10)
+        assert not ch.receive(lambda m: None)  # closed on it
+        ch.close()
+    net.links[0].send(1, 3, np.ones(2, np.float32))
+    out = np.empty(2, np.float32)
+    b.recv(0, 3, out).wait()
+    assert out.tolist() == [1, 1]
+
+
+def test_links_need_a_node_that_knows_the_collectives_kinds() -> None:
+    port = free_port()
+    job = f"net-{uuid.uuid4().hex[:8]}"
+    sched = Scheduler(config("scheduler", port, job), LOG)
+    thread = threading.Thread(target=sched.run)
+    thread.start()
+    cfgs = [config("worker", port, job, rank=r) for r in range(WORKERS)]
+    nodes = run_all(lambda r: Postoffice.join(cfgs[r], LOG, protocol.SCHEMA))
+    try:
+        with pytest.raises(ValueError, match="without the collectives' message kinds"):
+            NetLinks(nodes[0], cfgs[0])
+    finally:
+        run_all(lambda r: nodes[r].finish())
+        for node in nodes:
+            node.stop()
+            node.close_transport()
+        thread.join(20)
