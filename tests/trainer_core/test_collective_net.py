@@ -39,6 +39,8 @@ from trainer_core.collective import join
 g = join()
 r, n = g.rank, g.size
 out = {"rank": r, "size": n, "local": [g.local_rank, g.local_size], "hosts": list(g.hosts)}
+# which channels: the same-host channel carries headers only (the bytes in a memfd)
+out["same_host"] = sum(not ch.caps.frames for ch in g.netlinks._chan.values())
 def digest(a):
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
 for dtype in ("float32", "int64"):
@@ -85,13 +87,16 @@ def _results(job: Job) -> list[dict]:
     return sorted(out, key=lambda d: d["rank"])
 
 
-def test_allreduce_broadcast_allgather_and_a_ring_among_worker_processes() -> None:
-    job = run_job(OPS_CODE % {"sizes": SIZES}, WORKERS, 0, timeout=60)
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_allreduce_broadcast_allgather_and_a_ring_among_worker_processes(shm: str) -> None:
+    """Same host: every pair on the same-host channel; with PS_SHM=0, every pair on TCP."""
+    job = run_job(OPS_CODE % {"sizes": SIZES}, WORKERS, 0, {"PS_SHM": shm}, timeout=60)
     res = _results(job)
     assert job.codes()["scheduler 0"] == 0, job.outputs()
     assert [d["rank"] for d in res] == list(range(WORKERS))
     assert all(d["size"] == WORKERS and d["hosts"] == ["127.0.0.1"] * WORKERS for d in res)
     assert [d["local"] for d in res] == [[r, WORKERS] for r in range(WORKERS)]
+    assert [d["same_host"] for d in res] == [WORKERS - 1 if shm == "1" else 0] * WORKERS
     for dtype in ("float32", "int64"):
         for size in SIZES:
             want = sum(_inputs(r, size, dtype) for r in range(WORKERS))

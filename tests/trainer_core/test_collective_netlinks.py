@@ -30,13 +30,13 @@ LOG = logging.getLogger("test_collective_netlinks")
 class Net:
     """A scheduler in a thread, ``WORKERS`` joined nodes and their links."""
 
-    def __init__(self, timeout: float = 10.0) -> None:
+    def __init__(self, timeout: float = 10.0, shm: str = "1") -> None:
         self.job = f"net-{uuid.uuid4().hex[:8]}"
         port = free_port()
-        self.scheduler = Scheduler(config("scheduler", port, self.job), LOG, schema=SCHEMA)
+        self.scheduler = Scheduler(config("scheduler", port, self.job, PS_SHM=shm), LOG, schema=SCHEMA)
         self.thread = threading.Thread(target=self.scheduler.run, name="test-scheduler")
         self.thread.start()
-        self.cfgs = [config("worker", port, self.job, rank=r) for r in range(WORKERS)]
+        self.cfgs = [config("worker", port, self.job, rank=r, PS_SHM=shm) for r in range(WORKERS)]
         self.nodes: list[Postoffice] = run_all(lambda r: Postoffice.join(self.cfgs[r], LOG, SCHEMA))
         self.links: list[NetLinks] = run_all(lambda r: NetLinks(self.nodes[r], self.cfgs[r], timeout, LOG))
 
@@ -50,9 +50,10 @@ class Net:
         self.thread.join(20)
 
 
-@pytest.fixture
-def net() -> Iterator[Net]:
-    n = Net()
+@pytest.fixture(params=["1", "0"], ids=["same-host", "tcp"])
+def net(request: pytest.FixtureRequest) -> Iterator[Net]:
+    n = Net(shm=request.param)
+    assert all(ch.caps.frames == (request.param == "0") for x in n.links for ch in x._chan.values())
     yield n
     n.close()
 

@@ -1,28 +1,20 @@
 """``NetLinks``: the collectives' ``Links`` between the worker processes of a job, over sockets.
 
-Built on a joined ``node.postoffice.Postoffice`` (its book lists every worker with its TCP data
-listener). Each pair of workers gets exactly one channel: the lower rank connects to the higher
-one's data listener (authenticated with the job's secret, as every channel is) and says who it
-is (``coll_hello``); the higher rank accepts it. One receiving thread per process serves the
-listener and every channel: an incoming ``coll_data`` is matched by (sender, tag) to the
-receive posted for it and read straight into its buffer; one that comes before its receive is
-kept (copied) until the receive is posted. Sends go out with the channel's non-blocking
-``post`` (from a copy of the buffer, so a send is complete once posted), so ranks that all send
-to each other at once (a ring) cannot deadlock.
-
-Failure: a peer's channel that ends without its ``coll_bye`` (it died) breaks the group: every
-pending and later operation fails with a ``LinkError`` naming that peer (rank and host). A job
-failure the scheduler reports (a stopped worker, an abort) ends every wait too; the scheduler's
-word is raised first when there is one. A wait has a timeout (``PeerTimeout``).
-
-Same-host pairs use TCP over loopback too: the same-host channel carries headers only, and the
-shared-memory path within a host is not there yet (docs/collectives.md).
+On a joined ``node.postoffice.Postoffice``: each pair of workers gets one channel, which the lower
+rank opens to the higher one's listener (same-host where they share a machine, the bytes in a
+memfd: ``netshm``; else TCP) and names itself on (``coll_hello``). One receiving thread serves the
+listeners and channels and matches each ``coll_data`` by (sender, tag) to its posted receive,
+reading it in place, or keeps a copy until the receive is posted. Sends never wait for the peer
+(TCP: a copy, posted; same-host: the kernel takes the memfd), so a ring cannot deadlock. A peer
+whose channel ends without its ``coll_bye`` died: the group fails naming it, and the scheduler is
+told (``netfail``). docs/collectives.md, "Over sockets".
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -31,17 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, WireError
-from trainer_core.node import protocol as node_protocol
-from trainer_core.node.book import scheduler_endpoint
 from trainer_core.node.postoffice import Postoffice
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Received, Source
-from trainer_core.transport.tcp import TcpChannel, TcpListener
+from trainer_core.transport.tcp import TcpListener
+from trainer_core.transport.unix import UnixListener
 
-from . import protocol
+from . import netfail, netshm, protocol
 from .links import DEFAULT_TIMEOUT, LinkError
 from .nethandles import DONE, SLICE_S, Done, Recv, Wake, bytes_of
 
@@ -73,11 +63,7 @@ class NetLinks:
         kinds = node.transport.trace.headers.schema.kinds
         if kinds is not None and not protocol.SCHEMA.kinds <= kinds:  # type: ignore[operator]
             raise ValueError("the node was joined without the collectives' message kinds (protocol.SCHEMA)")
-        listener = next((x for x in node.listeners if isinstance(x, TcpListener)), None)
-        if listener is None and book.num_workers > 1:
-            raise KVError(
-                "collectives between processes need the TCP data channel, which PS_ENCRYPT=1 turns off"
-            )
+        listeners = [x for x in node.listeners if isinstance(x, TcpListener | UnixListener)]
         self.node = node
         self.cfg = cfg
         self.timeout = timeout
@@ -99,8 +85,8 @@ class NetLinks:
         self._wake = Wake()
         self._poller = Poller()
         self._poller.add(self._wake)
-        self._listener = listener
-        if listener is not None:
+        self._listeners = listeners
+        for listener in listeners:
             listener.on_accept = self._accepted
             self._poller.add(listener)
         self._thread = threading.Thread(target=self._run, name=f"collective-recv-{self._rank}", daemon=True)
@@ -133,10 +119,7 @@ class NetLinks:
     def _connect(self, bound_s: float) -> None:
         """Connect to every higher rank, then wait (at most ``bound_s``) for every lower one."""
         for peer in range(self._rank + 1, self._size):
-            endpoint = self.node.book.workers[peer].data
-            if not endpoint:
-                raise KVError(f"collective: {self.where(peer)} publishes no data channel to reach it on")
-            ch = TcpChannel.connect(endpoint, self.cfg.secret, self._trace)
+            ch = netshm.open_channel(self.node.book.workers[peer], self.cfg, self._trace, self.log)
             self._accepted(ch)
             with self._lock:
                 self._chan[peer], self._who[ch] = ch, peer
@@ -144,19 +127,17 @@ class NetLinks:
             ch.post(protocol.hello(self._rank))
             self._wake.ring()
         deadline = time.monotonic() + bound_s
-        with self._lock:
-            while len(self._chan) + len(self._gone) < self._size - 1:
-                missing = [p for p in range(self._rank) if p not in self._chan]
-                if time.monotonic() > deadline:
-                    raise KVError(
-                        f"collective: rank {self._rank}: ranks {missing} did not connect within {bound_s:g} s"
-                    )
+        while True:
+            with self._lock:
+                if len(self._chan) + len(self._gone) >= self._size - 1:
+                    return
                 self._lock.wait(SLICE_S)
-                self._lock.release()
-                try:
-                    self.node.raise_failure()
-                finally:
-                    self._lock.acquire()
+            self.node.raise_failure()
+            if time.monotonic() > deadline:
+                missing = [p for p in range(self._rank) if p not in self._chan]
+                raise KVError(
+                    f"collective: rank {self._rank}: ranks {missing} did not connect in {bound_s:g} s"
+                )
 
     def _accepted(self, ch: Channel) -> None:
         ch.place = lambda header, lens: self._place(ch, header, lens)
@@ -170,7 +151,7 @@ class NetLinks:
                 poller.serve(self._handle, 1.0, self._closed)
             except Exception:  # never leave the group without its receiver silently
                 self.log.exception("collective: the receiving thread failed")
-                self._break(LinkError(f"collective: rank {self._rank}'s receiving thread failed", self._rank))
+                self._fail(LinkError(f"collective: rank {self._rank}'s receiving thread failed", self._rank))
                 return
             if self._adds:
                 with self._lock:
@@ -187,15 +168,8 @@ class NetLinks:
             key = (peer, protocol.tag_of(header))
         except WireError:
             return []
-        with self._lock:
-            queue = self._posted.get(key)
-            if not queue or self._early.get(key):
-                return []
-            op = queue.popleft()
-            if not queue:
-                del self._posted[key]
-            self._placing = op
-        return [op.view]
+        op = self._placing = self._take_posted(key)
+        return [] if op is None else [op.view]
 
     def _handle(self, msg: Received) -> None:
         h, ch = msg.header, msg.reply
@@ -205,8 +179,11 @@ class NetLinks:
             self._hello(ch, h)
         elif h.op == protocol.DATA and peer is not None:
             try:
-                self._data(peer, h, msg.frames)
-            except WireError as exc:
+                if ch.caps.frames:
+                    self._data(peer, h, msg.frames)
+                else:
+                    self._data_fd(peer, h, ch)
+            except (WireError, KVError, OSError) as exc:
                 self.log.warning("collective: closed the channel of rank %d: %s", peer, exc)
                 ch.close()
         elif h.op == protocol.BYE and peer is not None:
@@ -242,17 +219,51 @@ class NetLinks:
         if data is None:
             self.log.warning("collective: dropped a message of rank %d with %d frames", peer, len(frames))
             return
-        key = (peer, tag)
+        self._keep((peer, tag), data)  # (or the receive posted after ``_place`` looked)
+
+    def _data_fd(self, peer: int, h: wire.Header, ch: Channel) -> None:
+        """A same-host message: its bytes are in the memfd that came with it (``netshm``)."""
+        key, n = (peer, protocol.tag_of(h)), wire.body_int(h, "n")
+        if n < 0:
+            raise WireError(f"a message of {n} bytes")
+        fd = ch.take_fds(1)[0] if n else -1
+        try:
+            op = self._take_posted(key)
+            if op is not None and len(op.view) == n:
+                netshm.read_into(fd, op.view)
+                op.finish()
+                return
+            data = netshm.read(fd, n) if n else b""
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        if op is not None:
+            op.fill(data)  # (a length mismatch)
+            return
+        self._keep(key, data)
+
+    def _take_posted(self, key: tuple[int, int]) -> Recv | None:
+        """The first receive posted for ``key``, unless earlier messages for it wait."""
         with self._lock:
             queue = self._posted.get(key)
-            if queue and not self._early.get(key):  # posted after ``_place`` looked
-                op = queue.popleft()
-                if not queue:
-                    del self._posted[key]
-            else:
+            if not queue or self._early.get(key):
+                return None
+            op = queue.popleft()
+            if not queue:
+                del self._posted[key]
+            return op
+
+    def _keep(self, key: tuple[int, int], data: bytes) -> None:
+        """A message that came before its receive: kept, unless the receive was posted meanwhile."""
+        with self._lock:
+            queue = self._posted.get(key)
+            if not queue or self._early.get(key):
                 self._early.setdefault(key, deque()).append(data)
-        if op is not None:
-            op.fill(data)
+                return
+            op = queue.popleft()
+            if not queue:
+                del self._posted[key]
+        op.fill(data)
 
     def _closed(self, source: Source) -> None:
         """A channel ended: a peer that said bye left; any other died, which breaks the group."""
@@ -268,7 +279,7 @@ class NetLinks:
             left = self._closing or peer in self._left
         if left:
             err = LinkError(f"collective: rank {peer} ({self.where(peer)}) left the group", peer)
-            self._fail_peer(peer, err, op)
+            self._fail(err, op, everyone=False)
             return
         why = f" ({source.interrupted})" if source.interrupted else ""
         err = LinkError(
@@ -278,44 +289,17 @@ class NetLinks:
         )
         self.log.error("%s", err)
         if self._broken is None:
-            self._report(peer, err)
-        self._break(err, op)
+            netfail.report(self.node, self.cfg, f"worker {peer}", str(err), REPORT_S)
+        self._fail(err, op)
 
-    def _report(self, peer: int, err: LinkError) -> None:
-        """Tell the scheduler that worker ``peer`` died (unless the job failed already), so that it
-        ends the job for every node naming that worker; wait (at most ``REPORT_S``) until its word
-        comes back, which the waits then raise first."""
-        node, transport = self.node, self.node.transport
-        if node.failure is not None or transport is None:
-            return
-        name = f"worker {peer}"
-        body = {"reason": str(err), "node": name}
-        ch = transport.connect(scheduler_endpoint(self.cfg))
-        try:
-            ch.send(wire.Header(op=node_protocol.ABORT, src=node.name, body=body))
-            if not node.live.failed.wait(REPORT_S):
-                say_peer_failed(name)  # for the launcher (the heartbeat thread says it with the abort)
-        finally:
-            ch.close(flush_s=0.0 if node.live.failed.is_set() else 1.0)
-
-    def _fail_peer(self, peer: int, err: LinkError, op: Recv | None) -> None:
+    def _fail(self, err: LinkError, op: Recv | None = None, everyone: bool = True) -> None:
+        """Fail the pending receives from ``err.peer`` (``everyone``: all of them, and the group)."""
         with self._lock:
-            self._gone[peer] = err
-            failed = [o for (p, _), q in self._posted.items() if p == peer for o in q]
-            for key in [k for k in self._posted if k[0] == peer]:
-                del self._posted[key]
-            self._lock.notify_all()
-        for o in [op, *failed]:
-            if o is not None:
-                o.finish(err)
-
-    def _break(self, err: LinkError, op: Recv | None = None) -> None:
-        with self._lock:
-            if self._broken is None:
+            if everyone and self._broken is None:
                 self._broken = err
             self._gone.setdefault(err.peer, err)
-            failed = [o for q in self._posted.values() for o in q]
-            self._posted.clear()
+            keys = [k for k in self._posted if everyone or k[0] == err.peer]
+            failed = [o for k in keys for o in self._posted.pop(k)]
             self._lock.notify_all()
         for o in [op, *failed]:
             if o is not None:
@@ -330,7 +314,7 @@ class NetLinks:
 
     def send(self, peer: int, tag: int, buffer: np.ndarray) -> Done:
         """Post a copy of ``buffer``'s bytes to ``peer``; complete at once."""
-        copy = np.frombuffer(bytes_of(buffer, writable=False), np.uint8).copy()
+        view = bytes_of(buffer, writable=False)
         err = self._check(peer)
         ch = self._chan.get(peer)
         if err is not None:
@@ -339,7 +323,10 @@ class NetLinks:
         if ch is None:
             raise LinkError(f"collective: rank {self._rank} has no channel to rank {peer}", peer)
         try:
-            ch.post(protocol.data(tag), [copy])
+            if ch.caps.frames:
+                ch.post(protocol.data(tag), [np.frombuffer(view, np.uint8).copy()])
+            else:
+                netshm.send(ch, protocol.data(tag, len(view)), view)
         except (ChannelClosed, KVError, OSError) as exc:
             self.node.raise_failure()
             raise self._gone.get(peer) or LinkError(
@@ -378,11 +365,7 @@ class NetLinks:
             return True
 
     def mismatch(self, op: Recv, got: int) -> LinkError:
-        return LinkError(
-            f"collective: rank {op.peer} ({self.where(op.peer)}) sent {got} bytes to rank {self._rank} "
-            f"(tag {op.tag:#x}), which expected {len(op.view)}; the ranks disagree on the operation",
-            op.peer,
-        )
+        return netfail.mismatch(op.peer, self.where(op.peer), self._rank, op.tag, got, len(op.view))
 
     # -- the end -------------------------------------------------------------------------------
 
@@ -401,9 +384,9 @@ class NetLinks:
         self._wake.ring()
         if self._thread is not threading.current_thread():
             self._thread.join()
-        if self._listener is not None:
-            self._poller.remove(self._listener)
-            self._listener.on_accept = None
+        for listener in self._listeners:
+            self._poller.remove(listener)
+            listener.on_accept = None
         for ch in {*chans, *(s for s in self._poller.sources() if isinstance(s, Channel))}:
             ch.close(flush_s=FLUSH_S)
         self._wake.close()

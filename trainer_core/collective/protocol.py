@@ -1,12 +1,15 @@
 """The collectives' own messages between workers (docs/collectives.md, "Over sockets").
 
-They travel in the transport's envelope (``transport.wire``) on the TCP data channels between
-workers, authenticated like every channel:
+They travel in the transport's envelope (``transport.wire``) on the channels between workers
+(the same-host channel between workers of one machine, else the TCP data channel), authenticated
+like every channel:
 
 * ``coll_hello`` (``{"rank": r}``): the first message on a channel, from the rank that connected,
   so that the accepting rank knows whose channel it is;
 * ``coll_data`` (``{"t": tag}``, one frame): one point-to-point message of a collective, matched
-  by (sender, tag) to the receiver's posted receive;
+  by (sender, tag) to the receiver's posted receive; on the same-host channel (headers only)
+  ``{"t": tag, "n": bytes}`` and, unless ``n`` is 0, one descriptor: a memfd holding the bytes
+  (``netshm``);
 * ``coll_bye``: the sender closes the group normally; the channel's end is not a failure.
 
 They carry no entries. ``SCHEMA`` is to be combined with the node layer's (``node.protocol``)
@@ -27,8 +30,9 @@ def hello(rank: int) -> wire.Header:
     return wire.Header(HELLO, body={"rank": rank})
 
 
-def data(tag: int) -> wire.Header:
-    return wire.Header(DATA, body={"t": tag})
+def data(tag: int, nbytes: int | None = None) -> wire.Header:
+    """A data message's header; ``nbytes`` on the same-host channel, whose bytes come in a memfd."""
+    return wire.Header(DATA, body={"t": tag} if nbytes is None else {"t": tag, "n": nbytes})
 
 
 def bye() -> wire.Header:

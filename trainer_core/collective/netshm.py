@@ -1,0 +1,72 @@
+"""The channel between two workers (``open_channel``) and the same-host messages of
+``netlinks.NetLinks``, whose bytes travel in a memfd passed with the header.
+
+The same-host channel (``transport/unix.py``) carries headers only, with descriptors attached
+(SCM_RIGHTS). A ``coll_data`` message on it says how many bytes it carries (``n``); unless that is
+0, one descriptor comes with it: an anonymous file (``memfd``) holding the bytes, which the
+sender writes, sends and closes, and the receiver reads straight into the posted receive (or
+into a copy, when the message came first) and closes. Nothing is left in ``/dev/shm``. The
+sender's ``send`` returns once the kernel holds the message; the receiving thread of every
+worker always reads its channels, so it cannot wait for ever.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from trainer_core.config import NodeConfig
+from trainer_core.errors import KVError
+from trainer_core.node.book import NodeInfo
+from trainer_core.transport import wire
+from trainer_core.transport.channel import Channel, Trace
+from trainer_core.transport.host import machine_identity
+from trainer_core.transport.tcp import TcpChannel
+from trainer_core.transport.unix import UnixChannel
+
+
+def open_channel(info: NodeInfo, cfg: NodeConfig, trace: Trace, log: logging.Logger) -> Channel:
+    """A channel to worker ``info``: the same-host channel where it shares this machine (and
+    ``PS_SHM`` is not 0), else (or if that cannot be connected) its TCP data channel."""
+    if cfg.use_shm and info.local and info.host_key == machine_identity(cfg.env.node_host):
+        try:
+            return UnixChannel.connect(info.local, cfg.secret, trace)
+        except KVError as exc:
+            log.warning("collective: no same-host channel to worker %d (%s); using TCP", info.rank, exc)
+    if not info.data:
+        raise KVError(
+            f"collective: worker {info.rank} publishes no channel to reach it on "
+            "(the TCP data channel is off with PS_ENCRYPT=1)"
+        )
+    return TcpChannel.connect(info.data, cfg.secret, trace)
+
+
+def send(ch: Channel, header: wire.Header, data: memoryview) -> None:
+    """Send ``header`` with ``data`` (bytes) in a fresh memfd (none for no bytes)."""
+    if not len(data):
+        ch.send(header)
+        return
+    fd = os.memfd_create("launchkit-collective", os.MFD_CLOEXEC)
+    try:
+        at = 0
+        while at < len(data):
+            at += os.write(fd, data[at:])
+        ch.send(header, fds=[fd])
+    finally:
+        os.close(fd)
+
+
+def read_into(fd: int, view: memoryview) -> None:
+    """Fill ``view`` from the start of the file ``fd`` (``OSError`` if it is shorter)."""
+    at = 0
+    while at < len(view):
+        n = os.preadv(fd, [view[at:]], at)
+        if n <= 0:
+            raise OSError(f"the message's file holds {at} bytes, not {len(view)}")
+        at += n
+
+
+def read(fd: int, n: int) -> bytes:
+    buf = bytearray(n)
+    read_into(fd, memoryview(buf))
+    return bytes(buf)
