@@ -64,9 +64,12 @@ def join(
     log: logging.Logger | None = None,
     thresholds: Thresholds | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    exit_on_failure: bool = True,
 ) -> JobGroup:
     """Join the job of ``environ`` (default: this process's) as a worker and return its group;
-    ``timeout``: seconds one point-to-point wait lasts at most."""
+    ``timeout``: seconds one point-to-point wait lasts at most; ``exit_on_failure``: a failure of
+    the job that the caller's code does not meet in a collective soon (a long computation) ends
+    the process, as the parameter server's workers do (``Postoffice.exit_on_failure``)."""
     cfg = NodeConfig.from_environ(environ)
     log = log or get_logger(cfg.verbose)
     node = Postoffice.join(cfg, log, SCHEMA)
@@ -76,4 +79,6 @@ def join(
         node.stop()
         node.close_transport()
         raise
+    if exit_on_failure:
+        node.exit_on_failure()
     return JobGroup(node, links, thresholds)
