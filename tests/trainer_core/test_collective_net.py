@@ -162,8 +162,9 @@ def test_a_killed_or_stopped_worker_fails_the_others_collective_naming_it(sig: i
             continue
         (res,) = p.results()
         assert res["error"] is not None, job.outputs()
-        # the worker that saw it first told the scheduler, which ended the job naming it
-        assert res["node"] == "worker 2", res
+        # the worker that saw it first told the scheduler, which ended the job naming it; the
+        # scheduler's word is raised when it came back within 1 s (else the link's own error)
+        assert res["node"] in ("worker 2", "rank 2"), res
         assert said in res["error"], res
         assert res["at"] - killed[0] < bound, res
     assert job.codes()["scheduler 0"] == 1
