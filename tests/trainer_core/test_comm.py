@@ -8,7 +8,8 @@ import pytest
 from tests.trainer_core.test_learners import FakeKV, run_workers
 from trainer_core import kv as kvstore
 from trainer_core.optim.local import get_learner
-from trainer_core.train.comm import Communicator, WorkerDescriptor, decode_host, encode_host, local_host_id
+from trainer_core.train.comm import KVCommunicator as Communicator
+from trainer_core.train.comm import WorkerDescriptor, decode_host, encode_host, local_host_id
 from trainer_core.train.learners import data_parallel_distributed_learner
 
 

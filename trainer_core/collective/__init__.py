@@ -8,9 +8,22 @@ The algorithms (``algorithms/``) are written against the small point-to-point in
 ``links``; ``fabric`` links N ranks in one process for tests; ``netlinks`` links the worker
 processes of a job over the node layer's sockets, and ``join()`` makes the group of the job's
 workers from the environment (``job``): see docs/collectives.md.
+
+As Horovod's, module-level functions run on the job's default group (``group()``: made by
+``join()`` on first use, held by ``default``, a ``DefaultGroup`` that ``shutdown()`` closes):
+
+>>> from trainer_core import collective
+>>> total = collective.allreduce(grad, op="mean")
+>>> collective.shutdown()                   # every worker, at the end
+
+Each also takes ``group=``: a test may run several groups in one process.
 """
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
 
 from .algorithms.hierarchical import Topology
 from .compressed import ErrorFeedback
@@ -27,6 +40,7 @@ __all__ = [
     "OPS",
     "CollectiveClosed",
     "Ctx",
+    "DefaultGroup",
     "ErrorFeedback",
     "Group",
     "Handle",
@@ -39,9 +53,113 @@ __all__ = [
     "Thresholds",
     "Topology",
     "Work",
+    "allgather",
+    "allgather_async",
+    "allreduce",
+    "allreduce_async",
+    "barrier",
+    "barrier_async",
     "bf16_to_f32",
+    "broadcast",
+    "broadcast_async",
     "choose",
+    "default",
     "f32_to_bf16",
+    "group",
     "join",
+    "reduce_scatter",
+    "reduce_scatter_async",
+    "shutdown",
     "spec_for",
 ]
+
+
+class DefaultGroup:
+    """Holds one default group: made by ``factory`` (``join``) on the first ``get``; ``set``
+    installs one made otherwise; ``close`` closes it, and the next ``get`` joins again."""
+
+    def __init__(self, factory: Callable[[], Group] = join) -> None:
+        self._factory = factory
+        self._group: Group | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Group:
+        with self._lock:
+            if self._group is None:
+                self._group = self._factory()
+            return self._group
+
+    def set(self, group: Group | None) -> Group | None:
+        """Install ``group`` (``None``: forget it, unclosed); the previous one is returned."""
+        with self._lock:
+            old, self._group = self._group, group
+            return old
+
+    def close(self) -> None:
+        """Close the held group (a ``JobGroup`` leaves the job), if any."""
+        old = self.set(None)
+        if old is not None:
+            old.close()
+
+
+#: the process's default group (a convenience: everything below also takes ``group=``)
+default = DefaultGroup()
+
+
+def group() -> Group:
+    """The job's default group, joined from the environment on first use."""
+    return default.get()
+
+
+def shutdown() -> None:
+    """Close the default group (every worker, at the end of the job)."""
+    default.close()
+
+
+def _g(g: Group | None) -> Group:
+    return default.get() if g is None else g
+
+
+def allreduce(array: Any, op: str = "sum", out: Any = None, *, group: Group | None = None) -> Any:
+    """``op`` (sum, mean, max, min) of ``array`` over the group's ranks (``Group.allreduce``)."""
+    return _g(group).allreduce(array, op, out)
+
+
+def allreduce_async(array: Any, op: str = "sum", out: Any = None, *, group: Group | None = None) -> Work:
+    return _g(group).allreduce_async(array, op, out)
+
+
+def broadcast(array: Any, root: int = 0, *, group: Group | None = None) -> Any:
+    """``root``'s ``array`` on every rank."""
+    return _g(group).broadcast(array, root)
+
+
+def broadcast_async(array: Any, root: int = 0, *, group: Group | None = None) -> Work:
+    return _g(group).broadcast_async(array, root)
+
+
+def allgather(array: Any, *, group: Group | None = None) -> Any:
+    """Every rank's ``array`` concatenated along axis 0 in rank order (ragged first axis)."""
+    return _g(group).allgather(array)
+
+
+def allgather_async(array: Any, *, group: Group | None = None) -> Work:
+    return _g(group).allgather_async(array)
+
+
+def reduce_scatter(array: Any, op: str = "sum", *, group: Group | None = None) -> Any:
+    """This rank's rows of the reduction of ``array``."""
+    return _g(group).reduce_scatter(array, op)
+
+
+def reduce_scatter_async(array: Any, op: str = "sum", *, group: Group | None = None) -> Work:
+    return _g(group).reduce_scatter_async(array, op)
+
+
+def barrier(*, group: Group | None = None) -> None:
+    """Wait until every rank of the group reached this point."""
+    _g(group).barrier()
+
+
+def barrier_async(*, group: Group | None = None) -> Work:
+    return _g(group).barrier_async()

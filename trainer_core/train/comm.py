@@ -1,6 +1,12 @@
-"""``Communicator``: CNTK's distributed communicator over a KV store.
+"""``Communicator``: CNTK's distributed communicator, over a KV store or a collective group.
 
->>> comm = Communicator(kv)        # collective: every worker constructs it (hostnames are exchanged)
+``Communicator`` is the protocol the distributed learners run on: CNTK's rank, size, barrier and
+worker table, plus what a learner moves (``declare`` its keys, ``broadcast`` rank 0's values,
+``aggregate``: the sum over the workers, compressed once ``set_compression`` was called).
+``KVCommunicator`` is the parameter server's (this module); ``CollectiveCommunicator`` the
+collectives' (``collcomm``: allreduce among the workers, for jobs with ``-s 0``).
+
+>>> comm = KVCommunicator(kv)      # collective: every worker constructs it (hostnames are exchanged)
 >>> comm.rank(), comm.num_workers(), comm.is_main()
 >>> comm.current_worker().host_id  # WorkerDescriptor(global_rank, host_id)
 >>> comm.barrier()
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -75,8 +81,34 @@ def exchange_hosts(kv: Any, n: int, rank: int, row: np.ndarray) -> np.ndarray:
     return out
 
 
-class Communicator:
-    """Rank, size, barrier and the worker table of a KV-store job (CNTK's ``Communicator``)."""
+class Communicator(Protocol):
+    """What the distributed learners need of a communication path (see the module's text)."""
+
+    def rank(self) -> int: ...
+    def num_workers(self) -> int: ...
+    def is_main(self) -> bool: ...
+    def barrier(self) -> None: ...
+    def workers(self) -> list[WorkerDescriptor]: ...
+    def current_worker(self) -> WorkerDescriptor: ...
+    def finalize(self) -> None: ...
+
+    def declare(self, keys: list[str], values: list[Any]) -> None:
+        """Every worker, once per key, before its first use (the KV store stores rank 0's values)."""
+
+    def broadcast(self, keys: list[str], values: list[Any]) -> None:
+        """Overwrite ``values`` in place with rank 0's values as they were ``declare``d."""
+
+    def aggregate(self, keys: list[str], values: list[Any], out: list[Any]) -> None:
+        """``out[i]`` = the sum of every worker's ``values[i]`` (compressed after ``set_compression``)."""
+
+    def set_compression(self, params: dict[str, Any]) -> None:
+        """Compress what ``aggregate`` sends from now on (``trainer_core.compression`` params),
+        with error feedback."""
+
+
+class KVCommunicator:
+    """The parameter server's ``Communicator``: rank, size, barrier, the worker table and the
+    sums of a KV-store job (``pushpull``)."""
 
     def __init__(self, kv: Any, host_id: str | None = None) -> None:
         self.kv = kv
@@ -115,3 +147,15 @@ class Communicator:
         if not self._finalized:
             self._finalized = True
             self.kv.close()
+
+    def declare(self, keys: list[str], values: list[Any]) -> None:
+        self.kv.init(keys, values)
+
+    def broadcast(self, keys: list[str], values: list[Any]) -> None:
+        self.kv.pull(keys, values)
+
+    def aggregate(self, keys: list[str], values: list[Any], out: list[Any]) -> None:
+        self.kv.pushpull(keys, values, out)
+
+    def set_compression(self, params: dict[str, Any]) -> None:
+        self.kv.set_gradient_compression(params)

@@ -1,16 +1,19 @@
-"""Distributed learners with CNTK's Python names, over the KV store.
+"""Distributed learners with CNTK's Python names, over the KV store or collectives.
 
 Each wraps a local learner from ``optim.local`` (which owns ``params``, a dict of arrays updated
-in place) and a KV store (``kv.create(...)``: ``local`` in one process, ``dist_sync`` or
-``dist_async`` in a launched job). Construction is collective: every worker builds the same
-learner at the same point (it builds a ``Communicator``, then calls ``kv.init``: rank 0's values
-are stored). Then
+in place) and a ``Communicator`` (``train.comm``): ``kv=`` a KV store (``kv.create(...)``:
+``local`` in one process, ``dist_sync`` or ``dist_async`` in a launched job; the parameter
+server's ``KVCommunicator`` is built on it), or ``communicator=`` one built already, e.g. a
+``CollectiveCommunicator`` (allreduce among the workers, no servers; not for the async learner).
+Construction is collective: every worker builds the same learner at the same point (the
+communicator ``declare``s the keys: the KV store stores rank 0's values). Then
 
 >>> dl = data_parallel_distributed_learner(momentum_learner, kv=kv, num_quantization_bits=1)
 >>> dl.update(grads, num_samples)   # one step; every worker calls it in lockstep
 >>> dl.flush()                      # before evaluating: periodic learners aggregate what is pending
 
-Algorithms (``N`` workers, sums are what the KV store returns for a ``pushpull``):
+Algorithms (``N`` workers, sums are what the communicator's ``aggregate`` returns: a KV
+``pushpull``, or an allreduce):
 
 * ``data_parallel_distributed_learner``: every step, ``g = (sum of the workers' gradients) / N``,
   then the local learner's step with ``g``. Each worker pushes its gradient divided by ``N``, so
@@ -50,7 +53,7 @@ from typing import Any
 
 from trainer_core.compression import get_compressor
 from trainer_core.optim.local import Learner, server_optimizer_spec
-from trainer_core.train.comm import Communicator
+from trainer_core.train.comm import Communicator, KVCommunicator
 from trainer_core.xp import array_module
 
 COMPRESSION_BITS = (1, 2, 32)
@@ -67,22 +70,31 @@ def compression_for_bits(bits: int, threshold: float = 0.5) -> dict[str, Any] | 
     return None
 
 
+def communicator_of(kv: Any = None, communicator: Communicator | None = None) -> Communicator:
+    """The communicator to use: ``communicator``, else a ``KVCommunicator`` over ``kv`` (exactly
+    one of the two)."""
+    if (kv is None) == (communicator is None):
+        raise ValueError("a distributed learner takes either kv= (a KV store) or communicator=, not both")
+    return communicator if communicator is not None else KVCommunicator(kv)
+
+
 class DistributedLearner:
-    """Base: the local learner, the KV store, the warm start and the sample count."""
+    """Base: the local learner, the communicator (``comm``: a ``Communicator``, or a KV store),
+    the warm start and the sample count."""
 
     def __init__(
         self,
         learner: Learner,
-        kv: Any,
+        comm: Any,
         distributed_after: int = 0,
         compression: dict[str, Any] | None = None,
         key_prefix: str = "",
-        communicator: Communicator | None = None,
     ) -> None:
         if distributed_after < 0:
             raise ValueError(f"distributed_after must be >= 0, got {distributed_after}")
         self.learner = learner
-        self.kv = kv
+        self._comm: Communicator = comm if hasattr(comm, "aggregate") else KVCommunicator(comm)
+        self.kv: Any = getattr(self._comm, "kv", None)  # the KV store (None on the collective path)
         self.params = learner.params
         self.names = list(self.params)
         self.keys = [f"{key_prefix}{n}" for n in self.names]
@@ -91,19 +103,18 @@ class DistributedLearner:
         self.total_number_of_samples_seen = 0
         self.distributed = False
         self.syncs = 0
-        self._comm = Communicator(kv) if communicator is None else communicator
         self._buf = {n: array_module(p).empty_like(p) for n, p in self.params.items()}
-        kv.init(self.keys, [self.params[n] for n in self.names])
+        self._comm.declare(self.keys, [self.params[n] for n in self.names])
         if self.distributed_after == 0:
             self._start()
 
     # -- public -------------------------------------------------------------------------------
     @property
     def num_workers(self) -> int:
-        return int(self.kv.num_workers)
+        return self._comm.num_workers()
 
     def communicator(self) -> Communicator:
-        """The ``Communicator`` over this learner's KV store (built with the learner)."""
+        """This learner's ``Communicator`` (given, or built with the learner over its KV store)."""
         return self._comm
 
     def payload_bytes_per_sync(self) -> int:
@@ -153,17 +164,17 @@ class DistributedLearner:
     def _start(self) -> None:
         """Make the workers' models identical, then turn on compression / the server optimizer."""
         if self.total_number_of_samples_seen == 0:
-            self.kv.pull(self.keys, [self.params[n] for n in self.names])
+            self._comm.broadcast(self.keys, [self.params[n] for n in self.names])
         else:
             self._average(self.params)
         if self.compression is not None:
-            self.kv.set_gradient_compression(self.compression)
+            self._comm.set_compression(self.compression)
         self.distributed = True
 
     def _average(self, values: dict[str, Any]) -> None:
         """Replace ``values`` (same names as params) in place by their mean over the workers."""
         bufs = [self._buf[n] for n in self.names]
-        self.kv.pushpull(self.keys, [values[n] for n in self.names], bufs)
+        self._comm.aggregate(self.keys, [values[n] for n in self.names], bufs)
         for n in self.names:
             values[n][...] = self._buf[n] / self.num_workers
 
@@ -177,7 +188,7 @@ class DataParallelLearner(DistributedLearner):
     def _step(self, grads: dict[str, Any], num_samples: int) -> bool:
         bufs = [self._buf[n] for n in self.names]
         n = self.num_workers
-        self.kv.pushpull(self.keys, [grads[k] / n for k in self.names], bufs)
+        self._comm.aggregate(self.keys, [grads[k] / n for k in self.names], bufs)
         self.learner.update({k: self._buf[k] for k in self.names})
         self.syncs += 1
         return True
@@ -190,7 +201,7 @@ class BlockMomentumLearner(DistributedLearner):
     def __init__(
         self,
         learner: Learner,
-        kv: Any,
+        comm: Any,
         sync_period: int,
         block_momentum: float,
         block_learning_rate: float = 1.0,
@@ -213,7 +224,7 @@ class BlockMomentumLearner(DistributedLearner):
         xp_of = {n: array_module(p) for n, p in learner.params.items()}
         self.prev = {n: p.copy() for n, p in learner.params.items()}
         self.smoothed = {n: xp_of[n].zeros_like(p) for n, p in learner.params.items()}
-        super().__init__(learner, kv, distributed_after, compression, key_prefix)
+        super().__init__(learner, comm, distributed_after, compression, key_prefix)
 
     def _start(self) -> None:
         super()._start()
@@ -239,7 +250,7 @@ class BlockMomentumLearner(DistributedLearner):
         workers = self.num_workers
         deltas = [(self.prev[n] - self.params[n]) / workers for n in self.names]
         bufs = [self._buf[n] for n in self.names]
-        self.kv.pushpull(self.keys, deltas, bufs)  # the mean delta: values on the deltas' scale
+        self._comm.aggregate(self.keys, deltas, bufs)  # the mean delta: values on the deltas' scale
         eta = self.block_momentum
         gain = (1.0 - eta) * self.block_learning_rate * workers  # times the mean: CNTK's sum
         for n in self.names:
@@ -276,6 +287,10 @@ class AsyncSGDLearner(DistributedLearner):
     """Asynchronous SGD through the parameter server: the servers run the local learner's rule."""
 
     def __init__(self, learner: Learner, kv: Any, distributed_after: int = 0, key_prefix: str = "") -> None:
+        if hasattr(kv, "aggregate"):  # a communicator: only the parameter server's will do
+            kv = getattr(kv, "kv", None)
+        if kv is None:
+            raise ValueError("asynchronous SGD runs on the parameter server: it needs a KV store")
         rescale = 1.0 if "async" in str(kv.type) else 1.0 / int(kv.num_workers)
         self.spec = server_optimizer_spec(learner, rescale)
         super().__init__(learner, kv, distributed_after, None, key_prefix)
@@ -306,9 +321,10 @@ def data_parallel_distributed_learner(
     num_quantization_bits: int = 32,
     use_async_buffered_parameter_update: bool = False,
     *,
-    kv: Any,
+    kv: Any = None,
     threshold: float = 0.5,
     compression: dict[str, Any] | None = None,
+    communicator: Communicator | None = None,
 ) -> DataParallelLearner:
     """Synchronous data-parallel SGD; 1 or 2 bits compress the gradients on the wire (``threshold``
     is the 2-bit quantizer's; ``compression`` overrides the params, e.g. ``{'type': 'topk'}``).
@@ -318,7 +334,7 @@ def data_parallel_distributed_learner(
     params = (
         compression if compression is not None else compression_for_bits(num_quantization_bits, threshold)
     )
-    return DataParallelLearner(learner, kv, distributed_after, params)
+    return DataParallelLearner(learner, communicator_of(kv, communicator), distributed_after, params)
 
 
 def block_momentum_distributed_learner(
@@ -330,11 +346,13 @@ def block_momentum_distributed_learner(
     block_learning_rate: float = 1.0,
     distributed_after: int = 0,
     *,
-    kv: Any,
+    kv: Any = None,
     compression: dict[str, Any] | None = None,
+    communicator: Communicator | None = None,
 ) -> BlockMomentumLearner:
     """BMUF: ``block_size`` samples over all workers per block (``block_size / N`` per worker)."""
-    n = int(kv.num_workers)
+    comm = communicator_of(kv, communicator)
+    n = comm.num_workers()
     if block_size < n:
         raise ValueError(f"block_size ({block_size}) must be at least the number of workers ({n})")
     if block_momentum_as_time_constant is None:
@@ -344,7 +362,7 @@ def block_momentum_distributed_learner(
     else:
         eta = math.exp(-block_size / block_momentum_as_time_constant)
     return BlockMomentumLearner(
-        learner, kv, block_size // n, eta, block_learning_rate, use_nestrov_momentum,
+        learner, comm, block_size // n, eta, block_learning_rate, use_nestrov_momentum,
         reset_sgd_momentum_after_aggregation, distributed_after, compression,
     )  # fmt: skip
 
@@ -361,13 +379,15 @@ def model_averaging_distributed_learner(
     sync_period: int,
     distributed_after: int = 0,
     *,
-    kv: Any,
+    kv: Any = None,
     compression: dict[str, Any] | None = None,
+    communicator: Communicator | None = None,
 ) -> BlockMomentumLearner:
     """Model averaging every ``sync_period`` samples per worker (CNTK BrainScript's ``syncPeriod``)."""
-    n = int(kv.num_workers)
+    comm = communicator_of(kv, communicator)
+    n = comm.num_workers()
     return BlockMomentumLearner(
-        learner, kv, sync_period, 0.0, 1.0 / n, False, False, distributed_after, compression
+        learner, comm, sync_period, 0.0, 1.0 / n, False, False, distributed_after, compression
     )
 
 
