@@ -4,6 +4,7 @@
     launchkit launch -n 4 -s 2 --launcher local python examples/train_digits.py --compression 1bit
     launchkit launch -n 4 -s 2 --launcher local python examples/train_digits.py --learner block_momentum
     launchkit launch -n 4 -s 2 --launcher local python examples/train_digits.py --learner async
+    launchkit launch -n 4 -s 0 --launcher local python examples/train_digits.py --comm allreduce
 
 Every role runs this same script: with ``DMLC_ROLE=scheduler`` or ``server`` the
 ``import trainer_core`` below runs that role and exits when the job ends (as MXNet does).
@@ -19,9 +20,15 @@ Workers each train on their own shard (``SplitSampler``) through a distributed l
 * ``async``: asynchronous SGD, the servers apply each worker's gradients at once (``dist_async``;
   every push is an update, so the default learning rate is divided by the number of workers).
 
+``--comm allreduce`` (a job without servers, ``-s 0``) sums on the workers instead: allreduce
+among them (``trainer_core.collective.group()`` and the learners' ``CollectiveCommunicator``;
+``--compression 1bit|2bit`` through the compressed allreduce with error feedback); every learner
+but ``async`` (whose rule runs on the servers).
+
 Rank 0 prints the loss and the test accuracy after every epoch, and at the end the bytes one
 worker put on the wire per step. ``--checkpoint PATH`` (a ``.npz``) is written by rank 0 after
-every epoch; with ``--resume`` a run continues from it.
+every epoch; with ``--resume`` a run continues from it (``--comm allreduce``: the parameters and
+the learner's state; the compressed allreduce's residuals start again from zero).
 """
 
 from __future__ import annotations
@@ -34,10 +41,12 @@ from typing import Any
 import numpy as np
 
 import trainer_core  # noqa: F401  (runs the scheduler / server roles)
+from trainer_core import collective, metrics
 from trainer_core import kv as kvstore
-from trainer_core import metrics
 from trainer_core.optim.local import get_learner
 from trainer_core.train import checkpoint
+from trainer_core.train.collcomm import CollectiveCommunicator
+from trainer_core.train.comm import Communicator, KVCommunicator
 from trainer_core.train.data import SplitSampler
 from trainer_core.train.learners import (
     DistributedLearner,
@@ -86,6 +95,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--checkpoint", default=None, help="a .npz file rank 0 writes after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
     p.add_argument("--kvstore", default=None, help="dist_sync (dist_async for --learner async), or local")
+    p.add_argument("--comm", default="ps", choices=["ps", "allreduce"], help="sum through the parameter servers, or allreduce among the workers (-s 0)")  # fmt: skip
     return p.parse_args()
 
 
@@ -111,21 +121,34 @@ def compression_params(args: argparse.Namespace, workers: int) -> dict[str, Any]
     return dict(params)
 
 
-def make_learner(args: argparse.Namespace, kv: Any, model: MLP) -> DistributedLearner:
+def connect(args: argparse.Namespace) -> tuple[Any, Communicator]:
+    """The KV store (``None`` with ``--comm allreduce``) and the learners' communicator."""
+    if args.comm == "allreduce":
+        if args.learner == "async":
+            raise SystemExit("--learner async runs its rule on the parameter servers: use --comm ps")
+        return None, CollectiveCommunicator(collective.group())
+    kv = kvstore.create(args.kvstore or ("dist_async" if args.learner == "async" else "dist_sync"))
+    return kv, KVCommunicator(kv)
+
+
+def make_learner(args: argparse.Namespace, kv: Any, comm: Communicator, model: MLP) -> DistributedLearner:
     kw = {"momentum": 0.9} if args.optimizer in ("momentum", "nesterov") else {}
     local = get_learner(args.optimizer, model.params, lr=args.lr_used, **kw)
-    comp = compression_params(args, kv.num_workers)
+    workers = comm.num_workers()
+    comp = compression_params(args, workers)
     if args.learner == "data_parallel":
-        return data_parallel_distributed_learner(local, args.distributed_after, kv=kv, compression=comp)
+        return data_parallel_distributed_learner(
+            local, args.distributed_after, communicator=comm, compression=comp
+        )
     if args.learner == "block_momentum":
-        block = args.block_size or 2 * args.batch_size * kv.num_workers
+        block = args.block_size or 2 * args.batch_size * workers
         return block_momentum_distributed_learner(
-            local, block, distributed_after=args.distributed_after, kv=kv, compression=comp
+            local, block, distributed_after=args.distributed_after, communicator=comm, compression=comp
         )
     if args.learner == "model_averaging":
         period = args.sync_period or 4 * args.batch_size
         return model_averaging_distributed_learner(
-            local, period, args.distributed_after, kv=kv, compression=comp
+            local, period, args.distributed_after, communicator=comm, compression=comp
         )
     if comp is not None:
         raise SystemExit(
@@ -136,7 +159,7 @@ def make_learner(args: argparse.Namespace, kv: Any, model: MLP) -> DistributedLe
 
 def wire_counters(kv: Any) -> dict[str, int] | None:
     """The KV store's byte counters (``wire_stats``), when it keeps them."""
-    stats = getattr(kv, "wire_stats", None)
+    stats = getattr(kv, "wire_stats", None) if kv is not None else None
     return dict(stats()) if callable(stats) else None
 
 
@@ -144,23 +167,40 @@ def wire_bytes_per_step(
     kv: Any, learner: DistributedLearner, steps: int, before: dict[str, int] | None
 ) -> tuple[float, str]:
     """Bytes this worker put on the wire per training step (pushed plus pulled payloads): measured
-    by the KV store since ``before`` when it counts them, else the compressors' payload sizes."""
+    by the KV store since ``before`` when it counts them, else the compressors' payload sizes (an
+    allreduce's ring sends and receives ``2 (N-1)/N`` of them)."""
     now = wire_counters(kv)
     if now is not None and before is not None:
         moved = now["sent"] + now["received"] - before["sent"] - before["received"]
         return moved / max(1, steps), "measured"
-    return learner.syncs * learner.payload_bytes_per_sync() / max(1, steps), "payload"
+    n = learner.num_workers
+    share, how = (2 * (n - 1) / n, "allreduce payload") if kv is None else (1.0, "payload")
+    return share * learner.syncs * learner.payload_bytes_per_sync() / max(1, steps), how
 
 
 def save_checkpoint(
-    args: argparse.Namespace, kv: Any, model: MLP, learner: DistributedLearner, epoch: int, step: int
+    args: argparse.Namespace,
+    kv: Any,
+    comm: Communicator,
+    model: MLP,
+    learner: DistributedLearner,
+    epoch: int,
+    step: int,
 ) -> None:
     """Every worker takes part (fetching the servers' state is collective). Every other worker
     first writes its own push residuals next to the checkpoint; then (past the barrier that
     fetching the servers' state begins with) rank 0 writes the parameters, learner state, servers'
     state (optimizer slots, pull residuals) and its own push residuals. A job killed in between
-    resumes from rank 0's previous checkpoint, whose step the worker files still hold."""
-    comp = compression_params(args, kv.num_workers)
+    resumes from rank 0's previous checkpoint, whose step the worker files still hold. Without a
+    KV store (``--comm allreduce``) rank 0 writes the parameters and the learner's state."""
+    comp = compression_params(args, comm.num_workers())
+    if kv is None:
+        if comm.is_main():
+            checkpoint.save(
+                args.checkpoint, params=model.params, learner=learner, step=step, epoch=epoch,
+                compression=comp, extra={"learner": args.learner, "comm": args.comm},
+            )  # fmt: skip
+        return
     state = getattr(kv, "compression_state", None)
     residuals = state() if comp is not None and callable(state) else None
     if kv.rank != 0 and residuals:
@@ -175,9 +215,8 @@ def save_checkpoint(
 
 def main() -> None:
     args = parse_args()
-    kv_type = args.kvstore or ("dist_async" if args.learner == "async" else "dist_sync")
-    kv = kvstore.create(kv_type)
-    rank, workers = kv.rank, kv.num_workers
+    kv, comm = connect(args)
+    rank, workers = comm.rank(), comm.num_workers()
     args.lr_used = args.lr if args.lr is not None else 0.03 / (workers if args.learner == "async" else 1)
     x_train, y_train, x_test, y_test = load_digits(args.seed)
     steps = (len(x_train) // workers) // args.batch_size  # the same on every worker (sync rounds)
@@ -190,14 +229,16 @@ def main() -> None:
     if args.resume and args.checkpoint and os.path.exists(args.checkpoint):
         ck = checkpoint.load(args.checkpoint)
         checkpoint.restore_params(model.params, ck)
-    learner = make_learner(args, kv, model)
-    if ck is not None:
+    learner = make_learner(args, kv, comm, model)
+    if ck is not None and kv is not None:
         checkpoint.restore_learner(learner, ck)
         checkpoint.restore_server(kv, ck)  # collective: every worker, after the learner's init
         load_residuals = getattr(kv, "load_compression_state", None)
         if ck.compression is not None and callable(load_residuals):
             mine = ck.residuals if rank == 0 else checkpoint.load_worker(args.checkpoint, rank, step=ck.step)
             load_residuals(mine)
+    elif ck is not None:
+        checkpoint.restore_learner(learner, ck)
     start_epoch = ck.epoch if ck is not None else 0
 
     sampler = SplitSampler(len(x_train), workers, rank, seed=args.seed)
@@ -228,7 +269,7 @@ def main() -> None:
             dist_steps += learner.distributed
         learner.flush()
         if args.checkpoint:
-            save_checkpoint(args, kv, model, learner, epoch + 1, (epoch + 1) * steps)
+            save_checkpoint(args, kv, comm, model, learner, epoch + 1, (epoch + 1) * steps)
         if main_rank:
             acc = model.accuracy(x_test, y_test)
             metrics.report(epoch=epoch + 1, accuracy=acc)
@@ -239,8 +280,8 @@ def main() -> None:
         raw = 2 * 4 * model.num_parameters()
         print(f"wire: {per_step:.0f} bytes per step per worker ({how}; 32-bit push+pull {raw}, "
               f"{raw / max(per_step, 1e-9):.1f}x less)", flush=True)  # fmt: skip
-    kv.barrier()
-    kv.close()
+    comm.barrier()
+    comm.finalize()  # closes the KV store, or the group (every worker leaves the job)
 
 
 if __name__ == "__main__":

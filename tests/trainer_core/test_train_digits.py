@@ -1,5 +1,6 @@
 """End to end: ``launchkit launch -n 2 -s 1 --launcher local python examples/train_digits.py``
-with real processes (scheduler, server, workers), checking the test accuracy rank 0 prints.
+with real processes (scheduler, server, workers), checking the test accuracy rank 0 prints; and
+``-s 0 ... --comm allreduce`` (no servers: the workers allreduce) against the servers' accuracy.
 
 Each run carries a unique marker in its environment (``--env``); afterwards no process with that
 marker may be left (every process the test started is gone).
@@ -38,11 +39,11 @@ def marked_processes(marker: str) -> list[int]:
     return found
 
 
-def launch(*args: str, workers: int = 2, timeout: float = 60) -> str:
+def launch(*args: str, workers: int = 2, servers: int = 1, timeout: float = 60) -> str:
     """Run the example under the launcher; the combined output (asserts success and no leftovers)."""
     marker = f"TRAIN_DIGITS_TEST={uuid.uuid4().hex}"
     cmd = [
-        sys.executable, "-m", "launchkit", "launch", "-n", str(workers), "-s", "1", "--launcher", "local",
+        sys.executable, "-m", "launchkit", "launch", "-n", str(workers), "-s", str(servers), "--launcher", "local",
         "--env", marker.replace("=", ":"), sys.executable, "examples/train_digits.py", *args,
     ]  # fmt: skip
     proc = subprocess.Popen(
@@ -122,3 +123,20 @@ def test_one_bit_data_parallel_reaches_90_percent_with_32x_fewer_bytes() -> None
     m = WIRE.search(out)
     raw = 2 * 4 * (64 * 128 + 128 + 128 * 10 + 10)
     assert m and "measured" in out and raw / int(m.group(1)) > 28, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(("compression", "epochs"), [("none", 5), ("1bit", 10)])
+def test_allreduce_without_servers_reaches_the_parameter_servers_accuracy(
+    compression: str, epochs: int
+) -> None:
+    opts = ("--epochs", str(epochs), "--hidden", "64", "--compression", compression)
+    ps = accuracies(launch(*opts))
+    out = launch("--comm", "allreduce", *opts, servers=0)
+    assert "0 servers, 2 workers" in out, out
+    acc = accuracies(out)
+    assert len(acc) == epochs and acc[-1] >= ps[-1] - 0.5 and acc[-1] >= 88.0, (ps, out)
+    m = WIRE.search(out)
+    raw = 2 * 4 * (64 * 64 + 64 + 64 * 10 + 10)
+    assert m and raw / int(m.group(1)) > (28 if compression == "1bit" else 0.99), out
