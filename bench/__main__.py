@@ -11,7 +11,7 @@ the ``<!-- bench:NAME -->`` markers of docs/performance.md and the plots in docs
 | kv | trainer_core push+pull / pushpull vs MXNet 1.9.1 dist_sync vs raw pyzmq | |
 | kv_netns | the same across three namespace hosts, 5 alternating runs | root |
 | compression | trainer_core's compression kernels vs MXNet's 2-bit quantizer vs memcpy | |
-| allreduce | trainer_core pushpull vs torch.distributed gloo all_reduce | |
+| allreduce | trainer_core collective allreduce (default choice, ring, doubling) vs torch gloo all_reduce vs Open MPI MPI_Allreduce (mpi4py) vs trainer_core pushpull | mpirun, libopenmpi-dev (for mpi4py) |
 | launch | launchkit over ssh vs one ssh at a time, 3 and 12 hosts | root (namespace hosts) |
 | startup | launchkit + trainer_core vs MXNet's launch.py + MXNet: start to every worker's first KV call, W=8/S=8 | |
 | output | 200,000 lines from 2 and 8 processes, run directly vs under launchkit, local and over ssh (loopback sshd) | root (ssh rows) |

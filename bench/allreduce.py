@@ -1,12 +1,19 @@
-"""Allreduce-equivalent: summing one float32 array over W worker processes on this machine,
-trainer_core's parameter server (``pushpull``: push the array, pull the sum, one round trip)
-beside ``torch.distributed`` with the gloo backend on CPU (``all_reduce``).
+"""Allreduce: summing one float32 array over W worker processes on this machine, side by side in
+one run: trainer_core's collective allreduce (``collective.join()`` in a ``-s 0`` job; its default
+algorithm choice, and ring and recursive doubling each forced), ``torch.distributed`` with the
+gloo backend on CPU (``all_reduce``), Open MPI's ``MPI_Allreduce`` through mpi4py, and
+trainer_core's parameter server (``pushpull``: push the array, pull the sum, one round trip).
 
-    python bench/allreduce.py [--workers 2 4] [--sizes 1e3 1e5 1e6 1e7] [--json OUT]
+    python bench/allreduce.py [--workers 2 4] [--sizes 1e3 1e4 1e5 1e6 1e7] [--reps 30] [--json OUT]
 
-Both sides are launched with ``launchkit launch --launcher local``; torch runs in its own
-virtual environment ``.venv-torch`` (``pip install torch==2.13.0``, the CPU wheel), created on
-first use. Prints a Markdown table of median milliseconds per operation and their ratio.
+trainer_core and torch are launched with ``launchkit launch --launcher local`` (the parameter
+server with 2 servers), Open MPI with ``mpirun --allow-run-as-root --oversubscribe --bind-to none
+-n W``. torch and mpi4py run in their own virtual environment ``.venv-torch`` (``pip install
+torch==2.13.0``, the CPU wheel; ``pip install mpi4py``, built against the system's Open MPI:
+needs ``libopenmpi-dev``), created on first use; without ``mpirun`` or mpi4py the MPI column says
+n/a. Every peer times the same thing alike (bench/allreduce_workers.py): warm-up operations,
+then the median of back-to-back operations on rank 0. Prints a Markdown table of median
+milliseconds per operation and the ratios trainer_core / gloo and trainer_core / MPI.
 """
 
 from __future__ import annotations
@@ -20,73 +27,45 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import allreduce_workers as programs
+from bench.mpi_peer import mpi_python, mpirun_argv
 from bench.peers import torch_python
 
 ROOT = Path(__file__).resolve().parents[1]
-
-TC_WORKER = r"""
-import json, os, sys, time
-import numpy as np
-import trainer_core
-from trainer_core import kv as kvs
-sizes, reps = [int(float(s)) for s in sys.argv[1].split(",")], int(sys.argv[2])
-kv = kvs.create("dist_sync")
-out = {}
-for n in sizes:
-    x = np.ones(n, np.float32)
-    y = np.empty_like(x)
-    kv.init(f"k{n}", np.zeros(n, np.float32))
-    times = []
-    for i in range(reps + 2):
-        t = time.perf_counter()
-        kv.pushpull(f"k{n}", x, y)
-        times.append(time.perf_counter() - t)
-    assert float(y[0]) == kv.num_workers, y[0]
-    out[n] = sorted(times[2:])[len(times[2:]) // 2]
-if kv.rank == 0:
-    print("RESULT " + json.dumps(out), flush=True)
-kv.close()
-"""
-
-TORCH_WORKER = r"""
-import json, os, sys, time
-if os.environ.get("DMLC_ROLE") != "worker":
-    sys.exit(0)
-import torch, torch.distributed as dist
-sizes, reps, port = [int(float(s)) for s in sys.argv[1].split(",")], int(sys.argv[2]), sys.argv[3]
-rank, world = int(os.environ["LAUNCHKIT_ROLE_RANK"]), int(os.environ["DMLC_NUM_WORKER"])
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-torch.set_num_threads(1)
-out = {}
-for n in sizes:
-    x = torch.ones(n, dtype=torch.float32)
-    times = []
-    for i in range(reps + 2):
-        x.fill_(1.0)
-        t = time.perf_counter()
-        dist.all_reduce(x)
-        times.append(time.perf_counter() - t)
-    assert float(x[0]) == world
-    out[n] = sorted(times[2:])[len(times[2:]) // 2]
-if rank == 0:
-    print("RESULT " + json.dumps(out), flush=True)
-dist.destroy_process_group()
-"""
+WARMUP = 10
+Result = dict[str, object]
 
 
-def launch(workers: int, servers: int, python: str, script: str, args: list[str]) -> dict[str, float]:
+def _result(res: subprocess.CompletedProcess[str], what: str) -> Result:
+    for line in res.stdout.splitlines():
+        if "RESULT " in line:
+            out: Result = json.loads(line.split("RESULT ", 1)[1])
+            return out
+    raise RuntimeError(f"{what}: no result (exit {res.returncode}): {res.stderr[-2000:]}{res.stdout[-1000:]}")
+
+
+def _run(argv_of: list[str], script: str, what: str, env: dict[str, str] | None = None) -> Result:
+    """Run ``argv_of + [script file]`` plus the program's arguments (after the ``{script}``
+    placeholder) and return rank 0's result."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(script)
     try:
-        argv = [sys.executable, "-m", "launchkit", "launch", "-n", str(workers), "-s", str(servers), "--launcher",
-                "local", python, f.name, *args]  # fmt: skip
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
+        argv = [f.name if a == "{script}" else a for a in argv_of]
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     finally:
         os.unlink(f.name)
-    for line in res.stdout.splitlines():
-        if "RESULT " in line:
-            return {k: float(v) for k, v in json.loads(line.split("RESULT ", 1)[1]).items()}
-    raise RuntimeError(f"no result (exit {res.returncode}): {res.stderr[-2000:]}")
+    return _result(res, what)
+
+
+def launch(workers: int, servers: int, python: str, script: str, args: list[str], what: str) -> Result:
+    argv = [sys.executable, "-m", "launchkit", "launch", "-n", str(workers), "-s", str(servers), "--launcher",
+            "local", python, "{script}", *args]  # fmt: skip
+    return _run(argv, script, what)
+
+
+def mpirun(workers: int, python: str, args: list[str]) -> Result:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "LAUNCHKIT_", "PS_"))}
+    return _run(mpirun_argv(workers, python, "{script}", args), programs.MPI_ALLREDUCE, "Open MPI", env)
 
 
 def free_port() -> int:
@@ -97,39 +76,79 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(workers_list: list[int], sizes: list[str], reps: int) -> list[dict[str, object]]:
-    tpy = torch_python()
-    rows = []
+def run(workers_list: list[int], sizes: list[str], reps: int) -> tuple[list[Result], str | None]:
+    """The rows (one per W and size) and Open MPI's library version (None: not measured)."""
+    tpy, mpy = torch_python(), mpi_python()
+    spec = [",".join(sizes), str(reps), str(WARMUP)]
+    rows: list[Result] = []
+    library = None
     for w in workers_list:
-        tc = launch(w, 2, sys.executable, TC_WORKER, [",".join(sizes), str(reps)])
-        th = launch(w, 0, tpy, TORCH_WORKER, [",".join(sizes), str(reps), str(free_port())])
-        for n in tc:
+        tc = launch(w, 0, sys.executable, programs.TC_COLLECTIVE, spec, "trainer_core allreduce")
+        gloo = launch(w, 0, tpy, programs.TORCH_GLOO, [*spec, str(free_port())], "torch gloo")
+        mpi = mpirun(w, mpy, spec) if mpy else {}
+        pp = launch(w, 2, sys.executable, programs.TC_PUSHPULL, spec, "trainer_core pushpull")
+        library = str(mpi["library"]) if mpi else None
+        for s in sizes:
+            n = int(float(s))
             rows.append(
-                {"workers": w, "size": int(n), "trainer_core_ms": tc[n] * 1e3, "torch_gloo_ms": th[n] * 1e3}
+                {
+                    "workers": w,
+                    "size": n,
+                    "trainer_core_ms": _ms_of(tc, "default", n),
+                    "algorithm": tc.get(f"algorithm/{n}"),
+                    "ring_ms": _ms_of(tc, "ring", n),
+                    "doubling_ms": _ms_of(tc, "doubling", n),
+                    "torch_gloo_ms": _ms_of(gloo, "gloo", n),
+                    "mpi_ms": _ms_of(mpi, "mpi", n),
+                    "pushpull_ms": _ms_of(pp, "pushpull", n),
+                }
             )
-    return rows
+    return rows, library
 
 
-def table(rows: list[dict[str, object]]) -> str:
+def _ms_of(res: Result, key: str, n: int) -> float | None:
+    v = res.get(f"{key}/{n}")
+    return None if v is None else float(v) * 1e3  # type: ignore[arg-type]
+
+
+def _ms(v: object) -> str:
+    return "n/a" if v is None else f"{float(v):.3f}"  # type: ignore[arg-type]
+
+
+def _ratio(a: object, b: object) -> str:
+    return "n/a" if a is None or b is None else f"{float(a) / float(b):.2f}x"  # type: ignore[arg-type]
+
+
+def table(rows: list[Result], library: str | None) -> str:
+    algo = {"recursive_doubling": "doubling", "ring": "ring", "hierarchical": "hierarchical"}
     lines = [
-        "| workers | float32 elements | trainer_core pushpull (ms) | torch gloo all_reduce (ms) | trainer_core / gloo |",
-        "|---|---|---|---|---|",
+        f"# median ms per allreduce of a float32 array on one host (rank 0); {library or 'Open MPI not measured'}",
+        f"# {os.cpu_count()} cores here: W above that is oversubscribed, for every peer alike",
+        "",
+        "| W | float32 elements | trainer_core allreduce (ms) [chose] | tc ring forced | tc doubling forced "
+        "| torch gloo all_reduce | Open MPI MPI_Allreduce | tc pushpull (-s 2) | tc / gloo | tc / MPI |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        tc, th = float(r["trainer_core_ms"]), float(r["torch_gloo_ms"])  # type: ignore[arg-type]
-        lines.append(f"| {r['workers']} | {int(r['size']):.0e} | {tc:.3f} | {th:.3f} | {tc / th:.2f}x |")  # type: ignore[call-overload]
+        tc, gloo, mpi = r["trainer_core_ms"], r["torch_gloo_ms"], r["mpi_ms"]
+        chose = algo.get(str(r["algorithm"]), str(r["algorithm"]))
+        lines.append(
+            f"| {r['workers']} | {int(r['size']):.0e} | {_ms(tc)} [{chose}] | {_ms(r['ring_ms'])} "  # type: ignore[call-overload]
+            f"| {_ms(r['doubling_ms'])} | {_ms(gloo)} | {_ms(mpi)} | {_ms(r['pushpull_ms'])} "
+            f"| {_ratio(tc, gloo)} | {_ratio(tc, mpi)} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--sizes", nargs="+", default=["1e3", "1e5", "1e6", "1e7"])
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--sizes", nargs="+", default=["1e3", "1e4", "1e5", "1e6", "1e7"])
+    ap.add_argument("--reps", type=int, default=30, help="timed operations per size (5x that up to 1e5)")
     ap.add_argument("--json", help="also write the rows as JSON here")
     args = ap.parse_args()
-    rows = run(args.workers, args.sizes, args.reps)
-    print(table(rows))
+    rows, library = run(args.workers, args.sizes, args.reps)
+    print(table(rows, library))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
