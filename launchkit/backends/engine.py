@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
@@ -30,8 +31,8 @@ from launchkit.hostside import shim
 ENGINE_TAIL = 20
 #: How long an exit caused by the engine's own teardown waits for a real failure to be seen first.
 TEARDOWN_HOLD = 1.0
-#: How long an engine process may stay once every task has reported its end.
-ENGINE_LINGER = 1.0
+#: How long an engine process may stay once every task has reported its end (in a teardown).
+ENGINE_LINGER, TEARDOWN_LINGER = 1.0, 0.2
 Feed = Callable[[bytes], None]
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -168,11 +169,13 @@ class EngineProcess:
         self._lines = shim.Reassembler()
         self._ends = 0
         self._code: int | None = None
+        self.last_output = 0.0  # time.monotonic() of its last output line from the engine
         self._done = threading.Event()
         self._lock = threading.Lock()
 
     # fed by the backend's demultiplexer (reader threads)
     def output(self, frame: shim.Frame) -> None:
+        self.last_output = time.monotonic()
         with self._lock:
             data = self._lines.line(frame)
             if data is None:
@@ -183,10 +186,11 @@ class EngineProcess:
                 with contextlib.suppress(OSError):
                     os.write(fd, line)
 
-    def ended(self, code: int, stopped: bool) -> None:
-        """One of the shim's two end marks (one per stream); the second one ends the task."""
+    def ended(self, code: int, stopped: bool, whole: bool = False) -> None:
+        """One of the shim's two end marks (one per stream); the second one ends the task. ``whole``:
+        the mark read beside the engine's stream (which stopped passing this task's on) ends it."""
         with self._lock:
-            self._ends += 1
+            self._ends = 2 if whole else self._ends + 1
             self._code = code
             if self._ends < 2:
                 return
@@ -344,9 +348,10 @@ class EngineBackend(Backend):
             return
         if all(p.finished for p in self.procs.values()) and not self._engine_ended.is_set():
             # every task reported its end: the engine has only itself to end. Open MPI's mpirun
-            # sometimes never does when a signal it forwards meets a rank's exit (seen: about 1 run
-            # in 2 when the failed rank's end and the stop come together), so it gets a bound
-            if self._engine_ended.wait(min(timeout, ENGINE_LINGER)):
+            # sometimes never does when a signal it forwards meets a rank's exit, and waits out
+            # odls_base_sigkill_timeout when it ends the job itself: it gets a bound
+            linger = TEARDOWN_LINGER if self.tearing_down else ENGINE_LINGER
+            if self._engine_ended.wait(min(timeout, linger)):
                 return
             self.run.finish()
         self._engine_ended.wait(timeout)
@@ -360,10 +365,8 @@ class EngineBackend(Backend):
         elif lost:
             why = self.engine_end_message(code)
             lines = [why, *self.engine_tail] if why else list(self.engine_tail)
-            first = True
-            for p in lost:
-                p.lost(code or 1, lines if first else [])
-                first = False
+            for i, p in enumerate(lost):
+                p.lost(code or 1, [] if i else lines)
 
     def scheduler_summary(self, root_uri: str, port: int) -> str:
         if self.finds_scheduler_address() and not root_uri:

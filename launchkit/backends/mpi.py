@@ -19,6 +19,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +100,7 @@ class MpiOptions:
     python: str = sys.executable
     local: bool = False  # no hostfile: every rank on this machine
     grace: float = 5.0  # --grace-period: how long a rank may take to end after SIGTERM
+    ends: str | None = None  # the launcher's directory for the shims' end marks (LAUNCHKIT_SHIM_ENDS)
 
 
 def mpi_env(plan: Plan, opts: MpiOptions) -> dict[str, str]:
@@ -106,6 +110,8 @@ def mpi_env(plan: Plan, opts: MpiOptions) -> dict[str, str]:
     env = engine_env(plan, rank_order(plan), opts.grace)
     if opts.flavor == "openmpi":
         env[shim.NOTIFY_VAR] = "1"
+    if opts.ends:
+        env[shim.ENDS_VAR] = opts.ends
     return env
 
 
@@ -121,6 +127,10 @@ NOISE = re.compile(r"^mpirun: Forwarding signal \d+ to job$")
 #: two lines that always follow it
 HYDRA_ECHO = re.compile(r"^YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Terminated \(signal 15\)$")
 HYDRA_ECHO_REST = 2
+#: How often the launcher looks for the shims' end marks in its directory, and how long a mark
+#: there waits for the same mark in mpirun's stream (with the task's last lines, so counted from
+#: the last line mpirun passed on) in a teardown, and else
+ENDS_POLL, ENDS_HOLD, ENDS_HOLD_RUNNING = 0.05, 0.3, 2.0
 
 
 def render(plan: Plan, opts: MpiOptions, ssh: SshOptions) -> list[str]:
@@ -186,6 +196,15 @@ def signal_shim_of(command_pid: int, sig: int) -> None:
             os.kill(ppid, sig)
 
 
+def end_mark(data: bytes) -> tuple[int, bool] | None:
+    """(code, stopped) from a shim's end mark (``shim.end_marks``); None for anything else."""
+    frame = shim.parse_frame(data)
+    fields = frame.fields() if frame is not None and frame.kind == "x" else []
+    if not fields or not fields[0].isdigit():
+        return None
+    return int(fields[0]), fields[1:2] == ["1"]
+
+
 def root_note(flavor: str) -> str | None:
     if flavor == "openmpi" and os.geteuid() == 0:
         return "running as root: --allow-run-as-root added (Open MPI refuses root without it)"
@@ -240,6 +259,7 @@ class MpiBackend(EngineBackend):
         self._flavor: str | None = None
         self._echo_left = 0  # lines of Hydra's farewell still to drop
         self.hosts: tuple[Host, ...] = ()
+        self.ends: str | None = None  # see watch_ends
 
     def connect(self, spec: LaunchSpec) -> str | None:
         """Refuse what mpirun's host and ssh syntax cannot carry, before anything starts."""
@@ -312,8 +332,33 @@ class MpiBackend(EngineBackend):
             return True
         return False
 
+    def watch_ends(self, where: str) -> None:
+        """Tasks end from the marks their shims left in ``where`` (``shim.end_marks``) when mpirun's
+        stream has not brought them: mpirun stops passing output on while it ends the job itself
+        (once it sees a rank killed by a signal) and then waits out odls_base_sigkill_timeout."""
+        seen: dict[int, float] = {}
+        while os.path.isdir(where) and not self._engine_ended.wait(ENDS_POLL):
+            hold = ENDS_HOLD if self.tearing_down else ENDS_HOLD_RUNNING
+            with contextlib.suppress(OSError):
+                for name in filter(str.isdigit, os.listdir(where)):
+                    proc = self.procs.get(int(name))
+                    if proc is None or proc.finished:
+                        continue
+                    end = end_mark(Path(where, name).read_bytes())
+                    since = max(seen.setdefault(int(name), time.monotonic()), proc.last_output)
+                    if end and time.monotonic() - since >= hold:
+                        proc.ended(*end, whole=True)
+        shutil.rmtree(where, ignore_errors=True)
+
+    def close(self) -> None:
+        super().close()
+        if self.ends:
+            shutil.rmtree(self.ends, ignore_errors=True)
+
     def make_run(self, plan: Plan) -> EngineRun:
-        opts = self.options(plan)
+        self.ends = tempfile.mkdtemp(prefix="launchkit-ends-")
+        threading.Thread(target=self.watch_ends, args=(self.ends,), daemon=True).start()
+        opts = dataclasses.replace(self.options(plan), ends=self.ends)
         argv = render(plan, opts, self.ssh)
         env = merge_env(os.environ, mpi_env(plan, opts))
         return PopenRun(argv, env, rank_order(plan)[0].cwd, stop_signal(opts.flavor))

@@ -13,9 +13,9 @@ stream back into processes:
                                       was told to stop it (engine teardown), else 0
 
 ``<task>`` is the task's index in the plan. Lines longer than ``CHUNK`` (900) bytes are cut into
-several framed pieces. The shim exits with the command's code, so the engine sees failures too.
-Signals (TERM, INT, HUP) go to the command's process group; if the engine's daemon that started
-the shim goes away, the shim ends the command itself. It needs nothing but the standard library and launchkit.
+several framed pieces. The end mark also goes to ``$LAUNCHKIT_SHIM_ENDS/<task>`` (``end_marks``).
+The shim exits with the command's code. Signals (TERM, INT, HUP) go to the command's process
+group; if the engine's daemon that started the shim goes away, the shim ends the command itself.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ TASKS_VAR = "LAUNCHKIT_SHIM_TASKS"
 GRACE_VAR = "LAUNCHKIT_SHIM_GRACE"
 #: "1": SIGUSR2 means "stop" (Grid Engine's qdel -notify; what Open MPI's mpirun forwards at once).
 NOTIFY_VAR = "LAUNCHKIT_SHIM_NOTIFY"
+ENDS_VAR = "LAUNCHKIT_SHIM_ENDS"  # the launcher's directory for the end marks (see above)
 #: Variables that instruct the shim (and the batch programs) and that the command does not get.
 CONTROL_PREFIXES = ("LAUNCHKIT_SHIM_", "LAUNCHKIT_BATCH", "LAUNCHKIT_RENDEZVOUS", "LAUNCHKIT_SECRET_FILE")
 MARK = b"\x1elk "
@@ -116,13 +117,11 @@ def task_of(environ: Mapping[str, str]) -> tuple[int, dict[str, str]]:
     raw = environ.get(TASKS_VAR)
     if not raw:
         raise ValueError(f"{TASKS_VAR} is not set: the shim runs only under a launchkit engine job")
-    table = json.loads(raw)
+    rows = json.loads(raw)["tasks"]
     rank = engine_rank(environ)
     if rank is None:
-        names = ", ".join(n for n, _ in RANK_VARS)
-        raise ValueError(f"no rank from the engine: none of {names} is set")
+        raise ValueError(f"no rank from the engine: none of {', '.join(n for n, _ in RANK_VARS)} is set")
     offset = int(environ.get("LAUNCHKIT_SHIM_OFFSET", "0") or 0)
-    rows = table["tasks"]
     if not 0 <= rank + offset < len(rows):
         raise ValueError(f"engine rank {rank} (+{offset}) outside the job's {len(rows)} tasks")
     row = rows[rank + offset]
@@ -164,8 +163,7 @@ class _Out:
     """Framed writes to one of the shim's own streams, one write per line (atomic in pipes)."""
 
     def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.lock = threading.Lock()
+        self.fd, self.lock = fd, threading.Lock()
 
     def write(self, data: bytes) -> None:
         with self.lock, contextlib.suppress(OSError):
@@ -178,6 +176,23 @@ def _pump(task: int, stream: str, src: int, out: _Out) -> None:
         for line in iter(f.readline, b""):
             for piece in frame_output(task, stream, line):
                 out.write(piece)
+
+
+def end_marks(environ: Mapping[str, str], index: int, code: int, stopped: bool) -> None:
+    """The task's end mark on both streams (one write each, atomic in a pipe: each says that stream
+    is complete), and written whole to ``$LAUNCHKIT_SHIM_ENDS/<task>`` when it is set: the launcher
+    reads it there when the engine stops passing output on (Open MPI's mpirun, ending the job
+    itself once it sees a rank killed by a signal)."""
+    mark = frame_event(index, "x", code, int(stopped))
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            os.write(fd, mark)
+    if where := environ.get(ENDS_VAR):
+        with contextlib.suppress(OSError):
+            tmp = os.path.join(where, f".{index}.{os.getpid()}")
+            with open(tmp, "wb") as f:
+                f.write(mark)
+            os.replace(tmp, os.path.join(where, str(index)))
 
 
 def _die_with_shim() -> None:  # pragma: no cover - runs between fork and exec
@@ -201,16 +216,13 @@ def _end_job(environ: Mapping[str, str]) -> None:
 
 
 class _Guardian:
-    """A process in a session of its own, forked before the command starts: if the shim is
-    killed outright (an engine's SIGKILL, which the shim cannot pass on), it kills the command's
-    process group (``watch``), so that nothing the command started outlives the shim, and writes
-    the task's end marks (137) on the shim's streams, so the launcher learns of the end at once.
-    It learns of the shim's death from a pipe only the shim holds; ``release`` ends it (and waits
-    for it) when the shim ends normally, so no guardian is left over after a clean end."""
+    """A process in a session of its own, forked before the command starts: if the shim is killed
+    outright (SIGKILL, which it cannot pass on), it kills the command's group (``watch``) and writes
+    the task's end marks (137), learning of the death from a pipe only the shim holds; ``release``
+    ends it (and waits for it) when the shim ends normally, so no guardian is left over."""
 
     def __init__(self, index: int) -> None:
-        self.pid = 0
-        self.w = -1
+        self.pid, self.w = 0, -1
         try:
             r, self.w = os.pipe()
             self.pid = os.fork()
@@ -233,9 +245,8 @@ class _Guardian:
         self._say(b"x")
         with contextlib.suppress(OSError):
             os.close(self.w)
-        self.w = -1
-        with contextlib.suppress(OSError):
             os.waitpid(self.pid, 0)
+        self.w = -1
 
     def _say(self, data: bytes) -> None:
         with contextlib.suppress(OSError):
@@ -251,19 +262,14 @@ def _guardian(index: int, r: int, w: int) -> None:  # pragma: no cover - a forke
     os.dup2(r, 3)
     os.closerange(4, 65536)
     said = b""
-    while True:
-        data = os.read(3, 64)
-        if not data:
-            break  # EOF without the last word: the shim is gone
+    while data := os.read(3, 64):  # EOF without the last word: the shim is gone
         said += data
         if said.endswith(b"x"):
             return  # released: the shim ends normally
     group = said.split(b"\n")[0]
     if group.isdigit():
         _killpg(int(group), signal.SIGKILL)
-    for fd in (1, 2):
-        with contextlib.suppress(OSError):
-            os.write(fd, frame_event(index, "x", 128 + signal.SIGKILL, 0))
+    end_marks(os.environ, index, 128 + signal.SIGKILL, False)
 
 
 def _killpg(pid: int, sig: int) -> None:
@@ -294,9 +300,7 @@ def _run(
     except (OSError, TimeoutError) as exc:
         sys.stderr.write(f"launchkit shim: {exc}\n")
         guard.release()
-        for fd in (1, 2):
-            with contextlib.suppress(OSError):
-                os.write(fd, frame_event(index, "x", 1, 0))
+        end_marks(environ, index, 1, False)
         _end_job(environ)  # without its scheduler the job cannot run: end it, do not let it wait
         return 1
     if env.get("DMLC_NODE_HOST") == "":
@@ -307,9 +311,8 @@ def _run(
     stop = {"asked": 0.0}
     started: list[int] = []  # the child's pid, once there is one
 
-    # Grid Engine's qdel -notify sends SIGUSR2 before SIGKILL: with LAUNCHKIT_SHIM_NOTIFY=1 it
-    # means "stop" (SIGTERM to the command, SIGKILL after the grace period)
-    # (its SIGUSR1 announces a suspension, which SIGSTOP then does: nothing to pass on)
+    # LAUNCHKIT_SHIM_NOTIFY=1: SIGUSR2 (qdel -notify's, Open MPI's forwarded stop) means "stop";
+    # SIGUSR1 (qdel's announced suspension, which SIGSTOP then does) is not passed on
     notify = environ.get(NOTIFY_VAR) == "1"
     stopping = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP} | ({signal.SIGUSR2} if notify else set())
 
@@ -343,8 +346,7 @@ def _run(
         for piece in frame_output(index, "e", f"cannot start {argv[0]!r}: {exc.strerror or exc}".encode()):
             err.write(piece)
         guard.release()
-        for stream in (out, err):
-            stream.write(frame_event(index, "x", code, 0))
+        end_marks(environ, index, code, False)
         return code
     started.append(child.pid)
     guard.watch(child.pid)
@@ -378,8 +380,7 @@ def _run(
     rc = child.returncode
     code = 128 - rc if rc < 0 else rc
     guard.release()  # before the end marks: nothing of the task is left once they are read
-    for stream in (out, err):  # one end mark per stream: each says that stream is complete
-        stream.write(frame_event(index, "x", code, 1 if stop["asked"] else 0))
+    end_marks(environ, index, code, bool(stop["asked"]))
     if code and not stop["asked"]:  # after the end marks: this failure is the job's root cause
         _end_job(environ)
     return code

@@ -5,6 +5,7 @@ processes trap SIGTERM (``teardown``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -126,9 +127,11 @@ def detached_failure(
 
 #: Every process of the job writes `start T` to MARKS/ROLE-RANK, and `term T` when SIGTERM comes
 #: (it traps it, and exits 143); with `fail`, worker 1 exits 3 (`fail T`) once all have started.
+#: It writes its pid first (`pid P`).
 TEARDOWN_SH = """\
 f="$1/$DMLC_ROLE-$LAUNCHKIT_ROLE_RANK"
 trap 'echo "term $(date +%s.%N)" >> "$f"; exit 143' TERM
+echo "pid $$" >> "$f"
 echo "start $(date +%s.%N)" >> "$f"
 if [ "$2" = fail ] && [ "$DMLC_ROLE" = worker ] && [ "$LAUNCHKIT_ROLE_RANK" = 1 ]; then
   while [ "$(ls "$1" | wc -l)" -lt "$3" ]; do sleep 0.05; done
@@ -159,6 +162,10 @@ def marks(directory: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def teardown(
     how: str,
     launcher: str,
@@ -169,11 +176,14 @@ def teardown(
     grace: int = 10,
 ) -> Teardown:
     """Run a 2-worker, 1-server job whose processes trap SIGTERM, with a long grace period, and
-    end it by ``how``: ``fail`` (worker 1 exits 3), ``sigint`` (to the launcher), ``kill``."""
+    end it by ``how``: ``fail`` (worker 1 exits 3), ``sigint`` (to the launcher), ``kill``,
+    ``kill9`` (a SIGKILL of worker 1's parent: an engine's shim, on this machine), ``stalled``
+    (the same, with the engine process the launcher started, mpirun, stopped: it passes nothing on)."""
     (cwd / "teardown.sh").write_text(TEARDOWN_SH)
     box = cwd / "marks"
     box.mkdir()
     mode = "fail" if how == "fail" else "wait"
+    stopped = 0
     proc = subprocess.Popen(
         [*LAUNCHKIT, "launch", "--launcher", launcher, "-n", "2", "-s", "1", "--grace-period", str(grace), *extra,
          "--", "sh", "teardown.sh", str(box), mode, "4"],
@@ -186,6 +196,14 @@ def teardown(
         t0 = time.time()
         if how == "sigint":
             proc.send_signal(signal.SIGINT)
+        elif how in ("kill9", "stalled"):
+            shim = parent_of(int(marks(box)["worker-1"]["pid"]))
+            if how == "stalled":
+                stopped = shim
+                while parent_of(stopped) != proc.pid:
+                    stopped = parent_of(stopped)
+                os.kill(stopped, signal.SIGSTOP)
+            os.kill(shim, signal.SIGKILL)
         elif how == "kill":
             killer = subprocess.Popen([*LAUNCHKIT, "kill", wait_for_job(home)], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
@@ -196,6 +214,9 @@ def teardown(
             assert killer.returncode == 0, said
             err += f"{said}(launchkit kill took {time.time() - t0:.1f}s)\n"
     finally:
+        if stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
         proc.kill()
     seen = marks(box)
     if how == "fail":

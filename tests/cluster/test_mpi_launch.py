@@ -147,6 +147,30 @@ def test_every_rank_gets_sigterm_when_the_grace_period_starts(
 
 
 @pytest.mark.parametrize("mpirun", MPIRUNS)
+@pytest.mark.parametrize("how", ["kill9", "stalled"])
+def test_sigkill_of_one_ranks_shim_ends_the_launch_promptly(
+    tmp_path: Path, launchkit_home: Path, mpirun: str, how: str
+) -> None:
+    """Grace 10 s, every process traps SIGTERM, worker 1's shim is SIGKILLed: the launch names it
+    (137), every other rank gets SIGTERM and the launch ends as soon as they have ended, whatever
+    mpirun passes on: Open MPI's, ending the job itself, sometimes stops passing the ranks' end
+    marks on (they came only when it exited, after its sigkill timeout); ``stalled`` stops mpirun,
+    so that nothing is passed on. The launcher reads the marks the shims leave in its directory
+    too. (Hydra SIGKILLs the other ranks itself once it sees one killed by a signal.)"""
+    env = {**os.environ, "LAUNCHKIT_HOME": str(launchkit_home)}
+    t = teardown(how, "mpi", tmp_path, launchkit_home, env, ("--mpirun", mpirun))
+    assert t.rc == 137, t.stderr[-3000:]
+    if mpirun == "mpirun":  # Hydra's SIGKILLs end the others at once: any may be named first
+        assert "worker 1 on localhost was killed by signal 9" in t.stderr, t.stderr[-3000:]
+    others = ["scheduler-0", "server-0", "worker-0"] if mpirun == "mpirun" else ["scheduler-0"]
+    assert sorted(t.term_s) == others, t.term_s
+    # stalled: the end marks wait 2 s in the launcher's directory for mpirun's stream (ENDS_HOLD_RUNNING)
+    assert max(t.term_s.values()) < (3.5 if how == "stalled" else 1.5), t.term_s
+    assert t.exit_s < (5.0 if how == "stalled" else 2.0), (t.exit_s, t.stderr[-3000:])
+    assert wait_until(lambda: not pids_with_job(wait_for_job(launchkit_home)), 5)
+
+
+@pytest.mark.parametrize("mpirun", MPIRUNS)
 def test_clean_job_warns_about_nothing(tmp_path: Path, launchkit_home: Path, mpirun: str) -> None:
     res = run(
         ["launch", "-n", "2", "-s", "1", "--launcher", "mpi", "--mpirun", mpirun, "--", "true"], cwd=tmp_path

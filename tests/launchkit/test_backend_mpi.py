@@ -12,6 +12,7 @@ from launchkit.backends.mpi import (
     NOISE,
     MpiOptions,
     detect_flavor,
+    end_mark,
     host_slots,
     mpi_env,
     rank_order,
@@ -124,3 +125,17 @@ def test_a_stop_reaches_every_rank_at_once() -> None:
     hydra = render(plan, MpiOptions(flavor="mpich"), SshOptions())
     assert "-disable-auto-cleanup" in hydra and "LAUNCHKIT_SHIM_NOTIFY" not in " ".join(hydra)
     assert NOISE.match("mpirun: Forwarding signal 12 to job")
+
+
+def test_the_shims_end_marks_directory() -> None:
+    """The launcher's directory for the shims' end marks reaches every rank by name, and a mark
+    read there gives (code, stopped); anything else is not a mark."""
+    plan = plan_for((Host("localhost"),))
+    for flavor in ("openmpi", "mpich"):
+        argv = render(plan, MpiOptions(flavor=flavor, ends="/tmp/e"), SshOptions())
+        assert any("LAUNCHKIT_SHIM_ENDS" in a for a in argv) and "/tmp/e" not in argv
+    assert mpi_env(plan, MpiOptions(ends="/tmp/e"))["LAUNCHKIT_SHIM_ENDS"] == "/tmp/e"
+    assert "LAUNCHKIT_SHIM_ENDS" not in mpi_env(plan, MpiOptions())
+    assert end_mark(b"\x1elk 3 x 143 1\n") == (143, True)
+    assert end_mark(b"\x1elk 3 x 137 0\n") == (137, False)
+    assert [end_mark(b"\x1elk 3 o x 1\n"), end_mark(b""), end_mark(b"\x1elk 3 x\n")] == [None] * 3

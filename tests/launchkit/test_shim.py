@@ -190,3 +190,25 @@ def _environ_has(pid: int, marker: str) -> bool:
 )
 def test_grace_from_the_launcher(value: str, grace: float) -> None:
     assert shim.shim_grace({shim.GRACE_VAR: value}) == grace
+
+
+def test_the_end_mark_is_left_in_the_launchers_directory_too(tmp_path) -> None:
+    """``LAUNCHKIT_SHIM_ENDS``: the end mark is also written there whole (Open MPI's mpirun may stop
+    passing the shims' output on while it ends the job itself), by the shim and by the guardian
+    of a SIGKILLed shim; a directory that is not there changes nothing."""
+    res = _run_shim(["sh", "-c", "exit 3"], rank=1, LAUNCHKIT_SHIM_ENDS=str(tmp_path))
+    assert res.returncode == 3
+    assert os.listdir(tmp_path) == ["2"]
+    assert (tmp_path / "2").read_bytes() == shim.frame_event(2, "x", 3, 0)
+    assert _run_shim(["true"], LAUNCHKIT_SHIM_ENDS=str(tmp_path / "none")).returncode == 0
+
+    table = json.dumps({"v": 1, "tasks": [{"i": 4, "env": {}}]})
+    env = {**os.environ, shim.TASKS_VAR: table, "PMI_RANK": "0", shim.ENDS_VAR: str(tmp_path)}
+    p = subprocess.Popen([sys.executable, "-m", "launchkit.hostside.shim", "--", "sleep", "30"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    assert p.stdout is not None
+    assert shim.parse_frame(p.stdout.readline()) is not None  # started
+    p.kill()
+    p.stdout.read()  # to EOF: the guardian, which holds the stream, has written both and ended
+    p.wait(5)
+    assert (tmp_path / "4").read_bytes() == shim.frame_event(4, "x", 137, 0)
