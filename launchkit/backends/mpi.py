@@ -357,6 +357,8 @@ class MpiBackend(EngineBackend):
 
     def make_run(self, plan: Plan) -> EngineRun:
         self.ends = tempfile.mkdtemp(prefix="launchkit-ends-")
+        if self._cleanup_sink is not None:  # a launcher that is SIGKILLed leaves no directory behind
+            self._cleanup_sink(["rm", "-rf", "--", self.ends])
         threading.Thread(target=self.watch_ends, args=(self.ends,), daemon=True).start()
         opts = dataclasses.replace(self.options(plan), ends=self.ends)
         argv = render(plan, opts, self.ssh)

@@ -72,14 +72,22 @@ def test_local_kill_ends_the_job(tmp_path: Path, launchkit_home: Path) -> None:
 
 
 def test_sigkill_of_launcher_leaves_no_rank(tmp_path: Path, launchkit_home: Path) -> None:
+    """Nothing is left: no rank, and not the launcher's directory for the shims' end marks (the
+    reaper removes it; it stayed in the temporary directory)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     proc = start(
-        ["launch", "-n", "2", "-s", "1", "--launcher", "mpi", "python3", PROG, "wait", "60"], cwd=tmp_path
+        ["launch", "-n", "2", "-s", "1", "--launcher", "mpi", "python3", PROG, "wait", "60"],
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(temp)},
     )
     job = wait_for_job(launchkit_home)
     assert wait_until(lambda: len(pids_with_job(job)) >= 8, 20)
+    assert list(temp.glob("launchkit-ends-*"))
     proc.kill()
     proc.wait(5)
     assert wait_until(lambda: not pids_with_job(job), 15)
+    assert wait_until(lambda: not list(temp.glob("launchkit-ends-*")), 10), list(temp.iterdir())
 
 
 def test_two_namespace_hosts(netns_hosts, node_python, tmp_path: Path, launchkit_home: Path) -> None:
