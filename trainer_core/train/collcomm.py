@@ -20,15 +20,15 @@ import numpy as np
 
 from trainer_core.collective import ErrorFeedback, Group
 
-from .comm import WorkerDescriptor, decode_host, encode_host, local_host_id
+from .comm import WorkerDescriptor, WorkerTable, decode_host, encode_host, local_host_id
 
 
-class CollectiveCommunicator:
-    """The ``Communicator`` of the workers of ``group`` (``finalize`` closes the group)."""
+class CollectiveCommunicator(WorkerTable):
+    """The ``Communicator`` of the workers of ``group`` (``finalize`` closes the group: a job's
+    group waits for every worker and leaves the job)."""
 
     def __init__(self, group: Group, host_id: str | None = None) -> None:
         self.group = group
-        self._finalized = False
         #: the compression params and residuals, once ``set_compression`` was called
         self.feedback: ErrorFeedback | None = None
         mine = local_host_id() if host_id is None else host_id
@@ -42,23 +42,11 @@ class CollectiveCommunicator:
     def num_workers(self) -> int:
         return int(self.group.size)
 
-    def is_main(self) -> bool:
-        return self.rank() == 0
-
     def barrier(self) -> None:
         self.group.barrier()
 
-    def workers(self) -> list[WorkerDescriptor]:
-        return list(self._workers)
-
-    def current_worker(self) -> WorkerDescriptor:
-        return self._workers[self.rank()]
-
-    def finalize(self) -> None:
-        """Close the group (a job's group waits for every worker and leaves the job). Idempotent."""
-        if not self._finalized:
-            self._finalized = True
-            self.group.close()
+    def _close(self) -> None:
+        self.group.close()
 
     def declare(self, keys: list[str], values: list[Any]) -> None:
         pass  # nothing is stored anywhere: broadcast sends rank 0's values when asked

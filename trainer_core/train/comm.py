@@ -106,33 +106,28 @@ class Communicator(Protocol):
         with error feedback."""
 
 
-class KVCommunicator:
-    """The parameter server's ``Communicator``: rank, size, barrier, the worker table and the
-    sums of a KV-store job (``pushpull``)."""
+class WorkerTable:
+    """What every communicator shares: CNTK's worker table over a rank and a size.
 
-    def __init__(self, kv: Any, host_id: str | None = None) -> None:
-        self.kv = kv
-        self._finalized = False
-        mine = local_host_id() if host_id is None else host_id
-        n, r = int(kv.num_workers), int(kv.rank)
-        hosts = exchange_hosts(kv, n, r, encode_host(mine))
-        self._workers = [WorkerDescriptor(i, decode_host(hosts[i])) for i in range(n)]
+    A subclass gives ``rank``, ``num_workers``, ``barrier`` and ``_close`` (and ``_workers``)."""
+
+    _workers: list[WorkerDescriptor]
+    _finalized = False
 
     def rank(self) -> int:
         """This worker's rank, 0 .. num_workers - 1."""
-        return int(self.kv.rank)
+        raise NotImplementedError
 
     def num_workers(self) -> int:
         """How many workers the job has."""
-        return int(self.kv.num_workers)
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError
 
     def is_main(self) -> bool:
         """True on rank 0 (the worker that prints and writes checkpoints)."""
         return self.rank() == 0
-
-    def barrier(self) -> None:
-        """Wait until every worker reached this point."""
-        self.kv.barrier()
 
     def workers(self) -> list[WorkerDescriptor]:
         """Every worker of the job, by rank."""
@@ -143,10 +138,35 @@ class KVCommunicator:
         return self._workers[self.rank()]
 
     def finalize(self) -> None:
-        """End communication: close the KV store (waits for every worker). Idempotent."""
+        """End communication (waits for every worker). Idempotent."""
         if not self._finalized:
             self._finalized = True
-            self.kv.close()
+            self._close()
+
+
+class KVCommunicator(WorkerTable):
+    """The parameter server's ``Communicator``: rank, size, barrier, the worker table and the
+    sums of a KV-store job (``pushpull``)."""
+
+    def __init__(self, kv: Any, host_id: str | None = None) -> None:
+        self.kv = kv
+        mine = local_host_id() if host_id is None else host_id
+        n, r = int(kv.num_workers), int(kv.rank)
+        hosts = exchange_hosts(kv, n, r, encode_host(mine))
+        self._workers = [WorkerDescriptor(i, decode_host(hosts[i])) for i in range(n)]
+
+    def rank(self) -> int:
+        return int(self.kv.rank)
+
+    def num_workers(self) -> int:
+        return int(self.kv.num_workers)
+
+    def barrier(self) -> None:
+        """Wait until every worker reached this point."""
+        self.kv.barrier()
+
+    def _close(self) -> None:
+        self.kv.close()
 
     def declare(self, keys: list[str], values: list[Any]) -> None:
         self.kv.init(keys, values)
