@@ -14,13 +14,13 @@ import logging
 import os
 import socket
 import struct
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
+from tests.trainer_core.chanpair import accept_pair
 from trainer_core.errors import KVError
 from trainer_core.ps import protocol as wire
 from trainer_core.ps.protocol import SCHEMA
@@ -46,36 +46,6 @@ TRACE = Trace(LOG, schema=SCHEMA)
 KINDS = ["memory", "memory-shm", "unix", "tcp"]
 
 
-def _accept(listener: Listener, connect: Callable[[], Channel]) -> tuple[Channel, Channel]:
-    """Connect a client (in a thread: its handshake blocks) while the server side accepts and drives
-    its side of the handshake through ``receive``, as the server's loop does."""
-    box: list[Channel | BaseException] = []
-
-    def run() -> None:
-        try:
-            box.append(connect())
-        except BaseException as exc:
-            box.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    deadline = time.monotonic() + 5
-    accepted: list[Channel] = []
-    while not accepted:
-        assert time.monotonic() < deadline
-        accepted = listener.accept()
-        time.sleep(0.01)
-    server = accepted[0]
-    while not box:
-        assert time.monotonic() < deadline
-        if server.wait(0.05):
-            assert server.receive(lambda msg: None)
-    t.join(5)
-    client = box[0]
-    assert isinstance(client, Channel), client
-    return client, server
-
-
 @pytest.fixture(params=KINDS)
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Channel, Channel]]:
     kind = request.param
@@ -88,10 +58,10 @@ def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Channel, Channel]]:
         client, server = MemoryChannel.pair(Caps(frames=False, shared_memory=True), log=LOG, schema=SCHEMA)
     elif kind == "unix":
         unix = listener = UnixListener("contract", SECRET, TRACE)
-        client, server = _accept(unix, lambda: UnixChannel.connect(unix.name, SECRET, TRACE))
+        client, server = accept_pair(unix, lambda: UnixChannel.connect(unix.name, SECRET, TRACE))
     else:
         tcp = listener = TcpListener("127.0.0.1", SECRET, TRACE)
-        client, server = _accept(
+        client, server = accept_pair(
             tcp, lambda: TcpChannel.connect(f"tcp://127.0.0.1:{tcp.port}", SECRET, TRACE)
         )
     yield client, server

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
+from tests.trainer_core.chanpair import accept_pair
 from trainer_core.transport import wire
-from trainer_core.transport.channel import Channel, Listener, Poller, Received, Trace
+from trainer_core.transport.channel import Channel, Poller, Received, Trace
 from trainer_core.transport.memory import MemoryChannel
 from trainer_core.transport.shm import MemBuffer
 from trainer_core.transport.tcp import TcpChannel, TcpListener
@@ -32,35 +32,6 @@ NODES = 5
 BOUND_S = 60.0  # what "completes" means here: far above the second or so it takes
 BIG = 24 << 20  # bytes of a framed message: far beyond a socket's buffers
 BIG_HEADER = 900_000  # characters of a header-only message (the same-host channel): above its buffer
-
-
-def _accept_one(listener: Listener, connect: Callable[[], Channel]) -> tuple[Channel, Channel]:
-    """Connect in a thread while this thread accepts and drives the accepted end's handshake."""
-    box: list[Channel | BaseException] = []
-
-    def run() -> None:
-        try:
-            box.append(connect())
-        except BaseException as exc:
-            box.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    deadline = time.monotonic() + 20
-    accepted: list[Channel] = []
-    while not accepted:
-        select.select([listener.pollable()], [], [], 0.1)
-        accepted = listener.accept()
-        assert time.monotonic() < deadline, "no connection came"
-    end = accepted[0]
-    while not box:
-        if end.wait(0.05):
-            assert end.receive(lambda _m: None), "the handshake failed"
-        assert time.monotonic() < deadline, "the handshake did not end"
-    t.join()
-    client = box[0]
-    assert isinstance(client, Channel), client
-    return client, end
 
 
 def _ring(kind: str) -> list[tuple[Channel, Channel]]:
@@ -75,7 +46,7 @@ def _ring(kind: str) -> list[tuple[Channel, Channel]]:
             tl = TcpListener("127.0.0.1", SECRET, trace)
             try:
                 links.append(
-                    _accept_one(
+                    accept_pair(
                         tl, lambda tl=tl: TcpChannel.connect(f"tcp://127.0.0.1:{tl.port}", SECRET, trace)
                     )
                 )
@@ -84,7 +55,7 @@ def _ring(kind: str) -> list[tuple[Channel, Channel]]:
         else:
             ul = UnixListener(f"ring{os.getpid()}", SECRET, trace)
             try:
-                links.append(_accept_one(ul, lambda ul=ul: UnixChannel.connect(ul.name, SECRET, trace)))
+                links.append(accept_pair(ul, lambda ul=ul: UnixChannel.connect(ul.name, SECRET, trace)))
             finally:
                 ul.close()
     return [(links[i][0], links[(i - 1) % NODES][1]) for i in range(NODES)]
@@ -164,7 +135,7 @@ def test_a_blocking_send_waits_for_what_was_posted_before() -> None:
     trace = Trace(LOG)
     tl = TcpListener("127.0.0.1", SECRET, trace)
     try:
-        client, server = _accept_one(
+        client, server = accept_pair(
             tl, lambda: TcpChannel.connect(f"tcp://127.0.0.1:{tl.port}", SECRET, trace)
         )
     finally:
@@ -189,7 +160,7 @@ def test_either_end_of_a_same_host_channel_takes_descriptors() -> None:
     trace = Trace(LOG)
     ul = UnixListener(f"fds{os.getpid()}", SECRET, trace)
     try:
-        client, server = _accept_one(ul, lambda: UnixChannel.connect(ul.name, SECRET, trace))
+        client, server = accept_pair(ul, lambda: UnixChannel.connect(ul.name, SECRET, trace))
     finally:
         ul.close()
     try:
