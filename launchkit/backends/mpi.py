@@ -312,13 +312,21 @@ class MpiBackend(EngineBackend):
         super().prepare(plan)
 
     def signal_engine(self, sig: int) -> None:
-        super().signal_engine(sig)
-        if sig in STOP_SIGNALS and not self.hosts:
-            # the ranks here also get it straight from the launcher: mpirun does not forward a
+        local = sig in STOP_SIGNALS and not self.hosts
+        if local:
+            # the ranks here get it straight from the launcher, first: mpirun does not forward a
             # signal once it is ending the job itself (a rank killed by a signal)
             for proc in list(self.procs.values()):
                 if proc.pid is not None and not proc.finished:
                     signal_shim_of(proc.pid, signal.SIGTERM)
+            if self._flavor == "mpich":
+                # and Hydra is not told: a SIGTERM to mpiexec makes it SIGKILL the ranks at once,
+                # which could reach a rank before its SIGTERM did (seen in 1 run in 6); it ends
+                # by itself once the ranks have, and the grace period's SIGKILL still reaches it
+                with self._lock:
+                    self.tearing_down = True
+                return
+        super().signal_engine(sig)
 
     def engine_noise(self, text: str) -> bool:
         text = text.strip()
