@@ -170,8 +170,11 @@ def test_sigkill_of_one_ranks_shim_ends_the_launch_promptly(
     assert t.rc == 137, t.stderr[-3000:]
     if mpirun == "mpirun":  # Hydra's SIGKILLs end the others at once: any may be named first
         assert "worker 1 on localhost was killed by signal 9" in t.stderr, t.stderr[-3000:]
-    others = ["scheduler-0", "server-0", "worker-0"] if mpirun == "mpirun" else ["scheduler-0"]
-    assert sorted(t.term_s) == others, t.term_s
+    others = ["scheduler-0", "server-0", "worker-0"]
+    if mpirun == "mpirun":
+        assert sorted(t.term_s) == others, t.term_s
+    else:  # the launcher's SIGTERM to the other shims races Hydra's SIGKILL of their ranks
+        assert "scheduler-0" in t.term_s and set(t.term_s) <= set(others), t.term_s
     # stalled: the end marks wait 2 s in the launcher's directory for mpirun's stream (ENDS_HOLD_RUNNING)
     assert max(t.term_s.values()) < (3.5 if how == "stalled" else 1.5), t.term_s
     assert t.exit_s < (5.0 if how == "stalled" else 2.0), (t.exit_s, t.stderr[-3000:])
