@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launchkit.cli import main
+from tests.launchkit.oddhomes import odd_home
 
 # Text with the characters that break parsers: separators, quotes, shell metacharacters,
 # control bytes, non-ASCII, and the empty string.
@@ -144,17 +145,11 @@ RECORD_COMMANDS = {
 def _odd_environment(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str | None:
     """Set up ``case``; return the path the refusals must name (None: nothing is wrong)."""
     Path("hosts").write_text("node1\nnode2\n")
-    home = tmp_path / "odd-home"
-    if case == "home is a file":
-        home.write_text("")
-    elif case == "home is a dangling link":
-        home.symlink_to(tmp_path / "nowhere")
-    elif case == "home's jobs is a file":
-        home.mkdir()
-        (home / "jobs").write_text("")
-        home = home / "jobs"
-    elif case == "home cannot be made":
-        home = Path("/proc/self/odd-home")  # for root too
+    kind = ODD_HOMES.get(case)
+    if kind is not None:
+        home = odd_home(kind, tmp_path)
+        if kind == "jobs is a file":
+            home = home / "jobs"
     elif case == "home is not UTF-8":
         home = Path(os.fsdecode(bytes(tmp_path) + b"/h\xffome"))
     elif case == "cwd removed":
@@ -163,9 +158,18 @@ def _odd_environment(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         monkeypatch.chdir(gone)
         gone.rmdir()
         return "current directory"
+    else:
+        raise ValueError(f"unknown case {case!r}")
     monkeypatch.setenv("LAUNCHKIT_HOME", str(home))
     return None if case == "home is not UTF-8" else str(home)
 
+
+ODD_HOMES = {
+    "home is a file": "file",
+    "home is a dangling link": "dangling link",
+    "home's jobs is a file": "jobs is a file",
+    "home cannot be made": "not creatable",
+}
 
 # which commands each case must refuse (the others may run: exit 0, or 2 for the made-up job id)
 REFUSED = {

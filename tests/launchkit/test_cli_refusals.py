@@ -14,6 +14,7 @@ import pytest
 
 import dmlc_env
 from launchkit.cli.app import MAX_NUMBER, RANGES
+from tests.launchkit.oddhomes import KINDS, odd_home
 from tests.launchkit.procs import LAUNCHKIT, job_ids, run
 
 TOO_BIG = str(MAX_NUMBER + 1)
@@ -138,20 +139,11 @@ def test_every_variable_the_launcher_sets_is_one_it_owns() -> None:
     assert not dmlc_env.launcher_owned("LAUNCHKIT_HOME") and not dmlc_env.launcher_owned("DMLC_PS_VAN_TYPE")
 
 
-@pytest.mark.parametrize("kind", ["file", "dangling link", "jobs is a file", "not creatable"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_an_unusable_launchkit_home_stops_the_launch_before_it_starts(tmp_path: Path, kind: str) -> None:
     """LAUNCHKIT_HOME=/some/file ran the job, then ended in 'internal error: NotADirectoryError',
     exit 1, after a successful job."""
-    home = tmp_path / "home"
-    if kind == "file":
-        home.write_text("")
-    elif kind == "dangling link":
-        home.symlink_to(tmp_path / "nowhere")
-    elif kind == "jobs is a file":
-        home.mkdir()
-        (home / "jobs").write_text("")
-    else:
-        home = Path("/proc/self/home")  # a directory no one, root included, can create
+    home = odd_home(kind, tmp_path)
     marker = tmp_path / "started"
     env = {**os.environ, "LAUNCHKIT_HOME": str(home)}
     res = run(["launch", "-n", "1", "-s", "0", "sh", "-c", f"touch {marker}"], cwd=tmp_path, env=env)
