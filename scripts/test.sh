@@ -27,7 +27,7 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 log=$(mktemp)
-.venv/bin/python -m pip install -q -e '.[test,fast]' >"$log" 2>&1 || { cat "$log"; exit 1; }
+.venv/bin/python -m pip install -q -e '.[test,fast,torch]' >"$log" 2>&1 || { cat "$log"; exit 1; }
 rm -f "$log"
 # MXNet 1.9.1 for the compatibility tests, made here rather than inside the first test that asks
 # for it (about a minute on a fresh machine, which that test's 60 s timeout would also have to hold)
