@@ -133,6 +133,9 @@ def test_scheduler_overrides_and_interface(tmp_path: Path) -> None:
         (["-n", "1", "--", "A=1", "B=2"], "no command after A=1 B=2: NAME=VALUE words"),
         (["-n", "1", "", "x.py"], "empty command '' x.py: expected a program to run"),
         (["-n", "1", "--sync-timeout", "0", "x"], "--sync-timeout must be more than 0, got 0"),
+        (["-n", "1", "--time-limit", "0", "x"], "--time-limit must be more than 0, got 0"),
+        (["-n", "1", "--grace-period", "-1", "x"], "-1.0: expected a number from 0 to 10000000"),
+        (["-n", "1", "--gpus-per-worker", "0", "x"], "0: expected a number from 1 to 1024"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path: Path, args: list[str], message: str) -> None:
