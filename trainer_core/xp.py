@@ -63,6 +63,11 @@ def array_module(x: Any) -> ModuleType:
     return np
 
 
+def cupy_module() -> Any | None:
+    """cupy when it is installed and usable here, else ``None``."""
+    return _cupy
+
+
 def is_device_array(x: Any) -> bool:
     return _cupy is not None and isinstance(x, _cupy.ndarray)
 
