@@ -32,6 +32,8 @@ TC_DEPS: dict[str, frozenset[str]] = {
     "collective": frozenset({"node", "transport", "metrics"}),
     "kv": frozenset({"ps", "node", "transport", "metrics"}),
     "train": frozenset({"kv", "ps", "collective", "node", "transport", "metrics"}),
+    # trainer_core.torch (the only importer of torch) sits on everything it drives
+    "torch": frozenset({"train", "kv", "ps", "collective", "node", "transport", "metrics"}),
 }
 TC_LEAVES = ("compression", "optim")
 TC_BASE = ("errors", "log", "xp", "config")

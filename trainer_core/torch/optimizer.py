@@ -1,0 +1,210 @@
+"""``DistributedOptimizer``: Horovod's, over trainer_core's collectives or parameter servers.
+
+>>> opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+...                            named_parameters=model.named_parameters())
+>>> loss.backward(); opt.step(); opt.zero_grad()
+
+The user's optimizer is subclassed on the fly (``isinstance`` and its ``step`` hold). A hook on every
+parameter (``register_post_accumulate_grad_hook``) counts its gradient down from
+``backward_passes_per_step``; at zero the parameter is ready, and a bucket whose parameters are all
+ready starts its exchange at once (``buckets``: in bucket order, the same on every rank), overlapping
+the rest of backward. ``step()`` (or ``synchronize()``) starts the buckets that never became ready
+(unused parameters send zeros, and receive the others' gradients, as Horovod), waits for every bucket
+and then runs the user's optimizer on the reduced gradients (with ``server_optimizer``, on
+``comm="ps"``, the servers ran it and the parameters hold their new weights: the local rule does
+not run, MXNet's ``update_on_kvstore``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from . import buckets as bucketing
+from .compression import Compression, Residual, check
+from .exchange import Exchange, Pending
+from .ops import Average, Sum, resolve_op
+from .runtime import Runtime, default
+from .tensors import FLOATS, check_dense
+
+#: DDP's bucket size: small enough to start the first exchange early in backward
+FUSION_THRESHOLD = 25 * 1024 * 1024
+_ids = itertools.count()
+
+TOO_MANY = (
+    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+    "Increase backward_passes_per_step to accumulate gradients locally."
+)
+
+
+class _Distributed:
+    """The methods mixed into the user's optimizer class (see the module's text)."""
+
+    def _setup(self, named: list[tuple[str, torch.Tensor]], compression: Any, bpps: int, op: str, fusion_threshold: int, comm: str | None, server_optimizer: Any, sparse_as_dense: bool, average_aggregated_gradients: bool, runtime: Runtime | None) -> None:  # fmt: skip
+        backend = (runtime or default).backend()
+        if comm is not None and comm != backend.comm and backend.comm != "solo":
+            raise ValueError(
+                f"comm={comm!r}, but trainer_core.torch was initialized with comm={backend.comm!r}"
+            )
+        if server_optimizer is not None and backend.comm != "ps":
+            raise ValueError("server_optimizer needs comm='ps' (a job with parameter servers: -s 1 or more)")
+        if op not in (Average, Sum) and (isinstance(compression, Residual) or backend.comm == "ps"):
+            raise ValueError(f"op={op!r}: compressed and parameter-server reductions sum or average only")
+        self._params = [p for _, p in named]
+        self._names = [n for n, _ in named]
+        for n, p in named:
+            if p.dtype not in FLOATS:
+                raise ValueError(f"parameter {n!r} is {p.dtype}: gradients must be float16, bfloat16, float32 or float64")  # fmt: skip
+        per_param = isinstance(compression, Residual) and compression.per_parameter
+        sizes = [(str(p.dtype), p.numel() * p.element_size()) for p in self._params]
+        plan = bucketing.plan(sizes, 0 if per_param else fusion_threshold)
+        self._tracker = bucketing.Tracker(plan)
+        self._exchange = Exchange(
+            backend, op, compression, str(next(_ids)), self._params, plan, server_optimizer
+        )
+        self._bpps = bpps
+        self._scale = 1.0 / bpps if average_aggregated_gradients else 1.0
+        self._sparse_as_dense = sparse_as_dense
+        self._delay = [bpps] * len(self._params)
+        self._pending: list[Pending] = []
+        self._synchronized = False
+        self._should_sync = True
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._make_hook(i))
+            for i, p in enumerate(self._params)
+            if p.requires_grad
+        ]
+
+    def _make_hook(self, i: int) -> Any:
+        def hook(p: torch.Tensor) -> None:
+            if self._delay[i] <= 0:
+                raise AssertionError(TOO_MANY)
+            self._delay[i] -= 1
+            if self._delay[i] == 0:
+                self._launch(self._tracker.ready(i))
+
+        return hook
+
+    def _grads(self, bucket: int) -> list[torch.Tensor]:
+        """The bucket's gradients, ready to send: zeros for a parameter without one (it receives
+        the others'), sparse ones refused or made dense, accumulated ones averaged if asked."""
+        out = []
+        for i in self._tracker.buckets[bucket]:
+            p = self._params[i]
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            elif p.grad.is_sparse and self._sparse_as_dense:
+                p.grad = p.grad.to_dense()
+            check_dense(p.grad, f"the gradient of {self._names[i]!r}")
+            if self._scale != 1.0:
+                p.grad.mul_(self._scale)
+            out.append(p.grad)
+        return out
+
+    def _launch(self, started: list[int]) -> None:
+        self._pending += [self._exchange.start(b, self._grads(b)) for b in started]
+
+    def synchronize(self) -> None:
+        """Start what has not started, wait for every bucket and write the results."""
+        self._launch(self._tracker.rest())
+        pending, self._pending = self._pending, []
+        try:
+            for p in pending:
+                self._exchange.finish(p)
+        finally:
+            self._tracker.reset()
+            self._delay = [self._bpps] * len(self._params)
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """``step()`` inside skips its synchronize (call ``synchronize()`` first, e.g. to clip)."""
+        self._should_sync = False
+        try:
+            yield
+        finally:
+            self._should_sync = True
+
+    def step(self, closure: Any = None) -> Any:
+        if self._should_sync:
+            if self._synchronized:
+                raise AssertionError("optimizer.step() called twice after one synchronize(): use skip_synchronize()")  # fmt: skip
+            self.synchronize()
+        self._synchronized = False
+        if self._exchange.server_optimizer:  # the servers updated the parameters
+            return closure() if closure is not None else None
+        return super().step(closure)  # type: ignore[misc]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._pending or self._tracker.pending():
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
+                "or optimizer.synchronize(): the gradients' exchange has started"
+            )
+        super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
+
+
+def _named(optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.Tensor]] | None) -> list[tuple[str, torch.Tensor]]:  # fmt: skip
+    """The optimizer's parameters in its order, with the names given (Horovod's checks)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if named_parameters is None:
+        return [(f"param.{i}", p) for i, p in enumerate(params)]
+    named = list(named_parameters)
+    if any(not isinstance(t, tuple) or len(t) != 2 for t in named):
+        raise ValueError("named_parameters must be (name, parameter) pairs, e.g. model.named_parameters()")
+    names = [n for n, _ in named]
+    if len(set(names)) < len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"named_parameters has duplicate names: {dup}")
+    by_id = {id(p): n for n, p in named}
+    unnamed = [i for i, p in enumerate(params) if id(p) not in by_id]
+    if unnamed:
+        raise ValueError(
+            f"named_parameters was specified, but {len(unnamed)} of the optimizer's parameters are not named "
+            f"in it (indices {unnamed[:5]}): pass the model's named_parameters()"
+        )
+    return [(by_id[id(p)], p) for p in params]
+
+
+def DistributedOptimizer(  # Horovod's name
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    compression: Any = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: str | None = Average,
+    *,
+    fusion_threshold: int = FUSION_THRESHOLD,
+    comm: str | None = None,
+    server_optimizer: Any = None,
+    sparse_as_dense: bool = False,
+    average_aggregated_gradients: bool = False,
+    runtime: Runtime | None = None,
+) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that its ``step`` applies the gradients reduced over every worker
+    (see the module's text). ``comm``: ``"allreduce"`` or ``"ps"``, as ``init`` chose (a check);
+    ``server_optimizer`` (``comm="ps"``): a ``trainer_core.optim.server.SGD``/``Adam`` or a spec the
+    servers apply; ``fusion_threshold``: bytes per bucket."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(
+            f"DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}"
+        )
+    if isinstance(optimizer, _Distributed):
+        raise ValueError("this optimizer is already a DistributedOptimizer")
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("LBFGS is not supported (its step runs the closure many times)")
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, not {backward_passes_per_step!r}")
+    if not isinstance(fusion_threshold, int) or fusion_threshold < 0:
+        raise ValueError(f"fusion_threshold must be a number of bytes >= 0, not {fusion_threshold!r}")
+    how = resolve_op(None, op)
+    comp = check(compression)
+    named = _named(optimizer, named_parameters)
+    cls = type(optimizer.__class__.__name__, (_Distributed, optimizer.__class__), {})
+    dist: Any = object.__new__(cls)
+    dist.__dict__.update(optimizer.__dict__)  # the same param_groups, state and hooks: no copy
+    dist._setup(named, comp, backward_passes_per_step, how, fusion_threshold, comm, server_optimizer, sparse_as_dense, average_aggregated_gradients, runtime)  # fmt: skip
+    return dist

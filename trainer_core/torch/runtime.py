@@ -1,0 +1,115 @@
+"""``init()``: which path this process reduces over, chosen from the launcher's environment.
+
+* no ``DMLC_ROLE`` (the script runs as plain ``python``): one rank, nothing moves (``Solo``);
+* ``DMLC_ROLE=scheduler`` or ``server``: this process serves that role and exits when the job ends,
+  as ``import trainer_core`` and ``kv.create`` do (a job's every process runs the same script);
+* ``DMLC_ROLE=worker``: without servers (``-s 0``) the workers' collective group
+  (``comm="allreduce"``: ``trainer_core.collective.group()``), with servers the KV store
+  (``comm="ps"``: ``kv.create("dist_sync")``). ``init(comm=...)`` asks for one; a path the job
+  cannot give is a clear error.
+
+The state lives in a ``Runtime`` (``default`` serves the Horovod-style module functions; every
+function also takes ``runtime=`` so that a test may hold several).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+
+import trainer_core.collective as collective
+from trainer_core.errors import ConfigError
+
+from .backend import KV, Backend, Collective, Solo
+
+COMMS = ("allreduce", "ps")
+
+
+def choose(environ: Mapping[str, str], comm: str | None) -> str:
+    """``"solo"``, ``"allreduce"`` or ``"ps"`` for a worker's environment; ConfigError when the
+    job cannot give ``comm``."""
+    if comm is not None and comm not in COMMS:
+        raise ConfigError(f"comm must be 'allreduce' or 'ps', not {comm!r}")
+    if environ.get("DMLC_ROLE") is None:
+        return "solo"
+    raw = environ.get("DMLC_NUM_SERVER", "0")
+    try:
+        servers = int(raw)
+    except ValueError:
+        raise ConfigError(f"DMLC_NUM_SERVER must be a number, not {raw!r}") from None
+    if comm is None:
+        return "ps" if servers > 0 else "allreduce"
+    if comm == "ps" and servers == 0:
+        raise ConfigError(
+            "comm='ps' needs parameter servers: launch with -s 1 or more (or use comm='allreduce')"
+        )
+    if comm == "allreduce" and servers > 0:
+        raise ConfigError(
+            f"comm='allreduce' is for jobs without servers: launch with -s 0 (this job has {servers}), or use comm='ps'"
+        )
+    return comm
+
+
+class Runtime:
+    """One process's trainer_core.torch state: the backend ``init`` made."""
+
+    def __init__(self) -> None:
+        self._backend: Backend | None = None
+        self._lock = threading.Lock()
+
+    def init(self, comm: str | None = None, environ: Mapping[str, str] | None = None) -> Backend:
+        """Join the job (once; later calls return the same backend)."""
+        env = os.environ if environ is None else environ
+        role = env.get("DMLC_ROLE")
+        if role in ("scheduler", "server"):
+            from trainer_core.ps.roles import run_role_and_exit
+
+            run_role_and_exit(role, env)
+        if role not in (None, "worker"):
+            raise ConfigError(f"DMLC_ROLE must be worker, server or scheduler, not {role!r}")
+        with self._lock:
+            if self._backend is not None:
+                if comm is not None and comm != self._backend.comm:
+                    raise ConfigError(
+                        f"trainer_core.torch is already initialized with comm={self._backend.comm!r}"
+                    )
+                return self._backend
+            path = choose(env, comm)
+            if path == "solo":
+                self._backend = Solo()
+            elif path == "allreduce":
+                self._backend = Collective(
+                    collective.group() if environ is None else collective.join(environ)
+                )
+            else:
+                import trainer_core.kv as kv
+
+                self._backend = KV(kv.create("dist_sync", None if environ is None else dict(environ)))
+            return self._backend
+
+    def backend(self) -> Backend:
+        b = self._backend
+        if b is None:
+            raise ValueError(
+                "trainer_core.torch has not been initialized; call trainer_core.torch.init() first"
+            )
+        return b
+
+    def initialized(self) -> bool:
+        return self._backend is not None
+
+    def shutdown(self) -> None:
+        """Leave the job (every worker, at the end); ``init`` may join again."""
+        with self._lock:
+            b, self._backend = self._backend, None
+        if isinstance(b, Collective):  # forget the default group if it is this one
+            old = collective.default.set(None)
+            if old is not None and old is not b.group:
+                collective.default.set(old)
+        if b is not None:
+            b.close()
+
+
+#: the process's runtime (a convenience for Horovod's module functions)
+default = Runtime()
