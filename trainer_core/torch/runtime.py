@@ -88,6 +88,14 @@ class Runtime:
                 self._backend = KV(kv.create("dist_sync", None if environ is None else dict(environ)))
             return self._backend
 
+    def attach(self, backend: Backend) -> Backend:
+        """Use ``backend`` (made otherwise: e.g. a ``Collective`` over an in-process group in a test)."""
+        with self._lock:
+            if self._backend is not None:
+                raise ConfigError("trainer_core.torch is already initialized")
+            self._backend = backend
+            return backend
+
     def backend(self) -> Backend:
         b = self._backend
         if b is None:
