@@ -10,6 +10,14 @@
 >>> restore_server(kv, ck)                   # every worker (collective), after init
 >>> kv.load_compression_state(ck.residuals if kv.rank == 0 else load_worker(path, kv.rank, ck.step))
 
+Without servers (``CollectiveCommunicator``, whose residuals differ per worker, as may the local
+learner's state: model averaging keeps each worker's momentum):
+
+>>> save_worker(path, comm.rank(), comm.compression_state(), step=s, learner=dl)  # ranks != 0
+>>> comm.barrier(); save(path, ...) on rank 0; comm.barrier()
+>>> mine = load_worker_state(path, rank, ck.step)  # ranks != 0, after restore_learner(dl, ck)
+>>> restore_local_learner(dl, mine); comm.load_compression_state(mine.residuals)
+
 What a checkpoint holds (array names inside the ``.npz``):
 
 * ``param/<name>``: the parameters;
@@ -31,10 +39,12 @@ What a checkpoint holds (array names inside the ``.npz``):
 
 The other workers' own compression residuals go into one small file per worker next to the
 checkpoint (``worker_path``: ``ck.npz`` -> ``ck.worker1.npz``), same format, written by that worker
-(``save_worker``) with the step, so ``load_worker`` refuses a file of another step. A worker file
-also keeps the residuals of the step before (``previous/<key>/<name>``, ``previous_step`` in the
-manifest): the workers write theirs before rank 0 writes the checkpoint (the example's
-``save_checkpoint``), so a job killed between the two resumes from rank 0's older checkpoint.
+(``save_worker``) with the step, so ``load_worker`` refuses a file of another step; given the
+learner, it also holds that worker's local learner state (``local/...``). A worker file also keeps
+the state of the step before (``previous/<key>/<name>`` residuals, ``previous_local/<name>/<slot>``,
+``previous_step`` and ``previous_local`` in the manifest): the workers write theirs before rank 0
+writes the checkpoint (the example's ``save_checkpoint``), so a job killed between the two resumes
+from rank 0's older checkpoint.
 
 Writing is atomic: a temporary file in the same directory, flushed and fsynced, then
 ``os.replace``; a reader sees the old checkpoint or the new one, never a torn file. Loading uses
@@ -78,6 +88,9 @@ class Checkpoint:
     # a worker file's residuals of the step before ``step`` (``save_worker`` keeps them), if any
     previous: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     previous_step: int | None = None
+    # and its local learner state of that step (``previous_local/...``), if it holds one
+    previous_local: dict[str, dict[str, Any]] = field(default_factory=dict)
+    previous_local_steps: int = 0
 
 
 def _is_scalar(value: Any) -> bool:
@@ -94,6 +107,21 @@ def _split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 def _local_learner(learner: Any) -> Any:
     """The local learner of a distributed learner, or ``learner`` itself."""
     return getattr(learner, "learner", learner)
+
+
+def _local_state(
+    state: dict[str, dict[str, Any]], name: str, steps: int, arrays: dict[str, np.ndarray], group: str
+) -> dict[str, Any]:
+    """Put a local learner's per-parameter arrays into ``arrays`` as ``<group>/<param>/<slot>``;
+    its manifest entry (name, steps, the scalars)."""
+    scalars: dict[str, dict[str, Any]] = {}
+    for pname, slots in state.items():
+        for slot, value in slots.items():
+            if _is_scalar(value):
+                scalars.setdefault(pname, {})[slot] = value
+            else:
+                arrays[f"{group}/{pname}/{slot}"] = to_host(value)
+    return {"name": name, "steps": int(steps), "scalars": scalars}
 
 
 def arrays_and_manifest(
@@ -116,14 +144,7 @@ def arrays_and_manifest(
     }  # fmt: skip
     if learner is not None:
         local = _local_learner(learner)
-        scalars: dict[str, dict[str, Any]] = {}
-        for name, slots in local.state.items():
-            for slot, value in slots.items():
-                if _is_scalar(value):
-                    scalars.setdefault(name, {})[slot] = value
-                else:
-                    arrays[f"local/{name}/{slot}"] = to_host(value)
-        manifest["local"] = {"name": local.name, "steps": local.steps, "scalars": scalars}
+        manifest["local"] = _local_state(local.state, local.name, local.steps, arrays, "local")
         if local is not learner:
             dist_arrays, dist_scalars = _split(learner.state_dict())
             arrays.update({f"dist/{k}": to_host(v) for k, v in dist_arrays.items()})
@@ -188,9 +209,9 @@ def load(path: str | os.PathLike[str]) -> Checkpoint:
         group, _, rest = name.partition("/")
         if group == "param":
             ck.params[rest] = arr
-        elif group == "local":
+        elif group in ("local", "previous_local"):
             pname, _, slot = rest.rpartition("/")
-            ck.local.setdefault(pname, {})[slot] = arr
+            (ck.local if group == "local" else ck.previous_local).setdefault(pname, {})[slot] = arr
         elif group == "dist":
             ck.dist[rest] = arr
         elif group in ("residual", "previous"):
@@ -208,6 +229,10 @@ def load(path: str | os.PathLike[str]) -> Checkpoint:
     ck.not_saved = list(manifest.get("not_saved") or [])
     if manifest.get("previous_step") is not None:
         ck.previous_step = int(manifest["previous_step"])
+    previous_local = manifest.get("previous_local") or {}
+    for pname, scalars in (previous_local.get("scalars") or {}).items():
+        ck.previous_local.setdefault(pname, {}).update(scalars)
+    ck.previous_local_steps = int(previous_local.get("steps", 0))
     for i, entry in enumerate(manifest.get("server") or []):
         ck.server[entry["key"]] = {**server_arrays.pop(i, {}), **(entry.get("scalars") or {})}
     if server_arrays:
@@ -228,6 +253,15 @@ def restore_params(params: dict[str, Any], ck: Checkpoint) -> None:
 
 def restore_learner(learner: Any, ck: Checkpoint) -> None:
     """Restore the local learner's state and, for a distributed learner, its own state."""
+    restore_local_learner(learner, ck)
+    local = _local_learner(learner)
+    if local is not learner:
+        learner.load_state_dict(ck.dist)
+
+
+def restore_local_learner(learner: Any, ck: Checkpoint) -> None:
+    """Restore only the local learner's state (of ``learner``, or of the distributed learner it is):
+    e.g. from a worker's own file (``load_worker_state``), after ``restore_learner``."""
     local = _local_learner(learner)
     if ck.learner_name and ck.learner_name != local.name:
         raise ValueError(f"checkpoint holds a {ck.learner_name!r} learner, not {local.name!r}")
@@ -239,8 +273,6 @@ def restore_learner(learner: Any, ck: Checkpoint) -> None:
         state[pname] = {s: (v if _is_scalar(v) else like(v.copy(), ref)) for s, v in slots.items()}
     local.load_state(state)
     local.steps = ck.local_steps
-    if local is not learner:
-        learner.load_state_dict(ck.dist)
 
 
 def restore_server(kv: Any, ck: Checkpoint) -> None:
@@ -256,27 +288,39 @@ def worker_path(path: str | os.PathLike[str], rank: int) -> Path:
 
 
 def save_worker(
-    path: str | os.PathLike[str], rank: int, residuals: dict[str, dict[str, Any]], step: int = 0
+    path: str | os.PathLike[str],
+    rank: int,
+    residuals: dict[str, dict[str, Any]],
+    step: int = 0,
+    learner: Any = None,
 ) -> Path:
-    """Write worker ``rank``'s compression residuals (``kv.compression_state()``) atomically into
-    ``worker_path(path, rank)``; each worker writes its own (they differ per worker). The residuals
-    of the file it replaces stay in it as the previous step's: a job killed after this worker wrote
-    step N but before rank 0's checkpoint of step N resumes from step N - 1 with this file."""
-    arrays, manifest = arrays_and_manifest(params={}, residuals=residuals, step=step)
+    """Write worker ``rank``'s compression residuals (``kv.compression_state()``) and, given
+    ``learner``, its local learner's state atomically into ``worker_path(path, rank)``; each worker
+    writes its own (they differ per worker). The state of the file it replaces stays in it as the
+    previous step's: a job killed after this worker wrote step N but before rank 0's checkpoint of
+    step N resumes from step N - 1 with this file."""
+    local = None if learner is None else _local_learner(learner)
+    arrays, manifest = arrays_and_manifest(params={}, learner=local, residuals=residuals, step=step)
     manifest["extra"] = {"rank": int(rank)}
     before = _readable(worker_path(path, rank))
     if before is not None and before.extra.get("rank") == int(rank):
-        kept: dict[str, dict[str, np.ndarray]] = before.residuals
+        kept = (before.residuals, before.local, before.local_steps, before.learner_name)
         kept_step: int | None = before.step
         if before.step == step:  # the same step again (a resumed run repeating it): keep the one before
-            kept, kept_step = before.previous, before.previous_step
+            kept = (before.previous, before.previous_local, before.previous_local_steps, before.learner_name)
+            kept_step = before.previous_step
         if kept_step is not None:
+            residual_kept, local_kept, steps_kept, name_kept = kept
             arrays.update(
                 (f"previous/{key}/{slot}", to_host(v))
-                for key, slots in kept.items()
+                for key, slots in residual_kept.items()
                 for slot, v in slots.items()
             )
             manifest["previous_step"] = kept_step
+            if local_kept:
+                manifest["previous_local"] = _local_state(
+                    local_kept, name_kept, steps_kept, arrays, "previous_local"
+                )
     return write(worker_path(path, rank), arrays, manifest)
 
 
@@ -294,12 +338,25 @@ def load_worker(
     """Worker ``rank``'s residuals saved next to checkpoint ``path`` (with ``step``: of that step,
     the file's latest or the previous one it keeps); ``ValueError`` when the file is another
     worker's or holds no residuals of ``step``."""
-    ck = load(worker_path(path, rank))
+    return load_worker_state(path, rank, step).residuals
+
+
+def load_worker_state(path: str | os.PathLike[str], rank: int, step: int | None = None) -> Checkpoint:
+    """Worker ``rank``'s own state saved next to checkpoint ``path`` (``residuals``, and ``local``
+    with ``learner_name`` and ``local_steps`` when the learner was saved), of ``step`` as
+    ``load_worker``; ``ValueError`` when there is no such file or it holds no state of ``step``."""
+    target = worker_path(path, rank)
+    if not target.exists():
+        raise ValueError(f"{target}: worker {rank}'s state of checkpoint {path} is missing")
+    ck = load(target)
     if ck.extra.get("rank") != int(rank):
-        raise ValueError(f"{worker_path(path, rank)} holds worker {ck.extra.get('rank')!r}'s state")
+        raise ValueError(f"{target} holds worker {ck.extra.get('rank')!r}'s state")
     if step is None or ck.step == step:
-        return ck.residuals
+        return ck
     if ck.previous_step == step:
-        return ck.previous
+        return Checkpoint(
+            params={}, local=ck.previous_local, dist={}, residuals=ck.previous, step=step,
+            learner_name=ck.learner_name, local_steps=ck.previous_local_steps, extra=ck.extra,
+        )  # fmt: skip
     held = f"steps {ck.previous_step} and {ck.step}" if ck.previous_step is not None else f"step {ck.step}"
     raise ValueError(f"{worker_path(path, rank)} is of {held}, the checkpoint of step {step}")

@@ -10,6 +10,13 @@ compressed allreduce (``collective.compressed``: compressed reduce-scatter with 
 residual, the reduced chunk compressed again with its owner's residual for the allgather), the
 error feedback kept here per key. ``declare`` moves nothing; ``broadcast`` is rank 0's values.
 The hostnames come from an allgather of each worker's encoded name, as the KV path's exchange.
+
+``compression_state()`` is this worker's error feedback as named arrays (the KV store's method of
+that name gives the same form): for each key, ``<key>/worker<c>`` holds the residual of the chunk
+this worker sends to rank ``c`` in the reduce-scatter, ``<key>/server`` the residual of the chunk it
+owns for the allgather (PowerSGD's ``q`` beside it); ``load_compression_state`` puts it back after
+``set_compression``. The residuals differ per worker: each worker checkpoints its own
+(``checkpoint.save_worker``; docs/learners.md).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from trainer_core.collective import ErrorFeedback, Group
+from trainer_core.xp import to_host
 
 from .comm import WorkerDescriptor, WorkerTable, decode_host, encode_host, local_host_id
 
@@ -68,3 +76,38 @@ class CollectiveCommunicator(WorkerTable):
 
     def set_compression(self, params: dict[str, Any]) -> None:
         self.feedback = ErrorFeedback(dict(params))
+
+    def compression_state(self) -> dict[str, dict[str, np.ndarray]]:
+        """This worker's error-feedback state by ``<key>/worker<c>`` and ``<key>/server`` (each a
+        compressor's ``state_dict``: ``residual``, PowerSGD's ``q``); empty before
+        ``set_compression`` and for parts that have not encoded yet."""
+        out: dict[str, dict[str, np.ndarray]] = {}
+        if self.feedback is None:
+            return out
+        for key, st in self.feedback.keys.items():
+            parts = [(f"worker{c}", comp) for c, comp in enumerate(st.workers)] + [("server", st.server)]
+            for part, comp in parts:
+                state = {name: to_host(value) for name, value in comp.state_dict().items()}
+                if state:
+                    out[f"{key}/{part}"] = state
+        return out
+
+    def load_compression_state(self, state: dict[str, dict[str, Any]]) -> None:
+        """Restore ``compression_state()`` (after ``set_compression``, before the next
+        ``aggregate``): the next compressed allreduce continues with these residuals. A
+        ``ValueError`` names a part this job does not have (another number of workers)."""
+        if not state:
+            return
+        if self.feedback is None:
+            raise ValueError("compression state given, but this communicator does not compress")
+        size = self.num_workers()
+        for name, values in state.items():
+            key, _, part = str(name).rpartition("/")
+            st = self.feedback.key(key, size)
+            if part == "server":
+                comp = st.server
+            elif part.startswith("worker") and part[6:].isdigit() and int(part[6:]) < size:
+                comp = st.workers[int(part[6:])]
+            else:
+                raise ValueError(f"compression state {name!r}: no such part in a job of {size} workers")
+            comp.load_state_dict({k: np.asarray(v) for k, v in values.items()})
