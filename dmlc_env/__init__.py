@@ -42,6 +42,21 @@ CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 # host:port of the launcher's metrics endpoint (docs/metrics.md); unset when none is served
 LAUNCHKIT_METRICS_ADDR = "LAUNCHKIT_METRICS_ADDR"
+# Who serves DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT: unset, a scheduler process (launch.py's way);
+# ROOT_IN_WORKER0, worker 0's own process (a job without servers: no scheduler process runs)
+LAUNCHKIT_ROOT_SERVER = "LAUNCHKIT_ROOT_SERVER"
+ROOT_IN_WORKER0 = "worker 0"
+
+# --- torchrun's names (torch.distributed's env://), every worker, counted over the workers ---
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+GROUP_RANK = "GROUP_RANK"  # the worker's host index, as NODE_RANK
+NODE_RANK = "NODE_RANK"
+MASTER_ADDR = "MASTER_ADDR"  # worker 0's host
+MASTER_PORT = "MASTER_PORT"  # a free port there for torch's TCP store (not DMLC_PS_ROOT_PORT)
+TORCH_VARS = (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, NODE_RANK, MASTER_ADDR, MASTER_PORT)
 
 ROLES = ("scheduler", "server", "worker")
 
@@ -54,7 +69,7 @@ LAUNCHER_SET = frozenset(
         DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER,
         DMLC_NODE_HOST, DMLC_TASK_ID, DMLC_JOB_CLUSTER, DMLC_INTERFACE, LAUNCHKIT_JOB_ID,
         LAUNCHKIT_ROLE_RANK, LAUNCHKIT_LOCAL_RANK, LAUNCHKIT_JOB_SECRET, LAUNCHKIT_RESTART_COUNT,
-        LAUNCHKIT_METRICS_ADDR,
+        LAUNCHKIT_METRICS_ADDR, LAUNCHKIT_ROOT_SERVER, *TORCH_VARS,
     }
 )  # fmt: skip
 LAUNCHER_SETTINGS = frozenset({"LAUNCHKIT_HOME", "LAUNCHKIT_DEBUG"})  # read by the launcher itself
@@ -83,6 +98,9 @@ class JobEnv:
     num_workers: int
     interface: str | None = None
     restart_count: int = 0  # the attempt: 0 first, N after the Nth restart (--max-restarts)
+    root_in_worker0: bool = False  # no scheduler process: worker 0 serves root_uri:root_port
+    master_addr: str = ""  # torch's MASTER_ADDR: worker 0's host ("": its node fills it in)
+    master_port: int = 0  # torch's MASTER_PORT (0: worker 0's node picks it)
 
 
 @dataclass(frozen=True)
@@ -95,6 +113,8 @@ class TaskEnv:
     local_rank: int
     node_host: str
     cuda_visible_devices: str | None = None
+    local_size: int = 1  # the workers on this worker's host (LOCAL_WORLD_SIZE)
+    node_rank: int = 0  # this worker's host among the workers' hosts (GROUP_RANK, NODE_RANK)
 
 
 def build_env(job: JobEnv, task: TaskEnv) -> dict[str, str]:
@@ -120,7 +140,26 @@ def build_env(job: JobEnv, task: TaskEnv) -> dict[str, str]:
         env[DMLC_INTERFACE] = job.interface
     if task.cuda_visible_devices is not None:
         env[CUDA_VISIBLE_DEVICES] = task.cuda_visible_devices
+    if job.root_in_worker0:
+        env[LAUNCHKIT_ROOT_SERVER] = ROOT_IN_WORKER0
+    if task.role == "worker":
+        env.update(torch_env(job, task))
     return env
+
+
+def torch_env(job: JobEnv, task: TaskEnv) -> dict[str, str]:
+    """torchrun's variables for a worker: ranks over the workers only (servers and a scheduler are
+    not torch's processes), its host's index and worker count, and where torch's TCP store is."""
+    return {
+        RANK: str(task.role_rank),
+        WORLD_SIZE: str(job.num_workers),
+        LOCAL_RANK: str(task.local_rank),
+        LOCAL_WORLD_SIZE: str(task.local_size),
+        GROUP_RANK: str(task.node_rank),
+        NODE_RANK: str(task.node_rank),
+        MASTER_ADDR: job.master_addr,
+        MASTER_PORT: str(job.master_port),
+    }
 
 
 # Set for every process unless the launcher's environment or the user already set them.
@@ -160,6 +199,12 @@ class NodeEnv:
     local_rank: int | None
     secret: str | None
     restart_count: int | None = None
+    root_server: str | None = None  # LAUNCHKIT_ROOT_SERVER: None, a scheduler process
+
+    @property
+    def root_in_worker0(self) -> bool:
+        """This job has no scheduler process: worker 0 serves the root address."""
+        return self.root_server == ROOT_IN_WORKER0
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> NodeEnv:
@@ -202,6 +247,7 @@ class NodeEnv:
             local_rank=as_int(LAUNCHKIT_LOCAL_RANK, e.get(LAUNCHKIT_LOCAL_RANK)),
             secret=e.get(LAUNCHKIT_JOB_SECRET) or None,
             restart_count=as_int(LAUNCHKIT_RESTART_COUNT, e.get(LAUNCHKIT_RESTART_COUNT)),
+            root_server=e.get(LAUNCHKIT_ROOT_SERVER) or None,
         )
 
 

@@ -71,8 +71,10 @@ class Liveness(Health):
         timeout: float,
         log: logging.Logger,
         on_failure: Callable[[NodeFailure], None] | None = None,
+        root: str = "scheduler",
     ) -> None:
         super().__init__(node, log)
+        self.root = root  # the node that serves the scheduler: "worker 0" in a job without one
         self.transport = transport
         self.endpoint = scheduler_endpoint
         self.interval = interval
@@ -115,9 +117,10 @@ class Liveness(Health):
                 if on and time.monotonic() - self._last_ack > self.timeout and not self.terminated.is_set():
                     self.fail(
                         NodeFailure(
-                            f"the scheduler ({self.endpoint}) answered no heartbeat for {self.timeout:g} s: "
-                            "it died or stopped; the job is over",
-                            node="scheduler",
+                            f"the scheduler ({self.endpoint}"
+                            + ("" if self.root == "scheduler" else f", in {self.root}")
+                            + f") answered no heartbeat for {self.timeout:g} s: it died or stopped; the job is over",
+                            node=self.root,
                         )
                     )
         finally:

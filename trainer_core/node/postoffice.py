@@ -26,6 +26,7 @@ from trainer_core.node import protocol
 from trainer_core.node.book import Book, join, scheduler_endpoint
 from trainer_core.node.liveness import Health, Liveness
 from trainer_core.node.requests import Requests
+from trainer_core.node.rootserver import RootServer, root_name, serves_root
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Channel, Listener, Received, Trace
 from trainer_core.transport.control import Transport
@@ -78,6 +79,7 @@ class Postoffice:
         self.raised = threading.Event()  # the failure reached the user (or the node closed)
         self.before_exit: Callable[[], None] | None = None  # e.g. unlink shared-memory names
         self._watchdog: threading.Thread | None = None
+        self.root: RootServer | None = None  # the job's scheduler, when this node serves it
 
     @classmethod
     def join(cls, cfg: NodeConfig, log: logging.Logger, schema: wire.Schema = protocol.SCHEMA) -> Postoffice:
@@ -86,7 +88,10 @@ class Postoffice:
         transport = Transport(cfg.secret, log, cfg.verbose, schema)
         listeners: list[Listener] = []
         live: Liveness | None = None
+        root: RootServer | None = None
         try:
+            if serves_root(cfg):  # a job without a scheduler process: worker 0 serves the root
+                root = RootServer(cfg, log, schema)
             local, data = listen(cfg, transport.trace, listeners)
             sched, book = join(transport, cfg, cfg.env.node_host or "", None, log, local=local, data=data)
             live = Liveness(
@@ -96,11 +101,14 @@ class Postoffice:
                 cfg.heartbeat_interval,
                 cfg.heartbeat_timeout,
                 log,
+                root=root_name(cfg),
             )
             live.start()
         except BaseException:
             if live is not None:
                 live.stop()
+            if root is not None:
+                root.stop()
             for listener in listeners:
                 listener.close()
             transport.close()
@@ -109,6 +117,7 @@ class Postoffice:
         node = cls(book, sched, live, log, grace_s=grace)
         node.transport = transport
         node.listeners = listeners
+        node.root = root
         return node
 
     @property
@@ -218,6 +227,8 @@ class Postoffice:
         watchdog = self._watchdog
         if watchdog is not None and watchdog is not threading.current_thread():
             watchdog.join()
+        if self.root is not None:  # after finish it has ended by itself; else it ends now
+            self.root.stop()
 
     def close_transport(self) -> None:
         """Close the listeners and the transport (after ``stop`` and the channels above)."""

@@ -3,13 +3,14 @@ workers, with what each listens on), runs barriers, watches heartbeats and tells
 the job ends (normally or by an abort). It knows nothing of what the nodes compute: a
 parameter-server job runs it with its protocol's ``schema`` (``ps/scheduler.py``, ``python -m
 trainer_core.ps.scheduler``, or importing trainer_core with ``DMLC_ROLE=scheduler``); a job
-without servers runs the same. It binds ``DMLC_PS_ROOT_PORT`` with a plain ZeroMQ tcp bind (on
+without servers runs the same, as a thread of worker 0's process (``rootserver.py``). It binds ``DMLC_PS_ROOT_PORT`` with a plain ZeroMQ tcp bind (on
 ``DMLC_INTERFACE``'s address when given). Exit code 0 when every worker finished, 1 on abort.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +85,8 @@ class Scheduler:
         self.barrier_waiters: list[tuple[Peer, int]] = []
         self.finish_waiters: list[tuple[Peer, int]] = []
         self.exit_code: int | None = None
+        #: set from another thread (worker 0's, ``rootserver.RootServer``): ``run`` returns soon
+        self.stopping = threading.Event()
 
     def run(self) -> int:
         try:
@@ -96,7 +99,7 @@ class Scheduler:
         cfg = self.cfg
         started = time.monotonic()
         check_every = min(0.2, cfg.heartbeat_interval) if cfg.liveness_on else 0.2
-        while True:
+        while not self.stopping.is_set():
             if self.router.wait(check_every):
                 self.router.receive(self.handle)
                 if self.exit_code is not None:
@@ -118,6 +121,7 @@ class Scheduler:
                             "it died or stopped",
                             rec.name,
                         )
+        return self.exit_code if self.exit_code is not None else 0
 
     def handle(self, msg: Received) -> None:
         """Serve one message; sets ``exit_code`` when it ends the job."""
