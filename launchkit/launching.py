@@ -25,51 +25,29 @@ from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.agent import LOST_EXIT
 from launchkit.backends.ssh.backend import SshBackend
 from launchkit.console import Ui
-from launchkit.core.plan import make_plan, new_job_id, new_secret
+from launchkit.core.plan import has_scheduler, make_plan, new_job_id, new_secret
 from launchkit.core.spec import JobResult, LaunchSpec, Plan
 from launchkit.dashboard import Dashboard
 from launchkit.errors import EXIT_INTERNAL, BackendError, UsageError
-from launchkit.hostside.netif import route_to
 from launchkit.jobs import records as jobs
 from launchkit.jobs.kill import remote_hosts
-from launchkit.netutil import PortReservation, fallback_address, interface_address
+from launchkit.roots import Roots, dry_run_address
 from launchkit.supervisor import EXIT_TIMEOUT, HANDLED_SIGNALS, Supervisor, check_log_dir
 from launchkit.telemetry.endpoint import Telemetry, serve
-
-
-def scheduler_address(spec: LaunchSpec, reached_from: str | None = None) -> str:
-    """--scheduler-ip, else the interface's address, else loopback (local), else the local
-    address through which the hosts were reached, else the route to the first host."""
-    if spec.scheduler_ip:
-        return spec.scheduler_ip
-    if spec.interface:
-        return interface_address(spec.interface)
-    if spec.backend == "local":
-        return "127.0.0.1"
-    return reached_from or route_to(spec.hosts[0].name) or fallback_address()
-
-
-AT_LAUNCH = "<chosen at launch>"
-
-
-def dry_run_address(spec: LaunchSpec) -> str:
-    """The scheduler's address as far as it is known without contacting a host. ssh takes the
-    local address of its connection to the first host: the route to that host's address as
-    resolved here (IPv4 first, as a launch takes it), or AT_LAUNCH when its name does not resolve here
-    (an ssh config alias)."""
-    if spec.backend != "ssh" or spec.scheduler_ip or spec.interface:
-        return scheduler_address(spec)
-    return route_to(spec.hosts[0].name) or AT_LAUNCH
 
 
 def dry_run_plan(spec: LaunchSpec, backend: Backend) -> Plan:
     """The plan a launch would run (no secret, the port only if ``--scheduler-port`` names it)."""
     own_address = backend.finds_scheduler_address()
+    if not has_scheduler(spec) and spec.backend != "local":
+        root_uri = spec.scheduler_ip or "<worker 0's address>"
+    else:
+        root_uri = "<its node's address>" if own_address else dry_run_address(spec)
     return make_plan(
         spec,
         job_id=new_job_id(),
         secret="",
-        root_uri="<its node's address>" if own_address else dry_run_address(spec),
+        root_uri=root_uri,
         root_port=spec.scheduler_port or 0,
         node_host_of=backend.node_hosts(spec),
     )
@@ -231,11 +209,9 @@ def _attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | None]:
 def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | None]:
     spec, backend, ui = job.spec, job.backend, job.ui
     reached = backend.connect(spec)
-    own_address = backend.finds_scheduler_address()
-    root_uri = "" if own_address else scheduler_address(spec, reached)
-    reservation = None if spec.scheduler_port or own_address else PortReservation(root_uri)
+    roots = Roots.choose(spec, backend, reached)
+    root_uri, port = roots.root
     try:
-        port = spec.scheduler_port or (reservation.port if reservation else 0)
         if job.telemetry is None:
             job.telemetry = serve(job.job_id, job.secret, root_uri, backend)
         plan = make_plan(
@@ -247,8 +223,9 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
             node_host_of=backend.node_hosts(spec),
             restart_count=attempt,
             metrics_addr=job.telemetry.address if job.telemetry else None,
+            master=roots.master,
         )
-        if job.telemetry is not None:
+        if job.telemetry is not None and plan.tasks[0].role == "scheduler":
             job.telemetry.watch_local(str(plan.tasks[0].host))  # the scheduler's: this host
         try:
             backend.prepare(plan)
@@ -272,9 +249,10 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
             )
         of = f" (attempt {attempt + 1} of {spec.max_restarts + 1})" if spec.max_restarts else ""
         ui.info(
-            f"job {plan.job_id} ({plan.job_name}): 1 scheduler, {_count(spec.num_servers, 'server')}, "
-            f"{_count(spec.num_workers, 'worker')} on {plan.backend}; "
-            + backend.scheduler_summary(root_uri, port)
+            f"job {plan.job_id} ({plan.job_name}): "
+            + (f"1 scheduler, {_count(spec.num_servers, 'server')}, " if has_scheduler(spec) else "")
+            + f"{_count(spec.num_workers, 'worker')} on {plan.backend}; "
+            + (backend.scheduler_summary(root_uri, port) if has_scheduler(spec) else roots.summary())
             + of
         )
         left = job.time_left()
@@ -298,8 +276,7 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
         job.record = supervisor.record
         return dataclasses.replace(result, attempt=attempt), supervisor
     finally:
-        if reservation is not None:
-            reservation.close()
+        roots.close()
 
 
 def _watchdog_end(job: _Job) -> float | None:

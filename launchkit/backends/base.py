@@ -48,6 +48,12 @@ class Backend:
         """Where the scheduler is, for the launch's first line."""
         return f"scheduler {root_uri}:{port}"
 
+    def worker0_ports(self, spec: LaunchSpec) -> tuple[str, int, int] | None:
+        """Worker 0's address and two free ports on its host (the rendezvous's of a job without
+        servers, torch's ``MASTER_PORT``), when the launcher learns them before planning (ssh);
+        None when this machine is worker 0's (local) or worker 0's node picks them (an engine)."""
+        return None
+
     def node_hosts(self, spec: LaunchSpec) -> dict[Host, str] | None:
         """``DMLC_NODE_HOST`` per host when not the hostfile's names ("" : the node finds it)."""
         return None

@@ -1,4 +1,5 @@
-"""``--launcher mpi``: one ``mpirun`` starts every server and worker (the scheduler runs here).
+"""``--launcher mpi``: one ``mpirun`` starts every server and worker (the scheduler runs here;
+without servers there is none: worker 0 serves the rendezvous, see ``hostside/rendezvous.py``).
 
 Open MPI, MPICH (Hydra) and Intel MPI are told apart from ``mpirun --version``. Rank r runs the
 r-th task of ``rank_order``: tasks grouped by host, in the order the host list is given to
@@ -37,10 +38,11 @@ from launchkit.backends.engine import (
     shim_argv,
 )
 from launchkit.backends.ssh.options import SshOptions
+from launchkit.backends.worker0file import forget_worker0, worker0_file
 from launchkit.core.hostfile import format_host
 from launchkit.core.spec import LOCALHOST, Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError, UsageError
-from launchkit.hostside import shim
+from launchkit.hostside import rendezvous, shim
 
 EXIT_ENGINE_SETUP = 2
 
@@ -108,6 +110,7 @@ def mpi_env(plan: Plan, opts: MpiOptions) -> dict[str, str]:
     the shim's SIGUSR2-means-stop (mpirun forwards SIGUSR2 to every rank at once, while its own
     SIGTERM reaches them only after ``odls_base_sigkill_timeout``)."""
     env = engine_env(plan, rank_order(plan), opts.grace)
+    env[rendezvous.WORKER0_VAR] = worker0_file(plan)  # worker 0's node picks torch's port there
     if opts.flavor == "openmpi":
         env[shim.NOTIFY_VAR] = "1"
     if opts.ends:
@@ -362,11 +365,13 @@ class MpiBackend(EngineBackend):
         super().close()
         if self.ends:
             shutil.rmtree(self.ends, ignore_errors=True)
+        if self.plan is not None:
+            forget_worker0(worker0_file(self.plan))
 
     def make_run(self, plan: Plan) -> EngineRun:
         self.ends = tempfile.mkdtemp(prefix="launchkit-ends-")
         if self._cleanup_sink is not None:  # a launcher that is SIGKILLed leaves no directory behind
-            self._cleanup_sink(["rm", "-rf", "--", self.ends])
+            self._cleanup_sink(["rm", "-rf", "--", self.ends, worker0_file(plan)])
         threading.Thread(target=self.watch_ends, args=(self.ends,), daemon=True).start()
         opts = dataclasses.replace(self.options(plan), ends=self.ends)
         argv = render(plan, opts, self.ssh)

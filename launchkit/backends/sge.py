@@ -4,6 +4,8 @@ Task ``k`` (1-based ``SGE_TASK_ID``) runs row ``k-1`` of the shim's table: the s
 then the servers, then the workers. Grid Engine places the tasks; the scheduler's task
 publishes its address and port in the job's directory on the shared filesystem and the others
 wait for it (``launchkit.hostside.rendezvous``), so a ``--detach``ed job needs nothing from the launcher.
+Worker 0's task likewise publishes its address and two ports there (``worker0``): torch's
+``MASTER_*`` and, without servers (no scheduler task), the rendezvous it serves.
 The job secret travels in a file only the user can read, never in the job's environment (which
 ``qstat -j`` shows to every user). One array job, not one job per role: one submission, one id
 to follow, cancel and show. See docs/backends.md.
@@ -81,7 +83,9 @@ def task_env(plan: Plan, directory: str) -> dict[str, str]:
     env.pop(dmlc_env.LAUNCHKIT_JOB_SECRET, None)
     env[dmlc_env.DMLC_PS_ROOT_URI] = ""
     env[dmlc_env.DMLC_PS_ROOT_PORT] = "0"
-    env[rendezvous.RENDEZVOUS_VAR] = f"{directory}/scheduler"
+    if any(t.role == "scheduler" for t in plan.tasks):
+        env[rendezvous.RENDEZVOUS_VAR] = f"{directory}/scheduler"
+    env[rendezvous.WORKER0_VAR] = f"{directory}/worker0"  # worker 0's address and ports
     env[rendezvous.SECRET_FILE_VAR] = f"{directory}/secret"
     env["LAUNCHKIT_SHIM_NOTIFY"] = "1"
     env["LAUNCHKIT_SHIM_ON_FAILURE"] = '["qdel", "$JOB_ID"]'  # a failed task ends the array job
@@ -302,7 +306,7 @@ class QsubRun(BatchRun):
 
 def forget_files(directory: str) -> None:
     """The secret and the scheduler's address are not needed once the job has ended."""
-    for name in ("secret", "scheduler"):
+    for name in ("secret", "scheduler", "worker0"):
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(directory, name))
 

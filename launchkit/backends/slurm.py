@@ -35,9 +35,10 @@ from launchkit.backends.engine import (
     engine_env,
     scheduler_last,
 )
+from launchkit.backends.worker0file import forget_worker0, worker0_file
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
-from launchkit.hostside import batchjob, shim
+from launchkit.hostside import batchjob, rendezvous, shim
 from launchkit.hostside.netif import route_address
 
 #: Slurm end states -> exit codes (docs/exit-codes.md); FAILED uses the job's own code.
@@ -142,9 +143,9 @@ def batch_spec(plan: Plan, opts: SlurmOptions, grace: float) -> dict[str, Any]:
                 }
             )
         offset += len(tasks)
-    scheduler_row = len(ordered) - 1
+    has_scheduler = any(t.role == "scheduler" for t in plan.tasks)
     return {
-        "scheduler": scheduler_row,
+        "scheduler": len(ordered) - 1 if has_scheduler else None,
         "steps": steps,
         "program": [opts.python, "-m", "launchkit.hostside.shim", "--", *plan.tasks[0].argv],
         "grace": grace,
@@ -155,7 +156,8 @@ def sbatch_argv(plan: Plan, opts: SlurmOptions, output: str, cwd: str) -> list[s
     """The submission of a batch job that runs ``launchkit.hostside.batchjob`` (its script on stdin). Pure."""
     nodes = len({t.host for t in plan.tasks if t.role != "scheduler"})
     argv = ["sbatch", "--parsable", f"--job-name={plan.job_id}", f"--output={output}", f"--chdir={cwd}"]
-    argv += [f"--nodes={opts.nodes or nodes}", f"--ntasks={len(plan.tasks) - 1}", "--overcommit"]
+    steps = len([t for t in plan.tasks if t.role != "scheduler"])
+    argv += [f"--nodes={opts.nodes or nodes}", f"--ntasks={steps}", "--overcommit"]
     argv += ["--export=ALL", "--kill-on-invalid-dep=yes"]
     for flag, value in (
         ("--partition", opts.partition),
@@ -180,6 +182,7 @@ def batch_env(plan: Plan, opts: SlurmOptions, grace: float, *, in_allocation: bo
     """What the batch job's environment carries (by name, never on a command line)."""
     env = engine_env(plan, scheduler_last(plan), grace)
     env[shim.NOTIFY_VAR] = "1"  # a stop comes as SIGUSR2, which srun forwards (batchjob.STOP)
+    env[rendezvous.WORKER0_VAR] = worker0_file(plan)  # worker 0's node picks its ports there
     if not in_allocation:  # the batch job finds its own address and port on its first node
         env[dmlc_env.DMLC_PS_ROOT_URI] = ""
         env[dmlc_env.DMLC_PS_ROOT_PORT] = "0"
@@ -377,6 +380,8 @@ class SlurmBackend(BatchBackend):
     def close(self) -> None:
         clean = self.engine_code == 0
         super().close()  # scancel of the batch job if it has not ended
+        if self.plan is not None:
+            forget_worker0(worker0_file(self.plan))
         if self.inside and self.steps and not clean:
             with contextlib.suppress(OSError, subprocess.SubprocessError):
                 subprocess.run(["scancel", *sorted(self.steps)], capture_output=True, timeout=30)

@@ -8,7 +8,7 @@ import dmlc_env
 from launchkit import backends
 from launchkit.console import Ui
 from launchkit.core.spec import Plan
-from launchkit.launching import AT_LAUNCH
+from launchkit.roots import AT_LAUNCH
 
 PORT_PLACEHOLDER = "<chosen at launch>"
 

@@ -8,7 +8,7 @@ import time
 from pathlib import PurePath
 
 import dmlc_env
-from launchkit.core.placement import gpu_slice, place
+from launchkit.core.placement import Slot, gpu_slice, machine_key, place
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 
 
@@ -56,6 +56,30 @@ def new_secret() -> str:
     return secrets.token_hex(32)
 
 
+#: Backends on which a job without servers runs no scheduler process (worker 0 serves the
+#: rendezvous); YARN still runs one (docs/backends.md).
+WORKER0_ROOT = ("local", "ssh", "mpi", "slurm", "sge")
+
+
+def has_scheduler(spec: LaunchSpec) -> bool:
+    """Whether the job runs a scheduler process: with servers, or on a backend outside ``WORKER0_ROOT``."""
+    return spec.num_servers > 0 or spec.backend not in WORKER0_ROOT
+
+
+def worker_hosts(
+    slots: list[Slot],
+) -> tuple[dict[tuple[str, int | None], int], dict[tuple[str, int | None], int]]:
+    """Per machine of the workers: how many workers it runs (``LOCAL_WORLD_SIZE``) and its index
+    in the order of the workers' ranks (``GROUP_RANK``/``NODE_RANK``: worker 0's machine is 0)."""
+    size: dict[tuple[str, int | None], int] = {}
+    index: dict[tuple[str, int | None], int] = {}
+    for s in sorted((s for s in slots if s.role == "worker"), key=lambda s: s.rank):
+        key = machine_key(s.host)
+        size[key] = size.get(key, 0) + 1
+        index.setdefault(key, len(index))
+    return size, index
+
+
 def make_plan(
     spec: LaunchSpec,
     *,
@@ -66,10 +90,15 @@ def make_plan(
     node_host_of: dict[Host, str] | None = None,
     restart_count: int = 0,
     metrics_addr: str | None = None,
+    master: tuple[str, int] = ("", 0),
 ) -> Plan:
     """Every process of the job. ``node_host_of`` maps a host to the address it publishes
     (``DMLC_NODE_HOST``); by default the local backend publishes ``root_uri`` and others the
-    hostfile name. ``restart_count`` is the attempt (``LAUNCHKIT_RESTART_COUNT``)."""
+    hostfile name. ``restart_count`` is the attempt (``LAUNCHKIT_RESTART_COUNT``). ``master``:
+    torch's ``MASTER_ADDR`` and ``MASTER_PORT`` on worker 0's host (``("", 0)``: worker 0's node
+    picks them, on the engines). Without servers there is no scheduler task: worker 0 serves
+    ``root_uri:root_port`` (which must then be on worker 0's host)."""
+    no_scheduler = not has_scheduler(spec)
     job = dmlc_env.JobEnv(
         job_id=job_id,
         secret=secret,
@@ -80,6 +109,9 @@ def make_plan(
         num_workers=spec.num_workers,
         interface=spec.interface,
         restart_count=restart_count,
+        root_in_worker0=no_scheduler,
+        master_addr=master[0],
+        master_port=master[1],
     )
     assignments, words = split_assignments(spec.command)
     argv = render_argv(words)
@@ -91,6 +123,9 @@ def make_plan(
         if node_host_of and host in node_host_of:
             return node_host_of[host]
         return root_uri if spec.backend == "local" else host.name
+
+    slots = place(spec.num_workers, spec.num_servers, spec.hosts)
+    local_size, node_rank = worker_hosts(slots)
 
     def make_task(role: str, rank: int, task_id: int, host: Host, local_rank: int, cwd: str) -> Task:
         cuda: str | None = None
@@ -105,6 +140,8 @@ def make_plan(
                 local_rank=local_rank,
                 node_host=node_host(role, host),
                 cuda_visible_devices=cuda,
+                local_size=local_size.get(machine_key(host), 1),
+                node_rank=node_rank.get(machine_key(host), 0),
             ),
         )
         user = {**dict(spec.env), **per_role[role], **dict(assignments)}
@@ -117,17 +154,11 @@ def make_plan(
 
     remote_cwd = spec.sync_dst_dir or spec.cwd
     scheduler_host = Host("localhost") if spec.backend != "local" else spec.hosts[0]
-    tasks = [
-        make_task(
-            "scheduler",
-            0,
-            spec.num_servers + spec.num_workers,
-            scheduler_host,
-            0,
-            spec.cwd,
-        )
-    ]
-    for s in place(spec.num_workers, spec.num_servers, spec.hosts):
+    tasks = []
+    if not no_scheduler:
+        task_id = spec.num_servers + spec.num_workers
+        tasks.append(make_task("scheduler", 0, task_id, scheduler_host, 0, spec.cwd))
+    for s in slots:
         cwd = spec.cwd if spec.backend == "local" else remote_cwd
         tasks.append(make_task(s.role, s.rank, s.task_id, s.host, s.local_rank, cwd))
     return Plan(

@@ -78,14 +78,15 @@ class Task:
 
 @dataclass(frozen=True)
 class Plan:
-    """A job ready to start: one scheduler plus servers and workers in placement order."""
+    """A job ready to start: one scheduler (none without servers) plus servers and workers in
+    placement order."""
 
     job_id: str
     job_name: str
     backend: str
     root_uri: str
     root_port: int
-    tasks: tuple[Task, ...]  # scheduler first, then servers, then workers
+    tasks: tuple[Task, ...]  # the scheduler first (none without servers), then servers, then workers
 
     def by_role(self, role: str) -> list[Task]:
         return [t for t in self.tasks if t.role == role]

@@ -133,11 +133,12 @@ def main() -> int:
         return 2
     env = dict(os.environ)
     env.pop(BATCH_VAR, None)
-    if not env.get("DMLC_PS_ROOT_URI"):
-        here = os.environ.get("SLURMD_NODENAME") or nodes[0]
-        env["DMLC_PS_ROOT_URI"] = node_address(here)
-    if env.get("DMLC_PS_ROOT_PORT", "0") in ("", "0"):
-        env["DMLC_PS_ROOT_PORT"] = str(free_port(env["DMLC_PS_ROOT_URI"]))
+    if spec.get("scheduler") is not None:  # else worker 0 serves the root (its shim publishes it)
+        if not env.get("DMLC_PS_ROOT_URI"):
+            here = os.environ.get("SLURMD_NODENAME") or nodes[0]
+            env["DMLC_PS_ROOT_URI"] = node_address(here)
+        if env.get("DMLC_PS_ROOT_PORT", "0") in ("", "0"):
+            env["DMLC_PS_ROOT_PORT"] = str(free_port(env["DMLC_PS_ROOT_URI"]))
     program = list(spec["program"])
     procs: list[subprocess.Popen[bytes]] = []
     relay = _Relay()

@@ -3,7 +3,13 @@
 The scheduler's task picks its address and a free port and publishes ``ADDRESS PORT`` in a file
 on the filesystem the job's tasks share (``LAUNCHKIT_RENDEZVOUS``); every other task waits for
 that file. The job secret may likewise come from a file only the user can read
-(``LAUNCHKIT_SECRET_FILE``), so that the engine never stores or shows it. Used by the rank
+(``LAUNCHKIT_SECRET_FILE``), so that the engine never stores or shows it.
+
+Worker 0 does the same on the engines, where the launcher cannot know its node
+(``LAUNCHKIT_RENDEZVOUS_WORKER0``): its task picks its address and two free ports and publishes
+``ADDRESS ROOT_PORT MASTER_PORT``; every worker then gets torch's ``MASTER_ADDR``/``MASTER_PORT``
+from it, and in a job without servers (``LAUNCHKIT_ROOT_SERVER=worker 0``) also
+``DMLC_PS_ROOT_URI``/``PORT``: the rendezvous that worker 0's process serves. Used by the rank
 shim; standard library only.
 """
 
@@ -19,6 +25,7 @@ from launchkit.hostside.netif import interface_address, route_address
 
 RENDEZVOUS_VAR = "LAUNCHKIT_RENDEZVOUS"
 SECRET_FILE_VAR = "LAUNCHKIT_SECRET_FILE"
+WORKER0_VAR = "LAUNCHKIT_RENDEZVOUS_WORKER0"
 DEFAULT_WAIT = 600.0
 
 
@@ -26,11 +33,17 @@ def format_root(address: str, port: int) -> str:
     return f"{address} {port}\n"
 
 
-def parse_root(text: str) -> tuple[str, int] | None:
+def parse_root(text: str, ports: int = 1) -> tuple[str, int] | None:
+    """``ADDRESS PORT`` (and, with ``ports`` 2, ``ADDRESS PORT PORT``: the address and the first)."""
+    found = parse_ports(text, ports)
+    return None if found is None else (found[0], found[1][0])
+
+
+def parse_ports(text: str, ports: int) -> tuple[str, list[int]] | None:
     parts = text.split()
-    if len(parts) != 2 or not parts[1].isdigit():
+    if len(parts) != 1 + ports or not all(p.isdigit() for p in parts[1:]):
         return None
-    return parts[0], int(parts[1])
+    return parts[0], [int(p) for p in parts[1:]]
 
 
 def local_address(env: Mapping[str, str], toward: str | None) -> str | None:
@@ -58,24 +71,71 @@ def publish(path: str, address: str) -> tuple[str, int]:
 
 
 def wait_for(path: str, timeout: float, poll: float = 0.2) -> tuple[str, int]:
+    address, ports = wait_for_ports(path, 1, timeout, "the scheduler", poll)
+    return address, ports[0]
+
+
+def wait_for_ports(
+    path: str, ports: int, timeout: float, who: str, poll: float = 0.2
+) -> tuple[str, list[int]]:
     deadline = time.monotonic() + timeout
     while True:
         with contextlib.suppress(OSError):
             with open(path) as f:
-                root = parse_root(f.read())
-            if root is not None:
-                return root
+                found = parse_ports(f.read(), ports)
+            if found is not None:
+                return found
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the scheduler did not publish its address in {path} within {timeout:g}s")
+            raise TimeoutError(f"{who} did not publish its address in {path} within {timeout:g}s")
         time.sleep(poll)
 
 
+def publish_worker0(path: str, address: str) -> tuple[str, list[int]]:
+    """Worker 0's side: two free ports on ``address`` (the rendezvous's, torch's store's), written
+    with it atomically. Free when picked, not held (as torchrun picks ``MASTER_PORT``)."""
+    socks = [socket.socket() for _ in range(2)]
+    try:
+        for s in socks:
+            s.bind((address, 0))
+        ports = [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{address} {ports[0]} {ports[1]}\n")
+    os.replace(tmp, path)
+    return address, ports
+
+
+def resolve_worker0(env: MutableMapping[str, str]) -> None:
+    """A worker's ``MASTER_ADDR``/``PORT`` (and, without servers, ``DMLC_PS_ROOT_URI``/``PORT``)
+    from worker 0's file, which worker 0 writes; nothing where the launcher gave them."""
+    path = env.get(WORKER0_VAR)
+    if not path or env.get("DMLC_ROLE") != "worker" or env.get("MASTER_ADDR"):
+        return
+    if env.get("LAUNCHKIT_ROLE_RANK") == "0":
+        toward = env.get("DMLC_PS_ROOT_URI") or env.get("SGE_O_HOST") or env.get("SLURM_SUBMIT_HOST")
+        address, (root, master) = publish_worker0(path, local_address(env, toward) or "127.0.0.1")
+    else:
+        wait = float(env.get("PS_START_TIMEOUT") or DEFAULT_WAIT)
+        address, (root, master) = wait_for_ports(path, 2, wait, "worker 0")
+    env["MASTER_ADDR"], env["MASTER_PORT"] = address, str(master)
+    if env.get("LAUNCHKIT_ROOT_SERVER") == "worker 0":
+        env["DMLC_PS_ROOT_URI"], env["DMLC_PS_ROOT_PORT"] = address, str(root)
+
+
 def resolve(env: MutableMapping[str, str]) -> None:
-    """Fill in the secret and the scheduler's address where the engine could not carry them."""
+    """Fill in the secret, the scheduler's address and worker 0's where the engine could not carry them."""
     secret_file = env.get(SECRET_FILE_VAR)
     if secret_file and not env.get("LAUNCHKIT_JOB_SECRET"):
         with open(secret_file) as f:
             env["LAUNCHKIT_JOB_SECRET"] = f.read().strip()
+    resolve_scheduler(env)
+    resolve_worker0(env)
+
+
+def resolve_scheduler(env: MutableMapping[str, str]) -> None:
     path = env.get(RENDEZVOUS_VAR)
     if not path or env.get("DMLC_PS_ROOT_URI"):
         return

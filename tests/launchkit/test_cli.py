@@ -83,11 +83,15 @@ def test_slots_and_workers_only(tmp_path: Path) -> None:
     (tmp_path / "hf").write_text("a slots=2\nb slots=2\n")
     plan = dry(["-n", "3", "-s", "0", "-H", "hf", "--launcher", "ssh", "python", "x.py"], tmp_path)
     assert [(t["role"], t["host"], t["local_rank"]) for t in plan["tasks"]] == [
-        ("scheduler", "localhost", 0),
         ("worker", "a", 0),
         ("worker", "a", 1),
         ("worker", "b", 0),
+    ]  # without servers no scheduler process: worker 0 serves the rendezvous on its host
+    torch = [
+        [t["env"][k] for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")] for t in plan["tasks"]
     ]
+    assert torch == [["0", "0", "2", "0"], ["1", "1", "2", "0"], ["2", "0", "1", "1"]]
+    assert {t["env"]["DMLC_PS_ROOT_URI"] for t in plan["tasks"]} == {"<worker 0's address>"}
 
 
 def test_scheduler_overrides_and_interface(tmp_path: Path) -> None:
@@ -284,7 +288,7 @@ def test_mpi_and_horovod_style_hostfiles(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert res.returncode == 0, res.stderr
-    assert [t["host"] for t in json.loads(res.stdout)["tasks"][1:]] == ["worker-0:2", "worker-1:2"]
+    assert [t["host"] for t in json.loads(res.stdout)["tasks"]] == ["worker-0:2", "worker-1:2"]
     err = " ".join(res.stderr.split())
     assert (
         "launchkit: warning: horovod:1: 'worker-0:2' means ssh port 2 (as in MXNet's launch.py), not 2 slots"
@@ -297,14 +301,14 @@ def test_dry_run_scheduler_address_is_the_launchs_or_says_it_is_chosen_at_launch
     # ssh publishes this machine's address on its connection to the first host: for a name that
     # does not resolve here (an ssh config alias, say) that is known only once connected
     (tmp_path / "alias").write_text("trainer-box.invalid\n127.0.0.12\n")
-    plan = dry(["-n", "2", "-s", "0", "-H", "alias", "python", "x.py"], tmp_path)
+    plan = dry(["-n", "2", "-s", "1", "-H", "alias", "python", "x.py"], tmp_path)
     assert {t["env"]["DMLC_PS_ROOT_URI"] for t in plan["tasks"]} == {"<chosen at launch>"}
     assert plan["scheduler"].startswith("<chosen at launch>:")
     assert any(
         "scheduler's address (DMLC_PS_ROOT_URI) is chosen at launch" in n and "trainer-box.invalid" in n
         for n in plan["notes"]
     )
-    res = run(["launch", "--dry-run", "-n", "2", "-s", "0", "-H", "alias", "python", "x.py"], cwd=tmp_path)
+    res = run(["launch", "--dry-run", "-n", "2", "-s", "1", "-H", "alias", "python", "x.py"], cwd=tmp_path)
     assert (
         res.returncode == 0
         and "note: the scheduler's address (DMLC_PS_ROOT_URI) is chosen at launch" in res.stdout
@@ -312,10 +316,10 @@ def test_dry_run_scheduler_address_is_the_launchs_or_says_it_is_chosen_at_launch
     # an address, or a name that resolves here: the route to it, as the connection's local address
     for first in ("127.0.0.12", "localhost"):
         (tmp_path / "hf").write_text(f"{first}\ntrainer-box.invalid\n")
-        plan = dry(["-n", "2", "-s", "0", "-H", "hf", "python", "x.py"], tmp_path)
+        plan = dry(["-n", "2", "-s", "1", "-H", "hf", "python", "x.py"], tmp_path)
         assert plan["tasks"][1]["env"]["DMLC_PS_ROOT_URI"] == "127.0.0.1", first
         assert not any("chosen at launch" in n for n in plan["notes"])
-    plan = dry(["-n", "1", "-s", "0", "-H", "alias", "--scheduler-ip", "10.9.8.7", "x"], tmp_path)
+    plan = dry(["-n", "1", "-s", "1", "-H", "alias", "--scheduler-ip", "10.9.8.7", "x"], tmp_path)
     assert plan["tasks"][1]["env"]["DMLC_PS_ROOT_URI"] == "10.9.8.7"
 
 

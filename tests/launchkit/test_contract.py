@@ -157,3 +157,44 @@ def test_the_peer_failed_line_reads_back_as_the_node_it_names() -> None:
         peer_failure("worker 1 failed") is None
         and peer_failure(peer_failed_line("worker 1") + " (x)") is None
     )
+
+
+def test_without_servers_only_workers_and_worker_0_serves_the_root() -> None:
+    plan = make_plan(spec(num_servers=0, num_workers=3), job_id="j", secret="s", root_uri="127.0.0.1",
+                     root_port=9091, master=("127.0.0.1", 9092))  # fmt: skip
+    assert [(t.role, t.rank, t.task_id) for t in plan.tasks] == [
+        ("worker", 0, 0),
+        ("worker", 1, 1),
+        ("worker", 2, 2),
+    ]
+    for t in plan.tasks:
+        node = dmlc_env.NodeEnv.from_environ(t.env)
+        assert node.root_in_worker0 and (node.root_uri, node.root_port) == ("127.0.0.1", 9091)
+        assert (t.env["MASTER_ADDR"], t.env["MASTER_PORT"]) == ("127.0.0.1", "9092")
+        assert (t.env["RANK"], t.env["WORLD_SIZE"]) == (str(t.rank), "3")
+        assert (t.env["LOCAL_RANK"], t.env["LOCAL_WORLD_SIZE"], t.env["NODE_RANK"]) == (str(t.rank), "3", "0")
+    with_servers = make_plan(spec(), job_id="j", secret="s", root_uri="h", root_port=1)
+    assert not any(dmlc_env.NodeEnv.from_environ(t.env).root_in_worker0 for t in with_servers.tasks)
+
+
+def test_torchs_variables_count_workers_and_their_hosts() -> None:
+    hosts = (Host("a", slots=2), Host("b", slots=1), Host("c", slots=2))
+    plan = make_plan(spec(num_servers=2, num_workers=5, backend="ssh", hosts=hosts), job_id="j", secret="s",
+                     root_uri="10.0.0.9", root_port=1, master=("10.0.0.1", 29500))  # fmt: skip
+    assert plan.tasks[0].role == "scheduler"  # with servers, as before
+    rows = [
+        (t.host.name, *(t.env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")))
+        for t in plan.by_role("worker")
+    ]  # fmt: skip
+    assert rows == [
+        ("a", "0", "5", "0", "2", "0", "0"),
+        ("a", "1", "5", "1", "2", "0", "0"),
+        ("b", "2", "5", "0", "1", "1", "1"),
+        ("c", "3", "5", "0", "2", "2", "2"),
+        ("c", "4", "5", "1", "2", "2", "2"),
+    ]
+    assert {(t.env["MASTER_ADDR"], t.env["MASTER_PORT"]) for t in plan.by_role("worker")} == {
+        ("10.0.0.1", "29500")
+    }
+    for t in [*plan.by_role("server"), *plan.by_role("scheduler")]:  # torch's processes are the workers
+        assert not set(dmlc_env.TORCH_VARS) & set(t.env)

@@ -53,3 +53,30 @@ def test_known_address_and_secret_file(tmp_path: Path) -> None:
         "1.2.3.4",
         80,
     )
+
+
+def test_worker_0_publishes_its_address_and_ports_and_the_others_take_them(tmp_path) -> None:
+    path = str(tmp_path / "worker0")
+    base = {rendezvous.WORKER0_VAR: path, "DMLC_ROLE": "worker", "MASTER_ADDR": "", "MASTER_PORT": "0",
+            "DMLC_PS_ROOT_URI": "", "DMLC_PS_ROOT_PORT": "0", "LAUNCHKIT_ROOT_SERVER": "worker 0",
+            "DMLC_INTERFACE": "lo"}  # fmt: skip
+    zero = {**base, "LAUNCHKIT_ROLE_RANK": "0"}
+    rendezvous.resolve(zero)
+    assert zero["MASTER_ADDR"] == zero["DMLC_PS_ROOT_URI"] == "127.0.0.1"
+    assert zero["MASTER_PORT"] != zero["DMLC_PS_ROOT_PORT"] and int(zero["MASTER_PORT"]) > 0
+    one = {**base, "LAUNCHKIT_ROLE_RANK": "1"}
+    rendezvous.resolve(one)
+    assert {k: one[k] for k in zero if k.startswith(("MASTER", "DMLC_PS"))} == {
+        k: zero[k] for k in zero if k.startswith(("MASTER", "DMLC_PS"))
+    }
+    # with a scheduler process, the root stays the scheduler's: only torch's variables come from worker 0
+    other = {**base, "LAUNCHKIT_ROLE_RANK": "1", "LAUNCHKIT_ROOT_SERVER": "", "DMLC_PS_ROOT_URI": "10.0.0.9"}
+    rendezvous.resolve(other)
+    assert other["DMLC_PS_ROOT_URI"] == "10.0.0.9" and other["MASTER_PORT"] == zero["MASTER_PORT"]
+
+
+def test_a_worker_whose_worker_0_never_publishes_gives_up_naming_it(tmp_path) -> None:
+    env = {rendezvous.WORKER0_VAR: str(tmp_path / "worker0"), "DMLC_ROLE": "worker", "LAUNCHKIT_ROLE_RANK": "1",
+           "PS_START_TIMEOUT": "0.3"}  # fmt: skip
+    with pytest.raises(TimeoutError, match="worker 0 did not publish its address"):
+        rendezvous.resolve(env)

@@ -356,15 +356,15 @@ def test_a_signal_during_the_backoff_ends_the_launch_at_once(launchkit_home, how
 
 
 def test_a_signal_during_a_failures_teardown_is_not_restarted(launchkit_home, tmp_path: Path) -> None:
-    # the worker fails once both are seen running (GO); the scheduler ignores SIGTERM, so the
-    # teardown lasts the grace period
-    script = (f'if [ "$DMLC_ROLE" = worker ]; then {until_exists_sh(tmp_path / "go")}; exit 3; fi; '
+    # worker 0 fails once both are seen running (GO); worker 1 ignores SIGTERM, so the teardown
+    # lasts the grace period
+    script = (f'if [ "$LAUNCHKIT_ROLE_RANK" = 0 ]; then {until_exists_sh(tmp_path / "go")}; exit 3; fi; '
               'trap "" TERM; exec sleep 30')  # fmt: skip
-    proc = start(["launch", "-n", "1", "-s", "0", "--max-restarts", "3", "--grace-period", "4",
+    proc = start(["launch", "-n", "2", "-s", "0", "--max-restarts", "3", "--grace-period", "4",
                   "sh", "-c", script])  # fmt: skip
     job = running_job(launchkit_home, proc, 2)
     (tmp_path / "go").touch()
-    # the worker has failed, the scheduler is still there (in the grace period)
+    # worker 0 has failed, worker 1 is still there (in the grace period)
     assert wait_until(lambda: len(pids_with_job(job)) == 1, 5)
     proc.send_signal(signal.SIGINT)
     rc, err = ended_within(proc, 8)
@@ -435,7 +435,7 @@ def test_a_lost_host_is_restarted_after_its_watchdog_ended(
     proc = start(["launch", "-H", str(hostfile), "-i", str(group.identity), "--known-hosts",
                   str(group.known_hosts), "-n", "2", "-s", "0", "--heartbeat-timeout", "1", "--grace-period",
                   "1", "--max-restarts", "1", "--restart-backoff", "0", "sh", "-c", script], cwd="/")  # fmt: skip
-    job = running_job(launchkit_home, proc, 3)
+    job = running_job(launchkit_home, proc, 2)  # the two workers (no scheduler without servers)
     assert wait_until(lambda: group[1].pids_with_env(f"LAUNCHKIT_JOB_ID={job}"), 10)
     subprocess.run(["ip", "link", "set", group[1].veth, "down"], check=True)
     try:

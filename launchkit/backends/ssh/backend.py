@@ -1,7 +1,8 @@
 """The ssh backend: one connection and one watchdog per host, contacted in parallel.
 
-The scheduler runs on this machine (as with every backend); servers and workers run on the
-hosts under ``launchkit.hostside.watchdog``, which the launcher sends over the connection. See docs/ssh.md.
+The scheduler runs on this machine (without servers there is none: worker 0 serves the
+rendezvous on its host, ``worker0.py``); servers and workers run on the hosts under
+``launchkit.hostside.watchdog``, which the launcher sends over the connection. See docs/ssh.md.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from launchkit.backends.ssh import connection as ssh
 from launchkit.backends.ssh.agent import HostAgent, RemoteProcess, UsageSink
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.backends.ssh.sync import source_dir, sync_all
+from launchkit.backends.ssh.worker0 import probe
 from launchkit.core.hostfile import format_host, host_key, unique_hosts
+from launchkit.core.placement import assign_hosts
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError
 from launchkit.hostside.netif import route_to
@@ -87,6 +90,11 @@ class SshBackend(Backend):
             # ``::1`` first on Debian) gives way to the IPv4 route toward the same host, if it has one
             return route_to(first.host) if ":" in reached and route_to(first.host) else reached
         return route_to(first.host)  # through a jump host or a ProxyCommand: no socket of ours
+
+    def worker0_ports(self, spec: LaunchSpec) -> tuple[str, int, int] | None:
+        """Worker 0's address and two free ports on its host (``worker0.probe``)."""
+        host = assign_hosts(spec.num_workers, spec.num_servers, spec.hosts)[spec.num_servers]
+        return probe(self.conns[host_key(host)], host, spec.interface, self.options.connect_timeout)
 
     def prepare(self, plan: Plan) -> None:
         assert self.spec is not None, "connect() first"

@@ -1,0 +1,95 @@
+"""Where a job's processes meet, chosen before it is planned: the scheduler's address (or, in a
+job without servers, worker 0's) and the ports held for it and for torch's store (``Roots``).
+``launching`` uses it for every attempt; ``--dry-run`` for what it can know without contacting
+anything."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from launchkit.backends.base import Backend
+from launchkit.core.plan import has_scheduler
+from launchkit.core.spec import LaunchSpec
+from launchkit.hostside.netif import route_to
+from launchkit.netutil import PortReservation, fallback_address, interface_address
+
+__all__ = ["AT_LAUNCH", "Roots", "dry_run_address", "scheduler_address"]
+
+
+def scheduler_address(spec: LaunchSpec, reached_from: str | None = None) -> str:
+    """--scheduler-ip, else the interface's address, else loopback (local), else the local
+    address through which the hosts were reached, else the route to the first host."""
+    if spec.scheduler_ip:
+        return spec.scheduler_ip
+    if spec.interface:
+        return interface_address(spec.interface)
+    if spec.backend == "local":
+        return "127.0.0.1"
+    return reached_from or route_to(spec.hosts[0].name) or fallback_address()
+
+
+AT_LAUNCH = "<chosen at launch>"
+
+
+def dry_run_address(spec: LaunchSpec) -> str:
+    """The scheduler's address as far as it is known without contacting a host. ssh takes the
+    local address of its connection to the first host: the route to that host's address as
+    resolved here (IPv4 first, as a launch takes it), or AT_LAUNCH when its name does not resolve here
+    (an ssh config alias)."""
+    if spec.backend != "ssh" or spec.scheduler_ip or spec.interface:
+        return scheduler_address(spec)
+    return route_to(spec.hosts[0].name) or AT_LAUNCH
+
+
+@dataclass
+class Roots:
+    """Where a job's processes meet: the root (``DMLC_PS_ROOT_URI``/``PORT``: the scheduler's, or
+    without servers worker 0's rendezvous) and torch's store (``MASTER_ADDR``/``PORT``, on worker 0's
+    host); ``("", 0)`` where worker 0's node (an engine's shim) or the batch job picks them. On this
+    machine the ports are held (``PortReservation``) until ``close``."""
+
+    root: tuple[str, int]
+    master: tuple[str, int]
+    held: list[PortReservation] = field(default_factory=list)
+
+    @classmethod
+    def choose(cls, spec: LaunchSpec, backend: Backend, reached: str | None) -> Roots:
+        own_address = backend.finds_scheduler_address()
+        here = "" if own_address else scheduler_address(spec, reached)
+        held: list[PortReservation] = []
+
+        def reserve() -> int:
+            held.append(PortReservation(here))
+            return held[-1].port
+
+        try:
+            far = backend.worker0_ports(spec)  # ssh: asked on worker 0's host
+            if has_scheduler(spec):  # a scheduler process, here or in the batch job
+                root = (here, spec.scheduler_port or (0 if own_address else reserve()))
+            elif far is not None:
+                root = (spec.scheduler_ip or far[0], spec.scheduler_port or far[1])
+            elif spec.backend == "local":
+                root = (here, spec.scheduler_port or reserve())
+            else:  # an engine: worker 0's shim picks and publishes them
+                root = ("", 0)
+            if far is not None:
+                master = (far[0], far[2])
+            elif spec.backend == "local":
+                master = (here, reserve())
+            else:
+                master = ("", 0)
+        except BaseException:
+            for r in held:
+                r.close()
+            raise
+        return cls(root, master, held)
+
+    def summary(self) -> str:
+        """Where worker 0 serves the rendezvous, for the launch's first line (a job without servers)."""
+        if not self.root[0]:
+            return "no scheduler process: worker 0 serves the rendezvous (its node publishes where)"
+        return f"no scheduler process: worker 0 serves the rendezvous at {self.root[0]}:{self.root[1]}"
+
+    def close(self) -> None:
+        for r in self.held:
+            r.close()
