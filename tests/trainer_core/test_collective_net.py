@@ -51,6 +51,8 @@ for dtype in ("float32", "int64"):
 # the same float32 noise everywhere differs per rank: the result must still be bit-identical
 noise = np.random.default_rng(r).standard_normal(100_003).astype(np.float32)
 out["noise"] = digest(g.allreduce(noise))
+out["algorithm"] = g.last_algorithm  # through the host's shared memory unless PS_SHM=0
+out["segment"] = g.netlinks.local is not None
 out["bcast"] = digest(g.broadcast(inputs(r, 1001, "float32") if r == 2 else np.zeros(1001, np.float32), root=2))
 out["gather"] = digest(g.allgather(np.full((r + 1, 3), r, dtype=np.int64)))
 # a ring on the links themselves: every rank posts its send and its receive before waiting on
@@ -105,6 +107,9 @@ def test_allreduce_broadcast_allgather_and_a_ring_among_worker_processes(shm: st
             assert {d[key] for d in res} == {_digest(want)}, key
             assert res[0][f"shape-{dtype}-{size}"] == [want.dtype.str, [size]]
     assert len({d["noise"] for d in res}) == 1  # bit-identical on every rank
+    assert [(d["algorithm"], d["segment"]) for d in res] == [
+        ("shm", True) if shm == "1" else ("ring", False)
+    ] * WORKERS
     assert {d["bcast"] for d in res} == {_digest(_inputs(2, 1001, "float32"))}
     ragged = np.concatenate([np.full((r + 1, 3), r, dtype=np.int64) for r in range(WORKERS)])
     assert {d["gather"] for d in res} == {_digest(ragged)}
@@ -119,6 +124,7 @@ from trainer_core.collective import join
 g = join()
 r = g.rank
 g.allreduce(np.ones(10, np.float32))
+algorithm = g.last_algorithm
 print("READY", flush=True)
 if r == 2:
     threading.Event().wait()  # killed here
@@ -126,7 +132,8 @@ try:
     g.allreduce(np.ones(100_003, np.float32))
     print("RESULT " + json.dumps({"rank": r, "error": None}), flush=True)
 except Exception as exc:
-    out = {"rank": r, "error": str(exc), "node": getattr(exc, "node", None), "at": time.time()}
+    out = {"rank": r, "error": str(exc), "node": getattr(exc, "node", None), "at": time.time(),
+           "algorithm": algorithm}
     print("RESULT " + json.dumps(out), flush=True)
 g.close(finish=False)
 """
@@ -139,8 +146,12 @@ g.close(finish=False)
         (signal.SIGSTOP, "sent no heartbeat"),
     ],
 )
-def test_a_killed_or_stopped_worker_fails_the_others_collective_naming_it(sig: int, said: str) -> None:
-    """Worker 2 is killed (or stopped) while the others wait in an allreduce. Killed: their
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_a_killed_or_stopped_worker_fails_the_others_collective_naming_it(
+    sig: int, said: str, shm: str
+) -> None:
+    """Worker 2 is killed (or stopped) while the others wait in an allreduce, in the shared-memory
+    phase (all 3 on one host: the segment's counters; with PS_SHM=0, the sockets). Killed: their
     channels to it end, the operation fails at once on every other worker naming it, and the
     worker that saw it first has the scheduler end the job naming it. Stopped: its channels stay
     open; the scheduler's heartbeat timeout ends the job naming it, and the waits raise that."""
@@ -154,7 +165,8 @@ def test_a_killed_or_stopped_worker_fails_the_others_collective_naming_it(sig: i
         victim.popen.send_signal(sig)
         killed.append(time.time())
 
-    job = run_job(KILLED_CODE, 3, 0, timeout=30, during=kill_worker_2, not_awaited=("worker 2",))
+    env = {"PS_SHM": shm}
+    job = run_job(KILLED_CODE, 3, 0, env, timeout=30, during=kill_worker_2, not_awaited=("worker 2",))
     assert killed, job.outputs()
     bound = float(FAST_LIVENESS["PS_HEARTBEAT_TIMEOUT"]) + 2
     for p in job.workers:
@@ -162,6 +174,7 @@ def test_a_killed_or_stopped_worker_fails_the_others_collective_naming_it(sig: i
             continue
         (res,) = p.results()
         assert res["error"] is not None, job.outputs()
+        assert res["algorithm"] == ("shm" if shm == "1" else "recursive_doubling"), res
         # the worker that saw it first told the scheduler, which ended the job naming it; the
         # scheduler's word is raised when it came back within 1 s (else the link's own error)
         assert res["node"] in ("worker 2", "rank 2"), res

@@ -3,7 +3,8 @@
 Every rank must submit the same operations in the same order (as with Horovod and
 torch.distributed); the executor numbers them, and the number is the operation's tag namespace.
 Operations run one at a time, in submission order, so the caller's thread is free to compute while
-they run (``Work.wait()`` later). After an operation failed, the group is broken (its peers may be
+they run (``Work.wait()`` later); ``call`` runs a synchronous operation on the caller's own thread
+when nothing is queued (the same numbering and order, without the hand-over). After an operation failed, the group is broken (its peers may be
 anywhere in the sequence): every later operation fails at once with the same error.
 """
 
@@ -61,6 +62,8 @@ class Executor:
     def __init__(self, name: str = "collective") -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._running = threading.Lock()  # held while an operation runs (on either thread)
+        self._pending = 0  # submitted, not finished
         self._seq = 0
         self._closed = False
         self._broken: BaseException | None = None
@@ -74,8 +77,29 @@ class Executor:
                 raise CollectiveClosed(f"collective {name}: the group is closed")
             work = Work(name, self._seq)
             self._seq += 1
+            self._pending += 1
             self._queue.put((work, fn))
         return work
+
+    def call(self, name: str, fn: Callable[[int], Any]) -> Any:
+        """Run ``fn(seq)`` on the calling thread when nothing is queued (saving the hand-over to the
+        background thread), else queue it and wait; its result, or its error raised."""
+        with self._lock:
+            if self._closed:
+                raise CollectiveClosed(f"collective {name}: the group is closed")
+            inline = self._pending == 0 and self._broken is None and self._running.acquire(blocking=False)
+            if inline:
+                seq = self._seq
+                self._seq += 1
+        if not inline:
+            return self.submit(name, fn).wait()
+        try:
+            return fn(seq)
+        except BaseException as exc:
+            self._broken = exc
+            raise
+        finally:
+            self._running.release()
 
     def _run(self) -> None:
         while True:
@@ -85,12 +109,19 @@ class Executor:
             work, fn = item
             if self._broken is not None:
                 work._finish(error=self._broken)
+                with self._lock:
+                    self._pending -= 1
                 continue
+            error: BaseException | None = None
+            result = None
             try:
-                work._finish(fn(work.seq))
+                with self._running:
+                    result = fn(work.seq)
             except BaseException as exc:
-                self._broken = exc
-                work._finish(error=exc)
+                error = self._broken = exc
+            with self._lock:  # before the caller hears of it, so that its next ``call`` runs inline
+                self._pending -= 1
+            work._finish(result, error)
 
     def close(self, timeout: float | None = None) -> None:
         """Run what is queued, then stop the thread (waits ``timeout`` seconds at most)."""

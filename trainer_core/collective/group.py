@@ -7,7 +7,15 @@ same operations in the same order with arrays of the same dtype and shape (ragge
 the same dtype and trailing shape).
 
 Arrays are numpy arrays, or cupy arrays that are copied to host memory and back (the NCCL path
-comes later). A result is a fresh array; ``allreduce``'s ``out`` receives it instead.
+comes later). A result is a fresh array; ``allreduce``'s ``out`` receives it instead (``out`` may
+be the input itself). A synchronous ``allreduce`` of a C-contiguous numpy array runs on the
+calling thread when no operation is queued, reading the input and writing ``out`` in place
+(no private copies).
+
+Where the ranks of a host share a segment (``shm.Local``: the ``local`` argument, or the links'
+``local`` attribute, as ``NetLinks`` has), the allreduce goes through it
+(``algorithms.shmreduce``): alone when every rank is on the host, else as the local part of the
+hierarchical allreduce.
 """
 
 from __future__ import annotations
@@ -21,25 +29,36 @@ from trainer_core.compression.powersgd import PowerSGD
 from trainer_core.xp import like, to_host
 
 from . import compressed, fusion, lowrank, policy
-from .algorithms import doubling, hierarchical, ring, tree
+from .algorithms import doubling, hierarchical, ring, shmreduce, tree
 from .algorithms.hierarchical import Topology
 from .executor import Executor, Work
-from .links import Ctx, Links
+from .links import Ctx, Links, SubLinks
 from .policy import Thresholds
 from .reduce import FLOAT_DTYPES, ReduceSpec, spec_for
+from .shm import Local
 
 
 class Group:
     """The collectives of ``links.size`` ranks; ``hosts`` (host of each rank) enables the
-    hierarchical path; ``thresholds`` overrides the algorithm choice."""
+    hierarchical path; ``thresholds`` overrides the algorithm choice; ``local``: this rank's use of
+    its host's shared-memory segment (default: ``links.local`` where the links have one)."""
 
     def __init__(
-        self, links: Links, hosts: Sequence[str] | None = None, thresholds: Thresholds | None = None
+        self,
+        links: Links,
+        hosts: Sequence[str] | None = None,
+        thresholds: Thresholds | None = None,
+        local: Local | None = None,
     ) -> None:
         if hosts is not None and len(hosts) != links.size:
             raise ValueError(f"hosts lists {len(hosts)} ranks for a group of {links.size}")
         self.links = links
         self.topology = None if hosts is None else Topology.of(hosts)
+        self.local = local if local is not None else getattr(links, "local", None)
+        if self.local is not None and (
+            self.topology is None or self.local.members != self.topology.local(links.rank)
+        ):
+            raise ValueError("a shared-memory segment serves the ranks of this rank's host (give hosts)")
         self.thresholds = thresholds or Thresholds()
         self._executor = Executor(f"collective-{links.rank}")
         #: the algorithm of the last allreduce (for tests and logs)
@@ -76,18 +95,52 @@ class Group:
 
         def run(ctx: Ctx) -> Any:
             flat = host.reshape(-1)
-            self._allreduce_flat(ctx, flat, spec)
+            self._allreduce_into(ctx, flat, flat, spec)
             spec.finish(flat, self.size)
             return _deliver(host, array, out)
 
         return self._submit("allreduce", run)
 
     def allreduce(self, array: Any, op: str = "sum", out: Any = None, kind: str | None = None) -> Any:
-        return self.allreduce_async(array, op, out, kind).wait()
+        if not (_plain(array) and (out is None or _plain(out))):
+            return self.allreduce_async(array, op, out, kind).wait()
+        spec = spec_for(array.dtype, op, kind)
+        _check_out(array, out)
 
-    def _allreduce_flat(self, ctx: Ctx, flat: np.ndarray, spec: ReduceSpec) -> None:
+        def run(seq: int) -> Any:
+            dest = np.empty_like(array) if out is None else out
+            flat = dest.reshape(-1)
+            self._allreduce_into(Ctx.for_op(self.links, seq), array.reshape(-1), flat, spec)
+            spec.finish(flat, self.size)
+            return dest
+
+        return self._executor.call("allreduce", run)
+
+    def _allreduce_into(self, ctx: Ctx, x: np.ndarray, out: np.ndarray, spec: ReduceSpec) -> None:
+        """``out`` (may be ``x``) becomes the reduction of every rank's flat ``x``."""
+        th, loc = self.thresholds, self.local
+        algo = self.last_algorithm = policy.choose(x.nbytes, self.topology, th, loc is not None)
+        if x.size and self.size > 1 and loc is not None and algo in (policy.SHM, policy.HIERARCHICAL):
+            split = x.nbytes >= th.shm_split_min_bytes
+            if algo == policy.SHM:
+                shmreduce.allreduce(loc, x, out, spec, split)
+                return
+            assert self.topology is not None
+            leaders = self.topology.leaders()
+
+            def cross(buf: np.ndarray) -> None:  # on the host's leader only
+                self._flat_allreduce(ctx.phase(1).on(SubLinks(ctx.links, leaders)), buf, spec)
+
+            shmreduce.allreduce(loc, x, out, spec, split, cross)
+            return
+        if out is not x:
+            np.copyto(out, x)
+        self._allreduce_flat(ctx, out, spec, algo)
+
+    def _allreduce_flat(self, ctx: Ctx, flat: np.ndarray, spec: ReduceSpec, algo: str | None = None) -> None:
         th = self.thresholds
-        algo = self.last_algorithm = policy.choose(flat.nbytes, self.topology, th)
+        if algo is None:
+            algo = self.last_algorithm = policy.choose(flat.nbytes, self.topology, th)
         if algo == policy.HIERARCHICAL:
             assert self.topology is not None
             hierarchical.allreduce(ctx, flat, spec, self.topology, self._flat_allreduce)
@@ -96,7 +149,7 @@ class Group:
 
     def _flat_allreduce(self, ctx: Ctx, flat: np.ndarray, spec: ReduceSpec, algo: str | None = None) -> None:
         th = self.thresholds
-        if algo is None or algo == policy.HIERARCHICAL:
+        if algo is None or algo in (policy.HIERARCHICAL, policy.SHM):
             algo = policy.flat_algorithm(flat.nbytes, th)
         if algo == policy.RING:
             ring.allreduce(ctx, flat, spec, th.segment_bytes)
@@ -119,7 +172,7 @@ class Group:
             results: list[Any] = [None] * len(arrays)
             for i, (bucket, buf) in enumerate(zip(buckets, packed, strict=True)):
                 spec = specs[bucket[0]]
-                self._allreduce_flat(ctx.phase(i % 15), buf, spec)
+                self._allreduce_into(ctx.phase(i % 15), buf, buf, spec)
                 spec.finish(buf, self.size)
                 fusion.unpack(buf, hosts, bucket, results)
             return [like(r, a) for r, a in zip(results, arrays, strict=True)]
@@ -220,6 +273,11 @@ class Group:
 
     def barrier(self) -> None:
         self.barrier_async().wait()
+
+
+def _plain(a: Any) -> bool:
+    """A C-contiguous numpy array (the synchronous allreduce uses it in place)."""
+    return isinstance(a, np.ndarray) and a.flags.c_contiguous
 
 
 def _check_out(host: np.ndarray, out: Any) -> None:

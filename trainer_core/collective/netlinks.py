@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -31,9 +30,10 @@ from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Recei
 from trainer_core.transport.tcp import TcpListener
 from trainer_core.transport.unix import UnixListener
 
-from . import netfail, netshm, protocol
+from . import netfail, netlocal, netshm, protocol
 from .links import DEFAULT_TIMEOUT, LinkError
 from .nethandles import DONE, SLICE_S, Done, Recv, Wake, bytes_of
+from .shm import Local
 
 REPORT_S = 1.0  # how long a worker that saw a peer die waits for the scheduler to confirm the abort
 FLUSH_S = 5.0  # how long ``close`` lets queued messages go out
@@ -86,6 +86,12 @@ class NetLinks:
         self._poller = Poller()
         self._poller.add(self._wake)
         self._listeners = listeners
+        self._offer = netlocal.Offer()
+        self._members = [
+            r for r, w in enumerate(book.workers) if w.host_key == book.workers[self._rank].host_key
+        ]
+        #: this host's shared-memory segment, where it has several workers (``shm``; None: none)
+        self.local: Local | None = None
         for listener in listeners:
             listener.on_accept = self._accepted
             self._poller.add(listener)
@@ -93,6 +99,7 @@ class NetLinks:
         self._thread.start()
         try:
             self._connect(cfg.start_timeout)
+            self.local = netlocal.setup(self, self._members, self._chan, self._offer, cfg, timeout)
         except BaseException:
             self.close()
             raise
@@ -108,6 +115,12 @@ class NetLinks:
     def raise_failure(self) -> None:
         """Raise the job's failure as the scheduler reported it, if any."""
         self.node.raise_failure()
+
+    def health(self) -> None:
+        """Raise the job's failure, or the error of the peer whose death broke the group."""
+        self.node.raise_failure()
+        if self._broken is not None:
+            raise self._broken
 
     def where(self, peer: int) -> str:
         """``worker 3 on hostname``."""
@@ -177,9 +190,11 @@ class NetLinks:
         peer = self._who.get(ch)
         if h.op == protocol.HELLO and peer is None:
             self._hello(ch, h)
-        elif h.op == protocol.DATA and peer is not None:
+        elif h.op in (protocol.DATA, protocol.SHM) and peer is not None:
             try:
-                if ch.caps.frames:
+                if h.op == protocol.SHM:
+                    self._offer.take(h, ch, len(self._members))
+                elif ch.caps.frames:
                     self._data(peer, h, msg.frames)
                 else:
                     self._data_fd(peer, h, ch)
@@ -226,21 +241,7 @@ class NetLinks:
         key, n = (peer, protocol.tag_of(h)), wire.body_int(h, "n")
         if n < 0:
             raise WireError(f"a message of {n} bytes")
-        fd = ch.take_fds(1)[0] if n else -1
-        try:
-            op = self._take_posted(key)
-            if op is not None and len(op.view) == n:
-                netshm.read_into(fd, op.view)
-                op.finish()
-                return
-            data = netshm.read(fd, n) if n else b""
-        finally:
-            if fd >= 0:
-                os.close(fd)
-        if op is not None:
-            op.fill(data)  # (a length mismatch)
-            return
-        self._keep(key, data)
+        netshm.deliver(ch, key, n, self._take_posted, self._keep)
 
     def _take_posted(self, key: tuple[int, int]) -> Recv | None:
         """The first receive posted for ``key``, unless earlier messages for it wait."""
@@ -390,3 +391,5 @@ class NetLinks:
         for ch in {*chans, *(s for s in self._poller.sources() if isinstance(s, Channel))}:
             ch.close(flush_s=FLUSH_S)
         self._wake.close()
+        if self.local is not None:
+            self.local.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError
@@ -23,6 +24,8 @@ from trainer_core.transport.channel import Channel, Trace
 from trainer_core.transport.host import machine_identity
 from trainer_core.transport.tcp import TcpChannel
 from trainer_core.transport.unix import UnixChannel
+
+from .nethandles import Recv
 
 
 def open_channel(info: NodeInfo, cfg: NodeConfig, trace: Trace, log: logging.Logger) -> Channel:
@@ -70,3 +73,29 @@ def read(fd: int, n: int) -> bytes:
     buf = bytearray(n)
     read_into(fd, memoryview(buf))
     return bytes(buf)
+
+
+def deliver(
+    ch: Channel,
+    key: tuple[int, int],
+    n: int,
+    take_posted: Callable[[tuple[int, int]], Recv | None],
+    keep: Callable[[tuple[int, int], bytes], None],
+) -> None:
+    """A received message of ``n`` bytes for ``key`` (its memfd is the channel's next descriptor):
+    read straight into its posted receive (``take_posted``), or kept (``keep``)."""
+    fd = ch.take_fds(1)[0] if n else -1
+    try:
+        op = take_posted(key)
+        if op is not None and len(op.view) == n:
+            read_into(fd, op.view)
+            op.finish()
+            return
+        data = read(fd, n) if n else b""
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if op is not None:
+        op.fill(data)  # (a length mismatch)
+        return
+    keep(key, data)

@@ -16,7 +16,8 @@ from .algorithms.ring import SEGMENT_BYTES
 RECURSIVE_DOUBLING = "recursive_doubling"
 RING = "ring"
 HIERARCHICAL = "hierarchical"
-ALGORITHMS = (RECURSIVE_DOUBLING, RING, HIERARCHICAL)
+SHM = "shm"
+ALGORITHMS = (RECURSIVE_DOUBLING, RING, HIERARCHICAL, SHM)
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class Thresholds:
     #: the hierarchical path is taken from this many bytes up, when some host has several ranks
     #: and there are several hosts.
     hierarchical_min_bytes: int = 0
+    #: through the host's shared memory, buffers of at least this many bytes are reduced a block
+    #: per local rank (one more step); smaller ones by every rank whole.
+    shm_split_min_bytes: int = 256 * 1024
     #: ring and broadcast segments (the pipelining unit).
     segment_bytes: int = SEGMENT_BYTES
     #: ``grouped_allreduce`` packs arrays of one dtype into buckets of at most this many bytes
@@ -39,7 +43,14 @@ class Thresholds:
     def __post_init__(self) -> None:
         if self.force is not None and self.force not in ALGORITHMS:
             raise ValueError(f"collective algorithm must be one of {ALGORITHMS}, not {self.force!r}")
-        for name in ("ring_min_bytes", "hierarchical_min_bytes", "segment_bytes", "fusion_bytes"):
+        names = (
+            "ring_min_bytes",
+            "hierarchical_min_bytes",
+            "shm_split_min_bytes",
+            "segment_bytes",
+            "fusion_bytes",
+        )
+        for name in names:
             value = getattr(self, name)
             if not isinstance(value, int) or value < (1 if name in ("segment_bytes", "fusion_bytes") else 0):
                 raise ValueError(f"threshold {name} must be a non-negative integer of bytes, not {value!r}")
@@ -50,12 +61,17 @@ def flat_algorithm(nbytes: int, th: Thresholds) -> str:
     return RING if nbytes >= th.ring_min_bytes else RECURSIVE_DOUBLING
 
 
-def choose(nbytes: int, topo: Topology | None, th: Thresholds) -> str:
-    """The allreduce algorithm for a buffer of ``nbytes`` on ``topo`` (None: one rank per host)."""
+def choose(nbytes: int, topo: Topology | None, th: Thresholds, shm: bool = False) -> str:
+    """The allreduce algorithm for a buffer of ``nbytes`` on ``topo`` (None: one rank per host);
+    ``shm``: this rank's host has a shared-memory segment for its ranks."""
     if th.force is not None:
         if th.force == HIERARCHICAL and topo is None:
             raise ValueError("the hierarchical algorithm needs the rank -> host map")
+        if th.force == SHM and not (shm and topo is not None and topo.nhosts == 1):
+            raise ValueError("the shm algorithm needs every rank on one host, with its shared-memory segment")
         return th.force
+    if shm and topo is not None and topo.nhosts == 1:
+        return SHM
     if topo is not None and topo.nhosts > 1 and topo.max_local > 1 and nbytes >= th.hierarchical_min_bytes:
         return HIERARCHICAL
     return flat_algorithm(nbytes, th)

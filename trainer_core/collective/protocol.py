@@ -10,6 +10,10 @@ like every channel:
   by (sender, tag) to the receiver's posted receive; on the same-host channel (headers only)
   ``{"t": tag, "n": bytes}`` and, unless ``n`` is 0, one descriptor: a memfd holding the bytes
   (``netshm``);
+* ``coll_shm`` (``{"n": local ranks}``, one descriptor): from a host's lowest rank to each other
+  rank of the host, once, when the group is set up: the host's shared-memory segment
+  (``shm``); ``{"n": 0}`` and no descriptor where the host has none (a channel that is not the
+  same-host one, or ``PS_SHM=0``);
 * ``coll_bye``: the sender closes the group normally; the channel's end is not a failure.
 
 They carry no entries. ``SCHEMA`` is to be combined with the node layer's (``node.protocol``)
@@ -21,8 +25,8 @@ from __future__ import annotations
 from trainer_core.errors import WireError
 from trainer_core.transport import wire
 
-HELLO, DATA, BYE = "coll_hello", "coll_data", "coll_bye"
-SCHEMA = wire.Schema(frozenset({HELLO, DATA, BYE}))
+HELLO, DATA, SHM, BYE = "coll_hello", "coll_data", "coll_shm", "coll_bye"
+SCHEMA = wire.Schema(frozenset({HELLO, DATA, SHM, BYE}))
 MAX_TAG = (1 << 64) - 1
 
 
@@ -33,6 +37,11 @@ def hello(rank: int) -> wire.Header:
 def data(tag: int, nbytes: int | None = None) -> wire.Header:
     """A data message's header; ``nbytes`` on the same-host channel, whose bytes come in a memfd."""
     return wire.Header(DATA, body={"t": tag} if nbytes is None else {"t": tag, "n": nbytes})
+
+
+def shm(local_size: int) -> wire.Header:
+    """The host's segment for ``local_size`` ranks (its descriptor goes with it), or none (0)."""
+    return wire.Header(SHM, body={"n": local_size})
 
 
 def bye() -> wire.Header:

@@ -1,0 +1,89 @@
+"""Allreduce among the ranks of one host through their shared-memory segment (``shm``), and the
+host's part of the hierarchical allreduce.
+
+Operation ``k`` of a host's ranks uses steps ``3k+1..3k+3`` of their counters:
+
+1. every rank waits until all posted ``3k`` (they finished reading operation ``k - 1``, so the
+   slots are free), copies its input into its slot and posts ``3k+1``;
+2. ``split``: local rank ``r`` reduces block ``r`` of every slot (``ring.blocks``), slots in rank
+   order, ``((x0 op x1) op x2) ...``, writes it into block ``r`` of its own slot (only it reads
+   that block) and posts ``3k+2``; everyone waits for all, and copies every rank's block from its
+   slot into the output. Not ``split`` (small buffers: one step less): every rank reduces the
+   whole buffer itself, in the same order, into its output;
+3. every rank posts ``3k+3`` once it has read what it needs.
+
+Each element is reduced in one fixed order from the same bits on every rank (or by one rank and
+copied): the results are bit-identical. With ``cross`` (several hosts), only local rank 0 (the
+leader) assembles the host's reduction, runs ``cross`` on it (the leaders' allreduce), writes the
+result into its slot and posts ``3k+3``; the others wait for that and copy it out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..reduce import ReduceSpec
+from ..shm import Local
+from .ring import blocks
+
+
+def allreduce(
+    loc: Local,
+    x: np.ndarray,
+    out: np.ndarray,
+    spec: ReduceSpec,
+    split: bool,
+    cross: Callable[[np.ndarray], None] | None = None,
+) -> None:
+    """``out`` (flat, ``x``'s dtype and size; may be ``x`` itself) becomes the reduction of every
+    local rank's flat ``x``, then (``cross``) over the hosts."""
+    base = 3 * loc.ops
+    loc.ops += 1
+    me, size = loc.rank, loc.size
+    loc.wait_all(base, "finish the previous operation")
+    seg = loc.segment
+    seg.ensure(x.nbytes)
+    slots = [seg.slot(r, x.dtype, x.size) for r in range(size)]
+    np.copyto(slots[me], x)
+    loc.post(base + 1)
+    loc.wait_all(base + 1, "write its input")
+    if not split:
+        if cross is None or me == 0:
+            _reduce(spec, [s for s in slots], out)
+    else:
+        a, b = blocks(x.size, size)[me]
+        _reduce(spec, [s[a:b] for s in slots], slots[me][a:b], out[a:b])
+        loc.post(base + 2)
+        loc.wait_all(base + 2, "reduce its block")
+        if cross is None or me == 0:
+            for r, (a, b) in enumerate(blocks(x.size, size)):
+                np.copyto(out[a:b], slots[r][a:b])
+    if cross is not None:
+        if me == 0:
+            cross(out)
+            np.copyto(slots[0], out)
+        else:
+            loc.wait_for(0, base + 3, "bring the other hosts' result")
+            np.copyto(out, slots[0])
+    loc.post(base + 3)
+
+
+def _reduce(
+    spec: ReduceSpec, parts: list[np.ndarray], dest: np.ndarray, scratch: np.ndarray | None = None
+) -> None:
+    """``dest = ((parts[0] op parts[1]) op parts[2]) ...``; ``dest`` may be one of the parts only
+    where it is read no later than it is written (the first two, or the last); ``scratch`` (or
+    ``dest``) holds the partial results."""
+    if len(parts) == 1:
+        np.copyto(dest, parts[0])
+        return
+    acc = dest if scratch is None else scratch
+    if len(parts) == 2:
+        spec.combine(parts[0], parts[1], dest)
+        return
+    spec.combine(parts[0], parts[1], acc)
+    for p in parts[2:-1]:
+        spec.combine(acc, p, acc)
+    spec.combine(acc, parts[-1], dest)

@@ -1,0 +1,176 @@
+"""The shared-memory segment of the workers of one host, and the counters that order their steps.
+
+One anonymous file (``memfd``) per host and group, made once when the group is set up by the
+host's lowest rank and handed to the others over their authenticated same-host channels
+(``netlinks``), as every descriptor is; nothing is left in ``/dev/shm``. Its layout:
+
+* a header page: one 32-bit step counter per local rank, each on a cache line of its own, written
+  only by its rank and read by the others;
+* ``size`` slots of ``cap`` bytes each, one per local rank, after the header. ``cap`` grows (to
+  the next power of two) when an operation needs more: every local rank makes the same operations
+  in the same order, so all grow alike, between operations, and re-map their view of the slots.
+
+A rank ``post``s a step by storing its counter and waking the futex on it; a rank waits for
+another's counter by spinning briefly, then sleeping on the futex (``futex``), checking the job's
+health (``health``, which raises the scheduler's word or a dead peer's error) every ``SLICE_S``,
+and failing with ``PeerTimeout`` naming the rank that did not come within ``timeout`` seconds.
+Counters only grow (modulo 2**32), so a wait for step ``s`` is also met by any later step.
+Stores to the slots happen before the counter's store in program order, and x86 and the
+interpreter's own locking keep that order for the reader, which loads the counter first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import os
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from . import futex
+from .links import DEFAULT_TIMEOUT, PeerTimeout
+
+HEADER = 4096
+LINE = 64  # bytes between two ranks' counters
+MAX_LOCAL = HEADER // LINE
+MIN_CAP = 1 << 16
+SLICE_S = 0.1
+SPIN = 300  # counter reads (about 50 us) before sleeping on the futex
+_MASK = 0xFFFFFFFF
+
+
+class Segment:
+    """One process's mapping of a host's segment (``fd`` stays open until ``close``)."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        if not 1 <= size <= MAX_LOCAL:
+            raise ValueError(f"a shared-memory segment serves 1..{MAX_LOCAL} local ranks, not {size}")
+        self.fd, self.size, self.cap = fd, size, 0
+        if os.fstat(fd).st_size < HEADER:
+            os.ftruncate(fd, HEADER)
+        self._head = mmap.mmap(fd, HEADER)
+        self.counters = memoryview(self._head).cast("I")
+        self._anchor = ctypes.c_char.from_buffer(self._head)
+        self.base_address = ctypes.addressof(self._anchor)
+        self._data: mmap.mmap | None = None
+        self._bytes = np.zeros(0, np.uint8)
+
+    @classmethod
+    def create(cls, size: int) -> Segment:
+        """A fresh segment for ``size`` local ranks (its counters at 0)."""
+        return cls(os.memfd_create("launchkit-collective", os.MFD_CLOEXEC), size)
+
+    def ensure(self, nbytes: int) -> None:
+        """Slots of at least ``nbytes`` (growing the file, and this mapping, if needed)."""
+        if nbytes <= self.cap:
+            return
+        cap = max(MIN_CAP, 1 << (nbytes - 1).bit_length())
+        need = HEADER + self.size * cap
+        if os.fstat(self.fd).st_size < need:
+            os.ftruncate(self.fd, need)  # only ever grows; a peer may have grown it already
+        old = self._data
+        self._data = mmap.mmap(self.fd, self.size * cap, offset=HEADER)
+        self._bytes = np.frombuffer(self._data, np.uint8)
+        self.cap = cap
+        if old is not None:
+            with contextlib.suppress(BufferError):  # a view still held elsewhere keeps it mapped
+                old.close()
+
+    def slot(self, rank: int, dtype: np.dtype, n: int) -> np.ndarray:
+        """The first ``n`` elements of ``dtype`` of ``rank``'s slot (after ``ensure``)."""
+        start = rank * self.cap
+        return self._bytes[start : start + n * dtype.itemsize].view(dtype)
+
+    def close(self) -> None:
+        self._bytes = np.zeros(0, np.uint8)
+        self.counters.release()
+        del self._anchor
+        for m in (self._data, self._head):
+            if m is not None:
+                with contextlib.suppress(BufferError):
+                    m.close()
+        self._data = None
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def _behind(value: int, target: int) -> bool:
+    """Whether a counter at ``value`` has not reached ``target`` yet (modulo 2**32)."""
+    return 0 < ((target - value) & _MASK) < 0x80000000
+
+
+class Local:
+    """One local rank's use of a host's segment: its steps, and the waits for the others'.
+
+    ``members``: the group ranks of the host's ranks, in order (``rank`` indexes it); ``health``:
+    raises the job's failure, if any (called while waiting); ``where(group_rank)``: how to name a
+    rank in errors; ``spin``: counter reads before sleeping on the futex."""
+
+    def __init__(
+        self,
+        segment: Segment,
+        rank: int,
+        members: Sequence[int],
+        health: Callable[[], None] | None = None,
+        where: Callable[[int], str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        spin: int | None = None,
+    ) -> None:
+        if len(members) != segment.size or not 0 <= rank < segment.size:
+            raise ValueError(f"local rank {rank} of {len(members)} on a segment of {segment.size}")
+        self.segment, self.rank, self.members = segment, rank, tuple(members)
+        self.size = segment.size
+        self.health = health or (lambda: None)
+        self.where = where or (lambda r: f"rank {r}")
+        self.timeout = timeout
+        cores = os.cpu_count() or 1
+        # spinning helps only while every local rank has a core of its own (measured: docs/collectives.md)
+        self.spin = spin if spin is not None else (SPIN if self.size <= cores else 0)
+        self.ops = 0  # operations begun (every local rank counts alike)
+
+    def post(self, step: int) -> None:
+        seg = self.segment
+        seg.counters[self.rank * (LINE // 4)] = step & _MASK
+        futex.wake(seg.base_address + self.rank * LINE)
+
+    def wait_for(self, peer: int, step: int, what: str) -> None:
+        """Return once local rank ``peer`` posted ``step`` (or later)."""
+        counters, at = self.segment.counters, peer * (LINE // 4)
+        step &= _MASK
+        if not _behind(counters[at], step):
+            return
+        for _ in range(self.spin):
+            if ((step - counters[at]) & _MASK) - 1 >= 0x7FFFFFFF:  # (``_behind``, inlined)
+                return
+        address = self.segment.base_address + peer * LINE
+        start = time.monotonic()
+        check = start + SLICE_S
+        while True:
+            value = counters[at]
+            if not _behind(value, step):
+                return
+            futex.wait(address, value, SLICE_S)
+            if not _behind(counters[at], step):
+                return
+            now = time.monotonic()
+            if now >= check:
+                self.health()
+                check = now + SLICE_S
+            if now - start >= self.timeout:
+                g = self.members[peer]
+                raise PeerTimeout(
+                    f"collective: rank {g} ({self.where(g)}) did not {what} within {self.timeout:g} s "
+                    "(shared-memory allreduce); it is stalled or gone",
+                    g,
+                )
+
+    def wait_all(self, step: int, what: str) -> None:
+        for p in range(self.size):
+            if p != self.rank:
+                self.wait_for(p, step, what)
+
+    def close(self) -> None:
+        self.segment.close()
