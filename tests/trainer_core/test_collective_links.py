@@ -123,3 +123,31 @@ def test_run_ranks_reports_a_stuck_rank() -> None:
     with pytest.raises(TimeoutError, match=r"ranks \[1\]"):
         run_ranks(2, lambda r: never.wait(5) if r == 1 else r, timeout=0.2)
     never.set()
+
+
+def test_scratch_keeps_working_buffers_between_operations() -> None:
+    """The ring's and doubling's temporary arrays come from the group's ``Scratch``: the same
+    memory operation after operation (no allocation, no fresh pages), grown when a larger one
+    is needed."""
+    from trainer_core.collective import Group, Thresholds
+    from trainer_core.collective.links import Scratch
+
+    s = Scratch()
+    a = s.get("ring", np.dtype(np.float32), 100)
+    b = s.get("ring", np.dtype(np.float64), 50)
+    assert np.shares_memory(a, b) and a.size == 100 and b.dtype == np.float64
+    c = s.get("ring", np.dtype(np.float32), 1000)
+    assert c.size == 1000 and not np.shares_memory(a, c)
+    fabric = Fabric(3)
+
+    def body(r: int) -> list[int]:
+        seen = []
+        for algo in ("ring", "recursive_doubling"):
+            with Group(fabric.endpoint(r), thresholds=Thresholds(force=algo)) as g:
+                for _ in range(3):
+                    assert (g.allreduce(np.ones(30_001, np.float32)) == 3).all()
+                    seen.append(id(g._scratch._bufs["ring" if algo == "ring" else "doubling"]))
+        return seen
+
+    for seen in run_ranks(3, body):
+        assert len(set(seen[:3])) == 1 and len(set(seen[3:])) == 1

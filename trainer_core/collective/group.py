@@ -32,7 +32,7 @@ from . import compressed, fusion, lowrank, policy
 from .algorithms import doubling, hierarchical, ring, shmreduce, tree
 from .algorithms.hierarchical import Topology
 from .executor import Executor, Work
-from .links import Ctx, Links, SubLinks
+from .links import Ctx, Links, Scratch, SubLinks
 from .policy import Thresholds
 from .reduce import FLOAT_DTYPES, ReduceSpec, spec_for
 from .shm import Local
@@ -61,6 +61,7 @@ class Group:
             raise ValueError("a shared-memory segment serves the ranks of this rank's host (give hosts)")
         self.thresholds = thresholds or Thresholds()
         self._executor = Executor(f"collective-{links.rank}")
+        self._scratch = Scratch()
         #: the algorithm of the last allreduce (for tests and logs)
         self.last_algorithm = ""
 
@@ -83,7 +84,7 @@ class Group:
         self.close()
 
     def _submit(self, name: str, fn: Callable[[Ctx], Any]) -> Work:
-        return self._executor.submit(name, lambda seq: fn(Ctx.for_op(self.links, seq)))
+        return self._executor.submit(name, lambda seq: fn(Ctx.for_op(self.links, seq, self._scratch)))
 
     # -- allreduce ----------------------------------------------------------------------------
     def allreduce_async(self, array: Any, op: str = "sum", out: Any = None, kind: str | None = None) -> Work:
@@ -110,7 +111,7 @@ class Group:
         def run(seq: int) -> Any:
             dest = np.empty_like(array) if out is None else out
             flat = dest.reshape(-1)
-            self._allreduce_into(Ctx.for_op(self.links, seq), array.reshape(-1), flat, spec)
+            self._allreduce_into(Ctx.for_op(self.links, seq, self._scratch), array.reshape(-1), flat, spec)
             spec.finish(flat, self.size)
             return dest
 

@@ -112,18 +112,41 @@ MAX_SEGMENTS = 1 << _SEG_BITS
 MAX_STEPS = 1 << _STEP_BITS
 
 
+class Scratch:
+    """A group's working buffers, kept from one operation to the next (one operation runs at a
+    time), so that an algorithm's temporary arrays are not allocated, and their pages not faulted
+    in, on every operation."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def get(self, key: str, dtype: np.dtype, n: int) -> np.ndarray:
+        """``n`` elements of ``dtype`` (contents undefined), the same memory as the last ``key``."""
+        nbytes = n * dtype.itemsize
+        buf = self._bufs.get(key)
+        if buf is None or buf.size < nbytes:
+            buf = self._bufs[key] = np.empty(max(nbytes, 64), np.uint8)
+        return buf[:nbytes].view(dtype)
+
+
 @dataclass(frozen=True)
 class Ctx:
-    """The links an algorithm runs on and the tag namespace of its operation and phase."""
+    """The links an algorithm runs on, the tag namespace of its operation and phase, and its
+    group's ``Scratch`` (None: fresh arrays)."""
 
     links: Links
     base: int = 0
     depth: int = 0
+    scratch: Scratch | None = None
 
     @classmethod
-    def for_op(cls, links: Links, seq: int) -> Ctx:
+    def for_op(cls, links: Links, seq: int, scratch: Scratch | None = None) -> Ctx:
         """The context of the ``seq``-th operation of a group (every rank numbers them alike)."""
-        return cls(links, (seq % (1 << (64 - _SEQ_SHIFT))) << _SEQ_SHIFT)
+        return cls(links, (seq % (1 << (64 - _SEQ_SHIFT))) << _SEQ_SHIFT, scratch=scratch)
+
+    def buffer(self, key: str, dtype: np.dtype, n: int) -> np.ndarray:
+        """A working array of ``n`` elements (see ``Scratch``; ``key`` names its use)."""
+        return np.empty(n, dtype) if self.scratch is None else self.scratch.get(key, np.dtype(dtype), n)
 
     def phase(self, p: int) -> Ctx:
         """A nested namespace for one phase (0..14) of the operation (phases nest two deep)."""

@@ -31,7 +31,7 @@ def allreduce(ctx: Ctx, buf: np.ndarray, spec: ReduceSpec) -> None:
     p = _pow2_below(size)
     extra = size - p
     links = ctx.links
-    other = np.empty_like(buf)
+    other = ctx.buffer("doubling", buf.dtype, buf.size)
     # fold: the even rank of each of the first ``extra`` pairs hands its buffer to the odd one
     if rank < 2 * extra:
         if rank % 2 == 0:

@@ -65,7 +65,7 @@ def reduce_scatter(
         ctx.links.send(right, ctx.tag(0, j), buf[a:b])
         for j, (a, b) in enumerate(segments(bounds[(rank - 1) % size], isz, segment_bytes))
     ]
-    scratch = np.empty(max(b - a for a, b in bounds), dtype=buf.dtype)
+    scratch = ctx.buffer("ring", buf.dtype, max(b - a for a, b in bounds))
     for step in range(size - 1):
         start = bounds[(rank - step - 2) % size][0]
         segs = segments(bounds[(rank - step - 2) % size], isz, segment_bytes)
