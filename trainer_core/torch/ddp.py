@@ -16,14 +16,13 @@ shape (keys ``(bucket index, parameter)``); the other compressors take the flat 
 index and length, as DDP rebuilds its buckets after the first iteration).
 """
 
-from __future__ import annotations
-
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from trainer_core.collective import ErrorFeedback
 
@@ -77,7 +76,8 @@ class HookState:
         self._thread.join()
 
 
-def comm_hook(state: HookState, bucket: Any) -> torch.futures.Future:
+def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    # no ``from __future__ import annotations`` here: DDP compares these annotations as objects
     """DDP's hook: ``bucket``'s buffer reduced over every worker by trainer_core."""
     buf = bucket.buffer()
     b = state.backend

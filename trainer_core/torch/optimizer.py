@@ -8,8 +8,10 @@ The user's optimizer is subclassed on the fly (``isinstance`` and its ``step`` h
 parameter (``register_post_accumulate_grad_hook``) counts its gradient down from
 ``backward_passes_per_step``; at zero the parameter is ready, and a bucket whose parameters are all
 ready starts its exchange at once (``buckets``: in bucket order, the same on every rank), overlapping
-the rest of backward. ``step()`` (or ``synchronize()``) starts the buckets that never became ready
-(unused parameters send zeros, and receive the others' gradients, as Horovod), waits for every bucket
+the rest of backward. At the end of the step's last backward pass (a callback queued on autograd's
+engine) the buckets that never became ready start as well: unused parameters send zeros and receive
+the others' gradients, as Horovod's, and every rank has started the same operations in the same
+order before ``backward()`` returns. ``step()`` (or ``synchronize()``) waits for every bucket
 and then runs the user's optimizer on the reduced gradients (with ``server_optimizer``, on
 ``comm="ps"``, the servers ran it and the parameters hold their new weights: the local rule does
 not run, MXNet's ``update_on_kvstore``).
@@ -70,6 +72,8 @@ class _Distributed:
         self._scale = 1.0 / bpps if average_aggregated_gradients else 1.0
         self._sparse_as_dense = sparse_as_dense
         self._delay = [bpps] * len(self._params)
+        self._passes = 0  # backward passes ended since the last synchronize
+        self._in_backward = False
         self._pending: list[Pending] = []
         self._synchronized = False
         self._should_sync = True
@@ -81,13 +85,26 @@ class _Distributed:
 
     def _make_hook(self, i: int) -> Any:
         def hook(p: torch.Tensor) -> None:
-            if self._delay[i] <= 0:
+            if self._delay[i] <= 0 or self._passes >= self._bpps:
                 raise AssertionError(TOO_MANY)
+            if not self._in_backward:  # the first gradient of this pass: see the pass's end
+                self._in_backward = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
             self._delay[i] -= 1
             if self._delay[i] == 0:
                 self._launch(self._tracker.ready(i))
 
         return hook
+
+    def _end_of_backward(self) -> None:
+        """After the last backward pass of a step, the buckets of parameters that got no gradient
+        start too (zeros), before anything the caller does next: every rank has started all its
+        buckets, in order, when ``backward()`` returns, whichever parameters it used (an allreduce
+        of the loss before ``step()`` then comes after them everywhere)."""
+        self._in_backward = False
+        self._passes += 1
+        if self._passes == self._bpps:
+            self._launch(self._tracker.rest())
 
     def _grads(self, bucket: int) -> list[torch.Tensor]:
         """The bucket's gradients, ready to send: zeros for a parameter without one (it receives
@@ -118,6 +135,7 @@ class _Distributed:
         finally:
             self._tracker.reset()
             self._delay = [self._bpps] * len(self._params)
+            self._passes = 0
         self._synchronized = True
 
     @contextlib.contextmanager

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer_core.xp import is_device_array
+
 #: the floating dtypes trainer_core reduces (bfloat16 as uint16 bits)
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -50,8 +52,8 @@ def _lend(t: torch.Tensor) -> Any:
 def as_tensor(array: Any, dtype: torch.dtype, shape: Any = None) -> torch.Tensor:
     """A tensor over ``array``'s memory (no copy) of ``dtype`` (bfloat16 from its uint16 bits,
     bool from bytes), reshaped to ``shape`` when given."""
-    if isinstance(array, np.ndarray):
-        a = np.ascontiguousarray(array)
+    if not is_device_array(array):
+        a = np.ascontiguousarray(array)  # numpy scalars too
         if dtype == torch.bfloat16:
             out = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
         elif dtype == torch.bool:

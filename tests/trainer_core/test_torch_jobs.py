@@ -1,0 +1,143 @@
+"""trainer_core.torch in real jobs: ``launchkit launch -n N -s S --launcher local`` runs
+``tests/trainer_core/torch_job.py`` (the worker) and the test compares what each worker printed with
+every other worker's and with one process trained here on the concatenated batch (``torch_job.model``
+and ``data``: the same definitions). Each run carries a marker in its environment; afterwards no
+process with it may be left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="trainer_core.torch needs torch (the torch extra: pip install -e '.[torch]')"
+)
+
+from tests.trainer_core import torch_job  # noqa: E402
+from tests.trainer_core.test_train_digits import marked_processes  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def launch(*args: str, workers: int = 2, servers: int = 0, timeout: float = 80) -> list[dict[str, Any]]:
+    """Run the worker under the launcher; every worker's RESULT, by rank (asserts success and that
+    nothing is left)."""
+    marker = f"TORCH_JOB_TEST={uuid.uuid4().hex}"
+    cmd = [
+        sys.executable, "-m", "launchkit", "launch", "-n", str(workers), "-s", str(servers), "--launcher", "local",
+        "--env", marker.replace("=", ":"), sys.executable, "tests/trainer_core/torch_job.py", *args,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"timed out:\n{out}")
+    finally:
+        for pid in marked_processes(marker):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    assert marked_processes(marker) == [], "processes left behind"
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
+    assert sorted(r["rank"] for r in results) == list(range(workers)), out
+    return sorted(results, key=lambda r: r["rank"])
+
+
+def reference(workers: int, steps: int = torch_job.STEPS) -> torch.Tensor:
+    """One process, rank 0's starting model, each step on every worker's samples at once."""
+    m = torch_job.model(seed=0)
+    opt = torch.optim.SGD(m.parameters(), lr=torch_job.LR)
+    xs, ys = torch_job.data(workers, steps)
+    for x, y in zip(xs, ys, strict=True):
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return torch.tensor(torch_job.flat(m))
+
+
+def same_everywhere(results: list[dict[str, Any]], key: str = "params") -> torch.Tensor:
+    for r in results[1:]:
+        assert r[key] == results[0][key], f"rank {r['rank']}'s {key} differ from rank 0's"
+    return torch.tensor(results[0][key])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_allreduce_path_equals_one_process_on_the_concatenated_batch() -> None:
+    """-s 0, 3 workers: broadcast_parameters makes rank 0's model everyone's (each started from its
+    own seed), and after the steps every worker holds one process's parameters."""
+    results = launch("optimizer", workers=3)
+    assert [r["comm"] for r in results] == ["allreduce"] * 3
+    assert [r["local"] for r in results] == [[0, 3], [1, 3], [2, 3]]
+    torch.testing.assert_close(same_everywhere(results), reference(3), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_accumulated_backward_passes_equal_one_process() -> None:
+    results = launch("optimizer", "--accum", "2")
+    torch.testing.assert_close(same_everywhere(results), reference(2), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_unused_parameters_with_fp16_compression() -> None:
+    """Only rank 0 uses ``extra``: the others send zeros for it, and all end with the same values."""
+    results = launch("optimizer", "--unused", "--compression", "fp16")
+    same_everywhere(results)
+    extra = same_everywhere(results, "extra")
+    torch_job.model(seed=0)
+    start = torch.cat([p.detach().reshape(-1) for p in torch.nn.Linear(6, 3).parameters()])  # rank 0's
+    assert not torch.allclose(extra, start)  # moved on every rank, by rank 0's gradient alone
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_onebit_with_error_feedback_trains() -> None:
+    plain = launch("optimizer", "--steps", "30", "--fixed")
+    onebit = launch("optimizer", "--compression", "1bit", "--steps", "30", "--fixed")
+    same_everywhere(onebit)
+    first, last, full = onebit[0]["losses"][0], onebit[0]["losses"][-1], plain[0]["losses"][-1]
+    assert last < 0.6 * first and last < 1.5 * full, (first, last, full)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("server_optimizer", [False, True], ids=["sum", "server-sgd"])
+def test_parameter_server_path_equals_one_process(server_optimizer: bool) -> None:
+    """-s 1: gradients through the KV store; with a server-side SGD the servers update the weights
+    (MXNet's update_on_kvstore) and the workers pull them."""
+    args = ["optimizer", *(["--server-optimizer"] if server_optimizer else [])]
+    results = launch(*args, servers=1)
+    assert [r["comm"] for r in results] == ["ps", "ps"]
+    torch.testing.assert_close(same_everywhere(results), reference(2), rtol=1e-5, atol=1e-6)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("compression", "tol"), [("none", 1e-6), ("fp16", 2e-3)])
+def test_ddp_comm_hook_equals_ddp_allreduce(compression: str, tol: float) -> None:
+    """A DDP model over a gloo process group: its buckets through trainer_core's hook give gloo's
+    parameters (to float tolerance; fp16 to half precision's)."""
+    results = launch("ddp", "--port", str(free_port()), "--compression", compression)
+    gloo, hook = same_everywhere(results, "gloo"), same_everywhere(results, "hook")
+    torch.testing.assert_close(hook, gloo, rtol=tol, atol=tol)
+    assert not torch.equal(gloo, torch.tensor(torch_job.flat(torch_job.model(seed=0))))  # it trained
