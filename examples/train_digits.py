@@ -27,14 +27,18 @@ but ``async`` (whose rule runs on the servers).
 
 Rank 0 prints the loss and the test accuracy after every epoch, and at the end the bytes one
 worker put on the wire per step. ``--checkpoint PATH`` (a ``.npz``) is written by rank 0 after
-every epoch; with ``--resume`` a run continues from it (``--comm allreduce``: the parameters and
-the learner's state; the compressed allreduce's residuals start again from zero).
+every epoch, each other worker's own state beside it (``PATH.workerN.npz``: its compression
+residuals; with ``--comm allreduce`` also its local learner's state); with ``--resume`` a run
+continues from the epoch after it, every worker with its own residuals (the parameter servers'
+state too with ``--comm ps``). ``launchkit launch --max-restarts N ... --resume`` thus resumes a
+job that failed from its last checkpoint (docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from typing import Any
 
@@ -178,6 +182,37 @@ def wire_bytes_per_step(
     return share * learner.syncs * learner.payload_bytes_per_sync() / max(1, steps), how
 
 
+def allreduce_residuals(comm: Communicator) -> dict[str, dict[str, Any]]:
+    """This worker's compressed allreduce residuals (``CollectiveCommunicator.compression_state``)."""
+    state = getattr(comm, "compression_state", None)
+    return dict(state()) if callable(state) else {}
+
+
+def resume(
+    args: argparse.Namespace, kv: Any, comm: Communicator, learner: DistributedLearner, ck: Any
+) -> None:
+    """Restore the learner from rank 0's checkpoint ``ck``, then this worker's own state: rank 0's
+    residuals are in ``ck``, every other worker's residuals (and, without servers, its local
+    learner state) in its file of the same step; with servers also theirs (collective)."""
+    checkpoint.restore_learner(learner, ck)
+    if kv is not None:
+        checkpoint.restore_server(kv, ck)  # collective: every worker, after the learner's init
+        load_residuals = getattr(kv, "load_compression_state", None)
+        if ck.compression is not None and callable(load_residuals):
+            rank = int(kv.rank)
+            load_residuals(
+                ck.residuals if rank == 0 else checkpoint.load_worker(args.checkpoint, rank, step=ck.step)
+            )
+        return
+    mine = ck
+    if not comm.is_main():
+        mine = checkpoint.load_worker_state(args.checkpoint, comm.rank(), step=ck.step)
+        checkpoint.restore_local_learner(learner, mine)
+    load = getattr(comm, "load_compression_state", None)
+    if ck.compression is not None and callable(load):
+        load(mine.residuals)
+
+
 def save_checkpoint(
     args: argparse.Namespace,
     kv: Any,
@@ -192,14 +227,21 @@ def save_checkpoint(
     fetching the servers' state begins with) rank 0 writes the parameters, learner state, servers'
     state (optimizer slots, pull residuals) and its own push residuals. A job killed in between
     resumes from rank 0's previous checkpoint, whose step the worker files still hold. Without a
-    KV store (``--comm allreduce``) rank 0 writes the parameters and the learner's state."""
+    KV store (``--comm allreduce``) the same order with barriers: every other worker writes its
+    compressed allreduce residuals and its local learner's state, then rank 0 the parameters, the
+    learner's state and its own residuals."""
     comp = compression_params(args, comm.num_workers())
     if kv is None:
+        residuals = allreduce_residuals(comm) if comp is not None else {}
+        if not comm.is_main():
+            checkpoint.save_worker(args.checkpoint, comm.rank(), residuals, step=step, learner=learner)
+        comm.barrier()  # every worker file is of this step before rank 0's checkpoint is
         if comm.is_main():
             checkpoint.save(
-                args.checkpoint, params=model.params, learner=learner, step=step, epoch=epoch,
-                compression=comp, extra={"learner": args.learner, "comm": args.comm},
+                args.checkpoint, params=model.params, learner=learner, residuals=residuals, step=step,
+                epoch=epoch, compression=comp, extra={"learner": args.learner, "comm": args.comm},
             )  # fmt: skip
+        comm.barrier()  # rank 0's is written before any worker file moves on to the next step
         return
     state = getattr(kv, "compression_state", None)
     residuals = state() if comp is not None and callable(state) else None
@@ -230,15 +272,12 @@ def main() -> None:
         ck = checkpoint.load(args.checkpoint)
         checkpoint.restore_params(model.params, ck)
     learner = make_learner(args, kv, comm, model)
-    if ck is not None and kv is not None:
-        checkpoint.restore_learner(learner, ck)
-        checkpoint.restore_server(kv, ck)  # collective: every worker, after the learner's init
-        load_residuals = getattr(kv, "load_compression_state", None)
-        if ck.compression is not None and callable(load_residuals):
-            mine = ck.residuals if rank == 0 else checkpoint.load_worker(args.checkpoint, rank, step=ck.step)
-            load_residuals(mine)
-    elif ck is not None:
-        checkpoint.restore_learner(learner, ck)
+    if ck is not None:
+        try:
+            resume(args, kv, comm, learner, ck)
+        except ValueError as e:  # a worker file missing or of another checkpoint, another shape
+            print(f"train_digits.py: error: cannot resume from {args.checkpoint}: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
     start_epoch = ck.epoch if ck is not None else 0
 
     sampler = SplitSampler(len(x_train), workers, rank, seed=args.seed)
