@@ -108,7 +108,7 @@ def test_allreduce_broadcast_allgather_and_a_ring_among_worker_processes(shm: st
             assert res[0][f"shape-{dtype}-{size}"] == [want.dtype.str, [size]]
     assert len({d["noise"] for d in res}) == 1  # bit-identical on every rank
     assert [(d["algorithm"], d["segment"]) for d in res] == [
-        ("shm", True) if shm == "1" else ("ring", False)
+        ("shm", True) if shm == "1" else ("recursive_doubling", False)
     ] * WORKERS
     assert {d["bcast"] for d in res} == {_digest(_inputs(2, 1001, "float32"))}
     ragged = np.concatenate([np.full((r + 1, 3), r, dtype=np.int64) for r in range(WORKERS)])

@@ -37,3 +37,23 @@ def test_topology_leaders_and_locals() -> None:
     assert topo.leaders() == (0, 1, 4)
     assert topo.local(2) == (0, 2) and topo.local(3) == (1, 3)
     assert (topo.nhosts, topo.max_local) == (3, 2)
+
+
+def test_measured_defaults_and_the_shared_memory_choice() -> None:
+    """The defaults measured on one host (docs/collectives.md): the ring from 2 MiB; with a
+    segment and every rank on the host, shm at every size, split by block from 1 MiB (16 MiB for
+    two local ranks); several hosts stay hierarchical."""
+    from trainer_core.collective.policy import shm_split
+
+    th = Thresholds()
+    assert choose((2 << 20) - 1, None, th) == "recursive_doubling"
+    assert choose(2 << 20, None, th) == "ring"
+    one = Topology.of(["a"] * 4)
+    assert {choose(n, one, th, shm=True) for n in (0, 1, 1 << 20, 1 << 30)} == {"shm"}
+    assert choose(1 << 30, one, th) == "ring"  # no segment (PS_SHM=0): over sockets
+    assert choose(4, Topology.of(["a", "a", "b", "b"]), th, shm=True) == "hierarchical"
+    assert not shm_split((1 << 20) - 1, 4, th) and shm_split(1 << 20, 4, th)
+    assert not shm_split((16 << 20) - 1, 2, th) and shm_split(16 << 20, 2, th)
+    assert choose(8, one, Thresholds(force="ring"), shm=True) == "ring"  # overridable
+    with pytest.raises(ValueError, match="needs every rank on one host"):
+        choose(8, Topology.of(["a", "b"]), Thresholds(force="shm"), shm=True)

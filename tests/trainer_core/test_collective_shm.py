@@ -23,7 +23,10 @@ from trainer_core.collective.reduce import FLOAT_DTYPES, INT_DTYPES
 from trainer_core.collective.shm import Local, Segment, _behind
 
 SINGLE = ["h0"] * 6
-SPLIT = {True: Thresholds(shm_split_min_bytes=0), False: Thresholds(shm_split_min_bytes=1 << 40)}
+SPLIT = {
+    True: Thresholds(shm_split_min_bytes=0, shm_split_min_bytes_2=0),
+    False: Thresholds(shm_split_min_bytes=1 << 40, shm_split_min_bytes_2=1 << 40),
+}
 
 
 def locals_for(

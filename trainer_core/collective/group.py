@@ -122,7 +122,7 @@ class Group:
         th, loc = self.thresholds, self.local
         algo = self.last_algorithm = policy.choose(x.nbytes, self.topology, th, loc is not None)
         if x.size and self.size > 1 and loc is not None and algo in (policy.SHM, policy.HIERARCHICAL):
-            split = x.nbytes >= th.shm_split_min_bytes
+            split = policy.shm_split(x.nbytes, loc.size, th)
             if algo == policy.SHM:
                 shmreduce.allreduce(loc, x, out, spec, split)
                 return

@@ -1,9 +1,9 @@
 """Which allreduce algorithm runs, by message size and topology.
 
 The thresholds are named fields of ``Thresholds`` so that a group can be given others; the
-defaults are PROVISIONAL: they come from the textbook cost model (latency-bound below a few
-hundred KiB, ring above), not yet from measurements over sockets, which come with the node layer
-(docs/collectives.md).
+defaults were measured on one host with 2 cores, W = 2 and 4 (docs/collectives.md, "Choice and
+thresholds"): where every rank shares the host and its segment, the shared-memory allreduce at
+every size; over sockets the ring from 2 MiB, recursive doubling below.
 """
 
 from __future__ import annotations
@@ -22,16 +22,18 @@ ALGORITHMS = (RECURSIVE_DOUBLING, RING, HIERARCHICAL, SHM)
 
 @dataclass(frozen=True)
 class Thresholds:
-    """When each algorithm is used (provisional defaults, to be measured)."""
+    """When each algorithm is used (defaults measured: docs/collectives.md)."""
 
     #: buffers of at least this many bytes go round the ring; smaller ones by recursive doubling.
-    ring_min_bytes: int = 256 * 1024
+    ring_min_bytes: int = 2 * 1024 * 1024
     #: the hierarchical path is taken from this many bytes up, when some host has several ranks
     #: and there are several hosts.
     hierarchical_min_bytes: int = 0
     #: through the host's shared memory, buffers of at least this many bytes are reduced a block
-    #: per local rank (one more step); smaller ones by every rank whole.
-    shm_split_min_bytes: int = 256 * 1024
+    #: per local rank (one more step); smaller ones by every rank whole ...
+    shm_split_min_bytes: int = 1024 * 1024
+    #: ... and this many where the host has two ranks (each then reads just one other slot).
+    shm_split_min_bytes_2: int = 16 * 1024 * 1024
     #: ring and broadcast segments (the pipelining unit).
     segment_bytes: int = SEGMENT_BYTES
     #: ``grouped_allreduce`` packs arrays of one dtype into buckets of at most this many bytes
@@ -59,6 +61,12 @@ class Thresholds:
 def flat_algorithm(nbytes: int, th: Thresholds) -> str:
     """Ring or recursive doubling, by size alone."""
     return RING if nbytes >= th.ring_min_bytes else RECURSIVE_DOUBLING
+
+
+def shm_split(nbytes: int, local_size: int, th: Thresholds) -> bool:
+    """Whether the shared-memory allreduce of ``nbytes`` on a host of ``local_size`` ranks reduces
+    a block per rank (else every rank the whole buffer)."""
+    return nbytes >= (th.shm_split_min_bytes_2 if local_size == 2 else th.shm_split_min_bytes)
 
 
 def choose(nbytes: int, topo: Topology | None, th: Thresholds, shm: bool = False) -> str:
