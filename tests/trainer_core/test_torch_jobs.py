@@ -28,13 +28,15 @@ from tests.trainer_core.test_train_digits import marked_processes  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 
 
-def launch(*args: str, workers: int = 2, servers: int = 0, timeout: float = 80) -> list[dict[str, Any]]:
+def launch(
+    *args: str, workers: int = 2, servers: int = 0, timeout: float = 80, env: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
     """Run the worker under the launcher; every worker's RESULT, by rank (asserts success and that
     nothing is left)."""
     marker = f"TORCH_JOB_TEST={uuid.uuid4().hex}"
     cmd = [
         sys.executable, "-m", "launchkit", "launch", "-n", str(workers), "-s", str(servers), "--launcher", "local",
-        "--env", marker.replace("=", ":"), sys.executable, "tests/trainer_core/torch_job.py", *args,
+        "--env", marker.replace("=", ":"), *[a for e in env for a in ("--env", e)], sys.executable, "tests/trainer_core/torch_job.py", *args,
     ]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -115,12 +117,15 @@ def test_onebit_with_error_feedback_trains() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("server_optimizer", [False, True], ids=["sum", "server-sgd"])
-def test_parameter_server_path_equals_one_process(server_optimizer: bool) -> None:
+@pytest.mark.parametrize(
+    ("server_optimizer", "autostart"), [(False, "1"), (True, "0")], ids=["sum", "server-sgd"]
+)
+def test_parameter_server_path_equals_one_process(server_optimizer: bool, autostart: str) -> None:
     """-s 1: gradients through the KV store; with a server-side SGD the servers update the weights
-    (MXNet's update_on_kvstore) and the workers pull them."""
+    (MXNet's update_on_kvstore) and the workers pull them. The scheduler and the server run the same
+    script: ``import trainer_core`` serves their role, or with ``TRAINER_CORE_AUTOSTART=0``, ``init()``."""
     args = ["optimizer", *(["--server-optimizer"] if server_optimizer else [])]
-    results = launch(*args, servers=1)
+    results = launch(*args, servers=1, env=(f"TRAINER_CORE_AUTOSTART:{autostart}",))
     assert [r["comm"] for r in results] == ["ps", "ps"]
     torch.testing.assert_close(same_everywhere(results), reference(2), rtol=1e-5, atol=1e-6)
 
@@ -133,11 +138,16 @@ def free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("compression", "tol"), [("none", 1e-6), ("fp16", 2e-3)])
-def test_ddp_comm_hook_equals_ddp_allreduce(compression: str, tol: float) -> None:
+@pytest.mark.parametrize(
+    ("compression", "tol"), [("none", 1e-6), ("fp16", 2e-3), ("1bit", None), ("powersgd", None)]
+)
+def test_ddp_comm_hook_equals_ddp_allreduce(compression: str, tol: float | None) -> None:
     """A DDP model over a gloo process group: its buckets through trainer_core's hook give gloo's
-    parameters (to float tolerance; fp16 to half precision's)."""
+    parameters (to float tolerance; fp16 to half precision's); compressed with error feedback, every
+    rank holds the same trained parameters."""
     results = launch("ddp", "--port", str(free_port()), "--compression", compression)
     gloo, hook = same_everywhere(results, "gloo"), same_everywhere(results, "hook")
-    torch.testing.assert_close(hook, gloo, rtol=tol, atol=tol)
+    if tol is not None:
+        torch.testing.assert_close(hook, gloo, rtol=tol, atol=tol)
+    assert not torch.equal(hook, torch.tensor(torch_job.flat(torch_job.model(seed=0))))
     assert not torch.equal(gloo, torch.tensor(torch_job.flat(torch_job.model(seed=0))))  # it trained

@@ -221,3 +221,24 @@ def test_broadcast_parameters_and_optimizer_state() -> None:
         for k, st in sd["state"].items():
             for name, v in st.items():
                 assert torch.equal(v, got[1][1]["state"][k][name]), name
+
+
+def test_buckets_start_during_backward() -> None:
+    """With one bucket per parameter, the last layer's exchange has started before autograd reaches
+    the first layer (a tensor hook on the first layer's output gradient looks)."""
+
+    def run(r: int, rt: Runtime) -> list[int]:
+        m = make_model()
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.1), fusion_threshold=0, runtime=rt
+        )
+        seen: list[int] = []
+        h = m[0](torch.ones(2, 5))
+        h.register_hook(lambda g: seen.append(len(opt._pending)))  # runs before layer 0's gradients
+        m[2](m[1](h)).sum().backward()
+        seen.append(len(opt._pending))
+        opt.step()
+        return seen
+
+    for seen in on_ranks(2, run):
+        assert seen == [2, 4]  # the last layer's weight and bias were on their way; then all four

@@ -73,7 +73,8 @@ def ddp_run(args: argparse.Namespace, hvd: Any) -> dict[str, Any]:
 
     r, n = hvd.rank(), hvd.size()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=r, world_size=n)
-    comp = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16, "1bit": hvd.Compression.onebit}
+    comp = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16, "1bit": hvd.Compression.onebit,
+            "powersgd": hvd.Compression.powersgd(rank=1)}  # fmt: skip
     results = {}
     for name in ("gloo", "hook"):
         ddp = DDP(model(seed=r), bucket_cap_mb=0.0005)  # several buckets (DDP's broadcast: rank 0's)
