@@ -225,8 +225,9 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
             metrics_addr=job.telemetry.address if job.telemetry else None,
             master=roots.master,
         )
-        if job.telemetry is not None and plan.tasks[0].role == "scheduler":
-            job.telemetry.watch_local(str(plan.tasks[0].host))  # the scheduler's: this host
+        here = plan.tasks[0].role == "scheduler" or spec.backend == "local"  # a process runs here
+        if job.telemetry is not None and here:
+            job.telemetry.watch_local(str(plan.tasks[0].host))  # the scheduler's (or local's) host
         try:
             backend.prepare(plan)
         except BaseException:

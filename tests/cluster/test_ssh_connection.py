@@ -37,7 +37,7 @@ def test_proxy_jump_reaches_a_host_through_another(netns_hosts, tmp_path: Path) 
     known = tmp_path / "known_hosts"
     # -i names the key for the jump host too; both hosts' keys are new (accept-new records both)
     flags = ["-H", str(hostfile), "-i", str(group.identity), "--known-hosts", str(known)]
-    res = run(["launch", *flags, "-n", "1", "-s", "0", "python3", "-c", WHERE], cwd="/", env=env)
+    res = run(["launch", *flags, "-n", "1", "-s", "1", "python3", "-c", WHERE], cwd="/", env=env)
     assert res.returncode == 0, res.stderr
     line = next(line for line in res.stdout.splitlines() if line.startswith("[worker 0] "))
     client, _, server, _, root = line.removeprefix("[worker 0] ").split()

@@ -292,13 +292,15 @@ def test_interface_is_resolved_on_each_host(netns_hosts, jobdir: Path) -> None:
     for rank in (0, 1):
         assert envs[("worker", rank)]["DMLC_INTERFACE"] == "eth0"
         assert envs[("worker", rank)]["DMLC_NODE_HOST"] == group[rank].address
-    assert envs[("scheduler", 0)]["DMLC_PS_ROOT_URI"] == "10.231.0.1"
+        # without servers no scheduler process: --scheduler-ip names worker 0's rendezvous address
+        assert envs[("worker", rank)]["DMLC_PS_ROOT_URI"] == "10.231.0.1"
+    assert ("scheduler", 0) not in envs
 
 
 def test_secret_never_on_a_command_line(netns_hosts, jobdir: Path, launchkit_home) -> None:
     group = netns_hosts(2)
     hostfile = group.write_hostfile(jobdir.parent / "hosts")
-    proc = start(launch_args(group, hostfile, "-n", "2", "-s", "0", "python3", PROG_NAME, "wait"), cwd=jobdir)
+    proc = start(launch_args(group, hostfile, "-n", "2", "-s", "1", "python3", PROG_NAME, "wait"), cwd=jobdir)
     try:
         job = wait_for_job(launchkit_home, timeout=30)
         assert wait_until(lambda: all(len(p) >= 1 for p in job_pids_on(group, job).values()), 15)

@@ -35,7 +35,7 @@ def test_remote_rows_get_host_figures_and_process_usage(
     assert remote["mem_total"] > 0 and "load1" in remote and "net_rx_bytes" in remote
     busy = [cpu for (h, _), (cpu, rss) in model.procs.items() if h == str(host) and cpu and rss > 0]
     assert busy and max(busy) > 20, model.procs
-    assert "localhost" in model.hosts  # the launcher's own host (the scheduler's)
+    assert "localhost" not in model.hosts  # -s 0: no scheduler process, nothing of the job runs here
 
 
 @pytest.mark.timeout(480)

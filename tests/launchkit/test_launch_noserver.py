@@ -77,3 +77,25 @@ def test_launchkit_kill_ends_a_job_without_servers(tmp_path: Path, launchkit_hom
         assert wait_until(lambda: not pids_with_job(job), 5)
     finally:
         proc.kill()
+
+
+def test_the_dashboard_samples_this_host_without_a_scheduler(tmp_path: Path, served_endpoints) -> None:
+    """The local workers run here: this host's figures still come (they came as the scheduler's)."""
+    import threading
+
+    from launchkit import launching
+    from launchkit.backends.local import LocalBackend
+    from launchkit.console import Ui
+    from launchkit.core.spec import LaunchSpec
+
+    go = tmp_path / "go"
+    wait = f"import os, time\nt = time.time()\nwhile not os.path.exists({str(go)!r}) and time.time() - t < 20: time.sleep(0.05)"
+    spec = LaunchSpec(num_workers=1, num_servers=0, command=(sys.executable, "-c", wait), cwd=str(tmp_path))
+
+    def release() -> None:
+        wait_until(lambda: bool(served_endpoints) and "localhost" in served_endpoints[0].model.hosts, 15)
+        go.touch()
+
+    threading.Thread(target=release, daemon=True).start()
+    assert launching.run_job(spec, LocalBackend(), Ui()).exit_code == 0
+    assert "localhost" in served_endpoints[0].model.hosts

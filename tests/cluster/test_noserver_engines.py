@@ -1,0 +1,76 @@
+"""Jobs without servers (``-s 0``) on the engines: mpirun (Open MPI and MPICH), Slurm (inside an
+allocation and through sbatch) and Grid Engine, on this machine. Only the workers run the command
+(no scheduler process); worker 0's shim picks its address and two ports and publishes them beside
+the job's directory, so every worker gets torch's variables and trainer_core's collective group
+meets at worker 0; a killed worker is the job's root cause and nothing is left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.enginejobs import env_of, gone
+from tests.launchkit.noserver import PROG, check_workers_only
+from tests.launchkit.procs import LAUNCHKIT, parse_prefixed, pids_with_job, wait_for_job, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+ENGINES = ["mpirun", "mpirun.mpich", "slurm-allocation", "slurm-sbatch", "sge"]
+
+
+def launch(
+    request, engine: str, cwd: Path, home: Path, *args: str
+) -> tuple[subprocess.CompletedProcess[str], object]:
+    """``launchkit launch`` of ``args`` on ``engine``; returns its result and the engine's fixture."""
+    cluster: object = None
+    if engine.startswith("mpirun"):
+        argv = [*LAUNCHKIT, "launch", "--launcher", "mpi", "--mpirun", engine]
+        env = {**os.environ, "LAUNCHKIT_HOME": str(home)}
+    else:
+        cluster = request.getfixturevalue("sge_local" if engine == "sge" else "slurm_local")
+        env = env_of(cluster, home)
+        argv = [*LAUNCHKIT, "launch", "--launcher", engine.split("-")[0]]
+        if engine == "slurm-allocation":
+            argv = ["salloc", "-N1", "-n4", "--overcommit", "--quiet", *argv]
+    res = subprocess.run([*argv, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=100,
+                         stdin=subprocess.DEVNULL)  # fmt: skip
+    return res, cluster
+
+
+def nothing_left(cluster: object, job: str) -> bool:
+    if cluster is None:  # mpirun: no rank, no shim
+        shims = subprocess.run(["pgrep", "-f", "launchkit.hostside.shim"], capture_output=True).stdout
+        return not pids_with_job(job) and not shims
+    return gone(cluster, job)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_only_workers_run_and_allreduce_at_worker_0(
+    request, engine: str, tmp_path: Path, launchkit_home: Path
+) -> None:
+    res, cluster = launch(request, engine, tmp_path, launchkit_home, "-n", "3", "-s", "0", sys.executable, PROG,
+                          "allreduce")  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    outs = parse_prefixed(res.stdout)
+    check_workers_only(outs, 3, engine.split("-")[0].replace("mpirun.mpich", "mpi").replace("mpirun", "mpi"))
+    assert all(o["sum"] == [6] * 7 and o["size"] == 3 for o in outs.values())
+    job = outs[("worker", 0)]["LAUNCHKIT_JOB_ID"]
+    assert wait_until(lambda: nothing_left(cluster, job), 20)
+    assert not list(tmp_path.rglob("*worker0*"))  # worker 0's published address is forgotten
+
+
+@pytest.mark.parametrize("engine", ["mpirun", "mpirun.mpich", "slurm-allocation", "sge"])
+def test_a_killed_worker_is_the_root_cause_and_nothing_is_left(
+    request, engine: str, tmp_path: Path, launchkit_home: Path
+) -> None:
+    res, cluster = launch(request, engine, tmp_path, launchkit_home, "-n", "3", "-s", "0", "--grace-period", "2",
+                          sys.executable, PROG, "allreduce", "1")  # fmt: skip
+    assert res.returncode == 128 + signal.SIGKILL, res.stderr[-3000:]
+    assert "failed: worker 1 on " in res.stderr and "was killed by signal 9" in res.stderr, res.stderr[-3000:]
+    job = wait_for_job(launchkit_home)
+    assert wait_until(lambda: nothing_left(cluster, job), 20)
