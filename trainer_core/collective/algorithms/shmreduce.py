@@ -8,7 +8,9 @@ Operation ``k`` of a host's ranks uses steps ``3k+1..3k+3`` of their counters:
 2. ``split``: local rank ``r`` reduces block ``r`` of every slot (``ring.blocks``), slots in rank
    order, ``((x0 op x1) op x2) ...``, writes it into block ``r`` of its own slot (only it reads
    that block) and posts ``3k+2``; everyone waits for all, and copies every rank's block from its
-   slot into the output. Not ``split`` (small buffers: one step less): every rank reduces the
+   slot into the output. (Where the output is not the input, a rank's own block skips the slot:
+   it is read from the input and reduced into the output, then copied into the slot for the
+   others.) Not ``split`` (small buffers: one step less): every rank reduces the
    whole buffer itself, in the same order, into its output;
 3. every rank posts ``3k+3`` once it has read what it needs.
 
@@ -46,20 +48,34 @@ def allreduce(
     seg = loc.segment
     seg.ensure(x.nbytes)
     slots = [seg.slot(r, x.dtype, x.size) for r in range(size)]
-    np.copyto(slots[me], x)
+    bounds = blocks(x.size, size)
+    a, b = bounds[me]
+    # split, with ``out`` apart from ``x``: this rank's own block is read from ``x`` and reduced
+    # straight into ``out`` (only the other blocks go through the slot on the way in or out)
+    direct = split and not np.may_share_memory(x, out)
+    if direct:
+        np.copyto(slots[me][:a], x[:a])
+        np.copyto(slots[me][b:], x[b:])
+    else:
+        np.copyto(slots[me], x)
     loc.post(base + 1)
     loc.wait_all(base + 1, "write its input")
     if not split:
         if cross is None or me == 0:
-            _reduce(spec, [s for s in slots], out)
+            _reduce(spec, slots, out)
     else:
-        a, b = blocks(x.size, size)[me]
-        _reduce(spec, [s[a:b] for s in slots], slots[me][a:b], out[a:b])
+        parts = [x[a:b] if direct and r == me else s[a:b] for r, s in enumerate(slots)]
+        if direct:
+            _reduce(spec, parts, out[a:b])
+            np.copyto(slots[me][a:b], out[a:b])
+        else:
+            _reduce(spec, parts, slots[me][a:b], out[a:b])
         loc.post(base + 2)
         loc.wait_all(base + 2, "reduce its block")
         if cross is None or me == 0:
-            for r, (a, b) in enumerate(blocks(x.size, size)):
-                np.copyto(out[a:b], slots[r][a:b])
+            for r, (ra, rb) in enumerate(bounds):
+                if not (direct and r == me):
+                    np.copyto(out[ra:rb], slots[r][ra:rb])
     if cross is not None:
         if me == 0:
             cross(out)
