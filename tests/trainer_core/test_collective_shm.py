@@ -196,3 +196,34 @@ def test_forcing_shm_without_a_segment_is_a_clear_error() -> None:
             g.allreduce(np.ones(4, np.float32))
 
     run_ranks(2, body)
+
+
+def test_futex_sleeps_until_woken_or_the_word_changes() -> None:
+    """A wait on an unchanged word sleeps (no busy loop) until its timeout or a wake; a word that
+    already differs returns at once."""
+    import threading
+
+    from trainer_core.collective import futex
+
+    seg = Segment.create(2)
+    address, words = seg.base_address, seg.counters
+    try:
+        t = time.monotonic()
+        futex.wait(address, 0, 0.05)
+        assert time.monotonic() - t >= 0.04 or not futex.available()
+        t = time.monotonic()
+        futex.wait(address, 7, 5.0)  # the word holds 0, not 7
+        assert time.monotonic() - t < 1.0
+
+        def later() -> None:
+            time.sleep(0.05)
+            words[0] = 1
+            futex.wake(address)
+
+        threading.Thread(target=later).start()
+        t = time.monotonic()
+        while words[0] == 0:
+            futex.wait(address, 0, 5.0)
+        assert time.monotonic() - t < 2.0
+    finally:
+        seg.close()

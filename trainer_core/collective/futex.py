@@ -57,4 +57,12 @@ def wait(address: int, expected: int, timeout_s: float) -> None:
 def wake(address: int) -> None:
     """Wake every process sleeping in ``wait`` on the word at ``address``."""
     if _LIBC is not None:
-        _LIBC.syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, _WAKE_ALL, None, None, 0)
+        _LIBC.syscall(
+            ctypes.c_long(_SYS_FUTEX),
+            ctypes.c_void_p(address),
+            ctypes.c_int(_FUTEX_WAKE),
+            ctypes.c_int(_WAKE_ALL),
+            None,
+            None,
+            ctypes.c_int(0),
+        )
