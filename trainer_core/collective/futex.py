@@ -58,7 +58,7 @@ def wake(address: int) -> None:
     """Wake every process sleeping in ``wait`` on the word at ``address``."""
     if _LIBC is not None:
         _LIBC.syscall(
-            ctypes.c_long(_SYS_FUTEX),
+            ctypes.c_long(_SYS_FUTEX or 0),
             ctypes.c_void_p(address),
             ctypes.c_int(_FUTEX_WAKE),
             ctypes.c_int(_WAKE_ALL),
