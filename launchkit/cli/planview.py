@@ -25,6 +25,10 @@ def plan_to_json(
         shown = dmlc_env.redact(env)
         if not port_known:
             shown[dmlc_env.DMLC_PS_ROOT_PORT] = PORT_PLACEHOLDER
+        if shown.get(dmlc_env.MASTER_PORT) == "0":  # picked at launch, on worker 0's host
+            shown[dmlc_env.MASTER_PORT] = PORT_PLACEHOLDER
+        if shown.get(dmlc_env.MASTER_ADDR) == "":
+            shown[dmlc_env.MASTER_ADDR] = "<worker 0's address>"
         return shown
 
     return {
@@ -76,9 +80,12 @@ def _address_notes(plan: Plan) -> list[str]:
 def show_plan(ui: Ui, data: dict[str, object]) -> None:
     tasks = data["tasks"]
     assert isinstance(tasks, list)
-    ui.text(
-        f"job {data['job_name']} ({data['job_id']}), launcher {data['backend']}, scheduler {data['scheduler']}"
+    root = (
+        f"scheduler {data['scheduler']}"
+        if any(isinstance(t, dict) and t.get("role") == "scheduler" for t in tasks)
+        else f"no scheduler process: worker 0 serves the rendezvous at {data['scheduler']}"
     )
+    ui.text(f"job {data['job_name']} ({data['job_id']}), launcher {data['backend']}, {root}")
     ui.table(
         None,
         ["role", "rank", "task id", "host", "local rank", "cwd"],

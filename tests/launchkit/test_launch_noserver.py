@@ -99,3 +99,13 @@ def test_the_dashboard_samples_this_host_without_a_scheduler(tmp_path: Path, ser
     threading.Thread(target=release, daemon=True).start()
     assert launching.run_job(spec, LocalBackend(), Ui()).exit_code == 0
     assert "localhost" in served_endpoints[0].model.hosts
+
+
+def test_dry_run_says_worker_0_serves_the_rendezvous(tmp_path: Path) -> None:
+    res = run(
+        ["launch", "--dry-run", "-n", "2", "-s", "0", "--launcher", "mpi", "python", "x.py"], cwd=tmp_path
+    )
+    assert res.returncode == 0, res.stderr
+    assert "no scheduler process: worker 0 serves the rendezvous at <worker 0's address>:" in res.stdout
+    assert "MASTER_ADDR=<worker 0's address>" in res.stdout and "MASTER_PORT=<chosen at launch>" in res.stdout
+    assert "scheduler │" not in res.stdout
