@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -151,3 +152,25 @@ def test_ddp_comm_hook_equals_ddp_allreduce(compression: str, tol: float | None)
         torch.testing.assert_close(hook, gloo, rtol=tol, atol=tol)
     assert not torch.equal(hook, torch.tensor(torch_job.flat(torch_job.model(seed=0))))
     assert not torch.equal(gloo, torch.tensor(torch_job.flat(torch_job.model(seed=0))))  # it trained
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(("servers", "args"), [(0, ("--compression", "1bit")), (1, ("--server-optimizer",))])
+def test_the_example_trains(servers: int, args: tuple[str, ...]) -> None:
+    """examples/train_torch.py (a Horovod script with its import changed) learns the digits."""
+    pytest.importorskip("sklearn")
+    marker = f"TORCH_EXAMPLE_TEST={uuid.uuid4().hex}"
+    cmd = [
+        sys.executable, "-m", "launchkit", "launch", "-n", "2", "-s", str(servers), "--launcher", "local",
+        "--env", marker.replace("=", ":"), sys.executable, "examples/train_torch.py", "--epochs", "5", *args,
+    ]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=140, check=False)
+    finally:
+        for pid in marked_processes(marker):
+            os.kill(pid, signal.SIGKILL)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    acc = [float(m) for m in re.findall(r"test accuracy ([\d.]+)%", out)]
+    assert len(acc) == 5 and acc[-1] >= 80.0, out

@@ -1,0 +1,119 @@
+"""A torch model trained with trainer_core.torch (Horovod's API): a small convolutional network on
+scikit-learn's bundled digits (8x8 images, no download).
+
+    python examples/train_torch.py                                          # one process
+    launchkit launch -n 2 -s 0 --launcher local python examples/train_torch.py                 # allreduce
+    launchkit launch -n 2 -s 0 --launcher local python examples/train_torch.py --compression 1bit
+    launchkit launch -n 2 -s 1 --launcher local python examples/train_torch.py                 # parameter server
+    launchkit launch -n 2 -s 1 --launcher local python examples/train_torch.py --server-optimizer
+
+The script is a Horovod script with its import changed (``import trainer_core.torch as hvd``):
+``init()``, the learning rate scaled by ``size()``, ``DistributedOptimizer``, then
+``broadcast_parameters``/``broadcast_optimizer_state`` from rank 0. Every worker trains on its own
+shard of the training set; rank 0 prints the mean loss, the test accuracy and samples/s per epoch.
+With servers (``-s 1`` or more) gradients go through the parameter servers (``comm="ps"``);
+``--server-optimizer`` makes the servers apply SGD (MXNet's ``update_on_kvstore``). Every process of
+the job runs this script: a scheduler or server serves its role on ``import trainer_core``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+import trainer_core.torch as hvd
+
+COMPRESSION = {
+    "none": hvd.Compression.none,
+    "fp16": hvd.Compression.fp16,
+    "1bit": hvd.Compression.onebit,
+    "2bit": hvd.Compression.twobit(threshold=0.01),
+    "topk": hvd.Compression.topk(ratio=0.05),
+    "powersgd": hvd.Compression.powersgd(rank=2),
+}
+
+
+def load_digits(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from sklearn.datasets import load_digits as sk_digits
+    from sklearn.model_selection import train_test_split
+
+    data = sk_digits()
+    x = (data.data / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    y = data.target.astype(np.int64)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.25, random_state=seed, stratify=y)
+    return torch.from_numpy(x_tr), torch.from_numpy(y_tr), torch.from_numpy(x_te), torch.from_numpy(y_te)
+
+
+def make_model() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),  # 16 x 4 x 4
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),  # 32 x 2 x 2
+        torch.nn.Flatten(), torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10),
+    )  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=16, help="per worker")
+    p.add_argument("--lr", type=float, default=0.1, help="per worker: scaled by the number of workers")
+    p.add_argument(
+        "--momentum", type=float, default=0.0, help="0.9 with compression diverges here (docs/pytorch.md)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compression", default="none", choices=sorted(COMPRESSION))
+    p.add_argument("--server-optimizer", action="store_true", help="the servers apply SGD (-s 1 or more)")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    torch.manual_seed(args.seed + rank)  # different on every rank: broadcast_parameters aligns them
+    x_tr, y_tr, x_te, y_te = load_digits(args.seed)
+    model = make_model()
+    lr = args.lr * size
+    server = None
+    if args.server_optimizer:
+        from trainer_core.optim.server import SGD
+
+        server = SGD(learning_rate=lr, momentum=args.momentum)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum), named_parameters=model.named_parameters(),
+        compression=COMPRESSION[args.compression], server_optimizer=server,
+    )  # fmt: skip
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    mine = torch.arange(rank, len(x_tr), size)  # this worker's shard
+    steps = len(mine) // args.batch_size
+    gen = torch.Generator().manual_seed(args.seed + 1000 * rank)
+    for epoch in range(args.epochs):
+        start, total = time.perf_counter(), 0.0
+        model.train()
+        order = mine[torch.randperm(len(mine), generator=gen)]
+        for s in range(steps):
+            idx = order[s * args.batch_size : (s + 1) * args.batch_size]
+            loss = torch.nn.functional.cross_entropy(model(x_tr[idx]), y_tr[idx])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            total += float(loss.detach())
+        seconds = time.perf_counter() - start
+        model.eval()
+        with torch.no_grad():
+            acc = float((model(x_te).argmax(1) == y_te).float().mean()) * 100
+        mean_loss = torch.tensor([total / max(1, steps)])
+        if server is None:  # a server-side optimizer updates every key on the servers: local loss then
+            mean_loss = hvd.allreduce(mean_loss)
+        if rank == 0:
+            rate = steps * args.batch_size * size / seconds
+            print(f"epoch {epoch + 1:3d}  loss {float(mean_loss):.4f}  test accuracy {acc:.2f}%  {rate:.0f} samples/s", flush=True)  # fmt: skip
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
