@@ -74,3 +74,21 @@ def test_a_killed_worker_is_the_root_cause_and_nothing_is_left(
     assert "failed: worker 1 on " in res.stderr and "was killed by signal 9" in res.stderr, res.stderr[-3000:]
     job = wait_for_job(launchkit_home)
     assert wait_until(lambda: nothing_left(cluster, job), 20)
+
+
+@pytest.mark.parametrize("engine", ["mpirun", "slurm-allocation", "sge"])
+def test_a_plain_torch_script_runs_unchanged(
+    request, engine: str, tmp_path: Path, launchkit_home: Path
+) -> None:
+    """torch.distributed with gloo and env:// (MASTER_ADDR/PORT from worker 0's shim); it never
+    imports trainer_core."""
+    pytest.importorskip("torch")
+    res, _ = launch(
+        request, engine, tmp_path, launchkit_home, "-n", "2", "-s", "0", sys.executable, PROG, "torch"
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    outs = parse_prefixed(res.stdout)
+    assert {k: (o["rank"], o["size"], o["sum"]) for k, o in outs.items()} == {
+        ("worker", 0): (0, 2, [3.0] * 3),
+        ("worker", 1): (1, 2, [3.0] * 3),
+    }
