@@ -185,6 +185,8 @@ def main() -> int:
         for name in os.listdir(tmp):
             os.unlink(os.path.join(tmp, name))
         os.rmdir(tmp)
+    with contextlib.suppress(OSError, KeyError):  # worker 0's address: moot once the job ended
+        os.unlink(env["LAUNCHKIT_RENDEZVOUS_WORKER0"])
     return first_failure
 
 

@@ -123,6 +123,8 @@ def detached_failure(
     assert wait_until(idle, 30)
     assert wait_until(lambda: "failed" in run(["ps", "--all"], env=env).stdout, 10)
     assert record(home, job)["exit_code"] == 3
+    if launcher == "slurm":  # the batch job removed worker 0's address (-s 0: no launcher stays)
+        assert not list(cwd.glob(".launchkit-*.worker0"))
 
 
 #: Every process of the job writes `start T` to MARKS/ROLE-RANK, and `term T` when SIGTERM comes
