@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.enginejobs import env_of, gone
+from tests.cluster.enginejobs import env_of, gone, program
 from tests.launchkit.noserver import PROG, check_workers_only
-from tests.launchkit.procs import LAUNCHKIT, parse_prefixed, pids_with_job, wait_for_job, wait_until
+from tests.launchkit.procs import LAUNCHKIT, parse_prefixed, pids_with_job, run, wait_for_job, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -92,3 +92,32 @@ def test_a_plain_torch_script_runs_unchanged(
         ("worker", 0): (0, 2, [3.0] * 3),
         ("worker", 1): (1, 2, [3.0] * 3),
     }
+
+
+@pytest.mark.parametrize("how", ["kill", "sigint"])
+@pytest.mark.parametrize("engine", ["mpirun", "slurm-sbatch", "sge"])
+def test_kill_and_ctrl_c_end_a_job_without_servers(
+    request, engine: str, how: str, tmp_path: Path, launchkit_home: Path
+) -> None:
+    cluster: object = None
+    env = {**os.environ, "LAUNCHKIT_HOME": str(launchkit_home)}
+    if not engine.startswith("mpirun"):
+        cluster = request.getfixturevalue("sge_local" if engine == "sge" else "slurm_local")
+        env = env_of(cluster, launchkit_home)
+    launcher = ["--launcher", "mpi"] if cluster is None else ["--launcher", engine.split("-")[0]]
+    proc = subprocess.Popen([*LAUNCHKIT, "launch", *launcher, "-n", "2", "-s", "0", "python3", program(tmp_path), "wait",
+                             "60"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        job = wait_for_job(launchkit_home, 30)
+        assert wait_until(lambda: len(pids_with_job(job)) >= 4, 60)  # a shim and a program per worker
+        if how == "kill":
+            assert run(["kill", job], env=env).returncode == 0
+            assert proc.wait(30) == 128 + signal.SIGTERM
+        else:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 128 + signal.SIGINT
+        assert wait_until(lambda: nothing_left(cluster, job), 20)
+    finally:
+        proc.kill()
+        proc.communicate()
