@@ -1,6 +1,6 @@
 """The peer benchmark suite, in one command:
 
-    python -m bench [--quick] [--only kv,kv_netns,compression,compressed_kv,allreduce,launch,startup,output,accuracy]
+    python -m bench [--quick] [--only kv,kv_netns,compression,compressed_kv,allreduce,allreduce_hosts,launch,startup,output,accuracy]
 
 Runs each benchmark side by side with its peers in one run (setting the peers up on first use:
 MXNet 1.9.1 and torch's CPU wheel in venvs of their own), then regenerates the tables between
@@ -12,6 +12,7 @@ the ``<!-- bench:NAME -->`` markers of docs/performance.md and the plots in docs
 | kv_netns | the same across three namespace hosts, 5 alternating runs | root |
 | compression | trainer_core's compression kernels vs MXNet's 2-bit quantizer vs memcpy | |
 | allreduce | trainer_core collective allreduce (default choice, ring, doubling) vs torch gloo all_reduce vs Open MPI MPI_Allreduce (mpi4py) vs trainer_core pushpull | mpirun, libopenmpi-dev (for mpi4py) |
+| allreduce_hosts | trainer_core 32-bit and 1-bit compressed allreduce vs gloo vs Open MPI across three namespace hosts on 1 Gbit/s links, W = 3x1 and 3x2, against the ring's bound | root, mpirun |
 | launch | launchkit over ssh vs one ssh at a time, 3 and 12 hosts | root (namespace hosts) |
 | startup | launchkit + trainer_core vs MXNet's launch.py + MXNet: start to every worker's first KV call, W=8/S=8 | |
 | output | 200,000 lines from 2 and 8 processes, run directly vs under launchkit, local and over ssh (loopback sshd) | root (ssh rows) |
@@ -45,6 +46,7 @@ def bench_args(name: str, quick: bool, out: str) -> list[str] | None:
         "kv": ["--json", out],
         "compression": ["--json", out, "--repeat", "11"],
         "allreduce": ["--json", out],
+        "allreduce_hosts": ["--json", out],
         "launch": ["--json", out],
         "accuracy": [],
         "compressed_kv": ["--json", out, "--repeat", "3"],
@@ -57,6 +59,7 @@ def bench_args(name: str, quick: bool, out: str) -> list[str] | None:
         "kv": ["--json", out, "--sizes", "1e3,1e5,1e6"],
         "compression": ["--json", out, "--repeat", "3", "--n", "1e6"],
         "allreduce": ["--json", out, "--workers", "2", "--sizes", "1e3", "1e5", "1e6", "--reps", "10"],
+        "allreduce_hosts": ["--json", out, "--sizes", "1e6,1e7", "--reps", "2"],
         "launch": ["--json", out, "--repeat", "1"],
         "accuracy": ["--seeds", "1", "--epochs", "5"],
         "compressed_kv": ["--json", out, "--sizes", "1e6"],
@@ -184,12 +187,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (a smoke run)")
     ap.add_argument(
-        "--only", default="kv,kv_netns,compression,compressed_kv,allreduce,launch,startup,output,accuracy"
+        "--only",
+        default="kv,kv_netns,compression,compressed_kv,allreduce,allreduce_hosts,launch,startup,output,accuracy",
     )
     args = ap.parse_args()
     doc = DOC.read_text() if DOC.exists() else "# Performance\n"
     for name in args.only.split(","):
-        if name in ("launch", "capped_links", "kv_netns") and os.geteuid() != 0:
+        if name in ("launch", "capped_links", "kv_netns", "allreduce_hosts") and os.geteuid() != 0:
             body = f"_skipped: the {name} benchmark builds namespace hosts and needs root_"
         else:
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
