@@ -4,7 +4,8 @@ noserverprog.py env                  print the contract and torch's variables as
 noserverprog.py allreduce [RANK]     join trainer_core's collective group, allreduce, print the
                                      sum as JSON; worker RANK then SIGKILLs itself while the
                                      others wait in a barrier (the job must fail naming it);
-                                     ``allreduce RANK once``: on the first attempt only
+                                     ``allreduce RANK once``: on the first attempt only;
+                                     ``allreduce RANK stop``: SIGSTOP instead (it hangs)
 noserverprog.py torch                a plain torch.distributed script (gloo, env://): it never
                                      imports trainer_core; prints the all_reduce's sum as JSON
 """
@@ -41,7 +42,7 @@ def main(argv: list[str]) -> int:
                           **env()}), flush=True)  # fmt: skip
         first = os.environ.get("LAUNCHKIT_RESTART_COUNT", "0") == "0"
         if len(argv) > 1 and group.rank == int(argv[1]) and (first or argv[2:] != ["once"]):
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGSTOP if argv[2:] == ["stop"] else signal.SIGKILL)
         collective.barrier()
         collective.shutdown()
         return 0

@@ -57,6 +57,18 @@ def test_a_killed_worker_is_the_root_cause_and_nothing_is_left(
     assert wait_until(lambda: not pids_with_job(job), 5)
 
 
+def test_a_stopped_worker_0_is_named_by_the_others_and_ended(tmp_path: Path, launchkit_home: Path) -> None:
+    """Worker 0 hangs (SIGSTOP) with the rendezvous in its process: the others' heartbeats to it go
+    unanswered, they name worker 0, and the launcher names it and ends it."""
+    res = run(["launch", "-n", "3", "-s", "0", "--grace-period", "1", "--env", "PS_HEARTBEAT_TIMEOUT:2",
+               sys.executable, PROG, "allreduce", "0", "stop"], cwd=tmp_path, timeout=90)  # fmt: skip
+    assert res.returncode != 0, res.stderr[-3000:]
+    assert "failed: worker 0 on localhost failed, as worker " in res.stderr, res.stderr[-3000:]
+    assert "in worker 0) answered no heartbeat for 2 s" in res.stdout + res.stderr
+    job = wait_for_job(launchkit_home)
+    assert wait_until(lambda: not pids_with_job(job), 5)
+
+
 def test_max_restarts_restarts_a_job_without_servers(tmp_path: Path, launchkit_home: Path) -> None:
     res = run(["launch", "-n", "2", "-s", "0", "--max-restarts", "1", "--restart-backoff", "0.2", sys.executable, PROG,
                "allreduce", "1", "once"], cwd=tmp_path, timeout=90)  # fmt: skip
