@@ -38,7 +38,7 @@ LINE = 64  # bytes between two ranks' counters
 MAX_LOCAL = HEADER // LINE
 MIN_CAP = 1 << 16
 SLICE_S = 0.1
-SPIN = 300  # counter reads (about 50 us) before sleeping on the futex
+SPIN = 50  # microseconds of reading the counter before sleeping on the futex
 _MASK = 0xFFFFFFFF
 
 
@@ -107,7 +107,7 @@ class Local:
 
     ``members``: the group ranks of the host's ranks, in order (``rank`` indexes it); ``health``:
     raises the job's failure, if any (called while waiting); ``where(group_rank)``: how to name a
-    rank in errors; ``spin``: counter reads before sleeping on the futex."""
+    rank in errors; ``spin``: microseconds of reading the counter before sleeping on the futex."""
 
     def __init__(
         self,
@@ -142,9 +142,14 @@ class Local:
         step &= _MASK
         if not _behind(counters[at], step):
             return
-        for _ in range(self.spin):
-            if ((step - counters[at]) & _MASK) - 1 >= 0x7FFFFFFF:  # (``_behind``, inlined)
-                return
+        if self.spin:
+            until = time.perf_counter() + self.spin * 1e-6
+            while True:
+                for _ in range(32):
+                    if ((step - counters[at]) & _MASK) - 1 >= 0x7FFFFFFF:  # (``_behind``, inlined)
+                        return
+                if time.perf_counter() > until:
+                    break
         address = self.segment.base_address + peer * LINE
         start = time.monotonic()
         check = start + SLICE_S
