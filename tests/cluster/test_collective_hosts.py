@@ -134,7 +134,11 @@ def test_a_worker_of_the_second_host_killed_mid_allreduce_is_named_and_nothing_i
     assert outs[("worker", victim)]["host"] == "node2"
     bound = float(HEARTBEAT["PS_HEARTBEAT_TIMEOUT"]) + 2
     assert named_at is not None and named_at - killed_at < bound, (named_at, killed_at, err[-2000:])
-    # the others' allreduce failed naming it, within the bound, wherever they were
+    # every other worker said that worker 4 broke the group or failed (its collective's error, or
+    # the node layer ending it), and those whose allreduce raised did so within the bound
+    for rank in set(range(WORKERS)) - {victim}:
+        said = [ln for ln in (err + out).splitlines() if ln.startswith(f"[worker {rank}] ")]
+        assert any(f"worker {victim}" in ln for ln in said), (rank, said)
     for (_, rank), o in outs.items():
         if rank == victim or "error" not in o:
             continue
