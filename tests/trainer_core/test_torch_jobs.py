@@ -131,6 +131,22 @@ def test_parameter_server_path_equals_one_process(server_optimizer: bool, autost
     torch.testing.assert_close(same_everywhere(results), reference(2), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_parameter_server_path_with_compression_keeps_tensor_operations_exact() -> None:
+    """-s 1 with 1-bit gradients: the store compresses every float key, but allreduce, broadcast and
+    allgather (made after the compression was set) travel as bytes and stay exact; training goes on."""
+    results = launch("optimizer", "--compression", "1bit", "--steps", "20", "--fixed", servers=1)
+    same_everywhere(results)
+    probes = [torch.linspace(-1, 1, 1001) * (r + 1.2345) for r in range(2)]
+    for r in results:
+        torch.testing.assert_close(torch.tensor(r["ops"]["sum"]), probes[0] + probes[1], rtol=0, atol=0)
+        assert r["ops"]["bcast"] == probes[1].tolist()
+        assert r["ops"]["gather"] == torch.cat([probes[0][:1], probes[1][:2]]).tolist()
+    losses = results[0]["losses"]
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -48,6 +48,14 @@ def optimizer_run(args: argparse.Namespace, hvd: Any) -> dict[str, Any]:
         average_aggregated_gradients=True, server_optimizer=server,
     )  # fmt: skip
     hvd.broadcast_optimizer_state(opt, root_rank=0)
+    ops = {}
+    if server is None:  # tensor operations after the gradients' compression was set: exact
+        probe = torch.linspace(-1, 1, 1001) * (r + 1.2345)
+        ops = {
+            "sum": hvd.allreduce(probe, op=hvd.Sum).tolist(),
+            "bcast": hvd.broadcast(probe, root_rank=n - 1).tolist(),
+            "gather": hvd.allgather(probe[: r + 1]).tolist(),
+        }
     xs, ys = data(n, args.steps)
     if args.fixed:  # the same batch every step: the loss must fall
         xs, ys = xs[:1].expand_as(xs), ys[:1].expand_as(ys)
@@ -62,7 +70,7 @@ def optimizer_run(args: argparse.Namespace, hvd: Any) -> dict[str, Any]:
         losses.append(float(loss if server else hvd.allreduce(loss.detach())))
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return {"params": flat(m), "extra": torch.cat([p.detach().reshape(-1) for p in extra.parameters()]).tolist(), "losses": losses}  # fmt: skip
+    return {"ops": ops, "params": flat(m), "extra": torch.cat([p.detach().reshape(-1) for p in extra.parameters()]).tolist(), "losses": losses}  # fmt: skip
 
 
 def ddp_run(args: argparse.Namespace, hvd: Any) -> dict[str, Any]:

@@ -4,8 +4,8 @@ servers' KV store, or this process alone (no launcher: a Horovod script run as p
 Each backend takes numpy (or cupy) arrays and returns handles with ``wait()`` and ``done()``, every
 operation queued in submission order (every rank submits the same operations in the same order).
 ``Collective`` is ``trainer_core.collective``'s group; ``KV`` runs its store's calls on one
-background thread of its own (``pushpull`` sums; broadcast and allgather are sums where the other
-ranks add zeros, so they are exact); ``Solo`` answers at once.
+background thread of its own (the tensor operations move bytes: see the class); ``Solo`` answers
+at once.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from trainer_core.collective import ErrorFeedback, Group
+from trainer_core.collective import ErrorFeedback, Group, spec_for
 from trainer_core.collective.executor import Executor
 from trainer_core.train.comm import KVCommunicator
+from trainer_core.xp import like, to_host
 
 
 class Waitable(Protocol):
@@ -113,13 +114,16 @@ class Collective(Backend):
         self.group.close()
 
 
-#: the dtypes the KV store carries (others travel as float32 or raise)
-_KV_DTYPES = frozenset(np.dtype(t) for t in ("f2", "f4", "f8", "i4", "i8", "u1", "i1"))
-
-
 class KV(Backend):
-    """The parameter servers' KV store (``comm="ps"``): sums are ``pushpull``s on keys of this
-    module's own (``__torch__/...``), run in order on one background thread."""
+    """The parameter servers' KV store (``comm="ps"``), on keys of this module's own
+    (``__torch__/...``), every call in order on one background thread.
+
+    The tensor operations move bytes (``uint8`` keys, which the store never compresses and which
+    sum exactly where the other ranks add zeros): ``broadcast`` from rank 0 is ``init`` (rank 0's
+    value stored) and ``pull``; ``allgather`` sums a table where each rank wrote its own rows; and
+    ``allreduce`` is an allgather reduced here in rank order (exact, identical on every rank, and
+    untouched by the gradients' compression). Sums are refused once a server-side optimizer runs
+    (it updates every key on push); ``broadcast`` from rank 0 still works."""
 
     comm = "ps"
 
@@ -145,29 +149,48 @@ class KV(Backend):
             self.kv.init([k for k, _ in new], [v for _, v in new])
             self._declared.update(k for k, _ in new)
 
-    def _sum(self, name: str, array: np.ndarray) -> np.ndarray:
-        """The sum over the workers of ``array`` (on the store's thread)."""
+    def _sum_bytes(self, name: str, data: np.ndarray) -> np.ndarray:
+        """The sum over the workers of ``data`` (uint8, or int64 counts), on the store's thread."""
         if self.server_optimizer:
             raise ValueError(
                 "with a server-side optimizer every key on the servers is updated by it: "
-                "trainer_core.torch's allreduce/allgather/broadcast(root_rank != 0) are not available on comm='ps' then"
+                "allreduce, allgather and broadcast from a rank other than 0 are not available on comm='ps' then"
             )
-        key = f"__torch__/{name}/{array.dtype.str}/{array.size}"
-        self.declare([key], [np.zeros(array.size, array.dtype)])
-        out = np.empty(array.size, array.dtype)
-        self.kv.pushpull(key, np.ascontiguousarray(array).reshape(-1), out)
-        return out.reshape(array.shape)
+        key = f"__torch__/{name}/{data.dtype.str}/{data.size}"
+        self.declare([key], [np.zeros(data.size, data.dtype)])
+        out = np.empty(data.size, data.dtype)
+        self.kv.pushpull(key, np.ascontiguousarray(data).reshape(-1), out)
+        return out
+
+    def _gather_bytes(self, host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every rank's rows of ``host`` (ndim >= 1) in rank order, and the rows per rank."""
+        counts = np.zeros(self.size, np.int64)
+        counts[self.rank] = host.shape[0]
+        counts = self._sum_bytes("rows", counts)
+        row = (
+            host[0].nbytes if host.shape[0] else int(np.prod(host.shape[1:], dtype=np.int64)) * host.itemsize
+        )
+        table = np.zeros(int(counts.sum()) * row, np.uint8)
+        start = int(counts[: self.rank].sum()) * row
+        table[start : start + host.nbytes] = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+        flat = self._sum_bytes("gather", table).view(host.dtype)
+        return flat.reshape(-1, *host.shape[1:]), counts
 
     def allreduce_async(self, array: Any, op: str, kind: str | None = None, out: Any = None) -> Waitable:
-        if op not in ("sum", "mean"):
-            raise ValueError(f"comm='ps' sums or averages, not {op!r}")
-        host, back = _to_kv(np.asarray(array), kind)
+        spec = spec_for(array.dtype, op, kind)  # refuses what the collectives refuse
+        host = np.array(to_host(array), copy=True, order="C")
 
-        def run() -> np.ndarray:
-            total = self._sum("reduce", host)
-            if op == "mean":
-                total = total / np.asarray(self.size, total.dtype)
-            return back(total)
+        def run() -> Any:
+            rows, _ = self._gather_bytes(host.reshape(1, -1))
+            total = rows[0].copy()
+            for r in range(1, self.size):
+                spec.combine(total, rows[r], total)
+            spec.finish(total, self.size)
+            result = total.reshape(host.shape)
+            if out is None:
+                return like(result, array)
+            out[...] = like(result, out)
+            return out
 
         return self.submit("allreduce", run)
 
@@ -176,36 +199,26 @@ class KV(Backend):
 
     def broadcast_async(self, array: Any, root: int) -> Waitable:
         _check_root(root, self.size)
-        host, back = _to_kv(np.asarray(array), "bfloat16" if array.dtype == np.uint16 else None)
-        if root == 0:  # ``init`` stores rank 0's value; a pull reads it (no optimizer runs)
+        host = np.array(to_host(array), copy=True, order="C")
+        data = host.reshape(-1).view(np.uint8)
 
-            def first() -> np.ndarray:
+        def run() -> Any:
+            if root == 0:  # ``init`` stores rank 0's value; a pull reads it (no optimizer runs)
                 self._seq += 1
                 key = f"__torch__/bcast/{self._seq}"
-                self.declare([key], [host.reshape(-1)])
-                out = np.empty(host.size, host.dtype)
-                self.kv.pull(key, out)
-                return back(out.reshape(host.shape))
+                self.declare([key], [data])
+                got = np.empty_like(data)
+                self.kv.pull(key, got)
+            else:
+                got = self._sum_bytes("bcast", data if self.rank == root else np.zeros_like(data))
+            return like(got.view(host.dtype).reshape(host.shape), array)
 
-            return self.submit("broadcast", first)
-        mine = host if self.rank == root else np.zeros_like(host)
-        return self.submit("broadcast", lambda: back(self._sum("bcast", mine)))
+        return self.submit("broadcast", run)
 
     def allgather_async(self, array: Any) -> Waitable:
-        host, back = _to_kv(np.asarray(array), "bfloat16" if array.dtype == np.uint16 else None)
+        host = np.array(to_host(array), copy=True, order="C")
         host = host.reshape(1) if host.ndim == 0 else host
-
-        def run() -> np.ndarray:
-            counts = np.zeros(self.size, np.int64)
-            counts[self.rank] = host.shape[0]
-            counts = self._sum("rows", counts)
-            row = int(np.prod(host.shape[1:], dtype=np.int64))
-            table = np.zeros((int(counts.sum()), *host.shape[1:]), host.dtype)
-            start = int(counts[: self.rank].sum())
-            table[start : start + host.shape[0]] = host
-            return back(self._sum(f"gather{row}", table))
-
-        return self.submit("allgather", run)
+        return self.submit("allgather", lambda: like(self._gather_bytes(host)[0], array))
 
     def barrier(self) -> None:
         self.submit("barrier", self.kv.barrier).wait()
@@ -213,20 +226,6 @@ class KV(Backend):
     def close(self) -> None:
         self._executor.close()
         self.kv.close()
-
-
-def _to_kv(host: np.ndarray, kind: str | None) -> tuple[np.ndarray, Any]:
-    """``host`` in a dtype the KV store carries, and the function that turns a result back."""
-    if kind == "bfloat16":  # bits to float32 (exact) and back, rounded to nearest
-        from trainer_core.collective import bf16_to_f32, f32_to_bf16
-
-        return bf16_to_f32(np, host), lambda r: f32_to_bf16(np, r)
-    dt = np.dtype(host.dtype)
-    if dt in _KV_DTYPES:
-        return host, lambda r: r
-    if dt == np.dtype(bool) or dt.kind in "iu":
-        return host.astype(np.int64), lambda r: r.astype(dt)
-    raise TypeError(f"comm='ps' carries float16/32/64, bfloat16 and integer tensors, not {dt}")
 
 
 def _check_root(root: int, size: int) -> None:

@@ -87,7 +87,9 @@ class Exchange:
         servers update them: ``init`` stores rank 0's), the compression and the optimizer."""
         values = []
         for members in self.buckets:
-            flat = flatten([self.params[i].detach() for i in members]).reshape(-1)
+            flat = flatten(
+                [self.params[i].detach() for i in members]
+            )  # a lone one keeps its shape (PowerSGD)
             flat = flat.float() if flat.dtype == torch.bfloat16 else flat
             host = np.array(as_array(flat), copy=True)
             values.append(host if self.server_optimizer else np.zeros_like(host))
@@ -124,7 +126,7 @@ class Exchange:
     def _start_ps(self, b: int, grads: list[torch.Tensor]) -> Pending:
         assert isinstance(self.backend, KV)
         kv, key = self.backend.kv, self.keys[b]
-        flat = flatten(grads).reshape(-1)
+        flat = flatten(grads)
         sent, ctx = (flat, None) if self.residual else self.compression.compress(flat)
         sent = sent.float() if sent.dtype == torch.bfloat16 else sent
         if self.op == "mean":
