@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 import time
 from collections.abc import Mapping, MutableMapping
 
@@ -27,6 +28,9 @@ RENDEZVOUS_VAR = "LAUNCHKIT_RENDEZVOUS"
 SECRET_FILE_VAR = "LAUNCHKIT_SECRET_FILE"
 WORKER0_VAR = "LAUNCHKIT_RENDEZVOUS_WORKER0"
 DEFAULT_WAIT = 600.0
+#: How long a worker of a job WITH a scheduler waits for worker 0's address (torch's MASTER_* only,
+#: which such a job need not use) before it goes on without them, saying why
+OPTIONAL_WAIT = 10.0
 
 
 def format_root(address: str, port: int) -> str:
@@ -114,14 +118,22 @@ def resolve_worker0(env: MutableMapping[str, str]) -> None:
     path = env.get(WORKER0_VAR)
     if not path or env.get("DMLC_ROLE") != "worker" or env.get("MASTER_ADDR"):
         return
+    serves = env.get("LAUNCHKIT_ROOT_SERVER") == "worker 0"  # the job's rendezvous too: required
     if env.get("LAUNCHKIT_ROLE_RANK") == "0":
         toward = env.get("DMLC_PS_ROOT_URI") or env.get("SGE_O_HOST") or env.get("SLURM_SUBMIT_HOST")
         address, (root, master) = publish_worker0(path, local_address(env, toward) or "127.0.0.1")
     else:
-        wait = float(env.get("PS_START_TIMEOUT") or DEFAULT_WAIT)
-        address, (root, master) = wait_for_ports(path, 2, wait, "worker 0")
+        wait = float(env.get("PS_START_TIMEOUT") or DEFAULT_WAIT) if serves else OPTIONAL_WAIT
+        try:
+            address, (root, master) = wait_for_ports(path, 2, wait, "worker 0")
+        except TimeoutError as exc:
+            if serves:
+                raise
+            sys.stderr.write(f"launchkit shim: {exc} (is the job's directory shared?): MASTER_ADDR and "
+                             "MASTER_PORT are not set; the job's scheduler is not affected\n")  # fmt: skip
+            return
     env["MASTER_ADDR"], env["MASTER_PORT"] = address, str(master)
-    if env.get("LAUNCHKIT_ROOT_SERVER") == "worker 0":
+    if serves:
         env["DMLC_PS_ROOT_URI"], env["DMLC_PS_ROOT_PORT"] = address, str(root)
 
 

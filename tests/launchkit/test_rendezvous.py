@@ -77,6 +77,21 @@ def test_worker_0_publishes_its_address_and_ports_and_the_others_take_them(tmp_p
 
 def test_a_worker_whose_worker_0_never_publishes_gives_up_naming_it(tmp_path) -> None:
     env = {rendezvous.WORKER0_VAR: str(tmp_path / "worker0"), "DMLC_ROLE": "worker", "LAUNCHKIT_ROLE_RANK": "1",
-           "PS_START_TIMEOUT": "0.3"}  # fmt: skip
+           "PS_START_TIMEOUT": "0.3", "LAUNCHKIT_ROOT_SERVER": "worker 0"}  # fmt: skip
     with pytest.raises(TimeoutError, match="worker 0 did not publish its address"):
         rendezvous.resolve(env)
+
+
+def test_with_a_scheduler_a_worker_goes_on_without_torchs_variables_when_worker_0_never_publishes(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """A job with servers does not need worker 0's address (its scheduler is elsewhere): a directory
+    the nodes do not share costs a bounded wait and a line, not the job."""
+    monkeypatch.setattr(rendezvous, "OPTIONAL_WAIT", 0.3)
+    env = {rendezvous.WORKER0_VAR: str(tmp_path / "worker0"), "DMLC_ROLE": "worker", "LAUNCHKIT_ROLE_RANK": "1",
+           "MASTER_ADDR": "", "MASTER_PORT": "0", "DMLC_PS_ROOT_URI": "10.0.0.9", "PS_START_TIMEOUT": "600"}  # fmt: skip
+    t0 = time.monotonic()
+    rendezvous.resolve(env)
+    assert time.monotonic() - t0 < 5
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["DMLC_PS_ROOT_URI"]) == ("", "0", "10.0.0.9")
+    assert "worker 0 did not publish its address" in capsys.readouterr().err
