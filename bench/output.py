@@ -10,7 +10,7 @@ goes: ``/dev/null``, a file, a pipe (``| cat > /dev/null``), and ``--log-dir`` (
 - *direct*: the same processes started by a shell (``python3 chatty.py &`` ... ``wait``), their
   output to the same place (with ``--log-dir``: each to a file of its own); over ssh, one
   ``ssh host python3 chatty.py`` per process (the system OpenSSH client);
-- *launchkit*: ``launchkit launch -n P -s 0 ...`` (the scheduler prints nothing), wall time;
+- *launchkit*: ``launchkit launch -n P -s 0 ...`` (only the workers run), wall time;
 - every process, direct or under launchkit, waits until one start time given on its command line
   (``LEAD`` seconds after the command is started, enough for every start-up) and only then prints:
   all of them print at once in both cases. Without it, the direct ssh sessions start one after
