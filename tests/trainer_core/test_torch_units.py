@@ -227,3 +227,20 @@ def test_only_trainer_core_torch_imports_torch() -> None:
                 if any(n == "torch" or n.startswith("torch.") for n in names):
                     bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not bad, f"only trainer_core/torch may import torch: {bad}"
+
+
+def test_synchronize_then_clip_then_step_without_a_second_synchronize() -> None:
+    m = model()
+    opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), runtime=solo())
+    m(torch.randn(4, 4) * 100).sum().backward()
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 1e-3)
+    before = [p.detach().clone() for p in m.parameters()]
+    with opt.skip_synchronize():
+        opt.step()
+    moved = (
+        sum(float((p.detach() - b).norm() ** 2) for p, b in zip(m.parameters(), before, strict=True)) ** 0.5
+    )
+    assert 0 < moved <= 1.01e-4  # lr times the clipped norm
+    m(torch.randn(4, 4)).sum().backward()
+    opt.step()  # the next step synchronizes again
