@@ -213,3 +213,30 @@ def test_bad_arguments_fail_in_the_caller() -> None:
         Thresholds(force="tree")
     with pytest.raises(TypeError, match="not bool"):
         g.allreduce(np.ones(2, bool))
+
+
+@pytest.mark.parametrize("shm", [False, True])
+def test_grouped_allreduce_on_several_hosts_takes_the_ring_between_leaders(shm: bool) -> None:
+    """A fused bucket (one phase), the hierarchical path (a second) and the leaders' ring (its
+    reduce-scatter and allgather: a third) nest three phases deep; they ran out of tag space
+    before (ValueError), with or without the hosts' shared memory."""
+    from tests.trainer_core.test_collective_shm import locals_for
+
+    hosts = ["a", "a", "b", "b"]
+    fabric = Fabric(4, timeout=10, eager=False)
+    locs = locals_for(hosts) if shm else [None] * 4
+    th = Thresholds(ring_min_bytes=1000)
+
+    def body(r: int) -> list[np.ndarray]:
+        with Group(fabric.endpoint(r), hosts=hosts, thresholds=th, local=locs[r]) as g:
+            out = g.grouped_allreduce([np.full(10_000, r, np.float32), np.ones(3, np.float32)])
+            assert g.last_algorithm == "hierarchical"
+            return out
+
+    try:
+        for a, b in run_ranks(4, body):
+            assert (a == 6).all() and (b == 4).all()
+    finally:
+        for loc in locs:
+            if loc is not None:
+                loc.close()

@@ -110,12 +110,14 @@ def test_tags_of_operations_and_phases_differ() -> None:
         a.phase(1).tag(0),
         a.phase(0).phase(0).tag(0),
         a.phase(0).phase(1).tag(0),
+        a.phase(0).phase(1).phase(0).tag(0),
+        a.phase(0).phase(1).phase(1).tag(0),
         a.tag(1),
         a.tag(0, 1),
     }
-    assert len(tags) == 8
+    assert len(tags) == 10
     with pytest.raises(ValueError, match="out of the tag space"):
-        a.phase(0).phase(0).phase(0)
+        a.phase(0).phase(0).phase(0).phase(0)
 
 
 def test_run_ranks_reports_a_stuck_rank() -> None:

@@ -104,8 +104,8 @@ class SubLinks:
         return self.links.recv(self.members[peer], tag, out)
 
 
-# tag layout (64 bits): operation sequence | 2 nested phases of 4 bits | step (12 bits) | segment (20)
-_SEG_BITS, _STEP_BITS, _PHASE_BITS, _MAX_DEPTH = 20, 12, 4, 2
+# tag layout (64 bits): operation sequence (20 bits) | 3 nested phases of 4 bits | step (12) | segment (20)
+_SEG_BITS, _STEP_BITS, _PHASE_BITS, _MAX_DEPTH = 20, 12, 4, 3
 _PHASE_SHIFT = _SEG_BITS + _STEP_BITS
 _SEQ_SHIFT = _PHASE_SHIFT + _PHASE_BITS * _MAX_DEPTH
 MAX_SEGMENTS = 1 << _SEG_BITS
@@ -149,7 +149,7 @@ class Ctx:
         return np.empty(n, dtype) if self.scratch is None else self.scratch.get(key, np.dtype(dtype), n)
 
     def phase(self, p: int) -> Ctx:
-        """A nested namespace for one phase (0..14) of the operation (phases nest two deep)."""
+        """A nested namespace for one phase (0..14) of the operation (phases nest three deep: a fused bucket, the hierarchical part, the ring's half)."""
         if not 0 <= p < (1 << _PHASE_BITS) - 1 or self.depth >= _MAX_DEPTH:
             raise ValueError(f"phase {p} at depth {self.depth}: out of the tag space")
         shift = _PHASE_SHIFT + _PHASE_BITS * self.depth
