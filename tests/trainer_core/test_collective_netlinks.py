@@ -134,3 +134,18 @@ def test_links_need_a_node_that_knows_the_collectives_kinds() -> None:
             node.stop()
             node.close_transport()
         thread.join(20)
+
+
+def test_the_hosts_segment_is_shared_at_set_up_or_by_nobody(net: Net) -> None:
+    """Same host: rank 0 made one segment and each other rank maps the same file (a counter posted
+    by one is seen by all); with PS_SHM=0 nobody has one."""
+    locs = [x.local for x in net.links]
+    if all(ch.caps.frames for x in net.links for ch in x._chan.values()):
+        assert locs == [None] * WORKERS
+        return
+    assert all(loc is not None for loc in locs)
+    assert [loc.rank for loc in locs] == list(range(WORKERS))  # type: ignore[union-attr]
+    assert {loc.members for loc in locs} == {tuple(range(WORKERS))}  # type: ignore[union-attr]
+    locs[1].post(5)  # type: ignore[union-attr]
+    for loc in locs:
+        loc.wait_for(1, 5, "post")  # type: ignore[union-attr]

@@ -40,6 +40,8 @@ class Offer:
         value: Segment | bool = Segment(ch.take_fds(1)[0], size) if n else False
         with self.cond:
             if self.value is not None:
+                if isinstance(value, Segment):
+                    value.close()
                 raise WireError("a second segment")
             self.value = value
             self.cond.notify_all()
@@ -72,6 +74,9 @@ def share(
         got = offer.wait(bound_s, health, leader)
         return got if isinstance(got, Segment) else None
     peers = members[1:]
+    missing = [p for p in peers if p not in channels]
+    if missing:
+        raise KVError(f"collective: rank {rank} has no channel to ranks {missing} of its host (they left)")
     if not (use_shm and all(not channels[p].caps.frames for p in peers)):
         for p in peers:
             channels[p].post(protocol.shm(0))
