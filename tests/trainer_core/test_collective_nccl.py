@@ -249,3 +249,32 @@ def test_agree_uses_nccl_only_when_every_rank_can() -> None:
     fabric = Fabric(w, timeout=10)
     one_cannot = run_ranks(w, lambda r: join(r, r != 1))
     assert one_cannot == [None, None, None]
+
+
+def test_a_group_with_an_nccl_path_sends_what_nccl_takes_through_it_and_the_rest_through_the_host() -> None:
+    w = 2
+    nccl, ps = paths(w)
+    fabric = Fabric(w, timeout=10)
+
+    def body(r: int) -> list[Any]:
+        with Group(fabric.endpoint(r), nccl=ps[r]) as g:
+            got = [
+                g.allreduce(np.full(4, r + 1, np.float32)),
+                g.grouped_allreduce([np.ones(3, np.float64), np.ones(2, np.float64)], op="mean"),
+                g.broadcast(np.full(2, r, np.int64), root=1),
+                g.allgather(np.full(r + 1, r, np.int32)),
+                g.reduce_scatter(np.ones((4, 1), np.int32)),
+                g.allreduce(np.ones(3, np.int16)),  # no NCCL type: the host path
+            ]
+            g.barrier()
+            return got
+
+    res = run_ranks(w, body)
+    for r in range(w):
+        a, grouped, b, gathered, rs, i16 = res[r]
+        assert a.tolist() == [3.0] * 4 and [x.tolist() for x in grouped] == [[1.0] * 3, [1.0] * 2]
+        assert b.tolist() == [1, 1] and gathered.tolist() == [0, 1, 1] and rs.tolist() == [[2], [2]]
+        assert i16.tolist() == [2, 2, 2]
+    calls = [c for rank, c, _ in nccl.calls if rank == 0]
+    assert calls == ["allReduce", "allReduce", "bcast", "bcast", "bcast", "reduceScatter"]
+    assert nccl.made == w

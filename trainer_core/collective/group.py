@@ -33,6 +33,7 @@ from .algorithms import doubling, hierarchical, ring, shmreduce, tree
 from .algorithms.hierarchical import Topology
 from .executor import Executor, Work
 from .links import Ctx, Links, Scratch, SubLinks
+from .nccl import NcclPath
 from .policy import Thresholds
 from .reduce import FLOAT_DTYPES, ReduceSpec, spec_for
 from .shm import Local
@@ -49,6 +50,7 @@ class Group:
         hosts: Sequence[str] | None = None,
         thresholds: Thresholds | None = None,
         local: Local | None = None,
+        nccl: NcclPath | None = None,
     ) -> None:
         if hosts is not None and len(hosts) != links.size:
             raise ValueError(f"hosts lists {len(hosts)} ranks for a group of {links.size}")
@@ -60,6 +62,8 @@ class Group:
         ):
             raise ValueError("a shared-memory segment serves the ranks of this rank's host (give hosts)")
         self.thresholds = thresholds or Thresholds()
+        #: the NCCL path of device arrays, when every rank can use it (``nccl.agree``)
+        self.nccl = nccl
         self._executor = Executor(f"collective-{links.rank}")
         self._scratch = Scratch()
         #: the algorithm of the last allreduce (for tests and logs)
@@ -76,6 +80,8 @@ class Group:
     def close(self) -> None:
         """Finish the queued operations and stop the background thread."""
         self._executor.close()
+        if self.nccl is not None:
+            self.nccl.close()
 
     def __enter__(self) -> Group:
         return self
@@ -91,6 +97,9 @@ class Group:
         """Start reducing ``array`` over all ranks (``op``: sum, mean, max, min; ``kind="bfloat16"``
         for bfloat16 bits in a uint16 array)."""
         spec = spec_for(array.dtype, op, kind)
+        if self.nccl is not None and self.nccl.takes(array, spec):
+            _check_out(array, out)
+            return self._submit("allreduce", self.nccl.allreduce(array, spec, out))
         host = np.array(to_host(array), copy=True, order="C")
         _check_out(host, out)
 
@@ -103,7 +112,7 @@ class Group:
         return self._submit("allreduce", run)
 
     def allreduce(self, array: Any, op: str = "sum", out: Any = None, kind: str | None = None) -> Any:
-        if not (_plain(array) and (out is None or _plain(out))):
+        if self.nccl is not None or not (_plain(array) and (out is None or _plain(out))):
             return self.allreduce_async(array, op, out, kind).wait()
         spec = spec_for(array.dtype, op, kind)
         _check_out(array, out)
@@ -163,10 +172,12 @@ class Group:
         """Reduce many arrays at once, fused into buckets of one dtype of at most
         ``thresholds.fusion_bytes``; the result is the list of reduced arrays."""
         specs = [spec_for(a.dtype, op, kind) for a in arrays]
+        sizes = [(s.kind, int(a.nbytes)) for s, a in zip(specs, arrays, strict=True)]
+        buckets = fusion.plan(sizes, self.thresholds.fusion_bytes)
+        nccl = self.nccl
+        if arrays and nccl is not None and all(nccl.takes(a, s) for a, s in zip(arrays, specs, strict=True)):
+            return self._submit("grouped_allreduce", nccl.grouped_allreduce(arrays, specs, buckets))
         hosts = [to_host(a) for a in arrays]
-        buckets = fusion.plan(
-            [(s.kind, h.nbytes) for s, h in zip(specs, hosts, strict=True)], self.thresholds.fusion_bytes
-        )
         packed = [fusion.pack(hosts, b) for b in buckets]
 
         def run(ctx: Ctx) -> list[Any]:
@@ -215,6 +226,8 @@ class Group:
         """Start sending ``root``'s ``array`` to every rank; the result is a fresh array."""
         if not 0 <= root < self.size:
             raise ValueError(f"broadcast root must be a rank of the group (0..{self.size - 1}), not {root}")
+        if self.nccl is not None and self.nccl.takes(array):
+            return self._submit("broadcast", self.nccl.broadcast(array, root))
         host = np.array(to_host(array), copy=True, order="C")
 
         def run(ctx: Ctx) -> Any:
@@ -229,6 +242,8 @@ class Group:
     def allgather_async(self, array: Any) -> Work:
         """Start concatenating every rank's ``array`` along the first axis, in rank order; the first
         dimension may differ between ranks (ragged)."""
+        if self.nccl is not None and self.nccl.takes(array):
+            return self._submit("allgather", self.nccl.allgather(array))
         host = np.ascontiguousarray(to_host(array))
         if host.ndim == 0:
             host = host.reshape(1)
@@ -249,9 +264,11 @@ class Group:
         """Start reducing ``array`` and keep this rank's block of the first axis (the rows split as
         ``numpy.array_split`` does: the first ``rows % size`` ranks get one more)."""
         spec = spec_for(array.dtype, op, kind)
-        host = np.array(to_host(array), copy=True, order="C")
-        if host.ndim == 0:
+        if array.ndim == 0:
             raise ValueError("reduce_scatter needs an array with at least one axis")
+        if self.nccl is not None and self.nccl.takes(array, spec):
+            return self._submit("reduce_scatter", self.nccl.reduce_scatter(array, spec))
+        host = np.array(to_host(array), copy=True, order="C")
 
         def run(ctx: Ctx) -> Any:
             rows = ring.blocks(host.shape[0], self.size)
@@ -281,7 +298,7 @@ def _plain(a: Any) -> bool:
     return isinstance(a, np.ndarray) and a.flags.c_contiguous
 
 
-def _check_out(host: np.ndarray, out: Any) -> None:
+def _check_out(host: Any, out: Any) -> None:
     if out is not None and (tuple(out.shape) != host.shape or out.dtype != host.dtype):
         raise ValueError(f"out must be a {host.dtype} array of shape {host.shape}")
 

@@ -21,7 +21,7 @@ from trainer_core.log import get_logger
 from trainer_core.node import protocol as node_protocol
 from trainer_core.node.postoffice import Postoffice
 
-from . import protocol
+from . import nccl, protocol
 from .group import Group
 from .links import DEFAULT_TIMEOUT
 from .netlinks import NetLinks
@@ -34,7 +34,9 @@ SCHEMA = node_protocol.SCHEMA | protocol.SCHEMA
 class JobGroup(Group):
     """The group of every worker of the job; owns its node and links (``close`` ends both)."""
 
-    def __init__(self, node: Postoffice, links: NetLinks, thresholds: Thresholds | None = None) -> None:
+    def __init__(
+        self, node: Postoffice, links: NetLinks, thresholds: Thresholds | None = None, use_nccl: bool = True
+    ) -> None:
         workers = node.book.workers
         super().__init__(links, [w.host_key for w in workers], thresholds)
         self.node = node
@@ -45,6 +47,8 @@ class JobGroup(Group):
         local = self.topology.local(links.rank)
         self.local_rank = local.index(links.rank)
         self.local_size = len(local)
+        # every rank asks at once (a collective): NCCL for device arrays when all can use it
+        self.nccl = nccl.agree(self, nccl.load() if use_nccl else None)
 
     def close(self, finish: bool = True) -> None:
         """Finish the queued operations; then (``finish``, and the job has not failed) wait for every
@@ -65,11 +69,13 @@ def join(
     thresholds: Thresholds | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     exit_on_failure: bool = True,
+    use_nccl: bool = True,
 ) -> JobGroup:
     """Join the job of ``environ`` (default: this process's) as a worker and return its group;
     ``timeout``: seconds one point-to-point wait lasts at most; ``exit_on_failure``: a failure of
     the job that the caller's code does not meet in a collective soon (a long computation) ends
-    the process, as the parameter server's workers do (``Postoffice.exit_on_failure``)."""
+    the process, as the parameter server's workers do (``Postoffice.exit_on_failure``);
+    ``use_nccl``: cupy arrays go through NCCL when every worker can use it (``nccl.agree``)."""
     cfg = NodeConfig.from_environ(environ)
     log = log or get_logger(cfg.verbose)
     node = Postoffice.join(cfg, log, SCHEMA)
@@ -81,4 +87,10 @@ def join(
         raise
     if exit_on_failure:
         node.exit_on_failure()
-    return JobGroup(node, links, thresholds)
+    try:
+        return JobGroup(node, links, thresholds, use_nccl)
+    except BaseException:  # its first collective (nccl.agree) failed: a peer is gone
+        links.close()
+        node.stop()
+        node.close_transport()
+        raise
