@@ -19,6 +19,7 @@ the ``<!-- bench:NAME -->`` markers of docs/performance.md and the plots in docs
 | accuracy | 32-bit vs 1-bit vs 2-bit training on digits, bytes on the wire | |
 | compressed_kv | compressed push+pull vs MXNet's 2-bit dist_sync | |
 | capped_links | 1/2-bit vs 32-bit training step on 1 Gbit/s namespace links (not in the default list) | root |
+| torch_step | trainer_core.torch step (allreduce, PS; 32/1-bit) vs torch DDP gloo, 4 workers, one host and 3 capped hosts (not in the default list) | root (hosts rows) |
 
 Numbers on a shared machine are noisy: read the ratios, which come from one run.
 """
@@ -54,6 +55,7 @@ def bench_args(name: str, quick: bool, out: str) -> list[str] | None:
         "kv_netns": ["--json", out],
         "startup": ["--json", out],
         "output": ["--json", out] + ([] if os.geteuid() == 0 else ["--no-ssh"]),
+        "torch_step": ["--json", out] + ([] if os.geteuid() == 0 else ["--no-hosts"]),
     }
     fast = {
         "kv": ["--json", out, "--sizes", "1e3,1e5,1e6"],
@@ -67,6 +69,7 @@ def bench_args(name: str, quick: bool, out: str) -> list[str] | None:
         "kv_netns": ["--json", out, "--repeat", "1"],
         "startup": ["--json", out, "--repeat", "1"],
         "output": ["--json", out, "--repeat", "1"] + ([] if os.geteuid() == 0 else ["--no-ssh"]),
+        "torch_step": ["--json", out, "--steps", "5"] + ([] if os.geteuid() == 0 else ["--no-hosts"]),
     }
     return (fast if quick else full).get(name)
 
