@@ -20,6 +20,7 @@ pickle). Compressors come from ``trainer_core.compression`` by their params; flo
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,11 +48,12 @@ def pack(payload: Any, meta: dict[str, Any]) -> np.ndarray:
     return out
 
 
-def unpack(msg: np.ndarray, n: int, dtype: np.dtype) -> np.ndarray:
-    """Decode a ``pack``ed message into ``n`` values of ``dtype``."""
+def unpack(msg: np.ndarray, n: int, dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
+    """Decode a ``pack``ed message into ``n`` values of ``dtype`` (into ``out`` where given: flat,
+    C-contiguous)."""
     hl = int(msg[: _LEN.itemsize].view(_LEN)[0])
     meta = check_meta(json.loads(bytes(msg[_LEN.itemsize : _LEN.itemsize + hl]).decode()))
-    return np.asarray(decode(bytes(msg[_LEN.itemsize + hl :]), meta, n, dtype)).reshape(-1)
+    return np.asarray(decode(msg[_LEN.itemsize + hl :], meta, n, dtype, out)).reshape(-1)
 
 
 @dataclass
@@ -82,25 +84,29 @@ class ErrorFeedback:
         return st
 
 
-def allreduce(ctx: Ctx, flat: np.ndarray, spec: ReduceSpec, state: KeyState) -> np.ndarray:
+def allreduce(
+    ctx: Ctx, flat: np.ndarray, spec: ReduceSpec, state: KeyState, count: int | None = None
+) -> np.ndarray:
     """The compressed reduction of every rank's ``flat`` (float16/32/64; op sum or mean): a fresh
-    array, bit-identical on every rank."""
-    size, rank = ctx.size, ctx.rank
+    array, bit-identical on every rank. ``mean`` divides by ``count`` (default: the ranks here; the
+    hierarchical path passes the whole group's, each leader's ``flat`` being its host's sum).
+
+    Pipelined: a rank encodes the chunk of one peer and posts it before encoding the next (its own
+    chunk last), so the wire carries chunk ``k`` while chunk ``k+1`` is encoded; it decodes each
+    peer's payload as it arrives (in the order they are sent: from ``rank-1`` first), and in the
+    second stage each owner sends its encoded reduced chunk straight to every peer (the ring's
+    allgather bytes, without its ``size-1`` forwarding hops), decoded into the result on arrival."""
+    size = ctx.size
     if spec.op not in OPS:
         raise ValueError(f"compressed allreduce sums or averages, not {spec.op!r}")
     bounds = ring.blocks(flat.size, size)
-    mine = _exchange(ctx.phase(0), [_encode(state.workers[c], flat[a:b]) for c, (a, b) in enumerate(bounds)])
-    a, b = bounds[rank]
-    reduced = unpack(mine[0], b - a, flat.dtype).copy()
+    parts = _reduce_scatter(ctx.phase(0), flat, bounds, state)
+    reduced = parts[0].copy()
     for r in range(1, size):
-        spec.combine(reduced, unpack(mine[r], b - a, flat.dtype), reduced)
-    spec.finish(reduced, size)
-    msgs, lengths = ring.ragged_allgather(ctx.phase(1), _encode(state.server, reduced))
+        spec.combine(reduced, parts[r], reduced)
+    spec.finish(reduced, size if count is None else count)
     out = np.empty_like(flat)
-    start = 0
-    for c, (a, b) in enumerate(bounds):
-        out[a:b] = unpack(msgs[start : start + lengths[c]], b - a, flat.dtype)
-        start += lengths[c]
+    _allgather(ctx.phase(1), _encode(state.server, reduced), bounds, out)
     return out
 
 
@@ -109,23 +115,68 @@ def _encode(comp: Compressor, chunk: np.ndarray) -> np.ndarray:
     return pack(np.asarray(payload), meta)
 
 
-def _exchange(ctx: Ctx, outgoing: list[np.ndarray]) -> list[np.ndarray]:
-    """All-to-all of messages of any length: ``outgoing[c]`` goes to rank ``c``; returns what each
-    rank sent to this one, by rank (its own message included)."""
+def _order(ctx: Ctx) -> tuple[list[int], list[int]]:
+    """The peers to send to (``rank+1`` first) and to wait for (``rank-1`` first: the peer that
+    sends to this rank first)."""
     size, rank = ctx.size, ctx.rank
-    peers = [p for p in range(size) if p != rank]
+    return [(rank + k) % size for k in range(1, size)], [(rank - k) % size for k in range(1, size)]
+
+
+def _post(ctx: Ctx, peer: int, msg: np.ndarray) -> list[Handle]:
+    return [
+        ctx.links.send(peer, ctx.tag(0), np.array([msg.size], dtype=np.int64)),
+        ctx.links.send(peer, ctx.tag(1), msg),
+    ]
+
+
+def _receive(ctx: Ctx, peers: list[int]) -> Iterator[tuple[int, np.ndarray]]:
+    """Posts the receives of every peer's length now; then yields each peer's message (length
+    first, then the bytes), in ``peers``' order, as it comes."""
     lengths = {p: np.zeros(1, dtype=np.int64) for p in peers}
+    heads = {p: ctx.links.recv(p, ctx.tag(0), lengths[p]) for p in peers}
+    return _bodies(ctx, peers, lengths, heads)
+
+
+def _bodies(
+    ctx: Ctx, peers: list[int], lengths: dict[int, np.ndarray], heads: dict[int, Handle]
+) -> Iterator[tuple[int, np.ndarray]]:
+    for p in peers:
+        heads[p].wait()
+        msg = np.empty(int(lengths[p][0]), dtype=np.uint8)
+        ctx.links.recv(p, ctx.tag(1), msg).wait()
+        yield p, msg
+
+
+def _reduce_scatter(
+    ctx: Ctx, flat: np.ndarray, bounds: list[tuple[int, int]], state: KeyState
+) -> list[np.ndarray]:
+    """Stage 1: chunk ``c`` encoded with ``state.workers[c]`` goes to rank ``c``; returns this
+    rank's chunk as every rank sent it, decoded, by rank."""
+    rank = ctx.rank
+    to, frm = _order(ctx)
+    a, b = bounds[rank]
+    got = _receive(ctx, frm)
     sends: list[Handle] = []
-    recvs = {p: ctx.links.recv(p, ctx.tag(0), lengths[p]) for p in peers}
-    for p in peers:
-        sends.append(ctx.links.send(p, ctx.tag(0), np.array([outgoing[p].size], dtype=np.int64)))
-        sends.append(ctx.links.send(p, ctx.tag(1), outgoing[p]))
-    incoming: list[np.ndarray] = [outgoing[rank]] * size
-    bodies = {}
-    for p in peers:
-        recvs[p].wait()
-        incoming[p] = np.empty(int(lengths[p][0]), dtype=np.uint8)
-        bodies[p] = ctx.links.recv(p, ctx.tag(1), incoming[p])
-    wait_all(list(bodies.values()))
+    parts: list[np.ndarray | None] = [None] * ctx.size
+    for p in to:
+        lo, hi = bounds[p]
+        sends += _post(ctx, p, _encode(state.workers[p], flat[lo:hi]))
+    parts[rank] = unpack(_encode(state.workers[rank], flat[a:b]), b - a, flat.dtype)
+    for p, msg in got:
+        parts[p] = unpack(msg, b - a, flat.dtype)
     wait_all(sends)
-    return incoming
+    return [p for p in parts if p is not None]
+
+
+def _allgather(ctx: Ctx, mine: np.ndarray, bounds: list[tuple[int, int]], out: np.ndarray) -> None:
+    """Stage 2: this rank's encoded reduced chunk to every peer; every chunk (its own included)
+    decoded into ``out``."""
+    to, frm = _order(ctx)
+    got = _receive(ctx, frm)
+    sends = [h for p in to for h in _post(ctx, p, mine)]
+    a, b = bounds[ctx.rank]
+    unpack(mine, b - a, out.dtype, out[a:b])
+    for p, msg in got:
+        lo, hi = bounds[p]
+        unpack(msg, hi - lo, out.dtype, out[lo:hi])
+    wait_all(sends)

@@ -206,15 +206,42 @@ class Group:
             raise ValueError(f"compressed allreduce sums or averages, not {op!r}")
         spec = spec_for(array.dtype, op)
         host = np.array(to_host(array), copy=True, order="C")
-        st = state.key(key, self.size)
+        topo = self.topology
+        hier = topo is not None and topo.nhosts > 1 and topo.max_local > 1
+        st = state.key(key, topo.nhosts if hier and topo is not None else self.size)
 
         def run(ctx: Ctx) -> Any:
             if isinstance(st.server, PowerSGD):  # its own form: P and Q are allreduced
                 return like(lowrank.allreduce(ctx, host, spec, st.server, self._flat_allreduce), array)
-            flat = compressed.allreduce(ctx, host.reshape(-1), spec, st)
+            if hier and host.size:
+                flat = host.reshape(-1)
+                self._hierarchical_compressed(ctx, flat, spec, st)
+            else:
+                flat = compressed.allreduce(ctx, host.reshape(-1), spec, st)
             return like(flat.reshape(host.shape), array)
 
         return self._submit("compressed_allreduce", run)
+
+    def _hierarchical_compressed(
+        self, ctx: Ctx, flat: np.ndarray, spec: ReduceSpec, st: compressed.KeyState
+    ) -> None:
+        """In place: the host's ranks sum ``flat`` in full precision (shared memory, or a tree on
+        the links), the hosts' leaders run the compressed allreduce on their host's sum with the
+        leader's error feedback (``mean``: divided by the whole group's size), and the leader's
+        result goes back to its host's ranks (bit-identical everywhere)."""
+        assert self.topology is not None
+        total, loc = spec_for(flat.dtype, "sum"), self.local
+
+        def cross(c: Ctx, buf: np.ndarray, _sum: ReduceSpec) -> None:  # the leaders only
+            buf[...] = compressed.allreduce(c, buf, spec, st, count=self.size)
+
+        leaders = self.topology.leaders()
+        if loc is not None:
+            split = policy.shm_split(flat.nbytes, loc.size, self.thresholds)
+            on_leaders = lambda buf: cross(ctx.phase(1).on(SubLinks(ctx.links, leaders)), buf, total)  # noqa: E731
+            shmreduce.allreduce(loc, flat, flat, total, split, on_leaders)
+        else:
+            hierarchical.allreduce(ctx, flat, total, self.topology, cross)
 
     def compressed_allreduce(
         self, array: Any, state: compressed.ErrorFeedback, key: Any = 0, op: str = "mean"
