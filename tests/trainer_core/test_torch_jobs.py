@@ -29,11 +29,10 @@ from tests.trainer_core.test_train_digits import marked_processes  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 
 
-def launch(
+def run_job(
     *args: str, workers: int = 2, servers: int = 0, timeout: float = 80, env: tuple[str, ...] = ()
-) -> list[dict[str, Any]]:
-    """Run the worker under the launcher; every worker's RESULT, by rank (asserts success and that
-    nothing is left)."""
+) -> tuple[int, str]:
+    """Run the worker under the launcher: its exit status and output (asserts nothing is left)."""
     marker = f"TORCH_JOB_TEST={uuid.uuid4().hex}"
     cmd = [
         sys.executable, "-m", "launchkit", "launch", "-n", str(workers), "-s", str(servers), "--launcher", "local",
@@ -51,8 +50,17 @@ def launch(
     finally:
         for pid in marked_processes(marker):
             os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 0, out
     assert marked_processes(marker) == [], "processes left behind"
+    return proc.returncode, out
+
+
+def launch(
+    *args: str, workers: int = 2, servers: int = 0, timeout: float = 80, env: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """Run the worker under the launcher; every worker's RESULT, by rank (asserts success and that
+    nothing is left)."""
+    rc, out = run_job(*args, workers=workers, servers=servers, timeout=timeout, env=env)
+    assert rc == 0, out
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
     assert sorted(r["rank"] for r in results) == list(range(workers)), out
     return sorted(results, key=lambda r: r["rank"])
@@ -145,6 +153,16 @@ def test_parameter_server_path_with_compression_keeps_tensor_operations_exact() 
         assert r["ops"]["gather"] == torch.cat([probes[0][:1], probes[1][:2]]).tolist()
     losses = results[0]["losses"]
     assert losses[-1] < 0.7 * losses[0], losses
+
+
+@pytest.mark.timeout(120)
+def test_powersgd_on_the_parameter_server_path_is_refused() -> None:
+    """The KV store's keys are flat and PowerSGD sends arrays of fewer than two dimensions raw: on
+    -s 1 it sent every gradient in 32 bits, silently (the same loss as none). Now a clear error."""
+    rc, out = run_job("optimizer", "--compression", "powersgd", servers=1)
+    assert rc != 0, out
+    assert "Compression.powersgd needs comm='allreduce'" in out, out
+    assert "RESULT " not in out
 
 
 def free_port() -> int:

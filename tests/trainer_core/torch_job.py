@@ -37,7 +37,8 @@ def optimizer_run(args: argparse.Namespace, hvd: Any) -> dict[str, Any]:
     params = [*m.parameters(), *extra.parameters()]
     hvd.broadcast_parameters(m.state_dict(), root_rank=0)
     hvd.broadcast_parameters(extra.state_dict(), root_rank=0)
-    comp = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16, "1bit": hvd.Compression.onebit}
+    comp = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16, "1bit": hvd.Compression.onebit,
+            "powersgd": hvd.Compression.powersgd(rank=1)}  # fmt: skip
     server = None
     if args.server_optimizer:
         from trainer_core.optim.server import SGD

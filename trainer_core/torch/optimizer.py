@@ -54,6 +54,12 @@ class _Distributed:
             )
         if server_optimizer is not None and backend.comm != "ps":
             raise ValueError("server_optimizer needs comm='ps' (a job with parameter servers: -s 1 or more)")
+        if backend.comm == "ps" and isinstance(compression, Residual) and compression.per_parameter:
+            raise ValueError(
+                "Compression.powersgd needs comm='allreduce' (a job without servers: -s 0): the KV "
+                "store's keys are flat and PowerSGD sends arrays of fewer than two dimensions raw, so "
+                "through the servers every gradient would travel in 32 bits"
+            )
         if op not in (Average, Sum) and (isinstance(compression, Residual) or backend.comm == "ps"):
             raise ValueError(f"op={op!r}: compressed and parameter-server reductions sum or average only")
         self._params = [p for _, p in named]
