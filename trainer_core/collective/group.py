@@ -29,7 +29,7 @@ from trainer_core.compression.powersgd import PowerSGD
 from trainer_core.xp import like, to_host
 
 from . import compressed, fusion, lowrank, policy
-from .algorithms import doubling, hierarchical, ring, shmreduce, tree
+from .algorithms import doubling, hierarchical, ring, shmpipe, shmreduce, tree
 from .algorithms.hierarchical import Topology
 from .executor import Executor, Work
 from .links import Ctx, Links, Scratch, SubLinks
@@ -135,13 +135,11 @@ class Group:
             if algo == policy.SHM:
                 shmreduce.allreduce(loc, x, out, spec, split)
                 return
-            assert self.topology is not None
-            leaders = self.topology.leaders()
-
-            def cross(buf: np.ndarray) -> None:  # on the host's leader only
-                self._flat_allreduce(ctx.phase(1).on(SubLinks(ctx.links, leaders)), buf, spec)
-
-            shmreduce.allreduce(loc, x, out, spec, split, cross)
+            pieces = policy.pipeline_pieces(x.nbytes, th, shmpipe.MAX_PIECES)
+            if pieces > 1:  # the leaders' allreduce of each piece overlaps the host's phases
+                shmpipe.allreduce(loc, x, out, spec, pieces, lambda j, buf: self._leaders(ctx, buf, spec, j))
+            else:
+                shmreduce.allreduce(loc, x, out, spec, split, lambda buf: self._leaders(ctx, buf, spec, 0))
             return
         if out is not x:
             np.copyto(out, x)
@@ -153,9 +151,21 @@ class Group:
             algo = self.last_algorithm = policy.choose(flat.nbytes, self.topology, th)
         if algo == policy.HIERARCHICAL:
             assert self.topology is not None
-            hierarchical.allreduce(ctx, flat, spec, self.topology, self._flat_allreduce)
+            cuts = ring.blocks(flat.size, policy.pipeline_pieces(flat.nbytes, th, shmpipe.MAX_PIECES))
+
+            def leaders(_ctx: Ctx, buf: np.ndarray, _spec: ReduceSpec) -> None:  # as shmpipe cuts it
+                for j, (a, b) in enumerate(cuts):
+                    self._leaders(ctx, buf[a:b], spec, j)
+
+            hierarchical.allreduce(ctx, flat, spec, self.topology, leaders)
         else:
             self._flat_allreduce(ctx, flat, spec, algo)
+
+    def _leaders(self, ctx: Ctx, buf: np.ndarray, spec: ReduceSpec, piece: int) -> None:
+        """The hosts' leaders' allreduce of ``piece`` of the hierarchical path, in tag phase
+        ``1 + piece`` of the operation (the host's own phases run on other pairs of ranks)."""
+        assert self.topology is not None
+        self._flat_allreduce(ctx.phase(1 + piece).on(SubLinks(ctx.links, self.topology.leaders())), buf, spec)
 
     def _flat_allreduce(self, ctx: Ctx, flat: np.ndarray, spec: ReduceSpec, algo: str | None = None) -> None:
         th = self.thresholds

@@ -34,6 +34,9 @@ class Thresholds:
     shm_split_min_bytes: int = 1024 * 1024
     #: ... and this many where the host has two ranks (each then reads just one other slot).
     shm_split_min_bytes_2: int = 16 * 1024 * 1024
+    #: the hierarchical path through shared memory pipelines the host's phases with the leaders'
+    #: allreduce in pieces of about this many bytes (at most 14), where it makes two or more.
+    pipeline_piece_bytes: int = 4 * 1024 * 1024
     #: ring and broadcast segments (the pipelining unit).
     segment_bytes: int = SEGMENT_BYTES
     #: ``grouped_allreduce`` packs arrays of one dtype into buckets of at most this many bytes
@@ -51,10 +54,13 @@ class Thresholds:
             "shm_split_min_bytes",
             "segment_bytes",
             "fusion_bytes",
+            "pipeline_piece_bytes",
         )
         for name in names:
             value = getattr(self, name)
-            if not isinstance(value, int) or value < (1 if name in ("segment_bytes", "fusion_bytes") else 0):
+            if not isinstance(value, int) or value < (
+                1 if name in ("segment_bytes", "fusion_bytes", "pipeline_piece_bytes") else 0
+            ):
                 raise ValueError(f"threshold {name} must be a non-negative integer of bytes, not {value!r}")
 
 
@@ -67,6 +73,12 @@ def shm_split(nbytes: int, local_size: int, th: Thresholds) -> bool:
     """Whether the shared-memory allreduce of ``nbytes`` on a host of ``local_size`` ranks reduces
     a block per rank (else every rank the whole buffer)."""
     return nbytes >= (th.shm_split_min_bytes_2 if local_size == 2 else th.shm_split_min_bytes)
+
+
+def pipeline_pieces(nbytes: int, th: Thresholds, most: int) -> int:
+    """How many pieces the hierarchical allreduce through shared memory pipelines ``nbytes`` in
+    (1: not pipelined)."""
+    return max(1, min(most, nbytes // th.pipeline_piece_bytes))
 
 
 def choose(nbytes: int, topo: Topology | None, th: Thresholds, shm: bool = False) -> str:
