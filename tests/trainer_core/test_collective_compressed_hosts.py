@@ -89,8 +89,14 @@ def test_hierarchical_matches_the_compressors_reference_on_the_hosts_sums(
     w, n = len(hosts), 3001
     rng = np.random.default_rng(7)
     steps = [[rng.standard_normal(n).astype(np.float32) for _ in range(w)] for _ in range(3)]
+    before = [[x.copy() for x in xs] for xs in steps]
     for op in ("mean", "sum"):
         out = run(params, hosts, steps, op, shm)
+        assert all(
+            np.array_equal(x, y)
+            for xs, ys in zip(steps, before, strict=True)
+            for x, y in zip(xs, ys, strict=True)
+        )
         want = reference(params, hosts, steps, op)
         for s in range(3):
             for r in range(w):

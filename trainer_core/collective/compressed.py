@@ -85,11 +85,17 @@ class ErrorFeedback:
 
 
 def allreduce(
-    ctx: Ctx, flat: np.ndarray, spec: ReduceSpec, state: KeyState, count: int | None = None
+    ctx: Ctx,
+    flat: np.ndarray,
+    spec: ReduceSpec,
+    state: KeyState,
+    count: int | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The compressed reduction of every rank's ``flat`` (float16/32/64; op sum or mean): a fresh
     array, bit-identical on every rank. ``mean`` divides by ``count`` (default: the ranks here; the
-    hierarchical path passes the whole group's, each leader's ``flat`` being its host's sum).
+    hierarchical path passes the whole group's, each leader's ``flat`` being its host's sum);
+    ``out`` (may be ``flat``, which is read before ``out`` is written) receives the result.
 
     Pipelined: a rank encodes the chunk of one peer and posts it before encoding the next (its own
     chunk last), so the wire carries chunk ``k`` while chunk ``k+1`` is encoded; it decodes each
@@ -105,7 +111,7 @@ def allreduce(
     for r in range(1, size):
         spec.combine(reduced, parts[r], reduced)
     spec.finish(reduced, size if count is None else count)
-    out = np.empty_like(flat)
+    out = np.empty_like(flat) if out is None else out
     _allgather(ctx.phase(1), _encode(state.server, reduced), bounds, out)
     return out
 

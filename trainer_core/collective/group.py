@@ -28,7 +28,7 @@ import numpy as np
 from trainer_core.compression.powersgd import PowerSGD
 from trainer_core.xp import like, to_host
 
-from . import compressed, fusion, lowrank, policy
+from . import compressed, compressedhosts, fusion, lowrank, policy
 from .algorithms import doubling, hierarchical, ring, shmpipe, shmreduce, tree
 from .algorithms.hierarchical import Topology
 from .executor import Executor, Work
@@ -214,49 +214,44 @@ class Group:
             raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {np.dtype(array.dtype)}")
         if op not in compressed.OPS:
             raise ValueError(f"compressed allreduce sums or averages, not {op!r}")
-        spec = spec_for(array.dtype, op)
         host = np.array(to_host(array), copy=True, order="C")
+        return self._submit("compressed_allreduce", self._compressed(array, host, state, key, op))
+
+    def _compressed(
+        self, array: Any, host: np.ndarray, state: compressed.ErrorFeedback, key: Any, op: str
+    ) -> Callable[[Ctx], Any]:
+        """The compressed allreduce of ``host`` (``array`` on the host, read and never written) as
+        a function of the operation's ``Ctx``."""
+        if np.dtype(array.dtype) not in FLOAT_DTYPES:
+            raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {np.dtype(array.dtype)}")
+        if op not in compressed.OPS:
+            raise ValueError(f"compressed allreduce sums or averages, not {op!r}")
+        spec = spec_for(array.dtype, op)
         topo = self.topology
-        hier = topo is not None and topo.nhosts > 1 and topo.max_local > 1
+        hier = compressedhosts.takes(topo)
         st = state.key(key, topo.nhosts if hier and topo is not None else self.size)
 
         def run(ctx: Ctx) -> Any:
             if isinstance(st.server, PowerSGD):  # its own form: P and Q are allreduced
                 return like(lowrank.allreduce(ctx, host, spec, st.server, self._flat_allreduce), array)
-            if hier and host.size:
-                flat = host.reshape(-1)
-                self._hierarchical_compressed(ctx, flat, spec, st)
+            if hier and topo is not None:
+                x = host.reshape(-1)
+                flat = compressedhosts.allreduce(ctx, x, spec, st, topo, self.local, self.thresholds)
             else:
                 flat = compressed.allreduce(ctx, host.reshape(-1), spec, st)
             return like(flat.reshape(host.shape), array)
 
-        return self._submit("compressed_allreduce", run)
-
-    def _hierarchical_compressed(
-        self, ctx: Ctx, flat: np.ndarray, spec: ReduceSpec, st: compressed.KeyState
-    ) -> None:
-        """In place: the host's ranks sum ``flat`` in full precision (shared memory, or a tree on
-        the links), the hosts' leaders run the compressed allreduce on their host's sum with the
-        leader's error feedback (``mean``: divided by the whole group's size), and the leader's
-        result goes back to its host's ranks (bit-identical everywhere)."""
-        assert self.topology is not None
-        total, loc = spec_for(flat.dtype, "sum"), self.local
-
-        def cross(c: Ctx, buf: np.ndarray, _sum: ReduceSpec) -> None:  # the leaders only
-            buf[...] = compressed.allreduce(c, buf, spec, st, count=self.size)
-
-        leaders = self.topology.leaders()
-        if loc is not None:
-            split = policy.shm_split(flat.nbytes, loc.size, self.thresholds)
-            on_leaders = lambda buf: cross(ctx.phase(1).on(SubLinks(ctx.links, leaders)), buf, total)  # noqa: E731
-            shmreduce.allreduce(loc, flat, flat, total, split, on_leaders)
-        else:
-            hierarchical.allreduce(ctx, flat, total, self.topology, cross)
+        return run
 
     def compressed_allreduce(
         self, array: Any, state: compressed.ErrorFeedback, key: Any = 0, op: str = "mean"
     ) -> Any:
-        return self.compressed_allreduce_async(array, state, key, op).wait()
+        if self.nccl is not None or not _plain(array) or state.params.get("type") == "powersgd":
+            return self.compressed_allreduce_async(array, state, key, op).wait()
+        run = self._compressed(array, array, state, key, op)  # reads the array in place, no copy
+        return self._executor.call(
+            "compressed_allreduce", lambda seq: run(Ctx.for_op(self.links, seq, self._scratch))
+        )
 
     # -- the others -----------------------------------------------------------------------------
     def broadcast_async(self, array: Any, root: int = 0) -> Work:

@@ -1,0 +1,58 @@
+"""The compressed allreduce with several ranks per host (``Group.compressed_allreduce`` on a
+topology where some host has several ranks and there are several hosts).
+
+1. The host's ranks sum their arrays in full precision: through the host's shared-memory segment
+   (``shmreduce``) where there is one, else a tree on the links (``hierarchical``);
+2. only the hosts' leaders run the two-stage compressed allreduce (``compressed.allreduce``) on
+   their host's sum, with the leader's error feedback (its ``KeyState``, one compressor per host's
+   chunk: the residual is of the host's sum, the other ranks' state is never used); ``mean``
+   divides by the whole group's size before the second stage;
+3. the leader's result goes back to its host's ranks (copied: bit-identical everywhere).
+
+Only the leaders encode and decode, and one compressed payload per host crosses the links.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import compressed, policy
+from .algorithms import hierarchical, shmreduce
+from .algorithms.hierarchical import Topology
+from .links import Ctx, SubLinks
+from .reduce import ReduceSpec, spec_for
+from .shm import Local
+
+
+def takes(topo: Topology | None) -> bool:
+    """Whether the compressed allreduce runs hierarchically on ``topo``."""
+    return topo is not None and topo.nhosts > 1 and topo.max_local > 1
+
+
+def allreduce(
+    ctx: Ctx,
+    x: np.ndarray,
+    spec: ReduceSpec,
+    st: compressed.KeyState,
+    topo: Topology,
+    loc: Local | None,
+    th: policy.Thresholds,
+) -> np.ndarray:
+    """The compressed reduction of every rank's flat ``x`` (not modified): a fresh array."""
+    out = np.empty_like(x)
+    if x.size == 0:
+        return out
+    total = spec_for(x.dtype, "sum")
+
+    def cross(c: Ctx, buf: np.ndarray, _sum: ReduceSpec) -> None:  # the leaders only, in place
+        compressed.allreduce(c, buf, spec, st, count=ctx.size, out=buf)
+
+    if loc is not None:
+        leaders = topo.leaders()
+        split = policy.shm_split(x.nbytes, loc.size, th)
+        on_leaders = lambda buf: cross(ctx.phase(1).on(SubLinks(ctx.links, leaders)), buf, total)  # noqa: E731
+        shmreduce.allreduce(loc, x, out, total, split, on_leaders)
+    else:
+        np.copyto(out, x)
+        hierarchical.allreduce(ctx, out, total, topo, cross)
+    return out
