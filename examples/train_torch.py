@@ -19,21 +19,28 @@ the job runs this script: a scheduler or server serves its role on ``import trai
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
 import torch
 
 import trainer_core.torch as hvd
+from trainer_core.torch import checkpoint
 
-COMPRESSION = {
-    "none": hvd.Compression.none,
-    "fp16": hvd.Compression.fp16,
-    "1bit": hvd.Compression.onebit,
-    "2bit": hvd.Compression.twobit(threshold=0.01),
-    "topk": hvd.Compression.topk(ratio=0.05),
-    "powersgd": hvd.Compression.powersgd(rank=2),
-}
+COMPRESSION = ("none", "fp16", "1bit", "2bit", "topk", "powersgd")
+
+
+def compression(name: str, threshold: float) -> object:
+    """The ``--compression`` choice (``--threshold``: 2-bit's, see docs/pytorch.md)."""
+    return {
+        "none": hvd.Compression.none,
+        "fp16": hvd.Compression.fp16,
+        "1bit": hvd.Compression.onebit,
+        "2bit": hvd.Compression.twobit(threshold=threshold),
+        "topk": hvd.Compression.topk(ratio=0.05),
+        "powersgd": hvd.Compression.powersgd(rank=2),
+    }[name]
 
 
 def load_digits(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -57,16 +64,42 @@ def make_model() -> torch.nn.Module:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument(
+        "--epochs", type=int, default=30, help="30: converged with 1 and 2 workers (docs/pytorch.md)"
+    )
     p.add_argument("--batch-size", type=int, default=16, help="per worker")
     p.add_argument("--lr", type=float, default=0.1, help="per worker: scaled by the number of workers")
     p.add_argument(
         "--momentum", type=float, default=0.0, help="0.9 with compression diverges here (docs/pytorch.md)"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compression", default="none", choices=sorted(COMPRESSION))
+    p.add_argument("--compression", default="none", choices=COMPRESSION)
+    p.add_argument(
+        "--threshold", type=float, default=0.05, help="2bit's: values beyond it are sent as +-threshold"
+    )
+    p.add_argument(
+        "--checkpoint", default=None, help="saved after every epoch (trainer_core.torch.checkpoint)"
+    )
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
     p.add_argument("--server-optimizer", action="store_true", help="the servers apply SGD (-s 1 or more)")
     return p.parse_args()
+
+
+def resume(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator) -> int:  # fmt: skip
+    """The epoch to start from: the checkpoint's (model, optimizer, residuals and this rank's data
+    order restored), or 0 without one."""
+    try:
+        got = checkpoint.load(args.checkpoint, model, opt)
+    except ValueError as e:
+        print(f"train_torch.py: error: cannot resume from {args.checkpoint}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if got is None:
+        return 0
+    epoch, extra = got
+    gen.set_state(extra["generator"])
+    if hvd.rank() == 0:
+        print(f"resumed at epoch {epoch}", flush=True)
+    return epoch
 
 
 def main() -> None:
@@ -82,16 +115,21 @@ def main() -> None:
         from trainer_core.optim.server import SGD
 
         server = SGD(learning_rate=lr, momentum=args.momentum)
-    opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum), named_parameters=model.named_parameters(),
-        compression=COMPRESSION[args.compression], server_optimizer=server,
-    )  # fmt: skip
+    try:
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum), named_parameters=model.named_parameters(),
+            compression=compression(args.compression, args.threshold), server_optimizer=server,
+        )  # fmt: skip
+    except ValueError as e:  # a choice this path cannot take (powersgd through servers)
+        print(f"train_torch.py: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     mine = torch.arange(rank, len(x_tr), size)  # this worker's shard
     steps = len(mine) // args.batch_size
     gen = torch.Generator().manual_seed(args.seed + 1000 * rank)
-    for epoch in range(args.epochs):
+    first = resume(args, model, opt, gen) if args.resume and args.checkpoint else 0
+    for epoch in range(first, args.epochs):
         start, total = time.perf_counter(), 0.0
         model.train()
         order = mine[torch.randperm(len(mine), generator=gen)]
@@ -109,6 +147,8 @@ def main() -> None:
         mean_loss = torch.tensor([total / max(1, steps)])
         if server is None:  # a server-side optimizer updates every key on the servers: local loss then
             mean_loss = hvd.allreduce(mean_loss)
+        if args.checkpoint:  # before the epoch is printed: a printed epoch is a saved one
+            checkpoint.save(args.checkpoint, epoch + 1, model, opt, {"generator": gen.get_state()})
         if rank == 0:
             rate = steps * args.batch_size * size / seconds
             print(f"epoch {epoch + 1:3d}  loss {float(mean_loss):.4f}  test accuracy {acc:.2f}%  {rate:.0f} samples/s", flush=True)  # fmt: skip
