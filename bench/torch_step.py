@@ -67,8 +67,10 @@ def measure(args: argparse.Namespace) -> dict:
             row: dict = {"model": model, "where": "one host"}
             for col, kind, servers, comp in RUNS:
                 print(f"[one host] {model}: {col} ...", file=sys.stderr, flush=True)
-                res = local(job, servers, [kind, model, comp, str(args.steps), str(WARMUP)])
-                row[col], row["params"] = res["step_s"], res["params"]
+                res = allreduce_hosts._try(
+                    col, local, job, servers, [kind, model, comp, str(args.steps), str(WARMUP)]
+                )
+                row[col], row["params"] = res.get("step_s"), res.get("params", row.get("params"))
             info["rows"].append(row)
         if args.no_hosts:
             return info
@@ -90,8 +92,10 @@ def measure(args: argparse.Namespace) -> dict:
                         continue
                     print(f"[hosts] {model}: {col} ...", file=sys.stderr, flush=True)
                     spec = [kind, model, comp, str(args.steps), str(WARMUP)]
-                    res = allreduce_hosts.launch(group, hroot, WORKERS, python, "step.py", spec)
-                    row[col], row["params"] = res["step_s"], res["params"]
+                    res = allreduce_hosts._try(
+                        col, allreduce_hosts.launch, group, hroot, WORKERS, python, "step.py", spec
+                    )
+                    row[col], row["params"] = res.get("step_s"), res.get("params", row.get("params"))
                 info["rows"].append(row)
         finally:
             group.close()
@@ -112,7 +116,7 @@ def table(info: dict) -> str:
     for r in info["rows"]:
         ddp, t32, t1 = r.get("DDP gloo"), r.get(cols[0]), r.get(cols[1])
         lines.append(
-            f"| {r['model']} ({r['params'] / 1e6:.2f}M) | {r['where']} | "
+            f"| {r['model']} ({(r['params'] or 0) / 1e6:.2f}M) | {r['where']} | "
             + " | ".join(ms(r.get(c)) for c in cols)
             + f" | {_ratio(ddp, t32)} | {_ratio(ddp, t1)} |"
         )
