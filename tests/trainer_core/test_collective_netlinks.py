@@ -18,6 +18,7 @@ from trainer_core.collective import LinkError, PeerTimeout
 from trainer_core.collective import protocol as coll_protocol
 from trainer_core.collective.job import SCHEMA
 from trainer_core.collective.netlinks import NetLinks
+from trainer_core.errors import NodeFailure
 from trainer_core.node import protocol
 from trainer_core.node.postoffice import Postoffice
 from trainer_core.node.scheduler import Scheduler
@@ -149,3 +150,49 @@ def test_the_hosts_segment_is_shared_at_set_up_or_by_nobody(net: Net) -> None:
     locs[1].post(5)  # type: ignore[union-attr]
     for loc in locs:
         loc.wait_for(1, 5, "post")  # type: ignore[union-attr]
+
+
+class _ClosedUnderneath:
+    """A channel whose peer is gone, as a send finds out first (EPIPE) while the receiving thread
+    has not yet seen the connection close."""
+
+    def __init__(self, ch: object) -> None:
+        self._ch = ch
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._ch, name)
+
+    def post(self, *args: object, **kw: object) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def send(self, *args: object, **kw: object) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("shm", ["1", "0"], ids=["same-host", "tcp"])
+def test_a_send_that_finds_the_peer_gone_ends_the_job_naming_the_peer_not_itself(shm: str) -> None:
+    """A send that failed with EPIPE before the receiving thread saw the peer's channel close
+    raised a plain LinkError and told nobody, so the sender exited with its own error and the
+    launcher named the sender as the root cause (a Grid Engine run: worker 0 named for worker 1's
+    SIGKILL). Now the scheduler is told, as when a connection closes: every node's failure names
+    the peer."""
+    net = Net(shm=shm)
+    a = net.links[0]
+    real = a._chan[1]
+    a._chan[1] = _ClosedUnderneath(real)  # type: ignore[assignment]
+    try:
+        with pytest.raises(NodeFailure) as err:
+            a.send(1, 7, np.ones(3, np.float32))
+        assert err.value.node == "worker 1", err.value
+        until(lambda: net.nodes[2].failure is not None, "worker 2 heard of the failure")
+        assert net.nodes[2].failure is not None and net.nodes[2].failure.node == "worker 1"
+        with pytest.raises((LinkError, NodeFailure)):
+            a.send(1, 8, np.ones(1, np.float32))  # the group stays broken
+    finally:
+        a._chan[1] = real
+        for links in net.links:  # the job failed: no finish
+            links.close()
+        for node in net.nodes:
+            node.stop()
+            node.close_transport()
+        net.thread.join(20)

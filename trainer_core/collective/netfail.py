@@ -30,6 +30,12 @@ def report(node: Postoffice, cfg: NodeConfig, name: str, reason: str, wait_s: fl
         ch.close(flush_s=0.0 if node.live.failed.is_set() else 1.0)
 
 
+def send_failed(peer: int, where: str, exc: BaseException, gone: bool) -> LinkError:
+    """The error of a send to ``peer`` that failed (``gone``: its channel closed)."""
+    tail = ": it died or stopped, and the group is broken" if gone else ""
+    return LinkError(f"collective: sending to rank {peer} ({where}) failed: {exc}{tail}", peer)
+
+
 def mismatch(peer: int, where: str, rank: int, tag: int, got: int, expected: int) -> LinkError:
     return LinkError(
         f"collective: rank {peer} ({where}) sent {got} bytes to rank {rank} (tag {tag:#x}), which "

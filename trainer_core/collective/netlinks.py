@@ -288,9 +288,13 @@ class NetLinks:
             f"{why}: it died or stopped, and the group is broken",
             peer,
         )
+        self._peer_gone(err, op)
+
+    def _peer_gone(self, err: LinkError, op: Recv | None = None) -> None:
+        """``err.peer`` died: tell the scheduler (so the launcher names it) and break the group."""
         self.log.error("%s", err)
         if self._broken is None:
-            netfail.report(self.node, self.cfg, f"worker {peer}", str(err), REPORT_S)
+            netfail.report(self.node, self.cfg, f"worker {err.peer}", str(err), REPORT_S)
         self._fail(err, op)
 
     def _fail(self, err: LinkError, op: Recv | None = None, everyone: bool = True) -> None:
@@ -330,9 +334,13 @@ class NetLinks:
                 netshm.send(ch, protocol.data(tag, len(view)), view)
         except (ChannelClosed, KVError, OSError) as exc:
             self.node.raise_failure()
-            raise self._gone.get(peer) or LinkError(
-                f"collective: sending to rank {peer} ({self.where(peer)}) failed: {exc}", peer
-            ) from None
+            err, gone = self._gone.get(peer), not isinstance(exc, KVError)
+            if err is None:
+                err = netfail.send_failed(peer, self.where(peer), exc, gone)
+                if gone:  # before the receiving thread saw its channel close
+                    self._peer_gone(err)
+                    self.node.raise_failure()  # the job's failure naming the peer, once it came back
+            raise err from None
         return DONE
 
     def recv(self, peer: int, tag: int, out: np.ndarray) -> Recv:
