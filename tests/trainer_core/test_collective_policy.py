@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer_core.collective import Thresholds, Topology, choose
+from trainer_core.collective import Thresholds, Topology, choose, policy
 
 
 def test_size_picks_doubling_then_ring() -> None:
@@ -57,3 +57,14 @@ def test_measured_defaults_and_the_shared_memory_choice() -> None:
     assert choose(8, one, Thresholds(force="ring"), shm=True) == "ring"  # overridable
     with pytest.raises(ValueError, match="needs every rank on one host"):
         choose(8, Topology.of(["a", "b"]), Thresholds(force="shm"), shm=True)
+
+
+def test_pipeline_pieces_of_the_hierarchical_path() -> None:
+    """4 MiB pieces, at most ``most``, one (not pipelined) below two pieces; a zero size refused."""
+    th = Thresholds()
+    assert policy.pipeline_pieces(40_000_000, th, 14) == 9
+    assert policy.pipeline_pieces(8 * 1024 * 1024 - 1, th, 14) == 1
+    assert policy.pipeline_pieces(1 << 30, th, 14) == 14
+    assert policy.pipeline_pieces(0, Thresholds(pipeline_piece_bytes=1), 14) == 1
+    with pytest.raises(ValueError, match="pipeline_piece_bytes must be"):
+        Thresholds(pipeline_piece_bytes=0)
