@@ -1,11 +1,9 @@
 """``NetLinks``: the collectives' ``Links`` between the worker processes of a job, over sockets.
 
-On a joined ``node.postoffice.Postoffice``: each pair of workers gets one channel, which the lower
-rank opens to the higher one's listener (same-host where they share a machine, the bytes in a
-memfd: ``netshm``; else TCP) and names itself on (``coll_hello``). One receiving thread serves the
-listeners and channels and matches each ``coll_data`` by (sender, tag) to its posted receive,
-reading it in place, or keeps a copy until the receive is posted. Sends never wait for the peer
-(TCP: a copy, posted; same-host: the kernel takes the memfd), so a ring cannot deadlock. A peer
+On a joined ``node.postoffice.Postoffice``, each pair of workers gets one channel, opened by the
+lower rank to the higher one's listener (same-host, the bytes in a memfd: ``netshm``; else TCP).
+One receiving thread matches each ``coll_data`` by (sender, tag) to its posted receive, read in
+place, or keeps a copy until it is posted. Sends never wait, so a ring cannot deadlock. A peer
 whose channel ends without its ``coll_bye`` died: the group fails naming it, and the scheduler is
 told (``netfail``). docs/collectives.md, "Over sockets".
 """
