@@ -374,8 +374,6 @@ class NetLinks:
     def mismatch(self, op: Recv, got: int) -> LinkError:
         return netfail.mismatch(op.peer, self.where(op.peer), self._rank, op.tag, got, len(op.view))
 
-    # -- the end -------------------------------------------------------------------------------
-
     def close(self) -> None:
         """Say bye to every peer, stop the receiving thread and close the channels (what is queued
         is given ``FLUSH_S`` to go out). Peers' channels ending after this are not failures."""
