@@ -35,6 +35,10 @@ def screen(history: bool = False) -> str:
 
 @pytest.fixture
 def terminal(launchkit_home: Path) -> Iterator[None]:
+    # a tmux server of its own for each test: a new session on a socket whose server was just
+    # killed fails now and then ("server exited unexpectedly", exit 1)
+    global SOCKET
+    SOCKET = f"lk-screen-{uuid.uuid4().hex[:8]}"
     yield
     subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
 
