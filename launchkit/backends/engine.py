@@ -12,7 +12,6 @@ the engine's own process or job.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -26,7 +25,7 @@ import dmlc_env
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.backends.local import LocalBackend, spawn
 from launchkit.core.spec import LaunchSpec, Plan, Task
-from launchkit.hostside import shim
+from launchkit.hostside import shim, tasktable
 
 ENGINE_TAIL = 20
 #: How long an exit caused by the engine's own teardown waits for a real failure to be seen first.
@@ -57,11 +56,10 @@ def split_env(tasks: Sequence[Task]) -> tuple[dict[str, str], list[dict[str, str
 
 def shim_table(plan: Plan, ordered: Sequence[Task]) -> str:
     """``LAUNCHKIT_SHIM_TASKS``: row r is what engine rank r runs (the plan index and its own
-    variables)."""
+    variables), compressed (``tasktable``): its size does not grow with the number of tasks."""
     _, own = split_env(ordered)
     index = {t.task_id: i for i, t in enumerate(plan.tasks)}
-    rows = [{"i": index[t.task_id], "env": env} for t, env in zip(ordered, own, strict=True)]
-    return json.dumps({"v": 1, "tasks": rows}, separators=(",", ":"))
+    return tasktable.encode([(index[t.task_id], env) for t, env in zip(ordered, own, strict=True)])
 
 
 def engine_env(plan: Plan, ordered: Sequence[Task], grace: float | None = None) -> dict[str, str]:
@@ -247,6 +245,7 @@ class EngineBackend(Backend):
         self.console = console
         self.local = LocalBackend()
         self.plan: Plan | None = None
+        self._index: dict[int, int] = {}  # task id -> plan index
         self.run: EngineRun | None = None
         self.procs: dict[int, EngineProcess] = {}  # plan index -> process
         self.tearing_down = False
@@ -277,6 +276,7 @@ class EngineBackend(Backend):
     # -- Backend --------------------------------------------------------------------------------
     def prepare(self, plan: Plan) -> None:
         self.plan = plan
+        self._index = {t.task_id: i for i, t in enumerate(plan.tasks)}  # not tasks.index(): O(n) each
 
     def set_cleanup_sink(self, sink: Callable[[list[str]], None]) -> None:
         """Where to send commands that end the engine's job should the launcher die (the reaper)."""
@@ -295,8 +295,7 @@ class EngineBackend(Backend):
             self.run = run
             self._register_cleanup(run)
             threading.Thread(target=self._follow, args=(run,), daemon=True).start()
-        index = self.plan.tasks.index(task)
-        return self.procs[index]
+        return self.procs[self._index[task.task_id]]
 
     def _register_cleanup(self, run: EngineRun) -> None:
         if self._cleanup_sink is not None:

@@ -63,11 +63,8 @@ def detect_flavor(version_text: str) -> str:
 def rank_order(plan: Plan) -> list[Task]:
     """The servers and workers, grouped by host in order of first appearance."""
     tasks = [t for t in plan.tasks if t.role != "scheduler"]
-    hosts: list[str] = []
-    for t in tasks:
-        if t.host.name not in hosts:
-            hosts.append(t.host.name)
-    return sorted(tasks, key=lambda t: hosts.index(t.host.name))
+    hosts = {name: i for i, name in enumerate(dict.fromkeys(t.host.name for t in tasks))}
+    return sorted(tasks, key=lambda t: hosts[t.host.name])
 
 
 def host_slots(ordered: Sequence[Task]) -> list[tuple[str, int]]:

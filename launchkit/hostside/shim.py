@@ -2,7 +2,7 @@
 
 An engine starts N copies of ``python -m launchkit.hostside.shim COMMAND...``; each finds its place in
 the job from the engine's rank variable (``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``,
-``SLURM_PROCID``, 1-based ``SGE_TASK_ID``, ...) and the task table in ``LAUNCHKIT_SHIM_TASKS``,
+``SLURM_PROCID``, 1-based ``SGE_TASK_ID``, ...) and the task table in ``LAUNCHKIT_SHIM_TASKS`` (``tasktable``),
 adds that task's variables (role, ranks, task id) to the environment the engine passed by name,
 runs the command, and frames its output so that the launcher can split the engine's merged
 stream back into processes:
@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from launchkit.hostside import rendezvous
+from launchkit.hostside import rendezvous, tasktable
 
 TASKS_VAR = "LAUNCHKIT_SHIM_TASKS"
 #: The launcher's --grace-period: SIGKILL this long after the command was asked to stop.
@@ -117,15 +117,14 @@ def task_of(environ: Mapping[str, str]) -> tuple[int, dict[str, str]]:
     raw = environ.get(TASKS_VAR)
     if not raw:
         raise ValueError(f"{TASKS_VAR} is not set: the shim runs only under a launchkit engine job")
-    rows = json.loads(raw)["tasks"]
     rank = engine_rank(environ)
     if rank is None:
         raise ValueError(f"no rank from the engine: none of {', '.join(n for n, _ in RANK_VARS)} is set")
     offset = int(environ.get("LAUNCHKIT_SHIM_OFFSET", "0") or 0)
-    if not 0 <= rank + offset < len(rows):
-        raise ValueError(f"engine rank {rank} (+{offset}) outside the job's {len(rows)} tasks")
-    row = rows[rank + offset]
-    return int(row["i"]), {str(k): str(v) for k, v in row["env"].items()}
+    try:
+        return tasktable.lookup(raw, rank + offset)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (engine rank {rank} + offset {offset})" if offset else str(exc)) from None
 
 
 def shim_grace(environ: Mapping[str, str]) -> float:
