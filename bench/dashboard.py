@@ -205,7 +205,7 @@ def synthetic(n: int = 50) -> dict[str, float]:
             )
             console.print(render(state, *fit(state, 50)))
             c = time.perf_counter()
-            live.write(state, model)
+            live.write(state)
             d = time.perf_counter()
             out["figures"].append(b - a)
             out["render"].append(c - b)

@@ -3,9 +3,10 @@
 The supervisor writes it (atomic replace, at most once every ``EVERY`` seconds, and once more at
 the end) whether or not its terminal shows the dashboard, so that ``launchkit top JOB_ID`` in
 another terminal shows the same view, and ``launchkit ps`` the latest step and loss. It holds
-the dashboard's state (header, process rows, output tail, root cause) and the job's telemetry
-(in ``JobMetrics.to_json``'s form, each series cut to its last ``KEEP_POINTS`` reports); the training
-panel is computed from it by the reader, as the launcher computes its own.
+the dashboard's state (header, process rows, output tail, root cause) and the training panel's
+figures as the launcher computed them (``telemetry.view.to_json``), not the reports they come
+from: those grow with the job (version 1 carried them, 9.5 MB at 1024 processes over 128 hosts;
+version 2 is about 200 bytes a process).
 
 A live file is read as untrusted input: one that is missing, unreadable, of another version or
 malformed reads as ``None`` with the reason, and the caller falls back to the job record.
@@ -20,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from launchkit.jobs.records import JOB_ID_RE, jobs_dir, replace_file
-from launchkit.telemetry.model import JobMetrics
-from launchkit.telemetry.view import KEEP, training
+from launchkit.telemetry import view as figures
+from launchkit.telemetry.view import KEEP
 from launchkit.view import state as view_state
 from launchkit.view.state import DashboardState
 
-VERSION = 1
+VERSION = 2
 EVERY = 1.0  # seconds between two writes
-KEEP_POINTS = KEEP  # reports kept per series: a sparkline's worth, and the rate windows
+KEEP_POINTS = KEEP  # reports a copy of the model keeps for a frame: a sparkline's worth, the rate windows
 
 
 def job_dir(job_id: str) -> Path:
@@ -39,24 +40,22 @@ def path(job_id: str) -> Path:
     return job_dir(job_id) / "live.json"
 
 
-def encode(state: DashboardState, metrics: JobMetrics | None, at: float) -> str:
+def encode(state: DashboardState, at: float) -> str:
     doc: dict[str, Any] = {"version": VERSION, "written_at": at, "state": view_state.to_json(state)}
-    if metrics is not None:
-        doc["metrics"] = metrics.to_json(KEEP_POINTS)  # what the panel reads, not the whole history
-        doc["expected_nodes"] = state.training.nodes_expected if state.training else 0
+    if state.training is not None:
+        doc["training"] = figures.to_json(state.training)
     return json.dumps(doc, separators=(",", ":"))
 
 
-def write(state: DashboardState, metrics: JobMetrics | None, at: float | None = None) -> Path:
+def write(state: DashboardState, at: float | None = None) -> Path:
     """Replace the job's live file at once (temp file + rename); OSError when it cannot."""
-    text = encode(state, metrics, time.time() if at is None else at)
+    text = encode(state, time.time() if at is None else at)
     return replace_file(job_dir(state.job_id) / "live.json", text)
 
 
 @dataclass(frozen=True)
 class Live:
-    state: DashboardState  # with its training figures, computed from ``metrics``
-    metrics: JobMetrics | None
+    state: DashboardState  # with its training figures
     written_at: float
 
 
@@ -73,15 +72,8 @@ def decode(text: str) -> Live:
     at = doc.get("written_at")
     if not isinstance(at, (int, float)) or isinstance(at, bool):
         raise ValueError("field 'written_at' missing or not a number")
-    metrics = JobMetrics.from_json(doc["metrics"]) if isinstance(doc.get("metrics"), dict) else None
-    state = view_state.from_json(doc.get("state"))
-    if metrics is not None:
-        expected = doc.get("expected_nodes")
-        if not isinstance(expected, int) or isinstance(expected, bool):
-            expected = sum(1 for r in state.rows if r.role != "scheduler")
-        running = state.running() if not state.finished else set()
-        state = view_state.replace_training(state, training(metrics, expected, running))
-    return Live(state, metrics, float(at))
+    state = view_state.from_json(doc.get("state"), figures.from_json(doc.get("training")))
+    return Live(state, float(at))
 
 
 def read(job_id: str) -> tuple[Live | None, str]:

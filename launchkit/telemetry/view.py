@@ -24,8 +24,10 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
+from dmlc_env.telemetry import finite_number
 from launchkit.telemetry.model import Figures, JobMetrics, Series
 
 SERIES = 32  # points kept for a sparkline (it shows the last 30)
@@ -194,4 +196,55 @@ def training(
         compression_ratio=_latest(ws, "compression_ratio"),
         hosts=tuple(host_figures(h, hosts[h]) for h in sorted(hosts)),
         lagging=lagging(candidates),
+    )
+
+
+def to_json(t: Training) -> dict[str, Any]:
+    """The panel's figures as JSON (the live file carries them, not the reports they come from:
+    those grow with the nodes, 9.5 MB at 1024 processes)."""
+    return asdict(t)
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if finite_number(v) else None
+
+
+def _whole(v: Any) -> int | None:
+    return int(v) if finite_number(v) and float(v).is_integer() else None
+
+
+def from_json(doc: Any) -> Training | None:
+    """Figures read back from a live file: None for what is not an object; a field of the wrong
+    type reads as unknown (left out), never trusted."""
+    if not isinstance(doc, dict):
+        return None
+
+    def series(name: str) -> tuple[float, ...]:
+        values = doc.get(name)
+        return tuple(x for v in values if (x := _number(v)) is not None) if isinstance(values, list) else ()
+
+    hosts = []
+    listed = doc.get("hosts")
+    for h in listed if isinstance(listed, list) else []:
+        if isinstance(h, dict) and isinstance(h.get("host"), str):
+            names = ("load1", "mem_used", "mem_total", "rx_mbps", "tx_mbps", "gpu_util")
+            hosts.append(HostFigures(h["host"], *(_number(h.get(n)) for n in names)))
+    lag = doc.get("lagging")
+    lagging = None
+    if isinstance(lag, dict) and isinstance(lag.get("role"), str) and _whole(lag.get("rank")) is not None:
+        lagging = Lagging(lag["role"], _whole(lag["rank"]) or 0, str(lag.get("why", "")))
+    step = _whole(doc.get("step"))
+    return Training(
+        nodes_reported=_whole(doc.get("nodes_reported")) or 0,
+        nodes_expected=_whole(doc.get("nodes_expected")) or 0,
+        step=step,
+        loss=_number(doc.get("loss")),
+        loss_series=series("loss_series"),
+        accuracy=_number(doc.get("accuracy")),
+        accuracy_series=series("accuracy_series"),
+        samples_per_s=_number(doc.get("samples_per_s")),
+        samples_series=series("samples_series"),
+        compression_ratio=_number(doc.get("compression_ratio")),
+        hosts=tuple(hosts),
+        lagging=lagging,
     )

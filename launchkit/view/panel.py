@@ -85,8 +85,24 @@ def figures_table(t: Training, spark: int = SPARK_WIDTH) -> Table:
     return grid
 
 
-def _host_cells(hosts: Sequence[HostFigures]) -> tuple[list[str], list[list[str]]]:
+#: The most hosts the panel lists: beyond it the busiest (highest load) and one line for the rest.
+HOST_ROWS = 8
+
+
+def shown_hosts(hosts: Sequence[HostFigures]) -> tuple[list[HostFigures], int]:
+    """The hosts the panel lists (all in order while they fit in ``HOST_ROWS``, else the busiest
+    first) and how many are left out."""
+    if len(hosts) <= HOST_ROWS:
+        return list(hosts), 0
+    busiest = sorted(
+        hosts, key=lambda h: (-(h.load1 or 0.0), -((h.rx_mbps or 0.0) + (h.tx_mbps or 0.0)), h.host)
+    )
+    return busiest[: HOST_ROWS - 1], len(hosts) - (HOST_ROWS - 1)
+
+
+def _host_cells(all_hosts: Sequence[HostFigures]) -> tuple[list[str], list[list[str]]]:
     columns = ["host", "load", "mem GiB", "in MB/s", "out MB/s"]
+    hosts, left_out = shown_hosts(all_hosts)
     gpu = any(h.gpu_util is not None for h in hosts)
     if gpu:
         columns.append("gpu")
@@ -97,6 +113,11 @@ def _host_cells(hosts: Sequence[HostFigures]) -> tuple[list[str], list[list[str]
         if gpu:
             cells.append("-" if h.gpu_util is None else f"{h.gpu_util:.0f}%")
         rows.append(cells)
+    if left_out:  # the rest in one line: their median load
+        kept = set(hosts)
+        rest = sorted(h.load1 for h in all_hosts if h.load1 is not None and h not in kept)
+        median = rest[len(rest) // 2] if rest else None
+        rows.append([f"+{left_out} more", number(median, 3), "", "", "", *([""] if gpu else [])])
     return columns, rows
 
 
@@ -144,7 +165,7 @@ def layout(t: Training, width: int | None) -> tuple[bool, int]:
 def panel_lines(t: Training, finished: bool, width: int | None) -> int:
     """How many lines ``training_panel`` takes."""
     figures = len(_values(t)) if t.nodes_reported else 1
-    hosts = len(t.hosts) + 1 if t.hosts else 0
+    hosts = min(len(t.hosts), HOST_ROWS) + 1 if t.hosts else 0
     beside, _ = layout(t, width)
     body = max(figures, hosts) if beside else figures + hosts
     return 2 + body + (1 if t.waiting and not finished else 0)

@@ -1,8 +1,8 @@
 """``render(state)``: the whole dashboard from a ``DashboardState``, pure (tested on its text).
 
 From the top: the header (job, backend, elapsed, attempt, counts by state), the training panel
-(when the job has telemetry), one row per process (at most ``max_rows``: failed and starting
-processes first, the rest summed up in one line), the root cause of a failure with its last
+(when the job has telemetry), one row per process (at most ``max_rows``: the failed, starting
+and slowest processes first, then one line per host, the rest summed up in one line: ``groups``), the root cause of a failure with its last
 lines, the output pane, and a closing message."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from launchkit.view import groups
 from launchkit.view.panel import panel_lines, training_panel
 from launchkit.view.state import DashboardState, ProcRow
 
@@ -24,7 +25,6 @@ STATE_STYLE = {
     "ended": "dim",
     "lost": "yellow",  # its launcher died: nothing known since
 }
-_FIRST = {"failed": 0, "starting": 1}  # shown first when not every row fits
 
 
 def duration(seconds: float) -> str:
@@ -79,17 +79,6 @@ def header(state: DashboardState, width: int | None = None) -> Text:
 TITLE_MARGIN = 6  # a panel's title: the corner, a rule and a space either side
 
 
-def shown_rows(rows: tuple[ProcRow, ...], max_rows: int | None) -> tuple[list[ProcRow], int]:
-    """The rows that fit in ``max_rows`` (failed and starting first, then in order), and how
-    many are left out."""
-    if max_rows is None or len(rows) <= max_rows:
-        return list(rows), 0
-    keep = max(1, max_rows - 1)  # one line says what is left out
-    order = sorted(range(len(rows)), key=lambda i: (_FIRST.get(rows[i].state, 2), i))
-    chosen = sorted(order[:keep])
-    return [rows[i] for i in chosen], len(rows) - keep
-
-
 COLUMNS = ("role", "rank", "host", "pid", "state", "cpu", "mem", "last line")
 _DROP = ("last line", "pid", "host", "mem", "cpu")  # in a narrow terminal, the first left out
 LAST_LINE_MIN = 8
@@ -108,13 +97,13 @@ def _cells(r: ProcRow) -> dict[str, str]:
     }
 
 
-def columns(rows: list[ProcRow], width: int | None) -> list[str]:
+def columns(rows: list[ProcRow], width: int | None, extra: list[dict[str, str]] | None = None) -> list[str]:
     """The columns that fit ``width`` cells (None: all), each at its widest cell: a row is always
-    one line, never wrapped."""
+    one line, never wrapped. ``extra``: more rows' cells (a host's line)."""
     shown = list(COLUMNS)
     if width is None:
         return shown
-    cells = [_cells(r) for r in rows]
+    cells = [_cells(r) for r in rows] + (extra or [])
 
     def need(cols: list[str]) -> int:  # a space either side of each cell, a rule between
         widest = [max(cell_len(c), *(cell_len(x[c]) for x in cells)) if c != "last line" else LAST_LINE_MIN
@@ -130,8 +119,11 @@ def columns(rows: list[ProcRow], width: int | None) -> list[str]:
 
 def process_table(state: DashboardState, max_rows: int | None, width: int | None = None) -> Table:
     table = Table(expand=True, show_edge=False, header_style="bold")
-    rows, left_out = shown_rows(state.rows, max_rows)
-    shown = columns(rows, width)
+    lagging = state.training.lagging if state.training is not None else None
+    chosen = groups.choose(state.rows, max_rows, (lagging.role, lagging.rank) if lagging else None)
+    rows = chosen.rows
+    lines = [_host_line(line) for line in chosen.hosts]
+    shown = columns(rows, width, lines)
     for col in shown:
         kw: dict[str, object] = {"justify": "right"} if col in ("rank", "pid", "cpu", "mem") else {}
         if col == "last line":
@@ -142,11 +134,21 @@ def process_table(state: DashboardState, max_rows: int | None, width: int | None
         table.add_row(*(
             Text(cells[c], style=STATE_STYLE.get(r.state, "")) if c == "state" else Text(cells[c]) for c in shown
         ))  # fmt: skip
-    if left_out:
-        hidden = tuple(r for r in state.rows if r not in rows)
-        table.caption = f"... and {left_out} more processes: {counts(hidden)}"
+    for cells in lines:
+        table.add_row(*(Text(cells[c], style="dim" if c == "role" else "") for c in shown))
+    if chosen.left_out:
+        hosts = f" on {len({r.host for r in chosen.left_out})} hosts" if chosen.hosts else ""
+        table.caption = f"... and {len(chosen.left_out)} more processes{hosts}: {counts(chosen.left_out)}"
         table.caption_justify = "left"
     return table
+
+
+def _host_line(line: groups.HostLine) -> dict[str, str]:
+    """A host's processes in one row: how many, their states, mean CPU, total memory, roles."""
+    cpu = line.cpu_percent
+    n = len(line.rows)
+    return {"role": f"{n} proc{'s' if n > 1 else ''}", "rank": "", "host": line.host, "pid": "", "state": line.states,
+            "cpu": "" if cpu is None else f"{cpu:.0f}%", "mem": mem(line.rss_bytes), "last line": line.roles}  # fmt: skip
 
 
 def root_cause_panel(state: DashboardState) -> RenderableType | None:

@@ -33,15 +33,27 @@ class Proc(Protocol):
     result: TaskResult | None
 
 
+Usage = tuple[float | None, int]
+
+
+def by_pid(procs: dict[tuple[str, int], Usage]) -> dict[int, Usage | None]:
+    """The samples by pid alone: None where more than one host reports that pid."""
+    out: dict[int, Usage | None] = {}
+    for (_, pid), u in procs.items():
+        out[pid] = None if pid in out else u
+    return out
+
+
 def usage_of(
-    procs: dict[tuple[str, int], tuple[float | None, int]], host: str, pid: int
-) -> tuple[float | None, int] | None:
+    procs: dict[tuple[str, int], Usage], host: str, pid: int, pids: dict[int, Usage | None] | None = None
+) -> Usage | None:
     """A process's CPU and memory as its host's sampler saw it: by (host, pid), or by pid alone
-    when a single host reports that pid (the sampler may name the launcher's host differently)."""
+    when a single host reports that pid (the sampler may name the launcher's host differently).
+    ``pids``: ``by_pid(procs)``, made once per snapshot (a scan of every sample per process was
+    quadratic in the job's size)."""
     if (host, pid) in procs:
         return procs[(host, pid)]
-    found = [u for (h, p), u in procs.items() if p == pid]
-    return found[0] if len(found) == 1 else None
+    return (by_pid(procs) if pids is None else pids).get(pid)
 
 
 def row_of(run: Proc, cpu: tuple[float | None, int] | None) -> ProcRow:
@@ -123,10 +135,11 @@ class Publisher:
             pids = {p.handle.pid for p in procs if p.handle and p.handle.pid and p.result is None}
             usage = self.cpu.sample(pids)
         rows = []
+        single = by_pid(sampled)
         for run in procs:
             pid = run.handle.pid if run.handle else None
             alive = pid is not None and run.result is None  # an ended process's last sample is stale
-            cpu = (usage_of(sampled, host_of(run), pid) or usage.get(pid)) if alive and pid else None
+            cpu = (usage_of(sampled, host_of(run), pid, single) or usage.get(pid)) if alive and pid else None
             rows.append(row_of(run, cpu))
         running = {(r.role, r.rank) for r in rows if r.state in ("running", "starting")}
         return DashboardState(
@@ -152,10 +165,7 @@ class Publisher:
         write = final or now >= self._live_next
         if not (show or write):
             return
-        model = self.metrics
-        if write and model is not None:  # one copy for the frame and the file: a host's sampler
-            model = model.copy(live.KEEP_POINTS)  # may report in between
-        state = self._snapshot(procs, root, final, model)
+        state = self._snapshot(procs, root, final, self.metrics)  # one state for the frame and the file
         if self.dashboard is not None:
             if final:
                 self.dashboard.stop(state)
@@ -164,7 +174,7 @@ class Publisher:
         if write and not self._live_failed:
             self._live_next = now + live.EVERY
             try:
-                live.write(state, model)
+                live.write(state)
             except OSError as exc:
                 self._live_failed = True
                 self.ui.warn(

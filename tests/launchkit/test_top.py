@@ -27,7 +27,7 @@ def running_record(job_id: str) -> jobs.JobRecord:
 def test_top_shows_the_live_files_view() -> None:
     state = dashstates.healthy(slow_rank=1)
     running_record(state.job_id)
-    live.write(state, dashstates.model(slow_rank=1))
+    live.write(state)
     res = run(["top", state.job_id, "--once"])
     assert res.returncode == 0, res.stderr
     out = res.stdout
@@ -43,7 +43,7 @@ def test_top_of_a_finished_job_shows_its_last_frame_and_how_it_ended() -> None:
     state = dashstates.failed()
     rec = running_record(state.job_id)
     jobs.finish(rec, "failed", 3)
-    live.write(state, dashstates.model())
+    live.write(state)
     out = run(["top", state.job_id, "--once"]).stdout
     assert "root cause: worker 1 on localhost (exit 3), its last lines" in out
     assert "ValueError: the data went bad" in out
@@ -65,7 +65,7 @@ def test_a_bad_live_file_falls_back_to_the_record() -> None:
 def test_ps_shows_the_latest_step_and_loss() -> None:
     state = dashstates.healthy()
     running_record(state.job_id)
-    live.write(state, dashstates.model())
+    live.write(state)
     res = run(["ps"])
     assert res.returncode == 0, res.stderr
     header, row = (
@@ -131,7 +131,7 @@ def test_top_of_a_lost_job_does_not_show_its_processes_running() -> None:
     # the launcher's pid, now another process's (another start time): the launcher is gone
     rec = dataclasses.replace(rec, launcher_start=rec.launcher_start - 1)
     jobs.save(rec)
-    live.write(state, dashstates.model())
+    live.write(state)
     res = run(["top", state.job_id, "--once"])
     assert res.returncode == 0, res.stderr
     out = res.stdout
