@@ -16,6 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from trainer_core.config import NodeConfig
+from trainer_core.node import book
+from trainer_core.node.book import NodeInfo
 from trainer_core.ps import protocol as wire
 from trainer_core.ps.protocol import SCHEMA
 from trainer_core.ps.scheduler import Scheduler
@@ -52,9 +54,12 @@ class Node:
         self._to_scheduler(self._hb_end, self.hb, wire.Header(op=wire.HEARTBEAT, src=self.name))
 
     def got(self, channel: MemoryChannel | None = None) -> list[wire.Header]:
+        return [m.header for m in self.received(channel)]
+
+    def received(self, channel: MemoryChannel | None = None) -> list[Received]:
         out: list[Received] = []
         (channel or self.ctl).receive(out.append)
-        return [m.header for m in out]
+        return out
 
     def close(self) -> None:
         for ch in (self.ctl, self._ctl_end, self.hb, self._hb_end):
@@ -103,10 +108,13 @@ def test_the_book_goes_out_once_every_node_registered() -> None:
     nodes[1].register()
     assert nodes[0].got() == [] and nodes[1].got() == []
     nodes[2].register()
-    books = [n.got()[0] for n in nodes]
+    messages = [n.received()[0] for n in nodes]
+    books = [m.header for m in messages]
     assert [b.op for b in books] == [wire.BOOK] * 3
     assert [b.body["name"] for b in books] == ["worker 1", "server 0", "worker 0"]  # hint 0 honoured
-    assert books[0].body["servers"] == [{"endpoint": "tcp://h:2", "host_key": "k", "local": "", "data": ""}]
+    # the lists in the book's frame, one encoding for every node
+    read = book._book(books[0], messages[0].frames)
+    assert read.servers == (NodeInfo(0, "tcp://h:2", "k", "", ""),) and len(read.workers) == 2
     late = Node(sched, "worker", pid=4)
     late.register()
     (refused,) = late.got()

@@ -7,10 +7,12 @@ servers and, as well, the other workers (``node.links``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
@@ -81,7 +83,8 @@ def join(
             sched.receive(inbox.append)
         if not inbox:
             continue
-        h = inbox.pop(0).header
+        msg = inbox.pop(0)
+        h = msg.header
         if h.op == protocol.ABORT or h.op == protocol.ERROR:
             if h.op == protocol.ABORT:  # for the launcher: another node failed (an ERROR is about this one)
                 node = h.body.get("node")
@@ -91,8 +94,8 @@ def join(
             )
         if h.op == protocol.BOOK:
             try:
-                book = _book(h)
-            except (WireError, TypeError, KeyError) as exc:
+                book = _book(h, msg.frames)
+            except (WireError, TypeError, KeyError, ValueError) as exc:
                 raise NodeFailure(f"bad address book from the scheduler: {exc}", node="scheduler") from None
             if cfg.verbose:
                 log.info(
@@ -112,8 +115,8 @@ def scheduler_first(start_timeout: float) -> float:
     return min(2.0, start_timeout)
 
 
-def _nodes(h: wire.Header, field: str, required: bool) -> tuple[NodeInfo, ...]:
-    listed = h.body.get(field)
+def _nodes(lists: dict[str, Any], field: str, required: bool) -> tuple[NodeInfo, ...]:
+    listed = lists.get(field)
     if listed is None and not required:
         return ()
     if not isinstance(listed, list):
@@ -130,13 +133,25 @@ def _nodes(h: wire.Header, field: str, required: bool) -> tuple[NodeInfo, ...]:
     )
 
 
-def _book(h: wire.Header) -> Book:
+def _lists(h: wire.Header, frames: list[Any]) -> dict[str, Any]:
+    """The servers and workers: in the book's frame (JSON, one encoding for every node), or in
+    the header's body (a scheduler of before the frame)."""
+    if "servers" in h.body or not frames:
+        return h.body
+    lists = json.loads(bytes(frames[0].buffer))
+    if not isinstance(lists, dict):
+        raise WireError("the book's frame is not a JSON object")
+    return lists
+
+
+def _book(h: wire.Header, frames: list[Any] | None = None) -> Book:
+    lists = _lists(h, frames or [])
     return Book(
         role=wire.body_str(h, "role"),
         rank=wire.body_int(h, "rank"),
         name=wire.body_str(h, "name"),
         num_workers=wire.body_int(h, "num_workers"),
         num_servers=wire.body_int(h, "num_servers"),
-        servers=_nodes(h, "servers", True),
-        workers=_nodes(h, "workers", False),
+        servers=_nodes(lists, "servers", True),
+        workers=_nodes(lists, "workers", False),
     )

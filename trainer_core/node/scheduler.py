@@ -9,11 +9,11 @@ without servers runs the same, as a thread of worker 0's process (``rootserver.p
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
@@ -81,6 +81,7 @@ class Scheduler:
         self.router = router
         self.expected = {"server": cfg.env.num_servers, "worker": cfg.env.num_workers}
         self.pending: list[NodeRecord] = []
+        self.registered = dict.fromkeys(self.expected, 0)  # per role (not a scan of pending each time)
         self.nodes: dict[str, NodeRecord] = {}
         self.barrier_waiters: list[tuple[Peer, int]] = []
         self.finish_waiters: list[tuple[Peer, int]] = []
@@ -99,6 +100,7 @@ class Scheduler:
         cfg = self.cfg
         started = time.monotonic()
         check_every = min(0.2, cfg.heartbeat_interval) if cfg.liveness_on else 0.2
+        next_check = 0.0  # the heartbeat scan (every node) runs at most every check_every
         while not self.stopping.is_set():
             if self.router.wait(check_every):
                 self.router.receive(self.handle)
@@ -113,7 +115,8 @@ class Scheduler:
                     missing[0] if len(missing) == 1 else None,  # the one node at fault, when it is one
                     [r.peer for r in self.pending],
                 )
-            if self.nodes and cfg.liveness_on:
+            if self.nodes and cfg.liveness_on and now >= next_check:
+                next_check = now + check_every
                 for rec in self.nodes.values():
                     if now - rec.last_seen > cfg.heartbeat_timeout:
                         return self._abort(
@@ -187,12 +190,13 @@ class Scheduler:
             data=wire.body_str(h, "data", ""),
             peer=peer,
         )
-        if sum(1 for r in self.pending if r.role == role) >= self.expected[role]:
+        if self.registered[role] >= self.expected[role]:
             peer.send(
                 wire.Header(op=protocol.ERROR, body={"reason": f"more than {self.expected[role]} {role}s"})
             )
             return None
         self.pending.append(rec)
+        self.registered[role] += 1
         if self.cfg.verbose:
             self.log.info("registered a %s on %s (pid %d)", role, rec.host, rec.pid)
         if len(self.pending) == sum(self.expected.values()):
@@ -212,17 +216,18 @@ class Scheduler:
         now = time.monotonic()
         servers = sorted((r for r in self.pending if r.role == "server"), key=lambda r: r.rank)
         workers = sorted((r for r in self.pending if r.role == "worker"), key=lambda r: r.rank)
-        book: dict[str, Any] = {
-            "num_workers": self.expected["worker"],
-            "num_servers": self.expected["server"],
-            "servers": [r.listens() for r in servers],
-            "workers": [r.listens() for r in workers],
-        }
+        counts = {"num_workers": self.expected["worker"], "num_servers": self.expected["server"]}
+        # the lists once, as the book's frame: the same bytes for every node (in the header, each
+        # node's copy was encoded again, O(n^2) in all, and past ~6000 nodes over MAX_HEADER_BYTES)
+        listed = json.dumps(
+            {"servers": [r.listens() for r in servers], "workers": [r.listens() for r in workers]},
+            separators=(",", ":"),
+        ).encode()
         for r in self.pending:
             r.last_seen = now
             self.nodes[r.name] = r
-            body = {**book, "role": r.role, "rank": r.rank, "name": r.name}
-            r.peer.send(wire.Header(op=protocol.BOOK, body=body))
+            body = {**counts, "role": r.role, "rank": r.rank, "name": r.name}
+            r.peer.send(wire.Header(op=protocol.BOOK, body=body), [listed])
         if self.cfg.verbose:
             self.log.info("job started: %d servers, %d workers", len(servers), self.expected["worker"])
         return None
