@@ -31,6 +31,7 @@ from launchkit.core.plan import split_assignments
 from launchkit.core.spec import LOCALHOST, JobResult, LaunchSpec
 from launchkit.dashboard import Dashboard
 from launchkit.errors import UsageError
+from launchkit.fdlimit import raise_open_files
 from launchkit.jobs import records
 from launchkit.netutil import check_address
 
@@ -334,6 +335,7 @@ def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: b
             board = Dashboard(ui.out)
         else:
             ui.warn("--dashboard needs a terminal; showing the plain merged output instead")
+    raise_open_files()  # several descriptors per process: a soft limit of 1024 held ~250
     result = launching.run_job(spec, backend, ui, dashboard=board)
     report(ui, result)
     return result.exit_code
