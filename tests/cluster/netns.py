@@ -48,7 +48,7 @@ BRIDGE_PREFIX = "lkbr"
 VETH_PREFIX = "lkv"
 SUBNET = "10.231.0"
 BRIDGE_ADDRESS = f"{SUBNET}.1"
-MAX_HOSTS = 40
+MAX_HOSTS = 200  # addresses 10.231.0.11-210; bench/scale.py builds 128
 NETNS_COMMANDS = {"ip": "iproute2", "nsenter": "util-linux", "unshare": "util-linux", "hostname": "hostname"}
 #: Minimal environment for commands run inside a host, so nothing of the test's env leaks in.
 HOST_ENV = {

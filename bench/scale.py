@@ -1,0 +1,273 @@
+"""Launch at scale over namespace hosts (issue 28): launchkit beside pdsh, mpirun and launch.py's
+way, on the same hosts, in one run.
+
+    sudo python -m bench.scale [--hosts 8 32] [--per-host 2] [--repeat 2] [--json out.json]
+
+Needs root: the hosts are network namespaces, each with its own sshd (``tests/cluster/netns.py``,
+as the tests make them). Per host count, alternating rounds (the first round's results are
+kept: each tool's first connection to a host records its key before the rounds):
+
+- **launchkit**: ``launchkit launch -H HOSTS -n P -s 0`` of processes that print ``UP <time>``
+  and sleep (``echo "UP $(date +%s.%N)"; exec sleep 600`` under ``sh -c``, in every column):
+  the time from the start to the last ``UP``; then ``launchkit kill JOB`` and the time
+  until nothing of the job is left (no process with its job id, on any host) and the launcher
+  has exited; a second launch ended by SIGINT to the launcher (Ctrl-C), timed the same way.
+  The launcher's peak RSS (``ru_maxrss``), its CPU seconds (user + system, its own process) and
+  its peak thread count (sampled every 50 ms from ``/proc``);
+- **pdsh**: ``pdsh -R ssh -w HOSTS true`` (Debian's pdsh, its default fan-out of 32; installed
+  with apt-get when missing): the time until it exits;
+- **mpirun**: Open MPI's ``mpirun`` with P ranks over the same hosts (its tree spawn over ssh),
+  of the same ``UP`` program: the time to the last ``UP``, then SIGTERM to mpirun;
+- **one ssh per process** (launch.py's way, Horovod's and DeepSpeed's per host): P ``ssh`` at
+  once, each running one ``UP`` program: the time to the last ``UP``.
+
+Prints a Markdown table. The machine has 2 cores: the ssh handshakes bound every column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.cluster.netns import HostGroup  # noqa: E402
+from tests.launchkit.procs import pids_with_job  # noqa: E402
+
+#: the trivial process: says when it runs (the clock is the machine's, shared by the hosts), waits
+UP = 'echo "UP $(date +%s.%N)"; exec sleep 600'
+
+
+class Launcher:
+    """One ``launchkit launch``: its UP lines as they come, its peak threads, how it ended."""
+
+    def __init__(self, group: HostGroup, hostfile: Path, home: str, procs: int) -> None:
+        argv = [sys.executable, "-m", "launchkit", "launch", "-H", str(hostfile), "-i", str(group.identity),
+                "--known-hosts", str(group.known_hosts), "--no-dashboard", "-n", str(procs), "-s", "0",
+                UP]  # fmt: skip
+        self.env = {**os.environ, "LAUNCHKIT_HOME": home}
+        self.procs, self.ups, self.threads = procs, [], 0
+        self.all_up = threading.Event()
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(argv, cwd="/", env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+        self.err: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=lambda: self.err.extend(self.proc.stderr or []), daemon=True).start()
+        threading.Thread(target=self._sample, daemon=True).start()
+        self.job = ""
+
+    def _read(self) -> None:
+        for line in self.proc.stdout or []:
+            if line.startswith("[worker") and " UP " in line:
+                self.ups.append(float(line.split()[3]))
+                if len(self.ups) == self.procs:
+                    self.all_up.set()
+
+    def _sample(self) -> None:  # (never poll(): ``end`` reaps it with its rusage)
+        while True:
+            try:
+                status = Path(f"/proc/{self.proc.pid}/status").read_text()
+            except OSError:
+                return
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if fields.get("State", "").strip().startswith("Z"):
+                return
+            self.threads = max(self.threads, int(fields.get("Threads", "0")))
+            time.sleep(0.05)
+
+    def wait_up(self, timeout: float) -> float:
+        if not self.all_up.wait(timeout):
+            self.proc.kill()
+            raise RuntimeError(f"{len(self.ups)} of {self.procs} up; stderr: {''.join(self.err)[-2000:]}")
+        return max(self.ups) - self.t0
+
+    def job_id(self, home: str) -> str:
+        ids = sorted(p.stem for p in (Path(home) / "jobs").glob("*.json"))
+        return ids[-1]
+
+    def ended(self) -> tuple[float, float] | None:
+        """The launcher's (peak RSS MiB, CPU seconds) once it has exited (reaped here), else None."""
+        pid, _, usage = os.wait4(self.proc.pid, os.WNOHANG)
+        if pid == 0:
+            return None
+        self.proc.returncode = 0
+        return usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+
+
+def until_gone(job: str, launcher: Launcher, t0: float, timeout: float = 120) -> tuple[float, float, float]:
+    """Seconds from ``t0`` until the launcher exited and no process of ``job`` is left on any host
+    (every PID namespace is seen from here); the launcher's peak RSS and CPU seconds."""
+    deadline = time.time() + timeout
+    usage = None
+    while time.time() < deadline:
+        usage = usage or launcher.ended()
+        if usage is not None and not pids_with_job(job):
+            return time.time() - t0, *usage
+        time.sleep(0.02)
+    raise RuntimeError(
+        f"job {job}: launcher gone: {usage is not None}, {len(pids_with_job(job))} processes left"
+    )
+
+
+def launchkit_round(group: HostGroup, hostfile: Path, home: str, procs: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    lk = Launcher(group, hostfile, home, procs)
+    out["launchkit: all running s"] = lk.wait_up(300)
+    out["launchkit: threads (peak)"] = lk.threads
+    job = lk.job_id(home)
+    t0 = time.time()
+    kill = subprocess.Popen([sys.executable, "-m", "launchkit", "kill", job], env=lk.env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    gone, rss, cpu = until_gone(job, lk, t0)
+    _, err = kill.communicate(timeout=300)
+    if kill.returncode != 0:
+        raise RuntimeError(f"launchkit kill: {err[-2000:]}")
+    out["launchkit kill: nothing left s"] = gone
+    out["launchkit kill: the command's own time s"] = time.time() - t0
+    out["launcher peak RSS MiB"] = rss
+    out["launcher CPU s (start to killed)"] = cpu
+    lk = Launcher(group, hostfile, home, procs)
+    lk.wait_up(300)
+    job = lk.job_id(home)
+    t0 = time.time()
+    os.kill(lk.proc.pid, signal.SIGINT)
+    out["Ctrl-C: nothing left s"] = until_gone(job, lk, t0)[0]
+    return out
+
+
+def pdsh_round(group: HostGroup) -> float:
+    env = {**os.environ, "PDSH_SSH_ARGS_APPEND": shlex.join(group.ssh_options()[2:])}
+    hosts = ",".join(f"root@{h.address}" for h in group)
+    t0 = time.time()
+    res = subprocess.run(["pdsh", "-R", "ssh", "-w", hosts, "true"], env=env, capture_output=True, text=True,
+                         check=False)  # fmt: skip
+    if res.returncode != 0:
+        raise RuntimeError(f"pdsh: {res.stderr[-2000:]}")
+    return time.time() - t0
+
+
+def up_times(argv_list: list[list[str]], procs: int, stop: Callable[[list[subprocess.Popen[str]]], None],
+             env: dict[str, str] | None = None) -> float:  # fmt: skip
+    """Start every argv at once; the time to the ``procs``-th UP line of their outputs."""
+    ups: list[float] = []
+    lock = threading.Lock()
+    done = threading.Event()
+    t0 = time.time()
+    started = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                text=True, env=env, start_new_session=True) for a in argv_list]  # fmt: skip
+
+    def read(p: subprocess.Popen[str]) -> None:
+        for line in p.stdout or []:
+            if line.startswith("UP "):
+                with lock:
+                    ups.append(float(line.split()[1]))
+                    if len(ups) == procs:
+                        done.set()
+
+    for p in started:
+        threading.Thread(target=read, args=(p,), daemon=True).start()
+    ok = done.wait(300)
+    stop(started)
+    for p in started:
+        p.wait(60)
+    if not ok:
+        raise RuntimeError(f"{len(ups)} of {procs} up")
+    return max(ups) - t0
+
+
+def mpirun_round(group: HostGroup, per_host: int) -> float:
+    ssh = shlex.join(group.ssh_options())
+    hosts = ",".join(f"{h.address}:{per_host}" for h in group)
+    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(per_host * len(group)), "--host", hosts,
+            "--mca", "plm_rsh_args", ssh, "--mca", "oob_tcp_if_include", "10.231.0.0/24",
+            "--mca", "btl_tcp_if_include", "10.231.0.0/24", "sh", "-c", UP]  # fmt: skip
+
+    def stop(ps: list[subprocess.Popen[str]]) -> None:
+        for p in ps:
+            os.killpg(p.pid, signal.SIGTERM)
+
+    return up_times([argv], per_host * len(group), stop)
+
+
+def ssh_each_round(group: HostGroup, per_host: int) -> float:
+    argvs = [["ssh", *group.ssh_options(), f"root@{h.address}", f"exec sh -c {shlex.quote(UP)}"]
+             for h in group for _ in range(per_host)]  # fmt: skip
+
+    def stop(ps: list[subprocess.Popen[str]]) -> None:  # the remote processes end with their ssh session
+        for p in ps:
+            os.killpg(p.pid, signal.SIGKILL)
+        for h in group:
+            h.run("pkill -x sleep || true")
+
+    return up_times(argvs, per_host * len(group), stop)
+
+
+def ensure_pdsh() -> None:
+    if shutil.which("pdsh") is None:
+        subprocess.run(["apt-get", "install", "-y", "-q", "pdsh"], check=True, capture_output=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})  # fmt: skip
+
+
+def measure(n: int, per_host: int, repeat: int, home: str) -> dict[str, Any]:
+    t0 = time.time()
+    group = HostGroup.create(n)
+    row: dict[str, Any] = {"hosts": n, "processes": n * per_host, "hosts up s": time.time() - t0}
+    print(f"{n} hosts up in {row['hosts up s']:.1f} s", flush=True)
+    rounds: list[dict[str, float]] = []
+    try:
+        hostfile = group.write_hostfile(Path(home) / f"hosts{n}", slots=per_host)
+        pdsh_round(group)  # every host's key recorded (the known_hosts file is shared by every tool)
+        for _ in range(repeat):
+            r = launchkit_round(group, hostfile, home, n * per_host)
+            r["pdsh true s"] = pdsh_round(group)
+            r["mpirun: all running s"] = mpirun_round(group, per_host)
+            r["one ssh per process: all running s"] = ssh_each_round(group, per_host)
+            rounds.append(r)
+            print(json.dumps({"hosts": n, "round s": time.time() - t0, **r}), flush=True)
+    finally:
+        group.close()
+    for k in rounds[0]:
+        row[k] = statistics.median(r[k] for r in rounds)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--per-host", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--json", help="also write the rows as JSON here")
+    args = ap.parse_args()
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    ensure_pdsh()
+    with tempfile.TemporaryDirectory() as home:
+        rows = [measure(n, args.per_host, args.repeat, home) for n in args.hosts]
+    keys = [k for k in rows[0] if k not in ("hosts",)]
+    print("| hosts | " + " | ".join(keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for r in rows:
+        print(f"| {r['hosts']} | " + " | ".join(f"{r[k]:.2f}" if isinstance(r[k], float) else str(r[k])
+                                               for k in keys) + " |")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
