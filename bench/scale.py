@@ -125,10 +125,19 @@ def until_gone(job: str, launcher: Launcher, t0: float, timeout: float = 120) ->
     )
 
 
-def launchkit_round(group: HostGroup, hostfile: Path, home: str, procs: int) -> dict[str, float]:
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def launchkit_round(group: HostGroup, hostfile: Path, home: str, procs: int, idle: float) -> dict[str, float]:
     out: dict[str, float] = {}
     lk = Launcher(group, hostfile, home, procs)
     out["launchkit: all running s"] = lk.wait_up(300)
+    if idle:  # the launcher's CPU while the job runs (heartbeats, samplers, the live file)
+        before = cpu_seconds(lk.proc.pid)
+        time.sleep(idle)
+        out["launcher CPU s per minute, running"] = (cpu_seconds(lk.proc.pid) - before) * 60 / idle
     out["launchkit: threads (peak)"] = lk.threads
     job = lk.job_id(home)
     t0 = time.time()
@@ -224,7 +233,7 @@ def ensure_pdsh() -> None:
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})  # fmt: skip
 
 
-def measure(n: int, per_host: int, repeat: int, home: str) -> dict[str, Any]:
+def measure(n: int, per_host: int, repeat: int, home: str, idle: float) -> dict[str, Any]:
     t0 = time.time()
     group = HostGroup.create(n)
     row: dict[str, Any] = {"hosts": n, "processes": n * per_host, "hosts up s": time.time() - t0}
@@ -234,7 +243,7 @@ def measure(n: int, per_host: int, repeat: int, home: str) -> dict[str, Any]:
         hostfile = group.write_hostfile(Path(home) / f"hosts{n}", slots=per_host)
         pdsh_round(group)  # every host's key recorded (the known_hosts file is shared by every tool)
         for _ in range(repeat):
-            r = launchkit_round(group, hostfile, home, n * per_host)
+            r = launchkit_round(group, hostfile, home, n * per_host, idle)
             r["pdsh true s"] = pdsh_round(group)
             r["mpirun: all running s"] = mpirun_round(group, per_host)
             r["one ssh per process: all running s"] = ssh_each_round(group, per_host)
@@ -252,13 +261,16 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--per-host", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument(
+        "--idle", type=float, default=0, help="seconds of the launcher's CPU sampled while running"
+    )
     ap.add_argument("--json", help="also write the rows as JSON here")
     args = ap.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     ensure_pdsh()
     with tempfile.TemporaryDirectory() as home:
-        rows = [measure(n, args.per_host, args.repeat, home) for n in args.hosts]
+        rows = [measure(n, args.per_host, args.repeat, home, args.idle) for n in args.hosts]
     keys = [k for k in rows[0] if k not in ("hosts",)]
     print("| hosts | " + " | ".join(keys) + " |")
     print("|---|" + "---|" * len(keys))

@@ -240,7 +240,8 @@ class HostAgent:
                 self._mark_lost(f"connection to {self.host} failed: {exc}")
 
     # -- processes --------------------------------------------------------------------------
-    def spawn(self, index: int, task: Task) -> RemoteProcess:
+    def spawn(self, index: int, task: Task, wait: bool = True) -> RemoteProcess:
+        """Ask the watchdog to start ``task``; ``wait``: until it has (its pid), at most 10 s."""
         proc = RemoteProcess(self, index, task)
         with self._table:
             self.procs[index] = proc
@@ -250,7 +251,8 @@ class HostAgent:
             return proc
         self.send({"op": "spawn", "id": index, "argv": list(task.argv), "env": dict(task.env), "cwd": task.cwd,
                    "node_host": True})  # fmt: skip
-        proc.started.wait(10.0)
+        if wait:
+            proc.started.wait(10.0)
         return proc
 
     # -- channel ----------------------------------------------------------------------------
