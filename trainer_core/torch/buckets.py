@@ -15,22 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from trainer_core.collective import fusion
+
 
 def plan(sizes: Sequence[tuple[str, int]], limit: int) -> list[list[int]]:
-    """Buckets of parameter indices for parameters given as ``(dtype, nbytes)``, in reverse."""
-    buckets: list[list[int]] = []
-    open_: dict[str, tuple[list[int], int]] = {}
-    for i in reversed(range(len(sizes))):
-        kind, nbytes = sizes[i]
-        bucket, used = open_.get(kind, ([], 0))
-        if bucket and used + nbytes > limit:
-            buckets.append(bucket)
-            bucket, used = [], 0
-        bucket.append(i)
-        open_[kind] = (bucket, used + nbytes)
-    buckets += [b for b, _ in open_.values() if b]
-    # the order a bucket closed in is a rank-independent order; start them by their first member
-    return sorted(buckets, key=lambda b: -b[0])
+    """Buckets of parameter indices for parameters given as ``(dtype, nbytes)``, in reverse:
+    ``collective.fusion.plan`` over the reversed list (each bucket's members from the last)."""
+    last = len(sizes) - 1
+    return [[last - j for j in bucket] for bucket in fusion.plan(list(reversed(sizes)), limit)]
 
 
 class Tracker:
