@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,34 +23,16 @@ torch = pytest.importorskip(
 )
 
 from tests.trainer_core import torch_job  # noqa: E402
-from tests.trainer_core.test_train_digits import marked_processes  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.trainer_core.markedjob import REPO, marked_processes, run_marked  # noqa: E402
 
 
 def run_job(
     *args: str, workers: int = 2, servers: int = 0, timeout: float = 80, env: tuple[str, ...] = ()
 ) -> tuple[int, str]:
     """Run the worker under the launcher: its exit status and output (asserts nothing is left)."""
-    marker = f"TORCH_JOB_TEST={uuid.uuid4().hex}"
-    cmd = [
-        sys.executable, "-m", "launchkit", "launch", "-n", str(workers), "-s", str(servers), "--launcher", "local",
-        "--env", marker.replace("=", ":"), *[a for e in env for a in ("--env", e)], sys.executable, "tests/trainer_core/torch_job.py", *args,
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"timed out:\n{out}")
-    finally:
-        for pid in marked_processes(marker):
-            os.kill(pid, signal.SIGKILL)
-    assert marked_processes(marker) == [], "processes left behind"
-    return proc.returncode, out
+    launch_args = ["-n", str(workers), "-s", str(servers)]
+    command = [sys.executable, "tests/trainer_core/torch_job.py", *args]
+    return run_marked(launch_args, command, "TORCH_JOB_TEST", timeout, env)
 
 
 def launch(

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.faults.faultjob import Job, assert_nothing_left, launch_args
-from tests.trainer_core.test_train_digits import EPOCH, REPO
+from tests.trainer_core.markedjob import REPO
+from tests.trainer_core.test_train_digits import EPOCH
 
 pytest.importorskip("torch", reason="the torch extra: pip install -e '.[torch]'")
 pytest.importorskip("sklearn")

@@ -8,58 +8,27 @@ marker may be left (every process the test started is gone).
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.trainer_core.markedjob import run_marked
+
 EPOCH = re.compile(r"epoch\s+(\d+)\s+loss (\S+)\s+test accuracy ([\d.]+)%")
 WIRE = re.compile(r"wire: (\d+) bytes per step per worker")
 
 pytest.importorskip("sklearn")
 
 
-def marked_processes(marker: str) -> list[int]:
-    """Pids of live processes whose environment holds ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker.encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def launch(*args: str, workers: int = 2, servers: int = 1, timeout: float = 60) -> str:
     """Run the example under the launcher; the combined output (asserts success and no leftovers)."""
-    marker = f"TRAIN_DIGITS_TEST={uuid.uuid4().hex}"
-    cmd = [
-        sys.executable, "-m", "launchkit", "launch", "-n", str(workers), "-s", str(servers), "--launcher", "local",
-        "--env", marker.replace("=", ":"), sys.executable, "examples/train_digits.py", *args,
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    launch_args = ["-n", str(workers), "-s", str(servers)]
+    rc, out = run_marked(
+        launch_args, [sys.executable, "examples/train_digits.py", *args], "TRAIN_DIGITS_TEST", timeout
     )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"timed out:\n{out}")
-    finally:
-        for pid in marked_processes(marker):
-            os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 0, out
-    assert marked_processes(marker) == [], "processes left behind"
+    assert rc == 0, out
     return out
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.faults.faultjob import Job, assert_nothing_left, launch_args
-from tests.trainer_core.test_train_digits import EPOCH, REPO, accuracies, launch
+from tests.trainer_core.markedjob import REPO
+from tests.trainer_core.test_train_digits import EPOCH, accuracies, launch
 
 pytest.importorskip("sklearn")
 
