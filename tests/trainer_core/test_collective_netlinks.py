@@ -22,7 +22,7 @@ from trainer_core.errors import NodeFailure
 from trainer_core.node import protocol
 from trainer_core.node.postoffice import Postoffice
 from trainer_core.node.scheduler import Scheduler
-from trainer_core.transport.channel import Trace
+from trainer_core.transport.channel import ChannelClosed, Trace
 from trainer_core.transport.tcp import TcpChannel
 
 LOG = logging.getLogger("test_collective_netlinks")
@@ -163,10 +163,10 @@ class _ClosedUnderneath:
         return getattr(self._ch, name)
 
     def post(self, *args: object, **kw: object) -> None:
-        raise BrokenPipeError(32, "Broken pipe")
+        raise ChannelClosed("the channel closed: [Errno 32] Broken pipe")  # as unix and tcp raise it
 
     def send(self, *args: object, **kw: object) -> None:
-        raise BrokenPipeError(32, "Broken pipe")
+        raise ChannelClosed("the same-host channel closed: [Errno 32] Broken pipe")
 
 
 @pytest.mark.parametrize("shm", ["1", "0"], ids=["same-host", "tcp"])

@@ -332,7 +332,7 @@ class NetLinks:
                 netshm.send(ch, protocol.data(tag, len(view)), view)
         except (ChannelClosed, KVError, OSError) as exc:
             self.node.raise_failure()
-            err, gone = self._gone.get(peer), not isinstance(exc, KVError)
+            err, gone = self._gone.get(peer), isinstance(exc, ChannelClosed | OSError)
             if err is None:
                 err = netfail.send_failed(peer, self.where(peer), exc, gone)
                 if gone:  # before the receiving thread saw its channel close
