@@ -5,15 +5,18 @@ SIGKILLed mid-training fails the job naming its rank and host; a SIGKILL of the 
 After each, nothing of the job is left on any host.
 
 The hosts run the fixture's Debian python with this interpreter's site-packages (torch) on
-``PYTHONPATH``: the namespace hosts have a private /root, so the checkout's venv python (often a
-link into /root) cannot run there, but its packages, under the checkout, can. Gloo takes the
+``PYTHONPATH``: the namespace hosts have a private /root and /tmp, so the checkout's venv python
+(often a link into /root) cannot run there; its packages can, from where they are, or from a copy
+in /var/tmp where the checkout lies under /root or /tmp (a fresh machine's /root/project). Gloo takes the
 address its host name resolves to, 127.0.0.1 on these hosts, unless ``GLOO_SOCKET_IFNAME`` names the
 interface (as on any cluster whose host names resolve to loopback: docs/pytorch.md).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,6 +65,26 @@ dist.destroy_process_group()
 """
 
 
+PRIVATE = ("/root/", "/tmp/")  # each namespace host has its own (tests/cluster/netns.py)
+SITE_COPY = Path("/var/tmp/launchkit-test-torch-site")
+
+
+@pytest.fixture(scope="session")
+def host_site() -> Path:
+    """This interpreter's site-packages where the hosts can read them: in place, or a copy (made
+    once per torch build) when they lie in a directory the hosts do not share."""
+    if not str(SITE).startswith(PRIVATE):
+        return SITE
+    stamp = f"{SITE} {torch.__version__}\n"
+    with open(f"{SITE_COPY}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (SITE_COPY / ".from").exists() or (SITE_COPY / ".from").read_text() != stamp:
+            shutil.rmtree(SITE_COPY, ignore_errors=True)
+            shutil.copytree(SITE, SITE_COPY, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+            (SITE_COPY / ".from").write_text(stamp)
+    return SITE_COPY
+
+
 @pytest.fixture
 def torch_python(host_python: str) -> str:  # noqa: F811
     """The hosts' python, if it is this interpreter's version (so that torch's extension loads)."""
@@ -73,14 +96,14 @@ def torch_python(host_python: str) -> str:  # noqa: F811
     return host_python
 
 
-def launch_argv(group, tmp_path: Path, python: str, *rest: str) -> list[str]:
+def launch_argv(group, tmp_path: Path, python: str, site: Path, *rest: str) -> list[str]:
     job = tmp_path / "job"
     job.mkdir(exist_ok=True)
     (job / "ddp.py").write_text(PROG)
     hostfile = group.write_hostfile(tmp_path / "hosts")
     return ["launch", "--launcher", "ssh", "-H", str(hostfile), "-i", str(group.identity), "--known-hosts",
             str(group.known_hosts), "--sync-dst-dir", "/srv/ddpjob", "-n", str(WORKERS), "-s", "0",
-            "--grace-period", "2", "--env", f"PYTHONPATH:{SITE}", "--env", "GLOO_SOCKET_IFNAME:eth0", python, "ddp.py", *rest]  # fmt: skip
+            "--grace-period", "2", "--env", f"PYTHONPATH:{site}", "--env", "GLOO_SOCKET_IFNAME:eth0", python, "ddp.py", *rest]  # fmt: skip
 
 
 def reference() -> list[float]:
@@ -109,12 +132,15 @@ def left_on_hosts(group, job_id: str) -> list[int]:
 def test_ddp_script_across_three_hosts_a_killed_worker_and_a_killed_launcher(
     netns_hosts,  # noqa: F811
     torch_python: str,
+    host_site: Path,
     tmp_path: Path,
     launchkit_home: Path,
 ) -> None:
     group = netns_hosts(3)
     res = run(
-        launch_argv(group, tmp_path, torch_python, "train", str(STEPS)), cwd=tmp_path / "job", timeout=200
+        launch_argv(group, tmp_path, torch_python, host_site, "train", str(STEPS)),
+        cwd=tmp_path / "job",
+        timeout=200,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     outs = parse_prefixed(res.stdout)
@@ -127,7 +153,9 @@ def test_ddp_script_across_three_hosts_a_killed_worker_and_a_killed_launcher(
     assert wait_until(lambda: not left_on_hosts(group, first), 10)
 
     # worker 2 (the third host's) SIGKILLs itself at its fourth step: the job fails naming it
-    res = run(launch_argv(group, tmp_path, torch_python, "kill", "2"), cwd=tmp_path / "job", timeout=200)
+    res = run(
+        launch_argv(group, tmp_path, torch_python, host_site, "kill", "2"), cwd=tmp_path / "job", timeout=200
+    )
     assert res.returncode == 128 + signal.SIGKILL, res.stderr[-3000:]
     assert f"failed: worker 2 on {group[2].hostfile_line()} was killed by signal 9" in res.stderr
     killed = [j for j in (p.stem for p in (launchkit_home / "jobs").glob("*.json")) if j != first]
@@ -135,7 +163,7 @@ def test_ddp_script_across_three_hosts_a_killed_worker_and_a_killed_launcher(
     assert wait_until(lambda: not left_on_hosts(group, killed[0]), 15), left_on_hosts(group, killed[0])
 
     # the launcher SIGKILLed while every rank trains: the hosts' processes end all the same
-    proc = start(launch_argv(group, tmp_path, torch_python, "run"), cwd=tmp_path / "job")
+    proc = start(launch_argv(group, tmp_path, torch_python, host_site, "run"), cwd=tmp_path / "job")
     try:
         running: set[int] = set()
         deadline = time.monotonic() + 120
