@@ -358,14 +358,15 @@ class Supervisor:
     def _save_started(self) -> None:
         if self.record is None:
             return
+        # first: an engine knows its own job's id (and output file) only once it has submitted it,
+        # and the ssh backend waits there for the pids of the processes it asked to start
+        remote = self.backend.record_info() or self.record.remote
         procs = tuple(
             jobs.ProcessRecord(
                 run.task.role, run.task.rank, str(run.task.host), run.handle.pid if run.handle else None
             )
             for run in self._procs
         )
-        # an engine knows its own job's id (and output file) only once it has submitted it
-        remote = self.backend.record_info() or self.record.remote
         self.record = dataclasses.replace(self.record, processes=procs, remote=remote)
         jobs.save(self.record)
 
