@@ -137,7 +137,9 @@ def test_a_signal_during_the_sync_ends_every_rsync_now(
         "except KeyboardInterrupt:\n"
         "    sys.exit(130)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[2])
+    # each signal as a terminal leaves it (a test run under nohup would otherwise ignore SIGHUP)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[2],
+                            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))  # fmt: skip
     try:
         assert wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 4, 10)
         proc.send_signal(sig)

@@ -303,6 +303,8 @@ def _ending_rsyncs_on(signals: Sequence[int], running: Running) -> Iterator[None
         yield
         return
     previous = {sig: signal.getsignal(sig) or signal.SIG_DFL for sig in signals}  # None: set outside Python
+    # a signal ignored when the launcher started (nohup: SIGHUP) stays ignored, the rsyncs go on
+    previous = {sig: old for sig, old in previous.items() if old is not signal.SIG_IGN}
 
     def handler(sig: int, frame: object) -> None:
         running.kill_all()
