@@ -177,5 +177,15 @@ class Local:
             if p != self.rank:
                 self.wait_for(p, step, what)
 
+    def begin(self, x: np.ndarray, ops: int) -> tuple[int, list[np.ndarray]]:
+        """Start an operation of ``ops`` counted operations on ``x``: once every local rank finished
+        the previous one, the segment holds ``x``'s size; the operation's first step and each local
+        rank's slot (a view of ``x``'s dtype and size)."""
+        base = 3 * self.ops
+        self.ops += ops
+        self.wait_all(base, "finish the previous operation")
+        self.segment.ensure(x.nbytes)
+        return base, [self.segment.slot(r, x.dtype, x.size) for r in range(self.size)]
+
     def close(self) -> None:
         self.segment.close()

@@ -52,13 +52,8 @@ def allreduce(
     on the leader only)."""
     if not 1 <= pieces <= MAX_PIECES:
         raise ValueError(f"a pipelined allreduce takes 1..{MAX_PIECES} pieces, not {pieces}")
-    base = 3 * loc.ops
-    loc.ops += pieces + 1
+    base, slots = loc.begin(x, pieces + 1)
     me, size = loc.rank, loc.size
-    loc.wait_all(base, "finish the previous operation")
-    seg = loc.segment
-    seg.ensure(x.nbytes)
-    slots = [seg.slot(r, x.dtype, x.size) for r in range(size)]
     cuts = blocks(x.size, pieces)
     helper = _Helper(cross, out, slots[0], cuts) if me == 0 else None
     try:

@@ -41,13 +41,8 @@ def allreduce(
 ) -> None:
     """``out`` (flat, ``x``'s dtype and size; may be ``x`` itself) becomes the reduction of every
     local rank's flat ``x``, then (``cross``) over the hosts."""
-    base = 3 * loc.ops
-    loc.ops += 1
+    base, slots = loc.begin(x, 1)
     me, size = loc.rank, loc.size
-    loc.wait_all(base, "finish the previous operation")
-    seg = loc.segment
-    seg.ensure(x.nbytes)
-    slots = [seg.slot(r, x.dtype, x.size) for r in range(size)]
     bounds = blocks(x.size, size)
     a, b = bounds[me]
     # split, with ``out`` apart from ``x``: this rank's own block is read from ``x`` and reduced
