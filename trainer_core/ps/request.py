@@ -55,6 +55,7 @@ class KeyState:
     pushed: set[int] = field(default_factory=set)
     waiting: list[tuple[Request, int]] = field(default_factory=list)
     deferred: list[tuple[Request, int]] = field(default_factory=list)
+    queued: set[int] = field(default_factory=set)  # the ranks with an entry in ``deferred``
     opt_state: dict[str, Any] | None = None
     version: int = 0  # changes with every new value (compressed pulls encode each version once)
     # The round's first push when its request lends its inputs (``Request.lends``): summed with the

@@ -75,7 +75,7 @@ class Store:
             if st.pushed and rank not in st.pushed:
                 for req, _ in st.waiting + st.deferred:
                     failed[id(req)] = req
-                st.waiting, st.deferred, st.pushed = [], [], set()
+                st.waiting, st.deferred, st.pushed, st.queued = [], [], set(), set()
                 self._unlend(st)  # the round is abandoned: nothing of it is kept
         return list(failed.values())
 
@@ -265,7 +265,7 @@ class Store:
             return
         st = self.keys[kid]
         if op == protocol.PULL:
-            if self.sync and any(r.rank == req.rank for r, _ in st.deferred):
+            if self.sync and req.rank in st.queued:
                 st.deferred.append((req, i))  # after this worker's queued push: its round's value
             elif self.sync and req.rank in st.pushed:
                 st.waiting.append((req, i))
@@ -290,6 +290,7 @@ class Store:
         if req.rank in st.pushed:  # next round: keep a private copy (the push counts as consumed now)
             req.inputs[i] = np.array(data, copy=True)
             st.deferred.append((req, i))
+            st.queued.add(req.rank)
             return
         if st.acc is None:
             st.acc = self.alloc(st.weight.dtype, st.weight.size)
@@ -327,6 +328,7 @@ class Store:
         for req, i in waiting:
             self._answer(st, req, i, done, share_ok=safe)
         deferred, st.deferred = st.deferred, []
+        st.queued.clear()  # (refilled by the entries queued again below)
         for req, i in deferred:
             self._entry(req, i, done)
 

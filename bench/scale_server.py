@@ -1,0 +1,244 @@
+"""One parameter-server shard with hundreds of simulated workers, in one process (issue 28).
+
+    python -m bench.scale_server [--workers 64 256 1024] [--rounds 20] [--json out.json]
+
+The server is the real one: its request handling (``ps.handler.RequestHandler`` over its
+``ps.store.Store``), fed by the server's own serving loop (``transport.channel.Poller.serve``, a
+``zmq.Poller`` over every channel, as ``ps/server.py`` runs it). Each worker is simulated as one
+``transport.memory.MemoryChannel`` pair: what it sends is encoded as on a socket (``wire.encode``,
+its frames copied), what the server answers is decoded on the worker's end. A tiny model: 4 keys
+of 256 float32 each, every request carrying all four (as a worker's client sends one message
+per server). Scenarios, each for sync and async mode:
+
+- **round**: every worker pushes its gradient of the 4 keys, then pulls them (sync: the pulls
+  wait for the round; async: each push is applied at once);
+- **ahead** (sync only): every worker but the last pushes twice (the second push is queued for the
+  next round) and pulls (its pull goes after its queued push); then the last worker does the same,
+  which ends two rounds. A queue of n pushes per key: the case of a per-pull scan of that queue.
+
+Figures: time per round (wall, everything in the process: the workers' encoding included) and
+the server's part of it (``RequestHandler.handle``) per request; the work per request, counted as
+the Python lines the server's code executes (``trainer_core/ps``, ``sys.settrace``, one round
+traced apart from the timed ones): flat in the workers where each request costs the same, growing
+with them where a request scans something of every worker; the serving loop's turns per round,
+and the time of one ``poll`` with one of the n channels ready (``poll(2)`` walks every descriptor
+it is given, so a server woken for one message at a time pays it per message); memory per worker (``tracemalloc``:
+the server's records and channel ends per worker after the rounds, the simulated workers' ends
+excluded by file). The machine's load and cores shift the times, not the counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trainer_core.ps import protocol as ps  # noqa: E402
+from trainer_core.ps.handler import RequestHandler  # noqa: E402
+from trainer_core.transport.channel import Caps, Poller, Received  # noqa: E402
+from trainer_core.transport.memory import MemoryChannel  # noqa: E402
+from trainer_core.transport.shm import job_prefix  # noqa: E402
+
+LOG = logging.getLogger("bench.scale_server")
+LOG.addHandler(logging.NullHandler())
+LOG.propagate = False
+KEYS, SIZE = 4, 256
+CAPS = Caps(direct=True)
+PS_DIR = str(ROOT / "trainer_core" / "ps")
+
+
+class Lines:
+    """Counts the Python lines executed in ``trainer_core/ps`` while on (``sys.settrace``), by file."""
+
+    def __init__(self) -> None:
+        self.by_file: Counter[str] = Counter()
+
+    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line":
+            self.by_file[frame.f_code.co_filename.rsplit("/", 1)[-1]] += 1
+        return self._local
+
+    def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
+        return self._local if frame.f_code.co_filename.startswith(PS_DIR) else None
+
+    def __enter__(self) -> Lines:
+        sys.settrace(self._global)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(None)
+
+
+class Shard:
+    """One server shard and its ``n`` simulated workers."""
+
+    def __init__(self, n: int, sync: bool) -> None:
+        self.n = n
+        self.handler = RequestHandler(n, job_prefix("bench-scale-server"), LOG, name="server 0")
+        self.handler.store.sync = sync
+        self.poller = Poller()
+        self.ends: list[MemoryChannel] = []
+        self.seq = [0] * n
+        self.entries = tuple(ps.Entry(f"k{k}", 0, SIZE, "<f4") for k in range(KEYS))
+        self.grads = [np.full(SIZE, 1.0 + k, np.float32) for k in range(KEYS)]
+        self.handled = 0
+        self.handle_s = 0.0
+        self.polls = 0
+        for _ in range(n):
+            end, server_end = MemoryChannel.pair(CAPS, log=LOG, schema=ps.SCHEMA)
+            server_end.place = self.handler.place
+            self.poller.add(server_end)
+            self.ends.append(end)
+        self.send(0, ps.INIT, [np.zeros(SIZE, np.float32)] * KEYS)
+        self.serve()
+        self.replies(0)
+
+    def close(self) -> None:
+        for end in self.ends:
+            end.close()
+        for src in self.poller.sources():
+            src.close()
+        self.handler.close()
+
+    def send(self, rank: int, op: str, frames: list[np.ndarray] | None = None) -> None:
+        self.seq[rank] += 1
+        h = ps.Header(
+            op=op, seq=self.seq[rank], src=f"worker {rank}", entries=self.entries, body={"rank": rank}
+        )
+        self.ends[rank].send(h, frames or [])
+
+    def _handle(self, msg: Received) -> None:
+        a = time.perf_counter()
+        self.handler.handle(msg)
+        self.handle_s += time.perf_counter() - a
+        self.handled += 1
+
+    def serve(self) -> None:
+        """The server's loop until nothing waits: every message handed to the handler."""
+        while self.poller.poll(0):
+            self.poller.serve(self._handle, 0)
+            self.polls += 1
+
+    def poll_one_ready(self, times: int = 200) -> float:
+        """Seconds one ``poll`` takes with one channel of ``n`` ready (a lightly loaded server: one
+        message per wake), the median of ``times``."""
+        self.ends[0].send(ps.Header(op=ps.REPLY, seq=0))  # waits unread: that channel stays ready
+        took = []
+        for _ in range(times):
+            a = time.perf_counter()
+            self.poller.poll(0)
+            took.append(time.perf_counter() - a)
+        self.poller.serve(lambda msg: None, 0)
+        return statistics.median(took)
+
+    def replies(self, rank: int) -> list[Received]:
+        got: list[Received] = []
+        self.ends[rank].receive(got.append)
+        for msg in got:
+            assert msg.header.op == ps.REPLY, msg.header.body
+        return got
+
+    def round(self) -> None:
+        for r in range(self.n):
+            self.send(r, ps.PUSH, self.grads)
+            self.send(r, ps.PULL)
+        self.serve()
+        for r in range(self.n):
+            (msg,) = self.replies(r)
+            assert len(msg.frames) == KEYS
+
+    def ahead(self) -> None:
+        """Every worker but the last pushes twice, then pulls; then the last one: two rounds end."""
+        for r in [*range(self.n - 1), self.n - 1]:
+            self.send(r, ps.PUSH, self.grads)
+            self.send(r, ps.PUSH, self.grads)
+            self.send(r, ps.PULL)
+            self.serve()
+        for r in range(self.n):
+            (msg,) = self.replies(r)
+            assert len(msg.frames) == KEYS
+
+
+def run(n: int, sync: bool, scenario: str, rounds: int) -> dict[str, Any]:
+    mode = "sync" if sync else "async"
+    tracemalloc.start()
+    base = tracemalloc.take_snapshot()
+    shard = Shard(n, sync)
+    step = shard.round if scenario == "round" else shard.ahead
+    step()  # warm: buffers made, views cached
+    snap = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    server_side = [
+        tracemalloc.Filter(True, str(ROOT / "trainer_core" / "ps" / "*")),
+        tracemalloc.Filter(True, "*/numpy/*"),
+    ]
+    per_worker = sum(
+        s.size_diff
+        for s in snap.filter_traces(server_side).compare_to(base.filter_traces(server_side), "filename")
+    )
+    total = sum(s.size_diff for s in snap.compare_to(base, "filename"))
+    shard.handled = shard.polls = 0
+    shard.handle_s = 0.0
+    times = []
+    for _ in range(rounds):
+        a = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - a)
+    handled, handle_s, polls = shard.handled, shard.handle_s, shard.polls
+    poll_s = shard.poll_one_ready()
+    with Lines() as lines:
+        step()
+    traced_requests = 3 * (n - 1) + 3 if scenario == "ahead" else 2 * n
+    rounds_per_step = 2 if scenario == "ahead" else 1
+    shard.close()
+    return {
+        "workers": n,
+        "mode": mode,
+        "scenario": scenario,
+        "round ms": 1e3 * statistics.median(times) / rounds_per_step,
+        "server us per request": 1e6 * handle_s / handled,
+        "server lines per request (trainer_core/ps)": sum(lines.by_file.values()) / traced_requests,
+        "store.py lines per request": lines.by_file["store.py"] / traced_requests,
+        "serving loop turns per round": polls / rounds / rounds_per_step,
+        "one poll, one channel of n ready (us)": 1e6 * poll_s,
+        "memory per worker, server side (bytes)": per_worker // n,
+        "memory per worker, all (bytes)": total // n,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    results = []
+    for sync, scenario in ((True, "round"), (False, "round"), (True, "ahead")):
+        for n in args.workers:
+            results.append(run(n, sync, scenario, args.rounds))
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    keys = [k for k in results[0] if k not in ("workers", "mode", "scenario")]
+    print("| | " + " | ".join(f"{r['mode']} {r['scenario']}, {r['workers']:,}" for r in results) + " |")
+    print("|---|" + "---|" * len(results))
+    for k in keys:
+        cells = [f"{r[k]:,.1f}" if isinstance(r[k], float) else f"{r[k]:,}" for r in results]
+        print(f"| {k} | " + " | ".join(cells) + " |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
