@@ -358,8 +358,9 @@ class Supervisor:
     def _save_started(self) -> None:
         if self.record is None:
             return
-        # first: an engine knows its own job's id (and output file) only once it has submitted it,
-        # and the ssh backend waits there for the pids of the processes it asked to start
+        # an engine knows its own job's id (and output file) only once it has submitted it, and
+        # the ssh backend the pids of its processes once every host has started them
+        self.backend.await_started()
         remote = self.backend.record_info() or self.record.remote
         procs = tuple(
             jobs.ProcessRecord(

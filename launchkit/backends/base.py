@@ -85,8 +85,13 @@ class Backend:
         """Start one process; raise OSError when the command cannot be started."""
         raise NotImplementedError
 
+    def await_started(self) -> None:
+        """After every process was asked to start: wait (bounded) until each has started, so that
+        its pid is known, for the job record. Default: ``start`` returned a started process."""
+
     def record_info(self) -> dict[str, Any] | None:
-        """What ``launchkit kill`` needs later to reach this job's hosts (stored in the job record)."""
+        """What ``launchkit kill`` needs later to reach this job's hosts (stored in the job record);
+        a read, after ``await_started``."""
         return None
 
     def wait_ended(self, timeout: float) -> None:

@@ -14,6 +14,7 @@ from launchkit.backends.base import Backend
 from launchkit.console import OutputWriter, Ui
 from launchkit.core.plan import make_plan
 from launchkit.core.spec import LaunchSpec, Task
+from launchkit.jobs import records as jobs
 from launchkit.launching import restart_cause
 from launchkit.supervisor import Supervisor
 
@@ -113,3 +114,53 @@ def test_a_signal_after_the_last_process_ended_still_counts(tmp_path) -> None:
     assert result.exit_code == 3 and result.root_cause is not None  # the worker's failure stands
     assert result.signalled == signal.SIGTERM  # and the signal is not lost: no restart follows
     assert restart_cause(result, 0, 3) is None
+
+
+class Succeeded(Ended):
+    """A process that ended at once with 0, its pid known only once the backend awaited its start."""
+
+    def __init__(self, task: Task) -> None:
+        super().__init__(task)
+        self.pid = None
+
+    def wait(self) -> int:
+        return 0
+
+
+class StartsLater(StuckBackend):
+    """A backend that asks for every start without waiting (ssh): the pids come in await_started."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def start(self, task: Task) -> Succeeded:
+        h = Succeeded(task)
+        self.handles.append(h)
+        return h
+
+    def await_started(self) -> None:
+        self.calls.append("await_started")
+        for i, h in enumerate(self.handles):
+            h.pid = 5000 + i
+
+    def record_info(self) -> dict[str, object] | None:
+        self.calls.append("record_info")
+        return {"hosts": ["h1"]}
+
+
+def test_the_record_is_built_after_the_backend_awaited_every_start(tmp_path) -> None:
+    spec = LaunchSpec(num_workers=2, num_servers=1, command=("x",), cwd=str(tmp_path))
+    plan = make_plan(spec, job_id="t-await", secret="s", root_uri="127.0.0.1", root_port=1)
+    ui = Ui(Console(file=io.StringIO()), Console(file=io.StringIO()))
+    record = jobs.started_here(id=plan.job_id, name="t", backend="fake", hosts=("h1",), command=("x",),
+                               cwd=str(tmp_path))  # fmt: skip
+    backend = StartsLater()
+    sup = Supervisor(
+        plan, backend, ui, writer=OutputWriter(io.BytesIO(), io.BytesIO()), grace=0.2, record=record
+    )
+    assert sup.run().exit_code == 0
+    assert backend.calls == ["await_started", "record_info"]
+    saved = jobs.read(jobs.jobs_dir() / f"{plan.job_id}.json")
+    assert [p.pid for p in saved.processes] == [5000 + i for i in range(len(plan.tasks))]
+    assert saved.remote == {"hosts": ["h1"]} and saved.state == "succeeded"

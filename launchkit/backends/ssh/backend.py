@@ -26,7 +26,7 @@ from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError
 from launchkit.hostside.netif import route_to
 
-#: how long the record waits for the processes' pids once every one was asked to start
+#: how long ``await_started`` waits for the processes' pids once every one was asked to start
 SPAWN_WAIT = 10.0
 
 
@@ -145,12 +145,15 @@ class SshBackend(Backend):
                 "ssh", f"could not start on {len(errors)} host(s): {'; '.join(errors.values())}"
             )
 
-    def record_info(self) -> dict[str, Any] | None:
-        # (asked for once every process was asked to start: their pids, for the record)
+    def await_started(self) -> None:
+        """Every remote process asked to start has started (its pid known), ended, or its host was
+        lost; at most SPAWN_WAIT s in all (``start`` asks without waiting)."""
         deadline = time.monotonic() + SPAWN_WAIT
         for proc in self._spawned:
             proc.started.wait(max(0.0, deadline - time.monotonic()))
         self._spawned = []
+
+    def record_info(self) -> dict[str, Any] | None:
         hosts = unique_hosts(self.spec.hosts) if self.spec else []
         return {"hosts": [format_host(h) for h in hosts], "ssh": dataclasses.asdict(self.options)}
 
