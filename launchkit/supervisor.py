@@ -6,7 +6,8 @@
   process that failed first on its own is the root cause (``launchkit.rootcause``: not one that
   only ends because another node failed), and its exit code becomes the job's;
 - SIGINT / SIGTERM / SIGHUP to the launcher end the job the same way (exit 130 / 143 / 129),
-  a second one skips the grace period;
+  a second one skips the grace period; the job's phases (running, stopping, killing, ...) and
+  what moves it from one to the next are ``launchkit.supervision_state``'s;
 - a reaper process (``launchkit.jobs.reaper``) ends the job's processes if the launcher itself is
   killed, and a final sweep by job id ends strays (e.g. grandchildren in a new session).
 """
@@ -38,6 +39,7 @@ from launchkit.jobs import outputs, reaper
 from launchkit.jobs import records as jobs
 from launchkit.output import Merger, Source
 from launchkit.rootcause import PEER_WAIT, Blame, Tail, named_root
+from launchkit.supervision_state import Action, Cause, Event, State, Timing, step
 from launchkit.view.snapshot import LOG_LINES, Publisher
 
 if TYPE_CHECKING:
@@ -131,7 +133,7 @@ class Supervisor:
         self.log_dir = Path(log_dir) if log_dir else None
         self.grace = grace
         self.time_limit = time_limit
-        self.timed_out = False
+        self.state = State()  # the job's phase (launchkit.supervision_state)
         self.record = record
         self._events: queue.Queue[tuple[int, int, float]] = queue.Queue()
         self._signals: list[int] = []
@@ -193,7 +195,24 @@ class Supervisor:
                 )
             threading.Thread(target=self._wait, args=(index, handle), daemon=True).start()
 
-    def _give_up(self, since: float) -> None:
+    @property
+    def timed_out(self) -> bool:
+        """The launcher ended the job at its time limit."""
+        return self.state.cause is Cause.TIME_LIMIT
+
+    def _step(self, event: Event, signum: int | None = None) -> None:
+        """Feed ``event`` to the job's state, and do what the transition says."""
+        timing = Timing(self.grace, self.kill_confirm)
+        self.state, actions = step(self.state, event, time.monotonic(), timing, signum)
+        for action in actions:
+            if action is Action.TERMINATE:
+                self._signal_all(signal.SIGTERM)
+            elif action is Action.KILL:
+                self._signal_all(signal.SIGKILL)
+            else:
+                self._give_up()  # never wait forever for an engine to confirm
+
+    def _give_up(self) -> None:
         """Processes that did not confirm their end ``kill_confirm`` s after SIGKILL (an engine
         that does not answer) count as killed; the backend's cleanup (and the reaper) remain."""
         late = [i for i, run in enumerate(self._procs) if run.result is None and run.handle is not None]
@@ -218,25 +237,15 @@ class Supervisor:
         cleanups = reaper.Cleanups(reaper_pipe)
         self.backend.set_cleanup_sink(cleanups.add)
         old_handlers = self._install_signals()
-        teardown_at: float | None = None  # when we began ending the job
-        kill_at: float | None = None
-        given_up_at: float | None = None
-        interrupted_by: int | None = None
         signalled: int | None = None  # the first signal, also one during a teardown under way
         blame = Blame(min(PEER_WAIT, self.grace))  # the failures before the teardown
 
-        def tear_down() -> None:
-            nonlocal teardown_at, kill_at
-            teardown_at = time.monotonic()
-            kill_at = teardown_at + self.grace
-            self._signal_all(signal.SIGTERM)
-
         def settle(force: bool = False) -> None:
-            """Begin the teardown once the failures so far name the root cause (or ``force``)."""
-            if teardown_at is None and blame.decide(time.monotonic(), force=force):
+            """End the job once the failures so far name the root cause (or ``force``)."""
+            if not self.state.ending and blame.decide(time.monotonic(), force=force):
                 assert blame.root is not None
                 self._root = self._procs[blame.root]
-                tear_down()
+                self._step(Event.FAILURE)
 
         try:
             self.merger.start()
@@ -248,31 +257,21 @@ class Supervisor:
                 while self._signals:
                     sig = self._signals.pop(0)
                     signalled = signalled or sig
-                    if teardown_at is None:
+                    if not self.state.ending:
                         self.ui.warn(f"received {signal.Signals(sig).name}: ending the job")
                         if blame.failed:  # a failure came first: it stays the root cause
                             settle(force=True)
-                        else:
-                            interrupted_by = sig
-                            tear_down()
-                    else:  # a second interrupt: no more grace
-                        kill_at = time.monotonic()
+                            continue
+                    self._step(Event.SIGNAL, sig)  # the first ends the job, a second the grace period
                 if (
                     self.time_limit is not None
-                    and teardown_at is None
+                    and not self.state.ending
                     and not blame.failed  # a failure came first: its teardown is near
                     and time.monotonic() - self._started > self.time_limit
                 ):
-                    self.timed_out = True
                     self.ui.warn("the job's time limit passed: ending the job")
-                    tear_down()
-                if kill_at is not None and time.monotonic() >= kill_at:
-                    self._signal_all(signal.SIGKILL)
-                    kill_at = float("inf")
-                    given_up_at = time.monotonic() + self.kill_confirm
-                if given_up_at is not None and time.monotonic() >= given_up_at:
-                    self._give_up(given_up_at)  # never wait forever for an engine to confirm
-                    given_up_at = float("inf")
+                    self._step(Event.TIME_LIMIT)
+                self._step(Event.TICK)  # the grace period's end, the wait for the kills' confirmation
                 self.publisher.publish(self._procs, self._root)
                 try:
                     index, code, ended = self._events.get(timeout=0.1)
@@ -288,11 +287,12 @@ class Supervisor:
                     exit_code,
                     sig_no,
                     ended,
-                    killed_by_launcher=teardown_at is not None,
+                    killed_by_launcher=self.state.ending,
                 )
-                if exit_code != 0 and teardown_at is None:
+                if exit_code != 0 and not self.state.ending:
                     blame.add(index, time.monotonic(), run.tail, run.output_ended)
             settle(force=True)  # every process ended before a root cause was named
+            self._step(Event.ENDED)
             self.backend.wait_ended(self.grace + 5.0)
             strays = procscan.sweep_job(self.plan.job_id, self.grace, exclude=(reaper_proc.pid,))
             procscan.remove_shm(self.plan.job_id)
@@ -317,6 +317,7 @@ class Supervisor:
         results = [self._final(run) for run in self._procs]
         root = results[self._procs.index(self._root)] if self._root is not None else None
         named_by = results[self._procs.index(self._named_by)] if self._named_by is not None else None
+        interrupted_by = self.state.signum if self.state.cause is Cause.SIGNAL else None
         code = (
             EXIT_TIMEOUT if self.timed_out and root is None else job_exit_code(root, interrupted_by, results)
         )
