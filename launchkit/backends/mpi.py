@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,6 +235,36 @@ def find_flavor(mpirun: str) -> str:
         ) from None
 
 
+class MpirunRun(PopenRun):
+    """mpirun (or Hydra's mpiexec), and how a stop (SIGTERM, SIGINT, SIGHUP) reaches its ranks:
+    Open MPI's mpirun gets SIGUSR2 (``stop_signal``). With every rank on this machine
+    (``ranks_here``: their commands' pids), each rank's shim gets SIGTERM straight from the
+    launcher first, since mpirun does not forward a signal once it is ending the job itself (a
+    rank killed by a signal); and Hydra is not told at all: a SIGTERM to mpiexec makes it SIGKILL
+    the ranks at once, which could reach a rank before its SIGTERM did (seen in 1 run in 6). It
+    ends by itself once the ranks have, and the grace period's SIGKILL still reaches it."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        cwd: str,
+        flavor: str,
+        ranks_here: Callable[[], Iterable[int]] | None = None,
+    ) -> None:
+        super().__init__(argv, env, cwd, stop_signal(flavor))
+        self.flavor = flavor
+        self.ranks_here = ranks_here
+
+    def signal(self, sig: int) -> None:
+        if sig in STOP_SIGNALS and self.ranks_here is not None:
+            for pid in self.ranks_here():
+                signal_shim_of(pid, signal.SIGTERM)
+            if self.flavor == "mpich":
+                return
+        super().signal(sig)
+
+
 class MpiBackend(EngineBackend):
     name = "mpi"
     engine_label = "mpirun"
@@ -311,23 +341,6 @@ class MpiBackend(EngineBackend):
         self.options(plan)  # the implementation, or a clear error, before anything starts
         super().prepare(plan)
 
-    def signal_engine(self, sig: int) -> None:
-        local = sig in STOP_SIGNALS and not self.hosts
-        if local:
-            # the ranks here get it straight from the launcher, first: mpirun does not forward a
-            # signal once it is ending the job itself (a rank killed by a signal)
-            for proc in list(self.procs.values()):
-                if proc.pid is not None and not proc.finished:
-                    signal_shim_of(proc.pid, signal.SIGTERM)
-            if self._flavor == "mpich":
-                # and Hydra is not told: a SIGTERM to mpiexec makes it SIGKILL the ranks at once,
-                # which could reach a rank before its SIGTERM did (seen in 1 run in 6); it ends
-                # by itself once the ranks have, and the grace period's SIGKILL still reaches it
-                with self._lock:
-                    self.tearing_down = True
-                return
-        super().signal_engine(sig)
-
     def engine_noise(self, text: str) -> bool:
         text = text.strip()
         if NOISE.match(text):
@@ -373,4 +386,9 @@ class MpiBackend(EngineBackend):
         opts = dataclasses.replace(self.options(plan), ends=self.ends)
         argv = render(plan, opts, self.ssh)
         env = merge_env(os.environ, mpi_env(plan, opts))
-        return PopenRun(argv, env, rank_order(plan)[0].cwd, stop_signal(opts.flavor))
+        here = None if self.hosts else self.ranks_running
+        return MpirunRun(argv, env, rank_order(plan)[0].cwd, opts.flavor, here)
+
+    def ranks_running(self) -> list[int]:
+        """The pids of the ranks' commands that have started and not ended."""
+        return [p.pid for p in list(self.procs.values()) if p.pid is not None and not p.finished]
