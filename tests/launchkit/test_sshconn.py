@@ -91,3 +91,30 @@ def test_rsync_argv_quotes_and_targets() -> None:
     rsh = shlex.split(argv[argv.index("-e") + 1])
     assert rsh[rsh.index("-i") + 1] == "/my keys/id" and rsh[rsh.index("-p") + 1] == "2222"
     assert rsync_argv("/s", Host("fe80::1"), "/d", opts)[-1] == "[fe80::1]:/d/"
+
+
+def test_known_hosts_are_parsed_once_for_every_connection_of_a_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 128 hosts every connection parsed the known-hosts file again (128 x 128 lines, each line
+    checked against those before it): 0.8 s of the launcher's CPU during the handshakes."""
+    from launchkit.backends.ssh.connection import fabric_config
+
+    line = "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(f"10.0.{i // 250}.{i % 250} ssh-ed25519 {line}\n" for i in range(64)))
+    parsed = []
+    real = paramiko.hostkeys.HostKeyEntry.from_line
+
+    def counted(*args: object, **kwargs: object) -> object:
+        parsed.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(paramiko.hostkeys.HostKeyEntry, "from_line", counted)
+    opts = SshOptions(known_hosts=str(known), config_file=str(tmp_path / "none"))
+    config = fabric_config(opts)
+    conns = [connection(Host(f"10.0.0.{i}"), opts, config) for i in range(64)]
+    assert len(parsed) == 64  # the file, once (64 x 64 before)
+    for i, c in enumerate(conns):  # every connection still knows every host's key
+        assert c.client.get_host_keys().lookup(f"10.0.0.{i}") is not None
+        assert c.client.get_host_keys() is conns[0].client.get_host_keys()
