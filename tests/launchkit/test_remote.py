@@ -24,10 +24,10 @@ from launchkit.backends.ssh import agent as agent_mod
 from launchkit.backends.ssh.agent import SHIPPED, HostAgent, bootstrap_payload, remote_command
 from launchkit.backends.ssh.backend import SshBackend
 from launchkit.core.hostfile import host_key
-from launchkit.core.plan import make_plan
 from launchkit.core.spec import Host, LaunchSpec, Task
 from launchkit.errors import BackendError
 from launchkit.hostside import watchdog
+from tests.launchkit.plans import make_plan
 from tests.launchkit.procs import pids_with_job, wait_until
 
 
@@ -410,3 +410,23 @@ def test_an_instruction_the_watchdog_cannot_read_is_a_protocol_error_naming_the_
         assert conn.chan.p is not None
         conn.chan.p.kill()
         conn.chan.p.wait()
+
+
+def test_the_watchdog_starts_without_the_hosts_site_packages(tmp_path) -> None:
+    """The watchdog is standard library only: its python3 runs with -S, so neither the host's
+    site-packages nor a sitecustomize is imported (the start's CPU on every host, 128 at a time)."""
+    (tmp_path / "sitecustomize.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    p = subprocess.Popen(["sh", "-c", remote_command(sys.executable)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(tmp_path)})  # fmt: skip
+    assert p.stdin is not None and p.stdout is not None
+    try:
+        p.stdin.write(bootstrap_payload() + b'{"op":"hello","job":"wd-nosite","hb_interval":1}\n')
+        p.stdin.flush()
+        assert json.loads(p.stdout.readline())["ev"] == "ready"
+        assert not (tmp_path / "imported").exists()
+        p.stdin.write(b'{"op":"shutdown"}\n')
+        p.stdin.close()
+        assert p.wait(timeout=10) == 0
+    finally:
+        p.kill()
+        p.wait()

@@ -63,7 +63,9 @@ def bootstrap_payload() -> bytes:
 
 
 def remote_command(python: str = "python3") -> str:
-    return shlex.join([python, "-u", "-c", watchdog.BOOTSTRAP])
+    """The watchdog's command line on the host. ``-S``: no ``site`` (the watchdog is standard
+    library only), 6 of the 43 ms of CPU its start took here, on every host."""
+    return shlex.join([python, "-S", "-u", "-c", watchdog.BOOTSTRAP])
 
 
 class _Stream:
