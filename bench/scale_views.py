@@ -48,6 +48,7 @@ class _Proc:
 
 def synthetic_job(procs: int, hosts: int) -> tuple[Any, list[_Proc], Any]:
     """(plan, the supervisor's processes, the telemetry model) of a job in full training."""
+    from launchkit import backends
     from launchkit.core.plan import make_plan
     from launchkit.core.spec import Host, LaunchSpec
     from launchkit.telemetry.model import HISTORY, JobMetrics
@@ -55,7 +56,14 @@ def synthetic_job(procs: int, hosts: int) -> tuple[Any, list[_Proc], Any]:
     servers = procs // 16 - 1
     spec = LaunchSpec(num_workers=procs - 1 - servers, num_servers=servers, command=("python3", "train.py"),
                       backend="ssh", hosts=tuple(Host(f"node{h:03d}") for h in range(hosts)))  # fmt: skip
-    plan = make_plan(spec, job_id="1127-000000-abcdef", secret="s", root_uri="10.0.0.1", root_port=9000)
+    plan = make_plan(
+        spec,
+        caps=backends.capabilities(spec.backend),
+        job_id="1127-000000-abcdef",
+        secret="s",
+        root_uri="10.0.0.1",
+        root_port=9000,
+    )
     model = JobMetrics()
     t0 = time.time() - HISTORY
     running = []

@@ -18,12 +18,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from launchkit.backends.base import Backend
 from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.agent import LOST_EXIT
-from launchkit.backends.ssh.backend import SshBackend
 from launchkit.console import Ui
 from launchkit.core.plan import has_scheduler, make_plan, new_job_id, new_secret
 from launchkit.core.spec import JobResult, LaunchSpec, Plan
@@ -31,29 +30,27 @@ from launchkit.dashboard import Dashboard
 from launchkit.errors import EXIT_INTERNAL, BackendError, UsageError
 from launchkit.jobs import records as jobs
 from launchkit.jobs.kill import remote_hosts
-from launchkit.roots import Roots, dry_run_address
+from launchkit.roots import Roots
 from launchkit.supervisor import EXIT_TIMEOUT, HANDLED_SIGNALS, Supervisor, check_log_dir
 from launchkit.telemetry.endpoint import Telemetry, serve
+
+if TYPE_CHECKING:
+    from launchkit.backends.batch import BatchBackend
 
 
 def dry_run_plan(spec: LaunchSpec, backend: Backend) -> Plan:
     """The plan a launch would run (no secret, the port only if ``--scheduler-port`` names it)."""
-    own_address = backend.finds_scheduler_address()
-    if not has_scheduler(spec) and spec.backend != "local":
-        root_uri = spec.scheduler_ip or "<worker 0's address>"
-    else:
-        root_uri = "<its node's address>" if own_address else dry_run_address(spec)
     return make_plan(
         spec,
+        caps=backend.capabilities,
         job_id=new_job_id(),
         secret="",
-        root_uri=root_uri,
+        root_uri=Roots.dry_run_root(spec, backend),
         root_port=spec.scheduler_port or 0,
         node_host_of=backend.node_hosts(spec),
     )
 
 
-RESTARTABLE = ("local", "ssh")  # backends whose jobs --max-restarts restarts (docs/launch.md)
 CANNOT_START = {126: "cannot be executed", 127: "was not found"}  # the shell's codes (exit-codes.md)
 REAPER_WAIT = 30.0  # seconds past the grace period for the last attempt's reaper to finish its sweep
 WATCHDOG_SWEEP = 2.0  # seconds a lost host's watchdog is given for its final sweep by job id
@@ -216,6 +213,7 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
             job.telemetry = serve(job.job_id, job.secret, root_uri, backend)
         plan = make_plan(
             spec,
+            caps=backend.capabilities,
             job_id=job.job_id,
             secret=job.secret,
             root_uri=root_uri,
@@ -225,7 +223,7 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
             metrics_addr=job.telemetry.address if job.telemetry else None,
             master=roots.master,
         )
-        here = plan.tasks[0].role == "scheduler" or spec.backend == "local"  # a process runs here
+        here = plan.tasks[0].role == "scheduler" or backend.capabilities.here  # a process runs here
         if job.telemetry is not None and here:
             job.telemetry.watch_local(str(plan.tasks[0].host))  # the scheduler's (or local's) host
         try:
@@ -251,9 +249,17 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
         of = f" (attempt {attempt + 1} of {spec.max_restarts + 1})" if spec.max_restarts else ""
         ui.info(
             f"job {plan.job_id} ({plan.job_name}): "
-            + (f"1 scheduler, {_count(spec.num_servers, 'server')}, " if has_scheduler(spec) else "")
+            + (
+                f"1 scheduler, {_count(spec.num_servers, 'server')}, "
+                if has_scheduler(spec, backend.capabilities)
+                else ""
+            )
             + f"{_count(spec.num_workers, 'worker')} on {plan.backend}; "
-            + (backend.scheduler_summary(root_uri, port) if has_scheduler(spec) else roots.summary())
+            + (
+                backend.scheduler_summary(root_uri, port)
+                if has_scheduler(spec, backend.capabilities)
+                else roots.summary()
+            )
             + of
         )
         left = job.time_left()
@@ -283,9 +289,8 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
 def _watchdog_end(job: _Job) -> float | None:
     """ssh: the longest a lost host's watchdog may go on (its heartbeat timeout, then the grace
     period and its sweep); None for backends without watchdogs."""
-    if not isinstance(job.backend, SshBackend):
-        return None
-    return job.backend.hb_timeout + job.spec.grace_period + WATCHDOG_SWEEP
+    timeout = job.backend.watchdog_timeout()
+    return None if timeout is None else timeout + job.spec.grace_period + WATCHDOG_SWEEP
 
 
 def _settle(job: _Job, supervisor: Supervisor | None) -> None:
@@ -338,14 +343,14 @@ class Submitted:
 
 def submit_detached(spec: LaunchSpec, backend: Backend) -> Submitted:
     """``--detach``: submit the batch job and record it; the job runs on its own."""
-    from launchkit.backends.batch import BatchBackend
-
-    if not isinstance(backend, BatchBackend):
+    if not backend.capabilities.detaches:
         raise UsageError(f"--detach needs a batch engine, not --launcher {backend.name}")
+    backend = cast("BatchBackend", backend)  # what a backend that detaches is
     if not backend.can_detach():
         raise UsageError(f"--detach submits a batch job: {backend.detach_refusal()}")
     plan = make_plan(
         spec,
+        caps=backend.capabilities,
         job_id=new_job_id(),
         secret=new_secret(),
         root_uri="",

@@ -6,39 +6,55 @@ anything."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from launchkit.backends.base import Backend
+from launchkit.core.capabilities import Capabilities
 from launchkit.core.plan import has_scheduler
 from launchkit.core.spec import LaunchSpec
 from launchkit.hostside.netif import route_to
 from launchkit.netutil import PortReservation, fallback_address, interface_address
 
-__all__ = ["AT_LAUNCH", "Roots", "dry_run_address", "scheduler_address"]
+__all__ = ["AT_LAUNCH", "Roots", "dry_run_address", "root_case", "scheduler_address"]
 
 
-def scheduler_address(spec: LaunchSpec, reached_from: str | None = None) -> str:
-    """--scheduler-ip, else the interface's address, else loopback (local), else the local
-    address through which the hosts were reached, else the route to the first host."""
+def scheduler_address(spec: LaunchSpec, caps: Capabilities, reached_from: str | None = None) -> str:
+    """--scheduler-ip, else the interface's address, else loopback (every process here), else the
+    local address through which the hosts were reached, else the route to the first host."""
     if spec.scheduler_ip:
         return spec.scheduler_ip
     if spec.interface:
         return interface_address(spec.interface)
-    if spec.backend == "local":
+    if caps.here:
         return "127.0.0.1"
     return reached_from or route_to(spec.hosts[0].name) or fallback_address()
 
 
 AT_LAUNCH = "<chosen at launch>"
+WORKER0_ADDRESS = "<worker 0's address>"  # a dry run of a job without servers off this machine
+ITS_NODE = "<its node's address>"  # a dry run where the batch job picks the scheduler's address
 
 
-def dry_run_address(spec: LaunchSpec) -> str:
-    """The scheduler's address as far as it is known without contacting a host. ssh takes the
-    local address of its connection to the first host: the route to that host's address as
-    resolved here (IPv4 first, as a launch takes it), or AT_LAUNCH when its name does not resolve here
-    (an ssh config alias)."""
-    if spec.backend != "ssh" or spec.scheduler_ip or spec.interface:
-        return scheduler_address(spec)
+def dry_run_address(spec: LaunchSpec, caps: Capabilities) -> str:
+    """The scheduler's address as far as it is known without contacting a host. A backend that
+    connects to the hosts itself (ssh) takes the local address of its connection to the first
+    host: the route to that host's address as resolved here (IPv4 first, as a launch takes it),
+    or AT_LAUNCH when its name does not resolve here (an ssh config alias)."""
+    if not caps.connects or spec.scheduler_ip or spec.interface:
+        return scheduler_address(spec, caps)
     return route_to(spec.hosts[0].name) or AT_LAUNCH
+
+
+Case = Literal["scheduler", "worker 0 here", "worker 0"]
+
+
+def root_case(spec: LaunchSpec, caps: Capabilities) -> Case:
+    """Who serves the job's root: a scheduler process (here, or in the batch job); worker 0 on
+    this machine, on a port reserved here; worker 0 elsewhere, where the backend asks its host
+    for the port (ssh) or its node picks it (an engine's shim)."""
+    if has_scheduler(spec, caps):
+        return "scheduler"
+    return "worker 0 here" if caps.here else "worker 0"
 
 
 @dataclass
@@ -46,16 +62,26 @@ class Roots:
     """Where a job's processes meet: the root (``DMLC_PS_ROOT_URI``/``PORT``: the scheduler's, or
     without servers worker 0's rendezvous) and torch's store (``MASTER_ADDR``/``PORT``, on worker 0's
     host); ``("", 0)`` where worker 0's node (an engine's shim) or the batch job picks them. On this
-    machine the ports are held (``PortReservation``) until ``close``."""
+    machine the ports are held (``PortReservation``) until ``close``. ``choose`` picks them for a
+    launch, ``dry_run_root`` says the root's address for ``--dry-run``: both by ``root_case``."""
 
     root: tuple[str, int]
     master: tuple[str, int]
     held: list[PortReservation] = field(default_factory=list)
 
+    @staticmethod
+    def dry_run_root(spec: LaunchSpec, backend: Backend) -> str:
+        """The root's address as a dry run shows it, without contacting anything."""
+        caps = backend.capabilities
+        if root_case(spec, caps) == "worker 0":
+            return spec.scheduler_ip or WORKER0_ADDRESS
+        return ITS_NODE if backend.finds_scheduler_address() else dry_run_address(spec, caps)
+
     @classmethod
     def choose(cls, spec: LaunchSpec, backend: Backend, reached: str | None) -> Roots:
+        caps = backend.capabilities
         own_address = backend.finds_scheduler_address()
-        here = "" if own_address else scheduler_address(spec, reached)
+        here = "" if own_address else scheduler_address(spec, caps, reached)
         held: list[PortReservation] = []
 
         def reserve() -> int:
@@ -64,17 +90,18 @@ class Roots:
 
         try:
             far = backend.worker0_ports(spec)  # ssh: asked on worker 0's host
-            if has_scheduler(spec):  # a scheduler process, here or in the batch job
+            case = root_case(spec, caps)
+            if case == "scheduler":  # a scheduler process, here or in the batch job
                 root = (here, spec.scheduler_port or (0 if own_address else reserve()))
             elif far is not None:
                 root = (spec.scheduler_ip or far[0], spec.scheduler_port or far[1])
-            elif spec.backend == "local":
+            elif case == "worker 0 here":
                 root = (here, spec.scheduler_port or reserve())
             else:  # an engine: worker 0's shim picks and publishes them
                 root = ("", 0)
             if far is not None:
                 master = (far[0], far[2])
-            elif spec.backend == "local":
+            elif caps.here:
                 master = (here, reserve())
             else:
                 master = ("", 0)

@@ -1,14 +1,27 @@
-"""Launch backends, chosen by name. A new backend is one module plus one line here; each is
+"""Launch backends, chosen by name: one registry. A new backend is one module (its class, with
+its ``capabilities`` declared: docs/backends.md, "Adding a backend") plus one line here; each is
 imported only when used, so a backend's heavy dependency (fabric for ssh, ...) loads lazily."""
 
 from __future__ import annotations
 
 import importlib
-import inspect
+from collections.abc import Callable
 from typing import Any
 
 from launchkit.backends.base import Backend
+from launchkit.core.capabilities import Capabilities
 from launchkit.errors import UsageError
+
+__all__ = [
+    "REGISTRY",
+    "Backend",
+    "Capabilities",
+    "backend_class",
+    "capabilities",
+    "get_backend",
+    "names",
+    "taking",
+]
 
 # name -> "module:Class"
 REGISTRY: dict[str, str] = {
@@ -25,13 +38,31 @@ def names() -> list[str]:
     return list(REGISTRY)
 
 
-def get_backend(name: str, **options: Any) -> Backend:
-    """An instance of the backend ``name``; ``options`` go to its constructor (backends that
-    take none ignore them)."""
+def backend_class(name: str) -> type[Backend]:
+    """The class registered as ``name`` (its module imported now)."""
     if name not in REGISTRY:
         raise UsageError(f"unknown launcher {name!r}: expected one of {', '.join(REGISTRY)}")
     module, _, cls = REGISTRY[name].partition(":")
-    factory = getattr(importlib.import_module(module), cls)
-    params = inspect.signature(factory).parameters
-    backend: Backend = factory(**{k: v for k, v in options.items() if k in params})
-    return backend
+    found: type[Backend] = getattr(importlib.import_module(module), cls)
+    return found
+
+
+def capabilities(name: str) -> Capabilities:
+    """What the backend ``name`` declares it can do."""
+    return backend_class(name).capabilities
+
+
+def taking(question: Callable[[Capabilities], bool]) -> list[str]:
+    """The backends whose capabilities answer yes (for a refusal: which ones take a flag)."""
+    return [name for name in REGISTRY if question(capabilities(name))]
+
+
+def get_backend(name: str, **options: Any) -> Backend:
+    """An instance of the backend ``name``; ``options`` go to its constructor and must be ones
+    it declares (``Capabilities.options``): the command line refuses a flag that sets another
+    (exit 2) before it gets here, so one left over is the caller's mistake, not dropped."""
+    cls = backend_class(name)
+    extra = sorted(set(options) - cls.capabilities.options)
+    if extra:
+        raise TypeError(f"backend {name} takes no option {', '.join(extra)} (its capabilities.options)")
+    return cls(**options)

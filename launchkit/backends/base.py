@@ -4,8 +4,9 @@ a backend only fills in a few hooks: prepare the hosts, start one process, close
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import IO, Any, Protocol
+from typing import IO, Any, ClassVar, Protocol
 
+from launchkit.core.capabilities import Capabilities
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 
 
@@ -27,9 +28,11 @@ class ProcessHandle(Protocol):
 
 
 class Backend:
-    """Base class of launch backends. Subclasses set ``name`` and implement ``start``."""
+    """Base class of launch backends. Subclasses set ``name`` and ``capabilities`` (what they
+    can do: the launcher asks it, never the name) and implement ``start``."""
 
     name = "base"
+    capabilities: ClassVar[Capabilities] = Capabilities()
 
     def describe(self, task: Task) -> list[str]:
         """The command line that would start ``task`` (for ``--dry-run``); default: its argv."""
@@ -84,6 +87,11 @@ class Backend:
     def start(self, task: Task) -> ProcessHandle:
         """Start one process; raise OSError when the command cannot be started."""
         raise NotImplementedError
+
+    def watchdog_timeout(self) -> float | None:
+        """How long a host's watchdog goes on after it lost the launcher (its heartbeat timeout),
+        for backends with watchdogs on the hosts (ssh); None otherwise."""
+        return None
 
     def await_started(self) -> None:
         """After every process was asked to start: wait (bounded) until each has started, so that

@@ -10,6 +10,7 @@ from typing import IO
 
 from dmlc_env import merge_env
 from launchkit.backends.base import Backend
+from launchkit.core.capabilities import Capabilities
 from launchkit.core.spec import Task
 
 
@@ -36,6 +37,9 @@ class LocalProcess:
 
 class LocalBackend(Backend):
     name = "local"
+    capabilities = Capabilities(
+        hosts="here", hostfile_ignored="every process runs on this machine", here=True, restarts=True
+    )
 
     def start(self, task: Task) -> LocalProcess:
         return LocalProcess(task, spawn(list(task.argv), merge_env(os.environ, task.env), task.cwd))

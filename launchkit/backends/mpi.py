@@ -39,6 +39,7 @@ from launchkit.backends.engine import (
 )
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.backends.worker0file import forget_worker0, worker0_file
+from launchkit.core.capabilities import Capabilities
 from launchkit.core.hostfile import format_host
 from launchkit.core.spec import LOCALHOST, Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError, UsageError
@@ -268,6 +269,9 @@ class MpirunRun(PopenRun):
 class MpiBackend(EngineBackend):
     name = "mpi"
     engine_label = "mpirun"
+    capabilities = Capabilities(
+        options=frozenset({"options", "mpirun", "mpi_args", "node_python", "console"})
+    )
 
     def __init__(
         self,

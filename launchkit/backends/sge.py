@@ -30,6 +30,7 @@ import dmlc_env
 from dmlc_env import merge_env
 from launchkit.backends.batch import BatchBackend, BatchRun
 from launchkit.backends.engine import EngineRun, engine_env
+from launchkit.core.capabilities import Capabilities
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
 from launchkit.hostside import rendezvous
@@ -314,6 +315,12 @@ def forget_files(directory: str) -> None:
 class SgeBackend(BatchBackend):
     name = "sge"
     engine_label = "sge"
+    capabilities = Capabilities(
+        hosts="per task",
+        hostfile_ignored="Grid Engine places the tasks",
+        detaches=True,
+        options=frozenset({"sge", "node_python", "console"}),
+    )
 
     def __init__(
         self, *, sge: SgeOptions | None = None, node_python: str | None = None, console: object = None

@@ -36,6 +36,7 @@ from launchkit.backends.engine import (
     scheduler_last,
 )
 from launchkit.backends.worker0file import forget_worker0, worker0_file
+from launchkit.core.capabilities import Capabilities
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
 from launchkit.hostside import batchjob, rendezvous, shim
@@ -274,6 +275,12 @@ class SbatchRun(BatchRun):
 class SlurmBackend(BatchBackend):
     name = "slurm"
     engine_label = "slurm"
+    capabilities = Capabilities(
+        hosts="allocation",
+        hostfile_ignored="the job goes on the allocation's nodes",
+        detaches=True,
+        options=frozenset({"slurm", "node_python", "console"}),
+    )
 
     def __init__(
         self,

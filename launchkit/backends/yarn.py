@@ -45,6 +45,7 @@ from launchkit.backends.yarnspec import (
     service_name,
     service_spec,
 )
+from launchkit.core.capabilities import Capabilities
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
 
@@ -53,6 +54,12 @@ from launchkit.errors import UsageError
 class YarnBackend(EngineBackend):
     name = "yarn"
     engine_label = "yarn"
+    capabilities = Capabilities(
+        hosts="engine",
+        hostfile_ignored="YARN places the containers",
+        root_in_worker0=False,  # a scheduler component runs even with -s 0
+        options=frozenset({"yarn", "node_python", "console"}),
+    )
 
     def __init__(
         self,

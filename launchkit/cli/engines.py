@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from launchkit import backends
 from launchkit.console import Ui
 from launchkit.core.spec import LOCALHOST, Host, LaunchSpec
 from launchkit.errors import UsageError
@@ -30,24 +31,20 @@ def slurm_hosts(nodes: int | None) -> tuple[Host, ...]:
 def engine_hosts(
     backend: str, num_workers: int, num_servers: int | None, nodes: int | None, hostfile: bool, ui: Ui
 ) -> tuple[Host, ...] | None:
-    """The hosts an engine places the job on, or None for the hostfile's (local, ssh, mpi)."""
-    ignored = {
-        "yarn": "YARN places the containers",
-        "sge": "Grid Engine places the tasks",
-        "slurm": "the job goes on the allocation's nodes",
-    }
-    if backend not in ignored:
+    """The hosts the job goes on when not the hostfile's (``Capabilities.hosts``), else None."""
+    caps = backends.capabilities(backend)
+    if caps.hosts == "hostfile":
         return None
     if hostfile:
-        ui.warn(f"--launcher {backend}: {ignored[backend]}; the hostfile is ignored")
-    if backend == "slurm":
+        ui.warn(f"--launcher {backend}: {caps.hostfile_ignored}; the hostfile is ignored")
+    if caps.hosts == "allocation":
         return slurm_hosts(nodes)
-    if backend == "sge":
-        from launchkit.backends import sge
-
+    if caps.hosts == "per task":  # the engine places every process: one placeholder each
         servers = num_workers if num_servers is None else num_servers
-        return sge.placeholder_hosts(max(num_workers, 0) + max(servers, 0))
-    return (LOCALHOST,)
+        return tuple(
+            Host(f"<{backend} task {i}>") for i in range(1, max(num_workers, 0) + max(servers, 0) + 1)
+        )
+    return (LOCALHOST,)  # "here", or "engine": the engine places the job
 
 
 @dataclass(frozen=True)
@@ -102,22 +99,24 @@ def _per_role(f: EngineFlags) -> dict[str, Any]:
 
 
 def engine_backend_options(spec: LaunchSpec, f: EngineFlags) -> dict[str, Any]:
-    """Keyword arguments for the backend's constructor (``backends.get_backend``)."""
+    """Keyword arguments for the backend's constructor (``backends.get_backend``): those it
+    declares (``Capabilities.options``)."""
+    takes = backends.capabilities(spec.backend).options
     options: dict[str, Any] = {"mpirun": f.mpirun, "mpi_args": f.mpi_args, "node_python": f.node_python}
-    if spec.backend == "sge":
+    if "sge" in takes:
         from launchkit.backends.sge import SgeOptions
 
         options["sge"] = SgeOptions(
             queue=f.queue, pe=f.pe, resources=f.sge_resource, extra=split_flag("--sge-args", f.sge_args)
         )
-    elif spec.backend == "yarn":
+    if "yarn" in takes:
         from launchkit.backends.yarnspec import YarnOptions
 
         options["yarn"] = YarnOptions(
             rm_url=f.yarn_rm, user=f.yarn_user, queue=f.queue, domain=f.yarn_domain, files=f.yarn_file,
             **_per_role(f),
         )  # fmt: skip
-    elif spec.backend == "slurm":
+    if "slurm" in takes:
         from launchkit.backends.slurm import SlurmOptions, parse_mem
 
         roles = _per_role(f)
@@ -132,4 +131,4 @@ def engine_backend_options(spec: LaunchSpec, f: EngineFlags) -> dict[str, Any]:
             constraint=f.constraint, gpus_per_worker=spec.gpus_per_worker,
             extra=split_flag("--slurm-args", f.slurm_args), **roles,
         )  # fmt: skip
-    return options
+    return {name: value for name, value in options.items() if name in takes}

@@ -21,6 +21,7 @@ import dmlc_env
 from launchkit import backends, launching
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app
+from launchkit.cli.backendflags import FLAGS, check_detach, refuse_unused
 from launchkit.cli.engines import EngineFlags, engine_backend_options, engine_hosts
 from launchkit.cli.launchargs import check_not_owned, check_restarts, parse_env_items, working_directory
 from launchkit.cli.planview import plan_to_json, show_plan
@@ -71,25 +72,22 @@ def build_spec(
     backend = launcher or ("ssh" if hostfile else "local")
     if backend not in backends.names():
         raise UsageError(f"--launcher {backend!r}: expected one of {', '.join(backends.names())}")
+    caps = backends.capabilities(backend)
     hosts = tuple(read_hostfile(hostfile, ui.warn)) if hostfile else (LOCALHOST,)
-    if backend == "local" and hostfile:
-        ui.warn("--launcher local runs every process on this machine; the hostfile is ignored")
-        hosts = (LOCALHOST,)
     placed = engine_hosts(backend, num_workers, num_servers, slurm_nodes, bool(hostfile), ui)
     if placed is not None:
         hosts = placed
-    if backend == "ssh" and not hostfile:
+    if caps.needs_hostfile and not hostfile:
         raise UsageError(f"--launcher {backend} needs a hostfile: -H FILE")
-    if sync_dst_dir and backend != "ssh":
-        ui.warn(f"--sync-dst-dir only applies to --launcher ssh; ignored for {backend}")
-        sync_dst_dir = None
+    if sync_dst_dir:
+        refuse_unused(backend, ["sync_dst_dir"])
     if scheduler_ip is not None:
-        check_address("--scheduler-ip", scheduler_ip, resolve=backend == "ssh", here=backend == "local")
+        check_address("--scheduler-ip", scheduler_ip, resolve=caps.connects, here=caps.here)
     if time_limit == 0:  # the ranges of the command line (app.RANGES) have held every other bound
         raise UsageError("--time-limit must be more than 0, got 0")
     if sync_timeout <= 0:
         raise UsageError(f"--sync-timeout must be more than 0, got {sync_timeout:g}")
-    check_restarts(backend, max_restarts, restart_backoff)
+    check_restarts(backend, caps, max_restarts, restart_backoff)
     environ = dict(os.environ)
     ns = num_workers if num_servers is None else num_servers
     assign_hosts(num_workers, ns, hosts)  # placement errors before anything else happens
@@ -265,8 +263,10 @@ def register(app: typer.Typer) -> None:
             command=command or [],
             ui=ui,
         )
-        if detach and spec.backend not in ("slurm", "sge"):
-            raise UsageError(f"--detach needs a batch engine (--launcher slurm or sge), not {spec.backend}")
+        # a flag that sets what this backend does not take (its Capabilities): exit 2, not dropped
+        refuse_unused(spec.backend, [p for p in FLAGS if given(ctx, p)])
+        if detach:
+            check_detach(spec.backend)
         engine_options = engine_backend_options(
             spec,
             EngineFlags(
@@ -283,21 +283,22 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--heartbeat-timeout and --connect-timeout must be more than 0")
         # one backend, built the same way for --dry-run as for the launch, so the plan shows the
         # exact command lines (ssh options included) and bad options fail the same way
-        backend = backends.get_backend(
-            spec.backend,
-            options=SshOptions(
+        available = {
+            "options": SshOptions(
                 port=ssh_port,
                 identity=identity,
                 known_hosts=known_hosts,
                 strict_host_keys=strict_host_keys,
                 connect_timeout=connect_timeout,
             ),
-            heartbeat_timeout=heartbeat_timeout,
-            heartbeat_interval=min(1.0, heartbeat_timeout / 3),
-            sync_excludes=sync_exclude,
-            console=ui.err,
+            "heartbeat_timeout": heartbeat_timeout,
+            "heartbeat_interval": min(1.0, heartbeat_timeout / 3),
+            "sync_excludes": sync_exclude,
+            "console": ui.err,
             **engine_options,
-        )
+        }  # each backend takes those it declares; a flag for another was refused above
+        takes = backends.capabilities(spec.backend).options
+        backend = backends.get_backend(spec.backend, **{k: v for k, v in available.items() if k in takes})
         if dry_run:
             show_dry_run(spec, backend, ui, as_json=as_json)
             return
@@ -310,6 +311,12 @@ def register(app: typer.Typer) -> None:
             ui.text(done.job_id)
             raise typer.Exit(0)
         raise typer.Exit(run_job(spec, backend, ui, dashboard=dashboard))
+
+
+def given(ctx: typer.Context, param: str) -> bool:
+    """Whether ``param`` was on the command line (not its default)."""
+    source = ctx.get_parameter_source(param)
+    return source is not None and source.name != "DEFAULT"
 
 
 def show_dry_run(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, as_json: bool) -> None:

@@ -9,7 +9,8 @@ import re
 from collections.abc import Iterable
 
 import dmlc_env
-from launchkit import launching
+from launchkit import backends
+from launchkit.core.capabilities import Capabilities
 from launchkit.errors import UsageError
 
 MAX_BACKOFF = 86400.0  # --restart-backoff: at most a day
@@ -88,15 +89,15 @@ def working_directory() -> str:
         ) from None
 
 
-def check_restarts(backend: str, max_restarts: int, restart_backoff: float) -> None:
+def check_restarts(backend: str, caps: Capabilities, max_restarts: int, restart_backoff: float) -> None:
     if max_restarts < 0:
         raise UsageError(f"--max-restarts must be 0 or more, got {max_restarts}")
     if not 0 <= restart_backoff <= MAX_BACKOFF:  # also NaN
         raise UsageError(
             f"--restart-backoff must be from 0 to {MAX_BACKOFF:g} seconds, got {restart_backoff:g}"
         )
-    if max_restarts and backend not in launching.RESTARTABLE:
+    if max_restarts and not caps.restarts:
         raise UsageError(
             f"--max-restarts: --launcher {backend} does not restart jobs "
-            f"(only {' and '.join(launching.RESTARTABLE)} do)"
+            f"(only {' and '.join(backends.taking(lambda c: c.restarts))} do)"
         )

@@ -13,6 +13,7 @@ import time
 import typer
 from rich.console import RenderableType
 
+from launchkit import backends
 from launchkit.cli.app import get_app
 from launchkit.console import Ui
 from launchkit.dashboard import DashboardState, ProcRow, fit, render
@@ -27,7 +28,7 @@ def state_of(record: jobs.JobRecord, meter: GroupMeter) -> DashboardState:
     """The record-only view: the processes the record names, CPU and memory of local ones."""
     record = detached.refresh(record)  # a batch job: its state from the engine
     pids = {p.pid for p in record.processes if p.pid and procscan.alive(p.pid)}
-    usage = meter.sample(pids) if record.backend == "local" else {}
+    usage = meter.sample(pids) if runs_here(record.backend) else {}
     rows = []
     for p in record.processes:
         alive = p.pid in pids
@@ -38,6 +39,12 @@ def state_of(record: jobs.JobRecord, meter: GroupMeter) -> DashboardState:
         rows.append(ProcRow(p.role, p.rank, p.host, p.pid, state, "", cpu, rss))
     elapsed = (record.ended_at or time.time()) - record.started_at
     return DashboardState(record.id, record.name, record.backend, elapsed, tuple(rows), (), ending(record))
+
+
+def runs_here(backend: str) -> bool:
+    """Whether a job on ``backend`` runs its processes on this machine, where their usage can be
+    read (its declared capabilities; a name this launchkit does not know: no)."""
+    return backend in backends.names() and backends.capabilities(backend).here
 
 
 def ending(record: jobs.JobRecord) -> str:

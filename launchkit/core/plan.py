@@ -8,6 +8,7 @@ import time
 from pathlib import PurePath
 
 import dmlc_env
+from launchkit.core.capabilities import Capabilities
 from launchkit.core.placement import Slot, gpu_slice, machine_key, place
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 
@@ -56,14 +57,11 @@ def new_secret() -> str:
     return secrets.token_hex(32)
 
 
-#: Backends on which a job without servers runs no scheduler process (worker 0 serves the
-#: rendezvous); YARN still runs one (docs/backends.md).
-WORKER0_ROOT = ("local", "ssh", "mpi", "slurm", "sge")
-
-
-def has_scheduler(spec: LaunchSpec) -> bool:
-    """Whether the job runs a scheduler process: with servers, or on a backend outside ``WORKER0_ROOT``."""
-    return spec.num_servers > 0 or spec.backend not in WORKER0_ROOT
+def has_scheduler(spec: LaunchSpec, caps: Capabilities) -> bool:
+    """Whether the job runs a scheduler process: with servers, or on a backend where worker 0
+    does not serve the root of a job without servers (``caps.root_in_worker0``: YARN still runs
+    a scheduler, docs/backends.md)."""
+    return spec.num_servers > 0 or not caps.root_in_worker0
 
 
 def worker_hosts(
@@ -83,6 +81,7 @@ def worker_hosts(
 def make_plan(
     spec: LaunchSpec,
     *,
+    caps: Capabilities,
     job_id: str,
     secret: str,
     root_uri: str,
@@ -92,13 +91,13 @@ def make_plan(
     metrics_addr: str | None = None,
     master: tuple[str, int] = ("", 0),
 ) -> Plan:
-    """Every process of the job. ``node_host_of`` maps a host to the address it publishes
-    (``DMLC_NODE_HOST``); by default the local backend publishes ``root_uri`` and others the
-    hostfile name. ``restart_count`` is the attempt (``LAUNCHKIT_RESTART_COUNT``). ``master``:
+    """Every process of the job, on a backend that can do ``caps``. ``node_host_of`` maps a
+    host to the address it publishes (``DMLC_NODE_HOST``); by default processes that all run here
+    (``caps.here``) publish ``root_uri`` and others the hostfile name. ``restart_count`` is the attempt (``LAUNCHKIT_RESTART_COUNT``). ``master``:
     torch's ``MASTER_ADDR`` and ``MASTER_PORT`` on worker 0's host (``("", 0)``: worker 0's node
     picks them, on the engines). Without servers there is no scheduler task: worker 0 serves
     ``root_uri:root_port`` (which must then be on worker 0's host)."""
-    no_scheduler = not has_scheduler(spec)
+    no_scheduler = not has_scheduler(spec, caps)
     job = dmlc_env.JobEnv(
         job_id=job_id,
         secret=secret,
@@ -122,7 +121,7 @@ def make_plan(
             return root_uri
         if node_host_of and host in node_host_of:
             return node_host_of[host]
-        return root_uri if spec.backend == "local" else host.name
+        return root_uri if caps.here else host.name
 
     slots = place(spec.num_workers, spec.num_servers, spec.hosts)
     local_size, node_rank = worker_hosts(slots)
@@ -153,13 +152,13 @@ def make_plan(
         return Task(role, rank, task_id, host, local_rank, argv, env, cwd)
 
     remote_cwd = spec.sync_dst_dir or spec.cwd
-    scheduler_host = Host("localhost") if spec.backend != "local" else spec.hosts[0]
+    scheduler_host = spec.hosts[0] if caps.here else Host("localhost")
     tasks = []
     if not no_scheduler:
         task_id = spec.num_servers + spec.num_workers
         tasks.append(make_task("scheduler", 0, task_id, scheduler_host, 0, spec.cwd))
     for s in slots:
-        cwd = spec.cwd if spec.backend == "local" else remote_cwd
+        cwd = spec.cwd if caps.here else remote_cwd
         tasks.append(make_task(s.role, s.rank, s.task_id, s.host, s.local_rank, cwd))
     return Plan(
         job_id=job_id,

@@ -11,22 +11,27 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from launchkit import backends
 from launchkit.hostside import shim
 from launchkit.jobs import records as jobs
 
-#: The engines whose jobs can be left to run; each module has ``job_status`` and ``end_argv``.
-ENGINES = {"slurm": "launchkit.backends.slurm", "sge": "launchkit.backends.sge"}
+
+def detaches(name: str) -> bool:
+    """Whether the backend ``name`` runs jobs that can be left to run (``Capabilities.detaches``,
+    the one registry of backends); its module has ``job_status`` and ``end_argv``, and may have
+    ``forget_files`` (what to remove once the job ended)."""
+    return name in backends.names() and backends.capabilities(name).detaches
 
 
 def _engine(name: str) -> Any:
-    return importlib.import_module(ENGINES[name])
+    return importlib.import_module(backends.backend_class(name).__module__)
 
 
 def engine_job(record: jobs.JobRecord) -> tuple[str, str] | None:
     """(engine, its job id) of a batch job that no launcher follows any more (submitted with
     ``--detach``, or its launcher is gone), else None."""
     info = record.remote or {}
-    if info.get("engine") not in ENGINES or not info.get("engine_job"):
+    if not detaches(str(info.get("engine"))) or not info.get("engine_job"):
         return None
     if not record.detached and record.launcher_alive():
         return None
@@ -35,10 +40,10 @@ def engine_job(record: jobs.JobRecord) -> tuple[str, str] | None:
 
 def _ended(record: jobs.JobRecord) -> None:
     info = record.remote or {}
-    if info.get("engine") == "sge" and info.get("output"):
-        from launchkit.backends import sge
-
-        sge.forget_files(str(info["output"]))
+    engine = str(info.get("engine"))
+    forget = getattr(_engine(engine), "forget_files", None) if detaches(engine) else None
+    if forget is not None and info.get("output"):  # sge: the task files in the output directory
+        forget(str(info["output"]))
 
 
 def refresh(record: jobs.JobRecord) -> jobs.JobRecord:

@@ -20,9 +20,9 @@ import pytest
 
 from launchkit.backends.yarnrest import RmClient
 from launchkit.backends.yarnspec import YarnOptions, service_name, service_spec
-from launchkit.core.plan import make_plan
 from launchkit.core.spec import LOCALHOST, LaunchSpec
 from tests.cluster.enginejobs import check_contract
+from tests.launchkit.plans import make_plan
 from tests.launchkit.procs import LAUNCHKIT, pids_with_job, record, wait_for_job, wait_until
 
 from .yarn_standin import StandinRM

@@ -21,9 +21,9 @@ from launchkit.backends.mpi import (
     stop_signal,
 )
 from launchkit.backends.ssh.options import SshOptions
-from launchkit.core.plan import make_plan
 from launchkit.core.spec import Host, LaunchSpec
 from launchkit.errors import UsageError
+from tests.launchkit.plans import make_plan
 
 HOSTILE = "a b'c\"$HOME\n`x`"
 

@@ -23,9 +23,9 @@ from launchkit.backends.sge import (
     task_env,
     task_states,
 )
-from launchkit.core.plan import make_plan
 from launchkit.core.spec import LaunchSpec
 from launchkit.errors import UsageError
+from tests.launchkit.plans import make_plan
 
 HOSTILE = "a b'c\"$HOME\n`x`;rm -rf /nope"
 

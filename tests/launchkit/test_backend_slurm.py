@@ -18,9 +18,9 @@ from launchkit.backends.slurm import (
     placeholder_hosts,
     sbatch_argv,
 )
-from launchkit.core.plan import make_plan
 from launchkit.core.spec import Host, LaunchSpec
 from launchkit.errors import UsageError
+from tests.launchkit.plans import make_plan
 
 HOSTILE = "a b'c\"$HOME\n`x`"
 

@@ -29,7 +29,6 @@ from launchkit.backends.yarnspec import (
     service_name,
     service_spec,
 )
-from launchkit.core.plan import make_plan
 from launchkit.core.spec import LOCALHOST, LaunchSpec
 from launchkit.errors import UsageError
 from launchkit.hostside import shim
@@ -41,6 +40,7 @@ from tests.cluster.yarn_standin import (
     substitute,
     validate_service,
 )
+from tests.launchkit.plans import make_plan
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -175,3 +175,49 @@ def test_dmlc_interface_may_be_set_as_the_docs_say_with_one_warning(tmp_path: Pa
     assert res.returncode == 0, res.stderr
     assert res.stderr.count("warning") == 1 and "--interface does all three" in res.stderr, res.stderr
     assert "DMLC_INTERFACE=lo" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-i", "/keys/id"], "-i/--identity does not apply to --launcher local; it is for --launcher ssh or mpi"),
+        (["--sync-dst-dir", "/srv/job"], "--sync-dst-dir does not apply to --launcher local; it is for --launcher ssh"),
+        (["--sync-timeout", "5"], "--sync-timeout does not apply to --launcher local; it is for --launcher ssh"),
+        (["--heartbeat-timeout", "3"], "--heartbeat-timeout does not apply to --launcher local; it is for --launcher ssh"),
+        (["--queue", "all.q"], "--queue does not apply to --launcher local; it is for --launcher sge or yarn"),
+        (["--mpirun", "mpirun"], "--mpirun does not apply to --launcher local; it is for --launcher mpi"),
+        (["--launcher", "mpi", "--connect-timeout", "3", "--heartbeat-timeout", "3"],
+         "--heartbeat-timeout does not apply to --launcher mpi; it is for --launcher ssh"),
+        (["--launcher", "ssh", "-H", "hf", "--partition", "gpu"],
+         "--partition does not apply to --launcher ssh; it is for --launcher slurm"),
+        (["--launcher", "yarn", "--pe", "smp"], "--pe does not apply to --launcher yarn; it is for --launcher sge"),
+        (["--launcher", "sge", "--mem", "4G"], "--mem does not apply to --launcher sge; it is for --launcher slurm or yarn"),
+        (["--launcher", "slurm", "--yarn-rm", "http://rm:8088"],
+         "--yarn-rm does not apply to --launcher slurm; it is for --launcher yarn"),
+        (["--detach"], "--detach needs a batch engine (--launcher sge or slurm), not local"),
+    ],
+)  # fmt: skip
+def test_a_flag_the_backend_does_not_take_is_refused(tmp_path: Path, args: list[str], message: str) -> None:
+    """A backend declares what it takes (its Capabilities); a flag for another backend was dropped
+    silently (`-i` on local, `--partition` on ssh, `--pe` on yarn) or with a warning
+    (`--sync-dst-dir` on local), and the job ran without it: now exit 2 naming the flag and the
+    backends that take it, before anything starts (a dry run too)."""
+    (tmp_path / "hf").write_text("127.0.0.1\n")
+    marker = tmp_path / "started"
+    for dry in ([], ["--dry-run"]):
+        res = run(["launch", "-n", "1", *args, *dry, "sh", "-c", f"touch {marker}"], cwd=tmp_path)
+        assert res.returncode == 2, (dry, res.stdout, res.stderr)
+        assert message in " ".join(res.stderr.split()) and "Traceback" not in res.stderr, res.stderr
+        assert not marker.exists()
+
+
+def test_the_flags_a_backend_takes_are_taken(tmp_path: Path) -> None:
+    (tmp_path / "hf").write_text("127.0.0.1\n")
+    for args in (
+        ["--launcher", "mpi", "-H", "hf", "-i", "/keys/id", "--connect-timeout", "3", "--node-python", "python3"],
+        ["--launcher", "ssh", "-H", "hf", "--scheduler-ip", "127.0.0.1", "--heartbeat-timeout", "3", "--sync-dst-dir", "/tmp/x"],
+        ["--launcher", "sge", "--queue", "all.q", "--pe", "smp"],
+        ["--launcher", "local", "--max-restarts", "1", "--scheduler-ip", "127.0.0.1"],
+    ):  # fmt: skip
+        res = run(["launch", "-n", "1", *args, "--dry-run", "true"], cwd=tmp_path)
+        assert res.returncode == 0, (args, res.stderr)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 import dmlc_env
-from launchkit.core.plan import make_plan, render_argv
+from launchkit.core.plan import render_argv
 from launchkit.core.spec import Host, LaunchSpec
+from tests.launchkit.plans import make_plan
 
 
 def spec(**kw) -> LaunchSpec:

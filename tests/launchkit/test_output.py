@@ -19,10 +19,10 @@ from rich.console import Console
 
 from launchkit.backends.local import LocalBackend
 from launchkit.console import OutputWriter, Ui
-from launchkit.core.plan import make_plan
 from launchkit.core.spec import LaunchSpec
 from launchkit.output import CHUNK, Merger, printable, widen_pipe
 from launchkit.supervisor import Supervisor
+from tests.launchkit.plans import make_plan
 from tests.launchkit.procs import LAUNCHKIT, run
 
 PY = sys.executable

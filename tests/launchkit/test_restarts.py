@@ -25,12 +25,12 @@ from launchkit import launching
 from launchkit.backends.local import LocalBackend
 from launchkit.cli.launch import build_spec
 from launchkit.console import Ui
-from launchkit.core.plan import make_plan
 from launchkit.core.spec import Host, JobResult, LaunchSpec, Task, TaskResult
 from launchkit.errors import BackendError, UsageError
 from launchkit.jobs.records import JobRecord
 from launchkit.launching import never_starts, restart_cause, restart_delay
 from tests.cluster.conftest import netns_hosts, netns_session, sshd_loopback  # noqa: F401
+from tests.launchkit.plans import make_plan
 from tests.launchkit.procs import (
     job_ids,
     parse_prefixed,

@@ -12,11 +12,11 @@ from rich.console import Console
 
 from launchkit.backends.base import Backend
 from launchkit.console import OutputWriter, Ui
-from launchkit.core.plan import make_plan
 from launchkit.core.spec import LaunchSpec, Task
 from launchkit.jobs import records as jobs
 from launchkit.launching import restart_cause
 from launchkit.supervisor import Supervisor
+from tests.launchkit.plans import make_plan
 
 
 class Stuck:

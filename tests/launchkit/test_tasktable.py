@@ -11,9 +11,9 @@ from launchkit.backends.engine import engine_env, scheduler_last, split_env
 from launchkit.backends.mpi import rank_order
 from launchkit.backends.sge import scheduler_first
 from launchkit.backends.yarnspec import table_order
-from launchkit.core.plan import make_plan
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.hostside import shim, tasktable
+from tests.launchkit.plans import make_plan
 
 #: Linux's limit on one environment string (MAX_ARG_STRLEN: 32 pages)
 MAX_ARG_STRLEN = 128 * 1024

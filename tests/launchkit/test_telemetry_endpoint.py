@@ -122,7 +122,7 @@ def test_the_local_sampler_finds_the_jobs_processes_by_their_job_id() -> None:
 
 
 def test_the_plan_gives_every_process_the_address_when_there_is_one() -> None:
-    from launchkit.core.plan import make_plan
+    from tests.launchkit.plans import make_plan
 
     spec = LaunchSpec(
         num_workers=2, num_servers=1, command=("python", "t.py"), env=(("LAUNCHKIT_METRICS_ADDR", "x:1"),)

@@ -20,6 +20,7 @@ from launchkit.backends.ssh.agent import HostAgent, RemoteProcess, UsageSink
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.backends.ssh.sync import source_dir, sync_all
 from launchkit.backends.ssh.worker0 import probe
+from launchkit.core.capabilities import Capabilities
 from launchkit.core.hostfile import format_host, host_key, unique_hosts
 from launchkit.core.placement import assign_hosts
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
@@ -48,6 +49,13 @@ def connect_all(hosts: Sequence[Host], opts: SshOptions) -> tuple[dict[Host, Any
 
 class SshBackend(Backend):
     name = "ssh"
+    capabilities = Capabilities(
+        needs_hostfile=True,
+        connects=True,
+        restarts=True,
+        syncs=True,
+        options=frozenset({"options", "heartbeat_interval", "heartbeat_timeout", "sync_excludes", "console"}),
+    )
 
     def __init__(
         self,
@@ -69,6 +77,9 @@ class SshBackend(Backend):
         self._spawned: list[RemoteProcess] = []  # asked to start, pid not yet awaited
         self.spec: LaunchSpec | None = None
         self.usage_sink: UsageSink | None = None
+
+    def watchdog_timeout(self) -> float | None:
+        return self.hb_timeout
 
     def set_host_sink(self, sink: UsageSink) -> None:
         """Where each host's figures go, as its watchdog's heartbeats bring them (the metrics endpoint)."""
