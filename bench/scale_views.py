@@ -108,7 +108,7 @@ def views(procs: int, hosts: int, repeat: int) -> dict[str, Any]:
     from launchkit.console import Ui
     from launchkit.jobs import live
     from launchkit.view.render import fit, render
-    from launchkit.view.snapshot import Publisher
+    from launchkit.watch import Publisher
 
     plan, running, model = synthetic_job(procs, hosts)
     _fail_one(running)

@@ -40,7 +40,7 @@ from launchkit.jobs import records as jobs
 from launchkit.output import Merger, Source
 from launchkit.rootcause import PEER_WAIT, Blame, Tail, named_root
 from launchkit.supervision_state import Action, Cause, Event, State, Timing, step
-from launchkit.view.snapshot import LOG_LINES, Publisher
+from launchkit.watch import LOG_LINES, Publisher
 
 if TYPE_CHECKING:
     from launchkit.telemetry.endpoint import Telemetry

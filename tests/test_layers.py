@@ -255,3 +255,40 @@ def test_launchkit_layers() -> None:
             ):
                 bad.append(f"{where(src, line)}: {src} (pure core) imports {dst}")
     assert not bad, "\n".join(bad)
+
+
+# What launchkit.view (the view's pure parts) may import of launchkit: itself, the pure core, the
+# errors, and the telemetry's pure figures; nothing that writes to the terminal (console,
+# dashboard), touches files or processes (jobs, hostside, backends, output, supervisor, watch)
+# or holds state across threads (telemetry.model, telemetry.endpoint).
+VIEW_MAY_IMPORT = ("launchkit.view", "launchkit.core", "launchkit.errors", "launchkit.telemetry.view")
+# and of the standard library, nothing that reaches outside the process or reads the clock
+VIEW_EFFECTS = frozenset(
+    {"os", "sys", "subprocess", "socket", "threading", "signal", "shutil", "time", "termios", "select",
+     "pathlib", "io", "tempfile", "multiprocessing", "asyncio"}
+)  # fmt: skip
+
+
+def view_breaks() -> list[str]:
+    bad = []
+    for name, path in MODULES.items():
+        if name != "launchkit.view" and not name.startswith("launchkit.view."):
+            continue
+        for raw, line in imports_of(name, path):
+            top = raw.split(".")[0]
+            inside = internal(raw)
+            if inside is not None and inside.startswith("launchkit"):
+                if not any(inside == ok or inside.startswith(ok + ".") for ok in VIEW_MAY_IMPORT):
+                    bad.append(f"{where(name, line)}: {name} imports {inside}")
+            elif top in VIEW_EFFECTS:
+                bad.append(f"{where(name, line)}: {name} imports {raw}")
+    return bad
+
+
+def test_the_view_is_pure() -> None:
+    """launchkit.view builds and renders states, nothing else: the effects around it (sampling
+    /proc, the dashboard's Live, the live file) are launchkit.watch's and launchkit.dashboard's."""
+    bad = view_breaks()
+    assert not bad, (
+        f"view/ may import only {', '.join(VIEW_MAY_IMPORT)} of launchkit, no effects:\n" + "\n".join(bad)
+    )

@@ -1,23 +1,17 @@
-"""What the supervisor shows of its job, and where: ``Publisher`` builds the ``DashboardState``
-from the supervisor's processes and the job's telemetry, refreshes the dashboard (when shown)
-and writes the job's live file (always, at most once every ``live.EVERY`` seconds), both from the
-supervisor's loop: nothing of it runs in the job's processes.
+"""What the supervisor shows of its job, built from its processes: the rows (with the hosts'
+samples), the root cause, the registering nodes, and ``job_state``, the ``DashboardState`` from
+them. Pure: the effects (sampling /proc here, refreshing the dashboard, writing the live file)
+are ``launchkit.watch``'s ``Publisher``.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
-from launchkit.console import Ui
 from launchkit.core.spec import Plan, Task, TaskResult
-from launchkit.dashboard import Dashboard
-from launchkit.hostside.hoststat import GroupMeter
-from launchkit.jobs import live
-from launchkit.telemetry.model import JobMetrics
-from launchkit.telemetry.view import training
+from launchkit.telemetry.view import Training
 from launchkit.view.state import DashboardState, ProcRow, RootCause
 
 ROOT_LINES = 10  # last lines of the root cause shown
@@ -94,90 +88,40 @@ def registering(procs: Sequence[Proc]) -> int:
     return sum(1 for p in procs if p.task.role != "scheduler")
 
 
-class Publisher:
-    def __init__(
-        self,
-        plan: Plan,
-        ui: Ui,
-        dashboard: Dashboard | None,
-        metrics: JobMetrics | None,
-        log: deque[tuple[str, str]],
-        attempt: tuple[int, int] | None = None,  # (this attempt, of how many), 1 first
-        started_at: float | None = None,  # when the job started (its first attempt), time.time()
-        status: Callable[[], str] | None = None,  # the backend's word on what the job waits on
-    ) -> None:
-        self.status = status
-        self.plan = plan
-        self.ui = ui
-        self.dashboard = dashboard
-        self.metrics = metrics
-        self.log = log
-        self.attempt = attempt
-        self.cpu = GroupMeter()
-        self.started = time.time() if started_at is None else started_at
-        self._live_next = 0.0
-        self._live_failed = False
-
-    def snapshot(
-        self, procs: Sequence[Proc], root: Proc | None = None, finished: bool = False
-    ) -> DashboardState:
-        return self._snapshot(procs, root, finished, self.metrics)
-
-    def _snapshot(
-        self, procs: Sequence[Proc], root: Proc | None, finished: bool, model: JobMetrics | None
-    ) -> DashboardState:
-        sampled: dict[tuple[str, int], tuple[float | None, int]] = {}
-        if model is not None:  # the hosts' samplers (this host's included) saw the processes
-            with model.lock:
-                sampled = dict(model.procs)
-        usage: dict[int, tuple[float | None, int]] = {}
-        if self.plan.backend == "local" and not sampled:  # no sampler: read /proc here
-            pids = {p.handle.pid for p in procs if p.handle and p.handle.pid and p.result is None}
-            usage = self.cpu.sample(pids)
-        rows = []
-        single = by_pid(sampled)
-        for run in procs:
-            pid = run.handle.pid if run.handle else None
-            alive = pid is not None and run.result is None  # an ended process's last sample is stale
-            cpu = (usage_of(sampled, host_of(run), pid, single) or usage.get(pid)) if alive and pid else None
-            rows.append(row_of(run, cpu))
-        running = {(r.role, r.rank) for r in rows if r.state in ("running", "starting")}
-        return DashboardState(
-            job_id=self.plan.job_id,
-            name=self.plan.job_name,
-            backend=self.plan.backend,
-            elapsed=max(0.0, time.time() - self.started),
-            rows=tuple(rows),
-            log=tuple(self.log),
-            attempt=self.attempt[0] if self.attempt else None,
-            attempts=self.attempt[1] if self.attempt else None,
-            training=None if model is None else training(model, registering(procs), running),
-            root_cause=root_cause_of(root),
-            finished=finished,
-            status=self.status() if self.status else "",
-        )
-
-    def publish(self, procs: Sequence[Proc], root: Proc | None = None, final: bool = False) -> None:
-        """Refresh the dashboard when it is due, write the live file when it is due (both at the
-        end); one state for both."""
-        now = time.monotonic()
-        show = self.dashboard is not None and (final or self.dashboard.due())
-        write = final or now >= self._live_next
-        if not (show or write):
-            return
-        state = self._snapshot(procs, root, final, self.metrics)  # one state for the frame and the file
-        if self.dashboard is not None:
-            if final:
-                self.dashboard.stop(state)
-            elif show:
-                self.dashboard.update(state)
-        if write and not self._live_failed:
-            self._live_next = now + live.EVERY
-            try:
-                live.write(state)
-            except OSError as exc:
-                self._live_failed = True
-                self.ui.warn(
-                    f"cannot write the job's live file {live.path(self.plan.job_id)}: {exc.strerror or exc}; "
-                    "the job goes on (launchkit top from another terminal shows less)"
-                )
+def job_state(
+    plan: Plan,
+    procs: Sequence[Proc],
+    *,
+    sampled: dict[tuple[str, int], Usage],
+    usage: dict[int, Usage],
+    elapsed: float,
+    log: Sequence[tuple[str, str]] = (),
+    root: Proc | None = None,
+    finished: bool = False,
+    attempt: tuple[int, int] | None = None,
+    training: Training | None = None,
+    status: str = "",
+) -> DashboardState:
+    """The state shown and written: a row per process with its usage (the hosts' ``sampled``
+    figures by (host, pid), else ``usage`` by pid, read here) while it runs."""
+    rows = []
+    single = by_pid(sampled)
+    for run in procs:
+        pid = run.handle.pid if run.handle else None
+        alive = pid is not None and run.result is None  # an ended process's last sample is stale
+        cpu = (usage_of(sampled, host_of(run), pid, single) or usage.get(pid)) if alive and pid else None
+        rows.append(row_of(run, cpu))
+    return DashboardState(
+        job_id=plan.job_id,
+        name=plan.job_name,
+        backend=plan.backend,
+        elapsed=max(0.0, elapsed),
+        rows=tuple(rows),
+        log=tuple(log),
+        attempt=attempt[0] if attempt else None,
+        attempts=attempt[1] if attempt else None,
+        training=training,
+        root_cause=root_cause_of(root),
+        finished=finished,
+        status=status,
+    )

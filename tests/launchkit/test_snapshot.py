@@ -11,7 +11,8 @@ from launchkit.console import Ui
 from launchkit.core.spec import Host, Plan, Task, TaskResult
 from launchkit.jobs import live
 from launchkit.telemetry.model import JobMetrics
-from launchkit.view.snapshot import Publisher, usage_of
+from launchkit.view.snapshot import usage_of
+from launchkit.watch import Publisher
 from tests.launchkit.dashstates import T0
 
 
