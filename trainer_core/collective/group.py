@@ -95,19 +95,22 @@ class Group:
     # -- allreduce ----------------------------------------------------------------------------
     def allreduce_async(self, array: Any, op: str = "sum", out: Any = None, kind: str | None = None) -> Work:
         """Start reducing ``array`` over all ranks (``op``: sum, mean, max, min; ``kind="bfloat16"``
-        for bfloat16 bits in a uint16 array)."""
+        for bfloat16 bits in a uint16 array). ``out=array`` (a C-contiguous numpy array) lends it:
+        it is read and written in place when the operation runs, without a private copy, and is the
+        operation's until ``wait()``."""
         spec = spec_for(array.dtype, op, kind)
         if self.nccl is not None and self.nccl.takes(array, spec):
             _check_out(array, out)
             return self._submit("allreduce", self.nccl.allreduce(array, spec, out))
-        host = np.array(to_host(array), copy=True, order="C")
+        lent = out is array and _plain(array)
+        host = array if lent else np.array(to_host(array), copy=True, order="C")
         _check_out(host, out)
 
         def run(ctx: Ctx) -> Any:
             flat = host.reshape(-1)
             self._allreduce_into(ctx, flat, flat, spec)
             spec.finish(flat, self.size)
-            return _deliver(host, array, out)
+            return out if lent else _deliver(host, array, out)
 
         return self._submit("allreduce", run)
 
