@@ -107,7 +107,7 @@ def allreduce(
         raise ValueError(f"compressed allreduce sums or averages, not {spec.op!r}")
     bounds = ring.blocks(flat.size, size)
     parts = _reduce_scatter(ctx.phase(0), flat, bounds, state)
-    reduced = parts[0].copy()
+    reduced = parts[0]  # summed in place, in rank order (the parts are the group's scratch)
     for r in range(1, size):
         spec.combine(reduced, parts[r], reduced)
     spec.finish(reduced, size if count is None else count)
@@ -157,21 +157,23 @@ def _reduce_scatter(
     ctx: Ctx, flat: np.ndarray, bounds: list[tuple[int, int]], state: KeyState
 ) -> list[np.ndarray]:
     """Stage 1: chunk ``c`` encoded with ``state.workers[c]`` goes to rank ``c``; returns this
-    rank's chunk as every rank sent it, decoded, by rank."""
+    rank's chunk as every rank sent it, decoded, by rank: rows of one working array (the group's
+    scratch, kept between operations: decoding into fresh arrays faulted in their pages every
+    time, about as costly as the decoding itself)."""
     rank = ctx.rank
     to, frm = _order(ctx)
     a, b = bounds[rank]
     got = _receive(ctx, frm)
     sends: list[Handle] = []
-    parts: list[np.ndarray | None] = [None] * ctx.size
+    parts = ctx.buffer("compressed", flat.dtype, ctx.size * (b - a)).reshape(ctx.size, b - a)
     for p in to:
         lo, hi = bounds[p]
         sends += _post(ctx, p, _encode(state.workers[p], flat[lo:hi]))
-    parts[rank] = unpack(_encode(state.workers[rank], flat[a:b]), b - a, flat.dtype)
+    unpack(_encode(state.workers[rank], flat[a:b]), b - a, flat.dtype, parts[rank])
     for p, msg in got:
-        parts[p] = unpack(msg, b - a, flat.dtype)
+        unpack(msg, b - a, flat.dtype, parts[p])
     wait_all(sends)
-    return [p for p in parts if p is not None]
+    return list(parts)
 
 
 def _allgather(ctx: Ctx, mine: np.ndarray, bounds: list[tuple[int, int]], out: np.ndarray) -> None:
