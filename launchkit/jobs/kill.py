@@ -29,6 +29,10 @@ class StopResult:
     lost: bool = False  # its launcher had died without recording the end: the record is left so
 
 
+#: seconds the sweep of a job's hosts may take after its launcher has ended (connections included)
+SWEEP_BOUND = 30.0
+
+
 def remote_hosts(record: jobs.JobRecord) -> tuple[list[Host], SshOptions] | None:
     info = record.remote or {}
     if not info.get("hosts"):
@@ -36,6 +40,13 @@ def remote_hosts(record: jobs.JobRecord) -> tuple[list[Host], SshOptions] | None
     known = {f.name for f in dataclasses.fields(SshOptions)}
     opts = SshOptions(**{k: v for k, v in info.get("ssh", {}).items() if k in known})
     return [parse_host(h.split()[0]) for h in info["hosts"]], opts
+
+
+def hosts_that_ran(record: jobs.JobRecord, hosts: list[Host]) -> list[Host]:
+    """Those of ``hosts`` that the record says ran a process of the job (all of them when it
+    names none: a record written before its processes were)."""
+    ran = {p.host for p in record.processes}
+    return [h for h in hosts if str(h) in ran] or hosts
 
 
 def _stop_launcher(record: jobs.JobRecord, grace: float) -> bool:
@@ -64,19 +75,24 @@ def stop_job(job_id: str, grace: float = 3.0) -> StopResult:
         return StopResult(job_id, 0, True, cancelled=f"{info.get('engine')} job {info.get('engine_job')}")
     stopped = False
     lost = record is not None and record.shown_state == "lost"
-    if record is not None and record.state == "running" and not lost:
-        stopped = _stop_launcher(record, grace)
-    procscan.sweep_job(job_id, grace)
-    procscan.remove_shm(job_id)
-    if record is not None and not lost:  # a lost job's end is not known: it stays lost
-        fresh = jobs.load(job_id) or record
-        if fresh.state == "running" or (stopped and fresh.state == "interrupted"):
-            jobs.finish(fresh, "killed", fresh.exit_code)
-    ended = sum(1 for pid in running if not procscan.alive(pid))
-    remote: tuple[HostResult, ...] = ()
     where = remote_hosts(record) if record is not None else None
-    if where is not None:
-        remote = tuple(ssh_commands.sweep(where[0], where[1], job_id, grace))
+    # the job's hosts are contacted while its launcher ends the job (both take about a second
+    # at 128 hosts; one after the other, the sweep's connections came last)
+    reach = ssh_commands.Reach(hosts_that_ran(record, where[0]), where[1]) if record and where else None
+    try:
+        if record is not None and record.state == "running" and not lost:
+            stopped = _stop_launcher(record, grace)
+        procscan.sweep_job(job_id, grace)
+        procscan.remove_shm(job_id)
+        if record is not None and not lost:  # a lost job's end is not known: it stays lost
+            fresh = jobs.load(job_id) or record
+            if fresh.state == "running" or (stopped and fresh.state == "interrupted"):
+                jobs.finish(fresh, "killed", fresh.exit_code)
+        ended = sum(1 for pid in running if not procscan.alive(pid))
+        remote = tuple(reach.sweep(job_id, grace, grace + SWEEP_BOUND)) if reach is not None else ()
+    finally:
+        if reach is not None:
+            reach.close()
     return StopResult(job_id, ended, stopped, remote, lost=lost)
 
 

@@ -175,6 +175,32 @@ def test_kill_across_hosts(netns_hosts, jobdir: Path, launchkit_home) -> None:
         proc.communicate()
 
 
+def test_kill_sweeps_only_the_hosts_that_ran_the_job(netns_hosts, jobdir: Path, launchkit_home) -> None:
+    """The record names every host of the hostfile; the sweep after the launcher ended the job
+    goes only to those that ran a process of it: a host without one that went away since is not
+    contacted (it was, and made kill fail as unreachable), and the others report as before."""
+    group = netns_hosts(3)
+    hostfile = group.write_hostfile(jobdir.parent / "hosts", slots=1)
+    proc = start(launch_args(group, hostfile, "-n", "2", "-s", "0", "python3", PROG_NAME, "grandchild"),
+                 cwd=jobdir)  # fmt: skip
+    try:
+        job = wait_for_job(launchkit_home, timeout=30)
+        assert wait_until(lambda: sum(1 for p in job_pids_on(group, job).values() if len(p) >= 2) == 2, 15)
+        idle = next(h for h in group if not job_pids_on(group, job).get(h.name))
+        ran = [h for h in group if h is not idle]
+        idle.stop()  # the host without a process of the job goes away
+        res = run(["kill", job])
+        assert res.returncode == 0, res.stderr
+        for h in ran:
+            assert f"{h.hostfile_line()}: ended" in res.stdout
+        assert idle.hostfile_line() not in res.stdout + res.stderr
+        assert all(not h.pids_with_env(f"LAUNCHKIT_JOB_ID={job}") for h in ran)
+        assert proc.wait(timeout=15) == 143
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
 def test_kill_all_on_hosts_with_launcher_gone(netns_hosts, jobdir: Path, launchkit_home) -> None:
     group = netns_hosts(2)
     hostfile = group.write_hostfile(jobdir.parent / "hosts")
