@@ -67,7 +67,9 @@ def test_resumed_ranks_continue_as_the_unbroken_run(tmp_path: Path) -> None:
     for unbroken, resumed, bare in got:
         assert torch.equal(resumed, unbroken)
         assert not torch.equal(bare, unbroken)
-    assert json.loads(ck.read_text()) == {"epoch": 2, "size": W}
+    assert json.loads(ck.read_text()) == {
+        "format": 2, "epoch": 2, "size": W, "servers": 0, "files": ["ck.2.rank0", "ck.2.rank1"]
+    }  # fmt: skip
     assert sorted(p.name for p in tmp_path.glob("ck.*")) == ["ck.2.rank0", "ck.2.rank1"]
 
 
@@ -90,5 +92,79 @@ def test_no_checkpoint_and_another_worker_count(tmp_path: Path) -> None:
         return str(e.value)
 
     assert on_ranks(W, wrong)[0] == f"{ck}: a checkpoint of 3 workers, this job has 2"
-    ck.write_text(json.dumps({"epoch": 1, "size": W}))
-    assert on_ranks(W, wrong)[1] == f"{tmp_path / 'ck.1.rank1'}: worker 1's state of epoch 1 is missing"
+    ck.write_text(json.dumps({"epoch": 1, "size": W}))  # the format of before the servers' file
+    (tmp_path / "ck.1.rank0").write_bytes(b"")
+    missing = f"{tmp_path / 'ck.1.rank1'}: worker 1's state of epoch 1 is missing"
+    assert on_ranks(W, wrong) == [missing] * W  # every rank alike, before any loads
+
+
+def solo(m: torch.nn.Module) -> Any:
+    """A one-rank optimizer (no launcher: the ``Solo`` backend)."""
+    rt = Runtime()
+    rt.init(environ={})
+    return hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), runtime=rt)
+
+
+def test_the_manifest_is_written_last_and_a_save_cut_short_keeps_the_previous_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    xs, ys = data(4)
+    ck = tmp_path / "ck"
+    m = make_model()
+    opt = solo(m)
+    steps(0, m, opt, xs[:2], ys[:2])
+    renamed: list[str] = []
+    real = checkpoint.os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        if Path(dst) == ck and renamed[-1] == "ck.2.rank0":  # the manifest of epoch 2: the save dies
+            raise OSError(28, "No space left on device")
+        renamed.append(Path(dst).name)
+        real(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
+    checkpoint.save(ck, 1, m, opt)
+    assert renamed == ["ck.1.rank0", "ck"]  # the manifest last
+    saved = flat(m)
+    steps(0, m, opt, xs[2:], ys[2:])
+    with pytest.raises(OSError):
+        checkpoint.save(ck, 2, m, opt)
+    # the epoch-2 file is complete, but no manifest names it: the checkpoint is still epoch 1's
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "ck.1.rank0", "ck.2.rank0"]  # no temp file
+    fresh = make_model()
+    assert checkpoint.load(ck, fresh, solo(fresh)) == (1, {})
+    assert torch.equal(flat(fresh), saved)
+
+
+def test_a_checkpoint_of_another_shape_is_refused_before_anything_loads(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    m = make_model()
+    opt = solo(m)
+    checkpoint.save(ck, 1, m, opt)
+    head = json.loads(ck.read_text())
+    assert head == {"format": 2, "epoch": 1, "size": 1, "servers": 0, "files": ["ck.1.rank0"]}
+    other = make_model()
+    torch.nn.init.zeros_(other[0].weight)
+    before = flat(other)
+
+    def refused(manifest: dict[str, Any]) -> str:
+        ck.write_text(json.dumps(manifest))
+        with pytest.raises(ValueError) as e:
+            checkpoint.load(ck, other, solo(other))
+        assert torch.equal(flat(other), before)  # nothing was loaded
+        return str(e.value)
+
+    files = ["ck.1.rank0", "ck.1.server"]
+    assert refused({**head, "servers": 1, "files": files}) == (
+        f"{ck}: a checkpoint of a job with 1 servers, this job has 0 (a checkpoint resumes on the same path: -s 1)"
+    )  # fmt: skip
+    assert refused({**head, "files": ["ck.1.rank0", "ck.1.rank1"]}) == (
+        f"{ck}: not a checkpoint of trainer_core.torch (its epoch, counts and files disagree)"
+    )
+    assert refused({**head, "format": 3}).endswith(
+        "a checkpoint of format 3, newer than this trainer_core's (2)"
+    )
+    assert refused({"epoch": "one"}).startswith(f"{ck}: not a checkpoint of trainer_core.torch (ValueError")
+    assert checkpoint.parse_manifest(ck, json.dumps({**head, "servers": 1, "files": files})).servers == 1
+    with pytest.raises(ValueError, match="residuals of the parameter-server path, and this job runs on the allreduce path"):  # fmt: skip
+        checkpoint.load_residuals(opt, {"kv/0/0/residual": torch.zeros(3)})
