@@ -4,7 +4,9 @@ choices, the runtime's choice of path, option validation and one-rank (no launch
 from __future__ import annotations
 
 import ast
+import copy
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,6 +37,56 @@ def test_plan_is_reverse_order_by_dtype_and_limit() -> None:
     assert buckets.plan(sizes, 0) == [[4], [3], [2], [1], [0]]
     assert buckets.plan(sizes, 10**9) == [[4, 3, 1, 0], [2]]
     assert buckets.plan([], 10) == []
+
+
+def test_large_parameters_travel_alone_in_their_own_memory() -> None:
+    """bench/torch_step.py's MLP (1024-2048-1024-10): its two 8 MiB weights get a bucket each
+    (no copy into a bucket and back), the small parameters between them are fused."""
+    mib = 1024 * 1024
+    mlp = [("float32", 8 * mib), ("float32", 8192), ("float32", 8 * mib), ("float32", 4096), ("float32", 40960), ("float32", 40)]  # fmt: skip
+    assert buckets.plan(mlp, 25 * mib) == [[5, 4, 3], [2], [1], [0]]
+    assert mib == buckets.ALONE
+    sizes = [("float32", 40), ("float32", 500), ("float32", 40), ("float16", 10), ("float32", 40)]
+    assert buckets.plan(sizes, 10**9, alone=500) == [[4, 2], [3], [1], [0]]
+    assert buckets.plan(sizes, 0, alone=500) == [[4], [3], [2], [1], [0]]
+
+
+class Recording(Solo):
+    """One rank that keeps every array lent to its allreduce."""
+
+    def __init__(self) -> None:
+        self.lent: list[np.ndarray] = []
+
+    def allreduce_async(self, array: Any, op: str, kind: str | None = None, out: Any = None) -> Any:
+        self.lent.append(array)
+        return super().allreduce_async(array, op, kind, out)
+
+
+def test_fused_buckets_reuse_one_buffer_and_large_gradients_go_as_they_are() -> None:
+    """Every step, a bucket of several gradients is copied into the same buffer (not a fresh
+    concatenation each step), and a gradient of ``ALONE`` bytes or more is lent itself."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(600, 512), torch.nn.Tanh(), torch.nn.Linear(512, 3))
+    ref = copy.deepcopy(m)
+    rt = runtime.Runtime()
+    backend = rt.attach(Recording())
+    assert isinstance(backend, Recording)
+    opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), runtime=rt)
+    plain = torch.optim.SGD(ref.parameters(), lr=0.1)
+    x = torch.randn(4, 600, generator=torch.Generator().manual_seed(2))
+    weights: list[np.ndarray] = []
+    for _ in range(3):
+        m(x).pow(2).sum().backward()
+        weights.append(m[0].weight.grad.numpy())  # the large weight's gradient of this step
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step(ref, plain, x)
+    assert opt._tracker.buckets == [[3, 2, 1], [0]]
+    fused, alone = backend.lent[0::2], backend.lent[1::2]
+    assert len(fused) == 3 and all(np.shares_memory(a, fused[0]) for a in fused)
+    assert all(np.shares_memory(a, w) for a, w in zip(alone, weights, strict=True))
+    for p, q in zip(m.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p, q)
 
 
 def test_tracker_starts_buckets_in_order_whatever_order_params_are_ready() -> None:

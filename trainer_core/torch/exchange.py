@@ -60,6 +60,32 @@ def scatter(flat: torch.Tensor, into: list[torch.Tensor]) -> None:
         start += n
 
 
+class Fused:
+    """Each bucket's flat buffer, kept from step to step (made at the bucket's first use, in its
+    gradients' dtype and on their device): the gradients are copied into it, it is reduced in
+    place, and ``scatter`` copies the result back. A bucket of one contiguous gradient needs none
+    (the gradient's own memory travels); gradients of several dtypes are concatenated afresh."""
+
+    def __init__(self) -> None:
+        self._flat: dict[int, torch.Tensor] = {}
+
+    def gather(self, b: int, grads: list[torch.Tensor]) -> torch.Tensor:
+        if len(grads) == 1 and grads[0].is_contiguous():
+            return grads[0]
+        dtype, device = grads[0].dtype, grads[0].device
+        if any(g.dtype != dtype or g.device != device for g in grads):
+            return flatten(grads)
+        n = sum(g.numel() for g in grads)
+        flat = self._flat.get(b)
+        if flat is None or flat.numel() != n or flat.dtype != dtype or flat.device != device:
+            flat = self._flat[b] = torch.empty(n, dtype=dtype, device=device)
+        start = 0
+        for g in grads:
+            flat[start : start + g.numel()].view(g.shape).copy_(g)
+            start += g.numel()
+        return flat
+
+
 class Exchange:
     """The buckets of one optimizer over ``backend`` (see the module's text)."""
 
@@ -78,6 +104,7 @@ class Exchange:
         self.residual = isinstance(compression, Residual)
         self.feedback = ErrorFeedback(dict(compression.params)) if self.residual and backend.comm == "allreduce" else None  # fmt: skip
         self.keys = [f"__torch__/grad/{prefix}/{b}" for b in range(len(buckets))]
+        self.fused = Fused()
         self.server_optimizer = server_optimizer is not None
         if isinstance(backend, KV):
             self._declare(backend, server_optimizer)
@@ -110,15 +137,14 @@ class Exchange:
             return self._start_ps(b, grads)
         if self.residual:
             assert self.feedback is not None or self.backend.size == 1
-            one = len(grads) == 1
-            flat = grads[0].detach() if one else flatten(grads)
+            flat = grads[0].detach() if len(grads) == 1 else self.fused.gather(b, grads)
             flat = flat.float() if flat.dtype == torch.bfloat16 else flat
             arr = as_array(flat)
             if self.feedback is None:  # one rank: nothing to compress against
                 return Pending(b, grads, Done(arr))
             work = self.backend.compressed_allreduce_async(arr, self.feedback, b, self.op)
             return Pending(b, grads, work)
-        sent, ctx = self.compression.compress(flatten(grads))
+        sent, ctx = self.compression.compress(self.fused.gather(b, grads))
         lent = as_array(sent)  # the result comes back into it: a lone gradient's own memory
         work = self.backend.allreduce_async(lent, self.op, kind_of(sent), out=lent)
         return Pending(b, grads, work, ctx, sent)
@@ -126,7 +152,7 @@ class Exchange:
     def _start_ps(self, b: int, grads: list[torch.Tensor]) -> Pending:
         assert isinstance(self.backend, KV)
         kv, key = self.backend.kv, self.keys[b]
-        flat = flatten(grads)
+        flat = self.fused.gather(b, grads)
         sent, ctx = (flat, None) if self.residual else self.compression.compress(flat)
         sent = sent.float() if sent.dtype == torch.bfloat16 else sent
         if self.op == "mean":
