@@ -71,6 +71,7 @@ def measure(args: argparse.Namespace) -> dict:
                     col, local, job, servers, [kind, model, comp, str(args.steps), str(WARMUP)]
                 )
                 row[col], row["params"] = res.get("step_s"), res.get("params", row.get("params"))
+                row.setdefault("threads", {})[col] = res.get("threads")
             info["rows"].append(row)
         if args.no_hosts:
             return info
@@ -105,8 +106,10 @@ def measure(args: argparse.Namespace) -> dict:
 def table(info: dict) -> str:
     cols = [c for c, *_ in RUNS]
     ms = lambda v: "n/a" if v is None else f"{v * 1e3:.1f}"  # noqa: E731
+    threads = sorted({t for r in info["rows"] for t in r.get("threads", {}).values() if t is not None})
     lines = [
         f"# {WORKERS} workers, 16 samples each per step, median ms of rank 0's steps; ratio = DDP / trainer_core"
+        + (f"; torch threads per worker: {', '.join(map(str, threads))}" if threads else "")
         + (f"; capped links: one TCP stream {info['stream_gbps']:.3f} Gbit/s" if "stream_gbps" in info else ""),
         "",
         "| model (parameters) | where | " + " | ".join(f"{c} ms" for c in cols)

@@ -9,7 +9,8 @@ namespace hosts see that directory, not the checkout).
 copied beside as ``train_torch.py``) on 8x8 inputs, or ``mlp`` (1024-2048-1024-10, 4.2M parameters)
 on 1024 inputs; 16 random samples per worker per step, SGD lr 0.01. After WARMUP steps and a
 barrier, every step is timed (forward, backward, the exchange, the update); rank 0 prints
-``RESULT {json}`` with the median, in seconds.
+``RESULT {json}`` with the median, in seconds, and torch's intra-op threads (1 on both sides: 4
+workers share the host's cores, as do trainer_core's collective thread and gloo's).
 """
 
 STEP = """
@@ -60,6 +61,7 @@ for s in range(warm + steps):
         times.append(time.perf_counter() - t0)
 barrier()
 if rank == 0:
-    print("RESULT " + json.dumps({"step_s": statistics.median(times), "params": params}), flush=True)
+    out = {"step_s": statistics.median(times), "params": params, "threads": torch.get_num_threads()}
+    print("RESULT " + json.dumps(out), flush=True)
 end()
 """
