@@ -1,6 +1,6 @@
 """trainer_core's scheduler with thousands of simulated nodes, in one process (issue 28).
 
-    python -m bench.scale_scheduler [--nodes 10000] [--servers 0] [--json out.json]
+    python -m bench.scale_scheduler [--nodes 10000] [--servers 0] [--book all] [--json out.json]
 
 The scheduler is the real one (``node.scheduler.Scheduler``, its ``handle`` and its ``run`` loop);
 the nodes are simulated: each is a ``SimNode``, the ``reply`` the scheduler answers on, which
@@ -8,7 +8,9 @@ encodes every header the scheduler sends it exactly as a socket would (``wire.en
 the messages and bytes, without a socket or an event fd per node (a ``MemoryChannel`` pair holds
 two, and 10,000 nodes would pass the descriptor limit). What the nodes send is built as a real
 node builds it (registration bodies of a real node's size). One node's book is decoded as a node
-decodes it (``wire.decode``: it must fit ``MAX_HEADER_BYTES``).
+decodes it (``wire.decode``: it must fit ``MAX_HEADER_BYTES``). The workers ask for the part of the
+book ``--book`` names (``all``: a worker of the collectives; ``servers``: the parameter server's);
+the servers ask for the servers only, as theirs do.
 
 Phases, each timed (wall s, and the scheduler's work per node in microseconds):
 
@@ -51,8 +53,8 @@ LOG.propagate = False
 class SimNode(Peer):
     """One simulated node as the scheduler's reply target: what it is sent, encoded and counted."""
 
-    def __init__(self, role: str, index: int, stats: Counter[str]) -> None:
-        self.role, self.index, self.stats = role, index, stats
+    def __init__(self, role: str, index: int, stats: Counter[str], needs: str = book.ALL) -> None:
+        self.role, self.index, self.stats, self.needs = role, index, stats, needs
         self.name = ""
         self.last: bytes = b""  # the last header received, encoded (node 0 only)
         self.frames: list[bytes] = []
@@ -65,7 +67,7 @@ class SimNode(Peer):
         self.ops[header.op] += 1
         if header.op == protocol.BOOK:
             self.name = str(header.body["name"])
-        if self.index == 0:  # one node keeps what it got last (the others would hold n books)
+        if self.index == 0 and self.role == "worker":  # one worker keeps what it got last (not n books)
             self.last = raw
             self.frames = [bytes(memoryview(f).cast("B")) for f in frames]
 
@@ -82,6 +84,7 @@ class SimNode(Peer):
             "pid": 100000 + self.index,
             "local": f"launchkit-1127-000000-abcdef-s-{100000 + self.index}-{self.index:08x}",
             "data": f"tcp://{ip}:{45000 + self.index % 20000}",
+            "book": self.needs,
         }
         return wire.Header(op=protocol.REGISTER, body=body)
 
@@ -116,12 +119,14 @@ def config(workers: int, servers: int) -> NodeConfig:
     return NodeConfig.from_environ(env)
 
 
-def make_job(workers: int, servers: int) -> tuple[Scheduler, OneAtATime, list[SimNode], Counter[str]]:
+def make_job(
+    workers: int, servers: int, needs: str = book.ALL
+) -> tuple[Scheduler, OneAtATime, list[SimNode], Counter[str]]:
     router = OneAtATime()
     sched = Scheduler(config(workers, servers), LOG, router=router)
     stats: Counter[str] = Counter()
-    nodes = [SimNode("server", i, stats) for i in range(servers)] + [
-        SimNode("worker", i, stats) for i in range(workers)
+    nodes = [SimNode("server", i, stats, book.SERVERS) for i in range(servers)] + [
+        SimNode("worker", i, stats, needs) for i in range(workers)
     ]
     return sched, router, nodes, stats
 
@@ -142,10 +147,10 @@ def heartbeats_through_run(sched: Scheduler, router: OneAtATime, nodes: list[Sim
     return sched._run()
 
 
-def simulate(workers: int, servers: int) -> dict[str, Any]:
+def simulate(workers: int, servers: int, needs: str = book.ALL) -> dict[str, Any]:
     n = workers + servers
     out: dict[str, Any] = {"nodes": n, "workers": workers, "servers": servers}
-    sched, router, nodes, stats = make_job(workers, servers)
+    sched, router, nodes, stats = make_job(workers, servers, needs)
     tracemalloc.start()
     a = time.perf_counter()
     register(sched, nodes)
@@ -155,17 +160,18 @@ def simulate(workers: int, servers: int) -> dict[str, Any]:
     )
     tracemalloc.stop()
     assert all(x.name for x in nodes), "not every node got its book"
-    first = nodes[0]
+    first = nodes[servers]  # worker 0
     out["book bytes (header + frame)"] = len(first.last) + sum(len(f) for f in first.frames)
     try:  # as the node reads it
         header = wire.decode(first.last, protocol.SCHEMA)
         frames = [Payload(memoryview(f)) for f in first.frames]
         got = book._book(header, frames)
-        assert len(got.servers) == servers and len(got.workers) == workers
+        assert len(got.servers) == servers and len(got.workers) == (workers if needs == book.ALL else 0)
         out["book read by a node"] = "yes"
     except wire.WireError as exc:
         out["book read by a node"] = f"no: {exc}"
     out["registration: messages, MB sent"] = f"{stats['messages']}, {stats['bytes'] / 1e6:,.1f}"
+    out["book bytes per node, mean"] = stats["bytes"] // n
     # heartbeats (each sets the node's ctl), one per wake of the run loop; an abort ends the loop
     stats.clear()
     a = time.perf_counter()
@@ -173,7 +179,7 @@ def simulate(workers: int, servers: int) -> dict[str, Any]:
     out["heartbeats through run() + abort s"] = time.perf_counter() - a
     out["abort: exit code, messages"] = f"{code}, {stats['messages'] - n}"
     # a barrier of every worker, on a fresh job (the one above was aborted)
-    sched, router, nodes, stats = make_job(workers, servers)
+    sched, router, nodes, stats = make_job(workers, servers, needs)
     register(sched, nodes)
     stats.clear()
     a = time.perf_counter()
@@ -201,9 +207,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, nargs="+", default=[1000, 2000, 5000, 10000])
     p.add_argument("--servers", type=int, default=0, help="servers among the nodes (the rest are workers)")
+    p.add_argument(
+        "--book", choices=book.NEEDS, default=book.ALL, help="the part of the book workers ask for"
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    results = [simulate(n - args.servers, args.servers) for n in args.nodes]
+    results = [simulate(n - args.servers, args.servers, args.book) for n in args.nodes]
     keys = [k for k in results[0] if k not in ("nodes", "workers", "servers")]
     print("| | " + " | ".join(f"{r['nodes']:,} nodes" for r in results) + " |")
     print("|---|" + "---|" * len(results))

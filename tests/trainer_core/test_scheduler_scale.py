@@ -90,9 +90,9 @@ class OneAtATime(Source):
         return None
 
 
-def config(workers: int) -> NodeConfig:
+def config(workers: int, servers: int = 0) -> NodeConfig:
     env = {"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9",
-           "DMLC_NUM_SERVER": "0", "DMLC_NUM_WORKER": str(workers), "LAUNCHKIT_JOB_SECRET": "s",
+           "DMLC_NUM_SERVER": str(servers), "DMLC_NUM_WORKER": str(workers), "LAUNCHKIT_JOB_SECRET": "s",
            "PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "600"}  # fmt: skip
     return NodeConfig.from_environ(env)
 
@@ -144,3 +144,55 @@ def test_a_barrier_of_2000_workers_answers_each_once() -> None:
         sched.handle(Received(wire.Header(op=protocol.BARRIER, seq=7, src=n.name), [], n))
     done = [wire.decode(raw, protocol.SCHEMA) for n in nodes for raw, _ in n.got[1:]]
     assert len(done) == N and all(h.op == protocol.BARRIER_DONE and h.seq == 7 for h in done)
+
+
+class Sized(SimNode):
+    """A node that counts the book's bytes it receives (header and frames) and asks for ``needs``."""
+
+    def __init__(self, role: str, index: int, needs: str | None) -> None:
+        super().__init__(role, index)
+        self.needs, self.received = needs, 0
+
+    def send(self, header: wire.Header, frames: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
+        super().send(header, frames, fds)
+        self.received += len(wire.encode(header)) + sum(len(memoryview(f).cast("B")) for f in frames)
+
+    def register(self) -> Received:
+        msg = super().register()
+        if self.needs is not None:
+            msg.header.body["book"] = self.needs
+        if self.role == "server":
+            msg.header.body["endpoint"] = f"tcp://10.9.0.{self.index}:40000"
+        return msg
+
+
+def test_a_node_that_reaches_the_servers_only_is_sent_the_servers_only() -> None:
+    """Failed on the old code: every node was sent every node's addresses (330 KB each at 2000
+    nodes, 660 MB in all), though the parameter server's workers reach the servers only and the
+    servers nobody. A collective worker (``"all"``, or a node that names no part) gets all."""
+    sched = Scheduler(config(N - 16, servers=16), LOG, router=OneAtATime([]))
+    nodes = [Sized("server", i, "servers") for i in range(16)]
+    nodes += [Sized("worker", i, "all" if i == 1 else None if i == 2 else "servers") for i in range(N - 16)]
+    for n in nodes:
+        sched.handle(n.register())
+    assert all(n.name for n in nodes) and sched.exit_code is None
+    pw = [n for n in nodes if n.role == "worker" and n.index not in (1, 2)]
+    assert max(n.received for n in pw) < 16 * 200, max(n.received for n in pw)
+    whole = 200 * N  # more than the bytes of a whole book (132 a node here)
+    assert sum(n.received for n in nodes) < N * 16 * 200 + 2 * whole  # two whole books, the rest the servers
+    assert nodes[18].received > N * 100  # worker 2 named no part: all, as from a node of before
+    for n in [nodes[16], nodes[17]]:  # workers 0 (the servers only) and 1 (all)
+        raw, frames = n.got[-1]
+        got = book._book(wire.decode(raw, protocol.SCHEMA), [Payload(memoryview(f)) for f in frames])
+        assert len(got.servers) == 16 and got.servers[3].endpoint == "tcp://10.9.0.3:40000"
+        assert len(got.workers) == (0 if n.index == 0 else N - 16)
+
+
+def test_a_registration_asking_for_an_unknown_part_of_the_book_is_refused() -> None:
+    sched = Scheduler(config(2), LOG, router=OneAtATime([]))
+    bad = Sized("worker", 0, "neighbours")
+    sched.handle(bad.register())
+    ((raw, _),) = bad.got
+    h = wire.decode(raw, protocol.SCHEMA)
+    assert h.op == protocol.ERROR and h.body["reason"] == "book must be one of all, servers, not 'neighbours'"
+    assert sched.pending == [] and sched.registered["worker"] == 0

@@ -1,8 +1,10 @@
 """Joining a job: register with the scheduler and receive the book of every node of the job.
 
 Every node registers what it listens on (a ZeroMQ endpoint, a same-host channel, a TCP data
-channel); the book lists every server and every worker with those, so a worker can reach the
-servers and, as well, the other workers (``node.links``).
+channel) and which part of the book it needs: every node (``ALL``: a worker of the collectives,
+which links to every other worker, ``node.links``), or the servers only (``SERVERS``: the parameter
+server's workers, which reach the servers only, and the servers, which reach nobody). The book
+lists those with where each listens.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from trainer_core.transport import wire
 from trainer_core.transport.channel import Received
 from trainer_core.transport.control import Transport, ZmqChannel
 from trainer_core.transport.host import machine_identity
+
+#: what a node asks the book for (its registration's ``book``; absent: ``ALL``)
+ALL, SERVERS = "all", "servers"
+NEEDS = (ALL, SERVERS)
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ class Book:
     num_workers: int
     num_servers: int
     servers: tuple[NodeInfo, ...]
-    workers: tuple[NodeInfo, ...] = ()  # (empty from a scheduler that lists servers only)
+    workers: tuple[NodeInfo, ...] = ()  # (empty for a node that asked for the servers only)
 
 
 def scheduler_endpoint(cfg: NodeConfig) -> str:
@@ -60,9 +66,10 @@ def join(
     log: logging.Logger,
     local: str = "",
     data: str = "",
+    needs: str = ALL,
 ) -> tuple[ZmqChannel, Book]:
-    """Register (role, rank hint, host, endpoint) and wait, at most ``start_timeout``, for the book;
-    returns the channel to the scheduler and the book."""
+    """Register (role, rank hint, host, endpoint, the part of the book it ``needs``) and wait, at
+    most ``start_timeout``, for the book; returns the channel to the scheduler and the book."""
     sched = transport.connect(scheduler_endpoint(cfg))
     body = {
         "role": cfg.role,
@@ -73,6 +80,7 @@ def join(
         "data": data,
         "host_key": machine_identity(cfg.env.node_host),
         "pid": os.getpid(),
+        "book": needs,
     }
     sched.send(wire.Header(op=protocol.REGISTER, body=body))
     waited = cfg.start_timeout + scheduler_first(cfg.start_timeout)

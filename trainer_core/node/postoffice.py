@@ -23,7 +23,7 @@ from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, NodeFailure
 from trainer_core.node import protocol
-from trainer_core.node.book import Book, join, scheduler_endpoint
+from trainer_core.node.book import ALL, Book, join, scheduler_endpoint
 from trainer_core.node.liveness import Health, Liveness
 from trainer_core.node.requests import Requests
 from trainer_core.node.rootserver import RootServer, root_name, serves_root
@@ -82,9 +82,12 @@ class Postoffice:
         self.root: RootServer | None = None  # the job's scheduler, when this node serves it
 
     @classmethod
-    def join(cls, cfg: NodeConfig, log: logging.Logger, schema: wire.Schema = protocol.SCHEMA) -> Postoffice:
-        """Join the job of ``cfg`` as a worker: listen, register, wait for the book, start the
-        heartbeats. Everything opened is closed again if one of them fails."""
+    def join(
+        cls, cfg: NodeConfig, log: logging.Logger, schema: wire.Schema = protocol.SCHEMA, needs: str = ALL
+    ) -> Postoffice:
+        """Join the job of ``cfg`` as a worker: listen, register, wait for the book (the part it
+        ``needs``: ``book.ALL`` or ``book.SERVERS``), start the heartbeats. Everything opened is
+        closed again if one of them fails."""
         transport = Transport(cfg.secret, log, cfg.verbose, schema)
         listeners: list[Listener] = []
         live: Liveness | None = None
@@ -93,7 +96,9 @@ class Postoffice:
             if serves_root(cfg):  # a job without a scheduler process: worker 0 serves the root
                 root = RootServer(cfg, log, schema)
             local, data = listen(cfg, transport.trace, listeners)
-            sched, book = join(transport, cfg, cfg.env.node_host or "", None, log, local=local, data=data)
+            sched, book = join(
+                transport, cfg, cfg.env.node_host or "", None, log, local=local, data=data, needs=needs
+            )
             live = Liveness(
                 transport,
                 scheduler_endpoint(cfg),

@@ -1,5 +1,5 @@
-"""The scheduler: registers nodes, assigns ranks, hands out the book of every node (servers and
-workers, with what each listens on), runs barriers, watches heartbeats and tells every node when
+"""The scheduler: registers nodes, assigns ranks, hands out the book (servers and workers, with
+what each listens on; the servers only to a node that asked for no more), runs barriers, watches heartbeats and tells every node when
 the job ends (normally or by an abort). It knows nothing of what the nodes compute: a
 parameter-server job runs it with its protocol's ``schema`` (``ps/scheduler.py``, ``python -m
 trainer_core.ps.scheduler``, or importing trainer_core with ``DMLC_ROLE=scheduler``); a job
@@ -19,7 +19,7 @@ from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import WireError
 from trainer_core.log import get_logger
-from trainer_core.node import protocol
+from trainer_core.node import book, protocol
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Peer, Received, Source
 from trainer_core.transport.control import Transport
@@ -39,6 +39,7 @@ class NodeRecord:
     local: str
     data: str
     peer: Peer  # where the registration came from (answered with the book)
+    needs: str = book.ALL  # the part of the book it asked for (``book.NEEDS``)
     name: str = ""
     rank: int = -1
     ctl: Peer | None = None  # the node's heartbeat channel (aborts and terminate go there)
@@ -189,7 +190,12 @@ class Scheduler:
             local=wire.body_str(h, "local", ""),
             data=wire.body_str(h, "data", ""),
             peer=peer,
+            needs=wire.body_str(h, "book", book.ALL),
         )
+        if rec.needs not in book.NEEDS:
+            reason = f"book must be one of {', '.join(book.NEEDS)}, not {rec.needs!r}"
+            peer.send(wire.Header(op=protocol.ERROR, body={"reason": reason}))
+            return None
         if self.registered[role] >= self.expected[role]:
             peer.send(
                 wire.Header(op=protocol.ERROR, body={"reason": f"more than {self.expected[role]} {role}s"})
@@ -217,15 +223,19 @@ class Scheduler:
         servers = sorted((r for r in self.pending if r.role == "server"), key=lambda r: r.rank)
         workers = sorted((r for r in self.pending if r.role == "worker"), key=lambda r: r.rank)
         counts = {"num_workers": self.expected["worker"], "num_servers": self.expected["server"]}
-        # the lists once, as the book's frame: the same bytes for every node (in the header, each
-        # node's copy was encoded again, O(n^2) in all, and past ~6000 nodes over MAX_HEADER_BYTES)
-        listed = json.dumps(
-            {"servers": [r.listens() for r in servers], "workers": [r.listens() for r in workers]},
-            separators=(",", ":"),
-        ).encode()
+        # each part of the book once, as its frame: the same bytes for every node that asked for it
+        # (in the header, each node's copy was encoded again, O(n^2) in all, and past ~6000 nodes
+        # over MAX_HEADER_BYTES); the workers' list only to the nodes that reach workers
+        parts: dict[str, bytes] = {}
         for r in self.pending:
             r.last_seen = now
             self.nodes[r.name] = r
+            listed = parts.get(r.needs)
+            if listed is None:
+                lists = {"servers": [x.listens() for x in servers]}
+                if r.needs == book.ALL:
+                    lists["workers"] = [x.listens() for x in workers]
+                listed = parts[r.needs] = json.dumps(lists, separators=(",", ":")).encode()
             body = {**counts, "role": r.role, "rank": r.rank, "name": r.name}
             r.peer.send(wire.Header(op=protocol.BOOK, body=body), [listed])
         if self.cfg.verbose:

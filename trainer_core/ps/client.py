@@ -22,7 +22,7 @@ import numpy as np
 import trainer_core.metrics as metrics
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, NodeFailure, WireError
-from trainer_core.node.book import Book
+from trainer_core.node.book import SERVERS, Book
 from trainer_core.node.liveness import Health
 from trainer_core.node.postoffice import Postoffice
 from trainer_core.ps import protocol
@@ -76,7 +76,7 @@ class WorkerClient:
     @classmethod
     def join(cls, cfg: NodeConfig, log: logging.Logger, exit_on_failure: bool = True) -> WorkerClient:
         """Join the job described by ``cfg`` (``Postoffice.join``), then connect to every server."""
-        node = Postoffice.join(cfg, log, protocol.SCHEMA)
+        node = Postoffice.join(cfg, log, protocol.SCHEMA, needs=SERVERS)  # it reaches the servers only
         try:
             metrics.report(registered=1)  # the first report says this worker registered
             assert node.transport is not None

@@ -17,7 +17,7 @@ import time
 import trainer_core.metrics as metrics
 from trainer_core.config import NodeConfig
 from trainer_core.log import get_logger
-from trainer_core.node.book import join, scheduler_endpoint
+from trainer_core.node.book import SERVERS, join, scheduler_endpoint
 from trainer_core.node.liveness import Liveness
 from trainer_core.node.postoffice import listen
 from trainer_core.ps import protocol
@@ -74,6 +74,7 @@ class Server:
             self.log,
             local=local,
             data=data,
+            needs=SERVERS,  # a server reaches no other node: the counts are what it reads
         )
         self.handler = RequestHandler(
             book.num_workers, job_prefix(cfg.job_id), self.log, shared=bool(local), name=book.name
