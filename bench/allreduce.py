@@ -4,7 +4,8 @@ algorithm choice, and ring and recursive doubling each forced), ``torch.distribu
 gloo backend on CPU (``all_reduce``), Open MPI's ``MPI_Allreduce`` through mpi4py, and
 trainer_core's parameter server (``pushpull``: push the array, pull the sum, one round trip).
 
-    python bench/allreduce.py [--workers 2 4] [--sizes 1e3 1e4 1e5 1e6 1e7] [--reps 30] [--json OUT]
+    python bench/allreduce.py [--workers 2 4] [--sizes 1e3 1e4 1e5 1e6 1e7] [--reps 30] [--rounds 1]
+                              [--json OUT]
 
 trainer_core and torch are launched with ``launchkit launch --launcher local`` (the parameter
 server with 2 servers), Open MPI with ``mpirun --allow-run-as-root --oversubscribe --bind-to none
@@ -76,34 +77,58 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(workers_list: list[int], sizes: list[str], reps: int) -> tuple[list[Result], str | None]:
-    """The rows (one per W and size) and Open MPI's library version (None: not measured)."""
+def run(
+    workers_list: list[int], sizes: list[str], reps: int, rounds: int = 1
+) -> tuple[list[Result], str | None]:
+    """The rows (one per W and size) and Open MPI's library version (None: not measured).
+
+    With several ``rounds``, every peer runs once per round, one after the other, and each figure
+    is the median over the rounds; ``tc_mpi`` and ``tc_gloo`` keep every round's ratio (each
+    taken between peers measured minutes apart at most: on a shared machine the load changes
+    between them, so one round's ratio at a size is only indicative)."""
     tpy, mpy = torch_python(), mpi_python()
     spec = [",".join(sizes), str(reps), str(WARMUP)]
     rows: list[Result] = []
     library = None
     for w in workers_list:
-        tc = launch(w, 0, sys.executable, programs.TC_COLLECTIVE, spec, "trainer_core allreduce")
-        gloo = launch(w, 0, tpy, programs.TORCH_GLOO, [*spec, str(free_port())], "torch gloo")
-        mpi = mpirun(w, mpy, spec) if mpy else {}
-        pp = launch(w, 2, sys.executable, programs.TC_PUSHPULL, spec, "trainer_core pushpull")
-        library = str(mpi["library"]) if mpi else None
+        per: list[tuple[Result, Result, Result, Result]] = []
+        for _ in range(rounds):
+            tc = launch(w, 0, sys.executable, programs.TC_COLLECTIVE, spec, "trainer_core allreduce")
+            gloo = launch(w, 0, tpy, programs.TORCH_GLOO, [*spec, str(free_port())], "torch gloo")
+            mpi = mpirun(w, mpy, spec) if mpy else {}
+            pp = launch(w, 2, sys.executable, programs.TC_PUSHPULL, spec, "trainer_core pushpull")
+            library = str(mpi["library"]) if mpi else None
+            per.append((tc, gloo, mpi, pp))
         for s in sizes:
             n = int(float(s))
+            tcs = [_ms_of(tc, "default", n) for tc, _, _, _ in per]
+            glo = [_ms_of(gloo, "gloo", n) for _, gloo, _, _ in per]
+            mps = [_ms_of(mpi, "mpi", n) for _, _, mpi, _ in per]
             rows.append(
                 {
                     "workers": w,
                     "size": n,
-                    "trainer_core_ms": _ms_of(tc, "default", n),
-                    "algorithm": tc.get(f"algorithm/{n}"),
-                    "ring_ms": _ms_of(tc, "ring", n),
-                    "doubling_ms": _ms_of(tc, "doubling", n),
-                    "torch_gloo_ms": _ms_of(gloo, "gloo", n),
-                    "mpi_ms": _ms_of(mpi, "mpi", n),
-                    "pushpull_ms": _ms_of(pp, "pushpull", n),
+                    "trainer_core_ms": _median(tcs),
+                    "algorithm": per[-1][0].get(f"algorithm/{n}"),
+                    "ring_ms": _median([_ms_of(tc, "ring", n) for tc, _, _, _ in per]),
+                    "doubling_ms": _median([_ms_of(tc, "doubling", n) for tc, _, _, _ in per]),
+                    "torch_gloo_ms": _median(glo),
+                    "mpi_ms": _median(mps),
+                    "pushpull_ms": _median([_ms_of(pp, "pushpull", n) for _, _, _, pp in per]),
+                    "tc_gloo": [
+                        None if a is None or b is None else a / b for a, b in zip(tcs, glo, strict=True)
+                    ],
+                    "tc_mpi": [
+                        None if a is None or b is None else a / b for a, b in zip(tcs, mps, strict=True)
+                    ],
                 }
             )
     return rows, library
+
+
+def _median(values: list[float | None]) -> float | None:
+    got = sorted(v for v in values if v is not None)
+    return got[len(got) // 2] if got else None
 
 
 def _ms_of(res: Result, key: str, n: int) -> float | None:
@@ -126,8 +151,9 @@ def table(rows: list[Result], library: str | None) -> str:
         f"# {os.cpu_count()} cores here: W above that is oversubscribed, for every peer alike",
         "",
         "| W | float32 elements | trainer_core allreduce (ms) [chose] | tc ring forced | tc doubling forced "
-        "| torch gloo all_reduce | Open MPI MPI_Allreduce | tc pushpull (-s 2) | tc / gloo | tc / MPI |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| torch gloo all_reduce | Open MPI MPI_Allreduce | tc pushpull (-s 2) | tc / gloo | tc / MPI "
+        "| tc / MPI, each round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         tc, gloo, mpi = r["trainer_core_ms"], r["torch_gloo_ms"], r["mpi_ms"]
@@ -135,9 +161,14 @@ def table(rows: list[Result], library: str | None) -> str:
         lines.append(
             f"| {r['workers']} | {int(r['size']):.0e} | {_ms(tc)} [{chose}] | {_ms(r['ring_ms'])} "  # type: ignore[call-overload]
             f"| {_ms(r['doubling_ms'])} | {_ms(gloo)} | {_ms(mpi)} | {_ms(r['pushpull_ms'])} "
-            f"| {_ratio(tc, gloo)} | {_ratio(tc, mpi)} |"
+            f"| {_ratio(tc, gloo)} | {_ratio(tc, mpi)} | {_rounds(r.get('tc_mpi'))} |"
         )
     return "\n".join(lines)
+
+
+def _rounds(ratios: object) -> str:
+    got = [f"{v:.2f}" for v in ratios or [] if v is not None]  # type: ignore[attr-defined]
+    return ", ".join(got) if got else "n/a"
 
 
 def main() -> None:
@@ -145,9 +176,10 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--sizes", nargs="+", default=["1e3", "1e4", "1e5", "1e6", "1e7"])
     ap.add_argument("--reps", type=int, default=30, help="timed operations per size (5x that up to 1e5)")
+    ap.add_argument("--rounds", type=int, default=1, help="run every peer this many times, alternating")
     ap.add_argument("--json", help="also write the rows as JSON here")
     args = ap.parse_args()
-    rows, library = run(args.workers, args.sizes, args.reps)
+    rows, library = run(args.workers, args.sizes, args.reps, args.rounds)
     print(table(rows, library))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
