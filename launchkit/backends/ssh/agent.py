@@ -14,7 +14,6 @@ import contextlib
 import inspect
 import json
 import os
-import queue
 import shlex
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import IO, Any
 import dmlc_env
 from dmlc_env.telemetry import finite_number, whole_number
 from launchkit.backends.ssh import connection as ssh
+from launchkit.backends.ssh.feed import Feeder, Pipe
 from launchkit.core.spec import Host, Task
 from launchkit.errors import BackendError
 from launchkit.hostside import hoststat, netif, procscan, watchdog
@@ -69,49 +69,25 @@ def remote_command(python: str = "python3") -> str:
 
 
 class _Stream:
-    """One output stream of a remote process: a local pipe that the supervisor reads, fed by a
-    thread of its own from a queue. The channel's reader only queues (it never blocks on a slow
-    reader of our output); this thread alone writes and closes the pipe, so nothing is written to
-    a descriptor after it was closed; each delivered chunk is acknowledged to the watchdog, whose
-    window bounds what waits in the queue."""
+    """One output stream of a remote process: a local pipe that the supervisor reads, fed by its
+    host's ``Feeder`` (one thread for every stream of the host; ``feed.py``)."""
 
     def __init__(self, proc: RemoteProcess, name: str) -> None:
         self.proc = proc
-        self.name = name
-        r, self._w = os.pipe()
+        r, w = os.pipe()
         widen_pipe(r)
         self.reader: IO[bytes] = os.fdopen(r, "rb")
-        self._queue: queue.SimpleQueue[tuple[bytes, bool] | None] = queue.SimpleQueue()
+        self._pipe = Pipe(w, proc.index, name)
         self._closed = False
-        self._thread = threading.Thread(target=self._deliver, daemon=True, name=f"out-{proc.index}{name}")
-        self._thread.start()
 
     def put(self, data: bytes, acked: bool) -> None:
         if not self._closed:
-            self._queue.put((data, acked))
+            self.proc.agent.feeder.put(self._pipe, data, acked)
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._queue.put(None)
-
-    def _deliver(self) -> None:
-        broken = False
-        while True:
-            item = self._queue.get()
-            if item is None:
-                break
-            data, ack = item
-            view = memoryview(data)
-            while view and not broken:
-                try:
-                    view = view[os.write(self._w, view) :]
-                except OSError:  # nobody reads this stream any more: drop, keep acknowledging
-                    broken = True
-            if ack and data:
-                self.proc.agent.send({"op": "ack", "id": self.proc.index, "s": self.name, "n": len(data)})
-        with contextlib.suppress(OSError):
-            os.close(self._w)
+            self.proc.agent.feeder.close(self._pipe)
 
 
 class RemoteProcess:
@@ -188,6 +164,10 @@ class HostAgent:
         self._last_heard = time.monotonic()
         self._stop = threading.Event()
         self._stderr = bytearray()
+        self.feeder = Feeder(self._ack, name=f"feed-{host}")
+
+    def _ack(self, index: int, stream: str, n: int) -> None:
+        self.send({"op": "ack", "id": index, "s": stream, "n": n})
 
     # -- start ------------------------------------------------------------------------------
     def start(self, timeout: float) -> None:

@@ -1,0 +1,61 @@
+"""A host's remote output into the local pipes (``launchkit/backends/ssh/feed.py``), in one
+process: one thread for every stream of a host, never held up by one pipe nobody reads."""
+
+from __future__ import annotations
+
+import threading
+
+from launchkit.backends.ssh import agent as agent_mod
+from launchkit.backends.ssh.agent import HostAgent
+from launchkit.core.spec import Host, LaunchSpec, Task
+from tests.launchkit.plans import make_plan
+
+
+def _agent(acks: list[tuple[int, str, int]]) -> HostAgent:
+    agent = HostAgent(Host("h1"), None, "job-f", hb_interval=1.0, hb_timeout=30.0, grace=1.0, interface=None)
+    agent.send = lambda msg: acks.append((msg["id"], msg["s"], msg["n"]))  # type: ignore[method-assign]
+    return agent
+
+
+def _task(tmp_path) -> Task:
+    spec = LaunchSpec(num_workers=2, num_servers=0, command=("true",), cwd=str(tmp_path))
+    plan = make_plan(spec, job_id="job-f", secret="s", root_uri="127.0.0.1", root_port=1)
+    return next(t for t in plan.tasks if t.role == "worker")
+
+
+def test_one_thread_delivers_every_stream_of_a_host(tmp_path) -> None:
+    """64 processes on a host, each with output on both streams: one delivering thread (two per
+    process before: 2048 threads at 1024 processes), every byte delivered and acknowledged."""
+    acks: list[tuple[int, str, int]] = []
+    agent = _agent(acks)
+    before = threading.active_count()
+    procs = [agent_mod.RemoteProcess(agent, i, _task(tmp_path)) for i in range(64)]
+    for p in procs:
+        p.feed("o", f"out {p.index}\n".encode())
+        p.feed("e", f"err {p.index}\n".encode())
+    for p in procs:  # delivered while the streams are open
+        out, err = f"out {p.index}\n".encode(), f"err {p.index}\n".encode()
+        assert p.stdout.read(len(out)) == out and p.stderr.read(len(err)) == err
+    assert threading.active_count() - before <= 1
+    for p in procs:
+        p.close_all()
+        assert p.stdout.read() == p.stderr.read() == b""
+    assert sorted(acks) == sorted(
+        [(i, "o", len(f"out {i}\n")) for i in range(64)] + [(i, "e", len(f"err {i}\n")) for i in range(64)]
+    )
+
+
+def test_a_pipe_nobody_reads_holds_back_no_other_stream(tmp_path) -> None:
+    """One process's stdout is not read (its pipe full, more waiting): another process's output
+    on the same host still arrives, and what waits is delivered once that pipe is read."""
+    acks: list[tuple[int, str, int]] = []
+    agent = _agent(acks)
+    chatty, quiet = (agent_mod.RemoteProcess(agent, i, _task(tmp_path)) for i in (0, 1))
+    flood = b"x" * (4 << 20)  # more than the widened pipe holds
+    chatty.feed("o", flood)
+    quiet.feed("o", b"still heard\n")
+    quiet.close_all()
+    assert quiet.stdout.read() == b"still heard\n"  # (blocked for good behind the flood otherwise)
+    chatty.close_all()
+    assert chatty.stdout.read() == flood
+    assert (0, "o", len(flood)) in acks
