@@ -1,0 +1,70 @@
+"""A launch's timeline (issue 28): ``launchkit launch ARGS`` with the launcher's steps timed.
+
+    python -m bench.scale_trace [launch ARGS...]
+
+Runs the launchkit CLI in this process with its steps wrapped (nothing in launchkit changes):
+each step's start and end, in seconds since the interpreter started (``LK_TRACE_T0``, the
+caller's clock when it sets it), and this process's CPU seconds at its end, written to stderr
+as ``TRACE name start end cpu``. bench/scale.py reads them when given ``--trace``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+T0 = float(os.environ.get("LK_TRACE_T0") or time.time())
+
+#: (module, attribute path) of the steps timed
+STEPS = (
+    ("launchkit.backends.ssh.backend", "SshBackend.connect"),
+    ("launchkit.backends.ssh.backend", "SshBackend.worker0_ports"),
+    ("launchkit.backends.ssh.backend", "SshBackend.prepare"),
+    ("launchkit.backends.ssh.backend", "SshBackend.record_info"),
+    ("launchkit.backends.ssh.backend", "SshBackend.close"),
+    ("launchkit.launching", "make_plan"),
+    ("launchkit.launching", "serve"),
+    ("launchkit.supervisor", "Supervisor._start_all"),
+    ("launchkit.jobs.records", "started_here"),
+)
+
+
+def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.time() - T0
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            end = time.time() - T0
+            sys.stderr.write(f"TRACE {name} {start:.3f} {end:.3f} {time.process_time():.3f}\n")
+
+    return timed
+
+
+def install() -> None:
+    for module, path in STEPS:
+        owner: Any = importlib.import_module(module)
+        *outer, attr = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        setattr(owner, attr, _wrap(path, getattr(owner, attr)))
+
+
+def main() -> None:
+    sys.stderr.write(f"TRACE python-started 0 {time.time() - T0:.3f} {time.process_time():.3f}\n")
+    from launchkit.cli import main as cli_main
+
+    install()
+    sys.stderr.write(f"TRACE imported 0 {time.time() - T0:.3f} {time.process_time():.3f}\n")
+    sys.argv = ["launchkit", *sys.argv[1:]]
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()
