@@ -168,3 +168,27 @@ def test_a_checkpoint_of_another_shape_is_refused_before_anything_loads(tmp_path
     assert checkpoint.parse_manifest(ck, json.dumps({**head, "servers": 1, "files": files})).servers == 1
     with pytest.raises(ValueError, match="residuals of the parameter-server path, and this job runs on the allreduce path"):  # fmt: skip
         checkpoint.load_residuals(opt, {"kv/0/0/residual": torch.zeros(3)})
+
+
+def test_a_killed_saves_temporary_files_go_and_an_unreadable_file_is_refused(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    m = make_model()
+    opt = solo(m)
+    for stale in (".ck.1.rank0.tmp4242", ".ck.1.server.tmp4242", ".ck.tmp4242"):  # a save SIGKILLed mid-write
+        (tmp_path / stale).write_bytes(b"half")
+    checkpoint.save(ck, 2, m, opt)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "ck.2.rank0"]
+
+    def refused() -> str:
+        with pytest.raises(ValueError) as e:
+            checkpoint.load(ck, m, opt)
+        return str(e.value)
+
+    rank_file = tmp_path / "ck.2.rank0"
+    rank_file.write_bytes(b"")
+    assert refused().startswith(f"{rank_file}: not a checkpoint file of trainer_core.torch (")
+    torch.save({"model": {}, "epoch": 2}, rank_file)
+    assert (
+        refused()
+        == f"{rank_file}: not a checkpoint file of trainer_core.torch (no optimizer, residuals, extra)"
+    )

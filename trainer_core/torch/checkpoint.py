@@ -12,8 +12,9 @@ differ from the others'); through servers rank 0 also writes ``<path>.<epoch>.se
 Each file is written to a temporary name and renamed (atomic). After a barrier rank 0 writes the
 manifest, ``<path>`` (JSON: the epoch, the worker and server counts, the files), again through a
 rename: the checkpoint is that epoch's from then on, and never one whose files are not all
-complete. After a second barrier every rank removes its files of older epochs. A job killed at any
-point resumes from the epoch the manifest names, whose files are all there.
+complete. After a second barrier every rank removes its files of older epochs (and temporary ones
+a killed save left). A job killed at any point resumes from the epoch the manifest names, whose
+files are all there.
 
 ``load(path, model, optimizer)`` (every rank, after ``DistributedOptimizer`` is made) restores
 them and returns ``(epoch, extra)``, or None when there is no checkpoint yet; through servers it
@@ -206,6 +207,20 @@ def _atomic(path: Path, write: Any) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _read(path: Path, *fields: str) -> dict[str, Any]:
+    """A checkpoint file's contents (``torch.load(weights_only=True)``); a ``ValueError`` naming the
+    file when it cannot be read or lacks one of ``fields``."""
+    try:
+        got = torch.load(path, weights_only=True)
+    except Exception as e:  # torch raises pickle's, EOF, zip and runtime errors for a bad file
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{path}: not a checkpoint file of trainer_core.torch ({reason})") from None
+    missing = [f for f in fields if not isinstance(got, dict) or f not in got]
+    if missing:
+        raise ValueError(f"{path}: not a checkpoint file of trainer_core.torch (no {', '.join(missing)})")
+    return got
+
+
 def _servers(optimizer: Any) -> int:
     backend = optimizer._exchange.backend
     return int(backend.kv.num_servers) if isinstance(backend, KV) else 0
@@ -232,11 +247,11 @@ def save(path: str | os.PathLike[str], epoch: int, model: torch.nn.Module, optim
         _atomic(p, lambda tmp: tmp.write_text(text))
     backend.barrier()  # older files may go
     keep = {_rank_file(p, epoch, rank).name, _server_file(p, epoch).name}
-    mine = [
-        *p.parent.glob(f"{p.name}.*.rank{rank}"),
-        *(p.parent.glob(f"{p.name}.*.server") if rank == 0 else []),
-    ]
-    for old in mine:
+    d, name = p.parent, p.name  # older epochs' files, and the temporary ones of a killed save
+    olds = [*d.glob(f"{name}.*.rank{rank}"), *d.glob(f".{name}.*.rank{rank}.tmp*")]
+    if rank == 0:
+        olds += [*d.glob(f"{name}.*.server"), *d.glob(f".{name}.*.server.tmp*"), *d.glob(f".{name}.tmp*")]
+    for old in olds:
         if old.name not in keep:
             old.unlink(missing_ok=True)
 
@@ -259,12 +274,14 @@ def load(path: str | os.PathLike[str], model: torch.nn.Module, optimizer: Any) -
         if not (p.parent / name).exists():
             whose = "the servers'" if name.endswith(".server") else f"worker {name.rpartition('.rank')[2]}'s"
             raise ValueError(f"{p.parent / name}: {whose} state of epoch {head.epoch} is missing")
-    state = torch.load(_rank_file(p, head.epoch, backend.rank), weights_only=True)
+    state = _read(
+        _rank_file(p, head.epoch, backend.rank), "model", "optimizer", "residuals", "extra", "epoch"
+    )
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     load_residuals(optimizer, state["residuals"])
     if servers:
         where = _server_file(p, head.epoch)
-        held = torch.load(where, weights_only=True)["state"] if backend.rank == 0 else {}
+        held = _read(where, "state")["state"] if backend.rank == 0 else {}
         load_server_state(optimizer, held, where)
     return int(state["epoch"]), dict(state["extra"])
