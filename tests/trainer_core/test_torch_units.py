@@ -51,6 +51,15 @@ def test_large_parameters_travel_alone_in_their_own_memory() -> None:
     assert buckets.plan(sizes, 0, alone=500) == [[4], [3], [2], [1], [0]]
 
 
+def test_compressed_buckets_are_not_cut_for_size() -> None:
+    """trainer_core's compressors copy their input anyway: a large parameter stays fused."""
+    m = torch.nn.Sequential(torch.nn.Linear(600, 512), torch.nn.Tanh(), torch.nn.Linear(512, 3))
+    plain = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), runtime=solo())
+    onebit = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), compression=tcomp.Compression.onebit, runtime=solo())  # fmt: skip
+    assert plain._tracker.buckets == [[3, 2, 1], [0]]
+    assert onebit._tracker.buckets == [[3, 2, 1, 0]]
+
+
 class Recording(Solo):
     """One rank that keeps every array lent to its allreduce."""
 

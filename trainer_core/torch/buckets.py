@@ -6,7 +6,10 @@ alone; ``limit=0``: one bucket per parameter). A parameter of ``ALONE`` bytes or
 alone, in its own memory: copying it into a bucket's buffer and back costs more than the operation
 it would save (measured on one host, 4 ranks on 2 cores: a copy in and out about 0.2 ms per MiB,
 an allreduce's own cost about 0.2-0.3 ms; the 4.2M-parameter MLP of bench/torch_step.py, two
-8 MiB weights, stepped in 35.0 ms instead of 38.6 with 25 MiB buckets). The plan depends only on
+8 MiB weights, stepped in 35.0 ms instead of 38.6 with 25 MiB buckets). Not with trainer_core's
+compressors (the optimizer passes ``alone=None``): their allreduce copies its input anyway, and
+each more bucket costs its own coding and error feedback (1-bit: the same MLP stepped in 66 ms
+with its weights alone, 55 ms in one bucket). The plan depends only on
 the parameters' order, dtypes and sizes, so every rank makes the same buckets.
 
 ``Tracker`` follows one step: ``ready(i)`` when parameter ``i``'s gradient is final; a bucket
@@ -25,15 +28,16 @@ from trainer_core.collective import fusion
 ALONE = 1024 * 1024
 
 
-def plan(sizes: Sequence[tuple[str, int]], limit: int, alone: int = ALONE) -> list[list[int]]:
+def plan(sizes: Sequence[tuple[str, int]], limit: int, alone: int | None = ALONE) -> list[list[int]]:
     """Buckets of parameter indices for parameters given as ``(dtype, nbytes)``, in reverse:
     ``collective.fusion.plan`` over each run of the reversed list between parameters of ``alone``
-    bytes or more, which get one each (each bucket's members from the last)."""
+    bytes or more, which get one each (each bucket's members from the last; ``alone=None``: no
+    parameter is alone for its size)."""
     last = len(sizes) - 1
     out: list[list[int]] = []
     run: list[int] = []
     for j, (_, nbytes) in enumerate(reversed(sizes)):
-        if nbytes < alone:
+        if alone is None or nbytes < alone:
             run.append(j)
             continue
         out += [*_fused(sizes, last, run, limit), [last - j]]

@@ -67,9 +67,10 @@ class _Distributed:
         for n, p in named:
             if p.dtype not in FLOATS:
                 raise ValueError(f"parameter {n!r} is {p.dtype}: gradients must be float16, bfloat16, float32 or float64")  # fmt: skip
-        per_param = isinstance(compression, Residual) and compression.per_parameter
+        residual = isinstance(compression, Residual)
         sizes = [(str(p.dtype), p.numel() * p.element_size()) for p in self._params]
-        plan = bucketing.plan(sizes, 0 if per_param else fusion_threshold)
+        limit = 0 if residual and compression.per_parameter else fusion_threshold
+        plan = bucketing.plan(sizes, limit, None if residual else bucketing.ALONE)
         self._tracker = bucketing.Tracker(plan)
         self._exchange = Exchange(
             backend, op, compression, str(next(_ids)), self._params, plan, server_optimizer
