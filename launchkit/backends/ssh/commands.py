@@ -188,9 +188,9 @@ SWEEP_JOB = (
 
 
 class Reach:
-    """Connections to some hosts, opened in the background from the start (``kill`` opens them
-    while the job's launcher ends the job), then one sweep of a job on each, all at once over
-    those connections, within a bound."""
+    """Connections to some hosts, opened in the background from the start (``kill``: while it
+    sweeps this machine), then one sweep of a job on each, all at once over those connections,
+    within a bound."""
 
     def __init__(self, hosts: Sequence[Host], opts: SshOptions) -> None:
         self.hosts = list(dict.fromkeys(hosts))
