@@ -227,3 +227,47 @@ def test_futex_sleeps_until_woken_or_the_word_changes() -> None:
         assert time.monotonic() - t < 2.0
     finally:
         seg.close()
+
+
+def test_the_leader_publishes_a_smaller_form_of_the_result_that_the_others_expand() -> None:
+    """With ``cross`` returning the result in a smaller form and an ``expand``, the host's other
+    ranks rebuild the result from that form in the segment (as the compressed allreduce's payloads
+    are decoded) instead of copying it; a form larger than the buffer goes the old way."""
+    from trainer_core.collective.algorithms import shmreduce
+    from trainer_core.collective.reduce import spec_for
+
+    locs = locals_for(["h0", "h0"])
+    n = 1000
+    xs = [np.full(n, r + 1, np.float32) for r in range(2)]
+    expanded: list[int] = []
+
+    def cross(buf: np.ndarray, big: bool) -> np.ndarray:  # the other hosts: x3, as float16 bits
+        buf *= 3
+        form = buf.astype(np.float16).view(np.uint8)
+        return np.concatenate([form, form, form]) if big else form
+
+    def expand(form: np.ndarray, out: np.ndarray) -> None:
+        expanded.append(form.size)
+        np.copyto(out, form.view(np.float16))
+
+    def body(r: int) -> list[np.ndarray]:
+        loc = locs[r]
+        assert loc is not None
+        outs = []
+        for big in (False, True):
+            out = np.empty(n, np.float32)
+            shmreduce.allreduce(
+                loc, xs[r], out, spec_for(np.float32, "sum"), False, lambda b, big=big: cross(b, big), expand
+            )
+            outs.append(out)
+        return outs
+
+    try:
+        got = run_ranks(2, body)
+    finally:
+        for loc in locs:
+            if loc is not None:
+                loc.close()
+    for out in (*got[0], *got[1]):
+        assert (out == 9).all()
+    assert expanded == [2 * n]  # rank 1, the first operation only

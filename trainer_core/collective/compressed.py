@@ -91,11 +91,14 @@ def allreduce(
     state: KeyState,
     count: int | None = None,
     out: np.ndarray | None = None,
+    keep: dict[int, np.ndarray] | None = None,
 ) -> np.ndarray:
     """The compressed reduction of every rank's ``flat`` (float16/32/64; op sum or mean): a fresh
     array, bit-identical on every rank. ``mean`` divides by ``count`` (default: the ranks here; the
     hierarchical path passes the whole group's, each leader's ``flat`` being its host's sum);
-    ``out`` (may be ``flat``, which is read before ``out`` is written) receives the result.
+    ``out`` (may be ``flat``, which is read before ``out`` is written) receives the result;
+    ``keep`` (a dict) receives every chunk's stage-two payload by rank (``expand`` rebuilds the
+    result from them).
 
     Pipelined: a rank encodes the chunk of one peer and posts it before encoding the next (its own
     chunk last), so the wire carries chunk ``k`` while chunk ``k+1`` is encoded; it decodes each
@@ -112,8 +115,27 @@ def allreduce(
         spec.combine(reduced, parts[r], reduced)
     spec.finish(reduced, size if count is None else count)
     out = np.empty_like(flat) if out is None else out
-    _allgather(ctx.phase(1), _encode(state.server, reduced), bounds, out)
+    _allgather(ctx.phase(1), _encode(state.server, reduced), bounds, out, keep)
     return out
+
+
+def publish(keep: dict[int, np.ndarray]) -> np.ndarray:
+    """The stage-two payloads ``keep``s by rank as one uint8 array: their lengths (int64), then
+    each in rank order."""
+    msgs = [keep[r] for r in range(len(keep))]
+    head = np.array([m.size for m in msgs], dtype=np.int64).view(np.uint8)
+    return np.concatenate([head, *msgs])
+
+
+def expand(form: np.ndarray, out: np.ndarray, size: int) -> None:
+    """Decode a ``publish``ed form of ``size`` payloads into ``out`` (flat): what ``allreduce``'s
+    stage two wrote there."""
+    lengths = form[: 8 * size].view(np.int64)
+    at = 8 * size
+    for r, (lo, hi) in enumerate(ring.blocks(out.size, size)):
+        n = int(lengths[r])
+        unpack(form[at : at + n], hi - lo, out.dtype, out[lo:hi])
+        at += n
 
 
 def _encode(comp: Compressor, chunk: np.ndarray) -> np.ndarray:
@@ -176,15 +198,25 @@ def _reduce_scatter(
     return list(parts)
 
 
-def _allgather(ctx: Ctx, mine: np.ndarray, bounds: list[tuple[int, int]], out: np.ndarray) -> None:
+def _allgather(
+    ctx: Ctx,
+    mine: np.ndarray,
+    bounds: list[tuple[int, int]],
+    out: np.ndarray,
+    keep: dict[int, np.ndarray] | None = None,
+) -> None:
     """Stage 2: this rank's encoded reduced chunk to every peer; every chunk (its own included)
-    decoded into ``out``."""
+    decoded into ``out`` (and kept, by rank, in ``keep``)."""
     to, frm = _order(ctx)
     got = _receive(ctx, frm)
     sends = [h for p in to for h in _post(ctx, p, mine)]
     a, b = bounds[ctx.rank]
     unpack(mine, b - a, out.dtype, out[a:b])
+    if keep is not None:
+        keep[ctx.rank] = mine
     for p, msg in got:
         lo, hi = bounds[p]
         unpack(msg, hi - lo, out.dtype, out[lo:hi])
+        if keep is not None:
+            keep[p] = msg
     wait_all(sends)

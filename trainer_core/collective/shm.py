@@ -5,7 +5,7 @@ host's lowest rank and handed to the others over their authenticated same-host c
 (``netlinks``), as every descriptor is; nothing is left in ``/dev/shm``. Its layout:
 
 * a header page: one 32-bit step counter per local rank, each on a cache line of its own, written
-  only by its rank and read by the others;
+  only by its rank and read by the others, and beside it the rank's 32-bit note (``note``);
 * ``size`` slots of ``cap`` bytes each, one per local rank, after the header. ``cap`` grows (to
   the next power of two) when an operation needs more: every local rank makes the same operations
   in the same order, so all grow alike, between operations, and re-map their view of the slots.
@@ -130,6 +130,15 @@ class Local:
         # spinning helps only while every local rank has a core of its own (measured: docs/collectives.md)
         self.spin = spin if spin is not None else (SPIN if self.size <= cores else 0)
         self.ops = 0  # operations begun (every local rank counts alike)
+
+    def note(self, value: int) -> None:
+        """Set this rank's note: a uint32 beside its counter that the others read once they saw
+        the step this rank posts next (what its slot holds: ``shmreduce``'s published result)."""
+        self.segment.counters[self.rank * (LINE // 4) + 1] = value & _MASK
+
+    def noted(self, peer: int) -> int:
+        """Local rank ``peer``'s note (read after waiting for the step it posted with it)."""
+        return int(self.segment.counters[peer * (LINE // 4) + 1])
 
     def post(self, step: int) -> None:
         seg = self.segment
