@@ -187,3 +187,19 @@ def test_store_answers_compressed_pulls_with_metadata() -> None:
     (req,) = st.handle(store_mod.Request(b"", pull, 0, [None], [None]))
     assert req.metas[0] is not None and req.metas[0]["type"] == "1bit"
     assert req.results[0] is not None and req.results[0].dtype == np.uint8
+
+
+def test_with_a_server_optimizer_pulls_carry_the_weights_whole() -> None:
+    """The value a server with an optimizer holds is the weights: compressing them to 1 bit each
+    (what the servers did) left a model that does not train; only pushed gradients are compressed."""
+    st = store_mod.Store(num_workers=1)
+    init = wire.Header(op=wire.INIT, entries=(wire.Entry("k", 0, 8, "<f4"),), body={"rank": 0})
+    st.handle(store_mod.Request(b"", init, 0, [np.arange(8, dtype=np.float32)], [None]))
+    st.set_compression({"type": "1bit"})
+    st.set_optimizer({"type": "sgd", "learning_rate": 0.5})
+    push = wire.Header(op=wire.PUSH, entries=(wire.Entry("k", 0, 8, "<f4"),), body={"rank": 0})
+    st.handle(store_mod.Request(b"", push, 0, [np.ones(8, dtype=np.float32)], [None]))
+    pull = wire.Header(op=wire.PULL, entries=(wire.Entry("k", 0, 8, "<f4"),), body={"rank": 0})
+    (req,) = st.handle(store_mod.Request(b"", pull, 0, [None], [None]))
+    assert req.metas[0] is None
+    np.testing.assert_array_equal(req.results[0], np.arange(8, dtype=np.float32) - 0.5)

@@ -344,8 +344,10 @@ class Store:
     def _answer(self, st: KeyState, req: Request, i: int, done: list[Request], share_ok: bool = True) -> None:
         out = req.outputs[i]
         e = req.header.entries[i]
-        if e.shm is None and self.codec.active(st.weight.dtype):
-            # compressed: one payload per value version, the same bytes for every worker
+        if e.shm is None and self.updater is None and self.codec.active(st.weight.dtype):
+            # compressed: one payload per value version, the same bytes for every worker. Only a
+            # sum of gradients is: with an optimizer here the value is the weights, which travel
+            # whole (as MXNet's update_on_kvstore); 1 bit of a weight would not train
             req.results[i], req.metas[i] = self.codec.encode((e.key, e.part), st.version, st.weight)
         elif req.share and self.sync and share_ok:
             req.results[i] = st.weight
