@@ -89,11 +89,13 @@ def _result(proc: subprocess.CompletedProcess[str], what: str) -> dict:
     return out
 
 
-def launch(group: HostGroup, root: Path, workers: int, python: str, script: str, spec: list[str]) -> dict:
+def launch(
+    group: HostGroup, root: Path, workers: int, python: str, script: str, spec: list[str], servers: int = 0
+) -> dict:
     hostfile = group.write_hostfile(root / "hosts")
     env_flags = [a for k in THREADS for a in ("--env", f"{k}:1")] + ["--env", "GLOO_SOCKET_IFNAME:eth0"]
     argv = [sys.executable, "-m", "launchkit", "launch", "-H", str(hostfile), "-i", str(group.identity),
-            "--known-hosts", str(group.known_hosts), "--sync-dst-dir", "/srv/arjob", "-n", str(workers), "-s", "0",
+            "--known-hosts", str(group.known_hosts), "--sync-dst-dir", "/srv/arjob", "-n", str(workers), "-s", str(servers),
             *env_flags, python, script, *spec]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "LAUNCHKIT_", "PYTHON"))}
     env["LAUNCHKIT_HOME"] = str(root / "home")

@@ -89,12 +89,10 @@ def measure(args: argparse.Namespace) -> dict:
             for model in models:
                 row = {"model": model, "where": f"3 hosts, {args.rate} links"}
                 for col, kind, servers, comp in RUNS:
-                    if servers:
-                        continue
                     print(f"[hosts] {model}: {col} ...", file=sys.stderr, flush=True)
                     spec = [kind, model, comp, str(args.steps), str(WARMUP)]
                     res = allreduce_hosts._try(
-                        col, allreduce_hosts.launch, group, hroot, WORKERS, python, "step.py", spec
+                        col, allreduce_hosts.launch, group, hroot, WORKERS, python, "step.py", spec, servers
                     )
                     row[col], row["params"] = res.get("step_s"), res.get("params", row.get("params"))
                 info["rows"].append(row)
