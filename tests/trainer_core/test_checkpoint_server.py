@@ -1,7 +1,8 @@
 """Checkpoints of the servers' state: optimizer slots and pull residuals, fetched and restored.
 
 The distributed cases run real jobs: 2 workers, 2 servers, a server-side optimizer and 1-bit
-compression in both directions. A job trains ``K`` steps, checkpoints (the servers' state, rank 0's
+compressed pushes (the weights are pulled whole), or no optimizer and 1-bit compression in both
+directions (the servers' pull residuals saved too). A job trains ``K`` steps, checkpoints (the servers' state, rank 0's
 file, worker 1's residual file) and trains on to ``N``; a NEW job resumes from the checkpoint and
 must end with bit-identical values, as must a third job that never checkpoints.
 """
@@ -29,7 +30,8 @@ BODY = """
 from trainer_core.train import checkpoint
 cfg = json.loads(os.environ['TEST_CFG'])
 path, mode, K, N = cfg['path'], cfg['mode'], cfg['k'], cfg['n']
-kv.set_optimizer(cfg['spec'])
+if cfg['spec']:
+    kv.set_optimizer(cfg['spec'])
 kv.set_gradient_compression(cfg['comp'])
 shapes = {'w': (60, 50), 'b': (7,)}
 params = {k: np.linspace(-1, 1, int(np.prod(s)), dtype=np.float32).reshape(s) for k, s in shapes.items()}
@@ -74,9 +76,10 @@ def finals(job: Job) -> list[dict[str, Any]]:
     [
         {"type": "sgd", "learning_rate": 0.05, "momentum": 0.9, "wd": 0.001},
         {"type": "adam", "learning_rate": 0.01},
+        None,  # the servers sum: what is pulled is compressed, with the servers' residuals
     ],
 )
-def test_dist_resume_is_bit_identical(spec: dict[str, Any], tmp_path: Path) -> None:
+def test_dist_resume_is_bit_identical(spec: dict[str, Any] | None, tmp_path: Path) -> None:
     path = str(tmp_path / "ck.npz")
     env = {"MXNET_KVSTORE_BIGARRAY_BOUND": "1000"}  # 'w' (3000 values) is split over both servers
 
@@ -87,14 +90,17 @@ def test_dist_resume_is_bit_identical(spec: dict[str, Any], tmp_path: Path) -> N
     first = job("first")
     through = finals(first)
     slots = first.workers[0].results()[0]["slots"]
-    opt = ["opt/m", "opt/t", "opt/v"] if spec["type"] == "adam" else ["opt/mom"]
-    assert slots["w"] == sorted(["value", "pull/0/residual", "pull/1/residual", *opt])
-    assert slots["b"] == sorted(["value", "pull/0/residual", *opt])
+    kind = spec["type"] if spec else None
+    opt = {"adam": ["opt/m", "opt/t", "opt/v"], "sgd": ["opt/mom"], None: []}[kind]
+    pulled = [] if spec else ["pull/0/residual", "pull/1/residual"]  # weights are pulled whole
+    assert slots["w"] == sorted(["value", *pulled, *opt])
+    assert slots["b"] == sorted(["value", *pulled[:1], *opt])
     ck = checkpoint.load(path)
     assert ck.step == K and not ck.not_saved
-    if spec["type"] == "adam":
+    if kind == "adam":
         assert ck.server["w"]["opt/t"] == K and isinstance(ck.server["w"]["opt/t"], int)
-    assert np.abs(ck.server["w"]["pull/1/residual"]).max() > 0
+    if not spec:
+        assert np.abs(ck.server["w"]["pull/1/residual"]).max() > 0
     assert Path(checkpoint.worker_path(path, 1)).exists()
     resumed = finals(job("resume"))
     straight = finals(job("straight"))
@@ -124,7 +130,7 @@ def test_local_store_resume_is_bit_identical(tmp_path: Path) -> None:
     _, straight = run_local(None, range(N))
     kv, w = run_local(None, range(K))
     state = kv.server_state()
-    assert sorted(state["w"]) == ["opt/m", "opt/t", "opt/v", "pull/0/residual", "value"]
+    assert sorted(state["w"]) == ["opt/m", "opt/t", "opt/v", "value"]  # the weights are pulled whole
     path = checkpoint.save(
         tmp_path / "ck.npz", params={"w": w}, residuals=kv.compression_state(), server_state=state, step=K
     )

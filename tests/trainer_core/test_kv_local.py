@@ -54,7 +54,7 @@ def test_local_store_server_state_round_trip_and_refusals() -> None:
     store.init(["w", 7], [np.zeros((2, 3), np.float32), np.arange(4, dtype=np.int32)])
     store.pushpull("w", np.ones((2, 3), np.float32), np.empty((2, 3), np.float32))
     state = store.server_state()
-    assert sorted(state["w"]) == ["opt/m", "opt/t", "opt/v", "pull/0/residual", "value"]
+    assert sorted(state["w"]) == ["opt/m", "opt/t", "opt/v", "value"]  # pulls of weights: whole
     assert state["w"]["value"].shape == state["w"]["opt/m"].shape == (2, 3) and state["w"]["opt/t"] == 1
     assert sorted(state[7]) == ["value"] and state[7]["value"].tolist() == [0, 1, 2, 3]
     before = state["w"]["value"].copy()
