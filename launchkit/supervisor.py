@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import queue
 import signal
@@ -170,8 +171,7 @@ class Supervisor:
             f"output only to the console (the log files are incomplete; exit {EXIT_LOG_FAILED} if the job succeeds)"
         )
 
-    def _wait(self, index: int, handle: ProcessHandle) -> None:
-        code = handle.wait()
+    def _ended(self, index: int, code: int) -> None:
         self._events.put((index, code, time.time()))
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -193,7 +193,7 @@ class Supervisor:
                 run.sources.append(
                     self.merger.add(stream, name, prefix, run.tail, self._open_log(task, name), kept)
                 )
-            threading.Thread(target=self._wait, args=(index, handle), daemon=True).start()
+            self.backend.watch(handle, functools.partial(self._ended, index))
 
     @property
     def timed_out(self) -> bool:

@@ -3,6 +3,7 @@ a backend only fills in a few hooks: prepare the hosts, start one process, close
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import IO, Any, ClassVar, Protocol
 
@@ -63,6 +64,12 @@ class Backend:
 
     def prepare(self, plan: Plan) -> None:
         """Check hosts, sync code, open connections. Raise LaunchkitError to stop the launch."""
+
+    def watch(self, handle: ProcessHandle, ended: Callable[[int], None]) -> None:
+        """Have ``ended(returncode)`` called once ``handle``'s process has ended (from any thread).
+        The default is a thread per process that waits for it; a backend that learns of an end
+        from a thread of its own (ssh) calls back from there, with no thread per process."""
+        threading.Thread(target=lambda: ended(handle.wait()), daemon=True).start()
 
     def set_cleanup_sink(self, sink: Callable[[list[str]], None]) -> None:
         """Where to send commands that must run if the launcher dies (the reaper runs them)."""

@@ -102,6 +102,7 @@ class RemoteProcess:
         self._done = threading.Event()
         self._finishing = threading.Lock()  # the channel's reader and a lost host's heartbeat
         self._rc = 0
+        self._on_exit: list[Callable[[int], None]] = []
         self.started = threading.Event()
 
     def feed(self, stream: str, data: bytes, acked: bool = True) -> None:
@@ -125,7 +126,18 @@ class RemoteProcess:
                 self.feed("e", f"launchkit: {note}\n".encode(), acked=False)
             self._rc = rc
             self._done.set()
+            calls, self._on_exit = self._on_exit, []
         self.started.set()
+        for call in calls:
+            call(rc)
+
+    def on_exit(self, call: Callable[[int], None]) -> None:
+        """``call(returncode)`` once the process has ended: now if it has, else from ``finish``."""
+        with self._finishing:
+            if not self._done.is_set():
+                self._on_exit.append(call)
+                return
+        call(self._rc)
 
     def close_all(self) -> None:
         for s in list(self._streams):
