@@ -11,7 +11,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from launchkit import backends
 from launchkit.console import Ui
 from launchkit.core.spec import Plan
 from launchkit.dashboard import Dashboard
@@ -36,6 +35,7 @@ class Publisher:
         attempt: tuple[int, int] | None = None,  # (this attempt, of how many), 1 first
         started_at: float | None = None,  # when the job started (its first attempt), time.time()
         status: Callable[[], str] | None = None,  # the backend's word on what the job waits on
+        here: bool = False,  # the processes run on this machine (the backend's capabilities)
     ) -> None:
         self.status = status
         self.plan = plan
@@ -45,7 +45,7 @@ class Publisher:
         self.log = log
         self.attempt = attempt
         self.cpu = GroupMeter()
-        self.here = plan.backend in backends.names() and backends.capabilities(plan.backend).here
+        self.here = here
         self.started = time.time() if started_at is None else started_at
         self._live_next = 0.0
         self._live_failed = False

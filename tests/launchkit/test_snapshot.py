@@ -103,7 +103,7 @@ def test_the_final_frame_and_the_live_file_show_one_state(tmp_path, monkeypatch)
         m.host_report("b", T0 + i, {"load1": 1.0, "mem_used": 2**30 + i, "mem_total": 2**34})
         m.node_report("worker", 0, T0 + i, {"step": i, "loss": 1.0 / (i + 1), "samples_total": 32 * i})
     shown = Shown(m)
-    pub = Publisher(plan, Ui(), shown, m, deque())  # type: ignore[arg-type]
+    pub = Publisher(plan, Ui(), shown, m, deque(), here=True)  # type: ignore[arg-type]
     pub.publish(runs, final=True)
     view, why = live.read(plan.job_id)
     assert view is not None and why == ""
