@@ -247,19 +247,12 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
                 max_restarts=spec.max_restarts,
             )
         of = f" (attempt {attempt + 1} of {spec.max_restarts + 1})" if spec.max_restarts else ""
+        scheduled = has_scheduler(spec, backend.capabilities)
         ui.info(
             f"job {plan.job_id} ({plan.job_name}): "
-            + (
-                f"1 scheduler, {_count(spec.num_servers, 'server')}, "
-                if has_scheduler(spec, backend.capabilities)
-                else ""
-            )
+            + (f"1 scheduler, {_count(spec.num_servers, 'server')}, " if scheduled else "")
             + f"{_count(spec.num_workers, 'worker')} on {plan.backend}; "
-            + (
-                backend.scheduler_summary(root_uri, port)
-                if has_scheduler(spec, backend.capabilities)
-                else roots.summary()
-            )
+            + (backend.scheduler_summary(root_uri, port) if scheduled else roots.summary())
             + of
         )
         left = job.time_left()

@@ -99,8 +99,9 @@ def _per_role(f: EngineFlags) -> dict[str, Any]:
 
 
 def engine_backend_options(spec: LaunchSpec, f: EngineFlags) -> dict[str, Any]:
-    """Keyword arguments for the backend's constructor (``backends.get_backend``): those it
-    declares (``Capabilities.options``)."""
+    """The engines' keyword arguments for the backend's constructor (``backends.get_backend``):
+    the option objects of the engines the backend declares (``Capabilities.options``); the caller
+    passes on those the backend takes."""
     takes = backends.capabilities(spec.backend).options
     options: dict[str, Any] = {"mpirun": f.mpirun, "mpi_args": f.mpi_args, "node_python": f.node_python}
     if "sge" in takes:
@@ -131,4 +132,4 @@ def engine_backend_options(spec: LaunchSpec, f: EngineFlags) -> dict[str, Any]:
             constraint=f.constraint, gpus_per_worker=spec.gpus_per_worker,
             extra=split_flag("--slurm-args", f.slurm_args), **roles,
         )  # fmt: skip
-    return {name: value for name, value in options.items() if name in takes}
+    return options
