@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import threading
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from trainer_core.collective import BFLOAT16, Group, bf16_to_f32, f32_to_bf16, spec_for
 from trainer_core.collective.fabric import Fabric, run_ranks
 from trainer_core.collective.links import Ctx
-from trainer_core.collective.nccl import ID_BYTES, NCCL_TYPES, NcclPath, agree, nccl_names
+from trainer_core.collective.nccl import ID_BYTES, NCCL_TYPES, NcclPath, agree, nccl_names, shared_devices
 
 TYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", BFLOAT16]
 DTYPE_OF = {i: (np.dtype(np.uint16) if t == BFLOAT16 else np.dtype(t)) for i, t in enumerate(TYPES)}
@@ -249,6 +250,30 @@ def test_agree_uses_nccl_only_when_every_rank_can() -> None:
     fabric = Fabric(w, timeout=10)
     one_cannot = run_ranks(w, lambda r: join(r, r != 1))
     assert one_cannot == [None, None, None]
+
+
+def test_agree_takes_the_host_path_where_two_ranks_share_one_gpu(caplog) -> None:
+    """NCCL refuses two ranks on one GPU (ncclInvalidUsage, "Duplicate GPU detected", at the first
+    device operation): such a job (two workers on a one-GPU machine) reduces through host memory."""
+    w = 3
+    nccl = FakeNccl(w)
+
+    def join(places: list[tuple[int, int]]) -> list[NcclPath | None]:
+        fabric = Fabric(w, timeout=10)
+
+        def one(r: int) -> NcclPath | None:
+            with Group(fabric.endpoint(r)) as g:
+                return agree(g, nccl, where=places[r], log=logging.getLogger("test.nccl"))
+
+        return run_ranks(w, one)
+
+    caplog.set_level(logging.WARNING, "test.nccl")
+    assert join([(7, 1), (7, 1), (8, 1)]) == [None, None, None]  # ranks 0 and 1: host 7's GPU 1
+    assert "ranks 0 and 1 share one GPU" in caplog.text
+    spread = join([(7, 1), (7, 2), (8, 1)])  # host 8's GPU 1 is another GPU
+    assert all(isinstance(p, NcclPath) for p in spread)
+    assert shared_devices([(7, 0), (7, 0)]) == []  # GPU unknown (no cupy): never counted as shared
+    assert shared_devices([(1, 5), (2, 5), (1, 5), (1, 6)]) == [0, 2]
 
 
 def test_a_group_with_an_nccl_path_sends_what_nccl_takes_through_it_and_the_rest_through_the_host() -> None:

@@ -48,7 +48,7 @@ class JobGroup(Group):
         self.local_rank = local.index(links.rank)
         self.local_size = len(local)
         # every rank asks at once (a collective): NCCL for device arrays when all can use it
-        self.nccl = nccl.agree(self, nccl.load() if use_nccl else None)
+        self.nccl = nccl.agree(self, nccl.load() if use_nccl else None, log=node.log)
 
     def close(self, finish: bool = True) -> None:
         """Finish the queued operations; then (``finish``, and the job has not failed) wait for every

@@ -25,6 +25,8 @@ count arithmetic and its choices are tested here while NCCL itself runs only on 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -87,18 +89,58 @@ class HostCollectives(Protocol):
     def broadcast(self, array: Any, root: int = 0) -> Any: ...
 
 
-def agree(host: HostCollectives, nccl: Any | None) -> NcclPath | None:
-    """Every rank says whether it can use NCCL (``nccl``: the binding, or ``None``); when all can,
-    rank 0's NCCL id is broadcast and each rank gets its ``NcclPath``, else every rank gets
-    ``None``. A collective: every rank of the group calls it once, at the same point."""
-    can = host.allgather(np.array([nccl is not None], dtype=np.uint8))
-    if nccl is None or host.size < 2 or not bool(np.all(can)):
+def agree(
+    host: HostCollectives, nccl: Any | None, where: tuple[int, int] | None = None, log: Any = None
+) -> NcclPath | None:
+    """Every rank says whether it can use NCCL (``nccl``: the binding, or ``None``) and where it
+    runs (``where``: its host's and its GPU's ids, default ``device_here()``); when all can and no
+    two ranks share one GPU, rank 0's NCCL id is broadcast and each rank gets its ``NcclPath``,
+    else every rank gets ``None``. NCCL refuses two ranks on one GPU ("Duplicate GPU detected"),
+    so such a job (several workers on a one-GPU machine) reduces device arrays through host
+    memory instead; ``log`` (rank 0's) says so. A collective: every rank of the group calls it
+    once, at the same point."""
+    mine = (0, 0) if nccl is None else (where if where is not None else device_here())
+    said = host.allgather(np.array([nccl is not None, *mine], dtype=np.uint64)).reshape(-1, 3)
+    if nccl is None or host.size < 2 or not bool(np.all(said[:, 0])):
+        return None
+    shared = shared_devices([(int(h), int(d)) for _, h, d in said])
+    if shared:
+        if log is not None and host.rank == 0:
+            log.warning(
+                "collective: ranks %s share one GPU, which NCCL refuses: device arrays are reduced "
+                "through host memory (give each worker its own GPU for NCCL)",
+                " and ".join(str(r) for r in shared),
+            )
         return None
     uid = np.zeros(ID_BYTES, dtype=np.int16)  # the id's bytes as cupy gives them (signed chars)
     if host.rank == 0:
         uid[:] = np.asarray(nccl.get_unique_id(), dtype=np.int16)
     uid = host.broadcast(uid, 0)
     return NcclPath(nccl, host.rank, host.size, tuple(int(b) for b in uid))
+
+
+def shared_devices(places: Sequence[tuple[int, int]]) -> list[int]:
+    """The ranks whose (host id, GPU id) another rank has too (a GPU id of 0: unknown, never
+    shared)."""
+    seen: dict[tuple[int, int], int] = {}
+    for place in places:
+        seen[place] = seen.get(place, 0) + 1
+    return [r for r, p in enumerate(places) if p[1] != 0 and seen[p] > 1]
+
+
+def _id(text: str) -> int:
+    """A stable 63-bit id of ``text`` (not Python's salted ``hash``); never 0."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1 | 1
+
+
+def device_here() -> tuple[int, int]:
+    """This process's host id and its current GPU's id (from its PCI bus id; 0 where unknown)."""
+    host = _id(socket.gethostname())
+    cupy = cupy_module()
+    try:
+        return host, (0 if cupy is None else _id(cupy.cuda.Device().pci_bus_id))
+    except Exception:  # no device to ask: NCCL will say what is wrong when it is used
+        return host, 0
 
 
 def _pointer(a: Any) -> int:
