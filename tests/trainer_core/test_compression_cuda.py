@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.trainer_core.gpu import gpu
 from trainer_core import xp as xpmod
 from trainer_core.compression import _cuda, get_compressor, kernels, onebit, twobit
 from trainer_core.compression.codec import WorkerCodec
@@ -690,17 +691,6 @@ def test_an_uncompressed_local_pull_into_a_device_array_moves_the_value_up_once(
 
 
 # -- on a GPU ----------------------------------------------------------------------------------
-
-
-def gpu() -> Any:
-    cupy = pytest.importorskip("cupy")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("cupy sees no GPU")
-        cupy.zeros(1).sum().item()
-    except Exception as exc:  # no driver, no device, a device that cannot run
-        pytest.skip(f"no usable GPU: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
-    return cupy
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

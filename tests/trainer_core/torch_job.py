@@ -32,8 +32,9 @@ def optimizer_run(args: argparse.Namespace, hvd: Any) -> dict[str, Any]:
     """Every rank starts from its own seed; broadcast makes rank 0's model everyone's, then
     ``STEPS`` averaged steps on this rank's share of each batch."""
     r, n = hvd.rank(), hvd.size()
-    m = model(seed=r)
-    extra = torch.nn.Linear(6, 3)  # used by rank 0 only with --unused
+    dev = torch.device(args.device)
+    m = model(seed=r).to(dev)
+    extra = torch.nn.Linear(6, 3).to(dev)  # used by rank 0 only with --unused
     params = [*m.parameters(), *extra.parameters()]
     hvd.broadcast_parameters(m.state_dict(), root_rank=0)
     hvd.broadcast_parameters(extra.state_dict(), root_rank=0)
@@ -51,13 +52,13 @@ def optimizer_run(args: argparse.Namespace, hvd: Any) -> dict[str, Any]:
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     ops = {}
     if server is None:  # tensor operations after the gradients' compression was set: exact
-        probe = torch.linspace(-1, 1, 1001) * (r + 1.2345)
+        probe = torch.linspace(-1, 1, 1001, device=dev) * (r + 1.2345)
         ops = {
             "sum": hvd.allreduce(probe, op=hvd.Sum).tolist(),
             "bcast": hvd.broadcast(probe, root_rank=n - 1).tolist(),
             "gather": hvd.allgather(probe[: r + 1]).tolist(),
         }
-    xs, ys = data(n, args.steps)
+    xs, ys = (t.to(dev) for t in data(n, args.steps))
     if args.fixed:  # the same batch every step: the loss must fall
         xs, ys = xs[:1].expand_as(xs), ys[:1].expand_as(ys)
     losses = []
@@ -117,6 +118,7 @@ def main() -> None:
     p.add_argument("--fixed", action="store_true")
     p.add_argument("--server-optimizer", action="store_true")
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="where the model and the batches live (cpu, cuda)")
     args = p.parse_args()
     hvd.init()
     out = optimizer_run(args, hvd) if args.mode == "optimizer" else ddp_run(args, hvd)
