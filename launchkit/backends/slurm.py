@@ -39,7 +39,7 @@ from launchkit.backends.worker0file import forget_worker0, worker0_file
 from launchkit.core.capabilities import Capabilities
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
-from launchkit.hostside import batchjob, rendezvous, shim
+from launchkit.hostside import batchjob, rendezvous, shim, tasktable
 from launchkit.hostside.netif import route_address
 
 #: Slurm end states -> exit codes (docs/exit-codes.md); FAILED uses the job's own code.
@@ -128,20 +128,20 @@ def _step_srun(plan: Plan, tasks: Sequence[Task], opts: SlurmOptions, role: str)
 
 
 def batch_spec(plan: Plan, opts: SlurmOptions, grace: float) -> dict[str, Any]:
-    """``LAUNCHKIT_BATCH`` for ``launchkit.hostside.batchjob``: one srun step per role. Pure."""
+    """``LAUNCHKIT_BATCH`` for ``launchkit.hostside.batchjob``: one srun step per role, each with
+    its tasks' node indexes as a ``tasktable`` (runs and repeats: its size does not grow with the
+    tasks of a regular placement; one index per task reached Linux's 128 KiB limit on one
+    environment string near 30,000 tasks). Pure."""
     ordered = scheduler_last(plan)
-    hosts = list(dict.fromkeys(t.host for t in plan.tasks if t.role != "scheduler"))
+    hosts = {h: k for k, h in enumerate(dict.fromkeys(t.host for t in plan.tasks if t.role != "scheduler"))}
     steps = []
     offset = 0
     for role in ("server", "worker"):
         tasks = [t for t in ordered if t.role == role]
         if tasks:
+            slots = tasktable.encode([(hosts[t.host], {}) for t in tasks])
             steps.append(
-                {
-                    "srun": _step_srun(plan, tasks, opts, role),
-                    "offset": offset,
-                    "slots": [hosts.index(t.host) for t in tasks],
-                }
+                {"srun": _step_srun(plan, tasks, opts, role), "offset": offset, "slots": json.loads(slots)}
             )
         offset += len(tasks)
     has_scheduler = any(t.role == "scheduler" for t in plan.tasks)

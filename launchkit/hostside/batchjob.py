@@ -4,10 +4,12 @@ Run as ``python -m launchkit.hostside.batchjob`` by the launcher itself inside a
 or as the batch script of ``sbatch``. Its instructions come in ``LAUNCHKIT_BATCH`` (JSON, no
 secret; the job's variables arrive in the environment by name):
 
-    {"scheduler": ROW or null, "steps": [{"srun": [...], "offset": K, "slots": [node index...]}],
+    {"scheduler": ROW or null, "steps": [{"srun": [...], "offset": K, "slots": TABLE}],
      "program": [python, "-m", "launchkit.hostside.shim", "--", ...], "grace": SECONDS}
 
-Each step gets ``SLURM_HOSTFILE`` (one allocated node per task, ``--distribution=arbitrary``),
+where TABLE is a ``tasktable`` (its row k: the index of task k's node among the allocation's, as
+runs and repeats, so its size does not grow with a regular placement's tasks). Each step gets
+``SLURM_HOSTFILE`` (one allocated node per task, ``--distribution=arbitrary``),
 so the tasks land where launchkit's placement put them. When ``DMLC_PS_ROOT_URI`` is empty (a
 batch job: the launcher cannot know the node), the scheduler's address is this node's
 ``NodeAddr`` and its port a free one. The first step or scheduler to fail ends the rest; the
@@ -29,7 +31,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from launchkit.hostside import shim
+from launchkit.hostside import shim, tasktable
 
 BATCH_VAR = "LAUNCHKIT_BATCH"
 RANK_OVERRIDE = "LAUNCHKIT_SHIM_RANK"
@@ -69,8 +71,11 @@ def free_port(address: str) -> int:
         return int(s.getsockname()[1])
 
 
-def hostfile_text(slots: list[int], nodes: list[str]) -> str:
-    return "".join(f"{nodes[k % len(nodes)]}\n" for k in slots)
+def hostfile_text(slots: Mapping[str, Any] | list[int], nodes: list[str]) -> str:
+    """A step's ``SLURM_HOSTFILE``: the node of each task, in order. ``slots`` is a ``tasktable``
+    whose row k's index is task k's node (a plain list of indexes, the older form, is read too)."""
+    indexes = slots if isinstance(slots, list) else (k for k, _ in tasktable.rows(slots))
+    return "".join(f"{nodes[k % len(nodes)]}\n" for k in indexes)
 
 
 class _Relay:

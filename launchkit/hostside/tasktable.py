@@ -15,13 +15,15 @@ environment string over 128 KiB, ``MAX_ARG_STRLEN``: about 1100 tasks)::
       "di": 2, "d": {"DMLC_TASK_ID": [2]}, "rdi": 1, "rd": {"DMLC_TASK_ID": [1]}}]}]}
 
 Version 1 (``{"v": 1, "tasks": [{"i": .., "env": {..}}, ...]}``, one row per task) is still read.
+Slurm's batch job writes each srun step's placement the same way (``LAUNCHKIT_BATCH``: row k's
+index is the node of the step's task k, with no variables; ``rows`` decodes a whole table).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,6 +165,30 @@ def size(table: Mapping[str, Any]) -> int:
     return sum(int(g["rep"]) * sum(int(r["n"]) for r in g["runs"]) for g in table["groups"])
 
 
+def _row_of(run: Mapping[str, Any], row: int, m: int) -> tuple[int, dict[str, str]]:
+    """Row ``row`` of ``run`` in its group's repeat ``m``."""
+    index = int(run["i"]) + row * int(run.get("di", 0)) + m * int(run.get("rdi", 0))
+    env = {str(k): str(v) for k, v in run["env"].items()}
+    for name, step in run.get("d", {}).items():
+        env[name] = _add(env[name], step, row)
+    for name, step in run.get("rd", {}).items():
+        env[name] = _add(env[name], step, m)
+    return index, env
+
+
+def rows(table: Mapping[str, Any]) -> Iterator[tuple[int, dict[str, str]]]:
+    """Every row of the parsed table in order: what ``lookup`` gives row by row, in one pass."""
+    if table.get("v") == 1:
+        for found in table["tasks"]:
+            yield int(found["i"]), {str(k): str(v) for k, v in found["env"].items()}
+        return
+    for group in table["groups"]:
+        for m in range(int(group["rep"])):
+            for run in group["runs"]:
+                for row in range(int(run["n"])):
+                    yield _row_of(run, row, m)
+
+
 def lookup(raw: str, row: int) -> tuple[int, dict[str, str]]:
     """(the plan index, the own variables) of ``row``. ValueError for a row outside the table or a
     table that is not one (KeyError, TypeError for a malformed one)."""
@@ -183,11 +209,5 @@ def lookup(raw: str, row: int) -> tuple[int, dict[str, str]]:
             if row >= int(run["n"]):
                 row -= int(run["n"])
                 continue
-            index = int(run["i"]) + row * int(run.get("di", 0)) + m * int(run.get("rdi", 0))
-            env = {str(k): str(v) for k, v in run["env"].items()}
-            for name, step in run.get("d", {}).items():
-                env[name] = _add(env[name], step, row)
-            for name, step in run.get("rd", {}).items():
-                env[name] = _add(env[name], step, m)
-            return index, env
+            return _row_of(run, row, m)
     raise ValueError(f"engine rank {row} not in the task table")  # pragma: no cover - size() checked

@@ -20,9 +20,17 @@ from launchkit.backends.slurm import (
 )
 from launchkit.core.spec import Host, LaunchSpec
 from launchkit.errors import UsageError
+from launchkit.hostside import batchjob, tasktable
 from tests.launchkit.plans import make_plan
 
 HOSTILE = "a b'c\"$HOME\n`x`"
+#: Linux's limit on one environment string (MAX_ARG_STRLEN: 32 pages)
+MAX_ARG_STRLEN = 128 * 1024
+
+
+def slots_of(step: dict) -> list[int]:
+    """A step's node index per task, decoded."""
+    return [k for k, _ in tasktable.rows(step["slots"])]
 
 
 def plan_for(hosts: tuple[Host, ...], n: int = 2, s: int = 2):
@@ -40,7 +48,7 @@ def test_one_step_per_role_placed_round_robin_on_the_nodes() -> None:
     spec = batch_spec(plan, SlurmOptions(python="/py", cpus_per_worker=4, mem_per_server="2G"), 5.0)
     servers, workers = spec["steps"]
     # MXNet's placement: process i on node i % 3 (servers 0, 1; workers 2, 3, 4)
-    assert servers["slots"] == [0, 1] and workers["slots"] == [2, 0, 1]
+    assert slots_of(servers) == [0, 1] and slots_of(workers) == [2, 0, 1]
     assert servers["offset"] == 0 and workers["offset"] == 2 and spec["scheduler"] == 5
     assert "--ntasks=2" in servers["srun"] and "--mem=2G" in servers["srun"]
     assert "--cpus-per-task=4" in workers["srun"] and "--distribution=arbitrary" in workers["srun"]
@@ -102,3 +110,26 @@ def test_memory_is_per_task_though_slurm_counts_it_per_node() -> None:
     assert "--mem=8G" in servers["srun"] and "--mem=1536M" in workers["srun"]
     with pytest.raises(UsageError, match="expected a number with an optional unit"):
         parse_mem("lots")
+
+
+@pytest.mark.parametrize("slots", [None, 100])
+def test_batch_size_does_not_grow_with_the_tasks(slots: int | None) -> None:
+    """200,000 tasks over 2,000 nodes, round robin (MXNet's placement) or 100 a node in turn: the
+    steps' placements are runs, a few hundred bytes where one index per task was about 1 MB (over
+    the 128 KiB one environment string may hold); each step's hostfile is the node of each of its
+    tasks in rank order, as before (issue 28)."""
+    hosts = tuple(Host(f"node{h:04d}", slots=slots) for h in range(2000))
+    spec = LaunchSpec(num_workers=100_000, num_servers=100_000, command=("python3", "t.py"), backend="slurm",
+                      hosts=hosts)  # fmt: skip
+    plan = make_plan(
+        spec, job_id="j1", secret="s", root_uri="", root_port=0, node_host_of=dict.fromkeys(hosts, "")
+    )
+    batch = batch_spec(plan, SlurmOptions(python="/py"), 5.0)
+    text = json.dumps(batch, separators=(",", ":"))  # as batch_env carries it
+    assert len(text) < 2048, len(text)
+    nodes = [h.name for h in hosts]  # the allocation's nodes, in the order the launcher was given them
+    ordered = scheduler_last(plan)
+    for step, role in zip(json.loads(text)["steps"], ("server", "worker"), strict=True):
+        expected = "".join(f"{t.host.name}\n" for t in ordered if t.role == role)
+        assert batchjob.hostfile_text(step["slots"], nodes) == expected
+    assert batchjob.hostfile_text([2, 0, 1], nodes[:3]) == "node0002\nnode0000\nnode0001\n"  # the older form

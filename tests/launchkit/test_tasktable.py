@@ -64,6 +64,7 @@ def test_every_rank_resolves_to_its_task_and_the_table_stays_small(
     raw = tasktable.encode(rows)
     assert len(raw) < 4096, (len(raw), raw[:500])
     assert [tasktable.lookup(raw, r) for r in range(len(rows))] == rows
+    assert list(tasktable.rows(json.loads(raw))) == rows  # the whole table in one pass (Slurm's batch job)
     with pytest.raises(ValueError, match=f"outside the job's {len(rows)} tasks"):
         tasktable.lookup(raw, len(rows))
 
@@ -89,6 +90,7 @@ def test_irregular_rows_are_kept_exactly() -> None:
             (8, {"C": "3,4"}), (9, {"C": "5"}), (10, {"C": "-1"}), (11, {"C": "-2"})]  # fmt: skip
     raw = tasktable.encode(rows)
     assert [tasktable.lookup(raw, r) for r in range(len(rows))] == rows
+    assert list(tasktable.rows(json.loads(raw))) == rows
     with pytest.raises(ValueError, match="outside the job's 0 tasks"):
         tasktable.lookup(tasktable.encode([]), 0)
 
@@ -96,5 +98,6 @@ def test_irregular_rows_are_kept_exactly() -> None:
 def test_version_1_tables_are_still_read() -> None:
     raw = json.dumps({"v": 1, "tasks": [{"i": 5, "env": {"A": "1"}}, {"i": 6, "env": {"A": "2"}}]})
     assert tasktable.lookup(raw, 1) == (6, {"A": "2"})
+    assert list(tasktable.rows(json.loads(raw))) == [(5, {"A": "1"}), (6, {"A": "2"})]
     with pytest.raises(ValueError, match="outside the job's 2 tasks"):
         tasktable.lookup(raw, 2)
