@@ -242,14 +242,53 @@ def test_agree_uses_nccl_only_when_every_rank_can() -> None:
     fabric = Fabric(w, timeout=10)
 
     def join(r: int, can: bool) -> NcclPath | None:
-        with Group(fabric.endpoint(r)) as g:
-            return agree(g, nccl if can else None)
+        with Group(fabric.endpoint(r)) as g:  # each rank on a GPU of its own (a real GPU here is one)
+            return agree(g, nccl if can else None, where=(1, r + 1))
 
     all_can = run_ranks(w, lambda r: join(r, True))
     assert all(p is not None and p.uid == nccl.uid and p.rank == r for r, p in enumerate(all_can))
     fabric = Fabric(w, timeout=10)
     one_cannot = run_ranks(w, lambda r: join(r, r != 1))
     assert one_cannot == [None, None, None]
+
+
+class BytesIdNccl(FakeNccl):
+    """cupy 14's binding: ``get_unique_id`` gives the id's bytes and the communicator takes bytes
+    (a tuple is refused with a TypeError, as cupy's typed argument does)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        made_by_tuple = self.NcclCommunicator
+        self.raw = bytes(b & 0xFF for b in self.uid)
+        outer = self
+
+        def communicator(size: int, uid: bytes, rank: int) -> Any:
+            if not isinstance(uid, bytes):
+                raise TypeError(
+                    f"Argument 'commId' has incorrect type (expected bytes, got {type(uid).__name__})"
+                )
+            assert uid == outer.raw
+            return made_by_tuple(size, outer.uid, rank)
+
+        self.NcclCommunicator = communicator  # type: ignore[assignment]
+
+    def get_unique_id(self) -> bytes:  # type: ignore[override]
+        return self.raw
+
+
+def test_agree_and_the_communicator_take_cupy_14s_bytes_ids() -> None:
+    w = 2
+    nccl = BytesIdNccl(w)
+    fabric = Fabric(w, timeout=10)
+
+    def join(r: int) -> Any:
+        with Group(fabric.endpoint(r)) as g:
+            path = agree(g, nccl, where=(1, r + 1))
+        assert path is not None and path.uid == nccl.uid  # signed values, as before cupy 14
+        return path.comm()
+
+    run_ranks(w, join)
+    assert nccl.made == w
 
 
 def test_agree_takes_the_host_path_where_two_ranks_share_one_gpu(caplog) -> None:

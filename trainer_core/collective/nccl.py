@@ -114,9 +114,17 @@ def agree(
         return None
     uid = np.zeros(ID_BYTES, dtype=np.int16)  # the id's bytes as cupy gives them (signed chars)
     if host.rank == 0:
-        uid[:] = np.asarray(nccl.get_unique_id(), dtype=np.int16)
+        uid[:] = id_values(nccl.get_unique_id())
     uid = host.broadcast(uid, 0)
     return NcclPath(nccl, host.rank, host.size, tuple(int(b) for b in uid))
+
+
+def id_values(raw: Any) -> np.ndarray:
+    """An NCCL unique id as its 128 signed byte values: cupy before 14 gives a tuple of them,
+    cupy 14 the id's bytes."""
+    if isinstance(raw, (bytes, bytearray)):
+        return np.frombuffer(bytes(raw), dtype=np.int8).astype(np.int16)
+    return np.asarray(raw, dtype=np.int16)
 
 
 def shared_devices(places: Sequence[tuple[int, int]]) -> list[int]:
@@ -179,7 +187,11 @@ class NcclPath:
     def comm(self) -> Any:
         """The communicator (made by every rank at its first device operation: a collective)."""
         if self._comm is None:
-            self._comm = self.nccl.NcclCommunicator(self.size, self.uid, self.rank)
+            try:
+                self._comm = self.nccl.NcclCommunicator(self.size, self.uid, self.rank)
+            except TypeError:  # cupy 14 takes the id as bytes (before: a tuple of signed chars)
+                as_bytes = bytes(b & 0xFF for b in self.uid)
+                self._comm = self.nccl.NcclCommunicator(self.size, as_bytes, self.rank)
         return self._comm
 
     def close(self) -> None:
