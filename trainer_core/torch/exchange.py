@@ -23,6 +23,7 @@ import torch
 
 from trainer_core.collective import ErrorFeedback
 from trainer_core.optim.server import to_spec
+from trainer_core.xp import array_module, to_host
 
 from .backend import KV, Backend, Done, Waitable
 from .compression import Residual
@@ -118,7 +119,7 @@ class Exchange:
                 [self.params[i].detach() for i in members]
             )  # a lone one keeps its shape (PowerSGD)
             flat = flat.float() if flat.dtype == torch.bfloat16 else flat
-            host = np.array(as_array(flat), copy=True)
+            host = np.array(to_host(as_array(flat)), copy=True)  # a CUDA tensor: copied to the host
             values.append(host if self.server_optimizer else np.zeros_like(host))
         spec = None if server_optimizer is None else to_spec(server_optimizer)
 
@@ -157,12 +158,14 @@ class Exchange:
         sent = sent.float() if sent.dtype == torch.bfloat16 else sent
         if self.op == "mean":
             sent = sent / self.backend.size
-        host = np.array(as_array(sent), copy=True)
-        out = np.empty_like(host) if not self.server_optimizer else None
+        arr = as_array(sent)
+        xp = array_module(arr)  # a CUDA tensor stays on its device: the store compresses it there
+        data = xp.array(arr, copy=True)  # taken now: the gradient may change before the store runs
+        out = xp.empty_like(data) if not self.server_optimizer else None
 
-        def run() -> np.ndarray:
-            target = np.empty_like(host) if out is None else out
-            kv.pushpull(key, host, target)
+        def run() -> Any:
+            target = xp.empty_like(data) if out is None else out
+            kv.pushpull(key, data, target)
             return target
 
         return Pending(b, grads, self.backend.submit("pushpull", run), ctx, sent)
