@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -198,7 +197,7 @@ def _compile_cuda(name: str) -> Any:
         )
         return None
     said = any(k is not None for k in _cuda_built.values())
-    version = getattr(sys.modules.get("cupy"), "__version__", "?")
+    version = getattr(arrays.cupy_module(), "__version__", "?")  # the module in use (a stand-in in tests)
     logger().log(
         logging.DEBUG if said else logging.INFO,
         "trainer_core compression: CUDA kernels for cupy arrays (cupy %s; %s ready)",
