@@ -94,7 +94,7 @@ def launch(group: HostGroup, per_host: int, rows: list[tuple[str, float, float, 
     )
 
 
-def traced_launch(group: HostGroup, per_host: int, home: str) -> None:
+def traced_launch(group: HostGroup, per_host: int, home: str, start_profile: str | None = None) -> None:
     """One ``launchkit launch`` under ``bench.scale_trace``: its steps' timeline, then the last UP."""
     hostfile = group.write_hostfile(Path(home) / "hosts", slots=per_host)
     procs = per_host * len(group)
@@ -103,6 +103,8 @@ def traced_launch(group: HostGroup, per_host: int, home: str) -> None:
             "--known-hosts", str(group.known_hosts), "--no-dashboard", "-n", str(procs), "-s", "0",
             'echo "UP $(date +%s.%N)"; exec sleep 600']  # fmt: skip
     env = {**os.environ, "LAUNCHKIT_HOME": home, "LK_TRACE_T0": repr(t0), "PYTHONPATH": str(ROOT)}
+    if start_profile:  # the supervisor's start of the processes under cProfile (bench.scale_trace)
+        env["LK_TRACE_PROFILE"] = str(Path(start_profile).resolve())
     lk = subprocess.Popen(argv, cwd="/", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     ups: list[float] = []
@@ -133,6 +135,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--profile", help="write the launcher phases' cProfile here")
     ap.add_argument("--full", action="store_true", help="also a whole launch's timeline (bench.scale_trace)")
+    ap.add_argument(
+        "--start-profile", help="with --full: the supervisor's start of the processes' cProfile here"
+    )
     args = ap.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -161,7 +166,7 @@ def main() -> None:
                 for what, wall, cpu, busy in rows:
                     print(f"| {what} | {wall:.2f} | {cpu:.2f} | {busy:.2f} |")
                 if args.full:
-                    traced_launch(group, args.per_host, home)
+                    traced_launch(group, args.per_host, home, args.start_profile)
     finally:
         group.close()
 

@@ -5,11 +5,14 @@
 Runs the launchkit CLI in this process with its steps wrapped (nothing in launchkit changes):
 each step's start and end, in seconds since the interpreter started (``LK_TRACE_T0``, the
 caller's clock when it sets it), and this process's CPU seconds at its end, written to stderr
-as ``TRACE name start end cpu``. bench/scale.py reads them when given ``--trace``.
+as ``TRACE name start end cpu``. With ``LK_TRACE_PROFILE=FILE`` the supervisor's start of the
+processes (``Supervisor._start_all``, the thread that runs it) also runs under cProfile, its
+statistics written to FILE.
 """
 
 from __future__ import annotations
 
+import cProfile
 import functools
 import importlib
 import os
@@ -33,14 +36,20 @@ STEPS = (
     ("launchkit.jobs.records", "started_here"),
 )
 
+PROFILED = "Supervisor._start_all"
+
 
 def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def timed(*args: Any, **kwargs: Any) -> Any:
         start = time.time() - T0
+        out = os.environ.get("LK_TRACE_PROFILE") if name == PROFILED else None
+        prof = cProfile.Profile() if out else None
         try:
-            return fn(*args, **kwargs)
+            return prof.runcall(fn, *args, **kwargs) if prof else fn(*args, **kwargs)
         finally:
+            if prof and out:
+                prof.dump_stats(out)
             end = time.time() - T0
             sys.stderr.write(f"TRACE {name} {start:.3f} {end:.3f} {time.process_time():.3f}\n")
 

@@ -90,6 +90,10 @@ class Kept(Protocol):
 
     def flush(self) -> None: ...
 
+    def create(self) -> bool:
+        """Its file exists (the merger has it created when it has nothing to read)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -157,6 +161,7 @@ class Merger:
         self._started = False
         self._logs: list[IO[bytes]] = []
         self._flushed_at = 0.0  # when the files were last flushed
+        self._uncreated = False  # a kept file may not be created yet (``_create_kept``)
 
     def add(self, stream: IO[bytes], name: str, prefix: bytes, tail: deque[str],
             log: IO[bytes] | None = None, kept: Kept | None = None) -> Source:  # fmt: skip
@@ -175,6 +180,7 @@ class Merger:
             self._sources[fd] = src
             if log is not None:
                 self._logs.append(log)
+            self._uncreated = self._uncreated or kept is not None
         return src
 
     def start(self) -> None:
@@ -192,6 +198,7 @@ class Merger:
                 break
             if not ready:
                 self._flush_files()
+                self._create_kept()
                 continue
             fds = {fd for fd, _ in ready}
             # serve in turn: streams that were served last go to the back
@@ -322,6 +329,16 @@ class Merger:
             kept = [src.kept for src in self._sources.values() if src.kept is not None]
         for k in kept:
             k.flush()
+
+    def _create_kept(self) -> None:
+        """The kept files of streams that have said nothing yet, created while there is nothing to
+        read (not at each start: ``launchkit.jobs.outputs.KeptFile``)."""
+        if self._uncreated:
+            with self._lock:
+                kept = [src.kept for src in self._sources.values() if src.kept is not None]
+                self._uncreated = False
+            for k in kept:
+                k.create()
 
     def _flush_logs(self) -> None:
         if self.log_error is not None:

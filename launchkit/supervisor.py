@@ -177,17 +177,25 @@ class Supervisor:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _start_all(self) -> None:
+        """Every process asked to start first (a backend that queues them, ssh, sends them now),
+        then each one's output and end attached: the hosts start their processes meanwhile (its
+        output waits in its pipe, an end already come is called back at once)."""
+        failed: tuple[int, int] | None = None
         for index, task in enumerate(self.plan.tasks):
             run = _Running(task, None)
             self._procs.append(run)
             try:
-                handle = self.backend.start(task)
+                run.handle = self.backend.start(task)
             except OSError as exc:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
                 run.tail.append(f"cannot start {task.argv[0]!r}: {exc.strerror or exc}")
-                self._events.put((index, code, time.time()))
-                return  # no point starting the rest
-            run.handle = handle
+                failed = (index, code)
+                break  # no point starting the rest
+        self.backend.send_starts()
+        for index, run in enumerate(self._procs):
+            handle, task = run.handle, run.task
+            if handle is None:
+                break
             for stream, name in ((handle.stdout, "out"), (handle.stderr, "err")):
                 prefix = self.writer.prefix(task.role, task.rank, name)
                 kept = self.keeper.open(task.role, task.rank, name)
@@ -195,6 +203,8 @@ class Supervisor:
                     self.merger.add(stream, name, prefix, run.tail, self._open_log(task, name), kept)
                 )
             self.backend.watch(handle, functools.partial(self._ended, index))
+        if failed is not None:
+            self._events.put((*failed, time.time()))
 
     @property
     def timed_out(self) -> bool:

@@ -95,6 +95,10 @@ class Backend:
         """Start one process; raise OSError when the command cannot be started."""
         raise NotImplementedError
 
+    def send_starts(self) -> None:
+        """After ``start`` was called for each task: a backend that queues its starts sends them
+        now (ssh: one message per host). Default: nothing, ``start`` started the process."""
+
     def watchdog_timeout(self) -> float | None:
         """How long a host's watchdog goes on after it lost the launcher (its heartbeat timeout),
         for backends with watchdogs on the hosts (ssh); None otherwise."""

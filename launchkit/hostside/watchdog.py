@@ -3,8 +3,8 @@
 The launcher sends this module, with the hostside modules it imports (``procscan``, ``netif``;
 the list is ``launchkit.backends.ssh.agent.SHIPPED``), over its ssh connection and runs it with
 the host's ``python3``: nothing is installed on the host. It speaks JSON lines over the ssh
-channel (see docs/ssh.md, "watchdog protocol"): the launcher sends ``hello``, then ``spawn``,
-``signal``, ``hb`` (heartbeat) and ``shutdown``; the watchdog answers ``ready``, ``started``,
+channel (see docs/ssh.md, "watchdog protocol"): the launcher sends ``hello``, then ``spawns``
+(a host's processes in one message; ``spawn``, one), ``signal``, ``hb`` (heartbeat) and ``shutdown``; the watchdog answers ``ready``, ``started``,
 ``error``, ``out``/``eof`` (output: a JSON line with the length, then that many raw bytes),
 ``exit``, ``hb`` (with the host's figures and its job processes' usage, ``hoststat``) and ``bye``.
 
@@ -112,11 +112,21 @@ class Watchdog:
         rc = proc.wait()
         self.send({"ev": "exit", "id": ident, "rc": rc})
 
-    def spawn(self, msg: dict[str, Any]) -> None:
+    def _base_env(self, env: dict[str, Any]) -> dict[str, str]:
+        base = dict(os.environ)
+        base.setdefault("PYTHONUNBUFFERED", "1")
+        base.update({str(k): str(v) for k, v in env.items()})
+        return base
+
+    def spawn(self, msg: dict[str, Any], base: dict[str, str] | None = None) -> None:
+        """Start one process (a ``spawn`` message, or one entry of a ``spawns`` batch, whose
+        environment is ``base`` with the entry's own ``env`` over it)."""
         ident = int(msg["id"])
-        env = dict(os.environ)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env.update({str(k): str(v) for k, v in msg.get("env", {}).items()})
+        if base is None:
+            env = self._base_env(msg.get("env", {}))
+        else:
+            env = dict(base)
+            env.update({str(k): str(v) for k, v in msg.get("env", {}).items()})
         if msg.get("node_host") and self.node_host:
             env["DMLC_NODE_HOST"] = self.node_host
         with self.table:
@@ -124,6 +134,16 @@ class Watchdog:
                 self.send({"ev": "error", "id": ident, "code": 126, "msg": "the job is ending"})
                 return
             self._start(ident, msg, env)
+
+    def spawns(self, msg: dict[str, Any]) -> None:
+        """A batch: every process of this host in one message (``procs``), the environment they
+        share sent once (``env``); each is started, and answered, as a ``spawn`` of its own."""
+        procs = msg["procs"]
+        if not isinstance(procs, list) or not all(isinstance(p, dict) for p in procs):
+            raise TypeError("spawns: procs is not a list of objects")
+        base = self._base_env(msg.get("env", {}))
+        for entry in procs:
+            self.spawn(entry, base)
 
     def _start(self, ident: int, msg: dict[str, Any], env: dict[str, str]) -> None:
         try:
@@ -199,6 +219,8 @@ class Watchdog:
                     self.hello(msg)
                 elif op == "spawn":
                     self.spawn(msg)
+                elif op == "spawns":
+                    self.spawns(msg)
                 elif op == "ack":
                     self.ack(int(msg["id"]), str(msg["s"]), int(msg["n"]))
                 elif op == "signal":

@@ -236,6 +236,9 @@ class SlowClose:
     def flush(self) -> None:
         pass
 
+    def create(self) -> bool:
+        return True
+
     def close(self) -> None:
         self.closing.set()
         time.sleep(0.3)

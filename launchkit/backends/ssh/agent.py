@@ -27,7 +27,6 @@ from launchkit.backends.ssh.feed import Feeder, Pipe
 from launchkit.core.spec import Host, Task
 from launchkit.errors import BackendError
 from launchkit.hostside import hoststat, netif, procscan, watchdog
-from launchkit.output import widen_pipe
 
 LOST_EXIT = 255  # as ssh reports a connection lost
 WINDOW = 1 << 21  # bytes of one stream's output in flight (sent by the watchdog, not yet delivered)
@@ -56,6 +55,24 @@ def usage_of(hb: dict[str, Any]) -> tuple[dict[str, float], dict[int, tuple[floa
     return figures, procs
 
 
+def spawns_message(tasks: list[Task], ids: list[int]) -> dict[str, Any]:
+    """The ``spawns`` instruction for ``tasks`` (with ids ``ids``): the environment entries every
+    one of them has alike go once, in ``env``; each entry carries the rest of its own."""
+    envs = [dict(t.env) for t in tasks]
+    common = (
+        {k: v for k, v in envs[0].items() if all(e.get(k, _MISSING) == v for e in envs[1:])} if envs else {}
+    )
+    procs = [
+        {"id": i, "argv": list(t.argv), "env": {k: v for k, v in e.items() if k not in common},
+         "cwd": t.cwd, "node_host": True}
+        for i, t, e in zip(ids, tasks, envs, strict=True)
+    ]  # fmt: skip
+    return {"op": "spawns", "env": common, "procs": procs}
+
+
+_MISSING = object()
+
+
 def bootstrap_payload() -> bytes:
     """The modules the watchdog needs, as the BOOTSTRAP command reads them from stdin."""
     body = json.dumps({m.__name__: inspect.getsource(m) for m in SHIPPED}).encode()
@@ -74,8 +91,7 @@ class _Stream:
 
     def __init__(self, proc: RemoteProcess, name: str) -> None:
         self.proc = proc
-        r, w = os.pipe()
-        widen_pipe(r)
+        r, w = os.pipe()  # (widened by the output merger that reads it)
         self.reader: IO[bytes] = os.fdopen(r, "rb")
         self._pipe = Pipe(w, proc.index, name)
         self._closed = False
@@ -142,6 +158,11 @@ class RemoteProcess:
     def close_all(self) -> None:
         for s in list(self._streams):
             self.close_stream(s)
+
+    @property
+    def done(self) -> bool:
+        """It has ended (or its host was lost)."""
+        return self._done.is_set()
 
     def wait(self) -> int:
         self._done.wait()
@@ -236,18 +257,28 @@ class HostAgent:
     # -- processes --------------------------------------------------------------------------
     def spawn(self, index: int, task: Task, wait: bool = True) -> RemoteProcess:
         """Ask the watchdog to start ``task``; ``wait``: until it has (its pid), at most 10 s."""
+        proc = self.add(index, task)
+        self.send_spawns([proc])
+        if wait:
+            proc.started.wait(10.0)
+        return proc
+
+    def add(self, index: int, task: Task) -> RemoteProcess:
+        """``task``'s process, to be started by ``send_spawns`` (ended at once if the host is lost)."""
         proc = RemoteProcess(self, index, task)
         with self._table:
             self.procs[index] = proc
         if self.lost:
             proc.finish(LOST_EXIT, self.lost)
             proc.close_all()
-            return proc
-        self.send({"op": "spawn", "id": index, "argv": list(task.argv), "env": dict(task.env), "cwd": task.cwd,
-                   "node_host": True})  # fmt: skip
-        if wait:
-            proc.started.wait(10.0)
         return proc
+
+    def send_spawns(self, procs: list[RemoteProcess]) -> None:
+        """Ask the watchdog to start ``procs`` in one message (``spawns``: the environment they
+        share once, each its own part): one message a host, not one a process."""
+        procs = [p for p in procs if not p.done]
+        if procs and not self.lost:
+            self.send(spawns_message([p.task for p in procs], [p.index for p in procs]))
 
     # -- channel ----------------------------------------------------------------------------
     def _read(self) -> None:

@@ -75,6 +75,7 @@ class SshBackend(Backend):
         self.conns: dict[tuple[str, int | None, str | None], Any] = {}
         self.agents: dict[tuple[str, int | None, str | None], HostAgent] = {}
         self._spawned: list[RemoteProcess] = []  # asked to start, pid not yet awaited
+        self._queued: dict[tuple[str, int | None, str | None], list[RemoteProcess]] = {}  # not yet sent
         self.spec: LaunchSpec | None = None
         self.usage_sink: UsageSink | None = None
 
@@ -159,6 +160,7 @@ class SshBackend(Backend):
     def await_started(self) -> None:
         """Every remote process asked to start has started (its pid known), ended, or its host was
         lost; at most SPAWN_WAIT s in all (``start`` asks without waiting)."""
+        self.send_starts()  # (the supervisor has sent them; anything queued since goes now)
         deadline = time.monotonic() + SPAWN_WAIT
         for proc in self._spawned:
             proc.started.wait(max(0.0, deadline - time.monotonic()))
@@ -172,10 +174,21 @@ class SshBackend(Backend):
         if task.role == "scheduler":
             return self.local.start(task)
         # not waited for one by one: a round trip per process, in turn, took 29 s for 1024
-        # processes on 128 hosts; every host starts its processes at once (bench/scale.py)
-        proc: RemoteProcess = self.agents[host_key(task.host)].spawn(task.task_id, task, wait=False)
+        # processes on 128 hosts; and not sent one by one: ``send_starts`` sends each host its
+        # processes in one message, which its watchdog starts at once (bench/scale.py)
+        key = host_key(task.host)
+        proc: RemoteProcess = self.agents[key].add(task.task_id, task)
+        self._queued.setdefault(key, []).append(proc)
         self._spawned.append(proc)
         return proc
+
+    def send_starts(self) -> None:
+        """Each host's queued processes in one ``spawns`` message (1024 messages at 128 hosts x 8,
+        each a paramiko packet and a wake of the watchdog's reader, were 0.5 ms of the launcher's
+        start a process: bench/scale_profile.py)."""
+        queued, self._queued = self._queued, {}
+        for key, procs in queued.items():
+            self.agents[key].send_spawns(procs)
 
     def watch(self, handle: ProcessHandle, ended: Callable[[int], None]) -> None:
         # the host's reader learns of the end: no thread per process (1024 of them took 1.4 ms

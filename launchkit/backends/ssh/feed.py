@@ -11,6 +11,7 @@ Each chunk is acknowledged (``ack``) once it is all in its pipe, which opens the
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import selectors
 import threading
@@ -29,7 +30,7 @@ class Pipe:
         #: once the stream has ended
         self.pending: deque[tuple[memoryview, int] | None] = deque()
         self.broken = False  # nobody reads it any more: chunks are dropped, still acknowledged
-        os.set_blocking(fd, False)
+        fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK)  # (a new pipe's end: no other flag to keep)
 
 
 class Feeder:
