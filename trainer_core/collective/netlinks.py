@@ -389,6 +389,7 @@ class NetLinks:
         self._wake.ring()
         if self._thread is not threading.current_thread():
             self._thread.join()
+            self._poller.close()  # (its items are still listed and removed below)
         for listener in self._listeners:
             self._poller.remove(listener)
             listener.on_accept = None

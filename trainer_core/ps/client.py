@@ -342,6 +342,7 @@ class WorkerClient:
         for route in self.routes:
             for ch in route.channels():
                 ch.close()
+        self._poller.close()
         self._views.clear()  # before the mappings under them
         for buf in self._buffers.values():
             buf.close()

@@ -99,6 +99,7 @@ class Server:
                 poller.serve(self._handle, 0.1)
             return 1 if live.failed.is_set() else 0
         finally:
+            poller.close()
             metrics.remove_source(self.figures)
             metrics.send_now()
             live.stop()
