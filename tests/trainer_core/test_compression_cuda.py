@@ -212,6 +212,36 @@ def test_1bit_kernels_match_the_host_kernels(host_sim, dtype, n, block):
         assert same_bits(out, c.decode(want, meta, n, dtype))
 
 
+def at_offset(values: np.ndarray, offset: int) -> np.ndarray:
+    """``values`` copied into a buffer at ``offset`` elements from its (aligned) start: a view
+    whose address is not a multiple of 4 elements unless ``offset`` is."""
+    buf = np.zeros(values.size + 8, values.dtype)
+    view = buf[offset : offset + values.size]
+    view[...] = values
+    return view
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [0, 1, 2, 3, 4])
+def test_kernels_read_four_at_a_time_only_where_aligned_with_the_same_bytes(host_sim, dtype, offset):
+    """The 2-bit encoder and the 1-bit packer load and store runs of 4 values where the arrays are
+    aligned for it, one at a time elsewhere (views at an offset, the tail): the same bytes."""
+    k = sim_kernels(host_sim, dtype)
+    n = 1000 + 3
+    work = np.float64 if dtype == np.float64 else np.float32
+    for params in ({"type": "2bit", "threshold": 0.5}, {"type": "1bit", "block_size": 64}):
+        c = host_compressor(params, dtype)
+        r = at_offset(np.zeros(n, work), offset)
+        for g in gradients(n, dtype):
+            g = at_offset(g, offset)
+            want, meta = c.encode(g)
+            if params["type"] == "2bit":
+                got = k.twobit_encode(g, r, meta["threshold"])
+            else:
+                got = k.onebit_encode(g, r, 64)
+            assert same_bits(got, want) and same_bits(r, c.residual)
+
+
 #: blocks whose float32 means depend on the order of the float64 sums: a float32 tie (2**24 + 1)
 #: pushed off it only when the two 2**-29 are added together first. Block 8: lanes are single
 #: elements, joined (l0 + l1) + (l2 + l3); block 16: lane 0 sums 2**24, 1, 2**-29, 2**-29 in order.

@@ -111,19 +111,38 @@ DEV void put(double* p, long long i, float x) { p[i] = widen(x); }
 DEV void put(double* p, long long i, double x) { p[i] = x; }
 DEV long long lmin(long long a, long long b) { return a < b ? a : b; }
 
+/* four consecutive values in one load or store (16 bytes of float32) where the pointer is aligned
+   for it: the kernels below read and write whole runs of 4 this way, the same values in the same
+   order as one at a time */
+template <typename T> struct alignas(4 * sizeof(T)) Four { T v[4]; };
+template <typename T> DEV bool fours(const T* p) {
+    return ((unsigned long long)p & (unsigned long long)(4 * sizeof(T) - 1)) == 0;
+}
+
+/* one value of 2-bit: its bits (the j-th of a byte) into b; returns the new residual */
+DEV W twobit_one(W v, W t, W nt, int j, unsigned int* b) {
+    if (ge(v, t)) { *b |= 3u << (6 - 2 * j); return sub(v, t); }
+    if (le(v, nt)) { *b |= 2u << (6 - 2 * j); return add(v, t); }
+    return v;
+}
+
 /* 2-bit: one thread per payload byte (4 values, the first in the high bits); bytes past the
    values (the padding to whole 32-bit words) are written as 0 */
 extern "C" __global__ void twobit_encode(const G* g, W* r, W t, W nt, unsigned char* out, long long n,
                                          long long nbytes) {
+    const bool vec = fours(g) && fours(r);
     GRID_LOOP(i, nbytes) {
         unsigned int b = 0;
-        for (int j = 0; j < 4; ++j) {
-            long long k = 4 * i + j;
-            if (k < n) {
-                W v = add(r[k], load(g[k]));
-                if (ge(v, t)) { b |= 3u << (6 - 2 * j); v = sub(v, t); }
-                else if (le(v, nt)) { b |= 2u << (6 - 2 * j); v = add(v, t); }
-                r[k] = v;
+        long long k0 = 4 * i;
+        if (vec && k0 + 4 <= n) {
+            Four<G> gv = *(const Four<G>*)(g + k0);
+            Four<W> rv = *(const Four<W>*)(r + k0);
+            for (int j = 0; j < 4; ++j) rv.v[j] = twobit_one(add(rv.v[j], load(gv.v[j])), t, nt, j, &b);
+            *(Four<W>*)(r + k0) = rv;
+        } else {
+            for (int j = 0; j < 4; ++j) {
+                long long k = k0 + j;
+                if (k < n) r[k] = twobit_one(add(r[k], load(g[k])), t, nt, j, &b);
             }
         }
         out[i] = (unsigned char)b;
@@ -179,13 +198,25 @@ extern "C" __global__ void onebit_pack(W* r, long long n, long long block, const
         float hi = onebit_mean((q[0] + q[2]) + (q[4] + q[6]), cp, half);
         float lo = onebit_mean((q[1] + q[3]) + (q[5] + q[7]), (e - s) - cp, half);
         unsigned int acc = 0;
-        for (int j = 0; j < 8; ++j) {
-            long long k = k0 + j;
-            if (k < e) {
-                W v = r[k];
-                bool p = ge(v, (W)0);
-                r[k] = sub(v, from_f(p ? hi : lo, (W)0));
-                acc |= (unsigned int)p << (7 - j);
+        if (fours(r) && k0 + 8 <= e) {
+            for (int h = 0; h < 2; ++h) {
+                Four<W> rv = *(const Four<W>*)(r + k0 + 4 * h);
+                for (int j = 0; j < 4; ++j) {
+                    bool p = ge(rv.v[j], (W)0);
+                    rv.v[j] = sub(rv.v[j], from_f(p ? hi : lo, (W)0));
+                    acc |= (unsigned int)p << (7 - 4 * h - j);
+                }
+                *(Four<W>*)(r + k0 + 4 * h) = rv;
+            }
+        } else {
+            for (int j = 0; j < 8; ++j) {
+                long long k = k0 + j;
+                if (k < e) {
+                    W v = r[k];
+                    bool p = ge(v, (W)0);
+                    r[k] = sub(v, from_f(p ? hi : lo, (W)0));
+                    acc |= (unsigned int)p << (7 - j);
+                }
             }
         }
         bits[i] = (unsigned char)acc;
