@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from launchkit.backends.base import Backend
-from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.agent import LOST_EXIT
 from launchkit.console import Ui
 from launchkit.core.plan import has_scheduler, make_plan, new_job_id, new_secret
@@ -29,7 +28,7 @@ from launchkit.core.spec import JobResult, LaunchSpec, Plan
 from launchkit.dashboard import Dashboard
 from launchkit.errors import EXIT_INTERNAL, BackendError, UsageError
 from launchkit.jobs import records as jobs
-from launchkit.jobs.kill import remote_hosts
+from launchkit.jobs.kill import sweep_hosts
 from launchkit.roots import Roots
 from launchkit.supervisor import EXIT_TIMEOUT, HANDLED_SIGNALS, Supervisor, check_log_dir
 from launchkit.telemetry.endpoint import Telemetry, serve
@@ -293,9 +292,10 @@ def _settle(job: _Job, supervisor: Supervisor | None) -> None:
     if reaper_proc is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             reaper_proc.wait(job.spec.grace_period + REAPER_WAIT)
-    where = remote_hosts(job.record) if job.record is not None else None
-    if where is not None and job.stop.signum is None:
-        for host in ssh_commands.sweep(where[0], where[1], job.job_id, job.spec.grace_period):
+    # the hosts that ran a process of it (the attempt's record: the job's has none by now)
+    last = supervisor.record if supervisor is not None and supervisor.record is not None else job.record
+    if last is not None and job.stop.signum is None:
+        for host in sweep_hosts(last, job.spec.grace_period):
             if not host.ok:
                 job.ui.warn(f"{host.host}: could not check that the last attempt left nothing: {host.error}")
 

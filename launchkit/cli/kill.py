@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 
-from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.commands import HostResult
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app
@@ -15,7 +14,7 @@ from launchkit.console import Ui
 from launchkit.core.hostfile import read_hostfile
 from launchkit.errors import UsageError
 from launchkit.jobs import records as jobs
-from launchkit.jobs.kill import StopResult, active_job_ids, stop_job
+from launchkit.jobs.kill import StopResult, active_job_ids, stop_job, sweep_all
 
 
 def _report_hosts(ui: Ui, results: tuple[HostResult, ...] | list[HostResult]) -> bool:
@@ -83,7 +82,7 @@ def register(app: typer.Typer) -> None:
             ui.text(f"ended {total} process(es) in {len(ids)} job(s) here")
             if hostfile:
                 opts = SshOptions(port=ssh_port, identity=identity, known_hosts=known_hosts)
-                results = ssh_commands.sweep(read_hostfile(hostfile, ui.warn), opts, None, grace)
+                results = sweep_all(read_hostfile(hostfile, ui.warn), opts, grace)
                 reached = _report_hosts(ui, results) and reached
         if not reached:
             raise typer.Exit(1)

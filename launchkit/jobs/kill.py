@@ -49,6 +49,22 @@ def hosts_that_ran(record: jobs.JobRecord, hosts: list[Host]) -> list[Host]:
     return [h for h in hosts if str(h) in ran] or hosts
 
 
+def sweep_hosts(record: jobs.JobRecord, grace: float) -> list[HostResult]:
+    """End what is left of the record's job on the hosts that ran a process of it (none: the job
+    ran on no ssh hosts)."""
+    where = remote_hosts(record)
+    if where is None:
+        return []
+    reach = ssh_commands.Reach(hosts_that_ran(record, where[0]), where[1])
+    return reach.sweep(record.id, grace, grace + SWEEP_BOUND)
+
+
+def sweep_all(hosts: list[Host], opts: SshOptions, grace: float) -> list[HostResult]:
+    """End every launchkit process of this user on ``hosts`` (``kill --all -H``: no record says
+    which hosts ran what)."""
+    return ssh_commands.Reach(hosts, opts).sweep(None, grace, grace + SWEEP_BOUND)
+
+
 def _stop_launcher(record: jobs.JobRecord, grace: float) -> bool:
     """Ask a live launcher to end its job (SIGTERM: it tears down and records the end)."""
     if not record.launcher_alive():

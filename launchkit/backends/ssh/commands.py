@@ -1,10 +1,11 @@
-"""One-shot commands on many hosts over ssh: probing (``hosts check``) and ending jobs (``kill``).
+"""One-shot commands on many hosts over ssh: probing (``hosts check``) and ending jobs (``kill``,
+and a restart's check that the last attempt left nothing: ``Reach``).
 
-Hosts are reached in parallel (``connection``), at most MAX_PARALLEL at a time, and the command
-runs on each such batch as one fabric ``ThreadingGroup``. Partial failure is data: the group's
-``GroupResult`` (succeeded and failed, per connection) becomes one ``HostResult`` per host, in
-hostfile order. Commands are argv
-lists quoted with ``shlex``; nothing is read from this machine's stdin.
+For a probe, hosts are reached in parallel (``connection``), at most MAX_PARALLEL at a time, and
+the command runs on each such batch as one fabric ``ThreadingGroup``. Partial failure is data:
+the group's ``GroupResult`` (succeeded and failed, per connection) becomes one ``HostResult`` per
+host, in hostfile order. Commands are argv lists quoted with ``shlex``; nothing is read from this
+machine's stdin.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launchkit.backends.ssh.options import SshOptions
+from launchkit.core.hostfile import unique_hosts
 from launchkit.core.spec import Host
 from launchkit.errors import BackendError
 from launchkit.hostside import procscan
@@ -177,23 +179,28 @@ def _run_batch(
     return results
 
 
-#: a job's sweep on a host that ran it: a shell's look first (one grep over every environ), and
-#: python only when a process of the job is left there: after its launcher ended the job, its
-#: watchdog has ended everything, and 128 hosts' python3 starts (about 40 ms of CPU each) were
-#: most of ``kill``'s 4 s sweep. $1 the job, $2 SWEEP, $3 procscan's source, $4 the grace period.
+#: a sweep of a job (or, $1 empty, of every job) on a host: a shell's look first (one grep over
+#: every environ), and python only when a process of it is left there: after its launcher ended
+#: the job, its watchdog has ended everything, and 128 hosts' python3 starts (about 40 ms of CPU
+#: each) were most of ``kill``'s 4 s sweep. $1 the job, $2 SWEEP, $3 procscan's source, $4 the
+#: grace period.
 SWEEP_JOB = (
-    'grep -qzxF "LAUNCHKIT_JOB_ID=$1" /proc/[0-9]*/environ 2>/dev/null || '
-    '{ rm -f /dev/shm/launchkit-"$1"-*; echo 0; exit 0; }; exec python3 -S -c "$2" "$3" "$1" "$4"'
+    'if [ -n "$1" ]; then grep -qzxF "LAUNCHKIT_JOB_ID=$1" /proc/[0-9]*/environ; '
+    'else grep -qz "^LAUNCHKIT_JOB_ID=" /proc/[0-9]*/environ; fi 2>/dev/null || '
+    '{ [ -z "$1" ] || rm -f /dev/shm/launchkit-"$1"-*; echo 0; exit 0; }; '
+    'exec python3 -S -c "$2" "$3" "$1" "$4"'
 )
 
 
 class Reach:
-    """Connections to some hosts, opened in the background from the start (``kill``: while it
-    sweeps this machine), then one sweep of a job on each, all at once over those connections,
-    within a bound."""
+    """Connections to some hosts (one per login: ``unique_hosts``), opened in the background from
+    the start (``kill``: while it sweeps this machine), then one sweep of a job, or of every job,
+    on each, all at once over those connections, within a bound. What ``kill JOB`` (the hosts
+    that ran the job), ``kill --all -H`` (the given hosts) and a restart (before the next attempt)
+    sweep hosts with."""
 
     def __init__(self, hosts: Sequence[Host], opts: SshOptions) -> None:
-        self.hosts = list(dict.fromkeys(hosts))
+        self.hosts = unique_hosts(hosts)
         self.opts = opts
         self.conns: dict[Host, Any] = {}
         self.errors: dict[Host, str] = {}
@@ -225,14 +232,16 @@ class Reach:
 
         ssh.on_each(one, self.hosts)
 
-    def sweep(self, job_id: str, grace: float, timeout: float) -> list[HostResult]:
-        """End what is left of ``job_id`` on every host (``ended``: how many); a host that takes
-        longer than ``timeout`` seconds in all, connecting included, is that host's error."""
+    def sweep(self, job_id: str | None, grace: float, timeout: float) -> list[HostResult]:
+        """End what is left of ``job_id`` (of every job when None) on every host (``ended``: how
+        many); a host that takes longer than ``timeout`` seconds in all, connecting included, is
+        that host's error."""
         from launchkit.backends.ssh import connection as ssh
 
         deadline = time.monotonic() + timeout
         self._thread.join(timeout)
-        argv = ["sh", "-c", SWEEP_JOB, "sweep", job_id, SWEEP, inspect.getsource(procscan), str(grace)]
+        source = inspect.getsource(procscan)
+        argv = ["sh", "-c", SWEEP_JOB, "sweep", job_id or "", SWEEP, source, str(grace)]
         late = f"sweep did not complete within {timeout:g} seconds"
 
         def one(h: Host) -> HostResult:
@@ -277,11 +286,3 @@ class Reach:
 def probe(hosts: Sequence[Host], opts: SshOptions) -> list[HostResult]:
     """Each host's name, CPUs, memory, GPUs and Python, with the connect time and round trip."""
     return on_hosts(hosts, opts, ["python3", "-c", PROBE], json.loads, timeout=30.0, what="python3 probe")
-
-
-def sweep(hosts: Sequence[Host], opts: SshOptions, job_id: str | None, grace: float) -> list[HostResult]:
-    """End every process of ``job_id`` (of every job when None) on every host."""
-    argv = ["python3", "-c", SWEEP, inspect.getsource(procscan), job_id or "", str(grace)]
-    return on_hosts(
-        hosts, opts, argv, lambda out: {"ended": int(out.strip() or 0)}, timeout=grace + 30, what="sweep"
-    )
