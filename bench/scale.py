@@ -18,6 +18,8 @@ kept: each tool's first connection to a host records its key before the rounds):
   with apt-get when missing): the time until it exits;
 - **mpirun**: Open MPI's ``mpirun`` with P ranks over the same hosts (its tree spawn over ssh),
   of the same ``UP`` program: the time to the last ``UP``, then SIGTERM to mpirun;
+- with ``--compare DIR``: launchkit from another copy of its source too (``git archive REV``
+  unpacked there), its columns prefixed ``[DIR]``, before or after this one in turn;
 - **one ssh per process** (launch.py's way, Horovod's and DeepSpeed's per host): P ``ssh`` at
   once, each running one ``UP`` program: the time to the last ``UP``.
 
@@ -56,11 +58,15 @@ UP = 'echo "UP $(date +%s.%N)"; exec sleep 600'
 class Launcher:
     """One ``launchkit launch``: its UP lines as they come, its peak threads, how it ended."""
 
-    def __init__(self, group: HostGroup, hostfile: Path, home: str, procs: int) -> None:
+    def __init__(
+        self, group: HostGroup, hostfile: Path, home: str, procs: int, code: str | None = None
+    ) -> None:
         argv = [sys.executable, "-m", "launchkit", "launch", "-H", str(hostfile), "-i", str(group.identity),
                 "--known-hosts", str(group.known_hosts), "--no-dashboard", "-n", str(procs), "-s", "0",
                 UP]  # fmt: skip
         self.env = {**os.environ, "LAUNCHKIT_HOME": home}
+        if code:  # another copy of launchkit's source (--compare), for it and its kill
+            self.env["PYTHONPATH"] = code
         self.procs, self.ups, self.threads = procs, [], 0
         self.all_up = threading.Event()
         self.t0 = time.time()
@@ -130,9 +136,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def launchkit_round(group: HostGroup, hostfile: Path, home: str, procs: int, idle: float) -> dict[str, float]:
+def launchkit_round(group: HostGroup, hostfile: Path, home: str, procs: int, idle: float,
+                    code: str | None = None) -> dict[str, float]:  # fmt: skip
     out: dict[str, float] = {}
-    lk = Launcher(group, hostfile, home, procs)
+    lk = Launcher(group, hostfile, home, procs, code)
     out["launchkit: all running s"] = lk.wait_up(300)
     if idle:  # the launcher's CPU while the job runs (heartbeats, samplers, the live file)
         before = cpu_seconds(lk.proc.pid)
@@ -151,7 +158,7 @@ def launchkit_round(group: HostGroup, hostfile: Path, home: str, procs: int, idl
     out["launchkit kill: the command's own time s"] = time.time() - t0
     out["launcher peak RSS MiB"] = rss
     out["launcher CPU s (start to killed)"] = cpu
-    lk = Launcher(group, hostfile, home, procs)
+    lk = Launcher(group, hostfile, home, procs, code)
     lk.wait_up(300)
     job = lk.job_id(home)
     t0 = time.time()
@@ -233,7 +240,9 @@ def ensure_pdsh() -> None:
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})  # fmt: skip
 
 
-def measure(n: int, per_host: int, repeat: int, home: str, idle: float) -> dict[str, Any]:
+def measure(
+    n: int, per_host: int, repeat: int, home: str, idle: float, compare: str | None = None
+) -> dict[str, Any]:
     t0 = time.time()
     group = HostGroup.create(n)
     row: dict[str, Any] = {"hosts": n, "processes": n * per_host, "hosts up s": time.time() - t0}
@@ -242,8 +251,14 @@ def measure(n: int, per_host: int, repeat: int, home: str, idle: float) -> dict[
     try:
         hostfile = group.write_hostfile(Path(home) / f"hosts{n}", slots=per_host)
         pdsh_round(group)  # every host's key recorded (the known_hosts file is shared by every tool)
-        for _ in range(repeat):
+        for i in range(repeat):
+            if compare and i % 2:  # the other launchkit first in every other round
+                old = launchkit_round(group, hostfile, home, n * per_host, idle, compare)
             r = launchkit_round(group, hostfile, home, n * per_host, idle)
+            if compare and not i % 2:
+                old = launchkit_round(group, hostfile, home, n * per_host, idle, compare)
+            if compare:
+                r.update({f"[{compare}] {k}": v for k, v in old.items()})
             r["pdsh true s"] = pdsh_round(group)
             r["mpirun: all running s"] = mpirun_round(group, per_host)
             r["one ssh per process: all running s"] = ssh_each_round(group, per_host)
@@ -265,12 +280,17 @@ def main() -> None:
         "--idle", type=float, default=0, help="seconds of the launcher's CPU sampled while running"
     )
     ap.add_argument("--json", help="also write the rows as JSON here")
+    ap.add_argument(
+        "--compare",
+        metavar="DIR",
+        help="also launchkit from this copy of its source, alternated with this one",
+    )
     args = ap.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     ensure_pdsh()
     with tempfile.TemporaryDirectory() as home:
-        rows = [measure(n, args.per_host, args.repeat, home, args.idle) for n in args.hosts]
+        rows = [measure(n, args.per_host, args.repeat, home, args.idle, args.compare) for n in args.hosts]
     keys = [k for k in rows[0] if k not in ("hosts",)]
     print("| hosts | " + " | ".join(keys) + " |")
     print("|---|" + "---|" * len(keys))

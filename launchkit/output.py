@@ -87,13 +87,8 @@ class Kept(Protocol):
     """The launcher's own copy of a stream (``launchkit.jobs.outputs``): never raises."""
 
     def write(self, data: bytes) -> None: ...
-
     def flush(self) -> None: ...
-
-    def create(self) -> bool:
-        """Its file exists (the merger has it created when it has nothing to read)."""
-        ...
-
+    def create(self) -> bool: ...  # its file exists (made when the merger has nothing to read)
     def close(self) -> None: ...
 
 
@@ -161,7 +156,6 @@ class Merger:
         self._started = False
         self._logs: list[IO[bytes]] = []
         self._flushed_at = 0.0  # when the files were last flushed
-        self._uncreated = False  # a kept file may not be created yet (``_create_kept``)
 
     def add(self, stream: IO[bytes], name: str, prefix: bytes, tail: deque[str],
             log: IO[bytes] | None = None, kept: Kept | None = None) -> Source:  # fmt: skip
@@ -180,7 +174,6 @@ class Merger:
             self._sources[fd] = src
             if log is not None:
                 self._logs.append(log)
-            self._uncreated = self._uncreated or kept is not None
         return src
 
     def start(self) -> None:
@@ -197,8 +190,7 @@ class Merger:
             except OSError:
                 break
             if not ready:
-                self._flush_files()
-                self._create_kept()
+                self._flush_files(create=True)
                 continue
             fds = {fd for fd, _ in ready}
             # serve in turn: streams that were served last go to the back
@@ -321,24 +313,15 @@ class Merger:
         if self.on_log_error is not None:
             self.on_log_error(exc)
 
-    def _flush_files(self) -> None:
-        """Every file the merger writes (``--log-dir``, kept output) flushed to the kernel."""
+    def _flush_files(self, create: bool = False) -> None:
+        """Every file the merger writes flushed to the kernel; ``create``: the kept files not made yet too."""
         self._flushed_at = time.monotonic()
         self._flush_logs()
         with self._lock:
             kept = [src.kept for src in self._sources.values() if src.kept is not None]
         for k in kept:
             k.flush()
-
-    def _create_kept(self) -> None:
-        """The kept files of streams that have said nothing yet, created while there is nothing to
-        read (not at each start: ``launchkit.jobs.outputs.KeptFile``)."""
-        if self._uncreated:
-            with self._lock:
-                kept = [src.kept for src in self._sources.values() if src.kept is not None]
-                self._uncreated = False
-            for k in kept:
-                k.create()
+            _ = create and k.create()  # (when there is nothing to read: not at each start, outputs.KeptFile)
 
     def _flush_logs(self) -> None:
         if self.log_error is not None:

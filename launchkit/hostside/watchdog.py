@@ -4,9 +4,11 @@ The launcher sends this module, with the hostside modules it imports (``procscan
 the list is ``launchkit.backends.ssh.agent.SHIPPED``), over its ssh connection and runs it with
 the host's ``python3``: nothing is installed on the host. It speaks JSON lines over the ssh
 channel (see docs/ssh.md, "watchdog protocol"): the launcher sends ``hello``, then ``spawns``
-(a host's processes in one message; ``spawn``, one), ``signal``, ``hb`` (heartbeat) and ``shutdown``; the watchdog answers ``ready``, ``started``,
-``error``, ``out``/``eof`` (output: a JSON line with the length, then that many raw bytes),
-``exit``, ``hb`` (with the host's figures and its job processes' usage, ``hoststat``) and ``bye``.
+(a host's processes in one message; ``spawn``, one), ``signal``, ``acks`` (output delivered;
+``ack``, one stream's), ``hb`` (heartbeat) and ``shutdown``; the watchdog answers ``ready``,
+``started``, ``error``, ``out``/``eof`` (output: a JSON line with the length, then that many raw
+bytes; ``childio``), ``exit``, ``hb`` (with the host's figures and its job processes' usage,
+``hoststat``) and ``bye``.
 
 Every process runs in its own session; the environment arrives in the ``spawn`` message, so
 it never shows on a command line and needs no ``AcceptEnv`` from sshd. The watchdog ends all of
@@ -18,7 +20,6 @@ the job's deadline passes. Standard library only.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -29,14 +30,10 @@ import threading
 import time
 from typing import IO, Any
 
+from launchkit.hostside.childio import ChildIO, encode
 from launchkit.hostside.hoststat import Latest
 from launchkit.hostside.netif import interface_address
 from launchkit.hostside.procscan import remove_shm, sweep_job
-
-CHUNK = 1 << 16  # at most this much output of one stream per message
-SMALL = CHUNK  # after a read of less than a full chunk, wait LINGER so that the next finds more
-LINGER = 0.005
-PIPE_SIZE = 1 << 20
 
 
 def reached_address() -> str | None:
@@ -51,9 +48,7 @@ class Watchdog:
         self.lock = threading.Lock()
         self.children: dict[int, subprocess.Popen[bytes]] = {}  # changed and read under `table`
         self.table = threading.Lock()
-        self.window: int | None = None  # bytes of output a stream may have unacknowledged
-        self.credit: dict[tuple[int, str], int] = {}
-        self.flow = threading.Condition()
+        self.io = ChildIO(self._write)  # the processes' output and ends (one thread)
         self.last_heard = time.monotonic()
         self.job_id = ""
         self.hb_interval = 1.0
@@ -66,7 +61,13 @@ class Watchdog:
 
     # -- output to the launcher -------------------------------------------------------------
     def send(self, msg: dict[str, Any], payload: bytes = b"") -> None:
-        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode() + payload
+        self._write(encode(msg, payload))
+
+    def send_many(self, msgs: list[dict[str, Any]]) -> None:
+        """Several messages in one write (one ssh packet, one wake of the launcher's reader)."""
+        self._write(b"".join(encode(m) for m in msgs))
+
+    def _write(self, data: bytes) -> None:
         with self.lock:
             try:
                 self.out.write(data)
@@ -75,42 +76,8 @@ class Watchdog:
                 self.stopping.set()
 
     # -- children ---------------------------------------------------------------------------
-    def _pump(self, ident: int, stream: IO[bytes], name: str) -> None:
-        """One stream of one child to the launcher, in chunks of at most CHUNK bytes. With a
-        window, a stream stops reading (its process blocks on a full pipe) while the launcher
-        has not acknowledged ``window`` bytes of it: a slow reader of the launcher's output slows
-        that process, never the channel (heartbeats, the other processes' output)."""
-        fd = stream.fileno()
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
-        key = (ident, name)
-        while True:
-            if self.window is not None:
-                with self.flow:
-                    while self.credit.get(key, 0) <= 0 and not self.stopping.is_set():
-                        self.flow.wait(1.0)
-            try:
-                chunk = os.read(fd, CHUNK)
-            except OSError:
-                break
-            if not chunk:
-                break
-            if self.window is not None:
-                with self.flow:
-                    self.credit[key] = self.credit.get(key, 0) - len(chunk)
-            self.send({"ev": "out", "id": ident, "s": name, "n": len(chunk)}, chunk)
-            if len(chunk) < SMALL:
-                time.sleep(LINGER)
-        self.send({"ev": "eof", "id": ident, "s": name})
-
     def ack(self, ident: int, name: str, n: int) -> None:
-        with self.flow:
-            self.credit[(ident, name)] = self.credit.get((ident, name), 0) + n
-            self.flow.notify_all()
-
-    def _wait(self, ident: int, proc: subprocess.Popen[bytes]) -> None:
-        rc = proc.wait()
-        self.send({"ev": "exit", "id": ident, "rc": rc})
+        self.io.ack(ident, name, n)
 
     def _base_env(self, env: dict[str, Any]) -> dict[str, str]:
         base = dict(os.environ)
@@ -119,8 +86,16 @@ class Watchdog:
         return base
 
     def spawn(self, msg: dict[str, Any], base: dict[str, str] | None = None) -> None:
-        """Start one process (a ``spawn`` message, or one entry of a ``spawns`` batch, whose
-        environment is ``base`` with the entry's own ``env`` over it)."""
+        """Start one process (a ``spawn`` message)."""
+        started = self._spawn(msg, base)
+        if started is not None:
+            self._started([started])
+
+    def _spawn(
+        self, msg: dict[str, Any], base: dict[str, str] | None
+    ) -> tuple[int, subprocess.Popen[bytes]] | None:
+        """Start one process (of a ``spawns`` batch, its environment ``base`` with the entry's own
+        ``env`` over it); None if it could not start (said)."""
         ident = int(msg["id"])
         if base is None:
             env = self._base_env(msg.get("env", {}))
@@ -132,8 +107,15 @@ class Watchdog:
         with self.table:
             if self.stopping.is_set():
                 self.send({"ev": "error", "id": ident, "code": 126, "msg": "the job is ending"})
-                return
-            self._start(ident, msg, env)
+                return None
+            return self._start(ident, msg, env)
+
+    def _started(self, procs: list[tuple[int, subprocess.Popen[bytes]]]) -> None:
+        """Their ``started`` in one write (before any of their output), then their output and end
+        handed to ``io``."""
+        self.send_many([{"ev": "started", "id": ident, "pid": proc.pid} for ident, proc in procs])
+        for ident, proc in procs:
+            self.io.add(ident, proc)
 
     def spawns(self, msg: dict[str, Any]) -> None:
         """A batch: every process of this host in one message (``procs``), the environment they
@@ -142,10 +124,13 @@ class Watchdog:
         if not isinstance(procs, list) or not all(isinstance(p, dict) for p in procs):
             raise TypeError("spawns: procs is not a list of objects")
         base = self._base_env(msg.get("env", {}))
-        for entry in procs:
-            self.spawn(entry, base)
+        started = [s for s in (self._spawn(entry, base) for entry in procs) if s is not None]
+        if started:
+            self._started(started)
 
-    def _start(self, ident: int, msg: dict[str, Any], env: dict[str, str]) -> None:
+    def _start(
+        self, ident: int, msg: dict[str, Any], env: dict[str, str]
+    ) -> tuple[int, subprocess.Popen[bytes]] | None:
         try:
             proc = subprocess.Popen(
                 [str(a) for a in msg["argv"]],
@@ -167,16 +152,9 @@ class Watchdog:
                     "msg": f"{exc.strerror or exc}: {exc.filename or ''}",
                 }
             )
-            return
+            return None
         self.children[ident] = proc
-        if self.window is not None:
-            with self.flow:
-                self.credit[(ident, "o")] = self.credit[(ident, "e")] = self.window
-        self.send({"ev": "started", "id": ident, "pid": proc.pid})
-        assert proc.stdout is not None and proc.stderr is not None
-        for stream, name in ((proc.stdout, "o"), (proc.stderr, "e")):
-            threading.Thread(target=self._pump, args=(ident, stream, name), daemon=True).start()
-        threading.Thread(target=self._wait, args=(ident, proc), daemon=True).start()
+        return ident, proc
 
     def signal(self, ident: int, sig: int) -> None:
         with self.table:
@@ -192,7 +170,7 @@ class Watchdog:
         self.hb_timeout = float(msg.get("hb_timeout", 10.0))
         self.grace = float(msg.get("grace", 3.0))
         window = msg.get("window")
-        self.window = int(window) if window else None
+        self.io.window = int(window) if window else None
         limit = msg.get("time_limit")
         self.deadline = time.monotonic() + float(limit) if limit else None
         iface = msg.get("interface")
@@ -223,6 +201,9 @@ class Watchdog:
                     self.spawns(msg)
                 elif op == "ack":
                     self.ack(int(msg["id"]), str(msg["s"]), int(msg["n"]))
+                elif op == "acks":  # several streams' at once: [[id, stream, n], ...]
+                    for ident, name, n in msg["a"]:
+                        self.ack(int(ident), str(name), int(n))
                 elif op == "signal":
                     self.signal(int(msg["id"]), int(msg["sig"]))
                 elif op == "shutdown":
@@ -262,8 +243,7 @@ class Watchdog:
             self.usage.stop.set()
         with self.table:  # no spawn after this (stopping is set): the table is final
             children = list(self.children.values())
-        with self.flow:
-            self.flow.notify_all()
+        self.io.stop()
         live = [p for p in children if p.poll() is None]
         for p in live:
             with contextlib.suppress(ProcessLookupError, PermissionError):

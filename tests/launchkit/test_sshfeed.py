@@ -13,7 +13,7 @@ from tests.launchkit.plans import make_plan
 
 def _agent(acks: list[tuple[int, str, int]]) -> HostAgent:
     agent = HostAgent(Host("h1"), None, "job-f", hb_interval=1.0, hb_timeout=30.0, grace=1.0, interface=None)
-    agent.send = lambda msg: acks.append((msg["id"], msg["s"], msg["n"]))  # type: ignore[method-assign]
+    agent.send = lambda msg: acks.extend((i, s, n) for i, s, n in msg["a"])  # type: ignore[method-assign]
     return agent
 
 

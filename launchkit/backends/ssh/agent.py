@@ -26,13 +26,13 @@ from launchkit.backends.ssh import connection as ssh
 from launchkit.backends.ssh.feed import Feeder, Pipe
 from launchkit.core.spec import Host, Task
 from launchkit.errors import BackendError
-from launchkit.hostside import hoststat, netif, procscan, watchdog
+from launchkit.hostside import childio, hoststat, netif, procscan, watchdog
 
 LOST_EXIT = 255  # as ssh reports a connection lost
 WINDOW = 1 << 21  # bytes of one stream's output in flight (sent by the watchdog, not yet delivered)
 #: What the host runs, in import order: the watchdog last, after the hostside modules it imports
 #: (a test checks that nothing it imports is missing).
-SHIPPED = (dmlc_env, procscan, netif, hoststat, watchdog)
+SHIPPED = (dmlc_env, procscan, netif, hoststat, childio, watchdog)
 
 
 #: Where a host's figures and its job processes' usage go: (host, figures, {pid: (cpu %, rss)}).
@@ -199,8 +199,8 @@ class HostAgent:
         self._stderr = bytearray()
         self.feeder = Feeder(self._ack, name=f"feed-{host}")
 
-    def _ack(self, index: int, stream: str, n: int) -> None:
-        self.send({"op": "ack", "id": index, "s": stream, "n": n})
+    def _ack(self, acks: list[tuple[int, str, int]]) -> None:
+        self.send({"op": "acks", "a": acks})
 
     # -- start ------------------------------------------------------------------------------
     def start(self, timeout: float) -> None:

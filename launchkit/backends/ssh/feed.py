@@ -5,7 +5,9 @@ The channel's reader only queues (``put``, ``close``); this thread alone writes 
 pipes, so nothing is written to a descriptor after it was closed. Its writes never block: what a
 full pipe does not take waits for that pipe alone (the watchdog's window, ``agent.WINDOW``, bounds
 it), so one process whose output is not being read does not hold back the others of its host.
-Each chunk is acknowledged (``ack``) once it is all in its pipe, which opens the window again.
+Each chunk is acknowledged once it is all in its pipe, which opens the window again: every
+chunk written in one round of the thread in one ``acks`` message (the processes of a host that
+start together say their first lines together).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class Pipe:
 
 
 class Feeder:
-    def __init__(self, ack: Callable[[int, str, int], None], name: str = "feed") -> None:
+    def __init__(self, ack: Callable[[list[tuple[int, str, int]]], None], name: str = "feed") -> None:
         self._ack = ack
         self._name = name
         self._lock = threading.Lock()
@@ -78,9 +80,10 @@ class Feeder:
                 elif data:
                     pipe.pending.append((memoryview(data), len(data) if acked else 0))
                 waiting[id(pipe)] = pipe
+            acks: list[tuple[int, str, int]] = []
             for key, pipe in list(waiting.items()):
                 registered = pipe.fd in sel.get_map()
-                if not self._flush(pipe):
+                if not self._flush(pipe, acks):
                     if not registered:
                         sel.register(pipe.fd, selectors.EVENT_WRITE)
                     continue
@@ -91,10 +94,12 @@ class Feeder:
                     pipe.pending.clear()
                     with contextlib.suppress(OSError):
                         os.close(pipe.fd)
+            if acks:  # every stream's of this round in one message
+                self._ack(acks)
 
-    def _flush(self, pipe: Pipe) -> bool:
-        """Write what ``pipe`` can take now; True when no chunk of it waits any more (the end of
-        its stream may: the caller closes it)."""
+    def _flush(self, pipe: Pipe, acks: list[tuple[int, str, int]]) -> bool:
+        """Write what ``pipe`` can take now, adding what is to be acknowledged to ``acks``; True
+        when no chunk of it waits any more (the end of its stream may: the caller closes it)."""
         while pipe.pending:
             head = pipe.pending[0]
             if head is None:
@@ -110,5 +115,5 @@ class Feeder:
                     pipe.broken = True
             pipe.pending.popleft()
             if n:
-                self._ack(pipe.ident, pipe.stream, n)
+                acks.append((pipe.ident, pipe.stream, n))
         return True
