@@ -8,8 +8,9 @@
 # paramiko, fabric, ...) come as wheels in .whl/ at the checkout's root (docs/testing.md, "On a GPU
 # machine", says how to fetch them) and are installed into a private folder; the project itself
 # runs from the checkout.
-# Without a usable GPU it says so and exits with status 2 at once; it exits 1 where a test fails
-# (or the wheels do not install or import). A bench that fails is only noted in bench.md.
+# Without a usable GPU it says so and exits with status 2 at once; it exits 1 where a test or a
+# bench fails (each bench still runs; a failed one is noted in bench.md), or the wheels do not
+# install or import; 0 where everything passed.
 #
 # What it runs (about 2.5 minutes on an H200, 2026-11-27; the tests alone 91-130 s):
 #   1. nvidia-smi and the versions of the Python packages and of NCCL          -> env.txt
@@ -71,17 +72,23 @@ python3 -m pytest -q -p no:cacheprovider --timeout 300 -rs -o console_output_sty
 if [ "${GPU_CHECK_BENCH:-1}" = 0 ]; then  # the tests alone (a rerun after a fix)
     exit $status
 fi
-{
-    for n in 1e5 1e6 1e7 1e8; do
-        timeout 120 python3 bench/compression_gpu.py --n "$n" --repeat 11 --no-mxnet --json "$out/comp-$n.json" \
-            || echo "compression_gpu --n $n: exit $?"
-        echo
-    done
-    timeout 120 python3 -m bench.gpu_transfers --n 1e7 --steps 10 --json "$out/transfers.json" \
-        || echo "gpu_transfers: exit $?"
-} 2>&1 | tee "$out/bench.md"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-python3 - "$out" <<'EOF'
+# Each bench runs in this shell (not in a piped group, whose status a subshell would keep), so a
+# failed one sets status; its output goes to the terminal and bench.md, its failure noted in both.
+: >"$out/bench.md"
+bench() {
+    timeout 120 "$@" 2>&1 | tee -a "$out/bench.md"
+    local rc=${PIPESTATUS[0]}
+    if [ "$rc" -ne 0 ]; then
+        echo "gpu-check: bench failed (exit $rc): $*" | tee -a "$out/bench.md" >&2
+        status=1
+    fi
+    echo | tee -a "$out/bench.md"
+}
+for n in 1e5 1e6 1e7 1e8; do
+    bench python3 bench/compression_gpu.py --n "$n" --repeat 11 --no-mxnet --json "$out/comp-$n.json"
+done
+bench python3 -m bench.gpu_transfers --n 1e7 --steps 10 --json "$out/transfers.json"
+python3 - "$out" <<'EOF' || status=1
 import json, pathlib, sys
 d = pathlib.Path(sys.argv[1])
 parts = sorted(d.glob("comp-*.json"))
@@ -89,4 +96,5 @@ json.dump({p.stem: json.loads(p.read_text()) for p in parts}, open(d / "compress
 for p in parts:
     p.unlink()
 EOF
+[ "$status" -eq 0 ] || echo "gpu-check: a test or bench failed (tests.log, bench.md in $out)" >&2
 exit $status
