@@ -4,7 +4,10 @@ the memory allows it.
 A contiguous CPU tensor is lent as a numpy view of its own memory (``Tensor.numpy()``): a result
 written into that view lands in the tensor. bfloat16 (which numpy lacks) is lent as its raw bits, a
 ``uint16`` view, reduced with ``kind="bfloat16"``. A CUDA tensor is lent to cupy through DLPack (the
-same device memory); this path is written once and unmeasured here (no GPU in the tests).
+same device memory), and a cupy array back to torch the same way. CI has no GPU, so that path is
+tested on a GPU machine only: it passed on an NVIDIA H200 (2026-11-27, ``scripts/gpu-check.sh``:
+``tests/trainer_core/test_gpu.py::test_cuda_tensors_are_lent_to_cupy_without_a_copy`` and the torch
+jobs on CUDA of ``test_gpu_jobs.py``); its speed is unmeasured.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def as_array(t: torch.Tensor) -> Any:
 def _lend(t: torch.Tensor) -> Any:
     if t.device.type == "cpu":
         return t.numpy()
-    if t.device.type == "cuda":  # pragma: no cover - needs a GPU and cupy (unmeasured)
+    if t.device.type == "cuda":  # pragma: no cover - needs a GPU and cupy (CI has none; ran on an H200)
         import cupy
 
         return cupy.from_dlpack(t)
@@ -60,7 +63,7 @@ def as_tensor(array: Any, dtype: torch.dtype, shape: Any = None) -> torch.Tensor
             out = torch.from_numpy(a.view(np.uint8)).view(torch.bool)
         else:
             out = torch.from_numpy(a)
-    else:  # pragma: no cover - a cupy array (GPU path, unmeasured)
+    else:  # pragma: no cover - a cupy array (GPU path: CI has no GPU; ran on an H200, test_gpu.py)
         out = torch.from_dlpack(array)
         if dtype == torch.bfloat16:
             out = out.view(torch.int16).view(torch.bfloat16)
