@@ -3,8 +3,9 @@
     python -m bench.scale_server [--workers 64 256 1024] [--rounds 20] [--json out.json]
 
 The server is the real one: its request handling (``ps.handler.RequestHandler`` over its
-``ps.store.Store``), fed by the server's own serving loop (``transport.channel.Poller.serve``, a
-``zmq.Poller`` over every channel, as ``ps/server.py`` runs it). Each worker is simulated as one
+``ps.store.Store``), fed by the server's own serving loop (``transport.channel.Poller.serve``, as
+``ps/server.py`` runs it: an epoll set of every channel's descriptor, which hands back the ready
+ones). Each worker is simulated as one
 ``transport.memory.MemoryChannel`` pair: what it sends is encoded as on a socket (``wire.encode``,
 its frames copied), what the server answers is decoded on the worker's end. A tiny model: 4 keys
 of 256 float32 each, every request carrying all four (as a worker's client sends one message
@@ -21,8 +22,9 @@ the server's part of it (``RequestHandler.handle``) per request; the work per re
 the Python lines the server's code executes (``trainer_core/ps``, ``sys.settrace``, one round
 traced apart from the timed ones): flat in the workers where each request costs the same, growing
 with them where a request scans something of every worker; the serving loop's turns per round,
-and the time of one ``poll`` with one of the n channels ready (``poll(2)`` walks every descriptor
-it is given, so a server woken for one message at a time pays it per message); memory per worker (``tracemalloc``:
+and the time of one ``poll`` with one of the n channels ready (a server woken for one message at
+a time pays it per message: with a ``zmq.Poller`` over every descriptor, as before issue 28,
+``poll(2)`` walked all n of them; the epoll set hands back the one); memory per worker (``tracemalloc``:
 the server's records and channel ends per worker after the rounds, the simulated workers' ends
 excluded by file). The machine's load and cores shift the times, not the counts.
 """

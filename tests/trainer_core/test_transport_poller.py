@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from trainer_core.ps import protocol as ps
-from trainer_core.transport.channel import Poller, Received
+from trainer_core.transport.channel import FEW_FDS, Poller, Received
 from trainer_core.transport.control import Transport
 from trainer_core.transport.memory import MemoryChannel
 
@@ -58,10 +58,11 @@ def served(poller: Poller, want: int, bound_s: float = 10.0) -> list[int]:
 def test_a_wake_examines_the_ready_channel_not_the_1000_idle_ones(
     pairs: list[tuple[MemoryChannel, MemoryChannel]],
 ) -> None:
+    pairs[0][0].send(header(1))  # waiting while its descriptor moves to the epoll set (FEW_FDS)
     poller = Poller()
     for _, server_end in pairs:
         poller.add(server_end)
-    poller.serve(lambda m: None, 0)
+    assert served(poller, 1) == [1]
     before = poller.examined
     pairs[IDLE // 2][0].send(header(7))
     assert served(poller, 1) == [7]
@@ -110,12 +111,17 @@ def test_a_server_s_router_beside_1000_idle_channels_misses_no_message(
         transport.close()
 
 
-def test_removing_an_item_whose_descriptor_was_reused_keeps_its_successor() -> None:
+@pytest.mark.parametrize("crowd", [0, FEW_FDS + 1], ids=["zmq-poll", "epoll"])
+def test_removing_an_item_whose_descriptor_was_reused_keeps_its_successor(crowd: int) -> None:
     """A channel closed before its removal frees its descriptor number; a new channel may get it.
     Removing the old one must not stop the poller watching the new one (a zmq.Poller keyed by the
-    number unregistered the successor, whose messages were then never served)."""
-    a_client, a_server = MemoryChannel.pair(schema=ps.SCHEMA)
+    number unregistered the successor, whose messages were then never served); with few
+    descriptors (ZeroMQ's poll) and with many (the epoll set)."""
     poller = Poller()
+    others = [MemoryChannel.pair(schema=ps.SCHEMA) for _ in range(crowd)]
+    for _, s in others:
+        poller.add(s)
+    a_client, a_server = MemoryChannel.pair(schema=ps.SCHEMA)
     poller.add(a_server)
     reused = a_server.pollable()
     a_server.close()
@@ -124,10 +130,10 @@ def test_removing_an_item_whose_descriptor_was_reused_keeps_its_successor() -> N
     b_client, b_server = next((c, s) for c, s in pairs if s.pollable() == reused)
     poller.add(b_server)
     poller.remove(a_server)
-    assert poller.sources() == [b_server]
+    assert poller.sources()[-1:] == [b_server] and a_server not in poller.sources()
     b_client.send(header(5))
     assert served(poller, 1) == [5]
     poller.close()
-    for c, s in pairs:
+    for c, s in pairs + others:
         c.close()
         s.close()

@@ -265,22 +265,26 @@ class Trace:
         return header
 
 
+#: descriptors a ``Poller`` leaves in ZeroMQ's poll: up to this many, its ``poll(2)`` walks them in
+#: about the time an epoll set's own wait takes (1.5 us); beyond, they move to the epoll set
+FEW_FDS = 32
+
+
 class Poller:
     """Waits on sources and listeners of any transport, at a cost of the ready ones per wake.
 
-    Descriptors (sockets, eventfds) are watched by one level-triggered ``epoll`` set, which hands
-    back only the ready ones: a server with 1000 idle workers and one ready examines one. ZeroMQ
-    sockets (a node's few control sockets) cannot go into it: their descriptor signals edges, not
-    readiness (pyzmq, ``zmq.FD``), so they wait in a ``zmq.Poller`` beside the epoll set's own
-    descriptor, which ZeroMQ's poll reads as it reads any other. ``examined`` counts the items the
-    waits were given and handed back (tests).
+    A ``zmq.Poller`` waits on a node's ZeroMQ sockets (their descriptor signals edges, not
+    readiness: pyzmq's ``zmq.FD``) and on its first ``FEW_FDS`` descriptors; past them every
+    descriptor moves to one level-triggered ``epoll`` set, which hands back only the ready ones
+    (a server with 1000 idle workers and one ready examines one), and ZeroMQ's poll waits on the
+    set's own descriptor. ``examined``: the items the waits walked and handed back (tests).
     """
 
     def __init__(self) -> None:
-        self._epoll = select.epoll()
-        self._zmq = zmq.Poller()  # the ZeroMQ sockets, and the epoll set's descriptor
-        self._zmq.register(self._epoll.fileno(), zmq.POLLIN)
-        self._sockets = 0
+        self._zmq = zmq.Poller()
+        self._epoll: select.epoll | None = None  # once there are more than FEW_FDS descriptors
+        self._sockets = self._fds = 0
+        self._closed = False
         self._sources: dict[Any, Source] = {}  # by what is polled
         self._listening: dict[Any, Listener] = {}
         self._keys: dict[int, Any] = {}  # id(item) -> what is polled
@@ -289,10 +293,11 @@ class Poller:
     def add(self, item: Source | Listener) -> None:
         key = item.pollable()
         if isinstance(key, int):
-            try:
+            self._fds += 1
+            if self._epoll is not None:
                 self._epoll.register(key, select.EPOLLIN)
-            except FileExistsError:  # a closed item's descriptor number, reused before its removal
-                self._epoll.modify(key, select.EPOLLIN)
+            else:
+                self._zmq.register(key, zmq.POLLIN)
         else:
             self._zmq.register(key, zmq.POLLIN)
             self._sockets += 1
@@ -301,6 +306,12 @@ class Poller:
         else:
             self._sources[key] = item
         self._keys[id(item)] = key
+        if self._epoll is None and self._fds > FEW_FDS:
+            self._epoll = select.epoll()
+            for fd in (k for k in self._keys.values() if isinstance(k, int)):
+                self._zmq.unregister(fd)
+                self._epoll.register(fd, select.EPOLLIN)
+            self._zmq.register(self._epoll.fileno(), zmq.POLLIN)
 
     def remove(self, item: Source | Listener) -> None:
         key = self._keys.pop(id(item), None)
@@ -309,38 +320,43 @@ class Poller:
         self._sources.pop(key, None)
         self._listening.pop(key, None)
         if not isinstance(key, int):
-            self._zmq.unregister(key)
             self._sockets -= 1
-            return
-        if not self._epoll.closed:
-            with contextlib.suppress(OSError):  # closed already: the kernel dropped it from the set
-                self._epoll.unregister(key)
+        else:
+            self._fds -= 1
+            if self._epoll is not None:
+                if not self._epoll.closed:
+                    with contextlib.suppress(OSError):  # closed: the kernel dropped it from the set
+                        self._epoll.unregister(key)
+                return
+        self._zmq.unregister(key)
 
     def sources(self) -> list[Source]:
         return list(self._sources.values())
 
     def close(self) -> None:
         """Release the epoll set (the items stay open; the poller can still list and remove them)."""
-        self._epoll.close()
+        self._closed = True
+        if self._epoll is not None:
+            self._epoll.close()
 
     def _wait(self, timeout_s: float) -> list[Any]:
         """The keys of the ready items, after at most ``timeout_s``."""
-        if self._epoll.closed:  # its owner was closed from another thread
+        if self._closed:  # its owner was closed from another thread
             raise ChannelClosed("the poller was closed")
-        most = len(self._keys) + 1  # every ready one in one wake (epoll's default is 1023)
-        if not self._sockets:
-            fds = self._epoll.poll(timeout_s, most)
+        epoll = self._epoll
+        if epoll is not None and not self._sockets:
+            fds = epoll.poll(timeout_s, max(1, self._fds))  # (its default: 1023 at most)
             self.examined += len(fds)
             return [fd for fd, _ in fds]
-        epfd = self._epoll.fileno()
-        keys: list[Any] = []
         polled = self._zmq.poll(int(timeout_s * 1000))
+        if epoll is None:
+            self.examined += len(self._keys) + len(polled)
+            return [key for key, _ in polled]
+        epfd = epoll.fileno()
         self.examined += self._sockets + 1 + len(polled)
-        for key, _ in polled:
-            if key != epfd:
-                keys.append(key)
-                continue
-            fds = self._epoll.poll(0, most)
+        keys = [key for key, _ in polled if key != epfd]
+        if len(keys) < len(polled):
+            fds = epoll.poll(0, max(1, self._fds))
             self.examined += len(fds)
             keys.extend(fd for fd, _ in fds)
         return keys
