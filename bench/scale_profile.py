@@ -122,10 +122,13 @@ def traced_launch(group: HostGroup, per_host: int, home: str, start_profile: str
         print("".join(trace)[-3000:])
         return
     print(f"first UP {min(ups):.2f} s, last UP {max(ups):.2f} s ({len(ups)} of {procs})")
+    base = None
     for line in trace:
         if line.startswith("TRACE"):
-            _, name, start, end, cpu = line.split()
-            print(f"  {name:32} {float(start):7.2f} -> {float(end):7.2f} s   cpu {float(cpu):.2f} s")
+            _, name, start, end, cpu, busy = line.split()
+            base = float(busy) if base is None else base
+            print(f"  {name:32} {float(start):7.2f} -> {float(end):7.2f} s   cpu {float(cpu):.2f} s"
+                  f"   machine cpu {float(busy) - base:.2f} s")  # fmt: skip
 
 
 def main() -> None:

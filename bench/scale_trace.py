@@ -5,7 +5,8 @@
 Runs the launchkit CLI in this process with its steps wrapped (nothing in launchkit changes):
 each step's start and end, in seconds since the interpreter started (``LK_TRACE_T0``, the
 caller's clock when it sets it), and this process's CPU seconds at its end, written to stderr
-as ``TRACE name start end cpu``. With ``LK_TRACE_PROFILE=FILE`` the supervisor's start of the
+as ``TRACE name start end cpu machine`` (machine: the whole machine's busy CPU seconds since
+boot, ``/proc/stat``). With ``LK_TRACE_PROFILE=FILE`` the supervisor's start of the
 processes (``Supervisor._start_all``, the thread that runs it) also runs under cProfile, its
 statistics written to FILE.
 """
@@ -39,6 +40,17 @@ STEPS = (
 PROFILED = "Supervisor._start_all"
 
 
+def machine_busy() -> float:
+    """CPU seconds the whole machine has been busy (every core) since boot."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _line(name: str, start: float, end: float) -> str:
+    return f"TRACE {name} {start:.3f} {end:.3f} {time.process_time():.3f} {machine_busy():.2f}\n"
+
+
 def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -51,7 +63,7 @@ def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             if prof and out:
                 prof.dump_stats(out)
             end = time.time() - T0
-            sys.stderr.write(f"TRACE {name} {start:.3f} {end:.3f} {time.process_time():.3f}\n")
+            sys.stderr.write(_line(name, start, end))
 
     return timed
 
@@ -66,11 +78,11 @@ def install() -> None:
 
 
 def main() -> None:
-    sys.stderr.write(f"TRACE python-started 0 {time.time() - T0:.3f} {time.process_time():.3f}\n")
+    sys.stderr.write(_line("python-started", 0, time.time() - T0))
     from launchkit.cli import main as cli_main
 
     install()
-    sys.stderr.write(f"TRACE imported 0 {time.time() - T0:.3f} {time.process_time():.3f}\n")
+    sys.stderr.write(_line("imported", 0, time.time() - T0))
     sys.argv = ["launchkit", *sys.argv[1:]]
     cli_main()
 
