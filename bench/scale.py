@@ -23,7 +23,9 @@ kept: each tool's first connection to a host records its key before the rounds):
 - **one ssh per process** (launch.py's way, Horovod's and DeepSpeed's per host): P ``ssh`` at
   once, each running one ``UP`` program: the time to the last ``UP``.
 
-Prints a Markdown table. The machine has 2 cores: the ssh handshakes bound every column.
+Before each timed column the bench waits (30 s at most) until the machine is quiet (under a fifth
+of a core busy for half a second): the end of the column before on 128 hosts does not count in
+the next one. Prints a Markdown table. The machine has 2 cores: the ssh handshakes bound every column.
 """
 
 from __future__ import annotations
@@ -131,6 +133,24 @@ def until_gone(job: str, launcher: Launcher, t0: float, timeout: float = 120) ->
     )
 
 
+def machine_busy() -> float:
+    """CPU seconds the whole machine has been busy (every core) since boot."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def quiet(most: float = 30.0, busy: float = 0.2, every: float = 0.5) -> None:
+    """Wait (``most`` s at most) until the machine is quiet: under ``busy`` of one core for
+    ``every`` s. What the column before left running (a job's end on 128 hosts, their sshds'
+    sessions closing) then does not count in the next one's time."""
+    deadline = time.time() + most
+    while time.time() < deadline:
+        before = machine_busy()
+        time.sleep(every)
+        if machine_busy() - before < busy * every:
+            return
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -139,6 +159,7 @@ def cpu_seconds(pid: int) -> float:
 def launchkit_round(group: HostGroup, hostfile: Path, home: str, procs: int, idle: float,
                     code: str | None = None) -> dict[str, float]:  # fmt: skip
     out: dict[str, float] = {}
+    quiet()
     lk = Launcher(group, hostfile, home, procs, code)
     out["launchkit: all running s"] = lk.wait_up(300)
     if idle:  # the launcher's CPU while the job runs (heartbeats, samplers, the live file)
@@ -158,6 +179,7 @@ def launchkit_round(group: HostGroup, hostfile: Path, home: str, procs: int, idl
     out["launchkit kill: the command's own time s"] = time.time() - t0
     out["launcher peak RSS MiB"] = rss
     out["launcher CPU s (start to killed)"] = cpu
+    quiet()
     lk = Launcher(group, hostfile, home, procs, code)
     lk.wait_up(300)
     job = lk.job_id(home)
@@ -170,6 +192,7 @@ def launchkit_round(group: HostGroup, hostfile: Path, home: str, procs: int, idl
 def pdsh_round(group: HostGroup) -> float:
     env = {**os.environ, "PDSH_SSH_ARGS_APPEND": shlex.join(group.ssh_options()[2:])}
     hosts = ",".join(f"root@{h.address}" for h in group)
+    quiet()
     t0 = time.time()
     res = subprocess.run(["pdsh", "-R", "ssh", "-w", hosts, "true"], env=env, capture_output=True, text=True,
                          check=False)  # fmt: skip
@@ -184,6 +207,7 @@ def up_times(argv_list: list[list[str]], procs: int, stop: Callable[[list[subpro
     ups: list[float] = []
     lock = threading.Lock()
     done = threading.Event()
+    quiet()
     t0 = time.time()
     started = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                                 text=True, env=env, start_new_session=True) for a in argv_list]  # fmt: skip
