@@ -174,6 +174,7 @@ class Listener(ABC):
 
     #: called with each accepted channel before it is watched (the role sets its ``place`` and ``alive``)
     on_accept: Callable[[Channel], None] | None = None
+    handshakes: Handshakes  # its accepted connections that have not proved the secret yet
 
     @abstractmethod
     def pollable(self) -> Any: ...
@@ -265,8 +266,7 @@ class Trace:
         return header
 
 
-#: descriptors a ``Poller`` leaves in ZeroMQ's poll: up to this many, its ``poll(2)`` walks them in
-#: about the time an epoll set's own wait takes (1.5 us); beyond, they move to the epoll set
+#: descriptors left in ZeroMQ's poll (walked in about an epoll set's second wait); beyond, in the set
 FEW_FDS = 32
 
 
