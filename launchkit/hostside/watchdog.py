@@ -32,8 +32,6 @@ from typing import IO, Any
 
 from launchkit.hostside.childio import ChildIO, encode
 from launchkit.hostside.hoststat import Latest
-from launchkit.hostside.netif import interface_address
-from launchkit.hostside.procscan import remove_shm, sweep_job
 
 
 def reached_address() -> str | None:
@@ -174,7 +172,12 @@ class Watchdog:
         limit = msg.get("time_limit")
         self.deadline = time.monotonic() + float(limit) if limit else None
         iface = msg.get("interface")
-        self.node_host = (interface_address(iface) if iface else None) or reached_address()
+        if iface:  # (imported here: without --interface the host never compiles it)
+            from launchkit.hostside.netif import interface_address
+
+            self.node_host = interface_address(iface) or reached_address()
+        else:
+            self.node_host = reached_address()
         if self.usage is None:
             self.usage = Latest(self._groups, every=max(self.hb_interval, 1.0)).start()
         self.send(
@@ -239,6 +242,8 @@ class Watchdog:
                 self.stopping.set()
 
     def teardown(self) -> int:
+        from launchkit.hostside.procscan import remove_shm, sweep_job  # (at the end: not at each start)
+
         if self.usage is not None:
             self.usage.stop.set()
         with self.table:  # no spawn after this (stopping is set): the table is final
@@ -274,15 +279,26 @@ def main() -> None:
 
 
 # The command the launcher runs over ssh: it reads a JSON object {module name: source} from
-# stdin (a length line first), installs those modules, and runs main(). No file is written.
+# stdin (a length line first) and runs main() of this module. Each module is compiled when it is
+# first imported (a finder over that object), so what the start does not need (the sweep's
+# ``procscan`` and ``pathlib``, ``netif`` without --interface) costs nothing on each host until it
+# is needed. No file is written.
 BOOTSTRAP = (
-    "import sys,json,types\n"
+    "import sys,json\n"
+    "from importlib.machinery import ModuleSpec\n"
     "n=int(sys.stdin.buffer.readline())\n"
     "mods=json.loads(sys.stdin.buffer.read(n))\n"
-    "sys.modules['launchkit']=types.ModuleType('launchkit')\n"
-    "for name,src in mods.items():\n"
-    "    m=types.ModuleType(name);m.__file__='<'+name+'>';sys.modules[name]=m\n"
-    "    exec(compile(src,'<'+name+'>','exec'),m.__dict__)\n"
+    "class Shipped:\n"
+    "    def find_spec(self,name,path=None,target=None):\n"
+    "        if name in mods or name in ('launchkit','launchkit.hostside'):\n"
+    "            return ModuleSpec(name,self,origin='<'+name+'>',is_package=name not in mods)\n"
+    "    def create_module(self,spec):\n"
+    "        return None\n"
+    "    def exec_module(self,m):\n"
+    "        if m.__name__ in mods:\n"
+    "            exec(compile(mods[m.__name__],'<'+m.__name__+'>','exec'),m.__dict__)\n"
+    "sys.meta_path.insert(0,Shipped())\n"
+    "import launchkit.hostside.watchdog\n"
     "sys.modules['launchkit.hostside.watchdog'].main()\n"
 )
 
