@@ -1,0 +1,41 @@
+"""What a watchdog's start costs each host: the bootstrap compiles a shipped module when it is
+first imported, and the start imports nothing the job's end alone needs (issue 28: at 128 hosts
+their imports and compiles were about a second of the 2 cores' time)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from launchkit.backends.ssh.agent import bootstrap_payload, remote_command
+
+
+def test_the_start_leaves_the_sweep_and_the_interface_lookup_for_later() -> None:
+    p = subprocess.Popen(["sh", "-c", remote_command(sys.executable)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"},
+                         start_new_session=True)  # fmt: skip
+    assert p.stdin is not None and p.stdout is not None
+    try:
+        p.stdin.write(bootstrap_payload())
+        p.stdin.write(b'{"op":"hello","job":"wd-start","hb_interval":60,"hb_timeout":60,"grace":1}\n')
+        p.stdin.flush()
+        assert json.loads(p.stdout.readline())["ev"] == "ready"
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)  # before its end (sh and python3): only what the start imported
+        _, err = p.communicate(timeout=10)
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in err.decode().splitlines()
+        if line.startswith("import time:")
+    }
+    assert {"launchkit.hostside.watchdog", "launchkit.hostside.childio"} <= imported
+    assert not imported & {
+        "launchkit.hostside.procscan",
+        "pathlib",
+        "launchkit.hostside.netif",
+        "dmlc_env",
+        "ipaddress",
+    }
