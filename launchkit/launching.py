@@ -295,7 +295,9 @@ def _settle(job: _Job, supervisor: Supervisor | None) -> None:
     # the hosts that ran a process of it (the attempt's record: the job's has none by now)
     last = supervisor.record if supervisor is not None and supervisor.record is not None else job.record
     if last is not None and job.stop.signum is None:
-        for host in sweep_hosts(last, job.spec.grace_period):
+        # (this launcher recorded the attempt's end: the hosts whose watchdog confirmed its sweep are skipped)
+        ended = supervisor is not None and supervisor.record is not None
+        for host in sweep_hosts(last, job.spec.grace_period, ended=ended):
             if not host.ok:
                 job.ui.warn(f"{host.host}: could not check that the last attempt left nothing: {host.error}")
 

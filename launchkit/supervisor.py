@@ -384,7 +384,11 @@ class Supervisor:
         jobs.save(self.record)
 
     def _save_finished(self, result: JobResult) -> None:
-        if self.record is None or (self.restart_if is not None and self.restart_if(result)):
+        if self.record is None:
+            return
+        remote = self.backend.record_info() or self.record.remote  # ssh: the watchdogs' sweeps, once closed
+        self.record = dataclasses.replace(self.record, remote=remote)  # (jobs.kill.confirmed_sweeps)
+        if self.restart_if is not None and self.restart_if(result):
             return
         if result.interrupted_by is not None and result.root_cause is None:
             state = "interrupted"

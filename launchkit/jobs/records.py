@@ -198,6 +198,7 @@ _FIELDS: dict[str, Any] = {
 _REQUIRED = ("id", "name", "backend", "cwd", "launcher_pid", "started_at")
 _REMOTE: dict[str, Any] = {
     "hosts": list, "ssh": dict, "engine": _OPT_STR, "engine_job": _OPT_STR, "output": _OPT_STR,
+    "swept": dict,  # ssh, at the job's end: host -> what its watchdog's sweep ended (jobs.kill.confirmed_sweeps)
 }  # fmt: skip
 _SSH: dict[str, Any] = {
     "port": _OPT_INT, "identity": _OPT_STR, "known_hosts": _OPT_STR, "strict_host_keys": bool,

@@ -160,7 +160,8 @@ def test_the_record_is_built_after_the_backend_awaited_every_start(tmp_path) -> 
         plan, backend, ui, writer=OutputWriter(io.BytesIO(), io.BytesIO()), grace=0.2, record=record
     )
     assert sup.run().exit_code == 0
-    assert backend.calls == ["await_started", "record_info"]
+    # and read once more as the job ends (ssh: which watchdogs confirmed their sweep)
+    assert backend.calls == ["await_started", "record_info", "record_info"]
     saved = jobs.read(jobs.jobs_dir() / f"{plan.job_id}.json")
     assert [p.pid for p in saved.processes] == [5000 + i for i in range(len(plan.tasks))]
     assert saved.remote == {"hosts": ["h1"]} and saved.state == "succeeded"

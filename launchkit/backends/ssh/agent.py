@@ -337,6 +337,11 @@ class HostAgent:
             self.swept = int(msg.get("swept", 0))
             self._bye.set()
 
+    @property
+    def confirmed(self) -> bool:
+        """Its watchdog said ``bye``: it swept the job from its host at its teardown (``swept``)."""
+        return self._bye.is_set()
+
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.hb_interval):
             self.send({"op": "hb"})

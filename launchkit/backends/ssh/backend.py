@@ -78,6 +78,9 @@ class SshBackend(Backend):
         self._queued: dict[tuple[str, int | None, str | None], list[RemoteProcess]] = {}  # not yet sent
         self.spec: LaunchSpec | None = None
         self.usage_sink: UsageSink | None = None
+        # after ``close``: the hosts whose watchdog confirmed its sweep of the job (its bye), each
+        # with what that sweep ended; recorded, so that kill and a restart's check skip them
+        self.swept: dict[str, int] | None = None
 
     def watchdog_timeout(self) -> float | None:
         return self.hb_timeout
@@ -115,6 +118,7 @@ class SshBackend(Backend):
 
     def prepare(self, plan: Plan) -> None:
         assert self.spec is not None, "connect() first"
+        self.swept = None  # this attempt's watchdogs have confirmed nothing yet
         hosts = unique_hosts(self.spec.hosts)
         if self.spec.sync_dst_dir:
             from rich.console import Console
@@ -168,7 +172,10 @@ class SshBackend(Backend):
 
     def record_info(self) -> dict[str, Any] | None:
         hosts = unique_hosts(self.spec.hosts) if self.spec else []
-        return {"hosts": [format_host(h) for h in hosts], "ssh": dataclasses.asdict(self.options)}
+        info = {"hosts": [format_host(h) for h in hosts], "ssh": dataclasses.asdict(self.options)}
+        if self.swept is not None:  # closed: which watchdogs swept their host (jobs.kill.confirmed_sweeps)
+            info["swept"] = self.swept
+        return info
 
     def start(self, task: Task) -> ProcessHandle:
         if task.role == "scheduler":
@@ -204,6 +211,7 @@ class SshBackend(Backend):
         if agents:
             timeout = (self.spec.grace_period if self.spec else 5.0) + 5.0
             ssh.on_each(lambda a: a.close(timeout), agents)
+            self.swept = {str(a.host): a.swept for a in agents if a.confirmed}
         for c in self.conns.values():
             ssh.close(c)
         self.agents = {}
