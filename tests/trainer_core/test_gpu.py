@@ -127,16 +127,21 @@ def test_host_path_collectives_take_device_arrays() -> None:
         assert same_bits(host(onebit), host(res[0][3]))  # every rank the same bits
 
 
-def test_nccl_runs_a_one_rank_group_on_the_device() -> None:
-    """cupy's NCCL binding on the real library (a one-rank communicator: the one GPU): the pointer,
-    count and type arithmetic of every operation against NCCL itself."""
+def one_rank_nccl() -> tuple[Any, NcclPath, Group]:
+    """cupy, a one-rank NCCL path on the one GPU, and a group that takes it (skips without)."""
     cupy = gpu()
     nccl = load()
     if nccl is None:
         pytest.skip("cupy's NCCL binding does not load here")
     path = NcclPath(nccl, 0, 1, tuple(nccl.get_unique_id()))
-    fabric = Fabric(1, timeout=20)
-    with Group(fabric.endpoint(0), nccl=path) as g:
+    return cupy, path, Group(Fabric(1, timeout=20).endpoint(0), nccl=path)
+
+
+def test_nccl_runs_a_one_rank_group_on_the_device() -> None:
+    """cupy's NCCL binding on the real library (a one-rank communicator: the one GPU): the pointer,
+    count and type arithmetic of every operation against NCCL itself."""
+    cupy, path, g = one_rank_nccl()
+    with g:
         x = cupy.linspace(-1, 1, 1001, dtype=cupy.float32)
         assert same_bits(host(g.allreduce(x)), host(x))
         assert same_bits(host(g.allreduce(x, op="mean")), host(x))
@@ -153,13 +158,8 @@ def test_nccl_runs_a_one_rank_group_on_the_device() -> None:
 
 def test_nccl_results_follow_the_callers_stream() -> None:
     """An input written by a kernel on a non-default stream is reduced after that kernel."""
-    cupy = gpu()
-    nccl = load()
-    if nccl is None:
-        pytest.skip("cupy's NCCL binding does not load here")
-    path = NcclPath(nccl, 0, 1, tuple(nccl.get_unique_id()))
-    fabric = Fabric(1, timeout=20)
-    with Group(fabric.endpoint(0), nccl=path) as g:
+    cupy, _, g = one_rank_nccl()
+    with g:
         stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
             x = cupy.zeros(1 << 22, cupy.float32)
