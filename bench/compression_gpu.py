@@ -87,13 +87,13 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def gpu_or_exit() -> Any:
-    """cupy, with a usable GPU; otherwise a message and exit status 2."""
+def gpu_or_exit(prog: str = "compression_gpu") -> Any:
+    """cupy, with a usable GPU; otherwise a message (from ``prog``) and exit status 2."""
     try:
         import cupy
     except ImportError as exc:
         print(
-            f"compression_gpu: cupy cannot be imported ({exc}); install launchkit[gpu] on a GPU machine",
+            f"{prog}: cupy cannot be imported ({exc}); install launchkit[gpu] on a GPU machine",
             file=sys.stderr,
         )
         sys.exit(2)
@@ -103,9 +103,7 @@ def gpu_or_exit() -> Any:
         cupy.zeros(1).sum().item()
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
-        print(
-            f"compression_gpu: no usable GPU ({type(exc).__name__}: {first}); nothing timed", file=sys.stderr
-        )
+        print(f"{prog}: no usable GPU ({type(exc).__name__}: {first}); nothing timed", file=sys.stderr)
         sys.exit(2)
     return cupy
 

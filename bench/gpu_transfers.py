@@ -32,6 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.compression_gpu import gpu_or_exit  # noqa: E402
 from trainer_core.compression import get_compressor  # noqa: E402
 from trainer_core.compression.codec import WorkerCodec  # noqa: E402
 from trainer_core.kv.results import decode_into  # noqa: E402
@@ -47,18 +48,13 @@ NVML_TX, NVML_RX = 197, 198  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES / _RX_BYTES
 
 
 def needs() -> tuple[Any, Any]:
-    """cupy (with a usable GPU) and torch, or a message and exit status 2."""
+    """cupy (with a usable GPU: ``compression_gpu.gpu_or_exit``) and torch, or a message and exit
+    status 2."""
+    cupy = gpu_or_exit("gpu_transfers")
     try:
-        import cupy
         import torch
     except ImportError as exc:
-        print(f"gpu_transfers: {exc}; it needs cupy and torch on a GPU machine", file=sys.stderr)
-        sys.exit(2)
-    try:
-        cupy.zeros(1).sum().item()
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        print(f"gpu_transfers: no usable GPU ({type(exc).__name__}: {first})", file=sys.stderr)
+        print(f"gpu_transfers: {exc}; it needs torch (its profiler) beside cupy", file=sys.stderr)
         sys.exit(2)
     return cupy, torch
 
