@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import socket
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -130,9 +131,7 @@ def id_values(raw: Any) -> np.ndarray:
 def shared_devices(places: Sequence[tuple[int, int]]) -> list[int]:
     """The ranks whose (host id, GPU id) another rank has too (a GPU id of 0: unknown, never
     shared)."""
-    seen: dict[tuple[int, int], int] = {}
-    for place in places:
-        seen[place] = seen.get(place, 0) + 1
+    seen = Counter(places)
     return [r for r, p in enumerate(places) if p[1] != 0 and seen[p] > 1]
 
 

@@ -161,10 +161,9 @@ class Exchange:
         arr = as_array(sent)
         xp = array_module(arr)  # a CUDA tensor stays on its device: the store compresses it there
         data = xp.array(arr, copy=True)  # taken now: the gradient may change before the store runs
-        out = xp.empty_like(data) if not self.server_optimizer else None
 
         def run() -> Any:
-            target = xp.empty_like(data) if out is None else out
+            target = xp.empty_like(data)
             kv.pushpull(key, data, target)
             return target
 
