@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 
@@ -26,3 +27,9 @@ def torch_cuda() -> Any:
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA device")
     return torch
+
+
+def same_bits(a: Any, b: Any) -> bool:
+    """Same dtype, shape and bytes (host arrays)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()

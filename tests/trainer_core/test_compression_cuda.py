@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.trainer_core.gpu import gpu
+from tests.trainer_core.gpu import gpu, same_bits
 from trainer_core import xp as xpmod
 from trainer_core.compression import _cuda, get_compressor, kernels, onebit, twobit
 from trainer_core.compression.codec import WorkerCodec
@@ -123,11 +123,6 @@ def host_sim(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def sim_kernels(libs: dict[str, Any], dtype: Any, xp: Any = np) -> _cuda.Kernels:
     lib = libs[np.dtype(dtype).name]
     return _cuda.Kernels(xp, {n: Sim(lib, n) for n in _cuda.NAMES}, dtype, np.asarray)
-
-
-def same_bits(a: Any, b: Any) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def gradients(n: int, dtype: Any, steps: int = 3, seed: int = 0) -> list[np.ndarray]:

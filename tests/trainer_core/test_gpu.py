@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.trainer_core.gpu import gpu, torch_cuda
+from tests.trainer_core.gpu import gpu, same_bits, torch_cuda
 from trainer_core import kv as kvmod
 from trainer_core.collective import ErrorFeedback, Group
 from trainer_core.collective.fabric import Fabric, run_ranks
@@ -24,11 +24,6 @@ from trainer_core.optim import rules
 from trainer_core.xp import array_module, is_device_array
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def same_bits(a: Any, b: Any) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def host(x: Any) -> np.ndarray:
