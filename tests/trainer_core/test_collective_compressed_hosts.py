@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.trainer_core.test_collective_shm import locals_for
+from tests.trainer_core.test_collective_shm import locals_for, run_closing
 from trainer_core import compression
 from trainer_core.collective import ErrorFeedback, Group
 from trainer_core.collective.algorithms.hierarchical import Topology
 from trainer_core.collective.algorithms.ring import blocks
-from trainer_core.collective.fabric import Fabric, run_ranks
+from trainer_core.collective.fabric import Fabric
 
 
 def reference(
@@ -67,12 +67,7 @@ def run(
         with Group(fabric.endpoint(r), hosts=hosts, local=locs[r]) as g:
             return [g.compressed_allreduce(xs[r], state, key="w", op=op) for xs in steps]
 
-    try:
-        return run_ranks(w, body)
-    finally:
-        for loc in locs:
-            if loc is not None:
-                loc.close()
+    return run_closing(locs, body)
 
 
 HOSTS = [["a", "a", "b", "b", "c", "c"], ["a", "a", "a", "b", "b", "c"]]
@@ -120,11 +115,6 @@ def test_hierarchical_keeps_one_residual_per_host_on_its_leader() -> None:
         residuals = [c.residual for c in [*st.workers, st.server] if getattr(c, "residual", None) is not None]
         return len(st.workers), bool(residuals) and any(np.any(res) for res in residuals)
 
-    try:
-        got = run_ranks(4, body)
-    finally:
-        for loc in locs:
-            if loc is not None:
-                loc.close()
+    got = run_closing(locs, body)
     assert [n for n, _ in got] == [2, 2, 2, 2]
     assert [used for _, used in got] == [True, False, True, False]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -21,6 +21,8 @@ from trainer_core.collective.fabric import Fabric, run_ranks
 from trainer_core.collective.links import LinkError, PeerTimeout
 from trainer_core.collective.reduce import FLOAT_DTYPES, INT_DTYPES
 from trainer_core.collective.shm import Local, Segment, _behind
+
+T = TypeVar("T")
 
 SINGLE = ["h0"] * 6
 SPLIT = {
@@ -46,6 +48,16 @@ def locals_for(
     return out
 
 
+def run_closing(locs: list[Local | None], body: Callable[[int], T]) -> list[T]:
+    """``body`` of every rank (one a ``locs`` entry) in threads, then every ``Local`` closed."""
+    try:
+        return run_ranks(len(locs), body)
+    finally:
+        for loc in locs:
+            if loc is not None:
+                loc.close()
+
+
 def run(
     hosts: list[str], inputs: list[np.ndarray], op: str, split: bool, kind: str | None = None, reps: int = 1
 ) -> list[np.ndarray]:
@@ -61,12 +73,7 @@ def run(
                 assert g.last_algorithm == want or w == 1
             return out
 
-    try:
-        return run_ranks(w, body)
-    finally:
-        for loc in locs:
-            if loc is not None:
-                loc.close()
+    return run_closing(locs, body)
 
 
 KINDS = [*(d.name for d in INT_DTYPES + FLOAT_DTYPES), BFLOAT16]
@@ -262,12 +269,7 @@ def test_the_leader_publishes_a_smaller_form_of_the_result_that_the_others_expan
             outs.append(out)
         return outs
 
-    try:
-        got = run_ranks(2, body)
-    finally:
-        for loc in locs:
-            if loc is not None:
-                loc.close()
+    got = run_closing(locs, body)
     for out in (*got[0], *got[1]):
         assert (out == 9).all()
     assert expanded == [2 * n]  # rank 1, the first operation only
