@@ -283,7 +283,7 @@ class Poller:
     def __init__(self) -> None:
         self._zmq = zmq.Poller()
         self._epoll: select.epoll | None = None  # once there are more than FEW_FDS descriptors
-        self._sockets = self._fds = 0
+        self._sockets = 0  # ZeroMQ sockets watched; the other items are descriptors (``_fds``)
         self._closed = False
         self._sources: dict[Any, Source] = {}  # by what is polled
         self._listening: dict[Any, Listener] = {}
@@ -292,15 +292,12 @@ class Poller:
 
     def add(self, item: Source | Listener) -> None:
         key = item.pollable()
-        if isinstance(key, int):
-            self._fds += 1
-            if self._epoll is not None:
-                self._epoll.register(key, select.EPOLLIN)
-            else:
-                self._zmq.register(key, zmq.POLLIN)
+        if not isinstance(key, int):
+            self._sockets += 1
+        if isinstance(key, int) and self._epoll is not None:
+            self._epoll.register(key, select.EPOLLIN)
         else:
             self._zmq.register(key, zmq.POLLIN)
-            self._sockets += 1
         if isinstance(item, Listener):
             self._listening[key] = item
         else:
@@ -321,14 +318,16 @@ class Poller:
         self._listening.pop(key, None)
         if not isinstance(key, int):
             self._sockets -= 1
-        else:
-            self._fds -= 1
-            if self._epoll is not None:
-                if not self._epoll.closed:
-                    with contextlib.suppress(OSError):  # closed: the kernel dropped it from the set
-                        self._epoll.unregister(key)
-                return
+        elif self._epoll is not None:
+            if not self._epoll.closed:
+                with contextlib.suppress(OSError):  # closed: the kernel dropped it from the set
+                    self._epoll.unregister(key)
+            return
         self._zmq.unregister(key)
+
+    @property
+    def _fds(self) -> int:  # the descriptors watched: every item watched but the sockets
+        return len(self._sources) + len(self._listening) - self._sockets
 
     def sources(self) -> list[Source]:
         return list(self._sources.values())
