@@ -4,13 +4,13 @@ The launcher sends this module, with the hostside modules it imports (``procscan
 the list is ``launchkit.backends.ssh.agent.SHIPPED``), over its ssh connection and runs it with
 the host's ``python3``: nothing is installed on the host. It speaks JSON lines over the ssh
 channel (see docs/ssh.md, "watchdog protocol"): the launcher sends ``hello``, then ``spawns``
-(a host's processes in one message; ``spawn``, one), ``signal``, ``acks`` (output delivered;
-``ack``, one stream's), ``hb`` (heartbeat) and ``shutdown``; the watchdog answers ``ready``,
-``started``, ``error``, ``out``/``eof`` (output: a JSON line with the length, then that many raw
-bytes; ``childio``), ``exit``, ``hb`` (with the host's figures and its job processes' usage,
-``hoststat``) and ``bye``.
+(a host's processes in one message), ``signal``, ``acks`` (output delivered), ``hb``
+(heartbeat) and ``shutdown``; the watchdog answers ``ready``, ``started``, ``error``,
+``out``/``eof`` (output: a JSON line with the length, then that many raw bytes; ``childio``),
+``exit``, ``hb`` (with the host's figures and its job processes' usage, ``hoststat``) and
+``bye``.
 
-Every process runs in its own session; the environment arrives in the ``spawn`` message, so
+Every process runs in its own session; the environment arrives in the ``spawns`` message, so
 it never shows on a command line and needs no ``AcceptEnv`` from sshd. The watchdog ends all of
 them (SIGTERM, grace, SIGKILL, then a sweep by job id for grandchildren) when its channel
 closes, when the launcher's heartbeats stop (a cut link closes nothing), when told to, or when
@@ -74,32 +74,12 @@ class Watchdog:
                 self.stopping.set()
 
     # -- children ---------------------------------------------------------------------------
-    def ack(self, ident: int, name: str, n: int) -> None:
-        self.io.ack(ident, name, n)
-
-    def _base_env(self, env: dict[str, Any]) -> dict[str, str]:
-        base = dict(os.environ)
-        base.setdefault("PYTHONUNBUFFERED", "1")
-        base.update({str(k): str(v) for k, v in env.items()})
-        return base
-
-    def spawn(self, msg: dict[str, Any], base: dict[str, str] | None = None) -> None:
-        """Start one process (a ``spawn`` message)."""
-        started = self._spawn(msg, base)
-        if started is not None:
-            self._started([started])
-
-    def _spawn(
-        self, msg: dict[str, Any], base: dict[str, str] | None
-    ) -> tuple[int, subprocess.Popen[bytes]] | None:
-        """Start one process (of a ``spawns`` batch, its environment ``base`` with the entry's own
-        ``env`` over it); None if it could not start (said)."""
+    def _spawn(self, msg: dict[str, Any], base: dict[str, str]) -> tuple[int, subprocess.Popen[bytes]] | None:
+        """Start one process of a ``spawns`` batch, its environment ``base`` with the entry's own
+        ``env`` over it; None if it could not start (said)."""
         ident = int(msg["id"])
-        if base is None:
-            env = self._base_env(msg.get("env", {}))
-        else:
-            env = dict(base)
-            env.update({str(k): str(v) for k, v in msg.get("env", {}).items()})
+        env = dict(base)
+        env.update({str(k): str(v) for k, v in msg.get("env", {}).items()})
         if msg.get("node_host") and self.node_host:
             env["DMLC_NODE_HOST"] = self.node_host
         with self.table:
@@ -117,11 +97,14 @@ class Watchdog:
 
     def spawns(self, msg: dict[str, Any]) -> None:
         """A batch: every process of this host in one message (``procs``), the environment they
-        share sent once (``env``); each is started, and answered, as a ``spawn`` of its own."""
+        share sent once (``env``); each is started, and answered (``started`` or ``error``), on
+        its own."""
         procs = msg["procs"]
         if not isinstance(procs, list) or not all(isinstance(p, dict) for p in procs):
             raise TypeError("spawns: procs is not a list of objects")
-        base = self._base_env(msg.get("env", {}))
+        base = dict(os.environ)
+        base.setdefault("PYTHONUNBUFFERED", "1")
+        base.update({str(k): str(v) for k, v in msg.get("env", {}).items()})
         started = [s for s in (self._spawn(entry, base) for entry in procs) if s is not None]
         if started:
             self._started(started)
@@ -198,15 +181,11 @@ class Watchdog:
                 op = msg.get("op")
                 if op == "hello":
                     self.hello(msg)
-                elif op == "spawn":
-                    self.spawn(msg)
                 elif op == "spawns":
                     self.spawns(msg)
-                elif op == "ack":
-                    self.ack(int(msg["id"]), str(msg["s"]), int(msg["n"]))
-                elif op == "acks":  # several streams' at once: [[id, stream, n], ...]
+                elif op == "acks":  # the streams' delivered output: [[id, stream, n], ...]
                     for ident, name, n in msg["a"]:
-                        self.ack(int(ident), str(name), int(n))
+                        self.io.ack(int(ident), str(name), int(n))
                 elif op == "signal":
                     self.signal(int(msg["id"]), int(msg["sig"]))
                 elif op == "shutdown":

@@ -63,7 +63,7 @@ def test_a_hosts_processes_need_no_thread_each() -> None:
     try:
         for i in range(8):
             argv = ["sh", "-c", 'echo "up $0"; exec sleep 30', str(i)]
-            dog.spawn({"id": i, "argv": argv, "env": {"LAUNCHKIT_JOB_ID": "cio-1"}, "cwd": "/"})
+            dog.spawns({"procs": [{"id": i, "argv": argv, "env": {"LAUNCHKIT_JOB_ID": "cio-1"}, "cwd": "/"}]})
         chan.until(lambda msgs: _count("out")(msgs) == 8)
         assert threading.active_count() - before <= 1
         assert [chan.output(i) for i in range(8)] == [f"up {i}\n".encode() for i in range(8)]
@@ -83,10 +83,16 @@ def test_a_stream_waits_for_its_acknowledgements_and_is_read_to_its_end_when_the
     dog.hello({"job": "cio-2", "hb_interval": 60, "window": 4})
     try:
         code = "printf aaaa; sleep 0.2; printf bbbb; sleep 0.2; printf cccc"
-        dog.spawn({"id": 1, "argv": ["sh", "-c", code], "env": {"LAUNCHKIT_JOB_ID": "cio-2"}, "cwd": "/"})
+        dog.spawns(
+            {
+                "procs": [
+                    {"id": 1, "argv": ["sh", "-c", code], "env": {"LAUNCHKIT_JOB_ID": "cio-2"}, "cwd": "/"}
+                ]
+            }
+        )
         chan.until(_count("exit", 1))  # its end is seen while its stream waits
         assert chan.output(1) == b"aaaa"
-        dog.ack(1, "o", 4)  # room for what the pipe holds
+        dog.io.ack(1, "o", 4)  # room for what the pipe holds
         chan.until(lambda msgs: chan.output(1) == b"aaaabbbbcccc")
         assert not _count("eof", 1)([m for m in chan.messages() if m.get("s") == "o"])
         dog.io.stop()  # the job ends: read to the end whatever is acknowledged

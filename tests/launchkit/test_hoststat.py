@@ -94,7 +94,12 @@ def test_heartbeats_carry_the_host_and_its_job_processes() -> None:
     dog = Dog("wd-hoststat-1")
     try:
         dog.until("ready")
-        dog.send({"op": "spawn", "id": 1, "argv": [sys.executable, "-c", "while True: pass"], "env": {}})
+        dog.send(
+            {
+                "op": "spawns",
+                "procs": [{"id": 1, "argv": [sys.executable, "-c", "while True: pass"], "env": {}}],
+            }
+        )
         pid = dog.until("started", id=1)["pid"]
         deadline = time.monotonic() + 10
         while True:

@@ -84,12 +84,17 @@ def test_spawn_output_env_exit_and_shutdown() -> None:
         assert dog.until("ready")["pid"] > 0
         env = {"X_VALUE": "a b $(id) ;'\"", "LAUNCHKIT_JOB_ID": "wd-test-1"}
         code = "import os,sys; print(os.environ['X_VALUE']); print('err', file=sys.stderr); sys.exit(7)"
-        dog.send({"op": "spawn", "id": 5, "argv": [sys.executable, "-c", code], "env": env, "cwd": "/"})
+        dog.send(
+            {
+                "op": "spawns",
+                "procs": [{"id": 5, "argv": [sys.executable, "-c", code], "env": env, "cwd": "/"}],
+            }
+        )
         assert dog.until("started", id=5)["pid"] > 0
         assert dog.until("exit", id=5)["rc"] == 7
         dog.until("eof", id=5, s="o")
         assert dog.output(5) == b"a b $(id) ;'\"\n"
-        dog.send({"op": "spawn", "id": 6, "argv": ["/no/such/program"], "env": {}, "cwd": "/"})
+        dog.send({"op": "spawns", "procs": [{"id": 6, "argv": ["/no/such/program"], "env": {}, "cwd": "/"}]})
         err = dog.until("error", id=6)
         assert err["code"] == 127
         dog.send({"op": "shutdown"})
@@ -106,8 +111,8 @@ def test_channel_close_ends_every_process_and_grandchild() -> None:
         dog.until("ready")
         grandchild = "import subprocess,time; subprocess.Popen(['setsid','sleep','60']); time.sleep(60)"
         for i in range(2):
-            dog.send({"op": "spawn", "id": i, "argv": [sys.executable, "-c", grandchild],
-                      "env": {"LAUNCHKIT_JOB_ID": job}, "cwd": "/"})  # fmt: skip
+            dog.send({"op": "spawns", "procs": [{"id": i, "argv": [sys.executable, "-c", grandchild],
+                      "env": {"LAUNCHKIT_JOB_ID": job}, "cwd": "/"}]})  # fmt: skip
             dog.until("started", id=i)
         assert wait_until(lambda: len(pids_with_job(job)) == 4, 5)
         assert dog.p.stdin is not None
@@ -124,7 +129,10 @@ def test_silence_from_the_launcher_ends_the_job() -> None:
     try:
         dog.until("ready")
         dog.send(
-            {"op": "spawn", "id": 0, "argv": ["sleep", "60"], "env": {"LAUNCHKIT_JOB_ID": job}, "cwd": "/"}
+            {
+                "op": "spawns",
+                "procs": [{"id": 0, "argv": ["sleep", "60"], "env": {"LAUNCHKIT_JOB_ID": job}, "cwd": "/"}],
+            }
         )
         dog.until("started", id=0)
         t0 = time.monotonic()
@@ -142,9 +150,9 @@ def test_garbage_on_the_channel_is_reported_not_fatal() -> None:
     try:
         dog.until("ready")
         assert dog.p.stdin is not None
-        dog.p.stdin.write(b'this is not json\n{"op": "spawn"}\n')
+        dog.p.stdin.write(b'this is not json\n{"op": "spawns"}\n')
         dog.p.stdin.flush()
-        dog.send({"op": "spawn", "id": 1, "argv": ["true"], "env": {}, "cwd": "/"})
+        dog.send({"op": "spawns", "procs": [{"id": 1, "argv": ["true"], "env": {}, "cwd": "/"}]})
         assert dog.until("exit", id=1)["rc"] == 0  # still serving
         bad = [m["msg"] for m in dog.events if m.get("ev") == "bad"]
         assert len(bad) == 2 and "JSONDecodeError" in bad[0] and "KeyError" in bad[1]
@@ -159,7 +167,12 @@ def test_output_waits_for_acknowledgements_and_heartbeats_go_on() -> None:
     try:
         dog.until("ready")
         code = "import sys\nfor i in range(60000): print(f'{i:08d}' + 'y' * 41)"
-        dog.send({"op": "spawn", "id": 1, "argv": [sys.executable, "-c", code], "env": {}, "cwd": "/"})
+        dog.send(
+            {
+                "op": "spawns",
+                "procs": [{"id": 1, "argv": [sys.executable, "-c", code], "env": {}, "cwd": "/"}],
+            }
+        )
         dog.until("started", id=1)
         while not dog.output(1):  # its first output (a slow start must not read as held at 0)
             dog.next_event("output")
@@ -173,7 +186,7 @@ def test_output_waits_for_acknowledgements_and_heartbeats_go_on() -> None:
         while not any(m.get("ev") == "eof" and m["s"] == "o" for m in dog.events):
             got = len(dog.output(1))
             if got > acked:
-                dog.send({"op": "ack", "id": 1, "s": "o", "n": got - acked})
+                dog.send({"op": "acks", "a": [[1, "o", got - acked]]})
                 acked = got
             dog.next_event("eof")
         assert dog.output(1) == b"".join(b"%08d" % i + b"y" * 41 + b"\n" for i in range(60000))
@@ -189,7 +202,7 @@ def test_a_spawn_while_the_watchdog_ends_is_refused() -> None:
     dog = watchdog.Watchdog(out)
     dog.stopping.set()
     try:
-        dog.spawn({"id": 3, "argv": ["sleep", "60"], "env": {}})
+        dog.spawns({"procs": [{"id": 3, "argv": ["sleep", "60"], "env": {}}]})
         assert dog.children == {}
     finally:
         for child in dog.children.values():
