@@ -46,8 +46,8 @@ def allreduce(
         return out
     total = spec_for(x.dtype, "sum")
 
-    def cross(c: Ctx, buf: np.ndarray, _sum: ReduceSpec) -> None:  # the leaders only, in place
-        compressed.allreduce(c, buf, spec, st, count=ctx.size, out=buf)
+    def cross(c: Ctx, buf: np.ndarray, _sum: ReduceSpec, keep: dict[int, np.ndarray] | None = None) -> None:
+        compressed.allreduce(c, buf, spec, st, count=ctx.size, out=buf, keep=keep)  # the leaders, in place
 
     if loc is not None:
         leaders = topo.leaders()
@@ -55,8 +55,7 @@ def allreduce(
 
         def on_leaders(buf: np.ndarray) -> np.ndarray:  # the host's other ranks decode the payloads
             keep: dict[int, np.ndarray] = {}
-            c = ctx.phase(1).on(SubLinks(ctx.links, leaders))
-            compressed.allreduce(c, buf, spec, st, count=ctx.size, out=buf, keep=keep)
+            cross(ctx.phase(1).on(SubLinks(ctx.links, leaders)), buf, total, keep)
             return compressed.publish(keep)
 
         nhosts = len(leaders)
