@@ -50,6 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.scale_trace import machine_busy  # noqa: E402
 from tests.cluster.netns import HostGroup  # noqa: E402
 from tests.launchkit.procs import pids_with_job  # noqa: E402
 
@@ -131,12 +132,6 @@ def until_gone(job: str, launcher: Launcher, t0: float, timeout: float = 120) ->
     raise RuntimeError(
         f"job {job}: launcher gone: {usage is not None}, {len(pids_with_job(job))} processes left"
     )
-
-
-def machine_busy() -> float:
-    """CPU seconds the whole machine has been busy (every core) since boot."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def quiet(most: float = 30.0, busy: float = 0.2, every: float = 0.5) -> None:

@@ -31,13 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.scale_trace import machine_busy  # noqa: E402
 from tests.cluster.netns import HostGroup  # noqa: E402
-
-
-def machine_busy() -> float:
-    """CPU seconds the whole machine has been busy (every core) since boot."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def timed(what: str, fn: Callable[[], Any], rows: list[tuple[str, float, float, float]]) -> Any:
