@@ -49,6 +49,9 @@ class ChildIO:
         self._paused: dict[tuple[int, str], int] = {}  # streams waiting for credit: their fd
         self._added: list[tuple[int, subprocess.Popen[bytes]]] = []
         self._resumed: list[tuple[tuple[int, str], int]] = []
+        self._unended: set[tuple[int, str]] = set()  # the ends (``exit``, ``eof``) not yet written
+        self._ended_now: list[tuple[int, str]] = []  # (the thread's) ends in this round's messages
+        self._all_ended = threading.Condition(self._lock)
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -63,6 +66,7 @@ class ChildIO:
             if self.window is not None:
                 self._credit[(ident, "o")] = self._credit[(ident, "e")] = self.window
             self._added.append((ident, proc))
+            self._unended.update(((ident, "o"), (ident, "e"), (ident, "x")))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True, name="childio")
                 self._thread.start()
@@ -86,6 +90,19 @@ class ChildIO:
             self._resumed.extend(self._paused.items())
             self._paused.clear()
         self._wake()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until the end of every added process and of both its
+        streams (``exit``, ``eof``) has been written, and with it all their output: the watchdog
+        says ``bye`` after its teardown, and nothing is written after ``bye``. True if none is
+        left unsent."""
+        with self._all_ended:
+            return self._all_ended.wait_for(lambda: not self._unended, timeout)
+
+    def _written(self, ends: list[tuple[int, str]]) -> None:
+        with self._all_ended:
+            self._unended.difference_update(ends)
+            self._all_ended.notify_all()
 
     def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError):  # (full: a wake-up is pending anyway)
@@ -111,6 +128,9 @@ class ChildIO:
             if self._out:  # the round's messages in one write: several processes' lines, one packet
                 out, self._out = b"".join(self._out), []
                 self.write(out)
+            if self._ended_now:
+                ended, self._ended_now = self._ended_now, []
+                self._written(ended)
             if read_any and small:
                 time.sleep(LINGER)
 
@@ -141,11 +161,13 @@ class ChildIO:
 
     def _wait(self, ident: int, proc: subprocess.Popen[bytes]) -> None:
         self.write(encode({"ev": "exit", "id": ident, "rc": proc.wait()}))  # (its own thread)
+        self._written([(ident, "x")])
 
     def _ended(self, pidfd: int, ident: int, _x: str, proc: subprocess.Popen[bytes]) -> None:
         self._sel.unregister(pidfd)
         os.close(pidfd)
         self.send({"ev": "exit", "id": ident, "rc": proc.wait()})
+        self._ended_now.append((ident, "x"))
 
     def _read(self, fd: int, ident: int, name: str) -> int:
         """One chunk of a stream to the launcher; at its end, ``eof``. Returns the bytes read."""
@@ -156,6 +178,7 @@ class ChildIO:
         if not chunk:
             self._sel.unregister(fd)
             self.send({"ev": "eof", "id": ident, "s": name})
+            self._ended_now.append((ident, name))
             return 0
         key = (ident, name)
         with self._lock:  # (an acknowledgement may come before the send below returns)

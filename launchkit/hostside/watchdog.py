@@ -242,6 +242,9 @@ class Watchdog:
         swept = sweep_job(self.job_id, self.grace) if self.job_id else 0
         if self.job_id:
             remove_shm(self.job_id)
+        # Their ends and last output are written before ``bye`` (the io thread reports them
+        # after their reaping above; a process's pipe held by a stranger is waited for no longer).
+        self.io.drain(max(self.grace, 1.0))
         return swept
 
 

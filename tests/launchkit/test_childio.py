@@ -100,3 +100,38 @@ def test_a_stream_waits_for_its_acknowledgements_and_is_read_to_its_end_when_the
     finally:
         dog.stopping.set()
         dog.teardown()
+
+
+class SlowChannel(Channel):
+    """A channel whose writes of a process's end take a while (a busy ssh connection)."""
+
+    def write(self, data: bytes) -> None:
+        if b'"ev":"exit"' in data or b'"ev":"eof"' in data:
+            time.sleep(0.3)
+        super().write(data)
+
+
+def test_the_ends_and_last_output_are_written_before_the_teardown_returns() -> None:
+    """The watchdog says ``bye`` when its teardown returns and writes nothing after it: every
+    process's ``exit``, its streams' ``eof`` and what it printed as it was stopped come first
+    (CI saw ``bye`` without the ``exit`` of a process the teardown had ended)."""
+    chan = SlowChannel()
+    dog = watchdog.Watchdog(chan)  # type: ignore[arg-type]
+    dog.hello({"job": "cio-3", "hb_interval": 60, "grace": 2})
+    code = "trap 'echo stopped $0; exit 3' TERM; echo up $0; while :; do sleep 0.05; done"
+    for i in range(3):
+        argv = ["sh", "-c", code, str(i)]
+        dog.spawns({"procs": [{"id": i, "argv": argv, "env": {"LAUNCHKIT_JOB_ID": "cio-3"}, "cwd": "/"}]})
+    chan.until(lambda msgs: _count("out")(msgs) == 3)
+    dog.stopping.set()
+    dog.teardown()
+    msgs = chan.messages()
+    assert sorted((m["id"], m["rc"]) for m in msgs if m.get("ev") == "exit") == [(0, 3), (1, 3), (2, 3)]
+    assert sorted((m["id"], m["s"]) for m in msgs if m.get("ev") == "eof") == [
+        (i, s) for i in range(3) for s in "eo"
+    ]
+    out = [
+        b"".join(m["data"] for m in msgs if m.get("ev") == "out" and (m["id"], m["s"]) == (i, "o"))
+        for i in range(3)
+    ]
+    assert out == [f"up {i}\nstopped {i}\n".encode() for i in range(3)]
