@@ -1,4 +1,4 @@
-"""A server's listeners hold a handshake for every worker at once (issue 28).
+"""A node's listeners hold a handshake for every node of the job at once (issue 28).
 
 Every worker connects to a server as the book reaches it, and the book reaches them all at the
 same moment: a listener that closed the oldest pending handshakes beyond 64 (``MAX_PENDING``)
@@ -14,8 +14,9 @@ import time
 
 import pytest
 
+from trainer_core.config import NodeConfig
+from trainer_core.node.postoffice import listen
 from trainer_core.ps.protocol import SCHEMA
-from trainer_core.ps.server import hold_handshakes
 from trainer_core.transport.channel import MAX_PENDING, Channel, Listener, Poller, Trace
 from trainer_core.transport.tcp import TcpListener
 from trainer_core.transport.unix import UnixListener
@@ -37,9 +38,10 @@ def connect(listener: Listener) -> socket.socket:
 @pytest.mark.parametrize("kind", ["unix", "tcp"])
 def test_every_worker_may_be_in_its_handshake_at_once(kind: str) -> None:
     listener: Listener = (
-        UnixListener("crowd150", SECRET, TRACE) if kind == "unix" else TcpListener("127.0.0.1", SECRET, TRACE)
+        UnixListener("crowd150", SECRET, TRACE, WORKERS)
+        if kind == "unix"
+        else TcpListener("127.0.0.1", SECRET, TRACE, WORKERS)
     )
-    hold_handshakes([listener], WORKERS)
     poller = Poller()
     poller.add(listener)
     accepted: list[Channel] = []
@@ -60,3 +62,27 @@ def test_every_worker_may_be_in_its_handshake_at_once(kind: str) -> None:
         for raw in raws:
             raw.close()
         listener.close()
+
+
+def test_a_nodes_listeners_expect_every_node_of_the_job() -> None:
+    """``postoffice.listen`` sizes each listener by the job (every worker and server), before the
+    book: the book and the workers' connections arrive together."""
+    env = {
+        "DMLC_ROLE": "server",
+        "DMLC_PS_ROOT_URI": "127.0.0.1",
+        "DMLC_PS_ROOT_PORT": "9",
+        "DMLC_NODE_HOST": "127.0.0.1",
+        "DMLC_NUM_SERVER": "3",
+        "DMLC_NUM_WORKER": "300",
+        "LAUNCHKIT_JOB_SECRET": SECRET,
+        "LAUNCHKIT_JOB_ID": "crowd303",
+    }
+    listeners: list[Listener] = []
+    try:
+        local, data = listen(NodeConfig.from_environ(env), TRACE, listeners)
+        assert local and data and len(listeners) == 2
+        assert [lst.handshakes.most for lst in listeners] == [303 + MAX_PENDING] * 2
+        assert [lst.handshakes.backlog for lst in listeners] == [303 + MAX_PENDING] * 2
+    finally:
+        for lst in listeners:
+            lst.close()

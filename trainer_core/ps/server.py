@@ -23,7 +23,6 @@ from trainer_core.node.postoffice import listen
 from trainer_core.ps import protocol
 from trainer_core.ps.handler import RequestHandler
 from trainer_core.transport.channel import (
-    MAX_PENDING,
     Channel,
     ChannelClosed,
     Listener,
@@ -83,7 +82,6 @@ class Server:
             data=data,
             needs=SERVERS,  # a server reaches no other node: the counts are what it reads
         )
-        hold_handshakes(self.listeners, book.num_workers)
         self.handler = RequestHandler(
             book.num_workers, job_prefix(cfg.job_id), self.log, shared=bool(local), name=book.name
         )
@@ -156,14 +154,6 @@ class Server:
             ch.close(flush_s=max(0.0, deadline - time.monotonic()))
         for listener in self.listeners:
             listener.close()
-
-
-def hold_handshakes(listeners: list[Listener], workers: int) -> None:
-    """Let every worker be in its handshake at once on each listener: they all connect as the book
-    reaches them, at the same moment, and a listener closed the oldest beyond 64 (``MAX_PENDING``:
-    a job of 256 workers failed to start). The bound stays ``MAX_PENDING`` beyond the workers."""
-    for listener in listeners:
-        listener.handshakes.most = max(listener.handshakes.most, workers + MAX_PENDING)
 
 
 def main(environ: dict[str, str] | None = None) -> int:

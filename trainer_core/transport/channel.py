@@ -200,16 +200,14 @@ class Handshakes:
 
     A peer that connects and never completes the handshake must not hold its connection (and a
     descriptor) for ever: ``stale`` gives the ones older than ``bound_s``, and the oldest beyond
-    ``most``, for the serving loop to close. Every listener keeps one (docs/wire.md, "Channels").
+    ``most`` (the ``peers`` expected at once, and ``MAX_PENDING``), for the serving loop to close.
+    Every listener keeps one (docs/wire.md, "Channels"); ``backlog`` is its socket's.
     """
 
-    def __init__(
-        self, trace: Trace, what: str, bound_s: float = HANDSHAKE_TIMEOUT_S, most: int = MAX_PENDING
-    ) -> None:
-        self.trace = trace
-        self.what = what
-        self.bound_s = bound_s
-        self.most = most
+    def __init__(self, trace: Trace, what: str, peers: int = 0, bound_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+        self.trace, self.what, self.bound_s = trace, what, bound_s
+        self.most = peers + MAX_PENDING
+        self.backlog = max(256, self.most)
         self._pending: list[tuple[float, Channel]] = []  # (accepted at, channel), oldest first
 
     def add(self, ch: Channel) -> None:

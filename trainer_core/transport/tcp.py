@@ -227,22 +227,23 @@ class TcpChannel(FramedStream, Channel):
 
 
 class TcpListener(Listener):
-    """A server's data listener on ``host`` (``*``: every interface), any free port."""
+    """A server's data listener on ``host`` (``*``: every interface), any free port; ``peers``
+    may be in their handshake at once (``Handshakes``)."""
 
-    def __init__(self, host: str, secret: str, trace: Trace) -> None:
+    def __init__(self, host: str, secret: str, trace: Trace, peers: int = 0) -> None:
         self.key = channel_key(secret, _LABEL)
         self.trace = trace
+        self.handshakes = Handshakes(trace, "data connection(s)", peers)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.sock.bind(("" if host == "*" else host, 0))
-            self.sock.listen(256)
+            self.sock.listen(self.handshakes.backlog)
             self.sock.setblocking(False)
         except BaseException:
             self.sock.close()
             raise
         self.port: int = self.sock.getsockname()[1]
-        self.handshakes = Handshakes(trace, "data connection(s)")
 
     def pollable(self) -> int:
         return self.sock.fileno()

@@ -282,21 +282,22 @@ class UnixChannel(Channel):
 
 
 class UnixListener(Listener):
-    """A server's listener, bound in the abstract namespace (no file to remove)."""
+    """A server's listener, bound in the abstract namespace (no file to remove); ``peers`` may be
+    in their handshake at once (``Handshakes``)."""
 
-    def __init__(self, job_id: str, secret: str, trace: Trace) -> None:
+    def __init__(self, job_id: str, secret: str, trace: Trace, peers: int = 0) -> None:
         self.name = f"launchkit-{job_id}-s-{os.getpid()}-{os.urandom(4).hex()}"
         self.key = _key(secret)
         self.trace = trace
+        self.handshakes = Handshakes(trace, "same-host connection(s)", peers)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.sock.bind("\0" + self.name)
-            self.sock.listen(256)
+            self.sock.listen(self.handshakes.backlog)
             self.sock.setblocking(False)
         except BaseException:
             self.sock.close()
             raise
-        self.handshakes = Handshakes(trace, "same-host connection(s)")
 
     def pollable(self) -> int:
         return self.sock.fileno()
