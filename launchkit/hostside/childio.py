@@ -23,7 +23,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False  # (as in watchdog.py)
+
+if TYPE_CHECKING:
+    from typing import Any
 
 CHUNK = 1 << 16  # at most this much output of one stream per message
 SMALL = CHUNK  # after a round of reads of less than a full chunk, wait LINGER so that the next finds more
