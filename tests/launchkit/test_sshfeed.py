@@ -4,6 +4,7 @@ process: one thread for every stream of a host, never held up by one pipe nobody
 from __future__ import annotations
 
 import threading
+import time
 
 from launchkit.backends.ssh import agent as agent_mod
 from launchkit.backends.ssh.agent import HostAgent
@@ -11,9 +12,15 @@ from launchkit.core.spec import Host, LaunchSpec, Task
 from tests.launchkit.plans import make_plan
 
 
-def _agent(acks: list[tuple[int, str, int]]) -> HostAgent:
+def _agent(acks: list[tuple[int, str, int]], slow_s: float = 0.0) -> HostAgent:
+    """A host whose acknowledgements land in ``acks`` (each send taking ``slow_s``: a busy channel)."""
     agent = HostAgent(Host("h1"), None, "job-f", hb_interval=1.0, hb_timeout=30.0, grace=1.0, interface=None)
-    agent.send = lambda msg: acks.extend((i, s, n) for i, s, n in msg["a"])  # type: ignore[method-assign]
+
+    def send(msg: dict) -> None:
+        time.sleep(slow_s)
+        acks.extend((i, s, n) for i, s, n in msg["a"])
+
+    agent.send = send  # type: ignore[method-assign]
     return agent
 
 
@@ -47,9 +54,11 @@ def test_one_thread_delivers_every_stream_of_a_host(tmp_path) -> None:
 
 def test_a_pipe_nobody_reads_holds_back_no_other_stream(tmp_path) -> None:
     """One process's stdout is not read (its pipe full, more waiting): another process's output
-    on the same host still arrives, and what waits is delivered once that pipe is read."""
+    on the same host still arrives, and what waits is delivered once that pipe is read; a reader
+    that sees its end finds it acknowledged (CI read the end first once: the acks were sent after
+    the round's closes; a slow channel here makes that order certain in the code before)."""
     acks: list[tuple[int, str, int]] = []
-    agent = _agent(acks)
+    agent = _agent(acks, slow_s=0.2)
     chatty, quiet = (agent_mod.RemoteProcess(agent, i, _task(tmp_path)) for i in (0, 1))
     flood = b"x" * (4 << 20)  # more than the widened pipe holds
     chatty.feed("o", flood)

@@ -7,7 +7,7 @@ full pipe does not take waits for that pipe alone (the watchdog's window, ``agen
 it), so one process whose output is not being read does not hold back the others of its host.
 Each chunk is acknowledged once it is all in its pipe, which opens the window again: every
 chunk written in one round of the thread in one ``acks`` message (the processes of a host that
-start together say their first lines together).
+start together say their first lines together), sent before the round closes any pipe.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ class Feeder:
                     pipe.pending.append((memoryview(data), len(data) if acked else 0))
                 waiting[id(pipe)] = pipe
             acks: list[tuple[int, str, int]] = []
+            ended: list[Pipe] = []
             for key, pipe in list(waiting.items()):
                 registered = pipe.fd in sel.get_map()
                 if not self._flush(pipe, acks):
@@ -92,10 +93,12 @@ class Feeder:
                     sel.unregister(pipe.fd)
                 if pipe.pending and pipe.pending[0] is None:  # the stream ended: close it
                     pipe.pending.clear()
-                    with contextlib.suppress(OSError):
-                        os.close(pipe.fd)
+                    ended.append(pipe)
             if acks:  # every stream's of this round in one message
                 self._ack(acks)
+            for pipe in ended:  # after: a reader that sees a stream's end finds it all acknowledged
+                with contextlib.suppress(OSError):
+                    os.close(pipe.fd)
 
     def _flush(self, pipe: Pipe, acks: list[tuple[int, str, int]]) -> bool:
         """Write what ``pipe`` can take now, adding what is to be acknowledged to ``acks``; True
