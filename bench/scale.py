@@ -58,15 +58,36 @@ from tests.launchkit.procs import pids_with_job  # noqa: E402
 UP = 'echo "UP $(date +%s.%N)"; exec sleep 600'
 
 
+def launch_argv(group: HostGroup, hostfile: Path, procs: int, program: list[str]) -> list[str]:
+    """``launchkit launch`` of ``procs`` workers of ``program`` over ``group`` (no servers, no dashboard)."""
+    return [sys.executable, "-m", "launchkit", "launch", "-H", str(hostfile), "-i", str(group.identity),
+            "--known-hosts", str(group.known_hosts), "--no-dashboard", "-n", str(procs), "-s", "0",
+            *program]  # fmt: skip
+
+
+def pdsh_argv(group: HostGroup, command: str, fanout: int | None = None) -> tuple[list[str], dict[str, str]]:
+    """``pdsh`` running ``command`` on every host of ``group`` (its default window unless
+    ``fanout``), and the environment that gives its ssh the group's options."""
+    env = {**os.environ, "PDSH_SSH_ARGS_APPEND": shlex.join(group.ssh_options()[2:])}
+    window = ["-f", str(fanout)] if fanout else []
+    return ["pdsh", "-R", "ssh", *window, "-w", ",".join(f"root@{h.address}" for h in group), command], env
+
+
+def mpirun_argv(group: HostGroup, per_host: int, program: list[str]) -> list[str]:
+    """Open MPI's ``mpirun`` of ``per_host`` ranks of ``program`` on every host of ``group``."""
+    hosts = ",".join(f"{h.address}:{per_host}" for h in group)
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(per_host * len(group)), "--host", hosts,
+            "--mca", "plm_rsh_args", shlex.join(group.ssh_options()), "--mca", "oob_tcp_if_include",
+            "10.231.0.0/24", "--mca", "btl_tcp_if_include", "10.231.0.0/24", *program]  # fmt: skip
+
+
 class Launcher:
     """One ``launchkit launch``: its UP lines as they come, its peak threads, how it ended."""
 
     def __init__(
         self, group: HostGroup, hostfile: Path, home: str, procs: int, code: str | None = None
     ) -> None:
-        argv = [sys.executable, "-m", "launchkit", "launch", "-H", str(hostfile), "-i", str(group.identity),
-                "--known-hosts", str(group.known_hosts), "--no-dashboard", "-n", str(procs), "-s", "0",
-                UP]  # fmt: skip
+        argv = launch_argv(group, hostfile, procs, [UP])
         self.env = {**os.environ, "LAUNCHKIT_HOME": home}
         if code:  # another copy of launchkit's source (--compare), for it and its kill
             self.env["PYTHONPATH"] = code
@@ -185,12 +206,10 @@ def launchkit_round(group: HostGroup, hostfile: Path, home: str, procs: int, idl
 
 
 def pdsh_round(group: HostGroup) -> float:
-    env = {**os.environ, "PDSH_SSH_ARGS_APPEND": shlex.join(group.ssh_options()[2:])}
-    hosts = ",".join(f"root@{h.address}" for h in group)
+    argv, env = pdsh_argv(group, "true")
     quiet()
     t0 = time.time()
-    res = subprocess.run(["pdsh", "-R", "ssh", "-w", hosts, "true"], env=env, capture_output=True, text=True,
-                         check=False)  # fmt: skip
+    res = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"pdsh: {res.stderr[-2000:]}")
     return time.time() - t0
@@ -227,11 +246,7 @@ def up_times(argv_list: list[list[str]], procs: int, stop: Callable[[list[subpro
 
 
 def mpirun_round(group: HostGroup, per_host: int) -> float:
-    ssh = shlex.join(group.ssh_options())
-    hosts = ",".join(f"{h.address}:{per_host}" for h in group)
-    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(per_host * len(group)), "--host", hosts,
-            "--mca", "plm_rsh_args", ssh, "--mca", "oob_tcp_if_include", "10.231.0.0/24",
-            "--mca", "btl_tcp_if_include", "10.231.0.0/24", "sh", "-c", UP]  # fmt: skip
+    argv = mpirun_argv(group, per_host, ["sh", "-c", UP])
 
     def stop(ps: list[subprocess.Popen[str]]) -> None:
         for p in ps:

@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.scale import ensure_pdsh, quiet  # noqa: E402
+from bench.scale import ensure_pdsh, launch_argv, mpirun_argv, pdsh_argv, pdsh_round, quiet  # noqa: E402
 from bench.scale_trace import machine_busy  # noqa: E402
 from tests.cluster.netns import HostGroup  # noqa: E402
 
@@ -101,26 +101,18 @@ def run(argv: list[str], out: Path, start: float, env: dict[str, str] | None = N
 
 def launchkit(group: HostGroup, hostfile: Path, home: str, procs: int, start: float, lines: int,
               out: Path) -> tuple[float, float]:  # fmt: skip
-    argv = [sys.executable, "-m", "launchkit", "launch", "-H", str(hostfile), "-i", str(group.identity),
-            "--known-hosts", str(group.known_hosts), "--no-dashboard", "-n", str(procs), "-s", "0",
-            *chatty(start, lines)]  # fmt: skip
+    argv = launch_argv(group, hostfile, procs, chatty(start, lines))
     return run(argv, out, start, {**os.environ, "LAUNCHKIT_HOME": home})
 
 
 def pdsh(group: HostGroup, per_host: int, start: float, lines: int, out: Path) -> tuple[float, float]:
-    env = {**os.environ, "PDSH_SSH_ARGS_APPEND": shlex.join(group.ssh_options()[2:])}
-    hosts = ",".join(f"root@{h.address}" for h in group)
     one = shlex.join(chatty(start, lines))
-    command = f"for i in $(seq {per_host}); do {one} & done; wait"
-    return run(["pdsh", "-R", "ssh", "-f", str(len(group)), "-w", hosts, command], out, start, env)
+    argv, env = pdsh_argv(group, f"for i in $(seq {per_host}); do {one} & done; wait", fanout=len(group))
+    return run(argv, out, start, env)
 
 
 def mpirun(group: HostGroup, per_host: int, start: float, lines: int, out: Path) -> tuple[float, float]:
-    hosts = ",".join(f"{h.address}:{per_host}" for h in group)
-    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(per_host * len(group)), "--host", hosts,
-            "--mca", "plm_rsh_args", shlex.join(group.ssh_options()), "--mca", "oob_tcp_if_include",
-            "10.231.0.0/24", "--mca", "btl_tcp_if_include", "10.231.0.0/24", *chatty(start, lines)]  # fmt: skip
-    return run(argv, out, start)
+    return run(mpirun_argv(group, per_host, chatty(start, lines)), out, start)
 
 
 def main() -> None:
@@ -141,12 +133,7 @@ def main() -> None:
         group = HostGroup.create(args.hosts)
         try:
             hostfile = group.write_hostfile(Path(home) / "hosts", slots=args.per_host)
-            subprocess.run(
-                ["pdsh", "-R", "ssh", "-w", ",".join(f"root@{h.address}" for h in group), "true"],
-                env={**os.environ, "PDSH_SSH_ARGS_APPEND": shlex.join(group.ssh_options()[2:])},
-                check=True,
-                capture_output=True,
-            )  # fmt: skip  (every host's key recorded)
+            pdsh_round(group)  # every host's key recorded (the known_hosts file is shared by every tool)
             for i in range(args.repeat):
                 row: dict[str, float] = {}
                 tools = args.tools[i % len(args.tools) :] + args.tools[: i % len(args.tools)]

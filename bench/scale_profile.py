@@ -18,7 +18,6 @@ import argparse
 import cProfile
 import os
 import resource
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.scale import pdsh_argv  # noqa: E402
 from bench.scale_trace import machine_busy  # noqa: E402
 from tests.cluster.netns import HostGroup  # noqa: E402
 
@@ -43,11 +43,10 @@ def timed(what: str, fn: Callable[[], Any], rows: list[tuple[str, float, float, 
 
 
 def pdsh(group: HostGroup, rows: list[tuple[str, float, float, float]]) -> None:
-    env = {**os.environ, "PDSH_SSH_ARGS_APPEND": shlex.join(group.ssh_options()[2:])}
-    hosts = ",".join(f"root@{h.address}" for h in group)
+    argv, env = pdsh_argv(group, "true")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     w0, m0 = time.perf_counter(), machine_busy()
-    subprocess.run(["pdsh", "-R", "ssh", "-w", hosts, "true"], env=env, capture_output=True, check=True)
+    subprocess.run(argv, env=env, capture_output=True, check=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     rows.append(("pdsh true (pdsh + its ssh clients)", time.perf_counter() - w0, cpu, machine_busy() - m0))
@@ -142,12 +141,8 @@ def main() -> None:
     group = HostGroup.create(args.hosts)
     try:
         with tempfile.TemporaryDirectory() as home:
-            subprocess.run(
-                ["pdsh", "-R", "ssh", "-w", ",".join(f"root@{h.address}" for h in group), "true"],
-                env={**os.environ, "PDSH_SSH_ARGS_APPEND": shlex.join(group.ssh_options()[2:])},
-                capture_output=True,
-                check=False,
-            )  # fmt: skip  (every host key recorded)
+            argv, env = pdsh_argv(group, "true")
+            subprocess.run(argv, env=env, capture_output=True, check=False)  # every host key recorded
             for _ in range(args.rounds):
                 rows: list[tuple[str, float, float, float]] = []
                 pdsh(group, rows)
