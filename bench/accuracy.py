@@ -30,12 +30,35 @@ COMPRESSIONS = ("none", "1bit", "2bit")
 def run(learner: str, compression: str, seed: int, args: argparse.Namespace) -> tuple[float, int, str]:
     """(final test accuracy %, wire bytes per step, how they were counted) of one launched run."""
     cmd = [
-        sys.executable, "-m", "launchkit", "launch", "-n", str(args.workers), "-s", str(args.servers),
-        "--launcher", "local", sys.executable, "examples/train_digits.py", "--learner", learner,
-        "--compression", compression, "--seed", str(seed), "--epochs", str(args.epochs),
-        "--lr", str(args.lr), "--optimizer", "momentum", "--threshold", str(args.threshold),
-        "--batch-size", str(args.batch_size),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "launchkit",
+        "launch",
+        "-n",
+        str(args.workers),
+        "-s",
+        str(args.servers),
+        "--launcher",
+        "local",
+        sys.executable,
+        "examples/train_digits.py",
+        "--learner",
+        learner,
+        "--compression",
+        compression,
+        "--seed",
+        str(seed),
+        "--epochs",
+        str(args.epochs),
+        "--lr",
+        str(args.lr),
+        "--optimizer",
+        "momentum",
+        "--threshold",
+        str(args.threshold),
+        "--batch-size",
+        str(args.batch_size),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     out = proc.stdout + proc.stderr
     accs = [float(m.group(3)) for m in EPOCH.finditer(out)]

@@ -59,8 +59,21 @@ def _run(argv_of: list[str], script: str, what: str, env: dict[str, str] | None 
 
 
 def launch(workers: int, servers: int, python: str, script: str, args: list[str], what: str) -> Result:
-    argv = [sys.executable, "-m", "launchkit", "launch", "-n", str(workers), "-s", str(servers), "--launcher",
-            "local", python, "{script}", *args]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "launchkit",
+        "launch",
+        "-n",
+        str(workers),
+        "-s",
+        str(servers),
+        "--launcher",
+        "local",
+        python,
+        "{script}",
+        *args,
+    ]
     return _run(argv, script, what)
 
 

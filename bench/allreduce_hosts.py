@@ -58,8 +58,12 @@ def hosts_python() -> tuple[str, bool, bool]:
     py = VENV / "bin" / "python"
     if not py.exists():
         subprocess.run(["/usr/bin/python3", "-m", "venv", "--clear", str(VENV)], check=True)
-        site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        site = subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         Path(site, "launchkit-bench.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([str(py), "-c", "import numpy, zmq"], check=True)
     ok = lambda mod: subprocess.run([str(py), "-c", f"import {mod}"], capture_output=True).returncode == 0  # noqa: E731
@@ -94,9 +98,28 @@ def launch(
 ) -> dict:
     hostfile = group.write_hostfile(root / "hosts")
     env_flags = [a for k in THREADS for a in ("--env", f"{k}:1")] + ["--env", "GLOO_SOCKET_IFNAME:eth0"]
-    argv = [sys.executable, "-m", "launchkit", "launch", "-H", str(hostfile), "-i", str(group.identity),
-            "--known-hosts", str(group.known_hosts), "--sync-dst-dir", "/srv/arjob", "-n", str(workers), "-s", str(servers),
-            *env_flags, python, script, *spec]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "launchkit",
+        "launch",
+        "-H",
+        str(hostfile),
+        "-i",
+        str(group.identity),
+        "--known-hosts",
+        str(group.known_hosts),
+        "--sync-dst-dir",
+        "/srv/arjob",
+        "-n",
+        str(workers),
+        "-s",
+        str(servers),
+        *env_flags,
+        python,
+        script,
+        *spec,
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "LAUNCHKIT_", "PYTHON"))}
     env["LAUNCHKIT_HOME"] = str(root / "home")
     proc = subprocess.run(argv, cwd=root / "job", env=env, capture_output=True, text=True, timeout=900)
@@ -110,10 +133,36 @@ def mpirun(
     script.write_text(programs.MPI)
     rsh = f"-i {group.identity} -o UserKnownHostsFile={group.known_hosts} -o StrictHostKeyChecking=accept-new"
     hosts = ",".join(f"{h.address}:{per_host}" for h in group)
-    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-H", hosts,
-            "-n", str(per_host * len(group)), "--map-by", "node", "--mca", "plm_rsh_args", rsh + " -o BatchMode=yes",
-            "--mca", "mpi_yield_when_idle", "1", "--mca", "oob_tcp_if_include", "10.231.0.0/24", "--mca", "btl_tcp_if_include", "10.231.0.0/24",
-            *mca, *[a for k in THREADS for a in ("-x", f"{k}=1")], python, str(script), *spec]  # fmt: skip
+    argv = [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "-H",
+        hosts,
+        "-n",
+        str(per_host * len(group)),
+        "--map-by",
+        "node",
+        "--mca",
+        "plm_rsh_args",
+        rsh + " -o BatchMode=yes",
+        "--mca",
+        "mpi_yield_when_idle",
+        "1",
+        "--mca",
+        "oob_tcp_if_include",
+        "10.231.0.0/24",
+        "--mca",
+        "btl_tcp_if_include",
+        "10.231.0.0/24",
+        *mca,
+        *[a for k in THREADS for a in ("-x", f"{k}=1")],
+        python,
+        str(script),
+        *spec,
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "LAUNCHKIT_", "PS_", "PYTHON"))}
     try:
         return _result(subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env), "mpirun")

@@ -215,10 +215,33 @@ RESULT = re.compile(r"^\[worker (\d+)\] RESULT (.*)$", re.M)
 
 
 def launch(group: HostGroup, hostfile: Path, jobdir: Path, python: str, cfg: dict, home: str) -> dict:
-    argv = [sys.executable, "-m", "launchkit", "launch", "-H", str(hostfile), "-i", str(group.identity),
-            "--known-hosts", str(group.known_hosts), "--sync-dst-dir", SYNC_DIR, "-n", "2", "-s", "1",
-            "--env", "OMP_NUM_THREADS:1", "--env", "OPENBLAS_NUM_THREADS:1", "--env", "MKL_NUM_THREADS:1",
-            python, "capped_step.py", json.dumps(cfg)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "launchkit",
+        "launch",
+        "-H",
+        str(hostfile),
+        "-i",
+        str(group.identity),
+        "--known-hosts",
+        str(group.known_hosts),
+        "--sync-dst-dir",
+        SYNC_DIR,
+        "-n",
+        "2",
+        "-s",
+        "1",
+        "--env",
+        "OMP_NUM_THREADS:1",
+        "--env",
+        "OPENBLAS_NUM_THREADS:1",
+        "--env",
+        "MKL_NUM_THREADS:1",
+        python,
+        "capped_step.py",
+        json.dumps(cfg),
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "LAUNCHKIT_", "PYTHON"))}
     env["LAUNCHKIT_HOME"] = home
     t0 = time.monotonic()
@@ -253,8 +276,15 @@ def measure(args: argparse.Namespace) -> dict:
             }
             print(f"link check: {info['stream_gbps']}", file=sys.stderr, flush=True)
             for b in bits:
-                cfg = {"sizes": SIZES, "bits": b, "batch": args.batch, "lr": args.lr,
-                       "threshold": args.threshold, "warmup": args.warmup, "steps": args.steps}  # fmt: skip
+                cfg = {
+                    "sizes": SIZES,
+                    "bits": b,
+                    "batch": args.batch,
+                    "lr": args.lr,
+                    "threshold": args.threshold,
+                    "warmup": args.warmup,
+                    "steps": args.steps,
+                }
                 res = launch(group, hostfile, jobdir, python, cfg, str(root / "home"))
                 res["bits"] = b
                 rows.append(res)

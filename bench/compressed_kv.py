@@ -130,8 +130,18 @@ def launch(
         "warmup": WARMUP,
         "compression": compression,
     }
-    argv = [sys.executable, "-m", "launchkit", "launch", "-n", str(workers), "-s", str(servers),
-            "--launcher", "local"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "launchkit",
+        "launch",
+        "-n",
+        str(workers),
+        "-s",
+        str(servers),
+        "--launcher",
+        "local",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "LAUNCHKIT_"))}
     env["LAUNCHKIT_HOME"] = str(tmp / "home")
     if system == "mxnet":

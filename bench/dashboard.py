@@ -140,8 +140,11 @@ def one_run(mode: str, epochs: int) -> tuple[float, float, float]:
         (job,) = [p.stem for p in (Path(home) / "jobs").glob("*.json")]
         logs = subprocess.run(
             [sys.executable, "-m", "launchkit", "logs", job, "--role", "worker", "--rank", "0"],
-            env=env, capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         times = [float(m[1]) for line in logs.stdout.splitlines() if (m := EPOCH.match(line))]
         if len(times) < 3:
             raise SystemExit(f"{mode}: found {len(times)} epoch lines in worker 0's output")
@@ -178,13 +181,31 @@ def synthetic(n: int = 50) -> dict[str, float]:
     t0 = time.time() - HISTORY
     for t in range(HISTORY):
         for role, rank in names[1:]:
-            figures = {"step": 10.0 * t, "loss": 2.0 / (1 + t), "samples_total": 320.0 * t, "compression_ratio": 16.0,
-                       "bytes_pushed": 1e6 * t, "bytes_pulled": 1e6 * t, "push_ms": 1.0, "pull_ms": 1.2,
-                       "heartbeat_age_s": 0.2, "registered": 1.0}  # fmt: skip
+            figures = {
+                "step": 10.0 * t,
+                "loss": 2.0 / (1 + t),
+                "samples_total": 320.0 * t,
+                "compression_ratio": 16.0,
+                "bytes_pushed": 1e6 * t,
+                "bytes_pulled": 1e6 * t,
+                "push_ms": 1.0,
+                "pull_ms": 1.2,
+                "heartbeat_age_s": 0.2,
+                "registered": 1.0,
+            }
             model.node_report(role, rank, t0 + t, figures)
         for h in hosts:
-            model.host_report(h, t0 + t, {"load1": 3.0, "mem_used": 2**33, "mem_total": 2**35,
-                                          "net_rx_bytes": 1e8 * t, "net_tx_bytes": 9e7 * t})  # fmt: skip
+            model.host_report(
+                h,
+                t0 + t,
+                {
+                    "load1": 3.0,
+                    "mem_used": 2**33,
+                    "mem_total": 2**35,
+                    "net_rx_bytes": 1e8 * t,
+                    "net_tx_bytes": 9e7 * t,
+                },
+            )
     for i in range(64):
         model.procs[(hosts[i % 12], 1000 + i)] = (50.0, 2**29)
     rows = tuple(
@@ -226,8 +247,14 @@ def svg(path: Path, epochs: int = 300) -> None:
     with tempfile.TemporaryDirectory(prefix="lk-bench-svg-") as home:
         os.environ["LAUNCHKIT_HOME"] = home
         argv = launch_argv("metrics", epochs)
-        proc = subprocess.Popen([*argv, "--compression", "2bit"], env=os.environ, cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            [*argv, "--compression", "2bit"],
+            env=os.environ,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )
         try:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
@@ -236,8 +263,11 @@ def svg(path: Path, epochs: int = 300) -> None:
                 view = live.read(ids[0])[0] if ids else None
                 t = view.state.training if view else None
                 if view and t and len(t.loss_series) >= 12 and t.accuracy is not None:
-                    state = from_live(jobs.load(ids[0]) or jobs.read(Path(home) / "jobs" / f"{ids[0]}.json"),
-                                      view, view.written_at)  # fmt: skip
+                    state = from_live(
+                        jobs.load(ids[0]) or jobs.read(Path(home) / "jobs" / f"{ids[0]}.json"),
+                        view,
+                        view.written_at,
+                    )
                     console = Console(
                         record=True, width=130, height=40, file=io.StringIO(), force_terminal=True
                     )

@@ -29,8 +29,25 @@ UP = "import time; print('UP', time.time(), flush=True); time.sleep(2)"
 
 def launchkit_once(group: HostGroup, hostfile: Path, home: str) -> float:
     n = len(group)
-    argv = [sys.executable, "-m", "launchkit", "launch", "-H", str(hostfile), "-i", str(group.identity),
-            "--known-hosts", str(group.known_hosts), "-n", str(n), "-s", "0", "python3", "-c", UP]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "launchkit",
+        "launch",
+        "-H",
+        str(hostfile),
+        "-i",
+        str(group.identity),
+        "--known-hosts",
+        str(group.known_hosts),
+        "-n",
+        str(n),
+        "-s",
+        "0",
+        "python3",
+        "-c",
+        UP,
+    ]
     env = {**os.environ, "LAUNCHKIT_HOME": home}
     t0 = time.time()
     res = subprocess.run(argv, capture_output=True, text=True, cwd="/", env=env, timeout=120)
@@ -52,8 +69,11 @@ def sequential_once(group: HostGroup) -> float:
     t0 = time.time()
     procs, last = [], t0
     for h in group:
-        p = subprocess.Popen(["ssh", *group.ssh_options(), f"root@{h.address}", f'python3 -c "{UP}"'],
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+        p = subprocess.Popen(
+            ["ssh", *group.ssh_options(), f"root@{h.address}", f'python3 -c "{UP}"'],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert p.stdout is not None
         line = p.stdout.readline()
         last = float(line.split()[1])

@@ -105,8 +105,10 @@ def main() -> None:
         off = statistics.median(r[name] for r in runs[False])
         on = statistics.median(r[name] for r in runs[True])
         ratios = [b[name] / a[name] for a, b in zip(runs[False], runs[True], strict=True)]
-        print(f"{name:>18} {off:11.3f} {on:9.3f} {statistics.median(ratios):23.3f} "
-              f"{min(ratios):6.3f}-{max(ratios):.3f}")  # fmt: skip
+        print(
+            f"{name:>18} {off:11.3f} {on:9.3f} {statistics.median(ratios):23.3f} "
+            f"{min(ratios):6.3f}-{max(ratios):.3f}"
+        )
 
 
 if __name__ == "__main__":

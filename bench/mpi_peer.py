@@ -35,5 +35,15 @@ def mpi_python() -> str | None:
 def mpirun_argv(workers: int, python: str, script: str, args: list[str]) -> list[str]:
     """``mpirun`` for ``workers`` ranks on this host, as root too, more ranks than cores allowed,
     unbound (as the other peers' processes are)."""
-    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(workers),
-            python, script, *args]  # fmt: skip
+    return [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "-n",
+        str(workers),
+        python,
+        script,
+        *args,
+    ]

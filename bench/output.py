@@ -119,15 +119,19 @@ def print_table(rows: list[dict[str, object]], lines: int, repeat: int) -> None:
         "# seconds. wall ratio: (launchkit - its fixed cost) / (direct - its fixed cost); job ratio: the "
         "slowest worker's own time, under launchkit / direct"
     )
-    print("| where | P | output to | direct | launchkit | fixed cost (direct / launchkit) | wall ratio "
-          "| job direct | job under launchkit | job ratio |")  # fmt: skip
+    print(
+        "| where | P | output to | direct | launchkit | fixed cost (direct / launchkit) | wall ratio "
+        "| job direct | job under launchkit | job ratio |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         d, o, f = float(r["direct_s"]), float(r["launchkit_s"]), float(r["fixed_s"])  # type: ignore[arg-type]
         df = float(r.get("direct_fixed_s", 0.0))  # type: ignore[arg-type]
         jd, jo = float(r["job_direct_s"]), float(r["job_launchkit_s"])  # type: ignore[arg-type]
-        print(f"| {r['mode']} | {r['procs']} | `{r['target']}` | {d:.2f} | {o:.2f} | {df:.2f} / {f:.2f} "
-              f"| {(o - f) / (d - df):.2f}x | {jd:.2f} | {jo:.2f} | {jo / jd:.2f}x |")  # fmt: skip
+        print(
+            f"| {r['mode']} | {r['procs']} | `{r['target']}` | {d:.2f} | {o:.2f} | {df:.2f} / {f:.2f} "
+            f"| {(o - f) / (d - df):.2f}x | {jd:.2f} | {jo:.2f} | {jo / jd:.2f}x |"
+        )
 
 
 def main() -> None:
@@ -148,8 +152,12 @@ def main() -> None:
         d = Path(tmp)
         (d / "chatty.py").write_text(CHATTY)
         (d / "logs").mkdir()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "LAUNCHKIT_HOME": str(d / "home"),
-               "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "LAUNCHKIT_HOME": str(d / "home"),
+            "PYTHONUNBUFFERED": "1",
+        }
         modes: list[tuple[str, list[str] | None, list[str]]] = [("local", None, ["--launcher", "local"])]
         if not args.no_ssh:
             from tests.cluster.sshd import LoopbackSshd
@@ -184,10 +192,17 @@ def main() -> None:
                                 timed(launch_cmd(procs, each, target, d, hosts, time.time() + lead), env)
                             )
                             oj.append(job_time(d / "times"))
-                        row = {"mode": mode, "procs": procs, "target": target, "direct_s": statistics.median(direct),
-                               "launchkit_s": statistics.median(ours), "fixed_s": fixed,
-                               "direct_fixed_s": direct_fixed, "job_direct_s": statistics.median(dj),
-                               "job_launchkit_s": statistics.median(oj)}  # fmt: skip
+                        row = {
+                            "mode": mode,
+                            "procs": procs,
+                            "target": target,
+                            "direct_s": statistics.median(direct),
+                            "launchkit_s": statistics.median(ours),
+                            "fixed_s": fixed,
+                            "direct_fixed_s": direct_fixed,
+                            "job_direct_s": statistics.median(dj),
+                            "job_launchkit_s": statistics.median(oj),
+                        }
                         rows.append(row)
                         print(f"[bench] {row}", file=sys.stderr, flush=True)
         finally:

@@ -35,15 +35,21 @@ def two_jobs(side: Side, cap: float) -> Outcome:
     since = time.monotonic()
     if side.name == "launchkit":
         job = next(ln.split()[2] for ln in a.lines if ln.startswith("launchkit: job "))
-        subprocess.run([sys.executable, "-m", "launchkit", "kill", job, "--grace-period", "1"], env=side.env,
-                       capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "launchkit", "kill", job, "--grace-period", "1"],
+            env=side.env,
+            capture_output=True,
+            timeout=60,
+        )
     else:
         os.kill(a.proc.pid, signal.SIGTERM)
     out = finish(a, since, cap, side.message)
     b_out = finish(b, time.monotonic(), cap, side.message)
     b_done = sum(1 for ln in b.lines if "done " in ln)
-    out.message = (f"A: {out.message} / B: exit {b_out.code}, {b_done} of 2 workers done"
-                   f"{', processes left: ' + str(b_out.left) if b_out.left else ''}")  # fmt: skip
+    out.message = (
+        f"A: {out.message} / B: exit {b_out.code}, {b_done} of 2 workers done"
+        f"{', processes left: ' + str(b_out.left) if b_out.left else ''}"
+    )
     return out
 
 

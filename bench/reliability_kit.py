@@ -108,9 +108,16 @@ class Run:
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str) -> None:
         self.tag = secrets.token_hex(6)
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     stdin=subprocess.DEVNULL, env={**env, TAG: self.tag}, cwd=cwd,
-                                     start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            env={**env, TAG: self.tag},
+            cwd=cwd,
+            start_new_session=True,
+        )
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(self.proc.stdout or []), daemon=True).start()
 
@@ -223,9 +230,22 @@ class Side:
             self.message = ours_message
         else:
             self.mx_py = mxnet_python()
-            self.launch_py = str(Path(subprocess.run(
-                [self.mx_py, "-c", "import importlib.util as u; print(u.find_spec('mxnet').submodule_search_locations[0])"],
-                capture_output=True, text=True, check=True).stdout.strip()) / "tools" / "launch.py")  # fmt: skip
+            self.launch_py = str(
+                Path(
+                    subprocess.run(
+                        [
+                            self.mx_py,
+                            "-c",
+                            "import importlib.util as u; print(u.find_spec('mxnet').submodule_search_locations[0])",
+                        ],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    ).stdout.strip()
+                )
+                / "tools"
+                / "launch.py"
+            )
             (Path(workdir) / "mxprog.py").write_text(MXPROG)
             self.script = "mxprog.py"
             self.env = {
@@ -238,10 +258,34 @@ class Side:
 
     def argv(self, extra: Sequence[str] = (), steps: int = 400, prog: Sequence[str] = ()) -> list[str]:
         if self.name == "launchkit":
-            return [sys.executable, "-m", "launchkit", "launch", "-n", "2", "-s", "1", "--launcher", "local",
-                    "--grace-period", "1", "--env", "PS_HEARTBEAT_INTERVAL:0.5", "--env", "PS_HEARTBEAT_TIMEOUT:2",
-                    "--env", "PS_START_TIMEOUT:5", *extra, sys.executable, str(TRAINPROG), "--steps", str(steps),
-                    "--delay", "0.05", *prog]  # fmt: skip
+            return [
+                sys.executable,
+                "-m",
+                "launchkit",
+                "launch",
+                "-n",
+                "2",
+                "-s",
+                "1",
+                "--launcher",
+                "local",
+                "--grace-period",
+                "1",
+                "--env",
+                "PS_HEARTBEAT_INTERVAL:0.5",
+                "--env",
+                "PS_HEARTBEAT_TIMEOUT:2",
+                "--env",
+                "PS_START_TIMEOUT:5",
+                *extra,
+                sys.executable,
+                str(TRAINPROG),
+                "--steps",
+                str(steps),
+                "--delay",
+                "0.05",
+                *prog,
+            ]
         args = [
             self.launch_py,
             "-n",
@@ -255,8 +299,10 @@ class Side:
             "mxprog.py",
             str(steps),
         ]
-        run = ("import runpy, sys, threading; threading.Thread.isAlive = threading.Thread.is_alive; "
-               f"sys.argv = {args!r}; runpy.run_path(sys.argv[0], run_name='__main__')")  # fmt: skip
+        run = (
+            "import runpy, sys, threading; threading.Thread.isAlive = threading.Thread.is_alive; "
+            f"sys.argv = {args!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+        )
         return [self.mx_py, "-c", run]
 
     def start(self, extra: Sequence[str] = (), steps: int = 400, prog: Sequence[str] = ()) -> Run:

@@ -79,18 +79,48 @@ class SshSide:
     def start(self, extra: list[str] | None = None) -> Run:
         extra = extra or []
         if self.side.name == "launchkit":
-            flags = ["--launcher", "ssh", "-H", str(self.hostfile), "-i", str(self.group.identity), "--known-hosts",
-                     str(self.group.known_hosts), "--sync-dst-dir", "/srv/lkjob", "--heartbeat-timeout", "2",
-                     "--connect-timeout", "2", *extra]  # fmt: skip
+            flags = [
+                "--launcher",
+                "ssh",
+                "-H",
+                str(self.hostfile),
+                "-i",
+                str(self.group.identity),
+                "--known-hosts",
+                str(self.group.known_hosts),
+                "--sync-dst-dir",
+                "/srv/lkjob",
+                "--heartbeat-timeout",
+                "2",
+                "--connect-timeout",
+                "2",
+                *extra,
+            ]
             argv = self.side.argv(flags)  # the last --launcher counts
             i = argv.index(str(TRAINPROG))  # the hosts' python runs the synced copy
             argv[i - 1 : i + 1] = [HOST_TC_PYTHON, TRAINPROG.name]
         else:
-            args = [self.side.launch_py, "-n", "2", "-s", "1", "-H", str(self.hostfile), "--launcher", "ssh",
-                    "--sync-dst-dir", "/srv/mxjob", self.side.mx_py, "mxprog.py", "400"]  # fmt: skip
-            run = ("import runpy, sys, threading; threading.Thread.isAlive = threading.Thread.is_alive; "
-                   "import dmlc_tracker.tracker as t; t.get_host_ip = lambda host_ip=None: '10.231.0.1'; "
-                   f"sys.argv = {args!r}; runpy.run_path(sys.argv[0], run_name='__main__')")  # fmt: skip
+            args = [
+                self.side.launch_py,
+                "-n",
+                "2",
+                "-s",
+                "1",
+                "-H",
+                str(self.hostfile),
+                "--launcher",
+                "ssh",
+                "--sync-dst-dir",
+                "/srv/mxjob",
+                self.side.mx_py,
+                "mxprog.py",
+                "400",
+            ]
+            run = (
+                "import runpy, sys, threading; threading.Thread.isAlive = threading.Thread.is_alive; "
+                "import dmlc_tracker.tracker as t; t.get_host_ip = lambda host_ip=None: '10.231.0.1'; "
+                f"sys.argv = {args!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+            )
             argv = [self.side.mx_py, "-c", run]
         return Run(argv, self.env, str(self.dir))
 
@@ -124,8 +154,24 @@ def unreachable(s: SshSide, cap: float) -> Outcome:
 
 def sigkill_during_rsync(s: SshSide, cap: float) -> Outcome:
     for h in s.group:
-        subprocess.run(["tc", "qdisc", "replace", "dev", h.veth, "root", "tbf", "rate", "8mbit", "burst", "32kb",
-                        "latency", "400ms"], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                "tc",
+                "qdisc",
+                "replace",
+                "dev",
+                h.veth,
+                "root",
+                "tbf",
+                "rate",
+                "8mbit",
+                "burst",
+                "32kb",
+                "latency",
+                "400ms",
+            ],
+            check=True,
+        )
     (s.dir / "data.bin").write_bytes(os.urandom(6 << 20))
     try:
         run = s.start()
@@ -145,8 +191,14 @@ def sigkill_during_rsync(s: SshSide, cap: float) -> Outcome:
                 break
             time.sleep(0.2)
         end_all(run.tag)
-        return Outcome(-9, gone if gone is not None else cap, "nothing printed: the launcher is gone", left or 0, 0,
-                       gone=gone is not None)  # fmt: skip
+        return Outcome(
+            -9,
+            gone if gone is not None else cap,
+            "nothing printed: the launcher is gone",
+            left or 0,
+            0,
+            gone=gone is not None,
+        )
     finally:
         (s.dir / "data.bin").unlink()
         for h in s.group:

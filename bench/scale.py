@@ -60,9 +60,24 @@ UP = 'echo "UP $(date +%s.%N)"; exec sleep 600'
 
 def launch_argv(group: HostGroup, hostfile: Path, procs: int, program: list[str]) -> list[str]:
     """``launchkit launch`` of ``procs`` workers of ``program`` over ``group`` (no servers, no dashboard)."""
-    return [sys.executable, "-m", "launchkit", "launch", "-H", str(hostfile), "-i", str(group.identity),
-            "--known-hosts", str(group.known_hosts), "--no-dashboard", "-n", str(procs), "-s", "0",
-            *program]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "launchkit",
+        "launch",
+        "-H",
+        str(hostfile),
+        "-i",
+        str(group.identity),
+        "--known-hosts",
+        str(group.known_hosts),
+        "--no-dashboard",
+        "-n",
+        str(procs),
+        "-s",
+        "0",
+        *program,
+    ]
 
 
 def pdsh_argv(group: HostGroup, command: str, fanout: int | None = None) -> tuple[list[str], dict[str, str]]:
@@ -76,9 +91,25 @@ def pdsh_argv(group: HostGroup, command: str, fanout: int | None = None) -> tupl
 def mpirun_argv(group: HostGroup, per_host: int, program: list[str]) -> list[str]:
     """Open MPI's ``mpirun`` of ``per_host`` ranks of ``program`` on every host of ``group``."""
     hosts = ",".join(f"{h.address}:{per_host}" for h in group)
-    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(per_host * len(group)), "--host", hosts,
-            "--mca", "plm_rsh_args", shlex.join(group.ssh_options()), "--mca", "oob_tcp_if_include",
-            "10.231.0.0/24", "--mca", "btl_tcp_if_include", "10.231.0.0/24", *program]  # fmt: skip
+    return [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        str(per_host * len(group)),
+        "--host",
+        hosts,
+        "--mca",
+        "plm_rsh_args",
+        shlex.join(group.ssh_options()),
+        "--mca",
+        "oob_tcp_if_include",
+        "10.231.0.0/24",
+        "--mca",
+        "btl_tcp_if_include",
+        "10.231.0.0/24",
+        *program,
+    ]
 
 
 class Launcher:
@@ -94,8 +125,16 @@ class Launcher:
         self.procs, self.ups, self.threads = procs, [], 0
         self.all_up = threading.Event()
         self.t0 = time.time()
-        self.proc = subprocess.Popen(argv, cwd="/", env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            argv,
+            cwd="/",
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
         self.err: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=lambda: self.err.extend(self.proc.stderr or []), daemon=True).start()
@@ -172,8 +211,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def launchkit_round(group: HostGroup, hostfile: Path, home: str, procs: int, idle: float,
-                    code: str | None = None) -> dict[str, float]:  # fmt: skip
+def launchkit_round(
+    group: HostGroup, hostfile: Path, home: str, procs: int, idle: float, code: str | None = None
+) -> dict[str, float]:
     out: dict[str, float] = {}
     quiet()
     lk = Launcher(group, hostfile, home, procs, code)
@@ -185,8 +225,13 @@ def launchkit_round(group: HostGroup, hostfile: Path, home: str, procs: int, idl
     out["launchkit: threads (peak)"] = lk.threads
     job = lk.job_id(home)
     t0 = time.time()
-    kill = subprocess.Popen([sys.executable, "-m", "launchkit", "kill", job], env=lk.env, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    kill = subprocess.Popen(
+        [sys.executable, "-m", "launchkit", "kill", job],
+        env=lk.env,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     gone, rss, cpu = until_gone(job, lk, t0)
     _, err = kill.communicate(timeout=300)
     if kill.returncode != 0:
@@ -215,16 +260,30 @@ def pdsh_round(group: HostGroup) -> float:
     return time.time() - t0
 
 
-def up_times(argv_list: list[list[str]], procs: int, stop: Callable[[list[subprocess.Popen[str]]], None],
-             env: dict[str, str] | None = None) -> float:  # fmt: skip
+def up_times(
+    argv_list: list[list[str]],
+    procs: int,
+    stop: Callable[[list[subprocess.Popen[str]]], None],
+    env: dict[str, str] | None = None,
+) -> float:
     """Start every argv at once; the time to the ``procs``-th UP line of their outputs."""
     ups: list[float] = []
     lock = threading.Lock()
     done = threading.Event()
     quiet()
     t0 = time.time()
-    started = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                text=True, env=env, start_new_session=True) for a in argv_list]  # fmt: skip
+    started = [
+        subprocess.Popen(
+            a,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        for a in argv_list
+    ]
 
     def read(p: subprocess.Popen[str]) -> None:
         for line in p.stdout or []:
@@ -256,8 +315,11 @@ def mpirun_round(group: HostGroup, per_host: int) -> float:
 
 
 def ssh_each_round(group: HostGroup, per_host: int) -> float:
-    argvs = [["ssh", *group.ssh_options(), f"root@{h.address}", f"exec sh -c {shlex.quote(UP)}"]
-             for h in group for _ in range(per_host)]  # fmt: skip
+    argvs = [
+        ["ssh", *group.ssh_options(), f"root@{h.address}", f"exec sh -c {shlex.quote(UP)}"]
+        for h in group
+        for _ in range(per_host)
+    ]
 
     def stop(ps: list[subprocess.Popen[str]]) -> None:  # the remote processes end with their ssh session
         for p in ps:
@@ -270,8 +332,12 @@ def ssh_each_round(group: HostGroup, per_host: int) -> float:
 
 def ensure_pdsh() -> None:
     if shutil.which("pdsh") is None:
-        subprocess.run(["apt-get", "install", "-y", "-q", "pdsh"], check=True, capture_output=True,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})  # fmt: skip
+        subprocess.run(
+            ["apt-get", "install", "-y", "-q", "pdsh"],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
 
 
 def measure(
@@ -329,8 +395,11 @@ def main() -> None:
     print("| hosts | " + " | ".join(keys) + " |")
     print("|---|" + "---|" * len(keys))
     for r in rows:
-        print(f"| {r['hosts']} | " + " | ".join(f"{r[k]:.2f}" if isinstance(r[k], float) else str(r[k])
-                                               for k in keys) + " |")  # fmt: skip
+        print(
+            f"| {r['hosts']} | "
+            + " | ".join(f"{r[k]:.2f}" if isinstance(r[k], float) else str(r[k]) for k in keys)
+            + " |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -88,8 +88,9 @@ def run(argv: list[str], out: Path, start: float, env: dict[str, str] | None = N
     """Run a tool, its output to ``out``; (seconds from ``start`` to its exit, the machine's busy
     CPU seconds from ``start`` to its exit)."""
     with out.open("wb") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv, stdout=f, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
         time.sleep(max(0.0, start - time.time()))
         busy0 = machine_busy()
         _, err = proc.communicate(timeout=600)
@@ -99,8 +100,9 @@ def run(argv: list[str], out: Path, start: float, env: dict[str, str] | None = N
     return ended - start, busy - busy0
 
 
-def launchkit(group: HostGroup, hostfile: Path, home: str, procs: int, start: float, lines: int,
-              out: Path) -> tuple[float, float]:  # fmt: skip
+def launchkit(
+    group: HostGroup, hostfile: Path, home: str, procs: int, start: float, lines: int, out: Path
+) -> tuple[float, float]:
     argv = launch_argv(group, hostfile, procs, chatty(start, lines))
     return run(argv, out, start, {**os.environ, "LAUNCHKIT_HOME": home})
 

@@ -66,8 +66,10 @@ def launch(group: HostGroup, per_host: int, rows: list[tuple[str, float, float, 
     if errors:
         raise SystemExit(f"unreachable: {errors}")
     job = f"prof{os.getpid()}"
-    agents = [HostAgent(h, conns[h], job, hb_interval=1.0, hb_timeout=10.0, grace=1.0, interface=None)
-              for h in hosts]  # fmt: skip
+    agents = [
+        HostAgent(h, conns[h], job, hb_interval=1.0, hb_timeout=10.0, grace=1.0, interface=None)
+        for h in hosts
+    ]
     timed("launchkit: start every watchdog", lambda: ssh.on_each(lambda a: a.start(10.0), agents), rows)
     procs = []
 
@@ -93,14 +95,37 @@ def traced_launch(group: HostGroup, per_host: int, home: str, start_profile: str
     hostfile = group.write_hostfile(Path(home) / "hosts", slots=per_host)
     procs = per_host * len(group)
     t0 = time.time()
-    argv = [sys.executable, "-m", "bench.scale_trace", "launch", "-H", str(hostfile), "-i", str(group.identity),
-            "--known-hosts", str(group.known_hosts), "--no-dashboard", "-n", str(procs), "-s", "0",
-            'echo "UP $(date +%s.%N)"; exec sleep 600']  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.scale_trace",
+        "launch",
+        "-H",
+        str(hostfile),
+        "-i",
+        str(group.identity),
+        "--known-hosts",
+        str(group.known_hosts),
+        "--no-dashboard",
+        "-n",
+        str(procs),
+        "-s",
+        "0",
+        'echo "UP $(date +%s.%N)"; exec sleep 600',
+    ]
     env = {**os.environ, "LAUNCHKIT_HOME": home, "LK_TRACE_T0": repr(t0), "PYTHONPATH": str(ROOT)}
     if start_profile:  # the supervisor's start of the processes under cProfile (bench.scale_trace)
         env["LK_TRACE_PROFILE"] = str(Path(start_profile).resolve())
-    lk = subprocess.Popen(argv, cwd="/", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    lk = subprocess.Popen(
+        argv,
+        cwd="/",
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     ups: list[float] = []
     trace: list[str] = []
     threading.Thread(target=lambda: trace.extend(lk.stderr or []), daemon=True).start()
@@ -121,8 +146,10 @@ def traced_launch(group: HostGroup, per_host: int, home: str, start_profile: str
         if line.startswith("TRACE"):
             _, name, start, end, cpu, busy = line.split()
             base = float(busy) if base is None else base
-            print(f"  {name:32} {float(start):7.2f} -> {float(end):7.2f} s   cpu {float(cpu):.2f} s"
-                  f"   machine cpu {float(busy) - base:.2f} s")  # fmt: skip
+            print(
+                f"  {name:32} {float(start):7.2f} -> {float(end):7.2f} s   cpu {float(cpu):.2f} s"
+                f"   machine cpu {float(busy) - base:.2f} s"
+            )
 
 
 def main() -> None:

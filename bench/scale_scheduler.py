@@ -113,9 +113,16 @@ class OneAtATime(Source):
 
 
 def config(workers: int, servers: int) -> NodeConfig:
-    env = {"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9",
-           "DMLC_NUM_SERVER": str(servers), "DMLC_NUM_WORKER": str(workers), "LAUNCHKIT_JOB_SECRET": "s",
-           "PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "60"}  # fmt: skip
+    env = {
+        "DMLC_ROLE": "scheduler",
+        "DMLC_PS_ROOT_URI": "127.0.0.1",
+        "DMLC_PS_ROOT_PORT": "9",
+        "DMLC_NUM_SERVER": str(servers),
+        "DMLC_NUM_WORKER": str(workers),
+        "LAUNCHKIT_JOB_SECRET": "s",
+        "PS_HEARTBEAT_INTERVAL": "1",
+        "PS_HEARTBEAT_TIMEOUT": "60",
+    }
     return NodeConfig.from_environ(env)
 
 
@@ -217,8 +224,10 @@ def main() -> None:
     print("| | " + " | ".join(f"{r['nodes']:,} nodes" for r in results) + " |")
     print("|---|" + "---|" * len(results))
     for k in keys:
-        cells = [f"{r[k]:.3f}" if isinstance(r[k], float) else f"{r[k]:,}" if isinstance(r[k], int) else str(r[k])
-                 for r in results]  # fmt: skip
+        cells = [
+            f"{r[k]:.3f}" if isinstance(r[k], float) else f"{r[k]:,}" if isinstance(r[k], int) else str(r[k])
+            for r in results
+        ]
         print(f"| {k} | " + " | ".join(cells) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

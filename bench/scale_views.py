@@ -54,8 +54,13 @@ def synthetic_job(procs: int, hosts: int) -> tuple[Any, list[_Proc], Any]:
     from launchkit.telemetry.model import HISTORY, JobMetrics
 
     servers = procs // 16 - 1
-    spec = LaunchSpec(num_workers=procs - 1 - servers, num_servers=servers, command=("python3", "train.py"),
-                      backend="ssh", hosts=tuple(Host(f"node{h:03d}") for h in range(hosts)))  # fmt: skip
+    spec = LaunchSpec(
+        num_workers=procs - 1 - servers,
+        num_servers=servers,
+        command=("python3", "train.py"),
+        backend="ssh",
+        hosts=tuple(Host(f"node{h:03d}") for h in range(hosts)),
+    )
     plan = make_plan(
         spec,
         caps=backends.capabilities(spec.backend),
@@ -74,13 +79,31 @@ def synthetic_job(procs: int, hosts: int) -> tuple[Any, list[_Proc], Any]:
     for t in range(HISTORY):
         for task in plan.tasks[1:]:
             behind = 3 if (task.role, task.rank) == ("worker", 917) else 0  # one straggler
-            figures = {"step": 10.0 * t - behind * t, "loss": 2.0 / (1 + t), "samples_total": 320.0 * t,
-                       "compression_ratio": 16.0, "bytes_pushed": 1e6 * t, "bytes_pulled": 1e6 * t,
-                       "push_ms": 1.0, "pull_ms": 1.2, "heartbeat_age_s": 0.2, "registered": 1.0}  # fmt: skip
+            figures = {
+                "step": 10.0 * t - behind * t,
+                "loss": 2.0 / (1 + t),
+                "samples_total": 320.0 * t,
+                "compression_ratio": 16.0,
+                "bytes_pushed": 1e6 * t,
+                "bytes_pulled": 1e6 * t,
+                "push_ms": 1.0,
+                "pull_ms": 1.2,
+                "heartbeat_age_s": 0.2,
+                "registered": 1.0,
+            }
             model.node_report(task.role, task.rank, t0 + t, figures)
         for h in range(hosts):
-            model.host_report(f"node{h:03d}", t0 + t, {"load1": 3.0, "mem_used": 2**33, "mem_total": 2**35,
-                                                       "net_rx_bytes": 1e8 * t, "net_tx_bytes": 9e7 * t})  # fmt: skip
+            model.host_report(
+                f"node{h:03d}",
+                t0 + t,
+                {
+                    "load1": 3.0,
+                    "mem_used": 2**33,
+                    "mem_total": 2**35,
+                    "net_rx_bytes": 1e8 * t,
+                    "net_tx_bytes": 9e7 * t,
+                },
+            )
     for p in running:
         model.procs[(f"{p.task.host}.cluster", p.handle.pid)] = (50.0, 2**29)  # the sampler says its own name
     return plan, running, model
@@ -148,10 +171,14 @@ def commands(plan: Any, state: Any, home: str) -> dict[str, float]:
     from launchkit.jobs import records as jobs
 
     rec = jobs.started_here(
-        id=plan.job_id, name=plan.job_name, backend="ssh", hosts=tuple(sorted({str(t.host) for t in plan.tasks})),
-        command=("python3", "train.py"), cwd="/",
+        id=plan.job_id,
+        name=plan.job_name,
+        backend="ssh",
+        hosts=tuple(sorted({str(t.host) for t in plan.tasks})),
+        command=("python3", "train.py"),
+        cwd="/",
         processes=tuple(jobs.ProcessRecord(r.role, r.rank, r.host, r.pid) for r in state.rows),
-    )  # fmt: skip
+    )
     jobs.save(rec)
     live.write(state)
     for t in plan.tasks:
@@ -165,8 +192,11 @@ def commands(plan: Any, state: Any, home: str) -> dict[str, float]:
 
     ui = Ui(Console(file=io.StringIO(), width=160, height=50, force_terminal=True))
     source = Source(ui, plan.job_id, rec)
-    out = {"top's refresh on a 160x50 terminal (in process: record, live file, frame)":
-           _median_ms(lambda: ui.out.print(frame(ui, source.state())), 10)}  # fmt: skip
+    out = {
+        "top's refresh on a 160x50 terminal (in process: record, live file, frame)": _median_ms(
+            lambda: ui.out.print(frame(ui, source.state())), 10
+        )
+    }
     env = {**os.environ, "LAUNCHKIT_HOME": home, "COLUMNS": "160", "LINES": "50"}
     runs = {
         "launchkit ps": ["ps"],
@@ -185,8 +215,14 @@ def commands(plan: Any, state: Any, home: str) -> dict[str, float]:
         times = []
         for _ in range(3):
             a = time.perf_counter()
-            res = subprocess.run([sys.executable, "-m", "launchkit", *argv], env=env, capture_output=True, text=True,
-                                 cwd=ROOT, check=False)  # fmt: skip
+            res = subprocess.run(
+                [sys.executable, "-m", "launchkit", *argv],
+                env=env,
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                check=False,
+            )
             times.append(time.perf_counter() - a)
             if res.returncode != 0:
                 raise SystemExit(f"{name}: exit {res.returncode}: {res.stderr[-2000:]}")

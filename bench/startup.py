@@ -108,11 +108,19 @@ def main() -> None:
     launch_py = str(
         Path(
             subprocess.run(
-                [mx_py, "-c", "import importlib.util as u; print(u.find_spec('mxnet').submodule_search_locations[0])"],
-                capture_output=True, text=True, check=True,
+                [
+                    mx_py,
+                    "-c",
+                    "import importlib.util as u; print(u.find_spec('mxnet').submodule_search_locations[0])",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
             ).stdout.strip()
-        ) / "tools" / "launch.py"
-    )  # fmt: skip
+        )
+        / "tools"
+        / "launch.py"
+    )
     w, s = str(args.workers), str(args.servers)
     runs: dict[str, list[dict[str, float]]] = {"launchkit + trainer_core": [], "MXNet launch.py + MXNet": []}
     with tempfile.TemporaryDirectory() as d:

@@ -35,8 +35,13 @@ from bench.torch_step_workers import STEP  # noqa: E402
 
 WORKERS, WARMUP = 4, 3
 #: (column, program kind, servers, compression)
-RUNS = (("tc allreduce 32-bit", "tc", 0, "none"), ("tc allreduce 1-bit", "tc", 0, "1bit"),
-        ("tc ps 32-bit", "tc", 1, "none"), ("tc ps 1-bit", "tc", 1, "1bit"), ("DDP gloo", "ddp", 0, "none"))  # fmt: skip
+RUNS = (
+    ("tc allreduce 32-bit", "tc", 0, "none"),
+    ("tc allreduce 1-bit", "tc", 0, "1bit"),
+    ("tc ps 32-bit", "tc", 1, "none"),
+    ("tc ps 1-bit", "tc", 1, "1bit"),
+    ("DDP gloo", "ddp", 0, "none"),
+)
 
 
 def write_programs(job: Path) -> None:
@@ -46,8 +51,22 @@ def write_programs(job: Path) -> None:
 
 def local(job: Path, servers: int, spec: list[str]) -> dict:
     threads = [a for k in allreduce_hosts.THREADS for a in ("--env", f"{k}:1")]
-    argv = [sys.executable, "-m", "launchkit", "launch", "--launcher", "local", "-n", str(WORKERS),
-            "-s", str(servers), *threads, sys.executable, "step.py", *spec]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "launchkit",
+        "launch",
+        "--launcher",
+        "local",
+        "-n",
+        str(WORKERS),
+        "-s",
+        str(servers),
+        *threads,
+        sys.executable,
+        "step.py",
+        *spec,
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "LAUNCHKIT_"))}
     env["PYTHONPATH"] = str(REPO)
     env["LAUNCHKIT_HOME"] = str(job.parent / "home")
@@ -108,12 +127,17 @@ def table(info: dict) -> str:
     lines = [
         f"# {WORKERS} workers, 16 samples each per step, median ms of rank 0's steps; ratio = DDP / trainer_core"
         + (f"; torch threads per worker: {', '.join(map(str, threads))}" if threads else "")
-        + (f"; capped links: one TCP stream {info['stream_gbps']:.3f} Gbit/s" if "stream_gbps" in info else ""),
+        + (
+            f"; capped links: one TCP stream {info['stream_gbps']:.3f} Gbit/s"
+            if "stream_gbps" in info
+            else ""
+        ),
         "",
-        "| model (parameters) | where | " + " | ".join(f"{c} ms" for c in cols)
+        "| model (parameters) | where | "
+        + " | ".join(f"{c} ms" for c in cols)
         + " | DDP / tc 32-bit allreduce | DDP / tc 1-bit allreduce |",
         "|---|---|" + "---|" * (len(cols) + 2),
-    ]  # fmt: skip
+    ]
     for r in info["rows"]:
         ddp, t32, t1 = r.get("DDP gloo"), r.get(cols[0]), r.get(cols[1])
         lines.append(

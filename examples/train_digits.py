@@ -91,15 +91,40 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--learner", default="data_parallel", choices=LEARNERS)
     p.add_argument("--compression", default="none", choices=sorted(COMPRESSION))
-    p.add_argument("--threshold", type=float, default=0.05, help="2bit threshold, on the gradients' scale (periodic learners: times lr and local steps per sync)")  # fmt: skip
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.05,
+        help="2bit threshold, on the gradients' scale (periodic learners: times lr and local steps per sync)",
+    )
     p.add_argument("--topk-ratio", type=float, default=0.01, help="fraction of values topk sends")
-    p.add_argument("--block-size", type=int, default=0, help="block_momentum: samples per block over all workers (default: 2 minibatches per worker)")  # fmt: skip
-    p.add_argument("--sync-period", type=int, default=0, help="model_averaging: samples per worker between averages (default: 4 minibatches)")  # fmt: skip
-    p.add_argument("--distributed-after", type=int, default=None, help="samples per worker trained locally first (default: one epoch for block_momentum, else 0)")  # fmt: skip
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=0,
+        help="block_momentum: samples per block over all workers (default: 2 minibatches per worker)",
+    )
+    p.add_argument(
+        "--sync-period",
+        type=int,
+        default=0,
+        help="model_averaging: samples per worker between averages (default: 4 minibatches)",
+    )
+    p.add_argument(
+        "--distributed-after",
+        type=int,
+        default=None,
+        help="samples per worker trained locally first (default: one epoch for block_momentum, else 0)",
+    )
     p.add_argument("--checkpoint", default=None, help="a .npz file rank 0 writes after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
     p.add_argument("--kvstore", default=None, help="dist_sync (dist_async for --learner async), or local")
-    p.add_argument("--comm", default="ps", choices=["ps", "allreduce"], help="sum through the parameter servers, or allreduce among the workers (-s 0)")  # fmt: skip
+    p.add_argument(
+        "--comm",
+        default="ps",
+        choices=["ps", "allreduce"],
+        help="sum through the parameter servers, or allreduce among the workers (-s 0)",
+    )
     return p.parse_args()
 
 
@@ -238,9 +263,15 @@ def save_checkpoint(
         comm.barrier()  # every worker file is of this step before rank 0's checkpoint is
         if comm.is_main():
             checkpoint.save(
-                args.checkpoint, params=model.params, learner=learner, residuals=residuals, step=step,
-                epoch=epoch, compression=comp, extra={"learner": args.learner, "comm": args.comm},
-            )  # fmt: skip
+                args.checkpoint,
+                params=model.params,
+                learner=learner,
+                residuals=residuals,
+                step=step,
+                epoch=epoch,
+                compression=comp,
+                extra={"learner": args.learner, "comm": args.comm},
+            )
         comm.barrier()  # rank 0's is written before any worker file moves on to the next step
         return
     state = getattr(kv, "compression_state", None)
@@ -250,9 +281,16 @@ def save_checkpoint(
     server = kv.server_state()
     if kv.rank == 0:
         checkpoint.save(
-            args.checkpoint, params=model.params, learner=learner, residuals=residuals, step=step,
-            epoch=epoch, compression=comp, extra={"learner": args.learner}, server_state=server,
-        )  # fmt: skip
+            args.checkpoint,
+            params=model.params,
+            learner=learner,
+            residuals=residuals,
+            step=step,
+            epoch=epoch,
+            compression=comp,
+            extra={"learner": args.learner},
+            server_state=server,
+        )
 
 
 def main() -> None:
@@ -284,9 +322,11 @@ def main() -> None:
     main_rank = learner.communicator().is_main()
     if main_rank:
         resumed = f", resumed at epoch {start_epoch}" if ck is not None else ""
-        print(f"{workers} workers, {steps} steps of {args.batch_size} per worker per epoch, "
-              f"{model.num_parameters()} parameters, {args.learner}, compression {args.compression}{resumed}",
-              flush=True)  # fmt: skip
+        print(
+            f"{workers} workers, {steps} steps of {args.batch_size} per worker per epoch, "
+            f"{model.num_parameters()} parameters, {args.learner}, compression {args.compression}{resumed}",
+            flush=True,
+        )
     dist_steps = 0  # steps trained distributed (the warm start's local steps move no bytes)
     before = wire_counters(kv)  # training traffic only: not the setup's exchanges
     unreported = 0  # samples trained since the last metrics report
@@ -312,13 +352,19 @@ def main() -> None:
         if main_rank:
             acc = model.accuracy(x_test, y_test)
             metrics.report(epoch=epoch + 1, accuracy=acc)
-            print(f"epoch {epoch + 1:3d}  loss {np.mean(losses):.4f}  test accuracy {acc * 100:.2f}%  "
-                  f"({time.monotonic() - t0:.2f}s)", flush=True)  # fmt: skip
+            print(
+                f"epoch {epoch + 1:3d}  loss {np.mean(losses):.4f}  test accuracy {acc * 100:.2f}%  "
+                f"({time.monotonic() - t0:.2f}s)",
+                flush=True,
+            )
     if main_rank:
         per_step, how = wire_bytes_per_step(kv, learner, dist_steps, before)
         raw = 2 * 4 * model.num_parameters()
-        print(f"wire: {per_step:.0f} bytes per step per worker ({how}; 32-bit push+pull {raw}, "
-              f"{raw / max(per_step, 1e-9):.1f}x less)", flush=True)  # fmt: skip
+        print(
+            f"wire: {per_step:.0f} bytes per step per worker ({how}; 32-bit push+pull {raw}, "
+            f"{raw / max(per_step, 1e-9):.1f}x less)",
+            flush=True,
+        )
     comm.barrier()
     comm.finalize()  # closes the KV store, or the group (every worker leaves the job)
 

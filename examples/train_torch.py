@@ -56,10 +56,17 @@ def load_digits(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, to
 
 def make_model() -> torch.nn.Module:
     return torch.nn.Sequential(
-        torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),  # 16 x 4 x 4
-        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),  # 32 x 2 x 2
-        torch.nn.Flatten(), torch.nn.Linear(128, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10),
-    )  # fmt: skip
+        torch.nn.Conv2d(1, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),  # 16 x 4 x 4
+        torch.nn.Conv2d(16, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),  # 32 x 2 x 2
+        torch.nn.Flatten(),
+        torch.nn.Linear(128, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 10),
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -85,7 +92,9 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def resume(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator) -> int:  # fmt: skip
+def resume(
+    args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator
+) -> int:
     """The epoch to start from: the checkpoint's (model, optimizer, residuals and this rank's data
     order restored), or 0 without one."""
     try:
@@ -117,9 +126,11 @@ def main() -> None:
         server = SGD(learning_rate=lr, momentum=args.momentum)
     try:
         opt = hvd.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum), named_parameters=model.named_parameters(),
-            compression=compression(args.compression, args.threshold), server_optimizer=server,
-        )  # fmt: skip
+            torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum),
+            named_parameters=model.named_parameters(),
+            compression=compression(args.compression, args.threshold),
+            server_optimizer=server,
+        )
     except ValueError as e:  # a choice this path cannot take (powersgd through servers)
         print(f"train_torch.py: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -151,7 +162,10 @@ def main() -> None:
             checkpoint.save(args.checkpoint, epoch + 1, model, opt, {"generator": gen.get_state()})
         if rank == 0:
             rate = steps * args.batch_size * size / seconds
-            print(f"epoch {epoch + 1:3d}  loss {float(mean_loss):.4f}  test accuracy {acc:.2f}%  {rate:.0f} samples/s", flush=True)  # fmt: skip
+            print(
+                f"epoch {epoch + 1:3d}  loss {float(mean_loss):.4f}  test accuracy {acc:.2f}%  {rate:.0f} samples/s",
+                flush=True,
+            )
     hvd.shutdown()
 
 

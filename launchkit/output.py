@@ -95,8 +95,15 @@ class Kept(Protocol):
 class Source:
     """One stream of one process."""
 
-    def __init__(self, fd: int, stream: str, prefix: bytes, tail: deque[str], log: IO[bytes] | None,
-                 kept: Kept | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        fd: int,
+        stream: str,
+        prefix: bytes,
+        tail: deque[str],
+        log: IO[bytes] | None,
+        kept: Kept | None = None,
+    ) -> None:
         self.kept = kept
         self.fd = fd
         self.stream = stream
@@ -139,8 +146,9 @@ def _through_pipe(stream: IO[bytes]) -> int:
 
 
 class Merger:
-    def __init__(self, sink: Sink, on_log_error: Callable[[OSError], None] | None = None,
-                 tail_lines: int = 20) -> None:  # fmt: skip
+    def __init__(
+        self, sink: Sink, on_log_error: Callable[[OSError], None] | None = None, tail_lines: int = 20
+    ) -> None:
         self.sink = sink
         self.on_log_error = on_log_error
         self.tail_lines = tail_lines
@@ -157,8 +165,15 @@ class Merger:
         self._logs: list[IO[bytes]] = []
         self._flushed_at = 0.0  # when the files were last flushed
 
-    def add(self, stream: IO[bytes], name: str, prefix: bytes, tail: deque[str],
-            log: IO[bytes] | None = None, kept: Kept | None = None) -> Source:  # fmt: skip
+    def add(
+        self,
+        stream: IO[bytes],
+        name: str,
+        prefix: bytes,
+        tail: deque[str],
+        log: IO[bytes] | None = None,
+        kept: Kept | None = None,
+    ) -> Source:
         try:
             fd = os.dup(stream.fileno())  # ours to close, whatever the handle does with its own
             self._poll.register(fd, select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR)

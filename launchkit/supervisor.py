@@ -126,9 +126,16 @@ class Supervisor:
         log = self.writer.dashboard.log if isinstance(self.writer, LineSink) else self.writer.log
         model = telemetry.model if telemetry else None
         self.publisher = Publisher(
-            plan, ui, dashboard, model, log, attempt, record.started_at if record else None, backend.status,
+            plan,
+            ui,
+            dashboard,
+            model,
+            log,
+            attempt,
+            record.started_at if record else None,
+            backend.status,
             here=backend.capabilities.here,
-        )  # fmt: skip
+        )
         self._root: _Running | None = None
         self._named_by: _Running | None = None  # the process that named the root cause as failed
         self._started = time.monotonic()

@@ -7,20 +7,23 @@ side by side on ``node``, never importing each other; ``kv`` on ``ps``; ``train`
 ``compression`` and ``optim`` are leaves any layer may use, which themselves use only the base
 modules (``errors``, ``log``, ``xp``, ``config``). Neither trainer_core nor ``dmlc_env`` imports
 launchkit; ``dmlc_env`` and ``launchkit.hostside`` import only the standard library. Across all
-three packages there is no import cycle, and no module is longer than MAX_LINES.
+three packages there is no import cycle, and no module is longer than MAX_LINES (a warning past SMELL_LINES).
 """
 
 from __future__ import annotations
 
 import ast
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("launchkit", "trainer_core", "dmlc_env")
-MAX_LINES = 400
+# a module over SMELL_LINES gets a warning, one over MAX_LINES fails (test_modules_stay_small)
+SMELL_LINES = 400
+MAX_LINES = 600
 
 # trainer_core's packages and the packages each may import (besides itself, the base and the
 # leaves, which any of them may use); the graph is acyclic (``test_the_allowed_graph_is_acyclic``).
@@ -225,12 +228,14 @@ def test_no_import_cycle() -> None:
 
 
 def test_modules_stay_small() -> None:
-    long = [
-        f"{path.relative_to(ROOT)}: {n} lines"
-        for path in MODULES.values()
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
-    ]
-    assert not long, f"modules over {MAX_LINES} lines (split them):\n" + "\n".join(long)
+    """A smell detector with room: a module over SMELL_LINES is worth a look (a warning naming
+    it), one over MAX_LINES fails. Modules are cut by responsibility, not to meet a count."""
+    sizes = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
+    long = [f"{name}: {n} lines" for name, n in sorted(sizes.items()) if n > MAX_LINES]
+    assert not long, f"modules over {MAX_LINES} lines (each has more than one job?):\n" + "\n".join(long)
+    for name, n in sorted(sizes.items()):
+        if n > SMELL_LINES:
+            warnings.warn(f"{name} has {n} lines (over {SMELL_LINES}): does it have one job?", stacklevel=1)
 
 
 def lk_part(name: str) -> str:

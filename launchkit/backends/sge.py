@@ -376,9 +376,14 @@ class SgeBackend(BatchBackend):
         env.pop(dmlc_env.LAUNCHKIT_JOB_SECRET, None)
         secret = plan.tasks[0].env.get(dmlc_env.LAUNCHKIT_JOB_SECRET, secrets.token_hex(32))
         self.batch = QsubRun(
-            self._qsub(plan), job_script(self.opts.python, plan.tasks[0]), env, cwd, self.say,
-            directory=directory, secret=secret,
-        )  # fmt: skip
+            self._qsub(plan),
+            job_script(self.opts.python, plan.tasks[0]),
+            env,
+            cwd,
+            self.say,
+            directory=directory,
+            secret=secret,
+        )
         return self.batch
 
     def close(self) -> None:

@@ -86,8 +86,11 @@ def split_flag(flag: str, value: str) -> tuple[str, ...]:
 
 
 def _per_role(f: EngineFlags) -> dict[str, Any]:
-    for name, value in (("--cpus-per-server", f.cpus_per_server), ("--cpus-per-worker", f.cpus_per_worker),
-                        ("--cpus-per-task", f.cpus_per_task)):  # fmt: skip
+    for name, value in (
+        ("--cpus-per-server", f.cpus_per_server),
+        ("--cpus-per-worker", f.cpus_per_worker),
+        ("--cpus-per-task", f.cpus_per_task),
+    ):
         if value is not None and value < 1:
             raise UsageError(f"{name} must be at least 1, got {value}")
     return {
@@ -114,9 +117,13 @@ def engine_backend_options(spec: LaunchSpec, f: EngineFlags) -> dict[str, Any]:
         from launchkit.backends.yarnspec import YarnOptions
 
         options["yarn"] = YarnOptions(
-            rm_url=f.yarn_rm, user=f.yarn_user, queue=f.queue, domain=f.yarn_domain, files=f.yarn_file,
+            rm_url=f.yarn_rm,
+            user=f.yarn_user,
+            queue=f.queue,
+            domain=f.yarn_domain,
+            files=f.yarn_file,
             **_per_role(f),
-        )  # fmt: skip
+        )
     if "slurm" in takes:
         from launchkit.backends.slurm import SlurmOptions, parse_mem
 
@@ -128,8 +135,14 @@ def engine_backend_options(spec: LaunchSpec, f: EngineFlags) -> dict[str, Any]:
                 except UsageError as exc:
                     raise UsageError(f"--{name.replace('_', '-')} (or --mem): {exc.message}") from None
         options["slurm"] = SlurmOptions(
-            partition=f.partition, time=f.slurm_time, nodes=f.nodes, account=f.account, qos=f.qos,
-            constraint=f.constraint, gpus_per_worker=spec.gpus_per_worker,
-            extra=split_flag("--slurm-args", f.slurm_args), **roles,
-        )  # fmt: skip
+            partition=f.partition,
+            time=f.slurm_time,
+            nodes=f.nodes,
+            account=f.account,
+            qos=f.qos,
+            constraint=f.constraint,
+            gpus_per_worker=spec.gpus_per_worker,
+            extra=split_flag("--slurm-args", f.slurm_args),
+            **roles,
+        )
     return options

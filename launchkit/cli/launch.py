@@ -270,15 +270,32 @@ def register(app: typer.Typer) -> None:
         engine_options = engine_backend_options(
             spec,
             EngineFlags(
-                mpirun=mpirun, mpi_args=mpi_args, node_python=node_python, partition=partition,
-                slurm_time=slurm_time, nodes=nodes, account=account, qos=qos, constraint=constraint,
-                cpus_per_task=cpus_per_task, cpus_per_server=cpus_per_server,
-                cpus_per_worker=cpus_per_worker, mem=mem, mem_per_server=mem_per_server,
-                mem_per_worker=mem_per_worker, slurm_args=slurm_args, queue=queue, pe=pe,
-                sge_resource=tuple(sge_resource), sge_args=sge_args, yarn_rm=yarn_rm, yarn_user=yarn_user,
-                yarn_domain=yarn_domain, yarn_file=tuple(yarn_file),
+                mpirun=mpirun,
+                mpi_args=mpi_args,
+                node_python=node_python,
+                partition=partition,
+                slurm_time=slurm_time,
+                nodes=nodes,
+                account=account,
+                qos=qos,
+                constraint=constraint,
+                cpus_per_task=cpus_per_task,
+                cpus_per_server=cpus_per_server,
+                cpus_per_worker=cpus_per_worker,
+                mem=mem,
+                mem_per_server=mem_per_server,
+                mem_per_worker=mem_per_worker,
+                slurm_args=slurm_args,
+                queue=queue,
+                pe=pe,
+                sge_resource=tuple(sge_resource),
+                sge_args=sge_args,
+                yarn_rm=yarn_rm,
+                yarn_user=yarn_user,
+                yarn_domain=yarn_domain,
+                yarn_file=tuple(yarn_file),
             ),
-        )  # fmt: skip
+        )
         if heartbeat_timeout <= 0 or connect_timeout <= 0:
             raise UsageError("--heartbeat-timeout and --connect-timeout must be more than 0")
         # one backend, built the same way for --dry-run as for the launch, so the plan shows the

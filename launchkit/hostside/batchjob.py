@@ -88,8 +88,9 @@ class _Relay:
         self.steps: set[str] = set()  # JOB.STEP of every step a shim reported its start from
 
     def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)  # fmt: skip
+        proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         for src, fd in ((proc.stdout, 1), (proc.stderr, 2)):
             t = threading.Thread(target=self._copy, args=(src, fd), daemon=True)
             t.start()

@@ -129,8 +129,10 @@ def resolve_worker0(env: MutableMapping[str, str]) -> None:
         except TimeoutError as exc:
             if serves:
                 raise
-            sys.stderr.write(f"launchkit shim: {exc} (is the job's directory shared?): MASTER_ADDR and "
-                             "MASTER_PORT are not set; the job's scheduler is not affected\n")  # fmt: skip
+            sys.stderr.write(
+                f"launchkit shim: {exc} (is the job's directory shared?): MASTER_ADDR and "
+                "MASTER_PORT are not set; the job's scheduler is not affected\n"
+            )
             return
     env["MASTER_ADDR"], env["MASTER_PORT"] = address, str(master)
     if serves:

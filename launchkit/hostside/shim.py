@@ -210,8 +210,13 @@ def _end_job(environ: Mapping[str, str]) -> None:
     with contextlib.suppress(ValueError, TypeError, OSError, subprocess.SubprocessError):
         argv = [environ.get("JOB_ID", "") if w == "$JOB_ID" else str(w) for w in json.loads(raw)]
         # not waited for: this task's own end must be recorded before the engine acts on it
-        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)  # fmt: skip
+        subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 class _Guardian:

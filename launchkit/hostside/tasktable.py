@@ -145,8 +145,12 @@ def encode(rows: Sequence[tuple[int, Mapping[str, str]]]) -> str:
             if steps and times * period > rep * p:
                 rep, p, shifts = times, period, steps
         period_runs = runs[j : j + p]
-        groups.append({"rep": rep, "runs": [_run_json(r, shifts[q] if shifts else None)
-                                            for q, r in enumerate(period_runs)]})  # fmt: skip
+        groups.append(
+            {
+                "rep": rep,
+                "runs": [_run_json(r, shifts[q] if shifts else None) for q, r in enumerate(period_runs)],
+            }
+        )
         j += rep * p
     return json.dumps({"v": 2, "n": len(rows), "groups": groups}, separators=(",", ":"))
 

@@ -139,8 +139,11 @@ def stop_job(job_id: str, grace: float = 3.0) -> StopResult:
         ended = sum(1 for pid in running if not procscan.alive(pid))
         swept = reach.sweep(job_id, grace, grace + SWEEP_BOUND) if reach is not None else []
         # a host whose watchdog swept it: nothing of the job was left there for kill to end
-        done = [HostResult(h, True, data={"ended": 0, "watchdog": confirmed[str(h)]}) for h in unique_hosts(ran)
-                if str(h) in confirmed]  # fmt: skip
+        done = [
+            HostResult(h, True, data={"ended": 0, "watchdog": confirmed[str(h)]})
+            for h in unique_hosts(ran)
+            if str(h) in confirmed
+        ]
         order = {str(h): i for i, h in enumerate(unique_hosts(ran))}
         remote = tuple(sorted([*swept, *done], key=lambda r: order.get(str(r.host), len(order))))
     finally:

@@ -71,8 +71,14 @@ def run_cleanups(data: bytes, timeout: float = 20.0) -> None:
             continue
         if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
             with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, timeout=timeout, check=False)  # fmt: skip
+                subprocess.run(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=timeout,
+                    check=False,
+                )
 
 
 def main(argv: list[str]) -> int:

@@ -205,8 +205,15 @@ _SSH: dict[str, Any] = {
     "connect_timeout": _NUMBER, "config_file": _OPT_STR,
 }  # fmt: skip
 _PROCESS: dict[str, Any] = {"role": str, "rank": int, "host": str, "pid": _OPT_INT}
-_NAMES = {str: "a string", int: "a whole number", float: "a number", list: "a list", dict: "an object",
-          bool: "true or false", type(None): "null"}  # fmt: skip
+_NAMES = {
+    str: "a string",
+    int: "a whole number",
+    float: "a number",
+    list: "a list",
+    dict: "an object",
+    bool: "true or false",
+    type(None): "null",
+}
 
 
 def _kind(value: Any) -> str:

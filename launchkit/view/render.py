@@ -106,8 +106,10 @@ def columns(rows: list[ProcRow], width: int | None, extra: list[dict[str, str]] 
     cells = [_cells(r) for r in rows] + (extra or [])
 
     def need(cols: list[str]) -> int:  # a space either side of each cell, a rule between
-        widest = [max(cell_len(c), *(cell_len(x[c]) for x in cells)) if c != "last line" else LAST_LINE_MIN
-                  for c in cols]  # fmt: skip
+        widest = [
+            max(cell_len(c), *(cell_len(x[c]) for x in cells)) if c != "last line" else LAST_LINE_MIN
+            for c in cols
+        ]
         return sum(w + 2 for w in widest) + len(cols) - 1
 
     for col in _DROP:
@@ -131,9 +133,12 @@ def process_table(state: DashboardState, max_rows: int | None, width: int | None
         table.add_column(col, no_wrap=True, overflow="ellipsis", **kw)  # type: ignore[arg-type]
     for r in rows:
         cells = _cells(r)
-        table.add_row(*(
-            Text(cells[c], style=STATE_STYLE.get(r.state, "")) if c == "state" else Text(cells[c]) for c in shown
-        ))  # fmt: skip
+        table.add_row(
+            *(
+                Text(cells[c], style=STATE_STYLE.get(r.state, "")) if c == "state" else Text(cells[c])
+                for c in shown
+            )
+        )
     for cells in lines:
         table.add_row(*(Text(cells[c], style="dim" if c == "role" else "") for c in shown))
     if chosen.left_out:
@@ -147,8 +152,16 @@ def _host_line(line: groups.HostLine) -> dict[str, str]:
     """A host's processes in one row: how many, their states, mean CPU, total memory, roles."""
     cpu = line.cpu_percent
     n = len(line.rows)
-    return {"role": f"{n} proc{'s' if n > 1 else ''}", "rank": "", "host": line.host, "pid": "", "state": line.states,
-            "cpu": "" if cpu is None else f"{cpu:.0f}%", "mem": mem(line.rss_bytes), "last line": line.roles}  # fmt: skip
+    return {
+        "role": f"{n} proc{'s' if n > 1 else ''}",
+        "rank": "",
+        "host": line.host,
+        "pid": "",
+        "state": line.states,
+        "cpu": "" if cpu is None else f"{cpu:.0f}%",
+        "mem": mem(line.rss_bytes),
+        "last line": line.roles,
+    }
 
 
 def root_cause_panel(state: DashboardState) -> RenderableType | None:

@@ -70,8 +70,17 @@ def _typed(doc: dict[str, Any], name: str, types: Any, default: Any) -> Any:
     return value if isinstance(value, types) else default
 
 
-_ROW: dict[str, Any] = {"role": str, "rank": int, "host": str, "pid": (int, type(None)), "state": str, "detail": str,
-        "cpu_percent": (int, float, type(None)), "rss_bytes": (int, type(None)), "last_line": str}  # fmt: skip
+_ROW: dict[str, Any] = {
+    "role": str,
+    "rank": int,
+    "host": str,
+    "pid": (int, type(None)),
+    "state": str,
+    "detail": str,
+    "cpu_percent": (int, float, type(None)),
+    "rss_bytes": (int, type(None)),
+    "last_line": str,
+}
 
 
 def _row(doc: Any) -> ProcRow:
@@ -103,8 +112,13 @@ def from_json(doc: Any, training: Training | None = None) -> DashboardState:
     rc = doc.get("root_cause")
     if isinstance(rc, dict):
         lines = tuple(str(x) for x in rc.get("lines", []) if isinstance(x, str))
-        root = RootCause(str(rc.get("role", "?")), _typed(rc, "rank", int, 0), str(rc.get("host", "")),
-                         str(rc.get("detail", "")), lines)  # fmt: skip
+        root = RootCause(
+            str(rc.get("role", "?")),
+            _typed(rc, "rank", int, 0),
+            str(rc.get("host", "")),
+            str(rc.get("detail", "")),
+            lines,
+        )
     return DashboardState(
         job_id=doc["job_id"],
         name=doc["name"],

@@ -55,10 +55,29 @@ def start_waiting_job(launcher: str, cwd: Path, env: dict[str, str], *extra: str
     """A 2-worker, 1-server job whose processes wait 60 s, launched in a session of its own."""
     prog = program(cwd)
     return subprocess.Popen(
-        [*LAUNCHKIT, "launch", "--launcher", launcher, "-n", "2", "-s", "1", *extra, "python3", prog, "wait", "60"],
-        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            *LAUNCHKIT,
+            "launch",
+            "--launcher",
+            launcher,
+            "-n",
+            "2",
+            "-s",
+            "1",
+            *extra,
+            "python3",
+            prog,
+            "wait",
+            "60",
+        ],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def end_running_job(
@@ -94,8 +113,24 @@ def detach_round_trip(
     launcher: str, cwd: Path, home: Path, env: dict[str, str], gone: Callable[[str], bool]
 ) -> str:
     """--detach, then ps, logs, top and kill on the running job; returns the job id."""
-    res = run(["launch", "-n", "1", "-s", "1", "--launcher", launcher, "--detach", "python3", program(cwd), "wait", "60"],
-              cwd=cwd, env=env)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "1",
+            "-s",
+            "1",
+            "--launcher",
+            launcher,
+            "--detach",
+            "python3",
+            program(cwd),
+            "wait",
+            "60",
+        ],
+        cwd=cwd,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     job = res.stdout.strip().splitlines()[-1]
     assert f"submitted as {launcher} job" in res.stderr
@@ -116,8 +151,28 @@ def detached_failure(
     launcher: str, cwd: Path, home: Path, env: dict[str, str], idle: Callable[[], bool]
 ) -> None:
     """A detached job whose worker exits 3: recorded as failed with 3 once the engine is done."""
-    res = run(["launch", "-n", "1", "-s", "0", "--launcher", launcher, "--detach", "--grace-period", "1",
-               "python3", program(cwd), "fail", "worker", "0", "3"], cwd=cwd, env=env)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "1",
+            "-s",
+            "0",
+            "--launcher",
+            launcher,
+            "--detach",
+            "--grace-period",
+            "1",
+            "python3",
+            program(cwd),
+            "fail",
+            "worker",
+            "0",
+            "3",
+        ],
+        cwd=cwd,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     job = res.stdout.strip().splitlines()[-1]
     assert wait_until(idle, 30)
@@ -187,11 +242,33 @@ def teardown(
     mode = "fail" if how == "fail" else "wait"
     stopped = 0
     proc = subprocess.Popen(
-        [*LAUNCHKIT, "launch", "--launcher", launcher, "-n", "2", "-s", "1", "--grace-period", str(grace), *extra,
-         "--", "sh", "teardown.sh", str(box), mode, "4"],
-        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            *LAUNCHKIT,
+            "launch",
+            "--launcher",
+            launcher,
+            "-n",
+            "2",
+            "-s",
+            "1",
+            "--grace-period",
+            str(grace),
+            *extra,
+            "--",
+            "sh",
+            "teardown.sh",
+            str(box),
+            mode,
+            "4",
+        ],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         started = lambda: len(marks(box)) == 4 and all("start" in m for m in marks(box).values())  # noqa: E731
         assert wait_until(started, 40), marks(box)
@@ -207,8 +284,13 @@ def teardown(
                 os.kill(stopped, signal.SIGSTOP)
             os.kill(shim, signal.SIGKILL)
         elif how == "kill":
-            killer = subprocess.Popen([*LAUNCHKIT, "kill", wait_for_job(home)], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+            killer = subprocess.Popen(
+                [*LAUNCHKIT, "kill", wait_for_job(home)],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
         out, err = proc.communicate(timeout=45)
         ended = time.time()
         if how == "kill":

@@ -43,9 +43,29 @@ def job_dir(tmp_path: Path) -> Path:
 def launch_argv(group, tmp_path: Path, python: str, *rest: str) -> list[str]:
     hostfile = group.write_hostfile(tmp_path / "hosts")
     env = [a for k, v in HEARTBEAT.items() for a in ("--env", f"{k}:{v}")]
-    return ["launch", "--launcher", "ssh", "-H", str(hostfile), "-i", str(group.identity), "--known-hosts",
-            str(group.known_hosts), "--sync-dst-dir", "/srv/colljob", "-n", str(WORKERS), "-s", "0",
-            "--grace-period", "2", *env, python, "prog.py", *rest]  # fmt: skip
+    return [
+        "launch",
+        "--launcher",
+        "ssh",
+        "-H",
+        str(hostfile),
+        "-i",
+        str(group.identity),
+        "--known-hosts",
+        str(group.known_hosts),
+        "--sync-dst-dir",
+        "/srv/colljob",
+        "-n",
+        str(WORKERS),
+        "-s",
+        "0",
+        "--grace-period",
+        "2",
+        *env,
+        python,
+        "prog.py",
+        *rest,
+    ]
 
 
 def references() -> dict[str, str]:
@@ -101,8 +121,10 @@ def test_every_dtype_and_op_bit_identical_across_three_hosts_of_two_workers(
     wrong = [k for k, v in references().items() if by_rank[0][k] != v]
     assert not wrong, wrong[:10]
     assert [o["scatter"] for o in by_rank] == scatter_references()
-    noise = sum(np.random.default_rng(r).standard_normal(100_003).astype(np.float32).astype(np.float64)
-                for r in range(WORKERS))  # fmt: skip
+    noise = sum(
+        np.random.default_rng(r).standard_normal(100_003).astype(np.float32).astype(np.float64)
+        for r in range(WORKERS)
+    )
     np.testing.assert_allclose(by_rank[0]["noise_head"], noise[:4], rtol=1e-5, atol=1e-5)
     for h in group:
         assert not h.pids_with_env(f"LAUNCHKIT_JOB_ID={wait_for_job(launchkit_home)}")
@@ -143,7 +165,7 @@ def test_a_worker_of_the_second_host_killed_mid_allreduce_is_named_and_nothing_i
         for r in set(range(WORKERS)) - {victim}
         if any(f"worker {victim}" in ln for ln in (err + out).splitlines() if ln.startswith(f"[worker {r}] "))
     }
-    assert told, (err + out)[-3000:]  # fmt: skip
+    assert told, (err + out)[-3000:]
     for (_, rank), o in outs.items():
         if rank == victim or "error" not in o:
             continue

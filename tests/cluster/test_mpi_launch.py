@@ -32,8 +32,28 @@ MPIRUNS = ["mpirun", "mpirun.mpich"]
 
 @pytest.mark.parametrize("mpirun", MPIRUNS)
 def test_local_job_roles_ranks_and_environment(tmp_path: Path, launchkit_home: Path, mpirun: str) -> None:
-    res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "--mpirun", mpirun, "--log-dir", str(tmp_path / "logs"),
-               "--env", "X_HOSTILE:a b $HOME '\"", "python3", PROG, "env"], cwd=tmp_path, timeout=60)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "2",
+            "--launcher",
+            "mpi",
+            "--mpirun",
+            mpirun,
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--env",
+            "X_HOSTILE:a b $HOME '\"",
+            "python3",
+            PROG,
+            "env",
+        ],
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     envs = parse_prefixed(res.stdout)
     check_contract(envs, 2, 2, cluster="mpi")
@@ -46,8 +66,29 @@ def test_local_job_roles_ranks_and_environment(tmp_path: Path, launchkit_home: P
 
 @pytest.mark.parametrize("mpirun", MPIRUNS)
 def test_local_failing_worker_is_the_root_cause(tmp_path: Path, launchkit_home: Path, mpirun: str) -> None:
-    res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "--mpirun", mpirun, "--grace-period", "2",
-               "python3", PROG, "fail", "worker", "1", "3"], cwd=tmp_path, timeout=60)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "2",
+            "--launcher",
+            "mpi",
+            "--mpirun",
+            mpirun,
+            "--grace-period",
+            "2",
+            "python3",
+            PROG,
+            "fail",
+            "worker",
+            "1",
+            "3",
+        ],
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert res.returncode == 3, res.stderr[-3000:]
     assert "worker 1 on localhost exited with code 3" in res.stderr
     job = wait_for_job(launchkit_home)
@@ -95,10 +136,34 @@ def test_two_namespace_hosts(netns_hosts, node_python, tmp_path: Path, launchkit
     hostfile = tmp_path / "hosts"
     hostfile.write_text("".join(f"{h.address}\n" for h in group))
     shutil.copy(PROG, tmp_path / "jobprog.py")  # the hosts see /tmp, not necessarily the checkout
-    flags = [*node_python, "--mpi-args", "--mca oob_tcp_if_include 10.231.0.0/24 --mca btl_tcp_if_include 10.231.0.0/24",
-             "-i", str(group.identity), "--known-hosts", str(group.known_hosts)]  # fmt: skip
-    res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "-H", str(hostfile), *flags,
-               "python3", "jobprog.py", "env"], cwd=tmp_path, timeout=80)  # fmt: skip
+    flags = [
+        *node_python,
+        "--mpi-args",
+        "--mca oob_tcp_if_include 10.231.0.0/24 --mca btl_tcp_if_include 10.231.0.0/24",
+        "-i",
+        str(group.identity),
+        "--known-hosts",
+        str(group.known_hosts),
+    ]
+    res = run(
+        [
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "2",
+            "--launcher",
+            "mpi",
+            "-H",
+            str(hostfile),
+            *flags,
+            "python3",
+            "jobprog.py",
+            "env",
+        ],
+        cwd=tmp_path,
+        timeout=80,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     envs = parse_prefixed(res.stdout)
     check_contract(envs, 2, 2, cluster="mpi")
@@ -108,8 +173,30 @@ def test_two_namespace_hosts(netns_hosts, node_python, tmp_path: Path, launchkit
             assert e["DMLC_NODE_HOST"] == group[i % 2].address
             assert e["DMLC_PS_ROOT_URI"] == "10.231.0.1"
     # a failing worker on a remote host: exit 3, nothing left on either host
-    res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "-H", str(hostfile), *flags,
-               "--grace-period", "2", "python3", "jobprog.py", "fail", "worker", "1", "3"], cwd=tmp_path, timeout=80)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "2",
+            "--launcher",
+            "mpi",
+            "-H",
+            str(hostfile),
+            *flags,
+            "--grace-period",
+            "2",
+            "python3",
+            "jobprog.py",
+            "fail",
+            "worker",
+            "1",
+            "3",
+        ],
+        cwd=tmp_path,
+        timeout=80,
+    )
     assert res.returncode == 3, res.stderr[-3000:]
     assert f"worker 1 on {group[1].address} exited with code 3" in res.stderr
     job = sorted((launchkit_home / "jobs").glob("*.json"))[-1].stem
@@ -117,8 +204,25 @@ def test_two_namespace_hosts(netns_hosts, node_python, tmp_path: Path, launchkit
 
     # the launcher killed outright: the reaper ends mpirun, the remote ranks go with it
     before = set(job_ids(launchkit_home))
-    proc = start(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", "-H", str(hostfile), *flags,
-                  "python3", "jobprog.py", "wait", "60"], cwd=tmp_path)  # fmt: skip
+    proc = start(
+        [
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "2",
+            "--launcher",
+            "mpi",
+            "-H",
+            str(hostfile),
+            *flags,
+            "python3",
+            "jobprog.py",
+            "wait",
+            "60",
+        ],
+        cwd=tmp_path,
+    )
     try:
         assert wait_until(lambda: set(job_ids(launchkit_home)) - before, 10)
         (job,) = set(job_ids(launchkit_home)) - before

@@ -18,9 +18,27 @@ def test_mxnet_dist_sync_over_ssh_with_sync(netns_hosts, mxnet_python: str, tmp_
     job.mkdir()
     shutil.copy(PROG, job / "mx_sum.py")
     hostfile = group.write_hostfile(tmp_path / "hosts")
-    res = run(["launch", "-n", "2", "-s", "2", "-H", str(hostfile), "-i", str(group.identity), "--known-hosts",
-               str(group.known_hosts), "--sync-dst-dir", "/srv/mxjob", mxnet_python, "mx_sum.py"],
-              cwd=job, timeout=180)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "2",
+            "-H",
+            str(hostfile),
+            "-i",
+            str(group.identity),
+            "--known-hosts",
+            str(group.known_hosts),
+            "--sync-dst-dir",
+            "/srv/mxjob",
+            mxnet_python,
+            "mx_sum.py",
+        ],
+        cwd=job,
+        timeout=180,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     out = [
         json.loads(line.split("] ", 1)[1])

@@ -37,8 +37,15 @@ def launch(
         argv = [*LAUNCHKIT, "launch", "--launcher", engine.split("-")[0]]
         if engine == "slurm-allocation":
             argv = ["salloc", "-N1", "-n4", "--overcommit", "--quiet", *argv]
-    res = subprocess.run([*argv, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=100,
-                         stdin=subprocess.DEVNULL)  # fmt: skip
+    res = subprocess.run(
+        [*argv, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        stdin=subprocess.DEVNULL,
+    )
     return res, cluster
 
 
@@ -53,8 +60,9 @@ def nothing_left(cluster: object, job: str) -> bool:
 def test_only_workers_run_and_allreduce_at_worker_0(
     request, engine: str, tmp_path: Path, launchkit_home: Path
 ) -> None:
-    res, cluster = launch(request, engine, tmp_path, launchkit_home, "-n", "3", "-s", "0", sys.executable, PROG,
-                          "allreduce")  # fmt: skip
+    res, cluster = launch(
+        request, engine, tmp_path, launchkit_home, "-n", "3", "-s", "0", sys.executable, PROG, "allreduce"
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     outs = parse_prefixed(res.stdout)
     check_workers_only(outs, 3, engine.split("-")[0].replace("mpirun.mpich", "mpi").replace("mpirun", "mpi"))
@@ -68,8 +76,22 @@ def test_only_workers_run_and_allreduce_at_worker_0(
 def test_a_killed_worker_is_the_root_cause_and_nothing_is_left(
     request, engine: str, tmp_path: Path, launchkit_home: Path
 ) -> None:
-    res, cluster = launch(request, engine, tmp_path, launchkit_home, "-n", "3", "-s", "0", "--grace-period", "2",
-                          sys.executable, PROG, "allreduce", "1")  # fmt: skip
+    res, cluster = launch(
+        request,
+        engine,
+        tmp_path,
+        launchkit_home,
+        "-n",
+        "3",
+        "-s",
+        "0",
+        "--grace-period",
+        "2",
+        sys.executable,
+        PROG,
+        "allreduce",
+        "1",
+    )
     assert res.returncode == 128 + signal.SIGKILL, res.stderr[-3000:]
     assert "failed: worker 1 on " in res.stderr and "was killed by signal 9" in res.stderr, res.stderr[-3000:]
     job = wait_for_job(launchkit_home)
@@ -105,9 +127,16 @@ def test_kill_and_ctrl_c_end_a_job_without_servers(
         cluster = request.getfixturevalue("sge_local" if engine == "sge" else "slurm_local")
         env = env_of(cluster, launchkit_home)
     launcher = ["--launcher", "mpi"] if cluster is None else ["--launcher", engine.split("-")[0]]
-    proc = subprocess.Popen([*LAUNCHKIT, "launch", *launcher, "-n", "2", "-s", "0", "python3", program(tmp_path), "wait",
-                             "60"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*LAUNCHKIT, "launch", *launcher, "-n", "2", "-s", "0", "python3", program(tmp_path), "wait", "60"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         job = wait_for_job(launchkit_home, 30)
         assert wait_until(lambda: len(pids_with_job(job)) >= 4, 60)  # a shim and a program per worker

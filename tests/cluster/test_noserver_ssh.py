@@ -31,14 +31,39 @@ def job_dir(tmp_path: Path) -> Path:
 
 def launch(group, tmp_path: Path, job: Path, python: str, *rest: str):
     hostfile = group.write_hostfile(tmp_path / "hosts")
-    return run(["launch", "-H", str(hostfile), "-i", str(group.identity), "--known-hosts", str(group.known_hosts),
-                "--sync-dst-dir", "/srv/w0job", "-n", "4", "-s", "0", "--grace-period", "2", python, "prog.py", *rest],
-               cwd=job, timeout=150)  # fmt: skip
+    return run(
+        [
+            "launch",
+            "-H",
+            str(hostfile),
+            "-i",
+            str(group.identity),
+            "--known-hosts",
+            str(group.known_hosts),
+            "--sync-dst-dir",
+            "/srv/w0job",
+            "-n",
+            "4",
+            "-s",
+            "0",
+            "--grace-period",
+            "2",
+            python,
+            "prog.py",
+            *rest,
+        ],
+        cwd=job,
+        timeout=150,
+    )
 
 
 @pytest.mark.timeout(480)
-def test_workers_only_across_hosts_allreduce_and_a_killed_worker(netns_hosts, host_python: str, tmp_path: Path,  # noqa: F811
-                                                                 launchkit_home: Path) -> None:  # fmt: skip
+def test_workers_only_across_hosts_allreduce_and_a_killed_worker(
+    netns_hosts,  # noqa: F811
+    host_python: str,  # noqa: F811
+    tmp_path: Path,
+    launchkit_home: Path,
+) -> None:
     group = netns_hosts(3)
     job = job_dir(tmp_path)
     res = launch(group, tmp_path, job, host_python, "allreduce")
@@ -49,8 +74,11 @@ def test_workers_only_across_hosts_allreduce_and_a_killed_worker(netns_hosts, ho
     # workers round-robin over the hosts: 0 and 3 on the first, which serves the rendezvous
     by_rank = [outs[("worker", r)] for r in range(4)]
     assert [(o["NODE_RANK"], o["LOCAL_RANK"], o["LOCAL_WORLD_SIZE"]) for o in by_rank] == [
-        ("0", "0", "2"), ("1", "0", "1"), ("2", "0", "1"), ("0", "1", "2"),
-    ]  # fmt: skip
+        ("0", "0", "2"),
+        ("1", "0", "1"),
+        ("2", "0", "1"),
+        ("0", "1", "2"),
+    ]
     assert by_rank[0]["MASTER_ADDR"] == group[0].address
     for h in group:
         assert not h.pids_with_env(f"LAUNCHKIT_JOB_ID={by_rank[0]['LAUNCHKIT_JOB_ID']}")

@@ -19,9 +19,26 @@ def test_a_plain_torch_script_runs_unchanged_over_ssh(sshd_loopback, tmp_path: P
     pytest.importorskip("torch")
     hostfile = tmp_path / "hosts"
     hostfile.write_text(f"{sshd_loopback.hostfile_line()}\n{sshd_loopback.hostfile_line()}\n")
-    res = run(["launch", "-H", str(hostfile), "-i", str(sshd_loopback.identity), "--known-hosts",
-               str(tmp_path / "known"), "-n", "2", "-s", "0", sys.executable, PROG, "torch"], cwd=tmp_path,
-              timeout=100)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-H",
+            str(hostfile),
+            "-i",
+            str(sshd_loopback.identity),
+            "--known-hosts",
+            str(tmp_path / "known"),
+            "-n",
+            "2",
+            "-s",
+            "0",
+            sys.executable,
+            PROG,
+            "torch",
+        ],
+        cwd=tmp_path,
+        timeout=100,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     outs = parse_prefixed(res.stdout)
     assert {k: (o["rank"], o["size"], o["sum"]) for k, o in outs.items()} == {

@@ -18,8 +18,25 @@ def test_mpi_job_whose_rows_would_pass_the_kernels_limit(tmp_path: Path, launchk
     144 KiB, over Linux's 128 KiB for one environment string, and mpirun could not be started
     ("Argument list too long"); the table now holds the value once."""
     env = {**os.environ, "LK_FILLER": "f" * 9000}
-    res = run(["launch", "-n", "16", "-s", "1", "--launcher", "mpi", "--env-worker", "LK_FILLER",
-               "python3", PROG, "env"], cwd=tmp_path, env=env, timeout=90)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "16",
+            "-s",
+            "1",
+            "--launcher",
+            "mpi",
+            "--env-worker",
+            "LK_FILLER",
+            "python3",
+            PROG,
+            "env",
+        ],
+        cwd=tmp_path,
+        env=env,
+        timeout=90,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     envs = parse_prefixed(res.stdout)
     check_contract(envs, 1, 16, cluster="mpi")

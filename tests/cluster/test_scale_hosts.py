@@ -22,8 +22,23 @@ UP = "LK_SCALE_TEST_UP=1"  # in the environment of the test's sleeping processes
 
 def argv(group, tmp_path: Path, *command: str) -> list[str]:
     hostfile = group.write_hostfile(tmp_path / "hosts", slots=PER_HOST)
-    return ["launch", "-H", str(hostfile), "-i", str(group.identity), "--known-hosts", str(group.known_hosts),
-            "-n", str(N), "-s", "0", "--grace-period", "2", "--", *command]  # fmt: skip
+    return [
+        "launch",
+        "-H",
+        str(hostfile),
+        "-i",
+        str(group.identity),
+        "--known-hosts",
+        str(group.known_hosts),
+        "-n",
+        str(N),
+        "-s",
+        "0",
+        "--grace-period",
+        "2",
+        "--",
+        *command,
+    ]
 
 
 def running(group) -> int:

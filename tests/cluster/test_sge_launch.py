@@ -35,13 +35,34 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def launch(cluster, tmp_path: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*LAUNCHKIT, "launch", "--launcher", "sge", *args], cwd=tmp_path, env=env_of(cluster, home),
-                          capture_output=True, text=True, timeout=80, stdin=subprocess.DEVNULL)  # fmt: skip
+    return subprocess.run(
+        [*LAUNCHKIT, "launch", "--launcher", "sge", *args],
+        cwd=tmp_path,
+        env=env_of(cluster, home),
+        capture_output=True,
+        text=True,
+        timeout=80,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_array_job_roles_ranks_and_environment(sge_local, tmp_path: Path, launchkit_home: Path) -> None:
-    res = launch(sge_local, tmp_path, launchkit_home, "-n", "2", "-s", "2", "--log-dir", str(tmp_path / "logs"),
-                 "--env", "X_HOSTILE:a b $HOME '\"", "python3", PROG, "env")  # fmt: skip
+    res = launch(
+        sge_local,
+        tmp_path,
+        launchkit_home,
+        "-n",
+        "2",
+        "-s",
+        "2",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--env",
+        "X_HOSTILE:a b $HOME '\"",
+        "python3",
+        PROG,
+        "env",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     envs = parse_prefixed(res.stdout)
     check_contract(envs, 2, 2, cluster="sge")
@@ -81,8 +102,23 @@ def test_secret_is_not_in_the_job_environment(sge_local, tmp_path: Path, launchk
 
 
 def test_failing_worker_is_the_root_cause(sge_local, tmp_path: Path, launchkit_home: Path) -> None:
-    res = launch(sge_local, tmp_path, launchkit_home, "-n", "2", "-s", "2", "--grace-period", "2",
-                 "python3", PROG, "fail", "worker", "1", "3")  # fmt: skip
+    res = launch(
+        sge_local,
+        tmp_path,
+        launchkit_home,
+        "-n",
+        "2",
+        "-s",
+        "2",
+        "--grace-period",
+        "2",
+        "python3",
+        PROG,
+        "fail",
+        "worker",
+        "1",
+        "3",
+    )
     assert res.returncode == 3, res.stderr[-3000:]
     assert f"worker 1 on {socket.gethostname()} exited with code 3" in res.stderr
     job = wait_for_job(launchkit_home)
@@ -112,8 +148,27 @@ def test_hosts_from_a_parallel_job(sge_local, tmp_path: Path, launchkit_home: Pa
     """Inside a real PE job, `launchkit hosts list --from sge` reads Grid Engine's PE_HOSTFILE."""
     script = f"#!/bin/sh\nexec {shlex.join([*LAUNCHKIT, 'hosts', 'list', '--from', 'sge', '--json'])}\n"
     out = tmp_path / "hosts.json"
-    res = sge_local.run(["qsub", "-sync", "y", "-pe", "smp", "2", "-S", "/bin/sh", "-o", str(out), "-j", "y",
-                         "-wd", str(tmp_path), "-v", "PATH"], input=script)  # fmt: skip
+    res = sge_local.run(
+        [
+            "qsub",
+            "-sync",
+            "y",
+            "-pe",
+            "smp",
+            "2",
+            "-S",
+            "/bin/sh",
+            "-o",
+            str(out),
+            "-j",
+            "y",
+            "-wd",
+            str(tmp_path),
+            "-v",
+            "PATH",
+        ],
+        input=script,
+    )
     assert res.returncode == 0, res.stderr
     assert [(h["host"], h["slots"]) for h in json.loads(out.read_text())] == [(socket.gethostname(), 2)]
 
@@ -137,8 +192,21 @@ def test_job_needing_more_slots_than_the_queues_have_is_refused(
 ) -> None:
     """9 tasks (4 servers, 4 workers, the scheduler) on the 8-slot queue: exit 2 at once, naming the
     slots, nothing submitted (it sat in the queue until the time limit)."""
-    res = launch(sge_local, tmp_path, launchkit_home, "-n", "4", "-s", "4", "--time-limit", "40",
-                 "python3", PROG, "wait", "5")  # fmt: skip
+    res = launch(
+        sge_local,
+        tmp_path,
+        launchkit_home,
+        "-n",
+        "4",
+        "-s",
+        "4",
+        "--time-limit",
+        "40",
+        "python3",
+        PROG,
+        "wait",
+        "5",
+    )
     assert res.returncode == 2, res.stderr[-3000:]
     assert "needs 9 slots" in res.stderr and "8 in all" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and not sge_local.job_ids()
@@ -152,8 +220,21 @@ def test_pending_tasks_are_shown_with_their_reason(sge_local, tmp_path: Path, la
     assert blocker.returncode == 0, blocker.stderr
     try:
         assert wait_until(lambda: sge_local.run(["qstat", "-s", "r"]).stdout.count(" r ") >= 6, 20)
-        res = launch(sge_local, tmp_path, launchkit_home, "-n", "2", "-s", "1", "--time-limit", "8",
-                     "python3", PROG, "wait", "30")  # fmt: skip
+        res = launch(
+            sge_local,
+            tmp_path,
+            launchkit_home,
+            "-n",
+            "2",
+            "-s",
+            "1",
+            "--time-limit",
+            "8",
+            "python3",
+            PROG,
+            "wait",
+            "30",
+        )
         assert res.returncode == 124, res.stderr[-3000:]
         assert "running 2 of 4 tasks; task(s) 3, 4 pending: queue instance" in res.stderr, res.stderr[-3000:]
         assert "because it is full" in res.stderr

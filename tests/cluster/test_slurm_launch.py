@@ -40,11 +40,32 @@ def salloc(cluster, *args: str) -> list[str]:
 def test_job_runs_with_roles_ranks_and_environment(
     slurm_local, tmp_path: Path, launchkit_home: Path, where
 ) -> None:
-    args = ["launch", "-n", "2", "-s", "2", "--launcher", "slurm", "--log-dir", str(tmp_path / "logs"),
-            "--env", "X_HOSTILE:a b $HOME '\"", "python3", PROG, "env"]  # fmt: skip
+    args = [
+        "launch",
+        "-n",
+        "2",
+        "-s",
+        "2",
+        "--launcher",
+        "slurm",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--env",
+        "X_HOSTILE:a b $HOME '\"",
+        "python3",
+        PROG,
+        "env",
+    ]
     argv = salloc(slurm_local, *args) if where == "allocation" else [*LAUNCHKIT, *args]
-    res = subprocess.run(argv, cwd=tmp_path, env=env_of(slurm_local, launchkit_home), capture_output=True,
-                         text=True, timeout=80, stdin=subprocess.DEVNULL)  # fmt: skip
+    res = subprocess.run(
+        argv,
+        cwd=tmp_path,
+        env=env_of(slurm_local, launchkit_home),
+        capture_output=True,
+        text=True,
+        timeout=80,
+        stdin=subprocess.DEVNULL,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     envs = parse_prefixed(res.stdout)
     check_contract(envs, 2, 2, cluster="slurm")
@@ -62,11 +83,33 @@ def test_job_runs_with_roles_ranks_and_environment(
 
 @pytest.mark.parametrize("where", ["allocation", "sbatch"])
 def test_failing_worker_is_the_root_cause(slurm_local, tmp_path: Path, launchkit_home: Path, where) -> None:
-    args = ["launch", "-n", "2", "-s", "2", "--launcher", "slurm", "--grace-period", "2",
-            "python3", PROG, "fail", "worker", "1", "3"]  # fmt: skip
+    args = [
+        "launch",
+        "-n",
+        "2",
+        "-s",
+        "2",
+        "--launcher",
+        "slurm",
+        "--grace-period",
+        "2",
+        "python3",
+        PROG,
+        "fail",
+        "worker",
+        "1",
+        "3",
+    ]
     argv = salloc(slurm_local, *args) if where == "allocation" else [*LAUNCHKIT, *args]
-    res = subprocess.run(argv, cwd=tmp_path, env=env_of(slurm_local, launchkit_home), capture_output=True,
-                         text=True, timeout=80, stdin=subprocess.DEVNULL)  # fmt: skip
+    res = subprocess.run(
+        argv,
+        cwd=tmp_path,
+        env=env_of(slurm_local, launchkit_home),
+        capture_output=True,
+        text=True,
+        timeout=80,
+        stdin=subprocess.DEVNULL,
+    )
     assert res.returncode == 3, res.stderr[-3000:]
     where = "localhost" if where == "allocation" else socket.gethostname()  # the node it ran on
     assert f"worker 1 on {where} exited with code 3" in res.stderr
@@ -93,9 +136,15 @@ def test_detach_finished_job_shows_its_end(slurm_local, tmp_path: Path, launchki
 
 
 def test_hosts_from_the_allocation(slurm_local, tmp_path: Path, launchkit_home: Path) -> None:
-    res = subprocess.run(salloc(slurm_local, "hosts", "list", "--from", "slurm", "--json"), cwd=tmp_path,
-                         env=env_of(slurm_local, launchkit_home), capture_output=True, text=True, timeout=60,
-                         stdin=subprocess.DEVNULL)  # fmt: skip
+    res = subprocess.run(
+        salloc(slurm_local, "hosts", "list", "--from", "slurm", "--json"),
+        cwd=tmp_path,
+        env=env_of(slurm_local, launchkit_home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert res.returncode == 0, res.stderr
     assert [(h["host"], h["slots"]) for h in json.loads(res.stdout)] == [("localhost", 4)]
 

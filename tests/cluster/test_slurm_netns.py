@@ -29,8 +29,9 @@ def launch(
     if where == "allocation":
         argv = ["salloc", "-N3", "-n6", "--overcommit", "--quiet", *argv]
     env = env_of(cluster, home)
-    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=100,
-                          stdin=subprocess.DEVNULL)  # fmt: skip
+    return subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=100, stdin=subprocess.DEVNULL
+    )
 
 
 def on_nodes(cluster, job: str) -> list[int]:
@@ -79,8 +80,26 @@ def test_failing_worker_on_a_node(
     slurm_netns, node_python, jobdir: Path, launchkit_home: Path, where
 ) -> None:
     nodes = ["--nodes", "3"] if where == "sbatch" else []
-    res = launch(slurm_netns, node_python, jobdir, launchkit_home, where, "-n", "2", "-s", "2", "--grace-period", "2", *nodes,
-                 "python3", "jobprog.py", "fail", "worker", "1", "3")  # fmt: skip
+    res = launch(
+        slurm_netns,
+        node_python,
+        jobdir,
+        launchkit_home,
+        where,
+        "-n",
+        "2",
+        "-s",
+        "2",
+        "--grace-period",
+        "2",
+        *nodes,
+        "python3",
+        "jobprog.py",
+        "fail",
+        "worker",
+        "1",
+        "3",
+    )
     assert res.returncode == 3, res.stderr[-3000:]
     assert "worker 1 on node1 exited with code 3" in res.stderr  # process 3 of 4: node 3 % 3 = node1
     job = wait_for_job(launchkit_home)
@@ -94,6 +113,12 @@ def test_launcher_stopped_or_killed_leaves_no_process_on_any_node(
     slurm_netns, node_python, jobdir: Path, launchkit_home: Path, how: str
 ) -> None:
     env = env_of(slurm_netns, launchkit_home)
-    end_running_job(how, "slurm", jobdir, launchkit_home, env,
-                    lambda job: not slurm_netns.job_ids() and not on_nodes(slurm_netns, job),
-                    extra=(*node_python, "--nodes", "3"))  # fmt: skip
+    end_running_job(
+        how,
+        "slurm",
+        jobdir,
+        launchkit_home,
+        env,
+        lambda job: not slurm_netns.job_ids() and not on_nodes(slurm_netns, job),
+        extra=(*node_python, "--nodes", "3"),
+    )

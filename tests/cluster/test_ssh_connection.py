@@ -97,8 +97,12 @@ def test_one_shot_commands_give_one_result_per_host(sshd_loopback, tmp_path: Pat
     an unreachable host, and two entries naming one login (the command runs there once)."""
     config = tmp_path / "config"
     config.write_text(f"Host box\n  HostName 127.0.0.1\n  Port {sshd_loopback.port}\n  User root\n")
-    opts = SshOptions(identity=str(sshd_loopback.identity), known_hosts=str(tmp_path / "kh"),
-                      connect_timeout=2, config_file=str(config))  # fmt: skip
+    opts = SshOptions(
+        identity=str(sshd_loopback.identity),
+        known_hosts=str(tmp_path / "kh"),
+        connect_timeout=2,
+        config_file=str(config),
+    )
     direct = Host("127.0.0.1", port=sshd_loopback.port, user="root")
     hosts = [Host("box"), Host("127.0.0.1", port=1), direct]
     mark = tmp_path / "ran"

@@ -20,8 +20,21 @@ def job_pids(h, job: str) -> list[int]:
 
 def launch(group, tmp_path: Path):
     hostfile = group.write_hostfile(tmp_path / "hosts", slots=1)
-    args = ["launch", "-H", str(hostfile), *ssh_flags(group), "--grace-period", "1", "-n", "3", "-s", "0",
-            "sh", "-c", WORKER]  # fmt: skip
+    args = [
+        "launch",
+        "-H",
+        str(hostfile),
+        *ssh_flags(group),
+        "--grace-period",
+        "1",
+        "-n",
+        "3",
+        "-s",
+        "0",
+        "sh",
+        "-c",
+        WORKER,
+    ]
     return start(args, cwd="/")
 
 

@@ -74,15 +74,45 @@ def test_three_hosts_each_process_reports_its_host_and_contract(netns_hosts, job
 def test_hostile_values_arrive_literally(netns_hosts, jobdir: Path) -> None:
     group = netns_hosts(2)
     hostfile = group.write_hostfile(jobdir.parent / "hosts")
-    args = launch_args(group, hostfile, "-n", "2", "-s", "0", "--env", f"X_HOSTILE:{HOSTILE}",
-                       "python3", PROG_NAME, "argv", HOSTILE, "$(id)", ";", "'")  # fmt: skip
+    args = launch_args(
+        group,
+        hostfile,
+        "-n",
+        "2",
+        "-s",
+        "0",
+        "--env",
+        f"X_HOSTILE:{HOSTILE}",
+        "python3",
+        PROG_NAME,
+        "argv",
+        HOSTILE,
+        "$(id)",
+        ";",
+        "'",
+    )
     res = run(args, cwd=jobdir, timeout=60)
     assert res.returncode == 0, res.stderr[-3000:]
     for rank in (0, 1):
         line = next(line for line in res.stdout.splitlines() if line.startswith(f"[worker {rank}] ["))
         assert json.loads(line.split("] ", 1)[1]) == [HOSTILE, "$(id)", ";", "'"]
-    res = run(launch_args(group, hostfile, "-n", "2", "-s", "0", "--env", f"X_HOSTILE:{HOSTILE}", "python3", PROG_NAME,
-                          "env"), cwd=jobdir, timeout=60)  # fmt: skip
+    res = run(
+        launch_args(
+            group,
+            hostfile,
+            "-n",
+            "2",
+            "-s",
+            "0",
+            "--env",
+            f"X_HOSTILE:{HOSTILE}",
+            "python3",
+            PROG_NAME,
+            "env",
+        ),
+        cwd=jobdir,
+        timeout=60,
+    )
     assert all(e["X_HOSTILE"] == HOSTILE for e in parse_prefixed(res.stdout).values())
     for h in group:
         assert h.run("ls /tmp").stdout.count("pwned") == 0
@@ -94,8 +124,24 @@ def test_sync_with_progress_and_excludes(netns_hosts, jobdir: Path) -> None:
     (jobdir / "data" / "train.bin").write_bytes(b"x" * 200_000)
     (jobdir / "model.ckpt").write_text("big checkpoint")
     hostfile = group.write_hostfile(jobdir.parent / "hosts")
-    res = run(launch_args(group, hostfile, "-n", "2", "-s", "0", "--sync-exclude", "*.ckpt", "python3", PROG_NAME,
-                          "argv", "ok"), cwd=jobdir, timeout=60)  # fmt: skip
+    res = run(
+        launch_args(
+            group,
+            hostfile,
+            "-n",
+            "2",
+            "-s",
+            "0",
+            "--sync-exclude",
+            "*.ckpt",
+            "python3",
+            PROG_NAME,
+            "argv",
+            "ok",
+        ),
+        cwd=jobdir,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "sync" in res.stderr and "100%" in res.stderr
     for h in group:
@@ -108,8 +154,21 @@ def test_sync_failure_is_fatal_and_per_host(netns_hosts, jobdir: Path) -> None:
     group = netns_hosts(2)
     group[1].run("mkdir -p /srv/ro && mount -t tmpfs -o ro tmpfs /srv/ro")
     hostfile = group.write_hostfile(jobdir.parent / "hosts")
-    args = ["launch", "-H", str(hostfile), *ssh_flags(group), "--sync-dst-dir", "/srv/ro/job", "-n", "2", "-s", "0",
-            "python3", PROG_NAME, "wait"]  # fmt: skip
+    args = [
+        "launch",
+        "-H",
+        str(hostfile),
+        *ssh_flags(group),
+        "--sync-dst-dir",
+        "/srv/ro/job",
+        "-n",
+        "2",
+        "-s",
+        "0",
+        "python3",
+        PROG_NAME,
+        "wait",
+    ]
     res = run(args, cwd=jobdir, timeout=60)
     assert res.returncode == 1
     assert "sync to 1 of 2 host(s) failed, nothing started" in " ".join(res.stderr.split())
@@ -121,8 +180,26 @@ def test_failing_remote_worker_ends_the_job_everywhere(netns_hosts, jobdir: Path
     group = netns_hosts(3)
     hostfile = group.write_hostfile(jobdir.parent / "hosts")
     t0 = time.monotonic()
-    res = run(launch_args(group, hostfile, "-n", "3", "-s", "3", "--grace-period", "2", "python3", PROG_NAME, "fail",
-                          "worker", "1", "4"), cwd=jobdir, timeout=60)  # fmt: skip
+    res = run(
+        launch_args(
+            group,
+            hostfile,
+            "-n",
+            "3",
+            "-s",
+            "3",
+            "--grace-period",
+            "2",
+            "python3",
+            PROG_NAME,
+            "fail",
+            "worker",
+            "1",
+            "4",
+        ),
+        cwd=jobdir,
+        timeout=60,
+    )
     assert res.returncode == 4, res.stderr[-3000:]
     assert time.monotonic() - t0 < 20
     assert f"worker 1 on {group[1].hostfile_line()} exited with code 4" in res.stderr
@@ -181,8 +258,9 @@ def test_kill_sweeps_only_the_hosts_that_ran_the_job(netns_hosts, jobdir: Path, 
     contacted (it was, and made kill fail as unreachable), and the others report as before."""
     group = netns_hosts(3)
     hostfile = group.write_hostfile(jobdir.parent / "hosts", slots=1)
-    proc = start(launch_args(group, hostfile, "-n", "2", "-s", "0", "python3", PROG_NAME, "grandchild"),
-                 cwd=jobdir)  # fmt: skip
+    proc = start(
+        launch_args(group, hostfile, "-n", "2", "-s", "0", "python3", PROG_NAME, "grandchild"), cwd=jobdir
+    )
     try:
         job = wait_for_job(launchkit_home, timeout=30)
         assert wait_until(lambda: sum(1 for p in job_pids_on(group, job).values() if len(p) >= 2) == 2, 15)
@@ -222,8 +300,22 @@ def test_kill_all_on_hosts_with_launcher_gone(netns_hosts, jobdir: Path, launchk
 def test_link_cut_ends_that_hosts_processes(netns_hosts, jobdir: Path, launchkit_home) -> None:
     group = netns_hosts(3)
     hostfile = group.write_hostfile(jobdir.parent / "hosts")
-    proc = start(launch_args(group, hostfile, "-n", "3", "-s", "0", "--heartbeat-timeout", "2", "python3", PROG_NAME,
-                             "grandchild"), cwd=jobdir)  # fmt: skip
+    proc = start(
+        launch_args(
+            group,
+            hostfile,
+            "-n",
+            "3",
+            "-s",
+            "0",
+            "--heartbeat-timeout",
+            "2",
+            "python3",
+            PROG_NAME,
+            "grandchild",
+        ),
+        cwd=jobdir,
+    )
     try:
         job = wait_for_job(launchkit_home, timeout=30)
         assert wait_until(lambda: all(len(p) >= 2 for p in job_pids_on(group, job).values()), 15)
@@ -247,8 +339,13 @@ def test_unreachable_host_fails_fast_and_starts_nothing(netns_hosts, jobdir: Pat
     group = netns_hosts(3)
     group[2].stop()
     hostfile = group.write_hostfile(jobdir.parent / "hosts")
-    res = run(launch_args(group, hostfile, "--connect-timeout", "2", "-n", "3", "-s", "0", "python3", PROG_NAME, "wait"),
-              cwd=jobdir, timeout=30)  # fmt: skip
+    res = run(
+        launch_args(
+            group, hostfile, "--connect-timeout", "2", "-n", "3", "-s", "0", "python3", PROG_NAME, "wait"
+        ),
+        cwd=jobdir,
+        timeout=30,
+    )
     assert res.returncode == 1
     assert "1 of 3 host(s) unreachable, nothing started" in " ".join(res.stderr.split())
     assert group[2].address in res.stderr
@@ -311,8 +408,25 @@ def test_interface_is_resolved_on_each_host(netns_hosts, jobdir: Path) -> None:
     hostfile = group.write_hostfile(jobdir.parent / "hosts")
     # the namespace hosts' interface is eth0; this machine's side is a bridge, so the scheduler's
     # address is given explicitly
-    res = run(launch_args(group, hostfile, "--interface", "eth0", "--scheduler-ip", "10.231.0.1", "-n", "2", "-s", "0",
-                          "python3", PROG_NAME, "env"), cwd=jobdir, timeout=60)  # fmt: skip
+    res = run(
+        launch_args(
+            group,
+            hostfile,
+            "--interface",
+            "eth0",
+            "--scheduler-ip",
+            "10.231.0.1",
+            "-n",
+            "2",
+            "-s",
+            "0",
+            "python3",
+            PROG_NAME,
+            "env",
+        ),
+        cwd=jobdir,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     envs = parse_prefixed(res.stdout)
     for rank in (0, 1):
@@ -353,8 +467,22 @@ def test_ssh_config_alias_and_default_cwd(sshd_loopback, tmp_path: Path) -> None
     hostfile = tmp_path / "hosts"
     hostfile.write_text("trainer-box\n")
     env = {**os.environ, "HOME": str(home)}
-    res = run(["launch", "-H", str(hostfile), "-n", "1", "-s", "0", "python3", "-c", "import os; print(os.getcwd())"],
-              cwd="/usr", env=env)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-H",
+            str(hostfile),
+            "-n",
+            "1",
+            "-s",
+            "0",
+            "python3",
+            "-c",
+            "import os; print(os.getcwd())",
+        ],
+        cwd="/usr",
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     assert "[worker 0] /usr" in res.stdout  # without --sync-dst-dir: the launcher's own path
     assert f"[127.0.0.1]:{sshd_loopback.port} ssh-ed25519" in (home / ".ssh" / "known_hosts").read_text()

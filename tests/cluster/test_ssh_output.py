@@ -45,12 +45,33 @@ def test_a_stalled_reader_slows_the_output_and_the_job_survives(sshd_loopback, t
     (tmp_path / "prog.py").write_text(PROG)
     hostfile = tmp_path / "hosts"
     hostfile.write_text(sshd_loopback.hostfile_line() + "\n")
-    args = ["launch", "-H", str(hostfile), "-i", str(sshd_loopback.identity), "--known-hosts",
-            str(tmp_path / "known_hosts"), "--heartbeat-timeout", str(HB_TIMEOUT), "-n", "2", "-s", "0",
-            "python3", str(tmp_path / "prog.py"), str(tmp_path)]  # fmt: skip
+    args = [
+        "launch",
+        "-H",
+        str(hostfile),
+        "-i",
+        str(sshd_loopback.identity),
+        "--known-hosts",
+        str(tmp_path / "known_hosts"),
+        "--heartbeat-timeout",
+        str(HB_TIMEOUT),
+        "-n",
+        "2",
+        "-s",
+        "0",
+        "python3",
+        str(tmp_path / "prog.py"),
+        str(tmp_path),
+    ]
     err = open(tmp_path / "stderr", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(LAUNCHKIT + args, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                            cwd=tmp_path, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        LAUNCHKIT + args,
+        stdout=subprocess.PIPE,
+        stderr=err,
+        stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     try:
         # nobody reads launchkit's stdout for three heartbeat timeouts, once the flood is on

@@ -40,8 +40,27 @@ def test_a_restart_checks_only_the_hosts_that_ran_the_last_attempt(
     group = netns_hosts(3)
     hostfile = group.write_hostfile(tmp_path / "hosts", slots=1)
     script = 'test "$LAUNCHKIT_RESTART_COUNT" -ge 1 || exit 3; echo "ran on $(hostname)"'
-    res = run(["launch", "-H", str(hostfile), *ssh_flags(group), "-n", "2", "-s", "0", "--max-restarts", "1",
-               "--restart-backoff", "0", "sh", "-c", script], cwd="/", timeout=90)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-H",
+            str(hostfile),
+            *ssh_flags(group),
+            "-n",
+            "2",
+            "-s",
+            "0",
+            "--max-restarts",
+            "1",
+            "--restart-backoff",
+            "0",
+            "sh",
+            "-c",
+            script,
+        ],
+        cwd="/",
+        timeout=90,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "attempt 1 failed" in res.stderr and "could not check" not in res.stderr, res.stderr
     ran, idle = list(group)[:2], group[2]  # MXNet's placement with one slot a host: workers 0, 1

@@ -26,8 +26,14 @@ def test_remote_rows_get_host_figures_and_process_usage(
     served = served_endpoints
     host = Host(sshd_loopback.host, port=sshd_loopback.port, user=sshd_loopback.user)
     backend = SshBackend(SshOptions(identity=str(sshd_loopback.identity), known_hosts=str(tmp_path / "kh")))
-    spec = LaunchSpec(num_workers=1, num_servers=0, command=("python3", "-c", BUSY), hosts=(host,),
-                      backend="ssh", cwd="/tmp")  # fmt: skip
+    spec = LaunchSpec(
+        num_workers=1,
+        num_servers=0,
+        command=("python3", "-c", BUSY),
+        hosts=(host,),
+        backend="ssh",
+        cwd="/tmp",
+    )
     result = launching.run_job(spec, backend, Ui())
     assert result.exit_code == 0
     model = served[0].model
@@ -39,8 +45,13 @@ def test_remote_rows_get_host_figures_and_process_usage(
 
 
 @pytest.mark.timeout(480)
-def test_node_reports_cross_hosts_and_every_host_has_the_same_columns(netns_hosts, host_python: str,  # noqa: F811
-                                                                      tmp_path: Path, monkeypatch, served_endpoints) -> None:  # fmt: skip
+def test_node_reports_cross_hosts_and_every_host_has_the_same_columns(
+    netns_hosts,  # noqa: F811
+    host_python: str,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch,
+    served_endpoints,
+) -> None:
     """trainer_core workers and a server on two namespace hosts report over UDP to the endpoint on
     the bridge; each host's watchdog sends the same figures the launcher's host gets."""
     served = served_endpoints
@@ -53,9 +64,16 @@ def test_node_reports_cross_hosts_and_every_host_has_the_same_columns(netns_host
     monkeypatch.chdir(job)  # what --sync-dst-dir copies
     hosts = tuple(read_hostfile(group.write_hostfile(tmp_path / "hosts")))
     backend = SshBackend(SshOptions(identity=str(group.identity), known_hosts=str(group.known_hosts)))
-    spec = LaunchSpec(num_workers=2, num_servers=1, command=(host_python, "metricsjob.py"), hosts=hosts,
-                      backend="ssh", cwd=str(job), sync_dst_dir="/srv/metricsjob",
-                      env=(("HOLD_S", "2.5"),))  # fmt: skip  # heartbeats come every second
+    spec = LaunchSpec(
+        num_workers=2,
+        num_servers=1,
+        command=(host_python, "metricsjob.py"),
+        hosts=hosts,
+        backend="ssh",
+        cwd=str(job),
+        sync_dst_dir="/srv/metricsjob",
+        env=(("HOLD_S", "2.5"),),
+    )  # heartbeats come every second
     assert launching.run_job(spec, backend, Ui()).exit_code == 0
     t = served[0]
     assert not t.address.startswith("127.")  # the bridge: what the hosts reach the launcher at

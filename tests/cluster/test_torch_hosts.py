@@ -101,9 +101,32 @@ def launch_argv(group, tmp_path: Path, python: str, site: Path, *rest: str) -> l
     job.mkdir(exist_ok=True)
     (job / "ddp.py").write_text(PROG)
     hostfile = group.write_hostfile(tmp_path / "hosts")
-    return ["launch", "--launcher", "ssh", "-H", str(hostfile), "-i", str(group.identity), "--known-hosts",
-            str(group.known_hosts), "--sync-dst-dir", "/srv/ddpjob", "-n", str(WORKERS), "-s", "0",
-            "--grace-period", "2", "--env", f"PYTHONPATH:{site}", "--env", "GLOO_SOCKET_IFNAME:eth0", python, "ddp.py", *rest]  # fmt: skip
+    return [
+        "launch",
+        "--launcher",
+        "ssh",
+        "-H",
+        str(hostfile),
+        "-i",
+        str(group.identity),
+        "--known-hosts",
+        str(group.known_hosts),
+        "--sync-dst-dir",
+        "/srv/ddpjob",
+        "-n",
+        str(WORKERS),
+        "-s",
+        "0",
+        "--grace-period",
+        "2",
+        "--env",
+        f"PYTHONPATH:{site}",
+        "--env",
+        "GLOO_SOCKET_IFNAME:eth0",
+        python,
+        "ddp.py",
+        *rest,
+    ]
 
 
 def reference() -> list[float]:

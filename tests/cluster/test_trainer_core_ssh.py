@@ -74,9 +74,27 @@ def test_dist_sync_across_namespace_hosts_over_ssh(netns_hosts, host_python: str
         shutil.copytree(ROOT / pkg, job / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (job / "prog.py").write_text(PROG)
     hostfile = group.write_hostfile(tmp_path / "hosts")
-    res = run(["launch", "-n", "2", "-s", "2", "-H", str(hostfile), "-i", str(group.identity), "--known-hosts",
-               str(group.known_hosts), "--sync-dst-dir", "/srv/tcjob", host_python, "prog.py"],
-              cwd=job, timeout=180)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "2",
+            "-H",
+            str(hostfile),
+            "-i",
+            str(group.identity),
+            "--known-hosts",
+            str(group.known_hosts),
+            "--sync-dst-dir",
+            "/srv/tcjob",
+            host_python,
+            "prog.py",
+        ],
+        cwd=job,
+        timeout=180,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = [
         json.loads(line.split("] ", 1)[1])

@@ -61,14 +61,29 @@ def launch(
     rm: StandinRM, home: Path, cwd: Path, *args: str, timeout: float = 25
 ) -> subprocess.CompletedProcess[str]:
     argv = [*LAUNCHKIT, "launch", *yarn_args(rm), *args]
-    return subprocess.run(argv, cwd=cwd, env=env_for(rm, home), capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+    return subprocess.run(
+        argv,
+        cwd=cwd,
+        env=env_for(rm, home),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def start(rm: StandinRM, home: Path, cwd: Path, *args: str) -> subprocess.Popen[str]:
     argv = [*LAUNCHKIT, "launch", *yarn_args(rm), *args]
-    return subprocess.Popen(argv, cwd=cwd, env=env_for(rm, home), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env_for(rm, home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def calls(rm: StandinRM) -> list[str]:
@@ -91,8 +106,25 @@ def test_job_runs_with_roles_ranks_and_environment(
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    res = launch(rm, launchkit_home, tmp_path, "-n", "2", "-s", "2", "--env", f"X_HOSTILE:{HOSTILE}",
-                 "--log-dir", str(tmp_path / "logs"), sys.executable, PROG, "env", str(out), HOSTILE, "it's")  # fmt: skip
+    res = launch(
+        rm,
+        launchkit_home,
+        tmp_path,
+        "-n",
+        "2",
+        "-s",
+        "2",
+        "--env",
+        f"X_HOSTILE:{HOSTILE}",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        sys.executable,
+        PROG,
+        "env",
+        str(out),
+        HOSTILE,
+        "it's",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     reports = {tuple(p.stem.rsplit("-", 1)): json.loads(p.read_text()) for p in out.glob("*.json")}
     envs = {(role, int(rank)): r["env"] for (role, rank), r in reports.items()}
@@ -121,8 +153,23 @@ def test_job_runs_with_roles_ranks_and_environment(
 def test_failing_worker_is_the_root_cause_and_the_service_is_stopped(
     rm: StandinRM, tmp_path: Path, launchkit_home: Path
 ) -> None:
-    res = launch(rm, launchkit_home, tmp_path, "-n", "2", "-s", "2", "--grace-period", "2",
-                 sys.executable, PROG, "fail", "worker", "1", "3")  # fmt: skip
+    res = launch(
+        rm,
+        launchkit_home,
+        tmp_path,
+        "-n",
+        "2",
+        "-s",
+        "2",
+        "--grace-period",
+        "2",
+        sys.executable,
+        PROG,
+        "fail",
+        "worker",
+        "1",
+        "3",
+    )
     assert res.returncode == 1, res.stderr[-3000:]  # the Service API has no exit status: FAILED is 1
     assert f"worker 1 on {rm.host} exited with code 1" in res.stderr
     assert "yarn logs -applicationId" in res.stderr  # the failure report points at the output
@@ -146,8 +193,13 @@ def test_kill_ctrl_c_and_the_launchers_death_stop_the_service(
         assert wait_until(lambda: running_containers(rm, out, 4), 15), calls(rm)
         job = wait_for_job(launchkit_home)
         if how == "kill":
-            killer = subprocess.Popen([*LAUNCHKIT, "kill", job], env=env_for(rm, launchkit_home),
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+            killer = subprocess.Popen(
+                [*LAUNCHKIT, "kill", job],
+                env=env_for(rm, launchkit_home),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             proc.wait(20)  # reaped here, so that `launchkit kill` sees the launcher gone at once
             _, kill_err = killer.communicate(timeout=20)
             assert killer.returncode == 0, kill_err
@@ -177,8 +229,23 @@ def test_time_limit_ends_the_job_and_sets_the_services_lifetime(
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    res = launch(rm, launchkit_home, tmp_path, "-n", "1", "-s", "1", "--time-limit", "1.5", "--grace-period", "1",
-                 sys.executable, PROG, "wait", str(out))  # fmt: skip
+    res = launch(
+        rm,
+        launchkit_home,
+        tmp_path,
+        "-n",
+        "1",
+        "-s",
+        "1",
+        "--time-limit",
+        "1.5",
+        "--grace-period",
+        "1",
+        sys.executable,
+        PROG,
+        "wait",
+        str(out),
+    )
     assert res.returncode == 124, res.stderr[-3000:]
     (post,) = [body for method, _p, body in rm.requests("POST")]
     assert post["lifetime"] == 2 + 1 + 60  # ceil(time limit + grace) + a minute: YARN's backstop
@@ -256,8 +323,19 @@ def test_a_standby_rms_redirect_is_followed_with_method_and_body(rm: StandinRM) 
     threading.Thread(target=standby.serve_forever, daemon=True).start()
     try:
         client = RmClient(f"http://127.0.0.1:{standby.server_address[1]}", "me")
-        spec = {"name": "lk-redirect", "version": "1", "components": [{"name": "c", "number_of_containers": 1,
-                "launch_command": "true", "resource": {"cpus": 1, "memory": "64"}, "restart_policy": "NEVER"}]}  # fmt: skip
+        spec = {
+            "name": "lk-redirect",
+            "version": "1",
+            "components": [
+                {
+                    "name": "c",
+                    "number_of_containers": 1,
+                    "launch_command": "true",
+                    "resource": {"cpus": 1, "memory": "64"},
+                    "restart_policy": "NEVER",
+                }
+            ],
+        }
         assert client.create(spec)["state"] == "ACCEPTED"
         assert rm.requests("POST")[0][2] == spec
         assert wait_until(lambda: (client.get("lk-redirect") or {}).get("state") == "STOPPED", 10)

@@ -748,17 +748,32 @@ class StandinRM:
         }
         env = {k: substitute(v, tokens) for k, v in conf_env.items()}  # ServiceUtils.buildEnvMap
         env.update(
-            {"WORK_DIR": "$PWD", "LOG_DIR": "<LOG_DIR>", "LANG": "en_US.UTF-8", "LC_ALL": "en_US.UTF-8",
-             "LANGUAGE": "en_US.UTF-8"}
-        )  # fmt: skip
+            {
+                "WORK_DIR": "$PWD",
+                "LOG_DIR": "<LOG_DIR>",
+                "LANG": "en_US.UTF-8",
+                "LC_ALL": "en_US.UTF-8",
+                "LANGUAGE": "en_US.UTF-8",
+            }
+        )
         command_tokens = {**tokens, **{f"${{{k}}}": v for k, v in env.items()}}
         command = substitute(comp["launch_command"], command_tokens)
         env.update(
-            {"CONTAINER_ID": c.id, "NM_HOST": self.host, "NM_PORT": "45454", "NM_HTTP_PORT": "8042",
-             "LOCAL_DIRS": str(c.workdir.parent), "LOCAL_USER_DIRS": str(c.workdir.parent),
-             "LOG_DIRS": str(c.logdir), "USER": svc.user, "LOGNAME": svc.user, "HOME": "/home/",
-             "PWD": str(c.workdir), "JVM_PID": "$$"}
-        )  # fmt: skip
+            {
+                "CONTAINER_ID": c.id,
+                "NM_HOST": self.host,
+                "NM_PORT": "45454",
+                "NM_HTTP_PORT": "8042",
+                "LOCAL_DIRS": str(c.workdir.parent),
+                "LOCAL_USER_DIRS": str(c.workdir.parent),
+                "LOG_DIRS": str(c.logdir),
+                "USER": svc.user,
+                "LOGNAME": svc.user,
+                "HOME": "/home/",
+                "PWD": str(c.workdir),
+                "JVM_PID": "$$",
+            }
+        )
         env = {k: nm_expand(v, str(c.logdir)) for k, v in env.items()}
         command = nm_expand(command, str(c.logdir))
         c.env, c.command = env, command

@@ -71,8 +71,23 @@ def test_gluon_training_with_2bit_compression_on_kvstore(mxnet_python: str) -> N
 
 
 def test_failing_mxnet_worker_ends_the_job(mxnet_python: str, launchkit_home) -> None:
-    res = run(["launch", "-n", "2", "-s", "1", "--launcher", "local", "--grace-period", "2", *MX_ENV, mxnet_python,
-               str(PROGS / "mx_fail.py")], timeout=120)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "1",
+            "--launcher",
+            "local",
+            "--grace-period",
+            "2",
+            *MX_ENV,
+            mxnet_python,
+            str(PROGS / "mx_fail.py"),
+        ],
+        timeout=120,
+    )
     assert res.returncode == 3, res.stderr[-3000:]
     assert "worker 1 on localhost exited with code 3" in res.stderr
     assert "worker crashed on purpose" in res.stderr
@@ -82,8 +97,22 @@ def test_failing_mxnet_worker_ends_the_job(mxnet_python: str, launchkit_home) ->
 def test_mxnet_under_mpi_with_launch_py_assignments(mxnet_python: str) -> None:
     """MXNet's nightly tests write `launch.py -n 2 PS_VERBOSE=1 python3 ...`: the leading word sets
     the variable (ps-lite then logs its connections), here with one mpirun for all servers and workers."""
-    res = run(["launch", "-n", "2", "-s", "2", "--launcher", "mpi", *MX_ENV, "PS_VERBOSE=1", mxnet_python,
-               str(PROGS / "mx_sum.py")], timeout=120)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "2",
+            "--launcher",
+            "mpi",
+            *MX_ENV,
+            "PS_VERBOSE=1",
+            mxnet_python,
+            str(PROGS / "mx_sum.py"),
+        ],
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert len(worker_json(res.stdout)) == 2
     assert all(o["results"]["9/2"] == [9.0] for o in worker_json(res.stdout))
@@ -97,9 +126,27 @@ def test_mxnet_as_a_slurm_batch_job(mxnet_python: str, slurm_local, tmp_path: Pa
     from tests.launchkit.procs import LAUNCHKIT
 
     env = {**os.environ, **slurm_local.env, "LAUNCHKIT_HOME": str(launchkit_home)}
-    res = subprocess.run([*LAUNCHKIT, "launch", "-n", "2", "-s", "2", "--launcher", "slurm", *MX_ENV, mxnet_python,
-                          str(PROGS / "mx_sum.py")], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=150, stdin=subprocess.DEVNULL)  # fmt: skip
+    res = subprocess.run(
+        [
+            *LAUNCHKIT,
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "2",
+            "--launcher",
+            "slurm",
+            *MX_ENV,
+            mxnet_python,
+            str(PROGS / "mx_sum.py"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        stdin=subprocess.DEVNULL,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     out = worker_json(res.stdout)
     assert sorted(o["rank"] for o in out) == [0, 1]

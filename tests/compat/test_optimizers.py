@@ -33,8 +33,12 @@ HYPER = {
                 "alr": 0.01, "b1": 0.9, "b2": 0.999, "eps": 1e-8},
 }  # fmt: skip
 # max |ours - MXNet| / max |MXNet| over the weights after each step (and the state arrays)
-RTOL = {("exact", "float64"): 1e-12, ("exact", "float32"): 1e-6, ("typical", "float64"): 1e-6,
-        ("typical", "float32"): 1e-6}  # fmt: skip
+RTOL = {
+    ("exact", "float64"): 1e-12,
+    ("exact", "float32"): 1e-6,
+    ("typical", "float64"): 1e-6,
+    ("typical", "float32"): 1e-6,
+}
 #: float64 Adam: MXNet rounds its step size lr * sqrt(1 - b2^t) / (1 - b1^t) to a float32
 ADAM_F64_RTOL = 1e-9
 
@@ -58,13 +62,15 @@ def cases(h: dict[str, float]) -> dict[str, tuple[str, dict[str, Any], tuple[Any
         "learner-sgd": ("sgd", {**sgd, "wd": h["wd"]}, ("learner", "sgd", {"lr": h["lr"], **wd}), 1.0),
         "learner-momentum": ("sgd", {**mom, "wd": h["wd"]}, ("learner", "momentum", {**lmom, **wd}), 1.0),
         "learner-momentum-unit-gain": (
-            "sgd", {**mom, "learning_rate": h["lr"] * (1 - h["mu"])},
-            ("learner", "momentum", {**lmom, "unit_gain": True}), 1.0,
+            "sgd",
+            {**mom, "learning_rate": h["lr"] * (1 - h["mu"])},
+            ("learner", "momentum", {**lmom, "unit_gain": True}),
+            1.0,
         ),
         "learner-nesterov": ("nag", {**mom, "wd": h["wd"]}, ("learner", "nesterov", {**lmom, **wd}), 1.0),
         "learner-adam": ("adam", {**adam, "wd": h["wd"]}, ("learner", "adam", {**ladam, **wd}), 1.0),
         "learner-adam-tiny": ("adam", adam, ("learner", "adam", ladam), h["eps"]),
-    }  # fmt: skip
+    }
 
 
 CASES = {(hyper, name): case for hyper, h in HYPER.items() for name, case in cases(h).items()}
@@ -109,8 +115,15 @@ def mxnet_results(mxnet_python: str) -> dict[tuple[str, str, str], dict[str, Any
     for hyper, name, dtype in KEYS:
         w, grads = inputs(hyper, name, dtype)
         mx_name, mx_kwargs, _, _ = CASES[(hyper, name)]
-        runs.append({"optimizer": mx_name, "kwargs": mx_kwargs, "dtype": dtype,
-                     "weight": w.tolist(), "grads": [g.tolist() for g in grads]})  # fmt: skip
+        runs.append(
+            {
+                "optimizer": mx_name,
+                "kwargs": mx_kwargs,
+                "dtype": dtype,
+                "weight": w.tolist(),
+                "grads": [g.tolist() for g in grads],
+            }
+        )
     res = subprocess.run(
         [mxnet_python, str(PROG)], input=json.dumps(runs), capture_output=True, text=True, timeout=300
     )
@@ -176,12 +189,17 @@ def test_local_kv_store_with_an_optimizer_matches_mxnets(mxnet_python: str) -> N
         w = rng.standard_normal(N).astype(np.float32)
         pushes = [[rng.standard_normal(N).astype(np.float32) for _ in range(2)] for _ in range(STEPS)]
         runs.append((name, kwargs, w, pushes))
-    payload = [{"optimizer": n, "kwargs": k, "weight": w.tolist(), "pushes": [[v.tolist() for v in p] for p in ps]}
-               for n, k, w, ps in runs]  # fmt: skip
+    payload = [
+        {"optimizer": n, "kwargs": k, "weight": w.tolist(), "pushes": [[v.tolist() for v in p] for p in ps]}
+        for n, k, w, ps in runs
+    ]
     res = subprocess.run(
         [mxnet_python, str(PROG.with_name("mx_kv_optim.py"))],
-        input=json.dumps(payload), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     theirs = json.loads(res.stdout.strip().splitlines()[-1])
     for (name, kwargs, w, pushes), want_steps in zip(runs, theirs, strict=True):

@@ -75,9 +75,14 @@ def test_dist_sync_under_mxnet_launch_py(mxnet_python: str, tmp_path: Path) -> N
         f"sys.argv = {args!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
     )
     proc = subprocess.Popen(
-        [mxnet_python, "-c", run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        cwd=tmp_path, start_new_session=True,
-    )  # fmt: skip
+        [mxnet_python, "-c", run],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=90)
     finally:

@@ -139,8 +139,19 @@ def _cmdline(pid: int) -> str:
 
 
 def launch_args(*extra: str, workers: int = 2, servers: int = 1) -> list[str]:
-    return ["launch", "-n", str(workers), "-s", str(servers), "--launcher", "local", "--grace-period", "1",
-            *FAST_LIVENESS, *extra]  # fmt: skip
+    return [
+        "launch",
+        "-n",
+        str(workers),
+        "-s",
+        str(servers),
+        "--launcher",
+        "local",
+        "--grace-period",
+        "1",
+        *FAST_LIVENESS,
+        *extra,
+    ]
 
 
 def trainer(*args: str) -> list[str]:
@@ -152,8 +163,11 @@ def small_disk(path: Path, size: str) -> Iterator[Path]:
     """A tmpfs of ``size`` (``mount -o size=``) mounted at ``path`` for the block: a disk that fills
     up. Needs root, as the namespace hosts do; fails the test with the reason otherwise."""
     path.mkdir(parents=True, exist_ok=True)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "lkfull", str(path)],
-                         capture_output=True, text=True)  # fmt: skip
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "lkfull", str(path)],
+        capture_output=True,
+        text=True,
+    )
     if res.returncode != 0:
         pytest.fail(f"cannot mount a small tmpfs at {path} (needs root): {res.stderr.strip()}", pytrace=False)
     try:

@@ -108,8 +108,24 @@ def test_launch_arguments_give_a_plan_or_a_usage_error(
 @given(lines=st.lists(HOST_LINE, min_size=0, max_size=5), n=st.integers(1, 6), s=st.integers(0, 3))
 def test_hostfiles_give_a_plan_or_an_error_naming_the_line(lines, n, s) -> None:
     Path("hosts").write_text("\n".join(lines) + "\n", errors="surrogateescape")
-    check(["launch", "--dry-run", "--launcher", "ssh", "--scheduler-ip", "10.0.0.1", "-H", "hosts",
-           "-n", str(n), "-s", str(s), "python3", "x.py"])  # fmt: skip
+    check(
+        [
+            "launch",
+            "--dry-run",
+            "--launcher",
+            "ssh",
+            "--scheduler-ip",
+            "10.0.0.1",
+            "-H",
+            "hosts",
+            "-n",
+            str(n),
+            "-s",
+            str(s),
+            "python3",
+            "x.py",
+        ]
+    )
 
 
 @pytest.mark.parametrize(

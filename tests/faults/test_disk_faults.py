@@ -28,8 +28,13 @@ def test_log_dir_fills_mid_job(tmp_path: Path, launchkit_home: Path) -> None:
     """The disk fills while the job runs: said once, the job goes on (its output still reaches the
     console) and ends with exit 74 (EX_IOERR) although every process succeeded."""
     with small_disk(tmp_path / "logs", "64k") as logs:
-        job = Job([*launch_args("--log-dir", str(logs)), *trainer("--steps", "30", "--delay", "0.01",
-                                                                  "--chatter", "4000")], launchkit_home)  # fmt: skip
+        job = Job(
+            [
+                *launch_args("--log-dir", str(logs)),
+                *trainer("--steps", "30", "--delay", "0.01", "--chatter", "4000"),
+            ],
+            launchkit_home,
+        )
         code, _ = job.finish(timeout=40)
     assert code == 74, job.out
     assert f"cannot write to --log-dir {logs}: No space left on device; the job goes on" in job.out, job.out
@@ -46,8 +51,10 @@ def test_checkpoint_disk_full(tmp_path: Path, launchkit_home: Path) -> None:
     size = 200_000  # float32: 800 kB per checkpoint
     with small_disk(tmp_path / "ck", "1200k") as ck:
         path = ck / "model.npz"
-        job = Job([*launch_args(), *trainer("--steps", "5", "--size", str(size), "--checkpoint", str(path))],
-                  launchkit_home)  # fmt: skip
+        job = Job(
+            [*launch_args(), *trainer("--steps", "5", "--size", str(size), "--checkpoint", str(path))],
+            launchkit_home,
+        )
         code, took = job.finish(timeout=30)
         assert code == 1, job.out
         # worker 0's own exit or the scheduler's abort that names it, whichever the launcher saw first
@@ -62,8 +69,13 @@ def test_checkpoint_disk_full(tmp_path: Path, launchkit_home: Path) -> None:
         # the surviving checkpoint resumes (on a disk with room)
         good = tmp_path / "model.npz"
         good.write_bytes(path.read_bytes())
-    job = Job([*launch_args(), *trainer("--steps", "3", "--size", str(size), "--checkpoint", str(good), "--resume")],
-              launchkit_home)  # fmt: skip
+    job = Job(
+        [
+            *launch_args(),
+            *trainer("--steps", "3", "--size", str(size), "--checkpoint", str(good), "--resume"),
+        ],
+        launchkit_home,
+    )
     code, _ = job.finish(timeout=30)
     assert code == 0, job.out
     assert "step 1" not in job.out and "[worker 0] done 0 6.0" in job.out, job.out

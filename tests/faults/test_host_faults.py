@@ -38,9 +38,31 @@ def jobdir(tmp_path: Path) -> Path:
 
 
 def ssh_launch(group, hostfile: Path, python: str, *extra: str, steps: int = 400) -> list[str]:
-    return ["launch", "-n", "2", "-s", "1", "-H", str(hostfile), "-i", str(group.identity), "--known-hosts",
-            str(group.known_hosts), "--sync-dst-dir", DST, "--grace-period", "1", *FAST_LIVENESS, *extra,
-            python, "trainprog.py", "--steps", str(steps), "--delay", "0.05"]  # fmt: skip
+    return [
+        "launch",
+        "-n",
+        "2",
+        "-s",
+        "1",
+        "-H",
+        str(hostfile),
+        "-i",
+        str(group.identity),
+        "--known-hosts",
+        str(group.known_hosts),
+        "--sync-dst-dir",
+        DST,
+        "--grace-period",
+        "1",
+        *FAST_LIVENESS,
+        *extra,
+        python,
+        "trainprog.py",
+        "--steps",
+        str(steps),
+        "--delay",
+        "0.05",
+    ]
 
 
 def nothing_on_hosts(group, job_id: str | None, timeout: float = 10) -> None:
@@ -139,8 +161,24 @@ def test_launcher_sigkill_during_rsync(
     (each in a session of its own, so no terminal reaches them) must not go on without it."""
     group = netns_hosts(2)
     for h in group:  # 8 Mbit/s toward each host: 6 MB take about 6 s
-        subprocess.run(["tc", "qdisc", "add", "dev", h.veth, "root", "tbf", "rate", "8mbit", "burst", "32kb",
-                        "latency", "400ms"], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                h.veth,
+                "root",
+                "tbf",
+                "rate",
+                "8mbit",
+                "burst",
+                "32kb",
+                "latency",
+                "400ms",
+            ],
+            check=True,
+        )
     (jobdir / "data.bin").write_bytes(os.urandom(6 << 20))
     hostfile = group.write_hostfile(jobdir.parent / "hosts")
     job = Job(ssh_launch(group, hostfile, host_python), launchkit_home, cwd=jobdir)
@@ -192,8 +230,11 @@ def test_two_jobs_on_the_same_hosts(
     first = Job(ssh_launch(group, hostfile, host_python, "--job-name", "first"), launchkit_home, cwd=jobdir)
     first.wait_for("[worker 1] step 1", timeout=60)
     first_id = first.job_id
-    second = Job(ssh_launch(group, hostfile, host_python, "--job-name", "second", steps=120), launchkit_home,
-                 cwd=jobdir)  # fmt: skip
+    second = Job(
+        ssh_launch(group, hostfile, host_python, "--job-name", "second", steps=120),
+        launchkit_home,
+        cwd=jobdir,
+    )
     jobs_dir = launchkit_home / "jobs"
     assert wait_until(lambda: len(list(jobs_dir.glob("*.json"))) == 2, 30)
     second_id = next(p.stem for p in jobs_dir.glob("*.json") if p.stem != first_id)

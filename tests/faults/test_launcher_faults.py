@@ -66,8 +66,9 @@ def test_two_jobs_at_once_kill_of_one_leaves_the_other(tmp_path: Path, launchkit
     first = Job([*launch_args("--job-name", "first"), *TRAINING], launchkit_home)
     first.wait_for("[worker 1] step 1")
     first_id = first.job_id
-    second = Job([*launch_args("--job-name", "second"), *trainer("--steps", "100", "--delay", "0.05")],
-                 launchkit_home)  # fmt: skip
+    second = Job(
+        [*launch_args("--job-name", "second"), *trainer("--steps", "100", "--delay", "0.05")], launchkit_home
+    )
     assert wait_until(lambda: len(list((launchkit_home / "jobs").glob("*.json"))) == 2, 10)
     second_id = next(p.stem for p in (launchkit_home / "jobs").glob("*.json") if p.stem != first_id)
     second.wait_for("[worker 1] step 3")

@@ -97,9 +97,13 @@ def test_missing_nodes_named_by_rank_or_counted() -> None:
 def test_kill9_mid_training_with_a_restart(tmp_path: Path, launchkit_home: Path) -> None:
     """--max-restarts 1: the whole job starts again, resumes from rank 0's checkpoint and finishes."""
     ck = tmp_path / "model.npz"
-    job = Job([*launch_args("--max-restarts", "1", "--restart-backoff", "0.2"),
-               *trainer("--steps", "60", "--delay", "0.05", "--checkpoint", str(ck), "--resume")],
-              launchkit_home)  # fmt: skip
+    job = Job(
+        [
+            *launch_args("--max-restarts", "1", "--restart-backoff", "0.2"),
+            *trainer("--steps", "60", "--delay", "0.05", "--checkpoint", str(ck), "--resume"),
+        ],
+        launchkit_home,
+    )
     job.wait_for("[worker 1] step 5")
     job.inject(job.pid("worker", 1), signal.SIGKILL)
     code, _ = job.finish(timeout=60)

@@ -17,8 +17,16 @@ import os
 import signal
 import sys
 
-NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
-         "MASTER_PORT")  # fmt: skip
+NAMES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def env() -> dict[str, str]:
@@ -38,8 +46,12 @@ def main(argv: list[str]) -> int:
 
         group = collective.group()
         total = collective.allreduce(np.full(7, group.rank + 1, dtype=np.int64))
-        print(json.dumps({"rank": group.rank, "size": group.size, "sum": total.tolist(), "pid": os.getpid(),
-                          **env()}), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {"rank": group.rank, "size": group.size, "sum": total.tolist(), "pid": os.getpid(), **env()}
+            ),
+            flush=True,
+        )
         first = os.environ.get("LAUNCHKIT_RESTART_COUNT", "0") == "0"
         if len(argv) > 1 and group.rank == int(argv[1]) and (first or argv[2:] != ["once"]):
             os.kill(os.getpid(), signal.SIGSTOP if argv[2:] == ["stop"] else signal.SIGKILL)

@@ -30,9 +30,14 @@ HOSTILE = "a b'c\"$HOME\n`x`"
 
 def plan_for(hosts: tuple[Host, ...], n: int = 2, s: int = 2, command: tuple[str, ...] = ("python3", "t.py")):
     spec = LaunchSpec(
-        num_workers=n, num_servers=s, command=command, backend="mpi", hosts=hosts,
-        env=(("HOSTILE", HOSTILE),), cwd="/work dir/$x",
-    )  # fmt: skip
+        num_workers=n,
+        num_servers=s,
+        command=command,
+        backend="mpi",
+        hosts=hosts,
+        env=(("HOSTILE", HOSTILE),),
+        cwd="/work dir/$x",
+    )
     return make_plan(spec, job_id="j1", secret="topsecret", root_uri="10.0.0.1", root_port=9000)
 
 
@@ -57,8 +62,12 @@ def test_ranks_grouped_by_host_with_slots() -> None:
     plan = plan_for((Host("a"), Host("b"), Host("c")), n=3, s=2)
     ordered = rank_order(plan)
     assert [(t.role, t.rank, t.host.name) for t in ordered] == [
-        ("server", 0, "a"), ("worker", 1, "a"), ("server", 1, "b"), ("worker", 2, "b"), ("worker", 0, "c"),
-    ]  # fmt: skip
+        ("server", 0, "a"),
+        ("worker", 1, "a"),
+        ("server", 1, "b"),
+        ("worker", 2, "b"),
+        ("worker", 0, "c"),
+    ]
     assert host_slots(ordered) == [("a", 2), ("b", 2), ("c", 1)]
 
 

@@ -33,9 +33,14 @@ HOSTILE = "a b'c\"$HOME\n`x`;rm -rf /nope"
 def plan_for(n: int = 2, s: int = 2):
     hosts = placeholder_hosts(n + s)
     spec = LaunchSpec(
-        num_workers=n, num_servers=s, command=("python3", "t.py", HOSTILE), backend="sge", hosts=hosts,
-        env=(("HOSTILE", HOSTILE),), cwd="/work dir/$x",
-    )  # fmt: skip
+        num_workers=n,
+        num_servers=s,
+        command=("python3", "t.py", HOSTILE),
+        backend="sge",
+        hosts=hosts,
+        env=(("HOSTILE", HOSTILE),),
+        cwd="/work dir/$x",
+    )
     return make_plan(
         spec, job_id="j1", secret="topsecret", root_uri="", root_port=0, node_host_of=dict.fromkeys(hosts, "")
     )
@@ -146,7 +151,9 @@ def test_slots_the_array_job_needs_against_the_queues() -> None:
 
 def test_pending_tasks_and_their_reason() -> None:
     assert task_states(QSTAT_GD, "4") == ([1, 2], [9])
-    text = "job_name: x\nscheduling info:            queue instance \"all.q@vm\" dropped because it is full\n" \
-        "                            All queues dropped because of overload or full\n"  # fmt: skip
+    text = (
+        'job_name: x\nscheduling info:            queue instance "all.q@vm" dropped because it is full\n'
+        "                            All queues dropped because of overload or full\n"
+    )
     assert scheduling_info(text) == 'queue instance "all.q@vm" dropped because it is full'
     assert scheduling_info("job_name: x\n") == ""

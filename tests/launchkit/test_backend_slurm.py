@@ -35,9 +35,14 @@ def slots_of(step: dict) -> list[int]:
 
 def plan_for(hosts: tuple[Host, ...], n: int = 2, s: int = 2):
     spec = LaunchSpec(
-        num_workers=n, num_servers=s, command=("python3", "t.py", HOSTILE), backend="slurm", hosts=hosts,
-        env=(("HOSTILE", HOSTILE),), cwd="/work dir/$x",
-    )  # fmt: skip
+        num_workers=n,
+        num_servers=s,
+        command=("python3", "t.py", HOSTILE),
+        backend="slurm",
+        hosts=hosts,
+        env=(("HOSTILE", HOSTILE),),
+        cwd="/work dir/$x",
+    )
     return make_plan(
         spec, job_id="j1", secret="topsecret", root_uri="", root_port=0, node_host_of=dict.fromkeys(hosts, "")
     )
@@ -60,13 +65,27 @@ def test_one_step_per_role_placed_round_robin_on_the_nodes() -> None:
 def test_sbatch_line_and_values_only_in_the_environment() -> None:
     plan = plan_for(placeholder_hosts(2))
     opts = SlurmOptions(
-        partition="debug", time="10:00", account="acc", qos="q", constraint="x&y", gpus_per_worker=2,
-        extra=("--exclusive",), python="/py",
-    )  # fmt: skip
+        partition="debug",
+        time="10:00",
+        account="acc",
+        qos="q",
+        constraint="x&y",
+        gpus_per_worker=2,
+        extra=("--exclusive",),
+        python="/py",
+    )
     argv = sbatch_argv(plan, opts, "/w/out", "/work dir/$x")
     assert argv[:5] == ["sbatch", "--parsable", "--job-name=j1", "--output=/w/out", "--chdir=/work dir/$x"]
-    for flag in ("--nodes=2", "--ntasks=4", "--partition=debug", "--time=10:00", "--account=acc", "--qos=q",
-                 "--constraint=x&y", "--gpus=4"):  # fmt: skip
+    for flag in (
+        "--nodes=2",
+        "--ntasks=4",
+        "--partition=debug",
+        "--time=10:00",
+        "--account=acc",
+        "--qos=q",
+        "--constraint=x&y",
+        "--gpus=4",
+    ):
         assert flag in argv
     assert argv[-1] == "--exclusive"  # the script goes on stdin: nothing after the user's flags
     env = batch_env(plan, opts, 5.0, in_allocation=False)
@@ -119,8 +138,9 @@ def test_batch_size_does_not_grow_with_the_tasks(slots: int | None) -> None:
     the 128 KiB one environment string may hold); each step's hostfile is the node of each of its
     tasks in rank order, as before (issue 28)."""
     hosts = tuple(Host(f"node{h:04d}", slots=slots) for h in range(2000))
-    spec = LaunchSpec(num_workers=100_000, num_servers=100_000, command=("python3", "t.py"), backend="slurm",
-                      hosts=hosts)  # fmt: skip
+    spec = LaunchSpec(
+        num_workers=100_000, num_servers=100_000, command=("python3", "t.py"), backend="slurm", hosts=hosts
+    )
     plan = make_plan(
         spec, job_id="j1", secret="s", root_uri="", root_port=0, node_host_of=dict.fromkeys(hosts, "")
     )

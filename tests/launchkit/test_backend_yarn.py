@@ -61,9 +61,14 @@ TOKENS = {"${COMPONENT_ID}": "7", "${USER}": "bob", "${DOMAIN}": "example.test",
 
 def plan_for(n: int = 2, s: int = 2, command: tuple[str, ...] = ("python3", "t.py", *HOSTILE), **kw):
     spec = LaunchSpec(
-        num_workers=n, num_servers=s, command=command, backend="yarn", env=(("HOSTILE", HOSTILE[0]),),
-        cwd="/work dir/$x", **kw,
-    )  # fmt: skip
+        num_workers=n,
+        num_servers=s,
+        command=command,
+        backend="yarn",
+        env=(("HOSTILE", HOSTILE[0]),),
+        cwd="/work dir/$x",
+        **kw,
+    )
     return make_plan(
         spec,
         job_id="1123-011611-01551a",

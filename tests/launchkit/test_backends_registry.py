@@ -27,9 +27,13 @@ class NewBackend(Backend):
 
     name = "new"
     capabilities = Capabilities(
-        hosts="here", hostfile_ignored="it runs here", here=True, restarts=True, root_in_worker0=False,
+        hosts="here",
+        hostfile_ignored="it runs here",
+        here=True,
+        restarts=True,
+        root_in_worker0=False,
         options=frozenset({"mpirun"}),
-    )  # fmt: skip
+    )
 
     def __init__(self, mpirun: str = "mpirun") -> None:
         self.mpirun = mpirun
@@ -77,10 +81,25 @@ def test_the_launchers_questions_follow_the_declarations() -> None:
 
 def test_a_new_backend_is_its_module_and_one_registry_line(new_backend: str) -> None:
     spec = build_spec(
-        num_workers=2, num_servers=0, hostfile=None, launcher=new_backend, sync_dst_dir=None, env=[],
-        env_server=[], env_worker=[], log_dir=None, job_name=None, gpus_per_worker=None, scheduler_ip=None,
-        scheduler_port=None, interface=None, grace_period=1.0, command=["true"], max_restarts=2, ui=Ui(),
-    )  # fmt: skip
+        num_workers=2,
+        num_servers=0,
+        hostfile=None,
+        launcher=new_backend,
+        sync_dst_dir=None,
+        env=[],
+        env_server=[],
+        env_worker=[],
+        log_dir=None,
+        job_name=None,
+        gpus_per_worker=None,
+        scheduler_ip=None,
+        scheduler_port=None,
+        interface=None,
+        grace_period=1.0,
+        command=["true"],
+        max_restarts=2,
+        ui=Ui(),
+    )
     assert spec.backend == "new" and spec.max_restarts == 2  # it declares restarts
     backendflags.refuse_unused("new", ["mpirun"])  # the option it declares
     with pytest.raises(

@@ -228,9 +228,29 @@ def test_mpi_dry_run_shows_mpirun_without_values(tmp_path: Path) -> None:
 
 def test_slurm_dry_run_outside_an_allocation(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    res = run(["launch", "--dry-run", "--json", "-n", "2", "-s", "1", "--launcher", "slurm", "--nodes", "2",
-               "--partition", "gpu q", "--slurm-args", "--exclusive --comment 'a b'", "python3", "t.py"],
-              cwd=tmp_path, env=env)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "--dry-run",
+            "--json",
+            "-n",
+            "2",
+            "-s",
+            "1",
+            "--launcher",
+            "slurm",
+            "--nodes",
+            "2",
+            "--partition",
+            "gpu q",
+            "--slurm-args",
+            "--exclusive --comment 'a b'",
+            "python3",
+            "t.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     plan = json.loads(res.stdout)
     sbatch, servers, workers = plan["engine_commands"]
@@ -239,8 +259,10 @@ def test_slurm_dry_run_outside_an_allocation(tmp_path: Path) -> None:
     assert servers[0] == "srun" and "--ntasks=1" in servers and "--ntasks=2" in workers
     assert workers[-3:] == ["--", "python3", "t.py"]
     assert [t["host"] for t in plan["tasks"][1:]] == [
-        "<node 1 of the allocation>", "<node 2 of the allocation>", "<node 1 of the allocation>",
-    ]  # fmt: skip
+        "<node 1 of the allocation>",
+        "<node 2 of the allocation>",
+        "<node 1 of the allocation>",
+    ]
     assert any("stdin" in note for note in plan["notes"])
 
 
@@ -258,8 +280,10 @@ def test_unknown_mpi_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_mpi_dry_run_is_the_real_line_and_bad_options_fail_the_same(tmp_path: Path) -> None:
     (tmp_path / "hosts").write_text("nodea\nnodeb\n")
-    plan = dry(["-n", "2", "--launcher", "mpi", "-H", "hosts", "-i", "/keys/id", "--ssh-port", "2222", "true"],
-               tmp_path)  # fmt: skip
+    plan = dry(
+        ["-n", "2", "--launcher", "mpi", "-H", "hosts", "-i", "/keys/id", "--ssh-port", "2222", "true"],
+        tmp_path,
+    )
     (line,) = plan["engine_commands"]
     rsh = line[line.index("plm_rsh_args") + 1]
     assert "-i /keys/id" in rsh and "-p 2222" in rsh

@@ -125,8 +125,17 @@ def test_a_variable_the_launcher_owns_is_refused(tmp_path: Path, words: list[str
 
 
 def test_the_users_own_variables_still_pass(tmp_path: Path) -> None:
-    args = ["--env", "DMLC_PS_VAN_TYPE:p3", "--env", "PYTHONUNBUFFERED:0", "--env", "LAUNCHKIT_HOME:/x",
-            "--env-worker", "CUDA_VISIBLE_DEVICES:1", "PS_VERBOSE=1"]  # fmt: skip
+    args = [
+        "--env",
+        "DMLC_PS_VAN_TYPE:p3",
+        "--env",
+        "PYTHONUNBUFFERED:0",
+        "--env",
+        "LAUNCHKIT_HOME:/x",
+        "--env-worker",
+        "CUDA_VISIBLE_DEVICES:1",
+        "PS_VERBOSE=1",
+    ]
     res = run(["launch", "-n", "1", "-s", "0", "--dry-run", *args, "true"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "DMLC_PS_VAN_TYPE=p3" in res.stdout and "CUDA_VISIBLE_DEVICES=1" in res.stdout
@@ -214,10 +223,32 @@ def test_a_flag_the_backend_does_not_take_is_refused(tmp_path: Path, args: list[
 def test_the_flags_a_backend_takes_are_taken(tmp_path: Path) -> None:
     (tmp_path / "hf").write_text("127.0.0.1\n")
     for args in (
-        ["--launcher", "mpi", "-H", "hf", "-i", "/keys/id", "--connect-timeout", "3", "--node-python", "python3"],
-        ["--launcher", "ssh", "-H", "hf", "--scheduler-ip", "127.0.0.1", "--heartbeat-timeout", "3", "--sync-dst-dir", "/tmp/x"],
+        [
+            "--launcher",
+            "mpi",
+            "-H",
+            "hf",
+            "-i",
+            "/keys/id",
+            "--connect-timeout",
+            "3",
+            "--node-python",
+            "python3",
+        ],
+        [
+            "--launcher",
+            "ssh",
+            "-H",
+            "hf",
+            "--scheduler-ip",
+            "127.0.0.1",
+            "--heartbeat-timeout",
+            "3",
+            "--sync-dst-dir",
+            "/tmp/x",
+        ],
         ["--launcher", "sge", "--queue", "all.q", "--pe", "smp"],
         ["--launcher", "local", "--max-restarts", "1", "--scheduler-ip", "127.0.0.1"],
-    ):  # fmt: skip
+    ):
         res = run(["launch", "-n", "1", *args, "--dry-run", "true"], cwd=tmp_path)
         assert res.returncode == 0, (args, res.stderr)

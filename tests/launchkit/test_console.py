@@ -74,8 +74,9 @@ def test_a_reader_that_went_away_is_exit_74_without_a_word(launchkit_home, tmp_p
         r, w = os.pipe()
         os.close(r)
         try:
-            res = subprocess.run([*LAUNCHKIT, *args], stdout=w, stderr=subprocess.PIPE, text=True,
-                                 timeout=60, cwd=tmp_path)  # fmt: skip
+            res = subprocess.run(
+                [*LAUNCHKIT, *args], stdout=w, stderr=subprocess.PIPE, text=True, timeout=60, cwd=tmp_path
+            )
         finally:
             os.close(w)
         assert res.returncode == 74, (args, res.stderr)

@@ -145,9 +145,14 @@ def test_the_peer_failed_line_reads_back_as_the_node_it_names() -> None:
 
     from dmlc_env.ending import PeerFailure, peer_failed_line, peer_failure, say_peer_failed
 
-    for node, read in [("worker 1", PeerFailure("worker", 1)), ("server 0", PeerFailure("server", 0)),
-                       ("scheduler", PeerFailure("scheduler", 0)), (None, PeerFailure(None)),
-                       ("1 of 2 workers", PeerFailure(None)), ("worker 1\nworker 2", PeerFailure(None))]:  # fmt: skip
+    for node, read in [
+        ("worker 1", PeerFailure("worker", 1)),
+        ("server 0", PeerFailure("server", 0)),
+        ("scheduler", PeerFailure("scheduler", 0)),
+        (None, PeerFailure(None)),
+        ("1 of 2 workers", PeerFailure(None)),
+        ("worker 1\nworker 2", PeerFailure(None)),
+    ]:
         line = peer_failed_line(node)
         assert "\n" not in line and peer_failure(line) == read
         assert peer_failure(f"[12:00:00 4242] {line}") == read  # after a logging prefix
@@ -161,8 +166,14 @@ def test_the_peer_failed_line_reads_back_as_the_node_it_names() -> None:
 
 
 def test_without_servers_only_workers_and_worker_0_serves_the_root() -> None:
-    plan = make_plan(spec(num_servers=0, num_workers=3), job_id="j", secret="s", root_uri="127.0.0.1",
-                     root_port=9091, master=("127.0.0.1", 9092))  # fmt: skip
+    plan = make_plan(
+        spec(num_servers=0, num_workers=3),
+        job_id="j",
+        secret="s",
+        root_uri="127.0.0.1",
+        root_port=9091,
+        master=("127.0.0.1", 9092),
+    )
     assert [(t.role, t.rank, t.task_id) for t in plan.tasks] == [
         ("worker", 0, 0),
         ("worker", 1, 1),
@@ -180,13 +191,25 @@ def test_without_servers_only_workers_and_worker_0_serves_the_root() -> None:
 
 def test_torchs_variables_count_workers_and_their_hosts() -> None:
     hosts = (Host("a", slots=2), Host("b", slots=1), Host("c", slots=2))
-    plan = make_plan(spec(num_servers=2, num_workers=5, backend="ssh", hosts=hosts), job_id="j", secret="s",
-                     root_uri="10.0.0.9", root_port=1, master=("10.0.0.1", 29500))  # fmt: skip
+    plan = make_plan(
+        spec(num_servers=2, num_workers=5, backend="ssh", hosts=hosts),
+        job_id="j",
+        secret="s",
+        root_uri="10.0.0.9",
+        root_port=1,
+        master=("10.0.0.1", 29500),
+    )
     assert plan.tasks[0].role == "scheduler"  # with servers, as before
     rows = [
-        (t.host.name, *(t.env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")))
+        (
+            t.host.name,
+            *(
+                t.env[k]
+                for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")
+            ),
+        )
         for t in plan.by_role("worker")
-    ]  # fmt: skip
+    ]
     assert rows == [
         ("a", "0", "5", "0", "2", "0", "0"),
         ("a", "1", "5", "1", "2", "0", "0"),

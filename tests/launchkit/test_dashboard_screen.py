@@ -46,8 +46,17 @@ def terminal(launchkit_home: Path) -> Iterator[None]:
 def shell(width: int, height: int, env: str = "") -> None:
     """A shell with a known prompt, in a pane of a fixed size (pytest's environment may carry
     COLUMNS and LINES)."""
-    tmux("new-session", "-d", "-s", "lk", "-x", str(width), "-y", str(height),
-         f"env -u COLUMNS -u LINES {env} PS1='{PROMPT}' sh")  # fmt: skip
+    tmux(
+        "new-session",
+        "-d",
+        "-s",
+        "lk",
+        "-x",
+        str(width),
+        "-y",
+        str(height),
+        f"env -u COLUMNS -u LINES {env} PS1='{PROMPT}' sh",
+    )
 
 
 def launch(*args: str, script: str) -> None:

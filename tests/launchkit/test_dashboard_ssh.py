@@ -25,8 +25,14 @@ def test_remote_rows_and_host_figures_in_the_live_view(sshd_loopback, launchkit_
     host = Host(sshd_loopback.host, port=sshd_loopback.port, user=sshd_loopback.user)
     backend = SshBackend(SshOptions(identity=str(sshd_loopback.identity), known_hosts=str(tmp_path / "kh")))
     stop = Path(f"/tmp/lk-dash-ssh-{uuid.uuid4().hex[:8]}")  # /tmp: the remote user can see it
-    spec = LaunchSpec(num_workers=1, num_servers=0, command=("python3", "-c", BUSY, str(stop)), hosts=(host,),
-                      backend="ssh", cwd="/tmp")  # fmt: skip
+    spec = LaunchSpec(
+        num_workers=1,
+        num_servers=0,
+        command=("python3", "-c", BUSY, str(stop)),
+        hosts=(host,),
+        backend="ssh",
+        cwd="/tmp",
+    )
     results: list[JobResult] = []
     job = threading.Thread(target=lambda: results.append(launching.run_job(spec, backend, Ui())))
     job.start()

@@ -49,10 +49,25 @@ def panel(text: str) -> list[str]:
 
 
 def test_digits_with_the_dashboard_and_top_from_a_second_window() -> None:
-    launch = shlex.join([
-        sys.executable, "-m", "launchkit", "launch", "-n", "2", "-s", "1", "--launcher", "local", "--dashboard",
-        sys.executable, str(ROOT / "examples" / "train_digits.py"), "--epochs", "150",
-    ])  # fmt: skip
+    launch = shlex.join(
+        [
+            sys.executable,
+            "-m",
+            "launchkit",
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "1",
+            "--launcher",
+            "local",
+            "--dashboard",
+            sys.executable,
+            str(ROOT / "examples" / "train_digits.py"),
+            "--epochs",
+            "150",
+        ]
+    )
     # a shell with a known prompt, in a pane of fixed size (pytest's environment may carry 80x24)
     shell = "env -u COLUMNS -u LINES PS1='READY$ ' sh"
     tmux("new-session", "-d", "-s", "dash", "-x", "150", "-y", "50", shell)
@@ -75,11 +90,18 @@ def test_digits_with_the_dashboard_and_top_from_a_second_window() -> None:
         first = screen("dash:0")
         job = JOB_ID.search(first)
         assert job is not None, first
-        tmux("new-window", "-t", "dash", "-n", "top",
-             f"env -u COLUMNS -u LINES {shlex.join([sys.executable, '-m', 'launchkit', 'top', job[0], '--interval', '0.5'])}; echo TOP=$?; sleep 60")  # fmt: skip
+        tmux(
+            "new-window",
+            "-t",
+            "dash",
+            "-n",
+            "top",
+            f"env -u COLUMNS -u LINES {shlex.join([sys.executable, '-m', 'launchkit', 'top', job[0], '--interval', '0.5'])}; echo TOP=$?; sleep 60",
+        )
         # the four figures on one capture (a capture can catch a frame half drawn)
-        assert wait_until(lambda: {"step", "loss", "accuracy", "samples/s"} <= figures(screen("dash:top")).keys(),
-                          15), screen("dash:top")  # fmt: skip
+        assert wait_until(
+            lambda: {"step", "loss", "accuracy", "samples/s"} <= figures(screen("dash:top")).keys(), 15
+        ), screen("dash:top")
         assert wait_until(ended, 90, interval=0.3), screen("dash:0")
         assert wait_until(lambda: "TOP=0" in screen("dash:top"), 10), screen("dash:top")
         final, top_final = screen("dash:0"), screen("dash:top")

@@ -48,8 +48,10 @@ def test_this_host_has_figures() -> None:
 def test_cpu_percent_and_memory_of_a_busy_process_group() -> None:
     busy = subprocess.Popen(
         [sys.executable, "-c", "x = bytearray(50 << 20)\nprint('ready', flush=True)\nwhile True: pass"],
-        start_new_session=True, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert busy.stdout is not None and busy.stdout.readline() == "ready\n"  # its memory is taken
         sampler = hoststat.Sampler(hoststat.Gpus(command=None))

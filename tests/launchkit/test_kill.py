@@ -21,11 +21,21 @@ A, B, C = "127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"
 def ended_record(**remote: Any) -> jobs.JobRecord:
     """A job that ran a worker on each of A, B and C and whose launcher has ended (a dead pid)."""
     return jobs.JobRecord(
-        id=JOB, name="train", backend="ssh", hosts=(A, B, C), command=("python", "train.py"), cwd="/tmp",
-        launcher_pid=2**22 + 7, launcher_start=1, started_at=1.0e9, state="succeeded", ended_at=1.0e9 + 5,
-        exit_code=0, processes=tuple(jobs.ProcessRecord("worker", i, h, 100 + i) for i, h in enumerate((A, B, C))),
+        id=JOB,
+        name="train",
+        backend="ssh",
+        hosts=(A, B, C),
+        command=("python", "train.py"),
+        cwd="/tmp",
+        launcher_pid=2**22 + 7,
+        launcher_start=1,
+        started_at=1.0e9,
+        state="succeeded",
+        ended_at=1.0e9 + 5,
+        exit_code=0,
+        processes=tuple(jobs.ProcessRecord("worker", i, h, 100 + i) for i, h in enumerate((A, B, C))),
         remote={"hosts": [A, B, C], "ssh": {"connect_timeout": 2.0}, **remote},
-    )  # fmt: skip
+    )
 
 
 HOSTS = [parse_host(h) for h in (A, B, C)]

@@ -78,15 +78,26 @@ def test_env_flags_reach_processes_literally(monkeypatch) -> None:
     monkeypatch.setenv("X_FORWARDED", "from launcher")
     res = run(
         [
-            "launch", "-n", "1", "-s", "1",
-            "--env", f"X_ALL:{hostile}",
-            "--env", "X_FORWARDED",
-            "--env-server", "X_SRV:1",
-            "--env-worker", "X_WRK:2",
-            "--env", "PYTHONUNBUFFERED:0",
-            PY, PROG, "env",
+            "launch",
+            "-n",
+            "1",
+            "-s",
+            "1",
+            "--env",
+            f"X_ALL:{hostile}",
+            "--env",
+            "X_FORWARDED",
+            "--env-server",
+            "X_SRV:1",
+            "--env-worker",
+            "X_WRK:2",
+            "--env",
+            "PYTHONUNBUFFERED:0",
+            PY,
+            PROG,
+            "env",
         ]
-    )  # fmt: skip
+    )
     assert res.returncode == 0, res.stderr
     envs = parse_prefixed(res.stdout)
     for key, e in envs.items():
@@ -293,8 +304,11 @@ def test_trainer_core_hung_worker_is_the_root_cause(tmp_path) -> None:
     ends by itself. It is named, as the scheduler reported it, with the scheduler's exit code."""
     (tmp_path / "job.py").write_text(TC_JOB)
     env = ["--env", "PS_HEARTBEAT_INTERVAL:0.2", "--env", "PS_HEARTBEAT_TIMEOUT:1"]
-    res = run(["launch", "-n", "2", "-s", "1", "--grace-period", "1", *env, PY, "job.py", "stop"], cwd=tmp_path,
-              timeout=60)  # fmt: skip
+    res = run(
+        ["launch", "-n", "2", "-s", "1", "--grace-period", "1", *env, PY, "job.py", "stop"],
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert res.returncode == 1, res.stderr
     assert (
         "failed: worker 1 on localhost failed, as scheduler 0 reported (exit 1); did not end by itself: "

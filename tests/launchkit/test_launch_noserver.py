@@ -49,8 +49,23 @@ def test_a_plain_torch_script_runs_unchanged(tmp_path: Path) -> None:
 def test_a_killed_worker_is_the_root_cause_and_nothing_is_left(
     tmp_path: Path, launchkit_home: Path, victim: int
 ) -> None:
-    res = run(["launch", "-n", "3", "-s", "0", "--grace-period", "2", sys.executable, PROG, "allreduce", str(victim)],
-              cwd=tmp_path, timeout=90)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "3",
+            "-s",
+            "0",
+            "--grace-period",
+            "2",
+            sys.executable,
+            PROG,
+            "allreduce",
+            str(victim),
+        ],
+        cwd=tmp_path,
+        timeout=90,
+    )
     assert res.returncode == 128 + signal.SIGKILL, res.stderr[-3000:]
     assert f"failed: worker {victim} on localhost was killed by signal 9" in res.stderr
     job = wait_for_job(launchkit_home)
@@ -60,8 +75,26 @@ def test_a_killed_worker_is_the_root_cause_and_nothing_is_left(
 def test_a_stopped_worker_0_is_named_by_the_others_and_ended(tmp_path: Path, launchkit_home: Path) -> None:
     """Worker 0 hangs (SIGSTOP) with the rendezvous in its process: the others' heartbeats to it go
     unanswered, they name worker 0, and the launcher names it and ends it."""
-    res = run(["launch", "-n", "3", "-s", "0", "--grace-period", "1", "--env", "PS_HEARTBEAT_TIMEOUT:2",
-               sys.executable, PROG, "allreduce", "0", "stop"], cwd=tmp_path, timeout=90)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "3",
+            "-s",
+            "0",
+            "--grace-period",
+            "1",
+            "--env",
+            "PS_HEARTBEAT_TIMEOUT:2",
+            sys.executable,
+            PROG,
+            "allreduce",
+            "0",
+            "stop",
+        ],
+        cwd=tmp_path,
+        timeout=90,
+    )
     assert res.returncode != 0, res.stderr[-3000:]
     assert "failed: worker 0 on localhost failed, as worker " in res.stderr, res.stderr[-3000:]
     assert "in worker 0) answered no heartbeat for 2 s" in res.stdout + res.stderr
@@ -70,8 +103,26 @@ def test_a_stopped_worker_0_is_named_by_the_others_and_ended(tmp_path: Path, lau
 
 
 def test_max_restarts_restarts_a_job_without_servers(tmp_path: Path, launchkit_home: Path) -> None:
-    res = run(["launch", "-n", "2", "-s", "0", "--max-restarts", "1", "--restart-backoff", "0.2", sys.executable, PROG,
-               "allreduce", "1", "once"], cwd=tmp_path, timeout=90)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "0",
+            "--max-restarts",
+            "1",
+            "--restart-backoff",
+            "0.2",
+            sys.executable,
+            PROG,
+            "allreduce",
+            "1",
+            "once",
+        ],
+        cwd=tmp_path,
+        timeout=90,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "attempt 1 failed (worker 1 exit 137, signal 9); restarting" in res.stderr
     outs = parse_prefixed(res.stdout)  # the second attempt's lines replace the first's

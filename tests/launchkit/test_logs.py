@@ -36,12 +36,18 @@ def test_logs_of_every_process_and_of_one(launchkit_home) -> None:
     assert res.stderr == "[worker 1] worker 1 err\n"
 
     res = run(["logs", job, "--role", "worker", "--tail", "2"])
-    assert res.stdout.splitlines() == ["[worker 0] worker 0 out 4", "[worker 0] worker 0 out 5",
-                                       "[worker 1] worker 1 out 4", "[worker 1] worker 1 out 5"]  # fmt: skip
+    assert res.stdout.splitlines() == [
+        "[worker 0] worker 0 out 4",
+        "[worker 0] worker 0 out 5",
+        "[worker 1] worker 1 out 4",
+        "[worker 1] worker 1 out 5",
+    ]
     assert run(["logs", job, "--rank", "0", "--tail", "0"]).stdout == ""
     assert run(["logs", job, "--rank", "0", "--tail", "1"]).stdout.splitlines() == [
-        "[scheduler 0] scheduler 0 out 5", "[server 0] server 0 out 5", "[worker 0] worker 0 out 5"
-    ]  # fmt: skip
+        "[scheduler 0] scheduler 0 out 5",
+        "[server 0] server 0 out 5",
+        "[worker 0] worker 0 out 5",
+    ]
 
 
 def test_logs_usage_errors(launchkit_home) -> None:
@@ -49,9 +55,12 @@ def test_logs_usage_errors(launchkit_home) -> None:
     for args, message in (
         (["logs", "nope"], "no job 'nope'"),
         (["logs", job, "--role", "boss"], "--role 'boss': expected one of scheduler, server, worker"),
-        (["logs", job, "--role", "server", "--rank", "3"], "has no process server 3 (its processes: scheduler 0, server 0, worker 0, worker 1)"),
+        (
+            ["logs", job, "--role", "server", "--rank", "3"],
+            "has no process server 3 (its processes: scheduler 0, server 0, worker 0, worker 1)",
+        ),
         (["logs", job, "--tail", "-1"], "--tail"),
-    ):  # fmt: skip
+    ):
         res = run(args)
         assert res.returncode == 2 and message in res.stderr, (args, res.stderr)
         assert "Traceback" not in res.stderr
@@ -61,15 +70,20 @@ def test_follow_prints_lines_as_they_come_and_ends_with_the_job(launchkit_home, 
     # after its first tick the job waits for GO, so that it is still running however slowly
     # `logs --follow` starts; the test makes GO once the first line has come
     go = tmp_path / "go"
-    script = (f'for i in 1 2 3 4 5 6 7 8; do echo "$DMLC_ROLE $LAUNCHKIT_ROLE_RANK tick $i"; '
-              f'{until_exists_sh(go)}; sleep 0.25; done')  # fmt: skip
+    script = (
+        f'for i in 1 2 3 4 5 6 7 8; do echo "$DMLC_ROLE $LAUNCHKIT_ROLE_RANK tick $i"; '
+        f"{until_exists_sh(go)}; sleep 0.25; done"
+    )
     job_proc = start(["launch", "-n", "1", "-s", "0", "--launcher", "local", "sh", "-c", script])
     try:
         job = wait_for_job(launchkit_home)
         follow = subprocess.Popen(
             [sys.executable, "-m", "launchkit", "logs", job, "--role", "worker", "--follow"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
         assert follow.stdout is not None
         first = follow.stdout.readline()
         assert first.startswith("[worker 0] worker 0 tick ")
@@ -99,7 +113,12 @@ def test_kept_files_are_capped_and_a_failure_warns_once(tmp_path, monkeypatch) -
         f.write(f"line {i:02d}\n".encode())  # 8 bytes each: rotated every 13 lines
     f.close()
     (k,) = outputs.kept("1122-000000-abcdef")
-    assert (k.role, k.rank, k.stream, [p.name for p in k.paths]) == ("worker", 0, "stdout", ["worker-0.stdout.1", "worker-0.stdout"])  # fmt: skip
+    assert (k.role, k.rank, k.stream, [p.name for p in k.paths]) == (
+        "worker",
+        0,
+        "stdout",
+        ["worker-0.stdout.1", "worker-0.stdout"],
+    )
     kept = outputs.last_lines(k.paths, None)
     assert kept == [f"line {i:02d}" for i in range(13, 30)]  # between cap and twice the cap, the latest
     assert outputs.last_lines(k.paths, 3) == ["line 27", "line 28", "line 29"]

@@ -81,8 +81,13 @@ def shim() -> Iterator[tuple[int, Lines]]:
 
 def start(flavor: str, ranks: list[int] | None) -> tuple[MpirunRun, Lines]:
     lines = Lines()
-    run = MpirunRun([sys.executable, "-c", ENGINE], dict(os.environ), "/", flavor,
-                    None if ranks is None else lambda: ranks)  # fmt: skip
+    run = MpirunRun(
+        [sys.executable, "-c", ENGINE],
+        dict(os.environ),
+        "/",
+        flavor,
+        None if ranks is None else lambda: ranks,
+    )
     run.start(lines.feed, lines.feed)
     lines.wait_for("ready")
     return run, lines

@@ -148,8 +148,22 @@ def small_tmpfs(tmp_path: Path):
 def test_read_only_log_dir_stops_the_launch_before_the_start(small_tmpfs: Path, tmp_path: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
     marker = tmp_path / "started"
-    res = run(["launch", "-n", "1", "-s", "0", "--launcher", "local", "--log-dir", str(small_tmpfs / "logs"),
-               "touch", str(marker)], cwd=tmp_path)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "1",
+            "-s",
+            "0",
+            "--launcher",
+            "local",
+            "--log-dir",
+            str(small_tmpfs / "logs"),
+            "touch",
+            str(marker),
+        ],
+        cwd=tmp_path,
+    )
     assert res.returncode == 2, res.stderr
     assert f"--log-dir {small_tmpfs / 'logs'}: cannot write there" in " ".join(res.stderr.split())
     assert "internal error" not in res.stderr
@@ -160,8 +174,24 @@ def test_disk_full_during_the_job_is_reported_once_and_the_output_goes_on(
     small_tmpfs: Path, tmp_path: Path
 ) -> None:
     code = "for i in range(50000): print(f'line {i:06d} ' + 'x' * 40)"
-    res = run(["launch", "-n", "2", "-s", "0", "--launcher", "local", "--log-dir", str(small_tmpfs),
-               PY, "-c", code], cwd=tmp_path, timeout=120)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "0",
+            "--launcher",
+            "local",
+            "--log-dir",
+            str(small_tmpfs),
+            PY,
+            "-c",
+            code,
+        ],
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert res.returncode == 74, res.stderr[-3000:]
     for rank in (0, 1):
         lines = [x for x in res.stdout.splitlines() if x.startswith(f"[worker {rank}] ")]
@@ -204,8 +234,13 @@ def test_a_stalled_reader_of_the_output_loses_nothing_after_the_job_ends(tmp_pat
     bound for streams that never end): the launcher waits for its reader, and every line comes."""
     code = "for i in range(3000): print(f'line {i:06d} ' + 'z' * 40)"
     err = open(tmp_path / "stderr", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([*LAUNCHKIT, "launch", "-n", "2", "-s", "0", "--launcher", "local", PY, "-c", code],
-                            stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, cwd=tmp_path)  # fmt: skip
+    proc = subprocess.Popen(
+        [*LAUNCHKIT, "launch", "-n", "2", "-s", "0", "--launcher", "local", PY, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=err,
+        stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
     try:
         assert proc.stdout is not None
         time.sleep(4.0)  # the job prints 300 KB and ends; nobody reads
@@ -355,8 +390,10 @@ def test_when_drain_says_every_stream_ended_their_lines_are_written() -> None:
 def test_a_log_file_that_cannot_be_opened_makes_the_job_exit_74(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     (logs / "worker-1.stdout").mkdir(parents=True)  # the directory is writable, that file cannot be
-    res = run(["launch", "-n", "2", "-s", "0", "--launcher", "local", "--log-dir", str(logs),
-               "echo", "hello"], cwd=tmp_path)  # fmt: skip
+    res = run(
+        ["launch", "-n", "2", "-s", "0", "--launcher", "local", "--log-dir", str(logs), "echo", "hello"],
+        cwd=tmp_path,
+    )
     assert res.returncode == 74, res.stderr
     assert sorted(res.stdout.splitlines()) == [f"[{p}] hello" for p in ("worker 0", "worker 1")]
     stderr = " ".join(res.stderr.split())

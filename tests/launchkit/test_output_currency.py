@@ -92,11 +92,29 @@ SLOW = "import time\nfor i in range(10**6): print(i, flush=True); time.sleep({ev
 
 def launch(args: list[str], every: float) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*LAUNCHKIT, "launch", "-n", "1", "-s", "0", "--launcher", "local", "--no-dashboard", *args,
-         "--", sys.executable, "-u", "-c", SLOW.format(every=every)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        [
+            *LAUNCHKIT,
+            "launch",
+            "-n",
+            "1",
+            "-s",
+            "0",
+            "--launcher",
+            "local",
+            "--no-dashboard",
+            *args,
+            "--",
+            sys.executable,
+            "-u",
+            "-c",
+            SLOW.format(every=every),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
         start_new_session=True,
-    )  # fmt: skip
+    )
 
 
 class Console:

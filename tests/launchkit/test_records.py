@@ -22,10 +22,20 @@ GOOD = "1123-040000-aaaaaa"
 
 def good_record(job_id: str = GOOD) -> jobs.JobRecord:
     return jobs.JobRecord(
-        id=job_id, name="train", backend="local", hosts=("localhost",), command=("python", "train.py"),
-        cwd="/tmp", launcher_pid=2**22 + 7, launcher_start=1, started_at=1.0e9, state="succeeded",
-        ended_at=1.0e9 + 5, exit_code=0, processes=(jobs.ProcessRecord("worker", 0, "localhost", 2**22 + 9),),
-    )  # fmt: skip
+        id=job_id,
+        name="train",
+        backend="local",
+        hosts=("localhost",),
+        command=("python", "train.py"),
+        cwd="/tmp",
+        launcher_pid=2**22 + 7,
+        launcher_start=1,
+        started_at=1.0e9,
+        state="succeeded",
+        ended_at=1.0e9 + 5,
+        exit_code=0,
+        processes=(jobs.ProcessRecord("worker", 0, "localhost", 2**22 + 9),),
+    )
 
 
 def good_json(**changes: object) -> str:

@@ -39,8 +39,16 @@ class Dog:
         )
         assert self.p.stdin is not None and self.p.stdout is not None
         self.p.stdin.write(bootstrap_payload())
-        self.send({"op": "hello", "job": job, "hb_interval": 0.2, "hb_timeout": hb_timeout, "grace": 1,
-                   "window": window})  # fmt: skip
+        self.send(
+            {
+                "op": "hello",
+                "job": job,
+                "hb_interval": 0.2,
+                "hb_timeout": hb_timeout,
+                "grace": 1,
+                "window": window,
+            }
+        )
         self.events: list[dict] = []
 
     def send(self, msg: dict) -> None:
@@ -111,8 +119,19 @@ def test_channel_close_ends_every_process_and_grandchild() -> None:
         dog.until("ready")
         grandchild = "import subprocess,time; subprocess.Popen(['setsid','sleep','60']); time.sleep(60)"
         for i in range(2):
-            dog.send({"op": "spawns", "procs": [{"id": i, "argv": [sys.executable, "-c", grandchild],
-                      "env": {"LAUNCHKIT_JOB_ID": job}, "cwd": "/"}]})  # fmt: skip
+            dog.send(
+                {
+                    "op": "spawns",
+                    "procs": [
+                        {
+                            "id": i,
+                            "argv": [sys.executable, "-c", grandchild],
+                            "env": {"LAUNCHKIT_JOB_ID": job},
+                            "cwd": "/",
+                        }
+                    ],
+                }
+            )
             dog.until("started", id=i)
         assert wait_until(lambda: len(pids_with_job(job)) == 4, 5)
         assert dog.p.stdin is not None
@@ -261,8 +280,14 @@ def _task(tmp_path) -> Task:
 def test_a_session_that_cannot_be_opened_is_the_error_and_connections_are_closed(tmp_path) -> None:
     _RefusingConnection.closed = 0
     backend = SshBackend()
-    backend.spec = LaunchSpec(num_workers=2, num_servers=0, command=("true",), cwd=str(tmp_path),
-                              hosts=(Host("h1"), Host("h2")), backend="ssh")  # fmt: skip
+    backend.spec = LaunchSpec(
+        num_workers=2,
+        num_servers=0,
+        command=("true",),
+        cwd=str(tmp_path),
+        hosts=(Host("h1"), Host("h2")),
+        backend="ssh",
+    )
     backend.conns = {host_key(h): _RefusingConnection(h.name) for h in backend.spec.hosts}
     plan = make_plan(backend.spec, job_id="job-x", secret="s", root_uri="127.0.0.1", root_port=1)
     with pytest.raises(BackendError) as err:
@@ -367,8 +392,9 @@ class _PipeChannel:
         self.p: subprocess.Popen[bytes] | None = None
 
     def exec_command(self, command: str) -> None:
-        self.p = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE)  # fmt: skip
+        self.p = subprocess.Popen(
+            ["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
 
     def sendall(self, data: bytes) -> None:
         assert self.p is not None and self.p.stdin is not None
@@ -429,8 +455,12 @@ def test_the_watchdog_starts_without_the_hosts_site_packages(tmp_path) -> None:
     """The watchdog is standard library only: its python3 runs with -S, so neither the host's
     site-packages nor a sitecustomize is imported (the start's CPU on every host, 128 at a time)."""
     (tmp_path / "sitecustomize.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
-    p = subprocess.Popen(["sh", "-c", remote_command(sys.executable)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(tmp_path)})  # fmt: skip
+    p = subprocess.Popen(
+        ["sh", "-c", remote_command(sys.executable)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert p.stdin is not None and p.stdout is not None
     try:
         p.stdin.write(bootstrap_payload() + b'{"op":"hello","job":"wd-nosite","hb_interval":1}\n')

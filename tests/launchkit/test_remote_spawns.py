@@ -21,8 +21,15 @@ SAY = 'echo "$LAUNCHKIT_ROLE_RANK $SHARED ${OWN:-none}"'
 
 
 def _plan(tmp_path: Any, hosts: tuple[Host, ...], per_host: int) -> tuple[LaunchSpec, list[Task]]:
-    spec = LaunchSpec(num_workers=per_host * len(hosts), num_servers=0, command=("sh", "-c", SAY),
-                      cwd=str(tmp_path), hosts=hosts, backend="ssh", env=(("SHARED", "all of them"),))  # fmt: skip
+    spec = LaunchSpec(
+        num_workers=per_host * len(hosts),
+        num_servers=0,
+        command=("sh", "-c", SAY),
+        cwd=str(tmp_path),
+        hosts=hosts,
+        backend="ssh",
+        env=(("SHARED", "all of them"),),
+    )
     plan = make_plan(spec, job_id="job-spawns", secret="s", root_uri="127.0.0.1", root_port=1)
     return spec, [t for t in plan.tasks if t.role != "scheduler"]
 

@@ -45,8 +45,11 @@ def test_wait_gives_up_with_a_clear_message(tmp_path: Path) -> None:
 
 def test_known_address_and_secret_file(tmp_path: Path) -> None:
     (tmp_path / "secret").write_text("s3cr3t\n")
-    env = {"DMLC_PS_ROOT_URI": "10.0.0.1", rendezvous.RENDEZVOUS_VAR: str(tmp_path / "x"),
-           rendezvous.SECRET_FILE_VAR: str(tmp_path / "secret")}  # fmt: skip
+    env = {
+        "DMLC_PS_ROOT_URI": "10.0.0.1",
+        rendezvous.RENDEZVOUS_VAR: str(tmp_path / "x"),
+        rendezvous.SECRET_FILE_VAR: str(tmp_path / "secret"),
+    }
     rendezvous.resolve(env)
     assert env["LAUNCHKIT_JOB_SECRET"] == "s3cr3t" and env["DMLC_PS_ROOT_URI"] == "10.0.0.1"
     assert rendezvous.parse_root("garbage") is None and rendezvous.parse_root("1.2.3.4 80\n") == (
@@ -57,9 +60,16 @@ def test_known_address_and_secret_file(tmp_path: Path) -> None:
 
 def test_worker_0_publishes_its_address_and_ports_and_the_others_take_them(tmp_path) -> None:
     path = str(tmp_path / "worker0")
-    base = {rendezvous.WORKER0_VAR: path, "DMLC_ROLE": "worker", "MASTER_ADDR": "", "MASTER_PORT": "0",
-            "DMLC_PS_ROOT_URI": "", "DMLC_PS_ROOT_PORT": "0", "LAUNCHKIT_ROOT_SERVER": "worker 0",
-            "DMLC_INTERFACE": "lo"}  # fmt: skip
+    base = {
+        rendezvous.WORKER0_VAR: path,
+        "DMLC_ROLE": "worker",
+        "MASTER_ADDR": "",
+        "MASTER_PORT": "0",
+        "DMLC_PS_ROOT_URI": "",
+        "DMLC_PS_ROOT_PORT": "0",
+        "LAUNCHKIT_ROOT_SERVER": "worker 0",
+        "DMLC_INTERFACE": "lo",
+    }
     zero = {**base, "LAUNCHKIT_ROLE_RANK": "0"}
     rendezvous.resolve(zero)
     assert zero["MASTER_ADDR"] == zero["DMLC_PS_ROOT_URI"] == "127.0.0.1"
@@ -76,8 +86,13 @@ def test_worker_0_publishes_its_address_and_ports_and_the_others_take_them(tmp_p
 
 
 def test_a_worker_whose_worker_0_never_publishes_gives_up_naming_it(tmp_path) -> None:
-    env = {rendezvous.WORKER0_VAR: str(tmp_path / "worker0"), "DMLC_ROLE": "worker", "LAUNCHKIT_ROLE_RANK": "1",
-           "PS_START_TIMEOUT": "0.3", "LAUNCHKIT_ROOT_SERVER": "worker 0"}  # fmt: skip
+    env = {
+        rendezvous.WORKER0_VAR: str(tmp_path / "worker0"),
+        "DMLC_ROLE": "worker",
+        "LAUNCHKIT_ROLE_RANK": "1",
+        "PS_START_TIMEOUT": "0.3",
+        "LAUNCHKIT_ROOT_SERVER": "worker 0",
+    }
     with pytest.raises(TimeoutError, match="worker 0 did not publish its address"):
         rendezvous.resolve(env)
 
@@ -88,8 +103,15 @@ def test_with_a_scheduler_a_worker_goes_on_without_torchs_variables_when_worker_
     """A job with servers does not need worker 0's address (its scheduler is elsewhere): a directory
     the nodes do not share costs a bounded wait and a line, not the job."""
     monkeypatch.setattr(rendezvous, "OPTIONAL_WAIT", 0.3)
-    env = {rendezvous.WORKER0_VAR: str(tmp_path / "worker0"), "DMLC_ROLE": "worker", "LAUNCHKIT_ROLE_RANK": "1",
-           "MASTER_ADDR": "", "MASTER_PORT": "0", "DMLC_PS_ROOT_URI": "10.0.0.9", "PS_START_TIMEOUT": "600"}  # fmt: skip
+    env = {
+        rendezvous.WORKER0_VAR: str(tmp_path / "worker0"),
+        "DMLC_ROLE": "worker",
+        "LAUNCHKIT_ROLE_RANK": "1",
+        "MASTER_ADDR": "",
+        "MASTER_PORT": "0",
+        "DMLC_PS_ROOT_URI": "10.0.0.9",
+        "PS_START_TIMEOUT": "600",
+    }
     t0 = time.monotonic()
     rendezvous.resolve(env)
     assert time.monotonic() - t0 < 5

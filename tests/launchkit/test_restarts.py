@@ -115,8 +115,20 @@ def test_a_command_that_cannot_start_is_not_restarted() -> None:
 
 
 def test_a_command_that_cannot_start_ends_the_launch_saying_why(launchkit_home) -> None:
-    res = run(["launch", "-n", "1", "-s", "1", "--max-restarts", "2", "--restart-backoff", "0",
-               "no-such-program-xyz"])  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "1",
+            "-s",
+            "1",
+            "--max-restarts",
+            "2",
+            "--restart-backoff",
+            "0",
+            "no-such-program-xyz",
+        ]
+    )
     assert res.returncode == 127, res.stderr
     assert "restarting" not in res.stderr and "attempt 2" not in res.stderr, res.stderr
     assert "no restart: its command was not found (scheduler 0 exit 127)" in " ".join(res.stderr.split())
@@ -126,10 +138,24 @@ def test_a_command_that_cannot_start_ends_the_launch_saying_why(launchkit_home) 
 
 def spec_for(launcher: str = "local", **kw: object) -> LaunchSpec:
     args: dict = dict(
-        num_workers=1, num_servers=1, hostfile=None, launcher=launcher, sync_dst_dir=None, env=[],
-        env_server=[], env_worker=[], log_dir=None, job_name=None, gpus_per_worker=None,
-        scheduler_ip=None, scheduler_port=None, interface=None, grace_period=1.0, command=["true"], ui=Ui(),
-    )  # fmt: skip
+        num_workers=1,
+        num_servers=1,
+        hostfile=None,
+        launcher=launcher,
+        sync_dst_dir=None,
+        env=[],
+        env_server=[],
+        env_worker=[],
+        log_dir=None,
+        job_name=None,
+        gpus_per_worker=None,
+        scheduler_ip=None,
+        scheduler_port=None,
+        interface=None,
+        grace_period=1.0,
+        command=["true"],
+        ui=Ui(),
+    )
     args.update(kw)
     return build_spec(**args)
 
@@ -170,7 +196,21 @@ def test_bad_flags_exit_2_from_the_cli() -> None:
 
 
 def test_dry_run_says_what_a_restart_would_do() -> None:
-    res = run(["launch", "-n", "1", "--launcher", "local", "--max-restarts", "2", "--restart-backoff", "0.5", "--dry-run", "true"])  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "1",
+            "--launcher",
+            "local",
+            "--max-restarts",
+            "2",
+            "--restart-backoff",
+            "0.5",
+            "--dry-run",
+            "true",
+        ]
+    )
     assert res.returncode == 0, res.stderr
     assert "starts again up to 2 times, 0.5 s after the failed attempt ended" in res.stdout
     res = run(["launch", "-n", "1", "--launcher", "local", "--dry-run", "--json", "true"])
@@ -181,8 +221,12 @@ def test_dry_run_says_what_a_restart_would_do() -> None:
 def test_every_process_gets_the_attempt_and_cannot_override_it() -> None:
     plan = make_plan(
         LaunchSpec(num_workers=2, num_servers=1, command=("x",), env=(("LAUNCHKIT_RESTART_COUNT", "9"),)),
-        job_id="j", secret="s", root_uri="127.0.0.1", root_port=1, restart_count=2,
-    )  # fmt: skip
+        job_id="j",
+        secret="s",
+        root_uri="127.0.0.1",
+        root_port=1,
+        restart_count=2,
+    )
     for t in plan.tasks:
         assert t.env[dmlc_env.LAUNCHKIT_RESTART_COUNT] == "2"
         assert dmlc_env.NodeEnv.from_environ(t.env).restart_count == 2
@@ -216,8 +260,22 @@ def attempts_of(stdout: str) -> list[dict[tuple[str, int], dict]]:
 def test_a_job_failing_once_is_restarted_with_a_new_port_and_the_same_identity(
     launchkit_home, tmp_path: Path
 ) -> None:
-    res = run(["launch", "-n", "2", "-s", "1", "--max-restarts", "2", "--restart-backoff", "0.2",
-               "sh", "-c", fail_first(tmp_path, 4)])  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "1",
+            "--max-restarts",
+            "2",
+            "--restart-backoff",
+            "0.2",
+            "sh",
+            "-c",
+            fail_first(tmp_path, 4),
+        ]
+    )
     assert res.returncode == 0, res.stderr
     first, second = attempts_of(res.stdout)
     assert len(first) == len(second) == 4  # every process of both attempts ran (none of a third)
@@ -244,8 +302,22 @@ def test_a_job_failing_once_is_restarted_with_a_new_port_and_the_same_identity(
 
 
 def test_a_job_that_always_fails_ends_with_the_last_attempts_code(launchkit_home) -> None:
-    res = run(["launch", "-n", "1", "-s", "0", "--max-restarts", "2", "--restart-backoff", "0",
-               "sh", "-c", ALWAYS_FAIL])  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "1",
+            "-s",
+            "0",
+            "--max-restarts",
+            "2",
+            "--restart-backoff",
+            "0",
+            "sh",
+            "-c",
+            ALWAYS_FAIL,
+        ]
+    )
     assert res.returncode == 12, res.stderr  # attempt 2 (the third) exited 10 + 2
     assert res.stderr.count("restarting in") == 2
     assert "failed (attempt 3, after 2 restarts): worker 0 on localhost exited with code 12" in res.stderr
@@ -263,8 +335,24 @@ def test_without_max_restarts_a_failure_ends_the_job(launchkit_home) -> None:
 def test_the_time_limit_counts_over_every_attempt(launchkit_home) -> None:
     # each attempt fails after 0.4 s; alone, six attempts would take over 3 s and end with 15
     script = 'if [ "$DMLC_ROLE" = worker ]; then sleep 0.4; exit $((10 + LAUNCHKIT_RESTART_COUNT)); fi; exec sleep 30'
-    res = run(["launch", "-n", "1", "-s", "0", "--max-restarts", "5", "--restart-backoff", "0.3",
-               "--time-limit", "1.2", "sh", "-c", script])  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-n",
+            "1",
+            "-s",
+            "0",
+            "--max-restarts",
+            "5",
+            "--restart-backoff",
+            "0.3",
+            "--time-limit",
+            "1.2",
+            "sh",
+            "-c",
+            script,
+        ]
+    )
     assert res.returncode == 124, res.stderr
     assert 1 <= res.stderr.count("restarting in") < 5, res.stderr
     rec = record(launchkit_home, wait_for_job(launchkit_home))
@@ -321,8 +409,9 @@ def ended_within(proc: subprocess.Popen[str], seconds: float) -> tuple[int, str]
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_during_an_attempt_is_not_restarted(launchkit_home, sig: int, code: int) -> None:
-    proc = start(["launch", "-n", "1", "-s", "1", "--max-restarts", "3", "--grace-period", "2",
-                  "sh", "-c", SLEEP])  # fmt: skip
+    proc = start(
+        ["launch", "-n", "1", "-s", "1", "--max-restarts", "3", "--grace-period", "2", "sh", "-c", SLEEP]
+    )
     job = running_job(launchkit_home, proc, 3)
     proc.send_signal(sig)
     rc, err = ended_within(proc, 10)  # the processes end at SIGTERM: well before the 30 s sleep
@@ -334,8 +423,22 @@ def test_a_signal_during_an_attempt_is_not_restarted(launchkit_home, sig: int, c
 
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "launchkit kill"])
 def test_a_signal_during_the_backoff_ends_the_launch_at_once(launchkit_home, how: str) -> None:
-    proc = start(["launch", "-n", "1", "-s", "0", "--max-restarts", "3", "--restart-backoff", "60",
-                  "sh", "-c", ALWAYS_FAIL])  # fmt: skip
+    proc = start(
+        [
+            "launch",
+            "-n",
+            "1",
+            "-s",
+            "0",
+            "--max-restarts",
+            "3",
+            "--restart-backoff",
+            "60",
+            "sh",
+            "-c",
+            ALWAYS_FAIL,
+        ]
+    )
     job = wait_for_job(launchkit_home)
     assert wait_until(lambda: record(launchkit_home, job)["attempt"] == 1, 15), record(launchkit_home, job)
     assert record(launchkit_home, job)["state"] == "running"  # waiting to restart
@@ -358,10 +461,13 @@ def test_a_signal_during_the_backoff_ends_the_launch_at_once(launchkit_home, how
 def test_a_signal_during_a_failures_teardown_is_not_restarted(launchkit_home, tmp_path: Path) -> None:
     # worker 0 fails once both are seen running (GO); worker 1 ignores SIGTERM, so the teardown
     # lasts the grace period
-    script = (f'if [ "$LAUNCHKIT_ROLE_RANK" = 0 ]; then {until_exists_sh(tmp_path / "go")}; exit 3; fi; '
-              'trap "" TERM; exec sleep 30')  # fmt: skip
-    proc = start(["launch", "-n", "2", "-s", "0", "--max-restarts", "3", "--grace-period", "4",
-                  "sh", "-c", script])  # fmt: skip
+    script = (
+        f'if [ "$LAUNCHKIT_ROLE_RANK" = 0 ]; then {until_exists_sh(tmp_path / "go")}; exit 3; fi; '
+        'trap "" TERM; exec sleep 30'
+    )
+    proc = start(
+        ["launch", "-n", "2", "-s", "0", "--max-restarts", "3", "--grace-period", "4", "sh", "-c", script]
+    )
     job = running_job(launchkit_home, proc, 2)
     (tmp_path / "go").touch()
     # worker 0 has failed, worker 1 is still there (in the grace period)
@@ -374,8 +480,9 @@ def test_a_signal_during_a_failures_teardown_is_not_restarted(launchkit_home, tm
 
 
 def test_launchkit_kill_is_not_restarted(launchkit_home) -> None:
-    proc = start(["launch", "-n", "2", "-s", "1", "--max-restarts", "3", "--restart-backoff", "0",
-                  "sh", "-c", SLEEP])  # fmt: skip
+    proc = start(
+        ["launch", "-n", "2", "-s", "1", "--max-restarts", "3", "--restart-backoff", "0", "sh", "-c", SLEEP]
+    )
     job = running_job(launchkit_home, proc, 4)
     killer = start(["kill", job])  # reaping the launcher here meanwhile: a zombie would look alive to it
     rc, err = ended_within(proc, 10)
@@ -393,9 +500,30 @@ def test_launchkit_kill_is_not_restarted(launchkit_home) -> None:
 def test_ssh_job_is_restarted_on_its_host(sshd_loopback, tmp_path: Path, launchkit_home) -> None:  # noqa: F811
     hostfile = tmp_path / "hosts"
     hostfile.write_text(sshd_loopback.hostfile_line() + "\n")
-    res = run(["launch", "-H", str(hostfile), "-i", str(sshd_loopback.identity), "--known-hosts",
-               str(tmp_path / "known_hosts"), "-n", "1", "-s", "1", "--max-restarts", "1",
-               "--restart-backoff", "0", "sh", "-c", fail_first(tmp_path, 3)], cwd="/", timeout=60)  # fmt: skip
+    res = run(
+        [
+            "launch",
+            "-H",
+            str(hostfile),
+            "-i",
+            str(sshd_loopback.identity),
+            "--known-hosts",
+            str(tmp_path / "known_hosts"),
+            "-n",
+            "1",
+            "-s",
+            "1",
+            "--max-restarts",
+            "1",
+            "--restart-backoff",
+            "0",
+            "sh",
+            "-c",
+            fail_first(tmp_path, 3),
+        ],
+        cwd="/",
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     first, second = attempts_of(res.stdout)
     assert sorted(first) == sorted(second) == [("scheduler", 0), ("server", 0), ("worker", 0)]
@@ -432,9 +560,33 @@ def test_a_lost_host_is_restarted_after_its_watchdog_ended(
     group = netns_hosts(2)
     hostfile = group.write_hostfile(tmp_path / "hosts")
     script = 'test "$LAUNCHKIT_RESTART_COUNT" -ge 1 || exec sleep 60; sleep 1; echo "survived $DMLC_ROLE"'
-    proc = start(["launch", "-H", str(hostfile), "-i", str(group.identity), "--known-hosts",
-                  str(group.known_hosts), "-n", "2", "-s", "0", "--heartbeat-timeout", "1", "--grace-period",
-                  "1", "--max-restarts", "1", "--restart-backoff", "0", "sh", "-c", script], cwd="/")  # fmt: skip
+    proc = start(
+        [
+            "launch",
+            "-H",
+            str(hostfile),
+            "-i",
+            str(group.identity),
+            "--known-hosts",
+            str(group.known_hosts),
+            "-n",
+            "2",
+            "-s",
+            "0",
+            "--heartbeat-timeout",
+            "1",
+            "--grace-period",
+            "1",
+            "--max-restarts",
+            "1",
+            "--restart-backoff",
+            "0",
+            "sh",
+            "-c",
+            script,
+        ],
+        cwd="/",
+    )
     job = running_job(launchkit_home, proc, 2)  # the two workers (no scheduler without servers)
     assert wait_until(lambda: group[1].pids_with_env(f"LAUNCHKIT_JOB_ID={job}"), 10)
     subprocess.run(["ip", "link", "set", group[1].veth, "down"], check=True)
@@ -456,8 +608,22 @@ DIGITS = ("--epochs", "8", "--hidden", "32", "--batch-size", "2")
 
 
 def digits(checkpoint: Path, seed: int, *flags: str) -> list[str]:
-    return ["launch", "-n", "2", "-s", "1", *flags, sys.executable, "examples/train_digits.py", *DIGITS,
-            "--seed", str(seed), "--checkpoint", str(checkpoint), "--resume"]  # fmt: skip
+    return [
+        "launch",
+        "-n",
+        "2",
+        "-s",
+        "1",
+        *flags,
+        sys.executable,
+        "examples/train_digits.py",
+        *DIGITS,
+        "--seed",
+        str(seed),
+        "--checkpoint",
+        str(checkpoint),
+        "--resume",
+    ]
 
 
 def epochs(out: str) -> list[tuple[int, float]]:
@@ -513,5 +679,7 @@ def test_a_killed_worker_resumes_from_its_checkpoint_to_the_uninterrupted_accura
     assert [e for e, _ in epochs(second)] == list(range(at + 1, 9)), out
     final, expected = epochs(second)[-1][1], epochs(straight.stdout)[-1][1]
     assert abs(final - expected) <= 0.5, (final, expected)
-    print(f"accuracy uninterrupted {expected:.2f}% restarted {final:.2f}% (resumed at epoch {at}); "
-          f"kill to restart {restarted:.2f}s")  # fmt: skip
+    print(
+        f"accuracy uninterrupted {expected:.2f}% restarted {final:.2f}% (resumed at epoch {at}); "
+        f"kill to restart {restarted:.2f}s"
+    )

@@ -113,8 +113,10 @@ def test_a_killed_shim_takes_the_commands_whole_group_with_it() -> None:
     env = {**os.environ, shim.TASKS_VAR: table, "PMI_RANK": "0", "X_MARK": marker}
     p = subprocess.Popen(
         [sys.executable, "-m", "launchkit.hostside.shim", "--", "sh", "-c", "sleep 300 & sleep 301"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     assert p.stdout is not None
     assert shim.parse_frame(p.stdout.readline()) is not None  # started
 
@@ -163,8 +165,12 @@ def test_the_guardian_reports_a_killed_shims_end_and_a_clean_end_leaves_none() -
     table = json.dumps({"v": 1, "tasks": [{"i": 4, "env": {}}]})
     marker = f"lk-guard2-{os.getpid()}"
     env = {**os.environ, shim.TASKS_VAR: table, "PMI_RANK": "0", "X_MARK": marker}
-    p = subprocess.Popen([sys.executable, "-m", "launchkit.hostside.shim", "--", "sleep", "30"], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    p = subprocess.Popen(
+        [sys.executable, "-m", "launchkit.hostside.shim", "--", "sleep", "30"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     assert p.stdout is not None
     assert shim.parse_frame(p.stdout.readline()) is not None  # started
     p.kill()
@@ -204,8 +210,12 @@ def test_the_end_mark_is_left_in_the_launchers_directory_too(tmp_path) -> None:
 
     table = json.dumps({"v": 1, "tasks": [{"i": 4, "env": {}}]})
     env = {**os.environ, shim.TASKS_VAR: table, "PMI_RANK": "0", shim.ENDS_VAR: str(tmp_path)}
-    p = subprocess.Popen([sys.executable, "-m", "launchkit.hostside.shim", "--", "sleep", "30"], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    p = subprocess.Popen(
+        [sys.executable, "-m", "launchkit.hostside.shim", "--", "sleep", "30"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     assert p.stdout is not None
     assert shim.parse_frame(p.stdout.readline()) is not None  # started
     p.kill()

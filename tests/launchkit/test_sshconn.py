@@ -43,8 +43,10 @@ def test_ssh_config_alias_resolves_but_hostfile_and_flags_win(tmp_path: Path) ->
 
 def test_proxy_jump_hops_get_the_same_host_key_policy_and_identity(tmp_path: Path) -> None:
     cfg = tmp_path / "config"
-    cfg.write_text("Host inner\n  HostName 10.0.0.5\n  ProxyJump ops@bastion:2222,hop2\nHost hop2\n  User j\n"
-                   "Host pc\n  ProxyCommand nc %h %p\n")  # fmt: skip
+    cfg.write_text(
+        "Host inner\n  HostName 10.0.0.5\n  ProxyJump ops@bastion:2222,hop2\nHost hop2\n  User j\n"
+        "Host pc\n  ProxyCommand nc %h %p\n"
+    )
     known = tmp_path / "kh"
     c = connection(Host("inner"), SshOptions(config_file=str(cfg), identity="/k", known_hosts=str(known)))
     hops = []

@@ -63,8 +63,9 @@ def test_a_process_that_never_confirms_its_end_is_given_up(tmp_path) -> None:
     err = io.StringIO()
     ui = Ui(Console(file=io.StringIO()), Console(file=err))
     backend = StuckBackend()
-    sup = Supervisor(plan, backend, ui, writer=OutputWriter(io.BytesIO(), io.BytesIO()), grace=0.2,
-                     kill_confirm=0.5)  # fmt: skip
+    sup = Supervisor(
+        plan, backend, ui, writer=OutputWriter(io.BytesIO(), io.BytesIO()), grace=0.2, kill_confirm=0.5
+    )
     t0 = time.monotonic()
     result = sup.run()
     assert time.monotonic() - t0 < 10
@@ -153,8 +154,9 @@ def test_the_record_is_built_after_the_backend_awaited_every_start(tmp_path) -> 
     spec = LaunchSpec(num_workers=2, num_servers=1, command=("x",), cwd=str(tmp_path))
     plan = make_plan(spec, job_id="t-await", secret="s", root_uri="127.0.0.1", root_port=1)
     ui = Ui(Console(file=io.StringIO()), Console(file=io.StringIO()))
-    record = jobs.started_here(id=plan.job_id, name="t", backend="fake", hosts=("h1",), command=("x",),
-                               cwd=str(tmp_path))  # fmt: skip
+    record = jobs.started_here(
+        id=plan.job_id, name="t", backend="fake", hosts=("h1",), command=("x",), cwd=str(tmp_path)
+    )
     backend = StartsLater()
     sup = Supervisor(
         plan, backend, ui, writer=OutputWriter(io.BytesIO(), io.BytesIO()), grace=0.2, record=record

@@ -138,8 +138,11 @@ def test_a_signal_during_the_sync_ends_every_rsync_now(
         "    sys.exit(130)\n"
     )
     # each signal as a terminal leaves it (a test run under nohup would otherwise ignore SIGHUP)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[2],
-                            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).parents[2],
+        preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL),
+    )
     try:
         assert wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 4, 10)
         proc.send_signal(sig)
@@ -219,14 +222,30 @@ from tests.launchkit.procs import run  # noqa: E402
 def loopback_launch(server, tmp_path: Path, *flags: str) -> list[str]:
     hostfile = tmp_path / "hosts"
     hostfile.write_text(server.hostfile_line() + "\n")
-    return ["launch", "-H", str(hostfile), "-i", str(server.identity), "--known-hosts",
-            str(tmp_path / "known_hosts"), *flags, "-n", "1", "-s", "0", "hostname"]  # fmt: skip
+    return [
+        "launch",
+        "-H",
+        str(hostfile),
+        "-i",
+        str(server.identity),
+        "--known-hosts",
+        str(tmp_path / "known_hosts"),
+        *flags,
+        "-n",
+        "1",
+        "-s",
+        "0",
+        "hostname",
+    ]
 
 
 def test_real_rsync_failure_says_why_and_starts_nothing(sshd_loopback, tmp_path: Path) -> None:  # noqa: F811
     (tmp_path / "job").mkdir()
-    res = run(loopback_launch(sshd_loopback, tmp_path, "--sync-dst-dir", "/proc/lk-not-writable/job"),
-              cwd=tmp_path / "job", timeout=60)  # fmt: skip
+    res = run(
+        loopback_launch(sshd_loopback, tmp_path, "--sync-dst-dir", "/proc/lk-not-writable/job"),
+        cwd=tmp_path / "job",
+        timeout=60,
+    )
     assert res.returncode == 1, res.stderr
     err = " ".join(res.stderr.split())
     assert "sync to 1 of 1 host(s) failed, nothing started" in err
@@ -240,8 +259,11 @@ def test_real_rsync_failure_says_why_and_starts_nothing(sshd_loopback, tmp_path:
 def test_real_rsync_timeout(sshd_loopback, tmp_path: Path) -> None:  # noqa: F811
     (tmp_path / "job").mkdir()
     dst = str(tmp_path / "dst")
-    res = run(loopback_launch(sshd_loopback, tmp_path, "--sync-dst-dir", dst, "--sync-timeout", "0.05"),
-              cwd=tmp_path / "job", timeout=60)  # fmt: skip
+    res = run(
+        loopback_launch(sshd_loopback, tmp_path, "--sync-dst-dir", dst, "--sync-timeout", "0.05"),
+        cwd=tmp_path / "job",
+        timeout=60,
+    )
     assert res.returncode == 1, res.stderr
     assert "timed out after 0.05 s (--sync-timeout)" in " ".join(res.stderr.split())
     assert "[worker" not in res.stdout

@@ -19,8 +19,15 @@ from tests.launchkit.plans import make_plan
 MAX_ARG_STRLEN = 128 * 1024
 
 
-def big_plan(workers: int, servers: int, hosts: int, *, slots: int | None = None, gpus: int | None = None,
-             backend: str = "mpi") -> Plan:  # fmt: skip
+def big_plan(
+    workers: int,
+    servers: int,
+    hosts: int,
+    *,
+    slots: int | None = None,
+    gpus: int | None = None,
+    backend: str = "mpi",
+) -> Plan:
     spec = LaunchSpec(
         num_workers=workers,
         num_servers=servers,
@@ -31,12 +38,17 @@ def big_plan(workers: int, servers: int, hosts: int, *, slots: int | None = None
         gpus_per_worker=gpus,
     )
     hosts_of = dict.fromkeys(spec.hosts, "")  # the engines' shims find their node's address
-    return make_plan(spec, job_id="j", secret="topsecret", root_uri="10.0.0.1", root_port=9000,
-                     node_host_of=hosts_of)  # fmt: skip
+    return make_plan(
+        spec, job_id="j", secret="topsecret", root_uri="10.0.0.1", root_port=9000, node_host_of=hosts_of
+    )
 
 
-ORDERS = {"mpi": rank_order, "slurm": scheduler_last, "sge": scheduler_first,
-          "yarn": lambda p: table_order(p.tasks)}  # fmt: skip
+ORDERS = {
+    "mpi": rank_order,
+    "slurm": scheduler_last,
+    "sge": scheduler_first,
+    "yarn": lambda p: table_order(p.tasks),
+}
 
 
 def expected(plan: Plan, ordered: list[Task]) -> list[tuple[int, dict[str, str]]]:
@@ -86,8 +98,17 @@ def test_engine_env_of_5000_tasks_stays_far_under_the_kernels_limit() -> None:
 
 
 def test_irregular_rows_are_kept_exactly() -> None:
-    rows = [(7, {"A": "x"}), (3, {"A": "y", "B": "01"}), (4, {"A": "y", "B": "02"}), (5, {}), (6, {"C": "1,2"}),
-            (8, {"C": "3,4"}), (9, {"C": "5"}), (10, {"C": "-1"}), (11, {"C": "-2"})]  # fmt: skip
+    rows = [
+        (7, {"A": "x"}),
+        (3, {"A": "y", "B": "01"}),
+        (4, {"A": "y", "B": "02"}),
+        (5, {}),
+        (6, {"C": "1,2"}),
+        (8, {"C": "3,4"}),
+        (9, {"C": "5"}),
+        (10, {"C": "-1"}),
+        (11, {"C": "-2"}),
+    ]
     raw = tasktable.encode(rows)
     assert [tasktable.lookup(raw, r) for r in range(len(rows))] == rows
     assert list(tasktable.rows(json.loads(raw))) == rows

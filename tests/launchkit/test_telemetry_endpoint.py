@@ -45,8 +45,9 @@ def test_a_local_job_reports_every_nodes_bytes_and_the_scripts_loss(served_endpo
 def test_one_endpoint_serves_every_attempt_and_a_restart_is_no_replay(served_endpoints) -> None:
     served = served_endpoints
     job = JOB.with_name("restartjob.py")
-    spec = LaunchSpec(num_workers=1, num_servers=1, command=(sys.executable, str(job)), max_restarts=1,
-                      restart_backoff=0.1)  # fmt: skip
+    spec = LaunchSpec(
+        num_workers=1, num_servers=1, command=(sys.executable, str(job)), max_restarts=1, restart_backoff=0.1
+    )
     result = launching.run_job(spec, LocalBackend(), Ui())
     assert result.exit_code == 0 and result.attempt == 1
     assert len(served) == 1 and served[0] is not None

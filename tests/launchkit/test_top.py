@@ -17,9 +17,14 @@ from tests.launchkit.procs import PROG, run, start, until_exists_sh, wait_for_jo
 def running_record(job_id: str) -> jobs.JobRecord:
     """A record of a job whose launcher is this test process (so it shows as running)."""
     rec = jobs.started_here(
-        id=job_id, name="train_digits", backend="local", hosts=("localhost",), command=("python",), cwd="/",
+        id=job_id,
+        name="train_digits",
+        backend="local",
+        hosts=("localhost",),
+        command=("python",),
+        cwd="/",
         processes=tuple(jobs.ProcessRecord(r.role, r.rank, r.host, r.pid) for r in dashstates.rows()),
-    )  # fmt: skip
+    )
     jobs.save(rec)
     return rec
 
@@ -32,10 +37,16 @@ def test_top_shows_the_live_files_view() -> None:
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "train_digits 1122-000000-abcdef  local  0:01:0" in out and "4 running" in out
-    for words in (("loss", "0.06"), ("accuracy", "0.99"), ("samples/s", "480"), ("compression", "16.0x"),
-                  ("slowest", "worker 1", "step 150, median 225"), ("localhost", "1.5", "3.0/8.0", "2.00", "1.00"),
-                  ("worker", "1", "localhost", "103", "running", "53%", "103.0 MiB", "worker 1 line"),
-                  ("[worker 0] epoch 1 loss 0.51",)):  # fmt: skip
+    for words in (
+        ("loss", "0.06"),
+        ("accuracy", "0.99"),
+        ("samples/s", "480"),
+        ("compression", "16.0x"),
+        ("slowest", "worker 1", "step 150, median 225"),
+        ("localhost", "1.5", "3.0/8.0", "2.00", "1.00"),
+        ("worker", "1", "localhost", "103", "running", "53%", "103.0 MiB", "worker 1 line"),
+        ("[worker 0] epoch 1 loss 0.51",),
+    ):
         assert any(all(w in line for w in words) for line in out.splitlines()), (words, out)
 
 

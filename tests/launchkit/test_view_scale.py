@@ -20,14 +20,34 @@ def big_state() -> DashboardState:
     names = [("scheduler", 0)] + [("server", r) for r in range(63)] + [("worker", r) for r in range(960)]
     failed = ("worker", 500)
     rows = tuple(
-        ProcRow(role, rank, "localhost" if role == "scheduler" else HOSTS[i % 128], 10000 + i,
-                "failed" if (role, rank) == failed else "running", "exit 3" if (role, rank) == failed else "",
-                50.0, 2**29, f"{role} {rank}: step 2390 loss 0.008")
+        ProcRow(
+            role,
+            rank,
+            "localhost" if role == "scheduler" else HOSTS[i % 128],
+            10000 + i,
+            "failed" if (role, rank) == failed else "running",
+            "exit 3" if (role, rank) == failed else "",
+            50.0,
+            2**29,
+            f"{role} {rank}: step 2390 loss 0.008",
+        )
         for i, (role, rank) in enumerate(names)
-    )  # fmt: skip
+    )
     hosts = tuple(HostFigures(h, 3.0 + (h == "node077"), 2.0**33, 2.0**35, 100.0, 90.0) for h in HOSTS)
-    training = Training(1023, 1023, 2390, 0.008, (1.0, 0.5, 0.1), None, (), 3e5, (3e5, 3e5), 16.0, hosts,
-                        Lagging("worker", 917, "step 1673, median 2390"))  # fmt: skip
+    training = Training(
+        1023,
+        1023,
+        2390,
+        0.008,
+        (1.0, 0.5, 0.1),
+        None,
+        (),
+        3e5,
+        (3e5, 3e5),
+        16.0,
+        hosts,
+        Lagging("worker", 917, "step 1673, median 2390"),
+    )
     return DashboardState("1127-000000-abcdef", "big", "ssh", 100.0, rows, training=training)
 
 

@@ -16,9 +16,14 @@ from launchkit.backends.ssh.agent import bootstrap_payload, remote_command
 def imported_by_a_watchdog(to_its_end: bool) -> set[str]:
     """The modules a watchdog imports from its start to ``ready`` (killed there), or to its
     ``bye`` after a ``shutdown``."""
-    p = subprocess.Popen(["sh", "-c", remote_command(sys.executable)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"},
-                         start_new_session=True)  # fmt: skip
+    p = subprocess.Popen(
+        ["sh", "-c", remote_command(sys.executable)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"},
+        start_new_session=True,
+    )
     assert p.stdin is not None and p.stdout is not None
     try:
         p.stdin.write(bootstrap_payload())

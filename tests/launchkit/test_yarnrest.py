@@ -21,7 +21,10 @@ def test_reaper_cleanup_is_an_argv_and_the_module_has_a_usage() -> None:
 
 def test_module_runs_as_the_reapers_cleanup_command() -> None:
     res = subprocess.run(
-        [*stop_argv("http://127.0.0.1:9", "lk-x", "me")], capture_output=True, text=True, timeout=15,
+        [*stop_argv("http://127.0.0.1:9", "lk-x", "me")],
+        capture_output=True,
+        text=True,
+        timeout=15,
         env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )  # fmt: skip
+    )
     assert res.returncode == 1 and "cannot reach the ResourceManager" in res.stderr

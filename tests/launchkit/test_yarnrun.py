@@ -58,8 +58,12 @@ def _view(state: str, containers: dict[str, str]) -> dict:
         comps.setdefault(inst.rsplit("-", 1)[0], []).append(
             {"id": f"c_{inst}", "state": cstate, "bare_host": "node7", "component_instance_name": inst}
         )
-    return {"name": "lk", "id": "application_1_0001", "state": state,
-            "components": [{"name": n, "containers": cs} for n, cs in comps.items()]}  # fmt: skip
+    return {
+        "name": "lk",
+        "id": "application_1_0001",
+        "state": state,
+        "components": [{"name": n, "containers": cs} for n, cs in comps.items()],
+    }
 
 
 def follow(

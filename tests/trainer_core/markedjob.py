@@ -38,9 +38,18 @@ def run_marked(
     (a leftover is SIGKILLed and fails the test, as does a launch past ``timeout`` seconds)."""
     marker = f"{name}={uuid.uuid4().hex}"
     cmd = [
-        sys.executable, "-m", "launchkit", "launch", *launch_args, "--launcher", "local",
-        "--env", marker.replace("=", ":"), *[a for e in env for a in ("--env", e)], *command,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "launchkit",
+        "launch",
+        *launch_args,
+        "--launcher",
+        "local",
+        "--env",
+        marker.replace("=", ":"),
+        *[a for e in env for a in ("--env", e)],
+        *command,
+    ]
     proc = subprocess.Popen(
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

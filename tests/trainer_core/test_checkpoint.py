@@ -23,9 +23,16 @@ def test_round_trip(tmp_path: Path) -> None:
         learner.update(grad(0, s))
     residuals = {"W0": {"residual": np.arange(4, dtype=np.float32)}}
     path = checkpoint.save(
-        tmp_path / "ck.npz", params=params, learner=learner, residuals=residuals, step=7, epoch=2,
-        compression={"type": "1bit"}, extra={"seed": 3}, not_saved=["server optimizer state"],
-    )  # fmt: skip
+        tmp_path / "ck.npz",
+        params=params,
+        learner=learner,
+        residuals=residuals,
+        step=7,
+        epoch=2,
+        compression={"type": "1bit"},
+        extra={"seed": 3},
+        not_saved=["server optimizer state"],
+    )
     ck = checkpoint.load(path)
     assert (ck.step, ck.epoch, ck.learner_name, ck.local_steps) == (7, 2, "adam", 3)
     assert ck.compression == {"type": "1bit"} and ck.extra == {"seed": 3}

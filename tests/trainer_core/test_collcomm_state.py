@@ -154,7 +154,7 @@ def test_worker_file_keeps_the_step_before_with_its_local_state(tmp_path: Path) 
     states = []
     for step in (1, 2):
         local.update(grads_of(1, step))
-        states.append(({"w/worker0": {"residual": np.full(3, step, np.float32)}}, snapshot(local.state)))  # fmt: skip
+        states.append(({"w/worker0": {"residual": np.full(3, step, np.float32)}}, snapshot(local.state)))
         checkpoint.save_worker(path, 1, states[-1][0], step=step, learner=local)
     for step, (residuals, state) in zip((1, 2), states, strict=True):
         ws = checkpoint.load_worker_state(path, 1, step=step)

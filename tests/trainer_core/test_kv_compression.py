@@ -147,7 +147,11 @@ def test_entry_metadata_on_the_wire() -> None:
     for bad in ({"block_size": 8}, {"type": 1}):  # no compressor named: refused before any decoding
         with pytest.raises((WireError, CompressionError), match="metadata"):
             received(bad)
-    raw = {"v": 1, "op": "push", "e": [{"k": "w", "p": 0, "n": 4, "dt": "<f4", "c": {"type": "1bit"}, "shm": "launchkit-j-1"}]}  # fmt: skip
+    raw = {
+        "v": 1,
+        "op": "push",
+        "e": [{"k": "w", "p": 0, "n": 4, "dt": "<f4", "c": {"type": "1bit"}, "shm": "launchkit-j-1"}],
+    }
     with pytest.raises(WireError, match="frame"):
         wire.decode(__import__("json").dumps(raw).encode())
 

@@ -489,8 +489,11 @@ def test_async_learner_warm_start_then_server_steps() -> None:
 def test_server_optimizer_spec() -> None:
     p = make_params()
     assert server_optimizer_spec(get_learner("sgd", p, lr=0.5), 0.25) == {
-        "type": "sgd", "learning_rate": 0.5, "wd": 0.0, "rescale_grad": 0.25,
-    }  # fmt: skip
+        "type": "sgd",
+        "learning_rate": 0.5,
+        "wd": 0.0,
+        "rescale_grad": 0.25,
+    }
     spec = server_optimizer_spec(get_learner("momentum", p, lr=0.5, momentum=0.9, unit_gain=True))
     assert spec["learning_rate"] == pytest.approx(0.05)
     assert spec["momentum"] == 0.9 and spec["nesterov"] is False

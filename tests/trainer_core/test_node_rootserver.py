@@ -24,10 +24,20 @@ def free_port() -> int:
 
 
 def env(rank: int, port: int, workers: int = 2, **extra: str) -> dict[str, str]:
-    return {"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
-            "DMLC_NUM_SERVER": "0", "DMLC_NUM_WORKER": str(workers), "LAUNCHKIT_ROLE_RANK": str(rank),
-            "LAUNCHKIT_JOB_SECRET": "s" * 64, "LAUNCHKIT_JOB_ID": "rootserver-test", "DMLC_NODE_HOST": "127.0.0.1",
-            "LAUNCHKIT_ROOT_SERVER": "worker 0", "PS_START_TIMEOUT": "20", **extra}  # fmt: skip
+    return {
+        "DMLC_ROLE": "worker",
+        "DMLC_PS_ROOT_URI": "127.0.0.1",
+        "DMLC_PS_ROOT_PORT": str(port),
+        "DMLC_NUM_SERVER": "0",
+        "DMLC_NUM_WORKER": str(workers),
+        "LAUNCHKIT_ROLE_RANK": str(rank),
+        "LAUNCHKIT_JOB_SECRET": "s" * 64,
+        "LAUNCHKIT_JOB_ID": "rootserver-test",
+        "DMLC_NODE_HOST": "127.0.0.1",
+        "LAUNCHKIT_ROOT_SERVER": "worker 0",
+        "PS_START_TIMEOUT": "20",
+        **extra,
+    }
 
 
 def join_all(envs: list[dict[str, str]]) -> list[Postoffice]:

@@ -153,9 +153,11 @@ def test_server_updaters_match_the_references(kind: str) -> None:
         "sgd": ({"type": "sgd"}, ref_sgd(w0, grads, LR, WD, RESCALE, CLIP)),
         "momentum": ({"type": "sgd", "momentum": MU}, ref_momentum(w0, grads, LR, MU, WD, RESCALE, CLIP)),
         "nag": ({"type": "nag", "momentum": MU}, ref_nesterov(w0, grads, LR, MU, WD, RESCALE, CLIP)),
-        "adam": ({"type": "adam", "beta1": B1, "beta2": B2, "epsilon": EPS},
-                 ref_adam(w0, grads, LR, B1, B2, EPS, WD, RESCALE, CLIP)),
-    }  # fmt: skip
+        "adam": (
+            {"type": "adam", "beta1": B1, "beta2": B2, "epsilon": EPS},
+            ref_adam(w0, grads, LR, B1, B2, EPS, WD, RESCALE, CLIP),
+        ),
+    }
     spec, want = cases[kind]
     up = server.build({**spec, **common})
     state = up.create_state(np.array(w0))
@@ -184,11 +186,18 @@ def test_learners_match_the_references(kind: str) -> None:
     name, kwargs, want = {
         "sgd": ("sgd", {}, ref_sgd(w0, grads, LR, WD, 1.0, None)),
         "momentum": ("momentum", {"momentum": MU}, ref_momentum(w0, grads, LR, MU, WD, 1.0, None)),
-        "momentum-unit-gain": ("momentum", {"momentum": MU, "unit_gain": True},
-                               ref_momentum(w0, grads, LR * (1 - MU), MU, WD, 1.0, None)),
+        "momentum-unit-gain": (
+            "momentum",
+            {"momentum": MU, "unit_gain": True},
+            ref_momentum(w0, grads, LR * (1 - MU), MU, WD, 1.0, None),
+        ),
         "nesterov": ("nesterov", {"momentum": MU}, ref_nesterov(w0, grads, LR, MU, WD, 1.0, None)),
-        "adam": ("adam", {"beta1": B1, "beta2": B2, "eps": EPS}, ref_adam(w0, grads, LR, B1, B2, EPS, WD, 1.0, None)),
-    }[kind]  # fmt: skip
+        "adam": (
+            "adam",
+            {"beta1": B1, "beta2": B2, "eps": EPS},
+            ref_adam(w0, grads, LR, B1, B2, EPS, WD, 1.0, None),
+        ),
+    }[kind]
     params = {"w": np.array(w0)}
     learner = local.get_learner(name, params, lr=LR, weight_decay=WD, **kwargs)
     out = []

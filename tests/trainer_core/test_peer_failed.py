@@ -22,8 +22,9 @@ PROG = "\n".join(
 
 
 def run(error: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", PROG.format(error=error)], capture_output=True, text=True,
-                          cwd=REPO, timeout=30)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", PROG.format(error=error)], capture_output=True, text=True, cwd=REPO, timeout=30
+    )
 
 
 def test_a_worker_ended_by_another_nodes_failure_says_so_last() -> None:

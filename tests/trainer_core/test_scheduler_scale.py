@@ -38,9 +38,16 @@ class SimNode(Peer):
 
     def register(self) -> Received:
         ip = f"10.0.{self.index // 250}.{self.index % 250 + 1}"
-        body = {"role": self.role, "rank": self.index, "host": ip, "endpoint": "", "pid": 1000 + self.index,
-                "host_key": f"{ip}|0f3c2a9e-55d1-4b7e-9a3c-5f0e2d7c1b4a", "local": f"lk-s-{self.index:08x}",
-                "data": f"tcp://{ip}:45000"}  # fmt: skip
+        body = {
+            "role": self.role,
+            "rank": self.index,
+            "host": ip,
+            "endpoint": "",
+            "pid": 1000 + self.index,
+            "host_key": f"{ip}|0f3c2a9e-55d1-4b7e-9a3c-5f0e2d7c1b4a",
+            "local": f"lk-s-{self.index:08x}",
+            "data": f"tcp://{ip}:45000",
+        }
         return Received(wire.Header(op=protocol.REGISTER, body=body), [], self)
 
 
@@ -91,9 +98,16 @@ class OneAtATime(Source):
 
 
 def config(workers: int, servers: int = 0) -> NodeConfig:
-    env = {"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9",
-           "DMLC_NUM_SERVER": str(servers), "DMLC_NUM_WORKER": str(workers), "LAUNCHKIT_JOB_SECRET": "s",
-           "PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "600"}  # fmt: skip
+    env = {
+        "DMLC_ROLE": "scheduler",
+        "DMLC_PS_ROOT_URI": "127.0.0.1",
+        "DMLC_PS_ROOT_PORT": "9",
+        "DMLC_NUM_SERVER": str(servers),
+        "DMLC_NUM_WORKER": str(workers),
+        "LAUNCHKIT_JOB_SECRET": "s",
+        "PS_HEARTBEAT_INTERVAL": "1",
+        "PS_HEARTBEAT_TIMEOUT": "600",
+    }
     return NodeConfig.from_environ(env)
 
 

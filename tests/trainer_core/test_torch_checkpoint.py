@@ -31,9 +31,11 @@ def steps(r: int, m: torch.nn.Module, opt: Any, xs: torch.Tensor, ys: torch.Tens
 
 def optimizer(m: torch.nn.Module, rt: Runtime) -> Any:
     return hvd.DistributedOptimizer(
-        torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), compression=hvd.Compression.onebit,
-        fusion_threshold=0, runtime=rt,
-    )  # fmt: skip
+        torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+        compression=hvd.Compression.onebit,
+        fusion_threshold=0,
+        runtime=rt,
+    )
 
 
 def test_resumed_ranks_continue_as_the_unbroken_run(tmp_path: Path) -> None:
@@ -68,8 +70,12 @@ def test_resumed_ranks_continue_as_the_unbroken_run(tmp_path: Path) -> None:
         assert torch.equal(resumed, unbroken)
         assert not torch.equal(bare, unbroken)
     assert json.loads(ck.read_text()) == {
-        "format": 2, "epoch": 2, "size": W, "servers": 0, "files": ["ck.2.rank0", "ck.2.rank1"]
-    }  # fmt: skip
+        "format": 2,
+        "epoch": 2,
+        "size": W,
+        "servers": 0,
+        "files": ["ck.2.rank0", "ck.2.rank1"],
+    }
     assert sorted(p.name for p in tmp_path.glob("ck.*")) == ["ck.2.rank0", "ck.2.rank1"]
 
 
@@ -157,7 +163,7 @@ def test_a_checkpoint_of_another_shape_is_refused_before_anything_loads(tmp_path
     files = ["ck.1.rank0", "ck.1.server"]
     assert refused({**head, "servers": 1, "files": files}) == (
         f"{ck}: a checkpoint of a job with 1 servers, this job has 0 (a checkpoint resumes on the same path: -s 1)"
-    )  # fmt: skip
+    )
     assert refused({**head, "files": ["ck.1.rank0", "ck.1.rank1"]}) == (
         f"{ck}: not a checkpoint of trainer_core.torch (its epoch, counts and files disagree)"
     )
@@ -166,7 +172,9 @@ def test_a_checkpoint_of_another_shape_is_refused_before_anything_loads(tmp_path
     )
     assert refused({"epoch": "one"}).startswith(f"{ck}: not a checkpoint of trainer_core.torch (ValueError")
     assert checkpoint.parse_manifest(ck, json.dumps({**head, "servers": 1, "files": files})).servers == 1
-    with pytest.raises(ValueError, match="residuals of the parameter-server path, and this job runs on the allreduce path"):  # fmt: skip
+    with pytest.raises(
+        ValueError, match="residuals of the parameter-server path, and this job runs on the allreduce path"
+    ):
         checkpoint.load_residuals(opt, {"kv/0/0/residual": torch.zeros(3)})
 
 

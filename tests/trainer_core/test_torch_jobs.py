@@ -177,9 +177,24 @@ def test_the_example_trains(servers: int, args: tuple[str, ...]) -> None:
     pytest.importorskip("sklearn")
     marker = f"TORCH_EXAMPLE_TEST={uuid.uuid4().hex}"
     cmd = [
-        sys.executable, "-m", "launchkit", "launch", "-n", "2", "-s", str(servers), "--launcher", "local",
-        "--env", marker.replace("=", ":"), sys.executable, "examples/train_torch.py", "--epochs", "5", *args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "launchkit",
+        "launch",
+        "-n",
+        "2",
+        "-s",
+        str(servers),
+        "--launcher",
+        "local",
+        "--env",
+        marker.replace("=", ":"),
+        sys.executable,
+        "examples/train_torch.py",
+        "--epochs",
+        "5",
+        *args,
+    ]
     try:
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=140, check=False)
     finally:

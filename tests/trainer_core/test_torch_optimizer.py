@@ -72,9 +72,13 @@ def train(r: int, rt: Runtime, passes: int = 1, dtype: Any = torch.float32, **kw
     """Rank ``r``'s share of ``reference``: its B samples per step (in ``passes`` accumulated parts)."""
     m = make_model(dtype)
     opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), m.named_parameters(), runtime=rt,
-        backward_passes_per_step=passes, average_aggregated_gradients=True, **kw,
-    )  # fmt: skip
+        torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+        m.named_parameters(),
+        runtime=rt,
+        backward_passes_per_step=passes,
+        average_aggregated_gradients=True,
+        **kw,
+    )
     xs, ys = data()
     for x, y in zip(xs, ys, strict=True):
         mine = slice(r * B, (r + 1) * B)

@@ -57,8 +57,14 @@ def test_killed_worker_restarts_the_torch_job_from_its_checkpoint(
 ) -> None:
     servers, opts = CASES[case]
     ck = tmp_path / "torch.ck"
-    job = Job([*launch_args("--max-restarts", "1", "--restart-backoff", "0.2", servers=servers),
-               *example("--checkpoint", str(ck), "--resume", opts=opts)], launchkit_home, cwd=REPO)  # fmt: skip
+    job = Job(
+        [
+            *launch_args("--max-restarts", "1", "--restart-backoff", "0.2", servers=servers),
+            *example("--checkpoint", str(ck), "--resume", opts=opts),
+        ],
+        launchkit_home,
+        cwd=REPO,
+    )
     job.wait_for("epoch   2 ", timeout=120)  # mid-training: 2 of 6 epochs done and checkpointed
     job.inject(job.pid("worker", 1), signal.SIGKILL)
     code, _ = job.finish(timeout=150)

@@ -43,7 +43,14 @@ def test_large_parameters_travel_alone_in_their_own_memory() -> None:
     """bench/torch_step.py's MLP (1024-2048-1024-10): its two 8 MiB weights get a bucket each
     (no copy into a bucket and back), the small parameters between them are fused."""
     mib = 1024 * 1024
-    mlp = [("float32", 8 * mib), ("float32", 8192), ("float32", 8 * mib), ("float32", 4096), ("float32", 40960), ("float32", 40)]  # fmt: skip
+    mlp = [
+        ("float32", 8 * mib),
+        ("float32", 8192),
+        ("float32", 8 * mib),
+        ("float32", 4096),
+        ("float32", 40960),
+        ("float32", 40),
+    ]
     assert buckets.plan(mlp, 25 * mib) == [[5, 4, 3], [2], [1], [0]]
     assert mib == buckets.ALONE
     sizes = [("float32", 40), ("float32", 500), ("float32", 40), ("float16", 10), ("float32", 40)]
@@ -55,7 +62,9 @@ def test_compressed_buckets_are_not_cut_for_size() -> None:
     """trainer_core's compressors copy their input anyway: a large parameter stays fused."""
     m = torch.nn.Sequential(torch.nn.Linear(600, 512), torch.nn.Tanh(), torch.nn.Linear(512, 3))
     plain = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), runtime=solo())
-    onebit = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), compression=tcomp.Compression.onebit, runtime=solo())  # fmt: skip
+    onebit = DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.1), compression=tcomp.Compression.onebit, runtime=solo()
+    )
     assert plain._tracker.buckets == [[3, 2, 1], [0]]
     assert onebit._tracker.buckets == [[3, 2, 1, 0]]
 
@@ -231,7 +240,9 @@ def test_one_rank_trains_as_the_plain_optimizer() -> None:
     x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
     a, b = model(), model()
     plain = torch.optim.SGD(a.parameters(), lr=0.05, momentum=0.9)
-    dist = DistributedOptimizer(torch.optim.SGD(b.parameters(), lr=0.05, momentum=0.9), b.named_parameters(), runtime=solo())  # fmt: skip
+    dist = DistributedOptimizer(
+        torch.optim.SGD(b.parameters(), lr=0.05, momentum=0.9), b.named_parameters(), runtime=solo()
+    )
     assert isinstance(dist, torch.optim.SGD)
     for _ in range(3):
         step(a, plain, x)

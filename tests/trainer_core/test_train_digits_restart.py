@@ -43,14 +43,32 @@ def epochs(out: str) -> list[tuple[str, ...]]:
 def test_killed_worker_restarts_the_allreduce_job_from_its_checkpoint(
     tmp_path: Path, launchkit_home: Path, learner: str, compression: str
 ) -> None:
-    opts = ["--comm", "allreduce", "--epochs", str(EPOCHS), "--hidden", "64", "--learner", learner,
-            "--compression", compression]  # fmt: skip
+    opts = [
+        "--comm",
+        "allreduce",
+        "--epochs",
+        str(EPOCHS),
+        "--hidden",
+        "64",
+        "--learner",
+        learner,
+        "--compression",
+        compression,
+    ]
     ck = tmp_path / "digits.npz"
     job = Job(
-        [*launch_args("--max-restarts", "1", "--restart-backoff", "0.2", servers=0),
-         sys.executable, "examples/train_digits.py", *opts, "--checkpoint", str(ck), "--resume"],
-        launchkit_home, cwd=REPO,
-    )  # fmt: skip
+        [
+            *launch_args("--max-restarts", "1", "--restart-backoff", "0.2", servers=0),
+            sys.executable,
+            "examples/train_digits.py",
+            *opts,
+            "--checkpoint",
+            str(ck),
+            "--resume",
+        ],
+        launchkit_home,
+        cwd=REPO,
+    )
     job.wait_for("epoch   4 ", timeout=60)  # mid-training: 4 of 12 epochs done and checkpointed
     job.inject(job.pid("worker", 1), signal.SIGKILL)
     code, _ = job.finish(timeout=120)
@@ -88,11 +106,17 @@ def test_resume_without_a_workers_file_is_refused_naming_it(tmp_path: Path, laun
     ]
     launch(*opts, "--epochs", "1", servers=0)
     (tmp_path / "digits.worker1.npz").unlink()
-    job = Job([*launch_args(servers=0), sys.executable, "examples/train_digits.py", *opts, "--epochs", "2"],
-              launchkit_home, cwd=REPO)  # fmt: skip
+    job = Job(
+        [*launch_args(servers=0), sys.executable, "examples/train_digits.py", *opts, "--epochs", "2"],
+        launchkit_home,
+        cwd=REPO,
+    )
     code, _ = job.finish(timeout=60)
     assert code != 0, job.out
-    assert f"train_digits.py: error: cannot resume from {ck}: {tmp_path / 'digits.worker1.npz'}: worker 1's state of checkpoint {ck} is missing" in job.out, job.out  # fmt: skip
+    assert (
+        f"train_digits.py: error: cannot resume from {ck}: {tmp_path / 'digits.worker1.npz'}: worker 1's state of checkpoint {ck} is missing"
+        in job.out
+    ), job.out
     # worker 1 says why and exits 2; the launcher names it (worker 0 fails in its next collective)
     assert "[worker 1] Traceback" not in job.out and "epoch   2" not in job.out, job.out
     assert re.search(r"launchkit: error: .*worker 1 on \S+ exited with code 2", job.out), job.out

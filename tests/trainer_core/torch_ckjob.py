@@ -28,9 +28,12 @@ def main() -> None:
     torch.manual_seed(r)  # broadcast_parameters makes rank 0's everyone's
     m = torch.nn.Sequential(torch.nn.Linear(6, 40), torch.nn.Tanh(), torch.nn.Linear(40, 3))
     opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(),
-        compression=hvd.Compression.onebit, server_optimizer=Adam(learning_rate=0.01), fusion_threshold=1024,
-    )  # fmt: skip
+        torch.optim.SGD(m.parameters(), lr=0.1),
+        named_parameters=m.named_parameters(),
+        compression=hvd.Compression.onebit,
+        server_optimizer=Adam(learning_rate=0.01),
+        fusion_threshold=1024,
+    )
     hvd.broadcast_parameters(m.state_dict(), root_rank=0)
     start = 0
     if args.mode == "resume":

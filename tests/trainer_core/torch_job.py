@@ -38,17 +38,24 @@ def optimizer_run(args: argparse.Namespace, hvd: Any) -> dict[str, Any]:
     params = [*m.parameters(), *extra.parameters()]
     hvd.broadcast_parameters(m.state_dict(), root_rank=0)
     hvd.broadcast_parameters(extra.state_dict(), root_rank=0)
-    comp = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16, "1bit": hvd.Compression.onebit,
-            "powersgd": hvd.Compression.powersgd(rank=1)}  # fmt: skip
+    comp = {
+        "none": hvd.Compression.none,
+        "fp16": hvd.Compression.fp16,
+        "1bit": hvd.Compression.onebit,
+        "powersgd": hvd.Compression.powersgd(rank=1),
+    }
     server = None
     if args.server_optimizer:
         from trainer_core.optim.server import SGD
 
         server = SGD(learning_rate=LR)
     opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(params, lr=LR), compression=comp[args.compression], backward_passes_per_step=args.accum,
-        average_aggregated_gradients=True, server_optimizer=server,
-    )  # fmt: skip
+        torch.optim.SGD(params, lr=LR),
+        compression=comp[args.compression],
+        backward_passes_per_step=args.accum,
+        average_aggregated_gradients=True,
+        server_optimizer=server,
+    )
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     ops = {}
     if server is None:  # tensor operations after the gradients' compression was set: exact
@@ -72,7 +79,12 @@ def optimizer_run(args: argparse.Namespace, hvd: Any) -> dict[str, Any]:
         losses.append(float(loss if server else hvd.allreduce(loss.detach())))
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return {"ops": ops, "params": flat(m), "extra": torch.cat([p.detach().reshape(-1) for p in extra.parameters()]).tolist(), "losses": losses}  # fmt: skip
+    return {
+        "ops": ops,
+        "params": flat(m),
+        "extra": torch.cat([p.detach().reshape(-1) for p in extra.parameters()]).tolist(),
+        "losses": losses,
+    }
 
 
 def ddp_run(args: argparse.Namespace, hvd: Any) -> dict[str, Any]:
@@ -83,8 +95,12 @@ def ddp_run(args: argparse.Namespace, hvd: Any) -> dict[str, Any]:
 
     r, n = hvd.rank(), hvd.size()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=r, world_size=n)
-    comp = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16, "1bit": hvd.Compression.onebit,
-            "powersgd": hvd.Compression.powersgd(rank=1)}  # fmt: skip
+    comp = {
+        "none": hvd.Compression.none,
+        "fp16": hvd.Compression.fp16,
+        "1bit": hvd.Compression.onebit,
+        "powersgd": hvd.Compression.powersgd(rank=1),
+    }
     results = {}
     for name in ("gloo", "hook"):
         ddp = DDP(model(seed=r), bucket_cap_mb=0.0005)  # several buckets (DDP's broadcast: rank 0's)

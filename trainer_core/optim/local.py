@@ -172,8 +172,15 @@ def server_optimizer_spec(learner: Learner, rescale_grad: float = 1.0) -> dict[s
     ``optim.rules``: the server computes what the local learner would)."""
     wd = learner.weight_decay
     if isinstance(learner, Adam):
-        return {"type": "adam", "learning_rate": learner.lr, "beta1": learner.beta1,
-                "beta2": learner.beta2, "epsilon": learner.eps, "wd": wd, "rescale_grad": rescale_grad}  # fmt: skip
+        return {
+            "type": "adam",
+            "learning_rate": learner.lr,
+            "beta1": learner.beta1,
+            "beta2": learner.beta2,
+            "epsilon": learner.eps,
+            "wd": wd,
+            "rescale_grad": rescale_grad,
+        }
     spec: dict[str, Any] = {
         "type": "sgd",
         "learning_rate": learner.lr,

@@ -133,9 +133,19 @@ class _AdamUpdater:
         s = self.spec
         state["t"] += 1
         rules.adam(
-            weight, grad, state["m"], state["v"], state["t"], s["learning_rate"], s["beta1"], s["beta2"],
-            s["epsilon"], s["wd"], s["rescale_grad"], s["clip_gradient"],
-        )  # fmt: skip
+            weight,
+            grad,
+            state["m"],
+            state["v"],
+            state["t"],
+            s["learning_rate"],
+            s["beta1"],
+            s["beta2"],
+            s["epsilon"],
+            s["wd"],
+            s["rescale_grad"],
+            s["clip_gradient"],
+        )
 
 
 def build(spec: Mapping[str, Any]) -> Updater:

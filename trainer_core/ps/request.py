@@ -17,8 +17,18 @@ class Request:
     as a frame); the results as they are made."""
 
     __slots__ = (
-        "header", "ident", "inputs", "lends", "metas", "outputs", "rank", "remaining", "results", "share", "shared",
-    )  # fmt: skip
+        "header",
+        "ident",
+        "inputs",
+        "lends",
+        "metas",
+        "outputs",
+        "rank",
+        "remaining",
+        "results",
+        "share",
+        "shared",
+    )
 
     def __init__(
         self,

@@ -79,7 +79,9 @@ def load_residuals(optimizer: Any, state: dict[str, torch.Tensor]) -> None:
     ps = isinstance(ex.backend, KV)
     if any(n.startswith("kv/") != ps for n in state):
         held, runs = ("allreduce", "parameter-server") if ps else ("parameter-server", "allreduce")
-        raise ValueError(f"the checkpoint holds residuals of the {held} path, and this job runs on the {runs} path")  # fmt: skip
+        raise ValueError(
+            f"the checkpoint holds residuals of the {held} path, and this job runs on the {runs} path"
+        )
     if state and not ex.residual:
         raise ValueError("the checkpoint holds compression residuals, but this optimizer compresses nothing")
     if ps:
@@ -145,7 +147,9 @@ def _tensor(arr: Any) -> torch.Tensor:
 def _bucket(text: str, count: int, where: Path | None = None) -> int:
     if not text.isdigit() or int(text) >= count:
         at = f"{where}: " if where is not None else ""
-        raise ValueError(f"{at}the checkpoint has state of bucket {text}, this optimizer has {count} buckets (another model or fusion_threshold?)")  # fmt: skip
+        raise ValueError(
+            f"{at}the checkpoint has state of bucket {text}, this optimizer has {count} buckets (another model or fusion_threshold?)"
+        )
     return int(text)
 
 
@@ -186,7 +190,9 @@ def parse_manifest(path: Path, text: str) -> Manifest:
     if fmt > FORMAT:
         raise ValueError(f"{path}: a checkpoint of format {fmt}, newer than this trainer_core's ({FORMAT})")
     if epoch < 0 or size < 1 or servers < 0 or files != files_of(path, epoch, size, servers):
-        raise ValueError(f"{path}: not a checkpoint of trainer_core.torch (its epoch, counts and files disagree)")  # fmt: skip
+        raise ValueError(
+            f"{path}: not a checkpoint of trainer_core.torch (its epoch, counts and files disagree)"
+        )
     return Manifest(epoch, size, servers, files)
 
 
@@ -229,14 +235,27 @@ def _servers(optimizer: Any) -> int:
 # -- save and load ----------------------------------------------------------------------------------
 
 
-def save(path: str | os.PathLike[str], epoch: int, model: torch.nn.Module, optimizer: Any, extra: dict[str, torch.Tensor] | None = None) -> None:  # fmt: skip
+def save(
+    path: str | os.PathLike[str],
+    epoch: int,
+    model: torch.nn.Module,
+    optimizer: Any,
+    extra: dict[str, torch.Tensor] | None = None,
+) -> None:
     """Collective: the checkpoint of ``epoch`` (see the module's text). ``extra``: tensors of the
     caller's own (a data loader's generator state) kept per rank."""
     p = Path(path)
     backend = optimizer._exchange.backend
     rank, size, servers = backend.rank, backend.size, _servers(optimizer)
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "residuals": residuals(optimizer),
-             "extra": dict(extra or {}), "epoch": epoch, "rank": rank, "size": size}  # fmt: skip
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "residuals": residuals(optimizer),
+        "extra": dict(extra or {}),
+        "epoch": epoch,
+        "rank": rank,
+        "size": size,
+    }
     held = server_state(optimizer) if servers else {}  # collective: the servers' state on rank 0
     _atomic(_rank_file(p, epoch, rank), lambda tmp: torch.save(state, tmp))
     if servers and rank == 0:
@@ -256,7 +275,9 @@ def save(path: str | os.PathLike[str], epoch: int, model: torch.nn.Module, optim
             old.unlink(missing_ok=True)
 
 
-def load(path: str | os.PathLike[str], model: torch.nn.Module, optimizer: Any) -> tuple[int, dict[str, torch.Tensor]] | None:  # fmt: skip
+def load(
+    path: str | os.PathLike[str], model: torch.nn.Module, optimizer: Any
+) -> tuple[int, dict[str, torch.Tensor]] | None:
     """Restore this rank's state from the checkpoint at ``path``: ``(epoch, extra)``; None if
     there is none. A clear ``ValueError`` when it is of another job's shape or a file is missing
     (on every rank alike, before anything is loaded)."""
@@ -269,7 +290,9 @@ def load(path: str | os.PathLike[str], model: torch.nn.Module, optimizer: Any) -
         raise ValueError(f"{p}: a checkpoint of {head.size} workers, this job has {backend.size}")
     servers = _servers(optimizer)
     if head.servers != servers:
-        raise ValueError(f"{p}: a checkpoint of a job with {head.servers} servers, this job has {servers} (a checkpoint resumes on the same path: -s {head.servers})")  # fmt: skip
+        raise ValueError(
+            f"{p}: a checkpoint of a job with {head.servers} servers, this job has {servers} (a checkpoint resumes on the same path: -s {head.servers})"
+        )
     for name in head.files:
         if not (p.parent / name).exists():
             whose = "the servers'" if name.endswith(".server") else f"worker {name.rpartition('.rank')[2]}'s"

@@ -39,7 +39,9 @@ class HookState:
     """What ``comm_hook`` needs: the backend, the reduction, the compression and its residuals,
     and the thread that fulfils the futures (``close()`` stops it)."""
 
-    def __init__(self, compression: Any = Compression.none, op: str = Average, runtime: Runtime | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, compression: Any = Compression.none, op: str = Average, runtime: Runtime | None = None
+    ) -> None:
         self.backend: Backend = (runtime or default).backend()
         if self.backend.comm == "ps":
             raise ValueError("the DDP hook runs on comm='allreduce' (a job without servers, -s 0)")
@@ -111,7 +113,11 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     work = b.allreduce_async(lent, state.op, kind_of(sent), out=lent)
 
     def finish(results: list[Any]) -> torch.Tensor:
-        out = state.compression.decompress(as_tensor(results[0], sent.dtype, sent.shape), ctx) if state.feedback is None else sent  # fmt: skip
+        out = (
+            state.compression.decompress(as_tensor(results[0], sent.dtype, sent.shape), ctx)
+            if state.feedback is None
+            else sent
+        )
         return out if out.data_ptr() == buf.data_ptr() else buf.copy_(out)
 
     return state.fulfil([work], finish)

@@ -103,7 +103,9 @@ class Exchange:
         self.backend, self.op, self.compression = backend, op, compression
         self.params, self.buckets = params, buckets
         self.residual = isinstance(compression, Residual)
-        self.feedback = ErrorFeedback(dict(compression.params)) if self.residual and backend.comm == "allreduce" else None  # fmt: skip
+        self.feedback = (
+            ErrorFeedback(dict(compression.params)) if self.residual and backend.comm == "allreduce" else None
+        )
         self.keys = [f"__torch__/grad/{prefix}/{b}" for b in range(len(buckets))]
         self.fused = Fused()
         self.server_optimizer = server_optimizer is not None
@@ -181,6 +183,11 @@ class Exchange:
                 members = [self.params[i] for i in self.buckets[p.bucket]]
                 scatter(got, [m.data for m in members] if self.server_optimizer else p.grads)
             elif p.sent is None:  # trainer_core's compressors (float32 for bfloat16)
-                scatter(as_tensor(result, torch.float32 if p.grads[0].dtype == torch.bfloat16 else p.grads[0].dtype), p.grads)  # fmt: skip
+                scatter(
+                    as_tensor(
+                        result, torch.float32 if p.grads[0].dtype == torch.bfloat16 else p.grads[0].dtype
+                    ),
+                    p.grads,
+                )
             else:
                 scatter(self.compression.decompress(as_tensor(result, p.sent.dtype), p.ctx), p.grads)

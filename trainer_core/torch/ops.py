@@ -81,19 +81,36 @@ def allreduce_async(
     how = resolve_op(average, op)
     comp = check(compression)
     if not hasattr(comp, "compress"):
-        raise ValueError("allreduce takes Compression.none or .fp16; trainer_core's compressors serve DistributedOptimizer")  # fmt: skip
+        raise ValueError(
+            "allreduce takes Compression.none or .fp16; trainer_core's compressors serve DistributedOptimizer"
+        )
     check_dense(tensor, "allreduce's tensor")
     sent, ctx = comp.compress(tensor.detach())
     work = _backend(runtime).allreduce_async(as_array(sent), how, kind_of(sent))
     return Handle(work, lambda r: comp.decompress(as_tensor(r, sent.dtype, sent.shape), ctx))
 
 
-def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, compression: Any = Compression.none, op: str | None = None, *, runtime: Runtime | None = None) -> torch.Tensor:  # fmt: skip
+def allreduce(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    compression: Any = Compression.none,
+    op: str | None = None,
+    *,
+    runtime: Runtime | None = None,
+) -> torch.Tensor:
     """The reduction of ``tensor`` over every rank (a fresh tensor)."""
     return allreduce_async(tensor, average, name, compression, op, runtime=runtime).wait()
 
 
-def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: str | None = None, *, runtime: Runtime | None = None) -> Handle:  # fmt: skip
+def allreduce_async_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: str | None = None,
+    *,
+    runtime: Runtime | None = None,
+) -> Handle:
     """In place: ``synchronize`` writes the reduction into ``tensor`` and returns it."""
     inner = allreduce_async(tensor, average, name, Compression.none, op, runtime=runtime)
 
@@ -104,7 +121,14 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
     return Handle(inner, finish)
 
 
-def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: str | None = None, *, runtime: Runtime | None = None) -> torch.Tensor:  # fmt: skip
+def allreduce_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: str | None = None,
+    *,
+    runtime: Runtime | None = None,
+) -> torch.Tensor:
     return allreduce_async_(tensor, average, name, op, runtime=runtime).wait()
 
 
@@ -124,18 +148,24 @@ def allgather(
     return allgather_async(tensor, name, runtime=runtime).wait()
 
 
-def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None, *, runtime: Runtime | None = None) -> Handle:  # fmt: skip
+def broadcast_async(
+    tensor: torch.Tensor, root_rank: int, name: str | None = None, *, runtime: Runtime | None = None
+) -> Handle:
     """Start sending ``root_rank``'s ``tensor`` to every rank (a fresh tensor on each)."""
     check_dense(tensor, "broadcast's tensor")
     work = _backend(runtime).broadcast_async(as_array(tensor), root_rank)
     return Handle(work, lambda r: as_tensor(r, tensor.dtype, tensor.shape))
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None, *, runtime: Runtime | None = None) -> torch.Tensor:  # fmt: skip
+def broadcast(
+    tensor: torch.Tensor, root_rank: int, name: str | None = None, *, runtime: Runtime | None = None
+) -> torch.Tensor:
     return broadcast_async(tensor, root_rank, name, runtime=runtime).wait()
 
 
-def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None, *, runtime: Runtime | None = None) -> Handle:  # fmt: skip
+def broadcast_async_(
+    tensor: torch.Tensor, root_rank: int, name: str | None = None, *, runtime: Runtime | None = None
+) -> Handle:
     """In place: ``synchronize`` writes ``root_rank``'s value into ``tensor``."""
     inner = broadcast_async(tensor, root_rank, name, runtime=runtime)
 
@@ -146,5 +176,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
     return Handle(inner, finish)
 
 
-def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None, *, runtime: Runtime | None = None) -> torch.Tensor:  # fmt: skip
+def broadcast_(
+    tensor: torch.Tensor, root_rank: int, name: str | None = None, *, runtime: Runtime | None = None
+) -> torch.Tensor:
     return broadcast_async_(tensor, root_rank, name, runtime=runtime).wait()

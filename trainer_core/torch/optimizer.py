@@ -46,7 +46,19 @@ TOO_MANY = (
 class _Distributed:
     """The methods mixed into the user's optimizer class (see the module's text)."""
 
-    def _setup(self, named: list[tuple[str, torch.Tensor]], compression: Any, bpps: int, op: str, fusion_threshold: int, comm: str | None, server_optimizer: Any, sparse_as_dense: bool, average_aggregated_gradients: bool, runtime: Runtime | None) -> None:  # fmt: skip
+    def _setup(
+        self,
+        named: list[tuple[str, torch.Tensor]],
+        compression: Any,
+        bpps: int,
+        op: str,
+        fusion_threshold: int,
+        comm: str | None,
+        server_optimizer: Any,
+        sparse_as_dense: bool,
+        average_aggregated_gradients: bool,
+        runtime: Runtime | None,
+    ) -> None:
         backend = (runtime or default).backend()
         if comm is not None and comm != backend.comm and backend.comm != "solo":
             raise ValueError(
@@ -66,7 +78,9 @@ class _Distributed:
         self._names = [n for n, _ in named]
         for n, p in named:
             if p.dtype not in FLOATS:
-                raise ValueError(f"parameter {n!r} is {p.dtype}: gradients must be float16, bfloat16, float32 or float64")  # fmt: skip
+                raise ValueError(
+                    f"parameter {n!r} is {p.dtype}: gradients must be float16, bfloat16, float32 or float64"
+                )
         residual = isinstance(compression, Residual)
         sizes = [(str(p.dtype), p.numel() * p.element_size()) for p in self._params]
         limit = 0 if residual and compression.per_parameter else fusion_threshold
@@ -157,7 +171,9 @@ class _Distributed:
     def step(self, closure: Any = None) -> Any:
         if self._should_sync:
             if self._synchronized:
-                raise AssertionError("optimizer.step() called twice after one synchronize(): use skip_synchronize()")  # fmt: skip
+                raise AssertionError(
+                    "optimizer.step() called twice after one synchronize(): use skip_synchronize()"
+                )
             self.synchronize()
         self._synchronized = False
         if self._exchange.server_optimizer:  # the servers updated the parameters
@@ -173,7 +189,9 @@ class _Distributed:
         super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
 
 
-def _named(optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.Tensor]] | None) -> list[tuple[str, torch.Tensor]]:  # fmt: skip
+def _named(
+    optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.Tensor]] | None
+) -> list[tuple[str, torch.Tensor]]:
     """The optimizer's parameters in its order, with the names given (Horovod's checks)."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if named_parameters is None:
@@ -231,5 +249,16 @@ def DistributedOptimizer(  # Horovod's name
     cls = type(optimizer.__class__.__name__, (_Distributed, optimizer.__class__), {})
     dist: Any = object.__new__(cls)
     dist.__dict__.update(optimizer.__dict__)  # the same param_groups, state and hooks: no copy
-    dist._setup(named, comp, backward_passes_per_step, how, fusion_threshold, comm, server_optimizer, sparse_as_dense, average_aggregated_gradients, runtime)  # fmt: skip
+    dist._setup(
+        named,
+        comp,
+        backward_passes_per_step,
+        how,
+        fusion_threshold,
+        comm,
+        server_optimizer,
+        sparse_as_dense,
+        average_aggregated_gradients,
+        runtime,
+    )
     return dist

@@ -39,7 +39,9 @@ def _numbers(values: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     return [(k, v) for k, v in values if isinstance(v, bool | int | float)]
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, *, runtime: Runtime | None = None) -> None:  # fmt: skip
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer, root_rank: int = 0, *, runtime: Runtime | None = None
+) -> None:
     """Make every rank's optimizer state and hyperparameters ``root_rank``'s.
 
     A rank whose state is empty (a fresh optimizer) first makes it with one step on zero gradients

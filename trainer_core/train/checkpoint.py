@@ -138,10 +138,17 @@ def arrays_and_manifest(
     """The arrays and the manifest of a checkpoint (pure: no file is touched)."""
     arrays: dict[str, np.ndarray] = {f"param/{k}": to_host(v) for k, v in params.items()}
     manifest: dict[str, Any] = {
-        "format": FORMAT, "version": VERSION, "step": int(step), "epoch": int(epoch),
-        "compression": compression, "extra": extra or {}, "not_saved": list(not_saved or []),
-        "local": None, "dist": None, "server": None,
-    }  # fmt: skip
+        "format": FORMAT,
+        "version": VERSION,
+        "step": int(step),
+        "epoch": int(epoch),
+        "compression": compression,
+        "extra": extra or {},
+        "not_saved": list(not_saved or []),
+        "local": None,
+        "dist": None,
+        "server": None,
+    }
     if learner is not None:
         local = _local_learner(learner)
         manifest["local"] = _local_state(local.state, local.name, local.steps, arrays, "local")
@@ -201,8 +208,10 @@ def load(path: str | os.PathLike[str]) -> Checkpoint:
         raise ValueError(f"{path}: not a trainer_core checkpoint (no {MANIFEST})")
     manifest = json.loads(bytes(data.pop(MANIFEST)).decode("utf-8"))
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise ValueError(f"{path}: unsupported checkpoint format {manifest.get('format')!r} "
-                         f"version {manifest.get('version')!r}")  # fmt: skip
+        raise ValueError(
+            f"{path}: unsupported checkpoint format {manifest.get('format')!r} "
+            f"version {manifest.get('version')!r}"
+        )
     ck = Checkpoint(params={}, local={}, dist=dict(manifest.get("dist") or {}), residuals={})
     server_arrays: dict[int, dict[str, np.ndarray]] = {}
     for name, arr in data.items():
@@ -355,8 +364,14 @@ def load_worker_state(path: str | os.PathLike[str], rank: int, step: int | None 
         return ck
     if ck.previous_step == step:
         return Checkpoint(
-            params={}, local=ck.previous_local, dist={}, residuals=ck.previous, step=step,
-            learner_name=ck.learner_name, local_steps=ck.previous_local_steps, extra=ck.extra,
-        )  # fmt: skip
+            params={},
+            local=ck.previous_local,
+            dist={},
+            residuals=ck.previous,
+            step=step,
+            learner_name=ck.learner_name,
+            local_steps=ck.previous_local_steps,
+            extra=ck.extra,
+        )
     held = f"steps {ck.previous_step} and {ck.step}" if ck.previous_step is not None else f"step {ck.step}"
     raise ValueError(f"{worker_path(path, rank)} is of {held}, the checkpoint of step {step}")

@@ -69,7 +69,10 @@ class CollectiveCommunicator(WorkerTable):
             sums = self.group.grouped_allreduce(values, op="sum")
         else:
             ef = self.feedback
-            works = [self.group.compressed_allreduce_async(v, ef, k, op="sum") for k, v in zip(keys, values, strict=True)]  # fmt: skip
+            works = [
+                self.group.compressed_allreduce_async(v, ef, k, op="sum")
+                for k, v in zip(keys, values, strict=True)
+            ]
             sums = [w.wait() for w in works]
         for o, s in zip(out, sums, strict=True):
             o[...] = s

@@ -131,9 +131,16 @@ def block_momentum_distributed_learner(
     else:
         eta = math.exp(-block_size / block_momentum_as_time_constant)
     return BlockMomentumLearner(
-        learner, comm, block_size // n, eta, block_learning_rate, use_nestrov_momentum,
-        reset_sgd_momentum_after_aggregation, distributed_after, compression,
-    )  # fmt: skip
+        learner,
+        comm,
+        block_size // n,
+        eta,
+        block_learning_rate,
+        use_nestrov_momentum,
+        reset_sgd_momentum_after_aggregation,
+        distributed_after,
+        compression,
+    )
 
 
 def block_momentum_time_constant(block_momentum: float, block_size: int) -> float:

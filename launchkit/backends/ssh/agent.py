@@ -63,10 +63,15 @@ def spawns_message(tasks: list[Task], ids: list[int]) -> dict[str, Any]:
         {k: v for k, v in envs[0].items() if all(e.get(k, _MISSING) == v for e in envs[1:])} if envs else {}
     )
     procs = [
-        {"id": i, "argv": list(t.argv), "env": {k: v for k, v in e.items() if k not in common},
-         "cwd": t.cwd, "node_host": True}
+        {
+            "id": i,
+            "argv": list(t.argv),
+            "env": {k: v for k, v in e.items() if k not in common},
+            "cwd": t.cwd,
+            "node_host": True,
+        }
         for i, t, e in zip(ids, tasks, envs, strict=True)
-    ]  # fmt: skip
+    ]
     return {"op": "spawns", "env": common, "procs": procs}
 
 
@@ -174,8 +179,19 @@ class RemoteProcess:
 
 
 class HostAgent:
-    def __init__(self, host: Host, conn: Any, job_id: str, *, hb_interval: float, hb_timeout: float, grace: float,
-                 interface: str | None, time_limit: float | None = None, on_usage: UsageSink | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host: Host,
+        conn: Any,
+        job_id: str,
+        *,
+        hb_interval: float,
+        hb_timeout: float,
+        grace: float,
+        interface: str | None,
+        time_limit: float | None = None,
+        on_usage: UsageSink | None = None,
+    ) -> None:
         self.host = host
         self.conn = conn  # an open fabric.Connection: its paramiko transport carries the channel
         self.job_id = job_id

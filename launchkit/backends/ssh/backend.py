@@ -123,8 +123,15 @@ class SshBackend(Backend):
         if self.spec.sync_dst_dir:
             from rich.console import Console
 
-            sync_all(hosts, source_dir(), self.spec.sync_dst_dir, self.options, self.sync_excludes,
-                     self.console or Console(stderr=True), self.spec.sync_timeout)  # fmt: skip
+            sync_all(
+                hosts,
+                source_dir(),
+                self.spec.sync_dst_dir,
+                self.options,
+                self.sync_excludes,
+                self.console or Console(stderr=True),
+                self.spec.sync_timeout,
+            )
         agents = {
             host_key(h): HostAgent(
                 h,

@@ -138,8 +138,14 @@ def _set_up(conn: fabric.Connection, opts: SshOptions, shared: _Shared) -> None:
             dict.fromkeys(str(Path(k).expanduser()) for k in hop.connect_kwargs.get("key_filename") or ())
         )
         t = opts.connect_timeout
-        hop.connect_kwargs = {"key_filename": keys, "look_for_keys": not keys, "allow_agent": True,
-                              "timeout": t, "banner_timeout": t, "auth_timeout": t}  # fmt: skip
+        hop.connect_kwargs = {
+            "key_filename": keys,
+            "look_for_keys": not keys,
+            "allow_agent": True,
+            "timeout": t,
+            "banner_timeout": t,
+            "auth_timeout": t,
+        }
         hop.connect_timeout = None  # fabric's would be whole seconds; ours is in connect_kwargs
         hop = hop.gateway
 
