@@ -2,7 +2,7 @@
 
 Usage (root): ``python bench/capped_links.py [--bits 32,1,2] [--steps 15] [--rate 1gbit] [--json OUT]``
 
-The capped-links end-to-end target of issue 4: 2 workers and 1 server on three network-namespace
+The capped-links end-to-end target: 2 workers and 1 server on three network-namespace
 hosts, every veth capped at 1 Gbit/s in both directions, an MLP 1024-3072-3072-10 (12.6M
 parameters), batch 64: a training step at 1 bit at least 3x faster than at 32 bits (5x stretch).
 

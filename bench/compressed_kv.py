@@ -2,7 +2,7 @@
 
 Usage: ``python bench/compressed_kv.py [--configs 2x2,4x2] [--sizes 1e6,1e7] [--repeat 1] [--json OUT]``
 
-The loopback end-to-end target of issue 4: a compressed 1e7-element push+pull takes at most half
+The loopback end-to-end target: a compressed 1e7-element push+pull takes at most half
 of MXNet's 2-bit push+pull. For each configuration (W workers x S servers, all on this host) it
 launches, with the real launcher (``launchkit launch -n W -s S --launcher local PYTHON SCRIPT``;
 MXNet also with ``--env DMLC_INTERFACE:lo``), one job per system and compression:

@@ -1,4 +1,4 @@
-"""Launch at scale over namespace hosts (issue 28): launchkit beside pdsh, mpirun and launch.py's
+"""Launch at scale over namespace hosts: launchkit beside pdsh, mpirun and launch.py's
 way, on the same hosts, in one run.
 
     sudo python -m bench.scale [--hosts 8 32] [--per-host 2] [--repeat 2] [--json out.json]

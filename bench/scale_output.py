@@ -1,4 +1,4 @@
-"""Output at scale (issue 28): every process of a 128-host job printing at once, through
+"""Output at scale: every process of a 128-host job printing at once, through
 launchkit, pdsh and mpirun, on the same namespace hosts, in one run.
 
     sudo python -m bench.scale_output [--hosts 128] [--per-host 8] [--lines 200 0] [--repeat 2]

@@ -1,4 +1,4 @@
-"""Where the time and CPU of a launch over namespace hosts go (issue 28), phase by phase, beside
+"""Where the time and CPU of a launch over namespace hosts go, phase by phase, beside
 pdsh's ``true`` on the same hosts.
 
     sudo python -m bench.scale_profile [--hosts 32] [--per-host 2] [--profile out.prof]

@@ -1,4 +1,4 @@
-"""trainer_core's scheduler with thousands of simulated nodes, in one process (issue 28).
+"""trainer_core's scheduler with thousands of simulated nodes, in one process.
 
     python -m bench.scale_scheduler [--nodes 10000] [--servers 0] [--book all] [--json out.json]
 

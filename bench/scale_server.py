@@ -1,4 +1,4 @@
-"""One parameter-server shard with hundreds of simulated workers, in one process (issue 28).
+"""One parameter-server shard with hundreds of simulated workers, in one process.
 
     python -m bench.scale_server [--workers 64 256 1024] [--rounds 20] [--json out.json]
 
@@ -23,7 +23,7 @@ the Python lines the server's code executes (``trainer_core/ps``, ``sys.settrace
 traced apart from the timed ones): flat in the workers where each request costs the same, growing
 with them where a request scans something of every worker; the serving loop's turns per round,
 and the time of one ``poll`` with one of the n channels ready (a server woken for one message at
-a time pays it per message: with a ``zmq.Poller`` over every descriptor, as before issue 28,
+a time pays it per message: with a ``zmq.Poller`` over every descriptor, as before the work on scale,
 ``poll(2)`` walked all n of them; the epoll set hands back the one); memory per worker (``tracemalloc``:
 the server's records and channel ends per worker after the rounds, the simulated workers' ends
 excluded by file). The machine's load and cores shift the times, not the counts.

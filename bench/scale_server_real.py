@@ -1,4 +1,4 @@
-"""Real processes: one server and n workers on this machine, launched by launchkit (issue 28).
+"""Real processes: one server and n workers on this machine, launched by launchkit.
 
     python -m bench.scale_server_real [--workers 64 128 256] [--json out.json]
 

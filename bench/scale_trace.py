@@ -1,4 +1,4 @@
-"""A launch's timeline (issue 28): ``launchkit launch ARGS`` with the launcher's steps timed.
+"""A launch's timeline: ``launchkit launch ARGS`` with the launcher's steps timed.
 
     python -m bench.scale_trace [launch ARGS...]
 
