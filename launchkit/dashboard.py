@@ -1,8 +1,9 @@
 """The live terminal dashboard of a running job.
 
 ``launchkit.view.render.render`` is pure: a ``DashboardState`` in, a rich renderable out (tested
-on its text). ``Dashboard`` is the effect around it: a ``rich.live.Live`` refreshed by the
-supervisor, sized to the terminal, plus the CPU/memory sampling of the job's local processes.
+on its text). ``Dashboard`` is the effect around it: a ``rich.live.Live`` refreshed from the
+supervisor's loop (``launchkit.watch``, which also samples the job's local processes), sized to
+the terminal, and the sinks that keep the newest output lines for it (``TailSink``, ``LineSink``).
 """
 
 from __future__ import annotations

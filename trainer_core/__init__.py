@@ -1,4 +1,5 @@
-"""trainer_core: parameter-server key-value store, gradient compression and distributed learners.
+"""trainer_core: a parameter-server key-value store, collectives among the workers, gradient
+compression, distributed learners and a PyTorch bridge (``trainer_core.torch``).
 
 With ``DMLC_ROLE=scheduler`` or ``DMLC_ROLE=server`` in the environment, importing this package
 runs that role and ends the process when the job ends, as ``import mxnet`` does (set

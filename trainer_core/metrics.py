@@ -1,8 +1,8 @@
 """Figures a process reports to the launcher's metrics endpoint (docs/metrics.md).
 
 A training script calls ``report(step=..., loss=..., accuracy=..., samples=..., **more)``; the
-KV store, the server and the heartbeat thread add their own figures as *sources* (callables read
-when a report goes out). One background thread per process sends the latest figures at most
+KV store and the server add their own figures as *sources* (callables read when a report goes
+out). One background thread per process sends the latest figures at most
 every ``INTERVAL`` seconds as one signed datagram (``transport.datagram``). Nothing here blocks
 or raises into training: ``report`` stores numbers under a lock, the thread does the rest, and a
 slow or gone endpoint only means dropped datagrams.

@@ -1,8 +1,8 @@
 """The output and the ends of a watchdog's processes, all in one thread.
 
 Each process had three threads of the watchdog (one per output stream, one waiting for its end):
-at 8 processes a host, 24 threads started on each host while the launch was starting them
-(issue 28). One thread now waits on every stream and on each process's end (a pidfd, Linux 5.3
+at 8 processes a host, 24 threads started on each host while the launch was starting them.
+One thread now waits on every stream and on each process's end (a pidfd, Linux 5.3
 and Python 3.9 or later; where there is none, a thread per process still waits for its end).
 
 Each stream goes to the launcher in chunks of at most ``CHUNK`` bytes. With a window, a stream

@@ -1,7 +1,7 @@
 """The watchdog that runs a job's processes on one remote host.
 
-The launcher sends this module, with the hostside modules it imports (``procscan``, ``netif``;
-the list is ``launchkit.backends.ssh.agent.SHIPPED``), over its ssh connection and runs it with
+The launcher sends this module, with the modules it imports (``childio``, ``procscan``,
+``hoststat``, ``netif``, ``dmlc_env``; the list is ``launchkit.backends.ssh.agent.SHIPPED``), over its ssh connection and runs it with
 the host's ``python3``: nothing is installed on the host. It speaks JSON lines over the ssh
 channel (see docs/ssh.md, "watchdog protocol"): the launcher sends ``hello``, then ``spawns``
 (a host's processes in one message), ``signal``, ``acks`` (output delivered), ``hb``

@@ -1,1 +1,2 @@
-"""Training on the KV API: learners (CNTK's names), the communicator, data, networks and checkpoints."""
+"""Training on the KV store or the workers' collectives: learners (CNTK's names), the
+communicators, data, networks and checkpoints."""

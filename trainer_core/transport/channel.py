@@ -1,7 +1,7 @@
 """One interface for every way a node sends and receives messages (docs/wire.md, "Channels").
 
-The roles (``trainer_core.ps``) talk through these types only and never ask which transport is
-under them:
+The layers above (``node``, ``ps``, ``collective``) talk through these types only and never ask
+which transport is under them:
 
 * a ``Peer`` is where a message can be sent: ``send(header, frames, fds)`` (returns once the
   caller's arrays are free again) or ``post`` (never waits for the peer). Its ``caps`` say what
@@ -12,12 +12,14 @@ under them:
   to ``handle`` as a ``Received``, whose ``reply`` is the ``Peer`` that answers its sender.
 * a ``Channel`` is both: a connection to one peer (the reply goes back on it). A ZeroMQ ROUTER is
   a ``Source`` only: each message's reply is the sender's routing identity on it.
-* a ``Listener`` accepts new channels (a server's same-host and TCP listeners).
+* a ``Listener`` accepts new channels (a node's same-host and TCP listeners: a server's, and a
+  worker's, which the other workers' collectives connect to).
 * ``Poller`` waits until sources or listeners are ready, whatever is under them, at a cost of
   the ready ones (epoll), not of all of them.
 
 Implementations: ``control`` (ZeroMQ with CURVE), ``unix`` (same host: headers plus shared
-memory), ``tcp`` (the cross-host data stream) and ``memory`` (in one process, for tests).
+memory), ``tcp`` (the cross-host data stream), ``memory`` (in one process, for tests) and
+``datagram`` (a ``Peer`` only: signed metrics reports over UDP).
 """
 
 from __future__ import annotations

@@ -1,18 +1,22 @@
-"""The cross-host data channel: one authenticated TCP stream between a worker and a server.
+"""The cross-host data channel: one authenticated TCP stream between two nodes on different hosts.
+
+A worker and a server (the parameter server's pushes and pulls) or two workers (the collectives'
+links between hosts) exchange their messages on it; registration, barriers and heartbeats stay
+on ZeroMQ (``control``).
 
 ZeroMQ moves a message through an I/O thread on each side, allocates a buffer for every received
 frame, and pyzmq's zero-copy sends add a garbage-collector hand-off per frame; the worker then
 copies each received array into its destination. On a busy host that CPU is most of a cross-host
-round trip above the kernel's own copies (docs/performance.md). This channel (``caps.direct``)
-moves arrays straight between the caller's arrays and the kernel (framing: ``stream.py``) and is
-symmetric: either side may ``send`` (from the calling thread, so a worker's push needs no private
-copy) or ``post`` (never waits for the peer: what the kernel takes at once goes from the calling
-thread, usually all of it, and the rest, with any message posted after it, from one sender thread
-per connection, ``outbox.py``). A server posts its replies, so it never stops reading (which
-rules out a send/send deadlock between workers and servers); nodes that all send to each other
-at once (a ring) post too. Received arrays are read directly where the receiver's ``place``
-says (a worker's ``pull`` outputs), else into a fresh buffer, or on the accepting side into a
-buffer it reuses.
+round trip above the kernel's own copies (bench/HISTORY.md, "Across hosts"). This channel
+(``caps.direct``) moves arrays straight between the caller's arrays and the kernel (framing:
+``stream.py``) and is symmetric: either side may ``send`` (from the calling thread, so a worker's
+push needs no private copy) or ``post`` (never waits for the peer: what the kernel takes at once
+goes from the calling thread, usually all of it, and the rest, with any message posted after it,
+from one sender thread per connection, ``outbox.py``). A server posts its replies, so it never
+stops reading (which rules out a send/send deadlock between workers and servers); workers that all
+send to each other at once (a collective's ring) post too. Received arrays are read directly where
+the receiver's ``place`` says (a worker's ``pull`` outputs), else into a fresh buffer, or on the
+accepting side into a buffer it reuses.
 
 Authentication is the challenge of ``auth.py`` with this channel's own key: the server sends a
 fresh 16-byte nonce, the client answers ``HMAC-SHA256(k, "client" + nonce)``, the server answers

@@ -1,7 +1,7 @@
 """The same-host channel: Unix-domain stream sockets in the abstract namespace, headers only.
 
-Between a worker and a server on the same host the arrays travel through shared memory, so the
-messages are headers only (``caps``: no frames, shared memory). Sending them through a Unix socket
+Between two nodes on the same host (a worker and a server, or two workers of a collective) the
+arrays travel through shared memory, so the messages are headers only (``caps``: no frames, shared memory). Sending them through a Unix socket
 costs one system call each way, where ZeroMQ adds two I/O-thread hand-offs per message: on a busy
 host that is most of a small round trip.
 

@@ -1,3 +1,5 @@
 """The ssh backend: the user's ssh options (``options``), fabric connections (``connection``), the
-host agent that drives one host's watchdog (``agent``), working-directory sync (``sync``), one-shot
-commands over many hosts as a fabric group (``commands``) and the backend itself (``backend``)."""
+host agent that drives one host's watchdog (``agent``), a host's output into local pipes
+(``feed``), worker 0's host for a job without servers (``worker0``), working-directory sync
+(``sync``), one-shot commands over many hosts as a fabric group (``commands``) and the backend
+itself (``backend``)."""
