@@ -3,7 +3,9 @@
 Types: ``local`` and ``device`` (one process), ``dist_sync``, ``dist_async``,
 ``dist_sync_device``, ``dist_async_device`` (a parameter-server job: the launcher, or the
 ``DMLC_*`` variables set by hand, start a scheduler, servers and workers). Keys are ints or
-strings; values are numpy arrays (cupy arrays are moved to host in one place, ``xp.to_host``).
+strings; values are numpy or cupy arrays (a compressed push of cupy values is summed and
+encoded on their device, only the payload leaves it; otherwise a value goes to host memory once,
+and a pull into a cupy output is copied up once: compressed, only its payload, decoded there).
 Every method takes one key or a list of keys; a value may be a list of arrays (one per device),
 summed on push, all filled on pull.
 """
