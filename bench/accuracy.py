@@ -1,7 +1,7 @@
 """Accuracy of compressed training: 32-bit vs 1-bit vs 2-bit, data parallel and block momentum.
 
-    .venv/bin/python bench/accuracy.py                 # prints the Markdown table
-    .venv/bin/python bench/accuracy.py --write         # also puts it into docs/performance.md
+    .venv/bin/python -m bench.accuracy                 # prints the Markdown table
+    .venv/bin/python -m bench.accuracy --write         # also puts the table into docs/performance.md
 
 Every cell is ``examples/train_digits.py`` launched with ``launchkit launch -n 4 -s 2 --launcher
 local`` (4 workers, 2 servers, real processes), the same epochs and hyperparameters for every
@@ -111,7 +111,7 @@ rate x local steps times a gradient, so its threshold is scaled by that ({args.t
 MXNet's default 0.5 is far above this model's gradients.
 
 ```
-.venv/bin/python bench/accuracy.py --write
+.venv/bin/python -m bench.accuracy --write
 ```
 
 {body}
@@ -140,15 +140,12 @@ Notes:
 """
 
 
-def write_section(text: str) -> None:
-    doc = DOC.read_text()
-    start = doc.find("\n## Accuracy\n")
-    if start < 0:
-        DOC.write_text(doc.rstrip("\n") + "\n\n" + text)
-        return
-    nxt = doc.find("\n## ", start + 1)
-    tail = "" if nxt < 0 else doc[nxt:]
-    DOC.write_text(doc[: start + 1] + text.rstrip("\n") + "\n" + tail)
+def write_table(body: str) -> None:
+    """Put the table between docs/performance.md's ``<!-- bench:accuracy -->`` markers, as
+    ``python -m bench`` does; the method's text above them is kept."""
+    from bench.__main__ import replace_block
+
+    DOC.write_text(replace_block(DOC.read_text(), "accuracy", body))
 
 
 def main() -> None:
@@ -162,12 +159,16 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--hidden", type=int, default=128, help="as the example's default (for the text)")
     p.add_argument("--compressions", default=",".join(COMPRESSIONS), help="none first, then any of 1bit,2bit")
-    p.add_argument("--write", action="store_true", help="write the section into docs/performance.md")
+    p.add_argument(
+        "--write",
+        action="store_true",
+        help="put the table into docs/performance.md (between its bench:accuracy markers)",
+    )
     args = p.parse_args()
-    text = section(args, table(args))
-    print(text)
+    body = table(args)
+    print(section(args, body))
     if args.write:
-        write_section(text)
+        write_table(body)
 
 
 if __name__ == "__main__":
