@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..links import Ctx, SubLinks
-from ..reduce import ReduceSpec
+from ..primitives.links import Ctx, SubLinks
+from ..primitives.reduce import ReduceSpec
 from . import tree
 
 

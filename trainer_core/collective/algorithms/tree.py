@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..links import Ctx, Handle, wait_all
-from ..reduce import ReduceSpec
+from ..primitives.links import Ctx, Handle, wait_all
+from ..primitives.reduce import ReduceSpec
 from .ring import SEGMENT_BYTES, segments
 
 
