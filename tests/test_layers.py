@@ -172,6 +172,9 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
     "__init__": frozenset({"job", "group", "compressed", "policy", "algorithms", "primitives", "executor"}),
 }
 COLLECTIVE = "trainer_core.collective"
+# the parts that use the layers below collective (the node layer, the transport, metrics): the
+# rest is written against ``primitives.links.Links`` and knows no process or socket
+COLLECTIVE_ON_NODE = frozenset({"sockets", "job"})
 
 
 def coll_part(name: str) -> str | None:
@@ -186,7 +189,9 @@ def coll_part(name: str) -> str | None:
 def collective_breaks(graph: dict[str, set[tuple[str, int]]]) -> list[str]:
     """Every import inside trainer_core.collective that ``COLLECTIVE_DEPS`` does not allow (a
     part below importing the package's public API included), and every module of a part the table
-    does not name. ``graph``: module -> the (module, line) it imports (fabricated ones too)."""
+    does not name; and any use of the layers below collective (node, transport, metrics) outside
+    ``COLLECTIVE_ON_NODE``. ``graph``: module -> the (module, line) it imports (fabricated ones
+    too)."""
 
     def at(src: str, line: int) -> str:
         return where(src, line) if src in MODULES else f"{src}:{line}"
@@ -201,6 +206,10 @@ def collective_breaks(graph: dict[str, set[tuple[str, int]]]) -> list[str]:
             continue
         for dst, line in sorted(targets):
             b = coll_part(dst)
+            if b is None and tc_part(dst) in TC_DEPS["collective"] and a not in COLLECTIVE_ON_NODE:
+                bad.append(
+                    f"{at(src, line)}: {src} ({a}) imports {dst}: only {sorted(COLLECTIVE_ON_NODE)} may"
+                )
             if b is None or b == a:
                 continue
             if b not in COLLECTIVE_DEPS[a]:
@@ -246,7 +255,8 @@ def fake(part: str) -> str:
 @pytest.mark.parametrize("part", sorted(COLLECTIVE_DEPS))
 def test_every_collective_rule_catches_its_violation(part: str) -> None:
     """The checker itself, on fabricated graphs: for each part, an import of every part the table
-    does not allow it is reported, naming both; one of every part it allows, or of itself, is not."""
+    does not allow it is reported, naming both; one of every part it allows, or of itself, is not;
+    one of the node layer, the transport or metrics only outside ``COLLECTIVE_ON_NODE``."""
     for other in sorted(COLLECTIVE_DEPS):
         graph = {fake(part): {(fake(other), 7)}}
         bad = collective_breaks(graph)
@@ -254,6 +264,9 @@ def test_every_collective_rule_catches_its_violation(part: str) -> None:
             assert bad == [], (part, other, bad)
         else:
             assert len(bad) == 1 and fake(part) in bad[0] and fake(other) in bad[0], (part, other, bad)
+    for below in ("trainer_core.node.book", "trainer_core.transport.wire", "trainer_core.metrics"):
+        bad = collective_breaks({fake(part): {(below, 9)}})
+        assert bool(bad) == (part not in COLLECTIVE_ON_NODE), (part, below, bad)
 
 
 @pytest.mark.parametrize(
@@ -271,6 +284,9 @@ def test_every_collective_rule_catches_its_violation(part: str) -> None:
         ("trainer_core.collective.primitives.links", "trainer_core.collective.algorithms.ring"),
         # a part below never imports the public API (a cycle through __init__)
         ("trainer_core.collective.compressed.twostage", "trainer_core.collective"),
+        # only sockets/ and job use the node layer and the transport
+        ("trainer_core.collective.group", "trainer_core.node.postoffice"),
+        ("trainer_core.collective.primitives.hostsegment", "trainer_core.transport.wire"),
         # a module of a part the table does not name
         ("trainer_core.collective.newpart", "trainer_core.collective.primitives.links"),
     ],
