@@ -51,8 +51,8 @@ sys.path.insert(0, str(ROOT))
 from trainer_core.ps import protocol as ps  # noqa: E402
 from trainer_core.ps.handler import RequestHandler  # noqa: E402
 from trainer_core.transport.channel import Caps, Poller, Received  # noqa: E402
+from trainer_core.transport.devshm import job_prefix  # noqa: E402
 from trainer_core.transport.memory import MemoryChannel  # noqa: E402
-from trainer_core.transport.shm import job_prefix  # noqa: E402
 
 LOG = logging.getLogger("bench.scale_server")
 LOG.addHandler(logging.NullHandler())

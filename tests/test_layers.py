@@ -5,7 +5,9 @@ trainer_core: a dependency graph of packages (``TC_DEPS``: what each may import)
 liveness, barriers, request tracking) on those; ``ps`` (the parameter server) and ``collective``
 side by side on ``node``, never importing each other; ``kv`` on ``ps``; ``train`` on top.
 ``compression`` and ``optim`` are leaves any layer may use, which themselves use only the base
-modules (``errors``, ``log``, ``xp``, ``config``). Neither trainer_core nor ``dmlc_env`` imports
+modules (``errors``, ``log``, ``xp``, ``config``). Inside ``collective``, its parts form a stack of
+their own (``COLLECTIVE_DEPS``: primitives, algorithms, the data paths, group, the ``Links``
+implementations, job). Neither trainer_core nor ``dmlc_env`` imports
 launchkit; ``dmlc_env`` and ``launchkit.hostside`` import only the standard library. Across all
 three packages there is no import cycle, and no module is longer than MAX_LINES (a warning past SMELL_LINES).
 """
@@ -60,8 +62,10 @@ def modules() -> dict[str, Path]:
 MODULES = modules()
 
 
-def imports_of(name: str, path: Path) -> list[tuple[str, int]]:
-    """Every module ``name`` imports (absolute names, with the line), at any depth of the file."""
+def imports_of(name: str, path: Path, package_of_modules: bool = True) -> list[tuple[str, int]]:
+    """Every module ``name`` imports (absolute names, with the line), at any depth of the file;
+    ``package_of_modules=False``: ``from pkg import mod, other`` (modules only) names the modules
+    but not ``pkg``, whose ``__init__`` Python runs first but whose names it does not use."""
     tree = ast.parse(path.read_text(), str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: list[tuple[str, int]] = []
@@ -74,13 +78,15 @@ def imports_of(name: str, path: Path) -> list[tuple[str, int]]:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            found.append((base, node.lineno))
             # ``from pkg import module`` imports that module
-            found += [
+            named = [
                 (f"{base}.{alias.name}", node.lineno)
                 for alias in node.names
                 if f"{base}.{alias.name}" in MODULES
             ]
+            if package_of_modules or len(named) < len(node.names):
+                found.append((base, node.lineno))
+            found += named
     return found
 
 
@@ -142,6 +148,157 @@ def test_the_allowed_graph_is_acyclic() -> None:
         assert ready, f"TC_DEPS has a cycle among {sorted(set(TC_DEPS) - set(order))}"
         order += sorted(ready)
     assert "collective" not in TC_DEPS["ps"] and "ps" not in TC_DEPS["collective"]
+
+
+# trainer_core.collective's own stack: each part (a subpackage, or a module at the package's top)
+# and the parts it may import besides itself. The primitives (the point-to-point interface, the
+# reduction operators, the host's shared-memory segment) at the bottom; the algorithms on them
+# alone; the algorithm choice (policy) on the algorithms; the other data paths (compressed/, nccl)
+# beside it; Group on all of those; the Links implementations (fabric in one process, sockets/
+# between processes) on the primitives only; job, the only importer of sockets/, on top. The
+# package's __init__ is the public API over it (never the implementations of Links).
+COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
+    "primitives": frozenset(),
+    "algorithms": frozenset({"primitives"}),
+    "policy": frozenset({"algorithms"}),
+    "compressed": frozenset({"policy", "algorithms", "primitives"}),
+    "nccl": frozenset({"algorithms", "primitives"}),
+    "executor": frozenset(),
+    "fusion": frozenset(),
+    "group": frozenset({"compressed", "nccl", "policy", "algorithms", "primitives", "executor", "fusion"}),
+    "fabric": frozenset({"primitives"}),
+    "sockets": frozenset({"primitives"}),
+    "job": frozenset({"group", "sockets", "nccl", "policy", "primitives"}),
+    "__init__": frozenset({"job", "group", "compressed", "policy", "algorithms", "primitives", "executor"}),
+}
+COLLECTIVE = "trainer_core.collective"
+# the parts that use the layers below collective (the node layer, the transport, metrics): the
+# rest is written against ``primitives.links.Links`` and knows no process or socket
+COLLECTIVE_ON_NODE = frozenset({"sockets", "job"})
+
+
+def coll_part(name: str) -> str | None:
+    """The part of trainer_core.collective that module ``name`` belongs to (None: outside it)."""
+    if name == COLLECTIVE:
+        return "__init__"
+    if not name.startswith(COLLECTIVE + "."):
+        return None
+    return name.split(".")[2]
+
+
+def collective_breaks(graph: dict[str, set[tuple[str, int]]]) -> list[str]:
+    """Every import inside trainer_core.collective that ``COLLECTIVE_DEPS`` does not allow (a
+    part below importing the package's public API included), and every module of a part the table
+    does not name; and any use of the layers below collective (node, transport, metrics) outside
+    ``COLLECTIVE_ON_NODE``; any import of ``sockets`` by trainer_core outside the package.
+    ``graph``: module -> the (module, line) it imports (fabricated ones too)."""
+
+    def at(src: str, line: int) -> str:
+        return where(src, line) if src in MODULES else f"{src}:{line}"
+
+    bad = []
+    for src, targets in sorted(graph.items()):
+        a = coll_part(src)
+        if a is None:  # outside the package, only its job module reaches the socket implementation
+            bad += [
+                f"{at(src, line)}: {src} imports {dst} (only collective.job imports sockets/)"
+                for dst, line in sorted(targets)
+                if src.startswith("trainer_core") and coll_part(dst) == "sockets"
+            ]
+            continue
+        if a not in COLLECTIVE_DEPS:
+            bad.append(f"{at(src, 1)}: {src} is in a part COLLECTIVE_DEPS does not name ({a}): add it there")
+            continue
+        for dst, line in sorted(targets):
+            b = coll_part(dst)
+            if b is None and tc_part(dst) in TC_DEPS["collective"] and a not in COLLECTIVE_ON_NODE:
+                bad.append(
+                    f"{at(src, line)}: {src} ({a}) imports {dst}: only {sorted(COLLECTIVE_ON_NODE)} may"
+                )
+            if b is None or b == a:
+                continue
+            if b not in COLLECTIVE_DEPS[a]:
+                bad.append(f"{at(src, line)}: {src} ({a}) imports {dst} ({b})")
+    return bad
+
+
+def test_the_collective_stack_is_acyclic() -> None:
+    """The parts of trainer_core.collective form a stack: no two import each other, directly or
+    around a loop; every part the table names exists; only ``job`` imports ``sockets``."""
+    order: list[str] = []
+    while len(order) < len(COLLECTIVE_DEPS):
+        ready = [p for p, deps in COLLECTIVE_DEPS.items() if p not in order and deps <= set(order)]
+        assert ready, f"COLLECTIVE_DEPS has a cycle among {sorted(set(COLLECTIVE_DEPS) - set(order))}"
+        order += sorted(ready)
+    present = {coll_part(name) for name in MODULES} - {None}
+    assert set(COLLECTIVE_DEPS) == present, "COLLECTIVE_DEPS names the parts of trainer_core.collective"
+    assert [p for p, deps in COLLECTIVE_DEPS.items() if "sockets" in deps] == ["job"]
+    assert COLLECTIVE_DEPS["algorithms"] == {"primitives"}
+    primitives = {name.rpartition(".")[2] for name in MODULES if coll_part(name) == "primitives"}
+    assert primitives == {"primitives", "links", "reduce", "hostsegment", "futex"}
+
+
+def test_collective_layers() -> None:
+    graph = {
+        name: {(t, line) for raw, line in imports_of(name, path, False) if (t := internal(raw)) and t != name}
+        for name, path in MODULES.items()
+        if name.startswith("trainer_core")
+    }
+    bad = collective_breaks(graph)
+    assert not bad, (
+        "collective layer rule broken (COLLECTIVE_DEPS: primitives -> algorithms -> policy/compressed/nccl "
+        "-> group -> job; fabric and sockets on the primitives, only job imports sockets):\n" + "\n".join(bad)
+    )
+
+
+def fake(part: str) -> str:
+    """A module name in ``part`` of trainer_core.collective (for a fabricated graph)."""
+    return COLLECTIVE if part == "__init__" else f"{COLLECTIVE}.{part}.mod"
+
+
+@pytest.mark.parametrize("part", sorted(COLLECTIVE_DEPS))
+def test_every_collective_rule_catches_its_violation(part: str) -> None:
+    """The checker itself, on fabricated graphs: for each part, an import of every part the table
+    does not allow it is reported, naming both; one of every part it allows, or of itself, is not;
+    one of the node layer, the transport or metrics only outside ``COLLECTIVE_ON_NODE``."""
+    for other in sorted(COLLECTIVE_DEPS):
+        graph = {fake(part): {(fake(other), 7)}}
+        bad = collective_breaks(graph)
+        if other == part or other in COLLECTIVE_DEPS[part]:
+            assert bad == [], (part, other, bad)
+        else:
+            assert len(bad) == 1 and fake(part) in bad[0] and fake(other) in bad[0], (part, other, bad)
+    for below in ("trainer_core.node.book", "trainer_core.transport.wire", "trainer_core.metrics"):
+        bad = collective_breaks({fake(part): {(below, 9)}})
+        assert bool(bad) == (part not in COLLECTIVE_ON_NODE), (part, below, bad)
+
+
+@pytest.mark.parametrize(
+    ("src", "dst"),
+    [
+        # the algorithms use only the links interface, the reduction and the shared memory
+        ("trainer_core.collective.algorithms.ring", "trainer_core.collective.group"),
+        ("trainer_core.collective.algorithms.tree", "trainer_core.collective.policy"),
+        ("trainer_core.collective.algorithms.shmreduce", "trainer_core.collective.sockets.netlinks"),
+        # only job imports the socket implementation
+        ("trainer_core.collective.group", "trainer_core.collective.sockets.netlinks"),
+        ("trainer_core.collective", "trainer_core.collective.sockets.protocol"),
+        ("trainer_core.collective.fabric", "trainer_core.collective.sockets.handles"),
+        ("trainer_core.torch.backend", "trainer_core.collective.sockets.netlinks"),
+        # the primitives import nothing above them
+        ("trainer_core.collective.primitives.links", "trainer_core.collective.algorithms.ring"),
+        # a part below never imports the public API (a cycle through __init__)
+        ("trainer_core.collective.compressed.twostage", "trainer_core.collective"),
+        # only sockets/ and job use the node layer and the transport
+        ("trainer_core.collective.group", "trainer_core.node.postoffice"),
+        ("trainer_core.collective.primitives.hostsegment", "trainer_core.transport.wire"),
+        # a module of a part the table does not name
+        ("trainer_core.collective.newpart", "trainer_core.collective.primitives.links"),
+    ],
+)
+def test_collective_violations_are_caught(src: str, dst: str) -> None:
+    """The rules the issue names, each broken on purpose in a fabricated graph."""
+    assert collective_breaks({src: {(dst, 3)}}), f"{src} -> {dst} was not caught"
 
 
 def test_trainer_core_layers() -> None:

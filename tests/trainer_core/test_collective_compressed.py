@@ -1,4 +1,4 @@
-"""Compressed allreduce with error feedback (trainer_core.collective.compressed): against a
+"""Compressed allreduce with error feedback (trainer_core.collective.compressed.twostage): against a
 reference built from the compressors alone in one process, bit-identical on every rank, and the
 bytes that cross the links divided by the compressor's ratio."""
 

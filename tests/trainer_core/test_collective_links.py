@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from trainer_core.collective.fabric import Fabric, run_ranks
-from trainer_core.collective.links import Ctx, LinkError, PeerTimeout, SubLinks
+from trainer_core.collective.primitives.links import Ctx, LinkError, PeerTimeout, SubLinks
 
 
 @pytest.mark.parametrize("eager", [True, False])
@@ -132,7 +132,7 @@ def test_scratch_keeps_working_buffers_between_operations() -> None:
     memory operation after operation (no allocation, no fresh pages), grown when a larger one
     is needed."""
     from trainer_core.collective import Group, Thresholds
-    from trainer_core.collective.links import Scratch
+    from trainer_core.collective.primitives.links import Scratch
 
     s = Scratch()
     a = s.get("ring", np.dtype(np.float32), 100)

@@ -1,4 +1,4 @@
-"""PowerSGD's allreduce of the factors (trainer_core.collective.lowrank): against a reference
+"""PowerSGD's allreduce of the factors (trainer_core.collective.compressed.lowrank): against a reference
 computed in one process, bit-identical on every rank, the bytes cut by the compressor's ratio."""
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import pytest
 
 from trainer_core.collective import BFLOAT16, Group, bf16_to_f32, f32_to_bf16, spec_for
 from trainer_core.collective.fabric import Fabric, run_ranks
-from trainer_core.collective.links import Ctx
 from trainer_core.collective.nccl import ID_BYTES, NCCL_TYPES, NcclPath, agree, nccl_names, shared_devices
+from trainer_core.collective.primitives.links import Ctx
 
 TYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", BFLOAT16]
 DTYPE_OF = {i: (np.dtype(np.uint16) if t == BFLOAT16 else np.dtype(t)) for i, t in enumerate(TYPES)}

@@ -1,4 +1,4 @@
-"""Collectives among real worker processes (collective/netlinks.py, collective/job.py).
+"""Collectives among real worker processes (collective/sockets/netlinks.py, collective/job.py).
 
 A real scheduler and worker processes (``cluster.run_job`` with no servers, as a collectives-only
 job runs): each worker joins through ``collective.join()``, which links it to every other worker

@@ -15,9 +15,9 @@ import pytest
 
 from tests.trainer_core.test_node import WORKERS, config, free_port, run_all
 from trainer_core.collective import LinkError, PeerTimeout
-from trainer_core.collective import protocol as coll_protocol
 from trainer_core.collective.job import SCHEMA
-from trainer_core.collective.netlinks import NetLinks
+from trainer_core.collective.sockets import protocol as coll_protocol
+from trainer_core.collective.sockets.netlinks import NetLinks
 from trainer_core.errors import NodeFailure
 from trainer_core.node import protocol
 from trainer_core.node.postoffice import Postoffice

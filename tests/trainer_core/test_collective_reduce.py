@@ -1,4 +1,4 @@
-"""Reduction operators (trainer_core.collective.reduce): dtypes, ops, bfloat16 rounding."""
+"""Reduction operators (trainer_core.collective.primitives.reduce): dtypes, ops, bfloat16 rounding."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from trainer_core.collective.reduce import (
+from trainer_core.collective.primitives.reduce import (
     BFLOAT16,
     FLOAT_DTYPES,
     INT_DTYPES,

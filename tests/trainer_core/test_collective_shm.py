@@ -1,4 +1,4 @@
-"""The shared-memory allreduce (collective/shm.py, algorithms/shmreduce.py) in one process: each
+"""The shared-memory allreduce (collective/primitives/hostsegment.py, algorithms/shmreduce.py) in one process: each
 rank a thread with its own mapping of its host's segment (as a worker process has), over
 synchronous in-process links for the hierarchical part. Bit-identical on every rank and equal to
 the reference, every dtype and op, split or whole, one host or three; a rank that never comes, or
@@ -18,9 +18,9 @@ from tests.trainer_core.test_collective_allreduce import HOSTS, check, make
 from trainer_core.collective import BFLOAT16, Group, Thresholds
 from trainer_core.collective.algorithms.hierarchical import Topology
 from trainer_core.collective.fabric import Fabric, run_ranks
-from trainer_core.collective.links import LinkError, PeerTimeout
-from trainer_core.collective.reduce import FLOAT_DTYPES, INT_DTYPES
-from trainer_core.collective.shm import Local, Segment, _behind
+from trainer_core.collective.primitives.hostsegment import Local, Segment, _behind
+from trainer_core.collective.primitives.links import LinkError, PeerTimeout
+from trainer_core.collective.primitives.reduce import FLOAT_DTYPES, INT_DTYPES
 
 T = TypeVar("T")
 
@@ -210,7 +210,7 @@ def test_futex_sleeps_until_woken_or_the_word_changes() -> None:
     already differs returns at once."""
     import threading
 
-    from trainer_core.collective import futex
+    from trainer_core.collective.primitives import futex
 
     seg = Segment.create(2)
     address, words = seg.base_address, seg.counters
@@ -241,7 +241,7 @@ def test_the_leader_publishes_a_smaller_form_of_the_result_that_the_others_expan
     ranks rebuild the result from that form in the segment (as the compressed allreduce's payloads
     are decoded) instead of copying it; a form larger than the buffer goes the old way."""
     from trainer_core.collective.algorithms import shmreduce
-    from trainer_core.collective.reduce import spec_for
+    from trainer_core.collective.primitives.reduce import spec_for
 
     locs = locals_for(["h0", "h0"])
     n = 1000

@@ -15,7 +15,7 @@ from tests.trainer_core.test_collective_shm import locals_for
 from trainer_core.collective import Group, Thresholds
 from trainer_core.collective.algorithms import shmpipe
 from trainer_core.collective.fabric import Fabric, run_ranks
-from trainer_core.collective.reduce import spec_for
+from trainer_core.collective.primitives.reduce import spec_for
 
 PIPED = Thresholds(shm_split_min_bytes=0, shm_split_min_bytes_2=0, pipeline_piece_bytes=8192)
 

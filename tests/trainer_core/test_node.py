@@ -21,9 +21,9 @@ import pytest
 from trainer_core.config import NodeConfig
 from trainer_core.errors import NodeFailure
 from trainer_core.node import protocol
-from trainer_core.node.links import open_links
+from trainer_core.node.inflight import Requests
 from trainer_core.node.postoffice import Postoffice
-from trainer_core.node.requests import Requests
+from trainer_core.node.reach import open_links
 from trainer_core.node.scheduler import Scheduler
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Channel, Poller, Received

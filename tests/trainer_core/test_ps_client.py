@@ -32,8 +32,8 @@ from trainer_core.ps.handler import RequestHandler
 from trainer_core.ps.protocol import SCHEMA
 from trainer_core.ps.routes import Route
 from trainer_core.transport.channel import Caps, Channel, Poller, Received
+from trainer_core.transport.devshm import job_prefix
 from trainer_core.transport.memory import MemoryChannel
-from trainer_core.transport.shm import job_prefix
 
 LOG = logging.getLogger("test_ps_client")
 JOB = "unit-ps-client"

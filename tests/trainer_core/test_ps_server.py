@@ -24,8 +24,8 @@ from trainer_core.ps import protocol as wire
 from trainer_core.ps.handler import SHARED_PREFIX, RequestHandler
 from trainer_core.ps.protocol import SCHEMA
 from trainer_core.transport.channel import Caps, ChannelClosed, Received
+from trainer_core.transport.devshm import MemBuffer, SegmentFactory, job_prefix
 from trainer_core.transport.memory import MemoryChannel
-from trainer_core.transport.shm import MemBuffer, SegmentFactory, job_prefix
 
 LOG = logging.getLogger("test_ps_server")
 JOB = "unit-ps-server"

@@ -17,7 +17,7 @@ from trainer_core.ps import protocol as ps
 from trainer_core.ps.handler import RequestHandler
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Caps, Payload, Peer, Received
-from trainer_core.transport.shm import job_prefix
+from trainer_core.transport.devshm import job_prefix
 
 LOG = logging.getLogger("test_server_scale")
 LOG.addHandler(logging.NullHandler())

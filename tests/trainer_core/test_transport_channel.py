@@ -35,8 +35,8 @@ from trainer_core.transport.channel import (
     Received,
     Trace,
 )
+from trainer_core.transport.devshm import MemBuffer
 from trainer_core.transport.memory import MemoryChannel
-from trainer_core.transport.shm import MemBuffer
 from trainer_core.transport.tcp import TcpChannel, TcpListener
 from trainer_core.transport.unix import UnixChannel, UnixListener
 

@@ -21,8 +21,8 @@ import pytest
 from tests.trainer_core.chanpair import accept_pair
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Channel, Poller, Received, Trace
+from trainer_core.transport.devshm import MemBuffer
 from trainer_core.transport.memory import MemoryChannel
-from trainer_core.transport.shm import MemBuffer
 from trainer_core.transport.tcp import TcpChannel, TcpListener
 from trainer_core.transport.unix import UnixChannel, UnixListener
 

@@ -12,7 +12,7 @@ from trainer_core.errors import ConfigError, OptimizerError
 from trainer_core.optim import server as optim
 from trainer_core.ps import sharding
 from trainer_core.ps.protocol import SCHEMA
-from trainer_core.transport import auth, host, shm
+from trainer_core.transport import auth, devshm, host
 
 
 def test_small_keys_spread_evenly_and_big_keys_split() -> None:
@@ -97,10 +97,10 @@ def test_curve_keys_are_derived_from_the_secret() -> None:
 
 
 def test_segments_are_removed() -> None:
-    factory = shm.SegmentFactory("unit-test-job", "w0")
+    factory = devshm.SegmentFactory("unit-test-job", "w0")
     seg = factory.create(64)
-    assert os.path.exists(seg.path) and seg.name.startswith(shm.job_prefix("unit-test-job"))
-    other = shm.Segment(seg.name, 64, create=False)
+    assert os.path.exists(seg.path) and seg.name.startswith(devshm.job_prefix("unit-test-job"))
+    other = devshm.Segment(seg.name, 64, create=False)
     seg.view(np.dtype("<f4"), 16)[:] = 3
     assert other.view(np.dtype("<f4"), 16).sum() == 48
     seg.unlink()

@@ -4,10 +4,22 @@
 >>> total = group.allreduce(grad, op="mean")
 >>> work = group.allreduce_async(grad)      # ... compute ...; work.wait()
 
-The algorithms (``algorithms/``) are written against the small point-to-point interface of
-``links``; ``fabric`` links N ranks in one process for tests; ``netlinks`` links the worker
-processes of a job over the node layer's sockets, and ``join()`` makes the group of the job's
-workers from the environment (``job``): see docs/collectives.md.
+The package is a stack, each layer importing only those below it (tests/test_layers.py,
+``COLLECTIVE_DEPS``):
+
+* ``primitives/``: the point-to-point interface the algorithms are written against (``links``),
+  the reduction operators (``reduce``) and the shared-memory segment of a host's ranks
+  (``hostsegment``, waiting on ``futex``);
+* ``algorithms/``: ring, recursive doubling, trees, hierarchical and shared-memory allreduce, on
+  the primitives alone;
+* ``policy`` (which algorithm runs), then the other data paths: ``compressed/`` (error feedback,
+  its hierarchical form, PowerSGD's low-rank factors) and ``nccl`` (device arrays);
+* ``group`` (``Group``: the operations, run by ``executor``, fused by ``fusion``) on all of those;
+* the ``Links`` implementations: ``fabric`` (N ranks in one process, for tests) and
+  ``sockets/`` (``NetLinks``: the worker processes of a job over the node layer's channels),
+  each on the primitives only;
+* ``job``: ``join()`` makes the group of the job's workers from the environment, the only module
+  that imports ``sockets/``. See docs/collectives.md.
 
 As Horovod's, module-level functions run on the job's default group (``group()``: made by
 ``join()`` on first use, held by ``default``, a ``DefaultGroup`` that ``shutdown()`` closes):
@@ -26,13 +38,13 @@ from collections.abc import Callable
 from typing import Any
 
 from .algorithms.hierarchical import Topology
-from .compressed import ErrorFeedback
+from .compressed.twostage import ErrorFeedback
 from .executor import CollectiveClosed, Work
 from .group import Group
 from .job import JobGroup, join
-from .links import Ctx, Handle, LinkError, Links, PeerTimeout, SubLinks
 from .policy import ALGORITHMS, Thresholds, choose
-from .reduce import BFLOAT16, OPS, ReduceSpec, bf16_to_f32, f32_to_bf16, spec_for
+from .primitives.links import Ctx, Handle, LinkError, Links, PeerTimeout, SubLinks
+from .primitives.reduce import BFLOAT16, OPS, ReduceSpec, bf16_to_f32, f32_to_bf16, spec_for
 
 __all__ = [
     "ALGORITHMS",

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .links import DEFAULT_TIMEOUT, LinkError, PeerTimeout
+from .primitives.links import DEFAULT_TIMEOUT, LinkError, PeerTimeout
 
 T = TypeVar("T")
 

@@ -6,13 +6,15 @@ the group's background thread (``executor.Executor``) in submission order. Every
 same operations in the same order with arrays of the same dtype and shape (ragged ``allgather``:
 the same dtype and trailing shape).
 
-Arrays are numpy arrays, or cupy arrays that are copied to host memory and back (the NCCL path
-comes later). A result is a fresh array; ``allreduce``'s ``out`` receives it instead (``out`` may
-be the input itself). A synchronous ``allreduce`` of a C-contiguous numpy array runs on the
+Arrays are numpy arrays or cupy arrays. A cupy array goes through NCCL on the device
+(``nccl.NcclPath``, the ``nccl`` argument: a ``JobGroup`` has one when every rank can use NCCL)
+where NCCL takes it; otherwise (no NCCL path, a dtype NCCL lacks, a compressed allreduce, a
+barrier) it is copied to host memory, reduced there and copied back. A result is a fresh array;
+``allreduce``'s ``out`` receives it instead (``out`` may be the input itself). A synchronous ``allreduce`` of a C-contiguous numpy array runs on the
 calling thread when no operation is queued, reading the input and writing ``out`` in place
 (no private copies).
 
-Where the ranks of a host share a segment (``shm.Local``: the ``local`` argument, or the links'
+Where the ranks of a host share a segment (``hostsegment.Local``: the ``local`` argument, or the links'
 ``local`` attribute, as ``NetLinks`` has), the allreduce goes through it
 (``algorithms.shmreduce``): alone when every rank is on the host, else as the local part of the
 hierarchical allreduce.
@@ -28,15 +30,17 @@ import numpy as np
 from trainer_core.compression.powersgd import PowerSGD
 from trainer_core.xp import like, to_host
 
-from . import compressed, compressedhosts, fusion, lowrank, policy
+from . import fusion, policy
 from .algorithms import doubling, hierarchical, ring, shmpipe, shmreduce, tree
 from .algorithms.hierarchical import Topology
+from .compressed import hierarchical as compressed_hierarchical
+from .compressed import lowrank, twostage
 from .executor import Executor, Work
-from .links import Ctx, Links, Scratch, SubLinks
 from .nccl import NcclPath
 from .policy import Thresholds
-from .reduce import FLOAT_DTYPES, ReduceSpec, spec_for
-from .shm import Local
+from .primitives.hostsegment import Local
+from .primitives.links import Ctx, Links, Scratch, SubLinks
+from .primitives.reduce import FLOAT_DTYPES, ReduceSpec, spec_for
 
 
 class Group:
@@ -208,30 +212,30 @@ class Group:
         return self.grouped_allreduce_async(arrays, op, kind).wait()
 
     def compressed_allreduce_async(
-        self, array: Any, state: compressed.ErrorFeedback, key: Any = 0, op: str = "mean"
+        self, array: Any, state: twostage.ErrorFeedback, key: Any = 0, op: str = "mean"
     ) -> Work:
         """Reduce ``array`` compressed with ``state``'s compressor, with error feedback kept in
-        ``state`` under ``key`` (one key per tensor; see ``compressed``, and ``lowrank`` for
+        ``state`` under ``key`` (one key per tensor; see ``compressed.twostage``, and ``lowrank`` for
         ``powersgd``)."""
         if np.dtype(array.dtype) not in FLOAT_DTYPES:
             raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {np.dtype(array.dtype)}")
-        if op not in compressed.OPS:
+        if op not in twostage.OPS:
             raise ValueError(f"compressed allreduce sums or averages, not {op!r}")
         host = np.array(to_host(array), copy=True, order="C")
         return self._submit("compressed_allreduce", self._compressed(array, host, state, key, op))
 
     def _compressed(
-        self, array: Any, host: np.ndarray, state: compressed.ErrorFeedback, key: Any, op: str
+        self, array: Any, host: np.ndarray, state: twostage.ErrorFeedback, key: Any, op: str
     ) -> Callable[[Ctx], Any]:
         """The compressed allreduce of ``host`` (``array`` on the host, read and never written) as
         a function of the operation's ``Ctx``."""
         if np.dtype(array.dtype) not in FLOAT_DTYPES:
             raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {np.dtype(array.dtype)}")
-        if op not in compressed.OPS:
+        if op not in twostage.OPS:
             raise ValueError(f"compressed allreduce sums or averages, not {op!r}")
         spec = spec_for(array.dtype, op)
         topo = self.topology
-        hier = compressedhosts.takes(topo)
+        hier = compressed_hierarchical.takes(topo)
         st = state.key(key, topo.nhosts if hier and topo is not None else self.size)
 
         def run(ctx: Ctx) -> Any:
@@ -239,15 +243,15 @@ class Group:
                 return like(lowrank.allreduce(ctx, host, spec, st.server, self._flat_allreduce), array)
             if hier and topo is not None:
                 x = host.reshape(-1)
-                flat = compressedhosts.allreduce(ctx, x, spec, st, topo, self.local, self.thresholds)
+                flat = compressed_hierarchical.allreduce(ctx, x, spec, st, topo, self.local, self.thresholds)
             else:
-                flat = compressed.allreduce(ctx, host.reshape(-1), spec, st)
+                flat = twostage.allreduce(ctx, host.reshape(-1), spec, st)
             return like(flat.reshape(host.shape), array)
 
         return run
 
     def compressed_allreduce(
-        self, array: Any, state: compressed.ErrorFeedback, key: Any = 0, op: str = "mean"
+        self, array: Any, state: twostage.ErrorFeedback, key: Any = 0, op: str = "mean"
     ) -> Any:
         if self.nccl is not None or not _plain(array) or state.params.get("type") == "powersgd":
             return self.compressed_allreduce_async(array, state, key, op).wait()

@@ -21,11 +21,12 @@ from trainer_core.log import get_logger
 from trainer_core.node import protocol as node_protocol
 from trainer_core.node.postoffice import Postoffice
 
-from . import nccl, protocol
+from . import nccl
 from .group import Group
-from .links import DEFAULT_TIMEOUT
-from .netlinks import NetLinks
 from .policy import Thresholds
+from .primitives.links import DEFAULT_TIMEOUT
+from .sockets import protocol
+from .sockets.netlinks import NetLinks
 
 #: what a worker of a collective job decodes: the node layer's kinds and the collectives'
 SCHEMA = node_protocol.SCHEMA | protocol.SCHEMA

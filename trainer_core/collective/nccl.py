@@ -36,8 +36,8 @@ import numpy as np
 from trainer_core.xp import array_module, cupy_module, is_device_array
 
 from .algorithms import ring
-from .links import Ctx
-from .reduce import BFLOAT16, ReduceSpec
+from .primitives.links import Ctx
+from .primitives.reduce import BFLOAT16, ReduceSpec
 
 #: the NCCL type of each kind the collectives reduce (int16 and uint16 have none)
 NCCL_TYPES = {

@@ -37,7 +37,7 @@ from trainer_core.ps.client import WorkerClient
 from trainer_core.ps.protocol import Key
 from trainer_core.ps.sharding import Part, split
 from trainer_core.transport.channel import Received
-from trainer_core.transport.shm import Segment, SegmentFactory
+from trainer_core.transport.devshm import Segment, SegmentFactory
 from trainer_core.xp import flat_sum, to_host
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from trainer_core.ps import protocol
 from trainer_core.ps.sharding import Part
-from trainer_core.transport.shm import Segment
+from trainer_core.transport.devshm import Segment
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Every node registers what it listens on (a ZeroMQ endpoint, a same-host channel, a TCP data
 channel) and which part of the book it needs: every node (``ALL``: a worker of the collectives,
-which links to every other worker, ``node.links``), or the servers only (``SERVERS``: the parameter
+which links to every other worker, ``node.reach``), or the servers only (``SERVERS``: the parameter
 server's workers, which reach the servers only, and the servers, which reach nobody). The book
 lists those with where each listens.
 """

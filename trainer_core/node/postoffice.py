@@ -7,7 +7,7 @@ a wall clock), ``abort`` (ends the job for every node, naming the culprit), ``ch
 (the job's failure as this node knows it), ``peer_lost``/``peer_broke`` (the failure policy when
 a channel to another node closes or breaks its protocol: wait ``grace_s`` for the scheduler to
 name the cause, else blame that node), an exit watchdog (a failure the user's code does not meet
-in a call soon ends the process), and ``requests`` (``node.requests``: numbering and tracking
+in a call soon ends the process), and ``requests`` (``node.inflight``: numbering and tracking
 requests). What runs above it (``ps``, ``collective``) adds its own channels and messages.
 """
 
@@ -24,8 +24,8 @@ from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, NodeFailure
 from trainer_core.node import protocol
 from trainer_core.node.book import ALL, Book, join, scheduler_endpoint
+from trainer_core.node.inflight import Requests
 from trainer_core.node.liveness import Health, Liveness
-from trainer_core.node.requests import Requests
 from trainer_core.node.rootserver import RootServer, root_name, serves_root
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Channel, Listener, Received, Trace

@@ -30,7 +30,7 @@ from trainer_core.ps.handler import SHARED_PREFIX
 from trainer_core.ps.routes import Route, open_routes
 from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Received, Source
 from trainer_core.transport.control import Transport
-from trainer_core.transport.shm import MemBuffer
+from trainer_core.transport.devshm import MemBuffer
 
 
 class WorkerClient:

@@ -26,7 +26,7 @@ from trainer_core.ps import protocol
 from trainer_core.ps.request import Request
 from trainer_core.ps.store import Store, StoreError, dtype_of
 from trainer_core.transport.channel import ChannelClosed, Peer, Received
-from trainer_core.transport.shm import MemBuffer, Segment
+from trainer_core.transport.devshm import MemBuffer, Segment
 
 SMALL_FRAMES = 1 << 20  # bytes of frames a request may carry beyond what its entries justify
 SHARED_PREFIX = "launchkit-mem-"  # how a reply names one of this server's buffers

@@ -1,4 +1,4 @@
-"""Which channels reach each server from a worker: the node layer's links (``node/links.py``) to
+"""Which channels reach each server from a worker: the node layer's links (``node/reach.py``) to
 the servers of the book; ``routes[i]`` reaches server ``i``."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 
 from trainer_core.config import NodeConfig
 from trainer_core.node.book import Book
-from trainer_core.node.links import Link, open_links
+from trainer_core.node.reach import Link, open_links
 from trainer_core.transport.control import Transport
 
 Route = Link

@@ -30,8 +30,8 @@ from trainer_core.transport.channel import (
     Received,
 )
 from trainer_core.transport.control import Transport
+from trainer_core.transport.devshm import job_prefix
 from trainer_core.transport.host import bind_and_publish_hosts
-from trainer_core.transport.shm import job_prefix
 
 _PUSHING = frozenset({protocol.INIT, protocol.PUSH, protocol.PUSHPULL})
 

@@ -6,7 +6,7 @@
 
 Sums are allreduces among the workers: ``aggregate`` reduces all the keys at once
 (``grouped_allreduce``, fused into buckets); after ``set_compression`` each key goes through the
-compressed allreduce (``collective.compressed``: compressed reduce-scatter with each worker's
+compressed allreduce (``collective.compressed.twostage``: compressed reduce-scatter with each worker's
 residual, the reduced chunk compressed again with its owner's residual for the allgather), the
 error feedback kept here per key. ``declare`` moves nothing; ``broadcast`` is rank 0's values.
 The hostnames come from an allgather of each worker's encoded name, as the KV path's exchange.

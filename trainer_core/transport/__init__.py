@@ -9,6 +9,7 @@ heartbeats, data with ``PS_ENCRYPT=1``), ``unix`` the same-host header channel, 
 cross-host data stream (framing in ``stream``), ``memory`` an in-process pair for tests and
 ``datagram`` the metrics reports over UDP.
 Channels are symmetric: either end may send, post and receive (``outbox``: what a ``post`` could
-not send at once). ``shm`` holds shared-memory segments, ``host`` this machine's identity and
-addresses, ``auth`` the handshakes and keys, ``wire`` the envelope (docs/wire.md).
+not send at once). ``devshm`` holds the shared-memory segments under /dev/shm, ``host`` this
+machine's identity and addresses, ``auth`` the handshakes and keys, ``wire`` the envelope
+(docs/wire.md).
 """

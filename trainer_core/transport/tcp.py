@@ -18,9 +18,10 @@ send to each other at once (a collective's ring) post too. Received arrays are r
 the receiver's ``place`` says (a worker's ``pull`` outputs), else into a fresh buffer, or on the
 accepting side into a buffer it reuses.
 
-Authentication is the challenge of ``auth.py`` with this channel's own key: the server sends a
-fresh 16-byte nonce, the client answers ``HMAC-SHA256(k, "client" + nonce)``, the server answers
-``HMAC-SHA256(k, "server" + nonce)``. The secret never crosses the wire; a peer without it is
+Authentication is the challenge of ``auth.py`` with this channel's own key: the accepting side
+(called the server below: a server, or the worker another worker connects to) sends a fresh
+16-byte nonce, the connecting side (the client) answers ``HMAC-SHA256(k, "client" + nonce)``, the
+server answers ``HMAC-SHA256(k, "server" + nonce)``. The secret never crosses the wire; a peer without it is
 closed before any message is read (``TcpListener.stale``: after 10 s, or beyond 64 waiting).
 Arrays are not encrypted: ``PS_ENCRYPT=1`` sends them over CURVE (``control``) instead.
 """
@@ -75,7 +76,8 @@ class TcpChannel(FramedStream, Channel):
 
     @classmethod
     def connect(cls, endpoint: str, secret: str, trace: Trace) -> TcpChannel:
-        """Connect to a server's ``tcp://host:port`` and pass the handshake (``KVError`` if it fails)."""
+        """Connect to a node's ``tcp://host:port`` (a server's or a worker's) and pass the handshake
+        (``KVError`` if it fails)."""
         host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
         key = channel_key(secret, _LABEL)
         try:
@@ -231,8 +233,8 @@ class TcpChannel(FramedStream, Channel):
 
 
 class TcpListener(Listener):
-    """A server's data listener on ``host`` (``*``: every interface), any free port; ``peers``
-    may be in their handshake at once (``Handshakes``)."""
+    """A node's data listener (a server's, or a worker's for the collectives) on ``host`` (``*``:
+    every interface), any free port; ``peers`` may be in their handshake at once (``Handshakes``)."""
 
     def __init__(self, host: str, secret: str, trace: Trace, peers: int = 0) -> None:
         self.key = channel_key(secret, _LABEL)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..links import Ctx
-from ..reduce import ReduceSpec
+from ..primitives.links import Ctx
+from ..primitives.reduce import ReduceSpec
 
 
 def _pow2_below(n: int) -> int:

@@ -2,9 +2,10 @@
 allreduce among the leaders, and a broadcast within each host.
 
 ``Topology`` is the rank -> host map. A host's leader is its lowest rank. Within a host the leader
-reduces its ranks' buffers in rank order (``tree.reduce_to``; over shared memory once the node
-layer provides it); the leaders run the ring or recursive doubling (chosen by the caller); the
-leader then broadcasts down a binomial tree of its host. Every element is thus reduced in one fixed
+reduces its ranks' buffers in rank order (``tree.reduce_to``); the leaders run the ring or
+recursive doubling (chosen by the caller); the leader then broadcasts down a binomial tree of its
+host. This is the form on the links, for hosts without a shared-memory segment; where a host has
+one, ``shmreduce`` runs the host's part through it instead (``Group`` chooses). Every element is thus reduced in one fixed
 order and the leaders' result is copied to everyone: every rank ends bit-identical. Across hosts
 only one buffer per host travels, instead of one per rank.
 """
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..links import Ctx, SubLinks
-from ..reduce import ReduceSpec
+from ..primitives.links import Ctx, SubLinks
+from ..primitives.reduce import ReduceSpec
 from . import tree
 
 

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..links import Ctx, Handle, wait_all
-from ..reduce import ReduceSpec
+from ..primitives.links import Ctx, Handle, wait_all
+from ..primitives.reduce import ReduceSpec
 
 #: Largest piece of a block that travels as one message (provisional; gloo uses 1 MiB).
 SEGMENT_BYTES = 1 << 20

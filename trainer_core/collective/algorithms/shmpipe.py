@@ -30,8 +30,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..reduce import ReduceSpec
-from ..shm import Local
+from ..primitives.hostsegment import Local
+from ..primitives.reduce import ReduceSpec
 from .ring import blocks
 from .shmreduce import _reduce
 

@@ -1,4 +1,4 @@
-"""Allreduce among the ranks of one host through their shared-memory segment (``shm``), and the
+"""Allreduce among the ranks of one host through their shared-memory segment (``hostsegment``), and the
 host's part of the hierarchical allreduce.
 
 Operation ``k`` of a host's ranks uses steps ``3k+1..3k+3`` of their counters:
@@ -30,8 +30,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..reduce import ReduceSpec
-from ..shm import Local
+from ..primitives.hostsegment import Local
+from ..primitives.reduce import ReduceSpec
 from .ring import blocks
 
 

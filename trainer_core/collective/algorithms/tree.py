@@ -6,16 +6,16 @@ bit, largest first: ``ceil(log2(size))`` rounds. The buffer travels in segments,
 forwards each segment as soon as it arrived, so a large broadcast is pipelined down the tree.
 
 Reduce: the root receives every other rank's buffer and combines them in rank order,
-``((x0 op x1) op x2) ...``: meant for the few ranks of one host (it becomes a shared-memory
-reduction with the node layer).
+``((x0 op x1) op x2) ...``: meant for the few ranks of one host, where the host has no
+shared-memory segment (``shmreduce`` reduces through the segment where there is one).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..links import Ctx, Handle, wait_all
-from ..reduce import ReduceSpec
+from ..primitives.links import Ctx, Handle, wait_all
+from ..primitives.reduce import ReduceSpec
 from .ring import SEGMENT_BYTES, segments
 
 

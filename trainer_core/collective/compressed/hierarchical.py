@@ -3,7 +3,7 @@ topology where some host has several ranks and there are several hosts).
 
 1. The host's ranks sum their arrays in full precision: through the host's shared-memory segment
    (``shmreduce``) where there is one, else a tree on the links (``hierarchical``);
-2. only the hosts' leaders run the two-stage compressed allreduce (``compressed.allreduce``) on
+2. only the hosts' leaders run the two-stage compressed allreduce (``twostage.allreduce``) on
    their host's sum, with the leader's error feedback (its ``KeyState``, one compressor per host's
    chunk: the residual is of the host's sum, the other ranks' state is never used); ``mean``
    divides by the whole group's size before the second stage;
@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import compressed, policy
-from .algorithms import hierarchical, shmreduce
-from .algorithms.hierarchical import Topology
-from .links import Ctx, SubLinks
-from .reduce import ReduceSpec, spec_for
-from .shm import Local
+from .. import policy
+from ..algorithms import hierarchical, shmreduce
+from ..algorithms.hierarchical import Topology
+from ..primitives.hostsegment import Local
+from ..primitives.links import Ctx, SubLinks
+from ..primitives.reduce import ReduceSpec, spec_for
+from . import twostage
 
 
 def takes(topo: Topology | None) -> bool:
@@ -35,7 +36,7 @@ def allreduce(
     ctx: Ctx,
     x: np.ndarray,
     spec: ReduceSpec,
-    st: compressed.KeyState,
+    st: twostage.KeyState,
     topo: Topology,
     loc: Local | None,
     th: policy.Thresholds,
@@ -47,7 +48,7 @@ def allreduce(
     total = spec_for(x.dtype, "sum")
 
     def cross(c: Ctx, buf: np.ndarray, _sum: ReduceSpec, keep: dict[int, np.ndarray] | None = None) -> None:
-        compressed.allreduce(c, buf, spec, st, count=ctx.size, out=buf, keep=keep)  # the leaders, in place
+        twostage.allreduce(c, buf, spec, st, count=ctx.size, out=buf, keep=keep)  # the leaders, in place
 
     if loc is not None:
         leaders = topo.leaders()
@@ -56,11 +57,11 @@ def allreduce(
         def on_leaders(buf: np.ndarray) -> np.ndarray:  # the host's other ranks decode the payloads
             keep: dict[int, np.ndarray] = {}
             cross(ctx.phase(1).on(SubLinks(ctx.links, leaders)), buf, total, keep)
-            return compressed.publish(keep)
+            return twostage.publish(keep)
 
         nhosts = len(leaders)
         shmreduce.allreduce(
-            loc, x, out, total, split, on_leaders, lambda form, o: compressed.expand(form, o, nhosts)
+            loc, x, out, total, split, on_leaders, lambda form, o: twostage.expand(form, o, nhosts)
         )
     else:
         np.copyto(out, x)

@@ -1,11 +1,11 @@
 """``NetLinks``: the collectives' ``Links`` between the worker processes of a job, over sockets.
 
 On a joined ``node.postoffice.Postoffice``, each pair of workers gets one channel, opened by the
-lower rank to the higher one's listener (same-host, the bytes in a memfd: ``netshm``; else TCP).
+lower rank to the higher one's listener (same-host, the bytes in a memfd: ``channels``; else TCP).
 One receiving thread matches each ``coll_data`` by (sender, tag) to its posted receive, read in
 place, or keeps a copy until it is posted. Sends never wait, so a ring cannot deadlock. A peer
 whose channel ends without its ``coll_bye`` died: the group fails naming it, and the scheduler is
-told (``netfail``). docs/collectives.md, "Over sockets".
+told (``report_abort``). docs/collectives.md, "Over sockets".
 """
 
 from __future__ import annotations
@@ -20,18 +20,21 @@ from typing import Any
 
 import numpy as np
 
+from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, WireError
+from trainer_core.node import protocol as node_protocol
+from trainer_core.node.book import scheduler_endpoint
 from trainer_core.node.postoffice import Postoffice
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Received, Source
 from trainer_core.transport.tcp import TcpListener
 from trainer_core.transport.unix import UnixListener
 
-from . import netfail, netlocal, netshm, protocol
-from .links import DEFAULT_TIMEOUT, LinkError
-from .nethandles import DONE, SLICE_S, Done, Recv, Wake, bytes_of
-from .shm import Local
+from ..primitives.hostsegment import Local
+from ..primitives.links import DEFAULT_TIMEOUT, LinkError
+from . import channels, protocol, sharesegment
+from .handles import DONE, SLICE_S, Done, Recv, Wake, bytes_of
 
 REPORT_S = 1.0  # how long a worker that saw a peer die waits for the scheduler to confirm the abort
 FLUSH_S = 5.0  # how long ``close`` lets queued messages go out
@@ -84,11 +87,11 @@ class NetLinks:
         self._poller = Poller()
         self._poller.add(self._wake)
         self._listeners = listeners
-        self._offer = netlocal.Offer()
+        self._offer = sharesegment.Offer()
         self._members = [
             r for r, w in enumerate(book.workers) if w.host_key == book.workers[self._rank].host_key
         ]
-        #: this host's shared-memory segment, where it has several workers (``shm``; None: none)
+        #: this host's shared-memory segment, where it has several workers (``hostsegment``; None: none)
         self.local: Local | None = None
         for listener in listeners:
             listener.on_accept = self._accepted
@@ -97,7 +100,7 @@ class NetLinks:
         self._thread.start()
         try:
             self._connect(cfg.start_timeout)
-            self.local = netlocal.setup(self, self._members, self._chan, self._offer, cfg, timeout)
+            self.local = sharesegment.setup(self, self._members, self._chan, self._offer, cfg, timeout)
         except BaseException:
             self.close()
             raise
@@ -130,7 +133,7 @@ class NetLinks:
     def _connect(self, bound_s: float) -> None:
         """Connect to every higher rank, then wait (at most ``bound_s``) for every lower one."""
         for peer in range(self._rank + 1, self._size):
-            ch = netshm.open_channel(self.node.book.workers[peer], self.cfg, self._trace, self.log)
+            ch = channels.open_channel(self.node.book.workers[peer], self.cfg, self._trace, self.log)
             self._accepted(ch)
             with self._lock:
                 self._chan[peer], self._who[ch] = ch, peer
@@ -235,11 +238,11 @@ class NetLinks:
         self._keep((peer, tag), data)  # (or the receive posted after ``_place`` looked)
 
     def _data_fd(self, peer: int, h: wire.Header, ch: Channel) -> None:
-        """A same-host message: its bytes are in the memfd that came with it (``netshm``)."""
+        """A same-host message: its bytes are in the memfd that came with it (``channels``)."""
         key, n = (peer, protocol.tag_of(h)), wire.body_int(h, "n")
         if n < 0:
             raise WireError(f"a message of {n} bytes")
-        netshm.deliver(ch, key, n, self._take_posted, self._keep)
+        channels.deliver(ch, key, n, self._take_posted, self._keep)
 
     def _take_posted(self, key: tuple[int, int]) -> Recv | None:
         """The first receive posted for ``key``, unless earlier messages for it wait."""
@@ -292,7 +295,7 @@ class NetLinks:
         """``err.peer`` died: tell the scheduler (so the launcher names it) and break the group."""
         self.log.error("%s", err)
         if self._broken is None:
-            netfail.report(self.node, self.cfg, f"worker {err.peer}", str(err), REPORT_S)
+            report_abort(self.node, self.cfg, f"worker {err.peer}", str(err), REPORT_S)
         self._fail(err, op)
 
     def _fail(self, err: LinkError, op: Recv | None = None, everyone: bool = True) -> None:
@@ -329,12 +332,15 @@ class NetLinks:
             if ch.caps.frames:
                 ch.post(protocol.data(tag), [np.frombuffer(view, np.uint8).copy()])
             else:
-                netshm.send(ch, protocol.data(tag, len(view)), view)
+                channels.send(ch, protocol.data(tag, len(view)), view)
         except (ChannelClosed, KVError, OSError) as exc:
             self.node.raise_failure()
             err, gone = self._gone.get(peer), isinstance(exc, ChannelClosed | OSError)
             if err is None:
-                err = netfail.send_failed(peer, self.where(peer), exc, gone)
+                tail = ": it died or stopped, and the group is broken" if gone else ""
+                err = LinkError(
+                    f"collective: sending to rank {peer} ({self.where(peer)}) failed: {exc}{tail}", peer
+                )
                 if gone:  # before the receiving thread saw its channel close
                     self._peer_gone(err)
                     self.node.raise_failure()  # the job's failure naming the peer, once it came back
@@ -372,7 +378,11 @@ class NetLinks:
             return True
 
     def mismatch(self, op: Recv, got: int) -> LinkError:
-        return netfail.mismatch(op.peer, self.where(op.peer), self._rank, op.tag, got, len(op.view))
+        return LinkError(
+            f"collective: rank {op.peer} ({self.where(op.peer)}) sent {got} bytes to rank {self._rank} "
+            f"(tag {op.tag:#x}), which expected {len(op.view)}; the ranks disagree on the operation",
+            op.peer,
+        )
 
     def close(self) -> None:
         """Say bye to every peer, stop the receiving thread and close the channels (what is queued
@@ -398,3 +408,20 @@ class NetLinks:
         self._wake.close()
         if self.local is not None:
             self.local.close()
+
+
+def report_abort(node: Postoffice, cfg: NodeConfig, name: str, reason: str, wait_s: float) -> None:
+    """Tell the scheduler that node ``name`` died (unless the job failed already), so that it ends
+    the job for every node naming it; wait (at most ``wait_s``) until its word comes back through
+    the heartbeat thread, which the waits then raise first. On a channel of its own (the node's
+    channel to the scheduler belongs to the thread that calls ``barrier`` and ``finish``)."""
+    transport = node.transport
+    if node.failure is not None or transport is None:
+        return
+    ch = transport.connect(scheduler_endpoint(cfg))
+    try:
+        ch.send(wire.Header(op=node_protocol.ABORT, src=node.name, body={"reason": reason, "node": name}))
+        if not node.live.failed.wait(wait_s):
+            say_peer_failed(name)  # for the launcher (the heartbeat thread says it with the abort)
+    finally:
+        ch.close(flush_s=0.0 if node.live.failed.is_set() else 1.0)

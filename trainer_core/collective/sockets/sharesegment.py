@@ -1,4 +1,4 @@
-"""Setting up the shared-memory segment of the workers of one host (``shm``), for ``NetLinks``.
+"""Setting up the shared-memory segment of the workers of one host (``primitives.hostsegment``), for ``NetLinks``.
 
 Once the channels are up, the host's lowest rank (the leader) makes the segment and sends its
 descriptor to every other rank of the host in a ``coll_shm`` message, over their same-host
@@ -19,8 +19,8 @@ from trainer_core.errors import KVError, WireError
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Channel
 
+from ..primitives.hostsegment import MAX_LOCAL, Local, Segment
 from . import protocol
-from .shm import MAX_LOCAL, Local, Segment
 
 Health = Callable[[], None]
 

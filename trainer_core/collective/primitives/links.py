@@ -12,8 +12,8 @@ Messages between one pair with one tag arrive in the order they were sent. ``Ctx
 operation's sequence number, a phase and a step into the tag, so that the messages of different
 operations and phases never match each other.
 
-The in-process implementation for tests is ``fabric.Fabric``; the socket one comes with the node
-layer (docs/collectives.md).
+The in-process implementation for tests is ``fabric.Fabric``; the one between a job's worker
+processes, over the node layer's channels, is ``sockets.netlinks.NetLinks`` (docs/collectives.md).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import numpy as np
 
 from trainer_core.transport.channel import Received, Source
 
-from .links import PeerTimeout
+from ..primitives.links import PeerTimeout
 
 
 class Owner(Protocol):

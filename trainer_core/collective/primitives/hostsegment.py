@@ -2,7 +2,7 @@
 
 One anonymous file (``memfd``) per host and group, made once when the group is set up by the
 host's lowest rank and handed to the others over their authenticated same-host channels
-(``netlinks``), as every descriptor is; nothing is left in ``/dev/shm``. Its layout:
+(``sockets.netlinks``), as every descriptor is; nothing is left in ``/dev/shm``. Its layout:
 
 * a header page: one 32-bit step counter per local rank, each on a cache line of its own, written
   only by its rank and read by the others, and beside it the rank's 32-bit note (``note``);

@@ -29,9 +29,9 @@ import numpy as np
 from trainer_core.compression import Compressor, get_compressor
 from trainer_core.compression.codec import check_meta, decode
 
-from .algorithms import ring
-from .links import Ctx, Handle, wait_all
-from .reduce import ReduceSpec
+from ..algorithms import ring
+from ..primitives.links import Ctx, Handle, wait_all
+from ..primitives.reduce import ReduceSpec
 
 _LEN = np.dtype("<u4")
 OPS = ("sum", "mean")

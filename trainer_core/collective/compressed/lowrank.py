@@ -27,8 +27,8 @@ import numpy as np
 from trainer_core.compression.base import work_dtype
 from trainer_core.compression.powersgd import PowerSGD, matrix_shape
 
-from .links import Ctx
-from .reduce import ReduceSpec, spec_for
+from ..primitives.links import Ctx
+from ..primitives.reduce import ReduceSpec, spec_for
 
 Allreduce = Callable[[Ctx, np.ndarray, ReduceSpec], None]
 _SUM32 = spec_for(np.float32, "sum")

@@ -9,10 +9,10 @@ like every channel:
 * ``coll_data`` (``{"t": tag}``, one frame): one point-to-point message of a collective, matched
   by (sender, tag) to the receiver's posted receive; on the same-host channel (headers only)
   ``{"t": tag, "n": bytes}`` and, unless ``n`` is 0, one descriptor: a memfd holding the bytes
-  (``netshm``);
+  (``sockets.channels``);
 * ``coll_shm`` (``{"n": local ranks}``, one descriptor): from a host's lowest rank to each other
   rank of the host, once, when the group is set up: the host's shared-memory segment
-  (``shm``); ``{"n": 0}`` and no descriptor where the host has none (a channel that is not the
+  (``primitives.hostsegment``); ``{"n": 0}`` and no descriptor where the host has none (a channel that is not the
   same-host one, or ``PS_SHM=0``);
 * ``coll_bye``: the sender closes the group normally; the channel's end is not a failure.
 

@@ -25,7 +25,7 @@ from trainer_core.transport.host import machine_identity
 from trainer_core.transport.tcp import TcpChannel
 from trainer_core.transport.unix import UnixChannel
 
-from .nethandles import Recv
+from .handles import Recv
 
 
 def open_channel(info: NodeInfo, cfg: NodeConfig, trace: Trace, log: logging.Logger) -> Channel:
