@@ -30,7 +30,7 @@ from launchkit.core.hostfile import read_hostfile
 from launchkit.core.placement import assign_hosts
 from launchkit.core.plan import split_assignments
 from launchkit.core.spec import LOCALHOST, JobResult, LaunchSpec
-from launchkit.core.syncdest import check_sync_dst
+from launchkit.core.syncdest import check_sync_dst, known_homes
 from launchkit.dashboard import Dashboard
 from launchkit.errors import UsageError
 from launchkit.fdlimit import raise_open_files
@@ -269,7 +269,8 @@ def register(app: typer.Typer) -> None:
         )
         # a flag that sets what this backend does not take (its Capabilities): exit 2, not dropped
         refuse_unused(spec.backend, [p for p in FLAGS if given(ctx, p)])
-        check_sync_dst(spec.sync_dst_dir, force=sync_dst_dir_force, homes=(os.path.expanduser("~"),))
+        homes = known_homes((h.user for h in spec.hosts), os.path.expanduser("~"))
+        check_sync_dst(spec.sync_dst_dir, force=sync_dst_dir_force, homes=homes)
         if detach:
             check_detach(spec.backend)
         engine_options = engine_backend_options(

@@ -72,8 +72,8 @@ def _above(rel: str) -> bool:
 
 def refusal(dst: str, homes: Iterable[str] = ()) -> str | None:
     """Why rsyncing into ``dst`` would mix the job's files among the system's or a user's own,
-    or None when it would not. ``homes``: home directories known to be on the hosts (the
-    launcher's own, which a shared home on the hosts also has)."""
+    or None when it would not. ``homes``: home directories known to be on the hosts
+    (``known_homes``)."""
     where = normalize(dst)
     shown = "" if where == dst else f" (that is {where})"
     if where.startswith("/"):
@@ -81,7 +81,7 @@ def refusal(dst: str, homes: Iterable[str] = ()) -> str | None:
             what = "the root directory" if where == "/" else "a top-level system directory"
             return f"{dst}{shown} is {what}"
         if any(where == normalize(h) for h in homes if h.startswith("/")):
-            return f"{dst}{shown} is your home directory itself"
+            return f"{dst}{shown} is a home directory itself"
         return None
     anchor, _, rel = where.partition("/")
     if anchor.startswith("~"):
@@ -96,6 +96,14 @@ def refusal(dst: str, homes: Iterable[str] = ()) -> str | None:
     if _above(where):
         return f"{dst}{shown} is above the remote user's home (a relative path is relative to it)"
     return None
+
+
+def known_homes(users: Iterable[str | None], own_home: str) -> tuple[str, ...]:
+    """The home paths a destination is compared with: the launcher's own (``own_home``; a home
+    shared with the hosts has the same path there) and ``/home/USER`` for each user a hostfile
+    line names (``alice@node1``), where a Linux host keeps that user's home."""
+    names = sorted({u for u in users if u and "/" not in u and u not in (".", "..")})
+    return (own_home, *(f"/home/{u}" for u in names))
 
 
 def check_sync_dst(dst: str | None, *, force: bool, homes: Iterable[str] = ()) -> None:

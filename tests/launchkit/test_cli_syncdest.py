@@ -68,7 +68,17 @@ def test_the_launchers_own_home_is_refused(
     """A home shared with the hosts (NFS) has the same path there."""
     monkeypatch.setenv("HOME", str(tmp_path / "me"))
     code, _, err = cli(capsys, *dry_run(hosts, "--sync-dst-dir", f"{tmp_path}/me/"))
-    assert code == 2 and f"(that is {tmp_path}/me) is your home directory itself" in err, err
+    assert code == 2 and f"(that is {tmp_path}/me) is a home directory itself" in err, err
+
+
+def test_a_hostfile_users_home_is_refused(
+    capsys: pytest.CaptureFixture[str], hosts: str, tmp_path: Path
+) -> None:
+    (tmp_path / "hf2").write_text("alice@node1\nnode2\n")
+    code, _, err = cli(capsys, *dry_run("hf2", "--sync-dst-dir", "/home/alice/"))
+    assert code == 2 and "/home/alice/ (that is /home/alice) is a home directory itself" in err, err
+    code, _, err = cli(capsys, *dry_run("hf2", "--sync-dst-dir", "/home/alice/job"))
+    assert code == 0, err
 
 
 @pytest.mark.parametrize("dst", ["/", "/usr/", "~", "."])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from launchkit.core.syncdest import FORCE_FLAG, check_sync_dst, normalize, refusal
+from launchkit.core.syncdest import FORCE_FLAG, check_sync_dst, known_homes, normalize, refusal
 from launchkit.errors import UsageError
 
 
@@ -45,6 +45,14 @@ SYSTEM = "/ /bin /boot /dev /etc /home /lib /lib64 /lib32 /libx32 /libexec /opt 
 SYSTEM_DIRS = [*SYSTEM.split(), "/usr", "/var"]
 
 
+def test_the_known_homes_are_the_launchers_and_the_hostfile_users() -> None:
+    assert known_homes([None, "alice", "bob", "alice", "", "..", "a/b"], "/home/me") == (
+        "/home/me",
+        "/home/alice",
+        "/home/bob",
+    )
+
+
 @pytest.mark.parametrize(
     "dst", [*SYSTEM_DIRS, "/usr/", "/usr/.", "//", "/./etc", "/home/..", "//usr//", "/var/log/../"]
 )
@@ -81,10 +89,10 @@ def test_the_remote_home_itself_and_above_it_are_refused(dst: str, what: str) ->
 
 
 def test_a_known_home_path_is_refused() -> None:
-    assert refusal("/home/alice", ["/home/alice"]) == "/home/alice is your home directory itself"
+    assert refusal("/home/alice", ["/home/alice"]) == "/home/alice is a home directory itself"
     assert (
         refusal("/home/alice/", ["/home/alice"])
-        == "/home/alice/ (that is /home/alice) is your home directory itself"
+        == "/home/alice/ (that is /home/alice) is a home directory itself"
     )
     assert refusal("/home/alice/job", ["/home/alice"]) is None
     assert refusal("/home/alice", ["~"]) is None  # an unknown home (expanduser's answer) names nothing
