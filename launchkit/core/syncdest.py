@@ -60,7 +60,7 @@ def normalize(dst: str) -> str:
     head, _, rest = dst.partition("/")
     if head.startswith("~") or head in _HOME_VARS:
         anchor = "~" if head in _HOME_VARS else head
-        rel = posixpath.normpath(rest) if rest else "."
+        rel = posixpath.normpath(rest.lstrip("/")) if rest.strip("/") else "."
         return anchor if rel == "." else f"{anchor}/{rel}"
     return posixpath.normpath(dst) if dst else "."
 
