@@ -29,8 +29,9 @@ from launchkit.dashboard import Dashboard
 from launchkit.errors import EXIT_INTERNAL, BackendError, UsageError
 from launchkit.jobs import records as jobs
 from launchkit.jobs.kill import sweep_hosts
+from launchkit.logdir import hold_log_dir
 from launchkit.roots import Roots
-from launchkit.supervisor import EXIT_TIMEOUT, HANDLED_SIGNALS, Supervisor, check_log_dir
+from launchkit.supervisor import EXIT_TIMEOUT, HANDLED_SIGNALS, Supervisor
 from launchkit.telemetry.endpoint import Telemetry, serve
 
 if TYPE_CHECKING:
@@ -143,8 +144,8 @@ def run_job(spec: LaunchSpec, backend: Backend, ui: Ui, *, dashboard: Dashboard 
     ``spec.max_restarts`` times, end what is left, wait the backoff and start it again (the same
     job id and secret, a new scheduler port, ``LAUNCHKIT_RESTART_COUNT`` the attempt). The job's
     exit code is the last attempt's; ``--time-limit`` counts from the first attempt's start."""
-    if spec.log_dir:
-        check_log_dir(Path(spec.log_dir))  # before contacting anything: exit 2 naming the directory
+    # before contacting anything: exit 2 naming the directory, or the running launch that writes there
+    held = hold_log_dir(Path(spec.log_dir)) if spec.log_dir else None
     job = _Job(spec, backend, ui, dashboard)
     old_handlers: dict[int, Any] = {}
     try:
@@ -185,6 +186,8 @@ def run_job(spec: LaunchSpec, backend: Backend, ui: Ui, *, dashboard: Dashboard 
             signal.signal(sig, handler)
         if job.telemetry is not None:
             job.telemetry.close()
+        if held is not None:
+            held.release()  # the --log-dir is free for another launch
 
 
 def _attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | None]:

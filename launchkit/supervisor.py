@@ -17,11 +17,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 import queue
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections import deque
@@ -34,10 +32,10 @@ from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.console import OutputWriter, Ui
 from launchkit.core.spec import JobResult, Plan, Task, TaskResult
 from launchkit.dashboard import Dashboard, DashboardState, LineSink, TailSink
-from launchkit.errors import UsageError
 from launchkit.hostside import procscan
 from launchkit.jobs import outputs, reaper
 from launchkit.jobs import records as jobs
+from launchkit.logdir import check_log_dir
 from launchkit.output import Merger, Source
 from launchkit.rootcause import PEER_WAIT, Blame, Tail, named_root
 from launchkit.supervision_state import Action, Cause, Event, State, Timing, step
@@ -59,19 +57,6 @@ def exit_code_of(returncode: int) -> tuple[int, int | None]:
     if returncode < 0:
         return 128 - returncode, -returncode
     return returncode, None
-
-
-def check_log_dir(log_dir: Path) -> None:
-    """Create ``--log-dir`` and write a byte there, so that a directory we cannot write to (read-only,
-    full, not ours) stops the launch before anything starts (exit 2), naming it."""
-    try:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=log_dir, prefix=".launchkit-probe-") as probe:
-            probe.write(b"x")
-            probe.flush()
-            os.fsync(probe.fileno())
-    except OSError as exc:
-        raise UsageError(f"--log-dir {log_dir}: cannot write there: {exc.strerror or exc}") from None
 
 
 def job_exit_code(root: TaskResult | None, interrupted_by: int | None, results: list[TaskResult]) -> int:

@@ -69,6 +69,40 @@ def bound_numbers(command: Any) -> None:
         bound_numbers(sub)
 
 
+# options where "" is a value: extra engine flags, "" for none (as their default), so that
+# `--mpi-args "$EXTRA"` works with EXTRA empty
+EMPTY_IS_A_VALUE = frozenset({"--mpi-args", "--slurm-args", "--sge-args"})
+
+
+def refuse_empty(command: Any) -> None:
+    """The rule for text on the command line: an empty value (``--log-dir ""``, ``kill ""``) of
+    an option or argument of ``command`` and of its subcommands is a usage error, not taken as
+    if the option were not given (``--sync-dst-dir ""`` synced nothing, ``--log-dir ""`` wrote
+    nothing, ``--launcher ""`` chose the default). The check sees the words as typed, before
+    ``-H ""`` becomes the path ``.``. Not for ``EMPTY_IS_A_VALUE``, nor for the words of
+    ``launch``'s command (an argument of the program may be empty)."""
+    for param in command.params:
+        process = param.process_value
+        if (
+            getattr(process, "refuses_empty", False)
+            or param.nargs == -1
+            or EMPTY_IS_A_VALUE & set(param.opts)
+        ):
+            continue
+
+        leave = "; leave the option out for its default" if param.param_type_name == "option" else ""
+
+        def checked(ctx: Any, value: Any, process: Any = process, leave: str = leave) -> Any:
+            if value == "" or (isinstance(value, list | tuple) and "" in value):
+                raise typer.BadParameter(f"'' is empty: expected a value{leave}")
+            return process(ctx, value)
+
+        checked.refuses_empty = True  # type: ignore[attr-defined]
+        param.process_value = checked
+    for sub in getattr(command, "commands", {}).values():
+        refuse_empty(sub)
+
+
 app = typer.Typer(
     name="launchkit",
     help="Launch and supervise distributed training jobs (a drop-in for MXNet's tools/launch.py).",
@@ -95,6 +129,7 @@ def root(
 ) -> None:
     ctx.obj = App()
     bound_numbers(ctx.command)  # before the subcommand parses its arguments
+    refuse_empty(ctx.command)
 
 
 def get_app(ctx: typer.Context) -> App:

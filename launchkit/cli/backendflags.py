@@ -25,6 +25,7 @@ SYNCS: Question = lambda caps: caps.syncs  # noqa: E731
 # launch's parameter -> (its flag as the help names it, whether a backend takes it)
 FLAGS: dict[str, tuple[str, Question]] = {
     "sync_dst_dir": ("--sync-dst-dir", SYNCS),
+    "sync_dst_dir_force": ("--sync-dst-dir-force", SYNCS),
     "sync_timeout": ("--sync-timeout", SYNCS),
     "sync_exclude": ("--sync-exclude", SYNCS),
     "ssh_port": ("--ssh-port", SSH),

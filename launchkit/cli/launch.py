@@ -30,6 +30,7 @@ from launchkit.core.hostfile import read_hostfile
 from launchkit.core.placement import assign_hosts
 from launchkit.core.plan import split_assignments
 from launchkit.core.spec import LOCALHOST, JobResult, LaunchSpec
+from launchkit.core.syncdest import check_sync_dst, known_homes
 from launchkit.dashboard import Dashboard
 from launchkit.errors import UsageError
 from launchkit.fdlimit import raise_open_files
@@ -155,6 +156,9 @@ def register(app: typer.Typer) -> None:
             None, "--launcher", help="local, ssh, mpi, sge, slurm or yarn (default: ssh with -H, else local)."
         ),
         sync_dst_dir: str = typer.Option(None, "--sync-dst-dir", help="rsync the current directory there."),
+        sync_dst_dir_force: bool = typer.Option(
+            False, "--sync-dst-dir-force", help="Sync even into /, a top-level system directory or a home."
+        ),
         env: list[str] = typer.Option([], "--env", help="NAME:VALUE or NAME, for every process."),
         env_server: list[str] = typer.Option([], "--env-server", help="NAME:VALUE or NAME, for servers."),
         env_worker: list[str] = typer.Option([], "--env-worker", help="NAME:VALUE or NAME, for workers."),
@@ -265,6 +269,8 @@ def register(app: typer.Typer) -> None:
         )
         # a flag that sets what this backend does not take (its Capabilities): exit 2, not dropped
         refuse_unused(spec.backend, [p for p in FLAGS if given(ctx, p)])
+        homes = known_homes((h.user for h in spec.hosts), os.path.expanduser("~"))
+        check_sync_dst(spec.sync_dst_dir, force=sync_dst_dir_force, homes=homes)
         if detach:
             check_detach(spec.backend)
         engine_options = engine_backend_options(

@@ -42,6 +42,16 @@ def reached_address() -> str | None:
     return parts[2] if len(parts) == 4 else None
 
 
+def process_dir(cwd: str | None) -> str | None:
+    """The directory a process starts in: ``~`` or ``~user`` at the start of ``cwd`` is that home
+    on this host, as the host's shell expanded it for rsync (``--sync-dst-dir '~/x'``); a relative
+    ``cwd`` is relative to the watchdog's own, the login directory, as rsync's is. None: the
+    watchdog's own."""
+    if not cwd:
+        return None
+    return os.path.expanduser(cwd) if cwd.startswith("~") else cwd
+
+
 class Watchdog:
     def __init__(self, out: IO[bytes]) -> None:
         self.out = out
@@ -118,7 +128,7 @@ class Watchdog:
             proc = subprocess.Popen(
                 [str(a) for a in msg["argv"]],
                 env=env,
-                cwd=msg.get("cwd") or None,
+                cwd=process_dir(msg.get("cwd")),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

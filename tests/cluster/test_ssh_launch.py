@@ -150,6 +150,24 @@ def test_sync_with_progress_and_excludes(netns_hosts, jobdir: Path) -> None:
     assert not Path(SYNC_DIR).exists()  # /srv is private to each host
 
 
+@pytest.mark.parametrize(("dst", "where"), [("~/lkjob", "/root/lkjob"), ("lkjob2/", "/root/lkjob2")])
+def test_a_destination_in_the_home_is_where_the_processes_start(
+    netns_hosts, jobdir: Path, dst: str, where: str
+) -> None:
+    """``--sync-dst-dir '~/lkjob'`` (quoted, so no local shell expanded it): rsync wrote into the
+    remote home's lkjob and the processes started in a literal ``~/lkjob`` (exit 127); now they
+    start where rsync wrote, as for a relative destination (the login directory's)."""
+    group = netns_hosts(2)
+    hostfile = group.write_hostfile(jobdir.parent / "hosts")
+    args = ["launch", "-H", str(hostfile), *ssh_flags(group), "--sync-dst-dir", dst]
+    res = run([*args, "-n", "2", "-s", "0", "python3", PROG_NAME, "env"], cwd=jobdir, timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    envs = parse_prefixed(res.stdout)
+    assert {e["cwd"] for e in envs.values()} == {where} and len(envs) == 2
+    for h in group:
+        assert h.run(f"ls {where}").stdout.split() == [PROG_NAME]  # each host's private /root
+
+
 def test_sync_failure_is_fatal_and_per_host(netns_hosts, jobdir: Path) -> None:
     group = netns_hosts(2)
     group[1].run("mkdir -p /srv/ro && mount -t tmpfs -o ro tmpfs /srv/ro")

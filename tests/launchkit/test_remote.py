@@ -179,6 +179,40 @@ def test_garbage_on_the_channel_is_reported_not_fatal() -> None:
         dog.p.kill()
 
 
+def test_a_directory_in_the_home_starts_where_rsync_wrote(tmp_path, monkeypatch) -> None:
+    """``--sync-dst-dir '~/x'`` (quoted: the local shell left the ``~``): rsync's remote shell
+    wrote into the home's x, and the processes start there, not in a literal ``~/x`` (exit 127);
+    a relative directory is the login directory's, as rsync's is."""
+    home = tmp_path / "home"
+    (home / "x").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))  # the watchdog's host is this machine, its HOME this one
+    monkeypatch.chdir(home)  # and its login directory the home, as sshd's
+    dog = Dog("wd-test-home")
+    try:
+        dog.until("ready")
+        show = [sys.executable, "-c", "import os; print(os.getcwd())"]
+        procs = [
+            {"id": i, "argv": show, "env": {}, "cwd": cwd} for i, cwd in enumerate(["~/x", "~/x/", "~", "x"])
+        ]
+        dog.send({"op": "spawns", "procs": procs})
+        for i, want in enumerate([home / "x", home / "x", home, home / "x"]):
+            assert dog.until("exit", id=i)["rc"] == 0, dog.events
+            dog.until("eof", id=i, s="o")
+            assert dog.output(i).decode().strip() == str(want)
+    finally:
+        dog.p.kill()
+
+
+def test_process_dir_expands_a_home_at_the_start_only(monkeypatch) -> None:
+    monkeypatch.setenv("HOME", "/h/me")
+    assert watchdog.process_dir("~/x") == "/h/me/x"
+    assert watchdog.process_dir("~") == "/h/me"
+    assert watchdog.process_dir("/srv/~x") == "/srv/~x"
+    assert watchdog.process_dir("x/~") == "x/~"
+    assert watchdog.process_dir("$HOME/x") == "$HOME/x"  # rsync 3.2.4+ writes that name literally too
+    assert watchdog.process_dir("") is None and watchdog.process_dir(None) is None
+
+
 def test_output_waits_for_acknowledgements_and_heartbeats_go_on() -> None:
     """With a window, a stream's unacknowledged output stops at the window (plus one chunk): the
     process waits, heartbeats keep coming; acknowledgements let the rest through, in order."""
