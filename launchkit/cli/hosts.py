@@ -15,6 +15,7 @@ from launchkit.backends.engine_hosts import engine_hosts
 from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app
+from launchkit.cli.sshargs import check_ssh_files
 from launchkit.core.hostfile import (
     format_host,
     host_key,
@@ -82,6 +83,7 @@ def check_hosts(
         raise UsageError(f"--connect-timeout must be more than 0, got {connect_timeout:g}")
     hosts = unique_hosts(read_hostfile(hostfile, ui.warn))
     opts = SshOptions(ssh_port, identity, known_hosts, strict_host_keys, connect_timeout)
+    check_ssh_files(opts)  # before any host is contacted
     results = ssh_commands.probe(hosts, opts)
     if as_json:
         ui.json(
