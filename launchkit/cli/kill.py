@@ -12,7 +12,7 @@ import typer
 from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.commands import HostResult
 from launchkit.backends.ssh.options import SshOptions
-from launchkit.cli.app import get_app
+from launchkit.cli.app import get_app, path_option
 from launchkit.cli.sshargs import check_ssh_files
 from launchkit.console import Ui
 from launchkit.core.hostfile import read_hostfile
@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
         kill_all: bool = typer.Option(
             False, "--all", help="Every job launchkit ps lists here, and strays (processes no home records)."
         ),
-        hostfile: Path = typer.Option(None, "-H", "--hostfile", help="With --all: also on these hosts."),
+        hostfile_arg: str = typer.Option(None, "-H", "--hostfile", help="With --all: also on these hosts."),
         identity: str = typer.Option(None, "-i", "--identity", help="ssh private key file."),
         ssh_port: int = typer.Option(None, "--ssh-port", help="ssh port for hosts that do not name one."),
         known_hosts: str = typer.Option(None, "--known-hosts", help="Known-hosts file."),
@@ -102,8 +102,14 @@ def register(app: typer.Typer) -> None:
             raise UsageError("give a JOB_ID or --all (not both)" if kill_all else "give a JOB_ID or --all")
         if job_id is not None:
             jobs.check_job_id(job_id)
+        hostfile = path_option("-H/--hostfile", hostfile_arg)
         if hostfile is not None and not kill_all:
             raise UsageError("-H goes with --all (a job's own hosts are in its record)")
+        if hostfile is None and (identity, ssh_port, known_hosts) != (None, None, None):
+            raise UsageError(
+                "-i, --ssh-port and --known-hosts go with --all -H (kill JOB_ID reaches the job's hosts "
+                "as its record says)"
+            )
         jobs.check_readable()
         remote = _hosts_of(ui, hostfile, identity, ssh_port, known_hosts)
         reached = _kill_one(ui, job_id, grace, dry_run) if job_id else _kill_all(ui, remote, grace, dry_run)
