@@ -145,3 +145,29 @@ def test_an_empty_job_id_is_said_to_be_empty(command: list[str]) -> None:
     res = run([command[0], "", *command[1:]])
     assert res.returncode == 2
     assert "the job id is empty" in res.stderr, res.stderr
+
+
+def test_a_job_is_recorded_before_its_processes_start_and_they_name_its_home(tmp_path: Path) -> None:
+    """Each process finds its job's record in the home its LAUNCHKIT_JOB_HOME names as it starts:
+    before, the record was written once the processes had started, and a process in that window
+    would have been a stray to ``kill --all`` in another home."""
+    home = tmp_path / "h"
+    check = 'p="${LAUNCHKIT_JOB_HOME#*:}"; test -n "$p" && test -e "$p/jobs/$LAUNCHKIT_JOB_ID.json" && echo "$LAUNCHKIT_JOB_HOME"'
+    res = run(["launch", "-n", "2", "-s", "1", "sh", "-c", check], env=env_for(home))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count(f"{socket.gethostname()}:{os.path.realpath(home)}") == 4, res.stdout
+
+
+def test_ssh_files_are_checked_before_any_host_is_contacted(tmp_path: Path) -> None:
+    """``hosts check -i MISSING`` said each host was unreachable (exit 1) after trying them all."""
+    (tmp_path / "hosts").write_text("127.0.0.1:1\n")
+    res = run(["hosts", "check", "-H", str(tmp_path / "hosts"), "-i", str(tmp_path / "no-key")])
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert f"-i/--identity {tmp_path / 'no-key'}: No such file or directory" in res.stderr
+    assert "unreachable" not in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("command", [["kill", "--all"], ["hosts", "list"], ["hosts", "check"]])
+def test_an_empty_hostfile_option_is_said_to_be_empty(command: list[str]) -> None:
+    res = run([*command, "-H", ""])  # it read as "." (the current directory)
+    assert res.returncode == 2 and "-H/--hostfile is empty" in res.stderr, res.stderr
