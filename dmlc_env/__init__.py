@@ -34,6 +34,9 @@ DMLC_INTERFACE = "DMLC_INTERFACE"
 
 # --- launchkit additions ---
 LAUNCHKIT_JOB_ID = "LAUNCHKIT_JOB_ID"
+# HOST:PATH, the machine and LAUNCHKIT_HOME that record the job: whose job a process is, for
+# ``launchkit kill --all`` in another home (launchkit.jobs.owner)
+LAUNCHKIT_JOB_HOME = "LAUNCHKIT_JOB_HOME"
 LAUNCHKIT_ROLE_RANK = "LAUNCHKIT_ROLE_RANK"
 LAUNCHKIT_LOCAL_RANK = "LAUNCHKIT_LOCAL_RANK"
 LAUNCHKIT_JOB_SECRET = "LAUNCHKIT_JOB_SECRET"
@@ -68,7 +71,7 @@ LAUNCHER_SET = frozenset(
     {
         DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER,
         DMLC_NODE_HOST, DMLC_TASK_ID, DMLC_JOB_CLUSTER, DMLC_INTERFACE, LAUNCHKIT_JOB_ID,
-        LAUNCHKIT_ROLE_RANK, LAUNCHKIT_LOCAL_RANK, LAUNCHKIT_JOB_SECRET, LAUNCHKIT_RESTART_COUNT,
+        LAUNCHKIT_JOB_HOME, LAUNCHKIT_ROLE_RANK, LAUNCHKIT_LOCAL_RANK, LAUNCHKIT_JOB_SECRET, LAUNCHKIT_RESTART_COUNT,
         LAUNCHKIT_METRICS_ADDR, LAUNCHKIT_ROOT_SERVER, *TORCH_VARS,
     }
 )  # fmt: skip
@@ -101,6 +104,7 @@ class JobEnv:
     root_in_worker0: bool = False  # no scheduler process: worker 0 serves root_uri:root_port
     master_addr: str = ""  # torch's MASTER_ADDR: worker 0's host ("": its node fills it in)
     master_port: int = 0  # torch's MASTER_PORT (0: worker 0's node picks it)
+    home: str = ""  # LAUNCHKIT_JOB_HOME: HOST:PATH of the job's record ("": not set)
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,8 @@ def build_env(job: JobEnv, task: TaskEnv) -> dict[str, str]:
     }
     if job.interface:
         env[DMLC_INTERFACE] = job.interface
+    if job.home:
+        env[LAUNCHKIT_JOB_HOME] = job.home
     if task.cuda_visible_devices is not None:
         env[CUDA_VISIBLE_DEVICES] = task.cuda_visible_devices
     if job.root_in_worker0:

@@ -27,6 +27,7 @@ from launchkit.core.plan import has_scheduler, make_plan, new_job_id, new_secret
 from launchkit.core.spec import JobResult, LaunchSpec, Plan
 from launchkit.dashboard import Dashboard
 from launchkit.errors import EXIT_INTERNAL, BackendError, UsageError
+from launchkit.jobs import owner
 from launchkit.jobs import records as jobs
 from launchkit.jobs.kill import sweep_hosts
 from launchkit.logdir import hold_log_dir
@@ -48,7 +49,16 @@ def dry_run_plan(spec: LaunchSpec, backend: Backend) -> Plan:
         root_uri=Roots.dry_run_root(spec, backend),
         root_port=spec.scheduler_port or 0,
         node_host_of=backend.node_hosts(spec),
+        job_home=_home_or_blank(),
     )
+
+
+def _home_or_blank() -> str:
+    """This home's ``LAUNCHKIT_JOB_HOME`` for a dry run's plan ("" where a launch would refuse the home)."""
+    try:
+        return owner.home_id()
+    except UsageError:
+        return ""
 
 
 CANNOT_START = {126: "cannot be executed", 127: "was not found"}  # the shell's codes (exit-codes.md)
@@ -224,6 +234,7 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
             restart_count=attempt,
             metrics_addr=job.telemetry.address if job.telemetry else None,
             master=roots.master,
+            job_home=owner.home_id(),
         )
         here = plan.tasks[0].role == "scheduler" or backend.capabilities.here  # a process runs here
         if job.telemetry is not None and here:
@@ -248,6 +259,9 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
                 remote=backend.record_info(),
                 max_restarts=spec.max_restarts,
             )
+            # recorded before any process starts: a process whose home records nothing is a stray
+            # to ``kill --all`` in another home (launchkit.jobs.owner)
+            jobs.save(job.record)
         of = f" (attempt {attempt + 1} of {spec.max_restarts + 1})" if spec.max_restarts else ""
         scheduled = has_scheduler(spec, backend.capabilities)
         ui.info(
@@ -308,9 +322,11 @@ def _settle(job: _Job, supervisor: Supervisor | None) -> None:
 def _ended_between(job: _Job, last: JobResult | None, code: int, *, timed_out: bool = False) -> JobResult:
     """The launch ends between two attempts (a signal, the time limit): nothing is running."""
     signum = None if timed_out else code - 128
+    # the attempt that ran last: the record already names the next one, which never started
+    ran = last.attempt if last is not None else max((job.record.attempt if job.record else 0) - 1, 0)
     if job.record is not None:
         state = "timed out" if timed_out else "interrupted"
-        job.record = jobs.finish(job.record, state, code)
+        job.record = jobs.finish(dataclasses.replace(job.record, attempt=ran), state, code)
     if timed_out:
         job.ui.warn(f"the job's time limit ({job.spec.time_limit:g}s) passed before the next attempt")
     elif job.stop.signum is not None:
@@ -322,7 +338,7 @@ def _ended_between(job: _Job, last: JobResult | None, code: int, *, timed_out: b
         interrupted_by=signum,
         signalled=signum,
         timed_out=timed_out,
-        attempt=last.attempt if last is not None else job.record.attempt if job.record else 0,
+        attempt=ran,
     )
 
 
@@ -354,6 +370,7 @@ def submit_detached(spec: LaunchSpec, backend: Backend) -> Submitted:
         root_uri="",
         root_port=0,
         node_host_of=backend.node_hosts(spec),
+        job_home=owner.home_id(),
     )
     backend.prepare(plan)
     try:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import typer
 
 from launchkit import __version__
 from launchkit.console import Ui
+from launchkit.errors import UsageError
 
 
 @dataclass
@@ -43,6 +45,16 @@ def check_number(value: Any, low: float = 0, high: float = MAX_NUMBER) -> None:
             continue
         if not (math.isfinite(number) and low <= number <= high):
             raise typer.BadParameter(f"{number!r}: expected a number from {_plain(low)} to {_plain(high)}")
+
+
+def path_option(flag: str, value: str | None) -> Path | None:
+    """A file option taken as text: an empty one (``-H "$HOSTS"`` with the variable unset) is
+    refused, naming the flag, where ``Path("")`` would have read as ``.``, the current directory."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise UsageError(f"{flag} is empty (expected a file name)")
+    return Path(value)
 
 
 def _plain(bound: float) -> str:

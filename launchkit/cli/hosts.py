@@ -14,7 +14,8 @@ import typer
 from launchkit.backends.engine_hosts import engine_hosts
 from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.options import SshOptions
-from launchkit.cli.app import get_app
+from launchkit.cli.app import get_app, path_option
+from launchkit.cli.sshargs import check_ssh_files
 from launchkit.core.hostfile import (
     format_host,
     host_key,
@@ -34,13 +35,14 @@ hosts_app = typer.Typer(help="Inspect and manage hostfiles.", no_args_is_help=Tr
 @hosts_app.command("list", help="Print the parsed hosts of a hostfile, or those an engine gives (--from).")
 def list_hosts(
     ctx: typer.Context,
-    hostfile: Path = typer.Option(None, "-H", "--hostfile", help="The hostfile."),
+    hostfile_arg: str = typer.Option(None, "-H", "--hostfile", help="The hostfile."),
     engine: str = typer.Option(
         None, "--from", help="slurm (the allocation), sge (PE_HOSTFILE) or mpi (the MPI hostfile)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     ui = get_app(ctx).ui
+    hostfile = path_option("-H/--hostfile", hostfile_arg)
     if (hostfile is None) == (engine is None):
         raise UsageError("give a hostfile (-H FILE) or an engine (--from slurm|sge|mpi), not both")
     if engine is not None:
@@ -69,7 +71,7 @@ def _gib(n: int | None) -> str:
 @hosts_app.command("check", help="Contact every host in parallel: reachability, latency, CPUs, memory, GPUs.")
 def check_hosts(
     ctx: typer.Context,
-    hostfile: Path = typer.Option(..., "-H", "--hostfile", help="The hostfile."),
+    hostfile_arg: str = typer.Option(..., "-H", "--hostfile", help="The hostfile."),
     identity: str = typer.Option(None, "-i", "--identity", help="ssh private key file."),
     ssh_port: int = typer.Option(None, "--ssh-port", help="ssh port for hosts that do not name one."),
     known_hosts: str = typer.Option(None, "--known-hosts", help="Known-hosts file."),
@@ -78,10 +80,12 @@ def check_hosts(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     ui = get_app(ctx).ui
+    hostfile = _required_path(hostfile_arg)
     if connect_timeout <= 0:
         raise UsageError(f"--connect-timeout must be more than 0, got {connect_timeout:g}")
     hosts = unique_hosts(read_hostfile(hostfile, ui.warn))
     opts = SshOptions(ssh_port, identity, known_hosts, strict_host_keys, connect_timeout)
+    check_ssh_files(opts)  # before any host is contacted
     results = ssh_commands.probe(hosts, opts)
     if as_json:
         ui.json(
@@ -189,10 +193,11 @@ def _edit(path: Path, change: Callable[[list[str]], list[str]], *, create: bool 
 def add_host(
     ctx: typer.Context,
     host: str = typer.Argument(..., help="host, host:port, user@host[:port] or [ipv6]:port"),
-    hostfile: Path = typer.Option(..., "-H", "--hostfile", help="The hostfile."),
+    hostfile_arg: str = typer.Option(..., "-H", "--hostfile", help="The hostfile."),
     slots: int = typer.Option(None, "--slots", help="slots=N for this host."),
 ) -> None:
     ui = get_app(ctx).ui
+    hostfile = _required_path(hostfile_arg)
     entry = _parse_arg(host, slots)
 
     def change(lines: list[str]) -> list[str]:
@@ -209,9 +214,10 @@ def add_host(
 def remove_host(
     ctx: typer.Context,
     host: str = typer.Argument(..., help="The host as written in the file (host, host:port, user@host...)."),
-    hostfile: Path = typer.Option(..., "-H", "--hostfile", help="The hostfile."),
+    hostfile_arg: str = typer.Option(..., "-H", "--hostfile", help="The hostfile."),
 ) -> None:
     ui = get_app(ctx).ui
+    hostfile = _required_path(hostfile_arg)
     target = _parse_arg(host, None)
     removed: list[str] = []
 
@@ -232,6 +238,13 @@ def remove_host(
 
     _edit(hostfile, change)
     ui.text(f"removed {len(removed)} line(s) from {hostfile}")
+
+
+def _required_path(value: str) -> Path:
+    """A required ``-H`` (an empty one is refused, not read as the current directory)."""
+    path = path_option("-H/--hostfile", value)
+    assert path is not None  # typer requires it
+    return path
 
 
 def _parse_arg(text: str, slots: int | None) -> Host:

@@ -128,6 +128,7 @@ def register(app: typer.Typer) -> None:
         tail: int = typer.Option(None, "-n", "--tail", help="Only the last N lines of each stream."),
     ) -> None:
         ui = get_app(ctx).ui
+        jobs.check_job_id(job_id)
         if role is not None and role not in ROLES:
             raise UsageError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
         record = jobs.load(job_id, jobs.refuse)

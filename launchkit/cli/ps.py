@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 import typer
 
 from launchkit.cli.app import get_app
+from launchkit.cli.top import runs_here
+from launchkit.hostside import procscan
 from launchkit.jobs import detached, live
 from launchkit.jobs import records as jobs
 
@@ -24,8 +27,24 @@ def shown_step_loss(figures: tuple[int | None, float | None] | None) -> tuple[st
     return ("" if step is None else str(step)), ("" if loss is None else f"{loss:.4g}")
 
 
+#: a lost job (its launcher died without recording the end) that ran only on this machine, of which
+#: no process is left here: its reaper ended what was left, so nothing of it runs any more
+ENDED_LOST = "ended (lost)"
+
+
+def shown_state(record: jobs.JobRecord, live: Collection[str]) -> str:
+    """The state ``ps`` shows: the record's (``shown_state``), but ``ENDED_LOST`` for a lost job
+    whose processes all ran here (its backend's) when none carrying its id (``live``) is left."""
+    state = record.shown_state
+    if state == "lost" and runs_here(record.backend) and record.id not in live:
+        return ENDED_LOST
+    return state
+
+
 def register(app: typer.Typer) -> None:
-    @app.command(help="List launchkit jobs (a job whose launcher died shows as lost).")
+    @app.command(
+        help="List launchkit jobs (a job whose launcher died shows as lost; as ended (lost) once nothing of it is left)."
+    )
     def ps(
         ctx: typer.Context,
         show_all: bool = typer.Option(False, "-a", "--all", help="Include finished jobs."),
@@ -33,13 +52,19 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         ui = get_app(ctx).ui
         records = [detached.refresh(r) for r in jobs.load_all(jobs.skipping(ui.warn))]
-        records = [r for r in records if show_all or r.shown_state in ("running", "lost")]
-        training = {r.id: live.step_loss(r.id) for r in records if r.shown_state == "running"}
+        here = set(procscan.scan()) if any(r.shown_state == "lost" for r in records) else set()
+        states = {r.id: shown_state(r, here) for r in records}
+        records = [r for r in records if show_all or states[r.id] in ("running", "lost")]
+        training = {r.id: live.step_loss(r.id) for r in records if states[r.id] == "running"}
         if as_json:
             none = (None, None)
             ui.json(
                 [
-                    {**r.to_json(), **dict(zip(("step", "loss"), training.get(r.id, none), strict=True))}
+                    {
+                        **r.to_json(),
+                        "shown_state": states[r.id],
+                        **dict(zip(("step", "loss"), training.get(r.id, none), strict=True)),
+                    }
                     for r in records
                 ]
             )
@@ -55,7 +80,7 @@ def register(app: typer.Typer) -> None:
                     r.id,
                     r.name,
                     r.backend,
-                    r.shown_state,
+                    states[r.id],
                     f"{r.attempt + 1}/{r.max_restarts + 1}",  # 1-based: attempt 0 is the first
                     len(r.processes),
                     ",".join(r.hosts),

@@ -115,6 +115,7 @@ def register(app: typer.Typer) -> None:
         interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes."),
     ) -> None:
         ui = get_app(ctx).ui
+        jobs.check_job_id(job_id)
         record = jobs.load(job_id, jobs.refuse)
         if record is None:
             raise UsageError(f"no job {job_id!r} here (see launchkit ps --all)")

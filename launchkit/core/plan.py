@@ -90,12 +90,14 @@ def make_plan(
     restart_count: int = 0,
     metrics_addr: str | None = None,
     master: tuple[str, int] = ("", 0),
+    job_home: str = "",
 ) -> Plan:
     """Every process of the job, on a backend that can do ``caps``. ``node_host_of`` maps a
     host to the address it publishes (``DMLC_NODE_HOST``); by default processes that all run here
     (``caps.here``) publish ``root_uri`` and others the hostfile name. ``restart_count`` is the attempt (``LAUNCHKIT_RESTART_COUNT``). ``master``:
     torch's ``MASTER_ADDR`` and ``MASTER_PORT`` on worker 0's host (``("", 0)``: worker 0's node
-    picks them, on the engines). Without servers there is no scheduler task: worker 0 serves
+    picks them, on the engines). ``job_home``: where the job is recorded (``LAUNCHKIT_JOB_HOME``,
+    ``launchkit.jobs.owner.home_id``; "" sets none). Without servers there is no scheduler task: worker 0 serves
     ``root_uri:root_port`` (which must then be on worker 0's host)."""
     no_scheduler = not has_scheduler(spec, caps)
     job = dmlc_env.JobEnv(
@@ -111,6 +113,7 @@ def make_plan(
         root_in_worker0=no_scheduler,
         master_addr=master[0],
         master_port=master[1],
+        home=job_home,
     )
     assignments, words = split_assignments(spec.command)
     argv = render_argv(words)
@@ -144,8 +147,9 @@ def make_plan(
             ),
         )
         user = {**dict(spec.env), **per_role[role], **dict(assignments)}
-        for name in dmlc_env.SECRET_VARS | {dmlc_env.LAUNCHKIT_JOB_ID, dmlc_env.LAUNCHKIT_RESTART_COUNT}:
-            user.pop(name, None)  # the job's identity (and attempt) cannot be overridden
+        identity = {dmlc_env.LAUNCHKIT_JOB_ID, dmlc_env.LAUNCHKIT_JOB_HOME, dmlc_env.LAUNCHKIT_RESTART_COUNT}
+        for name in dmlc_env.SECRET_VARS | identity:
+            user.pop(name, None)  # the job's identity (its home, its attempt) cannot be overridden
         env.update(user)
         if metrics_addr:  # the launcher's metrics endpoint (docs/metrics.md)
             env[dmlc_env.LAUNCHKIT_METRICS_ADDR] = metrics_addr

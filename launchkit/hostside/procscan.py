@@ -1,7 +1,8 @@
 """Find and end a job's processes by the job id in their environment (never by a name pattern).
 
 Every process a job starts inherits ``LAUNCHKIT_JOB_ID``, including grandchildren that started
-a new session or process group; ``/proc/PID/environ`` shows it. Only this user's processes are
+a new session or process group; ``/proc/PID/environ`` shows it, and ``LAUNCHKIT_JOB_HOME``: where
+the job is recorded (``scan``; ``launchkit.jobs.owner`` tells whose job that makes it). Only this user's processes are
 readable, so another user's job is never touched. This module is also what the launcher's
 reaper and ``launchkit kill`` use on the local host; it only needs the standard library, so a
 remote watchdog can run the same code.
@@ -13,9 +14,10 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 JOB_VAR = b"LAUNCHKIT_JOB_ID="
+HOME_VAR = b"LAUNCHKIT_JOB_HOME="  # HOST:PATH of the home that records the job (jobs.owner)
 SHM_DIR = "/dev/shm"  # (a str: no ``pathlib`` in a watchdog's teardown, 2.5 ms of CPU a host)
 SHM_PREFIX = "launchkit-"
 
@@ -37,16 +39,20 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def job_ids_of(pid: int) -> set[str]:
-    """The job ids in one process's environment (usually zero or one)."""
-    data = _environ(pid)
+def _values(data: bytes | None, var: bytes) -> set[str]:
     if not data:
         return set()
-    return {
-        entry[len(JOB_VAR) :].decode(errors="replace")
-        for entry in data.split(b"\0")
-        if entry.startswith(JOB_VAR)
-    }
+    return {e[len(var) :].decode(errors="replace") for e in data.split(b"\0") if e.startswith(var)}
+
+
+def job_ids_of(pid: int) -> set[str]:
+    """The job ids in one process's environment (usually zero or one)."""
+    return _values(_environ(pid), JOB_VAR)
+
+
+def job_home_of(pid: int) -> str:
+    """The ``LAUNCHKIT_JOB_HOME`` in one process's environment ("" when it carries none)."""
+    return min(_values(_environ(pid), HOME_VAR), default="")
 
 
 def pid_namespace(pid: int | str) -> str | None:
@@ -56,8 +62,9 @@ def pid_namespace(pid: int | str) -> str | None:
         return None
 
 
-def find_job_pids(job_id: str | None = None, exclude: Iterable[int] = ()) -> list[int]:
-    """Live pids of this user whose environment carries ``job_id`` (any job id when None).
+def find_job_pids(job_id: str | Collection[str] | None = None, exclude: Iterable[int] = ()) -> list[int]:
+    """Live pids of this user whose environment carries ``job_id`` (one of those job ids, given a
+    collection; any job id when None).
 
     Only processes of this host count: those in our own PID namespace. (A container or a
     test host in a child PID namespace is another machine as far as jobs are concerned; its
@@ -79,7 +86,7 @@ def find_job_pids(job_id: str | None = None, exclude: Iterable[int] = ()) -> lis
             continue
         ids = job_ids_of(pid)
         if (
-            (ids if job_id is None else job_id in ids)
+            (ids if job_id is None else job_id in ids if isinstance(job_id, str) else ids & set(job_id))
             and not _is_zombie(pid)
             and pid_namespace(pid) == own_ns
         ):
@@ -114,9 +121,24 @@ def terminate(pids: Iterable[int], grace: float, poll: float = 0.05) -> list[int
     return pids
 
 
-def sweep_job(job_id: str | None, grace: float, rounds: int = 3, exclude: Iterable[int] = ()) -> int:
-    """End every process of a job (all jobs when ``job_id`` is None), including ones that fork
-    while we sweep. Returns how many processes were ended."""
+def scan(exclude: Iterable[int] = ()) -> dict[str, dict[str, list[int]]]:
+    """Every job with a live process here: job id -> the ``LAUNCHKIT_JOB_HOME`` its processes
+    carry ("" for none) -> their pids."""
+    found: dict[str, dict[str, list[int]]] = {}
+    for pid in find_job_pids(None, exclude):
+        data = _environ(pid)
+        home = min(_values(data, HOME_VAR), default="")
+        for job in _values(data, JOB_VAR):
+            found.setdefault(job, {}).setdefault(home, []).append(pid)
+    return found
+
+
+def sweep_job(
+    job_id: str | Collection[str] | None, grace: float, rounds: int = 3, exclude: Iterable[int] = ()
+) -> int:
+    """End every process of a job (of any of those jobs, given a collection; all jobs when
+    ``job_id`` is None), including ones that fork while we sweep. Returns how many processes
+    were ended."""
     ended: set[int] = set()
     for _ in range(rounds):
         pids = find_job_pids(job_id, exclude)

@@ -15,7 +15,7 @@ from launchkit.backends.ssh.options import SshOptions
 from launchkit.core.hostfile import parse_host, unique_hosts
 from launchkit.core.spec import Host
 from launchkit.hostside import procscan
-from launchkit.jobs import detached
+from launchkit.jobs import detached, owner
 from launchkit.jobs import records as jobs
 
 
@@ -84,10 +84,70 @@ def sweep_hosts(record: jobs.JobRecord, grace: float, ended: bool | None = None)
         reach.close()
 
 
-def sweep_all(hosts: list[Host], opts: SshOptions, grace: float) -> list[HostResult]:
-    """End every launchkit process of this user on ``hosts`` (``kill --all -H``: no record says
-    which hosts ran what)."""
-    return ssh_commands.Reach(hosts, opts).sweep(None, grace, grace + SWEEP_BOUND)
+@dataclass(frozen=True)
+class AllPlan:
+    """What ``kill --all`` ends: the jobs this home records as running (those ``ps`` lists:
+    running or lost), and on each machine the processes ``owner.decide`` finds are this home's
+    jobs or strays; what it leaves, with why."""
+
+    listed: tuple[str, ...]  # recorded here as running
+    here: tuple[owner.Verdict, ...]  # the jobs with a process on this machine
+    mine: frozenset[str]  # every job id this home records (readable or not)
+    me: str  # this home's LAUNCHKIT_JOB_HOME
+
+    def to_end(self) -> list[str]:
+        """The jobs to end from here (``stop_job``), in job id order."""
+        return sorted({*self.listed, *(v.job_id for v in self.here if v.end)})
+
+    def on_host(self, found: dict[str, dict[str, object]]) -> list[owner.Verdict]:
+        """The verdicts for what a host's scan found (``Reach.scan``)."""
+        return owner.decide(owner.seen_of(found), mine=self.mine, me=self.me, recorded=owner.recorded_in)
+
+
+def plan_all(on_bad: jobs.OnBad | None = None) -> AllPlan:
+    """``kill --all``'s plan on this machine (it ends nothing). A record ``on_bad`` hears is
+    unreadable still names a job of this home (its file's name)."""
+    unreadable: list[str] = []
+
+    def note(bad: jobs.BadRecord) -> None:
+        unreadable.append(bad.path.stem)
+        if on_bad is not None:
+            on_bad(bad)
+
+    records = jobs.load_all(note)
+    mine = frozenset({r.id for r in records} | set(unreadable))
+    me = owner.home_id()
+    here = owner.decide(owner.seen_of(procscan.scan()), mine=mine, me=me, recorded=owner.recorded_in)
+    return AllPlan(tuple(r.id for r in records if r.state == "running"), tuple(here), mine, me)
+
+
+def scan_hosts(hosts: list[Host], opts: SshOptions) -> tuple[ssh_commands.Reach, list[HostResult]]:
+    """Every job with a process on ``hosts`` (``kill --all -H``), over connections left open for
+    ``sweep_chosen`` (the caller closes them, ``Reach.close``, when it sweeps nothing)."""
+    reach = ssh_commands.Reach(hosts, opts)
+    try:
+        return reach, reach.scan(SWEEP_BOUND)
+    except BaseException:
+        reach.close()
+        raise
+
+
+def sweep_chosen(
+    reach: ssh_commands.Reach, plan: AllPlan, scanned: list[HostResult], grace: float
+) -> list[HostResult]:
+    """End on each host the jobs ``plan`` gives its scan to end; each host's data: ``ended`` and
+    ``verdicts`` (the jobs found there, ended or left). A host the scan did not reach keeps its error."""
+    verdicts = {r.host: plan.on_host(r.data.get("jobs", {})) for r in scanned if r.ok}
+    ids_of = {h: [v.job_id for v in vs if v.end] for h, vs in verdicts.items()}
+    swept = {r.host: r for r in reach.sweep_each(ids_of, grace, grace + SWEEP_BOUND)}
+    out = []
+    for r in scanned:
+        if not r.ok:
+            out.append(r)
+            continue
+        done = swept[r.host]
+        out.append(dataclasses.replace(done, data={**done.data, "verdicts": verdicts[r.host]}))
+    return out
 
 
 def _stop_launcher(record: jobs.JobRecord, grace: float) -> bool:
@@ -160,3 +220,14 @@ def active_job_ids(on_bad: jobs.OnBad | None = None) -> list[str]:
     for pid in procscan.find_job_pids(None):
         ids.update(procscan.job_ids_of(pid))
     return sorted(ids)
+
+
+def elsewhere(job_id: str) -> str | None:
+    """Why ``kill JOB_ID`` leaves a job this home does not record: its processes here are another
+    home's (``owner.decide``); None when they are not (a stray, or none)."""
+    homes = procscan.scan().get(job_id)
+    found = {job_id: homes} if homes else {}
+    verdicts = owner.decide(owner.seen_of(found), mine=(), me=owner.home_id(), recorded=owner.recorded_in)
+    if verdicts and verdicts[0].kind in ("another home", "another machine"):
+        return verdicts[0].why
+    return None

@@ -31,6 +31,16 @@ from launchkit.errors import UsageError
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
+def check_job_id(job_id: str) -> str:
+    """A JOB_ID argument (``kill``, ``logs``, ``top``): UsageError when it is empty (an unset
+    shell variable: ``launchkit logs "$JOB"``) or not a job id at all; the id otherwise."""
+    if not job_id.strip():
+        raise UsageError("the job id is empty (give a JOB_ID from launchkit ps)")
+    if not JOB_ID_RE.match(job_id):
+        raise UsageError(f"{job_id!r} is not a job id (see launchkit ps)")
+    return job_id
+
+
 def home() -> Path:
     """``$LAUNCHKIT_HOME``, an absolute path: a relative one (``~/lk`` quoted, ``lk``) named a
     different directory from every working directory, so a job launched in one was not found by

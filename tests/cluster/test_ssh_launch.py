@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -300,8 +301,10 @@ def test_kill_sweeps_only_the_hosts_that_ran_the_job(netns_hosts, jobdir: Path, 
 def test_kill_all_on_hosts_with_launcher_gone(netns_hosts, jobdir: Path, launchkit_home) -> None:
     group = netns_hosts(2)
     hostfile = group.write_hostfile(jobdir.parent / "hosts")
-    # a stray on node2 that carries some job id but has no launcher at all
-    group[1].run("LAUNCHKIT_JOB_ID=orphan-1 setsid sleep 60 </dev/null >/dev/null 2>&1 &")
+    # a stray on node2 that carries some job id but has no launcher at all, and whose home (on this
+    # machine) records nothing of it (issue 40: one that names no home is left)
+    stray = f"LAUNCHKIT_JOB_ID=orphan-1 LAUNCHKIT_JOB_HOME={socket.gethostname()}:/nonexistent-home"
+    group[1].run(f"{stray} setsid sleep 60 </dev/null >/dev/null 2>&1 &")
     assert wait_until(lambda: bool(group[1].pids_with_env("LAUNCHKIT_JOB_ID=orphan-1")), 5)
     res = run(["kill", "--all", "-H", str(hostfile), *ssh_flags(group)])
     assert res.returncode == 0, res.stderr

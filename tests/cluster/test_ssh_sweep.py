@@ -1,12 +1,15 @@
 """The sweeps of ssh hosts after a job (``commands.Reach``), on namespace hosts with real sshd: a
 restart's check that the last attempt left nothing contacts only the hosts that ran a process of
-it, and ``kill --all -H`` starts python3 only on a host where a launchkit process is left (issue 28)."""
+it, and ``kill --all -H`` starts python3 only on a host where a launchkit process is left (issue 28):
+there it scans (whose job each is), then sweeps the strays (issue 40)."""
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
-from tests.launchkit.procs import run, wait_until
+from tests.launchkit.procs import run, start, wait_for_job, wait_until
 
 #: a python3 ahead of the real one on the ssh session's PATH, inside one host only (its mount
 #: namespace is private): each start appends a line to the host's own /tmp
@@ -82,7 +85,8 @@ def test_kill_all_on_hosts_starts_python_only_where_something_is_left(
         assert h.ssh("command -v python3").stdout.strip() == "/usr/local/bin/python3"
     hostfile = group.write_hostfile(tmp_path / "hosts")
     empty, busy = group[0], group[1]
-    busy.run("LAUNCHKIT_JOB_ID=orphan-9 setsid sleep 60 </dev/null >/dev/null 2>&1 &")
+    stray = f"LAUNCHKIT_JOB_ID=orphan-9 LAUNCHKIT_JOB_HOME={socket.gethostname()}:/nonexistent-home"
+    busy.run(f"{stray} setsid sleep 60 </dev/null >/dev/null 2>&1 &")
     assert wait_until(lambda: bool(busy.pids_with_env("LAUNCHKIT_JOB_ID=orphan-9")), 5)
     res = run(["kill", "--all", "-H", str(hostfile), *ssh_flags(group)])
     assert res.returncode == 0, res.stderr
@@ -90,4 +94,27 @@ def test_kill_all_on_hosts_starts_python_only_where_something_is_left(
     assert f"{busy.hostfile_line()}: ended 1 process(es)" in res.stdout
     assert not busy.pids_with_env("LAUNCHKIT_JOB_ID=orphan-9")
     assert python3_starts(empty) == 0
-    assert python3_starts(busy) == 1
+    assert python3_starts(busy) == 2  # the scan (whose job is it: launchkit.jobs.owner), then the sweep
+
+
+def test_kill_all_on_hosts_leaves_another_homes_job(netns_hosts, tmp_path: Path, launchkit_home) -> None:
+    """A job launched over ssh from another LAUNCHKIT_HOME of this machine: ``kill --all -H`` in this
+    one finds its process on the host, sees its home records it, and leaves it (issue 40)."""
+    group = netns_hosts(1)
+    hostfile = group.write_hostfile(tmp_path / "hosts")
+    other = tmp_path / "other-home"
+    launch = ["launch", "-H", str(hostfile), *ssh_flags(group), "-n", "1", "-s", "0", "sleep", "60"]
+    proc = start(launch, cwd="/", env={**os.environ, "LAUNCHKIT_HOME": str(other)})
+    try:
+        job = wait_for_job(other, timeout=30)
+        entry = f"LAUNCHKIT_JOB_ID={job}"
+        assert wait_until(lambda: bool(group[0].pids_with_env(entry)), 15)
+        res = run(["kill", "--all", "-H", str(hostfile), *ssh_flags(group)])
+        assert res.returncode == 0, res.stderr
+        assert f"{group[0].hostfile_line()}: ended 0 process(es)" in res.stdout
+        assert f"{group[0].hostfile_line()}: left {job} (" in res.stdout, res.stdout
+        assert f"recorded in {os.path.realpath(other)}" in res.stdout
+        assert group[0].pids_with_env(entry)  # it runs on
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)

@@ -222,3 +222,18 @@ def test_torchs_variables_count_workers_and_their_hosts() -> None:
     }
     for t in [*plan.by_role("server"), *plan.by_role("scheduler")]:  # torch's processes are the workers
         assert not set(dmlc_env.TORCH_VARS) & set(t.env)
+
+
+def test_every_process_names_the_home_of_its_record_which_cannot_be_overridden() -> None:
+    plan = make_plan(
+        spec(env=(("LAUNCHKIT_JOB_HOME", "elsewhere:/x"),)),
+        job_id="j",
+        secret="s",
+        root_uri="h",
+        root_port=1,
+        job_home="login1:/home/al/.launchkit",
+    )
+    assert {t.env["LAUNCHKIT_JOB_HOME"] for t in plan.tasks} == {"login1:/home/al/.launchkit"}
+    assert dmlc_env.launcher_owned("LAUNCHKIT_JOB_HOME")
+    unset = make_plan(spec(), job_id="j", secret="s", root_uri="h", root_port=1)
+    assert all("LAUNCHKIT_JOB_HOME" not in t.env for t in unset.tasks)

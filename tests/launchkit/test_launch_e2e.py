@@ -163,9 +163,12 @@ def test_sigkill_of_launcher_leaves_no_process(launchkit_home) -> None:
     finally:
         proc.kill()
         proc.communicate()
-    ps = run(["ps", "--json"])
+    # nothing of it is left (the reaper ended it all): ps says so, and lists it only with --all
+    # (it showed "lost" for ever; issue 40)
+    ps = run(["ps", "--all", "--json"])
     states = {j["id"]: j["shown_state"] for j in json.loads(ps.stdout)}
-    assert states[job] == "lost"
+    assert states[job] == "ended (lost)"
+    assert job not in run(["ps"]).stdout and "ended (lost)" in run(["ps", "--all"]).stdout
     # kill of the lost job: it says so, and the record stays lost (it said 'ended 0', marked killed)
     res = run(["kill", job])
     assert res.returncode == 0, res.stderr
@@ -173,8 +176,9 @@ def test_sigkill_of_launcher_leaves_no_process(launchkit_home) -> None:
         f"{job}: already lost (its launcher died without recording the end); ended 0 process(es)"
         in res.stdout
     )
-    ps = run(["ps", "--json"])
-    assert {j["id"]: j["shown_state"] for j in json.loads(ps.stdout)}[job] == "lost"
+    ps = run(["ps", "--all", "--json"])
+    assert {j["id"]: j["shown_state"] for j in json.loads(ps.stdout)}[job] == "ended (lost)"
+    assert record(launchkit_home, job)["state"] == "running"  # the record itself says nothing more
 
 
 def test_strays_left_after_success_are_ended(launchkit_home) -> None:

@@ -455,6 +455,7 @@ def test_a_signal_during_the_backoff_ends_the_launch_at_once(launchkit_home, how
         assert killer.returncode == 0, kill_err
     rec = record(launchkit_home, job)
     assert (rec["state"], rec["exit_code"]) == ("killed" if killer else "interrupted", 128 + sig)
+    assert rec["attempt"] == 0  # the attempt that ran: the second never started (it said 2/4; issue 40)
     assert pids_with_job(job) == []
 
 

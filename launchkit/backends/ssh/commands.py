@@ -55,11 +55,19 @@ print(json.dumps(info))
 SWEEP = r"""
 import sys, types
 m = types.ModuleType("procscan"); exec(compile(sys.argv[1], "<procscan>", "exec"), m.__dict__)
-job = sys.argv[2] or None
-n = m.sweep_job(job, float(sys.argv[3]))
-if job:
+ids = [j for j in sys.argv[2].split(",") if j]
+n = m.sweep_job(ids[0] if len(ids) == 1 else ids, float(sys.argv[3]))
+for job in ids:
     m.remove_shm(job)
 print(n)
+"""
+
+# every job with a process on the host: job id -> the LAUNCHKIT_JOB_HOME they carry -> how many
+# (``kill --all -H``, which decides here whose each is: launchkit.jobs.owner)
+SCAN = r"""
+import json, sys, types
+m = types.ModuleType("procscan"); exec(compile(sys.argv[1], "<procscan>", "exec"), m.__dict__)
+print(json.dumps({j: {h: len(p) for h, p in homes.items()} for j, homes in m.scan().items()}))
 """
 
 
@@ -179,17 +187,18 @@ def _run_batch(
     return results
 
 
-#: a sweep of a job (or, $1 empty, of every job) on a host: a shell's look first (one grep over
-#: every environ), and python only when a process of it is left there: after its launcher ended
-#: the job, its watchdog has ended everything, and 128 hosts' python3 starts (about 40 ms of CPU
-#: each) were most of ``kill``'s 4 s sweep. $1 the job, $2 SWEEP, $3 procscan's source, $4 the
-#: grace period.
+#: a sweep of a job on a host: a shell's look first (one grep over every environ), and python only
+#: when a process of it is left there: after its launcher ended the job, its watchdog has ended
+#: everything, and 128 hosts' python3 starts (about 40 ms of CPU each) were most of ``kill``'s 4 s
+#: sweep. $1 the job, $2 SWEEP, $3 procscan's source, $4 the grace period. (Several jobs, comma
+#: separated, go to python at once: ``kill --all -H`` sweeps only where its scan found them.)
 SWEEP_JOB = (
-    'if [ -n "$1" ]; then grep -qzxF "LAUNCHKIT_JOB_ID=$1" /proc/[0-9]*/environ; '
-    'else grep -qz "^LAUNCHKIT_JOB_ID=" /proc/[0-9]*/environ; fi 2>/dev/null || '
-    '{ [ -z "$1" ] || rm -f /dev/shm/launchkit-"$1"-*; echo 0; exit 0; }; '
+    'case "$1" in *,*) ;; *) grep -qzxF "LAUNCHKIT_JOB_ID=$1" /proc/[0-9]*/environ 2>/dev/null || '
+    '{ rm -f /dev/shm/launchkit-"$1"-*; echo 0; exit 0; } ;; esac; '
     'exec python3 -S -c "$2" "$3" "$1" "$4"'
 )
+#: the scan of a host (``SCAN``), python only when some process carries a job id. $1 SCAN, $2 procscan's source.
+SCAN_JOBS = 'grep -qz "^LAUNCHKIT_JOB_ID=" /proc/[0-9]*/environ 2>/dev/null || { echo "{}"; exit 0; }; exec python3 -S -c "$1" "$2"'
 
 
 class Reach:
@@ -232,19 +241,61 @@ class Reach:
 
         ssh.on_each(one, self.hosts)
 
-    def sweep(self, job_id: str | None, grace: float, timeout: float) -> list[HostResult]:
-        """End what is left of ``job_id`` (of every job when None) on every host (``ended``: how
-        many); a host that takes longer than ``timeout`` seconds in all, connecting included, is
-        that host's error."""
+    def sweep(self, job_id: str, grace: float, timeout: float) -> list[HostResult]:
+        """End what is left of ``job_id`` on every host (``ended``: how many); a host that takes
+        longer than ``timeout`` seconds in all, connecting included, is that host's error."""
+        return self.sweep_each({h: [job_id] for h in self.hosts}, grace, timeout)
+
+    def sweep_each(self, ids_of: dict[Host, list[str]], grace: float, timeout: float) -> list[HostResult]:
+        """End what is left of the jobs ``ids_of`` names for each host (a host it names none for:
+        ``ended`` 0, not contacted), then close every connection."""
+        source = inspect.getsource(procscan)
+
+        def argv(h: Host) -> list[str] | None:
+            ids = ids_of.get(h) or []
+            return ["sh", "-c", SWEEP_JOB, "sweep", ",".join(ids), SWEEP, source, str(grace)] if ids else None
+
+        def read(out: str) -> dict[str, Any]:
+            return {"ended": int(out.strip() or 0)}
+
+        try:
+            return self._each(argv, read, "sweep", timeout, {"ended": 0})
+        finally:
+            self.close()
+
+    def scan(self, timeout: float) -> list[HostResult]:
+        """Every job with a process on each host (``jobs``: job id -> ``LAUNCHKIT_JOB_HOME`` ->
+        how many); the connections stay open (a ``sweep_each`` follows)."""
+
+        def read(out: str) -> dict[str, Any]:
+            found = json.loads(out or "{}")
+            if not isinstance(found, dict) or not all(isinstance(v, dict) for v in found.values()):
+                raise ValueError(f"not job -> home -> count: {out.strip()[:200]!r}")
+            return {"jobs": found}
+
+        argv = ["sh", "-c", SCAN_JOBS, "scan", SCAN, inspect.getsource(procscan)]
+        return self._each(lambda h: argv, read, "scan", timeout, {"jobs": {}})
+
+    def _each(
+        self,
+        argv_of: Callable[[Host], list[str] | None],
+        read: Callable[[str], dict[str, Any]],
+        what: str,
+        timeout: float,
+        skipped: dict[str, Any],
+    ) -> list[HostResult]:
+        """Run ``argv_of(host)`` on every host at once (``skipped`` is the data of a host it gives
+        None for); ``read`` turns its output into the host's data."""
         from launchkit.backends.ssh import connection as ssh
 
         deadline = time.monotonic() + timeout
         self._thread.join(timeout)
-        source = inspect.getsource(procscan)
-        argv = ["sh", "-c", SWEEP_JOB, "sweep", job_id or "", SWEEP, source, str(grace)]
-        late = f"sweep did not complete within {timeout:g} seconds"
+        late = f"{what} did not complete within {timeout:g} seconds"
 
         def one(h: Host) -> HostResult:
+            argv = argv_of(h)
+            if argv is None:
+                return HostResult(h, True, data=dict(skipped))
             with self._lock:
                 conn = self.conns.get(h)
             if conn is None:
@@ -261,16 +312,13 @@ class Reach:
             except Exception as exc:
                 return HostResult(h, False, ssh.describe(h, conn, self.opts, exc))
             if rc != 0:
-                return HostResult(h, False, f"{h}: sweep failed ({rc}): {err.strip()[-200:]}")
+                return HostResult(h, False, f"{h}: {what} failed ({rc}): {err.strip()[-200:]}")
             try:
-                return HostResult(h, True, data={"ended": int(out.strip() or 0)})
+                return HostResult(h, True, data=read(out))
             except ValueError:
-                return HostResult(h, False, f"{h}: sweep said something unexpected: {out.strip()[:200]!r}")
+                return HostResult(h, False, f"{h}: {what} said something unexpected: {out.strip()[:200]!r}")
 
-        try:
-            return ssh.on_each(one, self.hosts)
-        finally:
-            self.close()
+        return ssh.on_each(one, self.hosts)
 
     def close(self) -> None:
         """Close every connection; one still being opened is closed as it opens (never waited for)."""
