@@ -79,7 +79,7 @@ def test_kill_all_ends_this_homes_job_and_leaves_the_others(two_homes) -> None:
     [
         (["-H", "/nonexistent"], "/nonexistent: no such file"),
         (["-H", "HOSTS", "-i", "/nonexistent-key"], "-i/--identity /nonexistent-key: No such file"),
-        (["-H", "HOSTS", "-i", ""], "-i/--identity is empty"),
+        (["-H", "HOSTS", "-i", ""], "Invalid value for '-i' / '--identity': '' is empty"),
     ],
 )
 def test_bad_arguments_end_nothing(two_homes, tmp_path: Path, extra: list[str], said: str) -> None:
@@ -144,7 +144,7 @@ def test_a_stray_is_ended_and_a_process_naming_no_home_is_left(tmp_path: Path) -
 def test_an_empty_job_id_is_said_to_be_empty(command: list[str]) -> None:
     res = run([command[0], "", *command[1:]])
     assert res.returncode == 2
-    assert "the job id is empty" in res.stderr, res.stderr
+    assert "Invalid value for 'job_id': '' is empty" in res.stderr, res.stderr
 
 
 def test_a_job_is_recorded_before_its_processes_start_and_they_name_its_home(tmp_path: Path) -> None:
@@ -170,4 +170,4 @@ def test_ssh_files_are_checked_before_any_host_is_contacted(tmp_path: Path) -> N
 @pytest.mark.parametrize("command", [["kill", "--all"], ["hosts", "list"], ["hosts", "check"]])
 def test_an_empty_hostfile_option_is_said_to_be_empty(command: list[str]) -> None:
     res = run([*command, "-H", ""])  # it read as "." (the current directory)
-    assert res.returncode == 2 and "-H/--hostfile is empty" in res.stderr, res.stderr
+    assert res.returncode == 2 and "Invalid value for '-H' / '--hostfile': '' is empty" in res.stderr, res.stderr
