@@ -336,7 +336,7 @@ class Merger:
             kept = [src.kept for src in self._sources.values() if src.kept is not None]
         for k in kept:
             k.flush()
-            _ = create and k.create()  # (when there is nothing to read: not at each start, keptoutput.KeptFile)
+            _ = create and k.create()  # when there is nothing to read, not at each start (KeptFile)
 
     def _flush_logs(self) -> None:
         if self.log_error is not None:

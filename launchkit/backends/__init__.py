@@ -10,6 +10,7 @@ from typing import Any
 
 from launchkit.backends.base import Backend
 from launchkit.core.capabilities import Capabilities
+from launchkit.core.flags import EngineFlag
 from launchkit.errors import UsageError
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "Capabilities",
     "backend_class",
     "capabilities",
+    "engine_flags",
     "get_backend",
     "names",
     "taking",
@@ -55,6 +57,19 @@ def capabilities(name: str) -> Capabilities:
 def taking(question: Callable[[Capabilities], bool]) -> list[str]:
     """The backends whose capabilities answer yes (for a refusal: which ones take a flag)."""
     return [name for name in REGISTRY if question(capabilities(name))]
+
+
+def engine_flags() -> list[EngineFlag]:
+    """Every flag of ``launchkit launch`` that a registered backend takes (its ``capabilities.flags``),
+    each once, in the registry's order; TypeError for two declarations of one name."""
+    found: dict[str, EngineFlag] = {}
+    for name in REGISTRY:
+        for flag in capabilities(name).flags:
+            if found.setdefault(flag.name, flag) != flag:
+                raise TypeError(
+                    f"backend {name} declares --{flag.name.replace('_', '-')} unlike another backend"
+                )
+    return list(found.values())
 
 
 def get_backend(name: str, **options: Any) -> Backend:

@@ -37,9 +37,12 @@ from launchkit.backends.engine import (
     engine_env,
     shim_argv,
 )
-from launchkit.backends.ssh.options import SshOptions
+from launchkit.backends.engineflags import NODE_PYTHON
+from launchkit.backends.hostlists import mpi_hostfile
+from launchkit.backends.ssh.options import CONNECTION_FLAGS, SshOptions, from_flags
 from launchkit.backends.worker0file import forget_worker0, worker0_file
 from launchkit.core.capabilities import Capabilities
+from launchkit.core.flags import EngineFlag, fill
 from launchkit.core.hostfile import format_host
 from launchkit.core.spec import LOCALHOST, Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError, UsageError
@@ -269,9 +272,24 @@ class MpirunRun(PopenRun):
 class MpiBackend(EngineBackend):
     name = "mpi"
     engine_label = "mpirun"
-    capabilities = Capabilities(
-        options=frozenset({"options", "mpirun", "mpi_args", "node_python", "console"})
+    own_flags = (
+        EngineFlag("--mpirun", "The mpirun to use.", default="mpirun"),
+        EngineFlag("--mpi-args", "Extra mpirun flags, one string.", default=""),
+        NODE_PYTHON,
     )
+    capabilities = Capabilities(
+        options=frozenset({"options", "mpirun", "mpi_args", "node_python", "console"}),
+        flags=(*CONNECTION_FLAGS, *own_flags),
+        gives_hosts="the MPI hostfile",
+    )
+
+    @classmethod
+    def flag_options(cls, flags: Mapping[str, Any], spec: LaunchSpec) -> dict[str, Any]:
+        return {"options": from_flags(flags), **fill(cls.own_flags, flags)}
+
+    @classmethod
+    def given_hosts(cls, environ: Mapping[str, str]) -> tuple[str, list[Host]]:
+        return mpi_hostfile(environ)
 
     def __init__(
         self,

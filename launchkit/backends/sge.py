@@ -30,7 +30,10 @@ import dmlc_env
 from dmlc_env import merge_env
 from launchkit.backends.batch import BatchBackend, BatchRun
 from launchkit.backends.engine import EngineRun, engine_env
+from launchkit.backends.engineflags import NODE_PYTHON, QUEUE
+from launchkit.backends.hostlists import pe_hostfile
 from launchkit.core.capabilities import Capabilities
+from launchkit.core.flags import EngineFlag, fill, split_words
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
 from launchkit.hostside import rendezvous
@@ -46,6 +49,15 @@ class SgeOptions:
     resources: tuple[str, ...] = ()  # -l, each
     extra: tuple[str, ...] = ()  # --sge-args, split
     python: str = sys.executable
+
+
+#: the flags of ``launchkit launch`` that fill ``SgeOptions``
+FLAGS = (
+    QUEUE,
+    EngineFlag("--pe", "Parallel environment per task, NAME[:SLOTS]."),
+    EngineFlag("--sge-resource", "A resource (-l), repeatable.", multiple=True, fills="resources"),
+    EngineFlag("--sge-args", "Extra qsub flags, one string.", default="", fills="extra", check=split_words),
+)
 
 
 def parse_pe(value: str) -> tuple[str, int]:
@@ -320,7 +332,17 @@ class SgeBackend(BatchBackend):
         hostfile_ignored="Grid Engine places the tasks",
         detaches=True,
         options=frozenset({"sge", "node_python", "console"}),
+        flags=(*FLAGS, NODE_PYTHON),
+        gives_hosts="PE_HOSTFILE",
     )
+
+    @classmethod
+    def flag_options(cls, flags: Mapping[str, Any], spec: LaunchSpec) -> dict[str, Any]:
+        return {"sge": SgeOptions(**fill(FLAGS, flags)), "node_python": NODE_PYTHON.value(flags)}
+
+    @classmethod
+    def given_hosts(cls, environ: Mapping[str, str]) -> tuple[str, list[Host]]:
+        return pe_hostfile(environ)
 
     def __init__(
         self, *, sge: SgeOptions | None = None, node_python: str | None = None, console: object = None

@@ -35,8 +35,11 @@ from launchkit.backends.engine import (
     engine_env,
     scheduler_last,
 )
+from launchkit.backends.engineflags import NODE_PYTHON, ROLE_RESOURCES, per_role
+from launchkit.backends.hostlists import slurm_allocation
 from launchkit.backends.worker0file import forget_worker0, worker0_file
 from launchkit.core.capabilities import Capabilities
+from launchkit.core.flags import EngineFlag, at_least_one, fill, split_words
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
 from launchkit.hostside import batchjob, rendezvous, shim, tasktable
@@ -191,6 +194,42 @@ def batch_env(plan: Plan, opts: SlurmOptions, grace: float, *, in_allocation: bo
     return env
 
 
+#: the flags of ``launchkit launch`` that fill ``SlurmOptions`` (with ``ROLE_RESOURCES``)
+NODES = EngineFlag("--nodes", "Number of nodes (default: all / 1).", int, check=at_least_one)
+FLAGS = (
+    EngineFlag("--partition", "Partition (-p)."),
+    EngineFlag("--time", "Time limit of the batch job (-t)."),
+    NODES,
+    EngineFlag("--account", "Account to charge."),
+    EngineFlag("--qos", "Quality of service."),
+    EngineFlag("--constraint", "Node features."),
+    EngineFlag(
+        "--slurm-args", "Extra sbatch flags, one string.", default="", fills="extra", check=split_words
+    ),
+)
+
+
+def options_from_flags(flags: Mapping[str, Any], gpus_per_worker: int | None) -> SlurmOptions:
+    roles = per_role(flags)
+    for name in ("mem_per_server", "mem_per_worker"):
+        if roles[name] is not None:
+            try:
+                parse_mem(roles[name])
+            except UsageError as exc:
+                raise UsageError(f"--{name.replace('_', '-')} (or --mem): {exc.message}") from None
+    return SlurmOptions(**fill(FLAGS, flags), gpus_per_worker=gpus_per_worker, **roles)
+
+
+def job_hosts(nodes: int | None) -> tuple[Host, ...]:
+    """Inside an allocation its nodes (``--nodes`` takes the first N); outside, N placeholders."""
+    if in_allocation(os.environ):
+        hosts = allocation_hosts()
+        if nodes is not None and nodes > len(hosts):
+            raise UsageError(f"--nodes {nodes}: the allocation has only {len(hosts)} node(s)")
+        return hosts[:nodes] if nodes else hosts
+    return placeholder_hosts(nodes or 1)
+
+
 def in_allocation(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("SLURM_JOB_ID"))
 
@@ -280,7 +319,24 @@ class SlurmBackend(BatchBackend):
         hostfile_ignored="the job goes on the allocation's nodes",
         detaches=True,
         options=frozenset({"slurm", "node_python", "console"}),
+        flags=(*FLAGS, *ROLE_RESOURCES, NODE_PYTHON),
+        gives_hosts="the allocation",
     )
+
+    @classmethod
+    def flag_options(cls, flags: Mapping[str, Any], spec: LaunchSpec) -> dict[str, Any]:
+        return {
+            "slurm": options_from_flags(flags, spec.gpus_per_worker),
+            "node_python": NODE_PYTHON.value(flags),
+        }
+
+    @classmethod
+    def allocation_hosts(cls, flags: Mapping[str, Any]) -> tuple[Host, ...]:
+        return job_hosts(NODES.value(flags))
+
+    @classmethod
+    def given_hosts(cls, environ: Mapping[str, str]) -> tuple[str, list[Host]]:
+        return slurm_allocation(environ)
 
     def __init__(
         self,
