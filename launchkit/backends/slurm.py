@@ -18,10 +18,9 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +34,11 @@ from launchkit.backends.engine import (
     engine_env,
     scheduler_last,
 )
-from launchkit.backends.engineflags import NODE_PYTHON, ROLE_RESOURCES, per_role
+from launchkit.backends.engineflags import NODE_PYTHON, ROLE_RESOURCES
 from launchkit.backends.hostlists import slurm_allocation
+from launchkit.backends.slurmoptions import FLAGS, NODES, SlurmOptions, options_from_flags, parse_mem
 from launchkit.backends.worker0file import forget_worker0, worker0_file
 from launchkit.core.capabilities import Capabilities
-from launchkit.core.flags import EngineFlag, at_least_one, fill, split_words
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
 from launchkit.hostside import batchjob, rendezvous, shim, tasktable
@@ -66,31 +65,6 @@ NOISE = re.compile(
     r"|srun: Job step aborted: Waiting up to \d+ seconds for job step to finish\."
     r"|srun: forcing job termination)$"
 )
-
-
-@dataclass(frozen=True)
-class SlurmOptions:
-    partition: str | None = None
-    time: str | None = None
-    nodes: int | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    cpus_per_server: int | None = None
-    cpus_per_worker: int | None = None
-    mem_per_server: str | None = None
-    mem_per_worker: str | None = None
-    gpus_per_worker: int | None = None
-    extra: tuple[str, ...] = ()  # --slurm-args, split
-    python: str = sys.executable
-
-
-def parse_mem(value: str) -> tuple[int, str]:
-    """``--mem-per-server``/``--mem-per-worker``: a number with Slurm's unit (K, M, G, T; M if none)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGTkmgt]?)[Bb]?\s*", value)
-    if not m or int(m.group(1)) == 0:
-        raise UsageError(f"memory {value!r}: expected a number with an optional unit K, M, G or T (e.g. 4G)")
-    return int(m.group(1)), (m.group(2) or "M").upper()
 
 
 def placeholder_hosts(n: int) -> tuple[Host, ...]:
@@ -192,32 +166,6 @@ def batch_env(plan: Plan, opts: SlurmOptions, grace: float, *, in_allocation: bo
         env[dmlc_env.DMLC_PS_ROOT_PORT] = "0"
     env[batchjob.BATCH_VAR] = json.dumps(batch_spec(plan, opts, grace), separators=(",", ":"))
     return env
-
-
-#: the flags of ``launchkit launch`` that fill ``SlurmOptions`` (with ``ROLE_RESOURCES``)
-NODES = EngineFlag("--nodes", "Number of nodes (default: all / 1).", int, check=at_least_one)
-FLAGS = (
-    EngineFlag("--partition", "Partition (-p)."),
-    EngineFlag("--time", "Time limit of the batch job (-t)."),
-    NODES,
-    EngineFlag("--account", "Account to charge."),
-    EngineFlag("--qos", "Quality of service."),
-    EngineFlag("--constraint", "Node features."),
-    EngineFlag(
-        "--slurm-args", "Extra sbatch flags, one string.", default="", fills="extra", check=split_words
-    ),
-)
-
-
-def options_from_flags(flags: Mapping[str, Any], gpus_per_worker: int | None) -> SlurmOptions:
-    roles = per_role(flags)
-    for name in ("mem_per_server", "mem_per_worker"):
-        if roles[name] is not None:
-            try:
-                parse_mem(roles[name])
-            except UsageError as exc:
-                raise UsageError(f"--{name.replace('_', '-')} (or --mem): {exc.message}") from None
-    return SlurmOptions(**fill(FLAGS, flags), gpus_per_worker=gpus_per_worker, **roles)
 
 
 def job_hosts(nodes: int | None) -> tuple[Host, ...]:
