@@ -1,6 +1,7 @@
 """Launch backends, chosen by name: one registry. A new backend is one module (its class, with
-its ``capabilities`` declared: docs/backends.md, "Adding a backend") plus one line here; each is
-imported only when used, so a backend's heavy dependency (fabric for ssh, ...) loads lazily."""
+its ``capabilities`` declared, the flags it takes among them: docs/backends.md, "Adding a
+backend") plus one line here. The command line imports each module for its declarations, so a
+module imports its heavy dependency (fabric for ssh, ...) only when it is used."""
 
 from __future__ import annotations
 

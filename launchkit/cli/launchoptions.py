@@ -90,7 +90,7 @@ def engine() -> list[inspect.Parameter]:
     return [
         _option(
             flag.name,
-            list[flag.type] if flag.multiple else flag.type,  # type: ignore[name-defined]
+            list[flag.type] if flag.multiple else flag.type,  # type: ignore[name-defined]  # (run time)
             [] if flag.multiple else flag.default,
             *flag.names,
             help=flag.help,
