@@ -1,7 +1,8 @@
 """Launch backends, chosen by name: one registry. A new backend is one module (its class, with
 its ``capabilities`` declared, the flags it takes among them: docs/backends.md, "Adding a
-backend") plus one line here. The command line imports each module for its declarations, so a
-module imports its heavy dependency (fabric for ssh, ...) only when it is used."""
+backend") plus one line here. Each is imported only when used (``launchkit launch`` reads every
+backend's declarations), and a module imports its heavy dependency (fabric for ssh, ...) only
+when the backend runs."""
 
 from __future__ import annotations
 

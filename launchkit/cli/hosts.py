@@ -8,8 +8,10 @@ import secrets
 import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import typer
+from typer.core import TyperCommand
 
 from launchkit import backends
 from launchkit.backends.ssh import commands as ssh_commands
@@ -48,11 +50,24 @@ def _from_help() -> str:
     return ", ".join(found[:-1]) + f" or {found[-1]}." if len(found) > 1 else "".join(found)
 
 
-@hosts_app.command("list", help="Print the parsed hosts of a hostfile, or those an engine gives (--from).")
+class ListCommand(TyperCommand):
+    """``hosts list``: its help names the backends ``--from`` takes (their declarations) when it
+    is printed, so that no other command imports every backend."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        for param in self.params:
+            if param.name == "engine":
+                param.help = _from_help()  # type: ignore[attr-defined]
+        super().format_help(ctx, formatter)
+
+
+@hosts_app.command(
+    "list", cls=ListCommand, help="Print the parsed hosts of a hostfile, or those an engine gives (--from)."
+)
 def list_hosts(
     ctx: typer.Context,
     hostfile: Path = typer.Option(None, "-H", "--hostfile", help="The hostfile."),
-    engine: str = typer.Option(None, "--from", help=_from_help()),
+    engine: str = typer.Option(None, "--from"),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     ui = get_app(ctx).ui

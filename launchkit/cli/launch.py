@@ -21,7 +21,7 @@ import typer
 from launchkit import backends, launching
 from launchkit.cli.app import get_app
 from launchkit.cli.backendflags import check_detach, refuse_unused
-from launchkit.cli.launchoptions import RUN_FLAGS, LaunchCommand, given, signature
+from launchkit.cli.launchoptions import ENGINE_FLAGS, RUN_FLAGS, LaunchCommand, given, signature
 from launchkit.cli.launchspec import build_spec
 from launchkit.cli.planview import plan_to_json, show_plan
 from launchkit.console import Ui
@@ -32,10 +32,11 @@ from launchkit.jobs import records
 
 
 def launch(ctx: typer.Context, **flags: Any) -> None:
-    """The ``launch`` command: every flag by name (``launchoptions.signature``)."""
+    """The ``launch`` command: its flags by name (``launchoptions.signature``), the engine flags'
+    in ``ctx.meta`` (``LaunchCommand``)."""
     ui = get_app(ctx).ui
     run = {name: flags.pop(name) for name in RUN_FLAGS}
-    engine = {flag.name: flags.pop(flag.name) for flag in backends.engine_flags()}
+    engine = ctx.meta[ENGINE_FLAGS]
     spec = build_spec(**{**flags, "command": flags["command"] or []}, engine=engine, ui=ui)
     # a flag that sets what this backend does not take (its Capabilities): exit 2, not dropped
     refuse_unused(spec.backend, given(ctx))

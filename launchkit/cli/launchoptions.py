@@ -1,7 +1,9 @@
-"""The parameters of ``launchkit launch``, as data: the flags every launch has (``common``) and the
-engine flags the registered backends declare (``backends.engine_flags``), rendered as typer
-options in one signature (``signature``); ``LaunchCommand`` prints the help with the engine flags
-grouped by the backends that take them (``backendflags.groups``)."""
+"""The parameters of ``launchkit launch``, as data: the flags every launch has (``common``: launch's
+signature) and the engine flags the registered backends declare (``backends.engine_flags``),
+rendered as typer options. ``LaunchCommand`` adds the engine flags when its parameters are first
+asked for (parsing launch's arguments, its help), so that no other command imports every backend
+for its declarations, and prints the help with them grouped by the backends that take them
+(``backendflags.groups``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import typer
 from typer.core import TyperCommand
 
 from launchkit import backends
+from launchkit.cli.app import bound_numbers
 from launchkit.cli.backendflags import groups
 
 #: launch's flags that say how to run the job, not what it is (no part of the spec)
@@ -29,9 +32,8 @@ def _either(names: list[str]) -> str:
 
 
 def common() -> list[inspect.Parameter]:
-    """The flags of every launch, whichever backend runs it (the command last)."""
-    restarts = ", ".join(backends.taking(lambda c: c.restarts))
-    detaches = _either(backends.taking(lambda c: c.detaches))
+    """The flags of every launch, whichever backend runs it (their help naming backends in
+    ``declared_help``)."""
     o = _option
     return [
         o("num_workers", int, ..., "-n", "--num-workers", help="Number of worker processes."),
@@ -61,7 +63,7 @@ def common() -> list[inspect.Parameter]:
             int,
             0,
             "--max-restarts",
-            help=f"Restart the whole job up to N times after a failure ({restarts}).",
+            help=None,  # declared_help
         ),
         o("restart_backoff", float, 1.0, "--restart-backoff", help="Seconds to wait before each restart."),
         o(
@@ -72,7 +74,7 @@ def common() -> list[inspect.Parameter]:
             help="Seconds each host's --sync-dst-dir rsync may take.",
         ),
         o("p3", bool, False, "--p3", help="MXNet's P3 van (DMLC_PS_VAN_TYPE=p3), as launch.py."),
-        o("detach", bool, False, "--detach", help=f"{detaches}: submit, print the job id, return."),
+        o("detach", bool, False, "--detach", help=None),
         o(
             "dashboard",
             bool,
@@ -83,6 +85,16 @@ def common() -> list[inspect.Parameter]:
         o("dry_run", bool, False, "--dry-run", help="Print the plan; start nothing."),
         o("as_json", bool, False, "--json", help="With --dry-run: the plan as JSON."),
     ]
+
+
+def declared_help() -> dict[str, str]:
+    """The help of the flags every launch has that only some backends act on, naming those."""
+    restarts = ", ".join(backends.taking(lambda c: c.restarts))
+    detaches = _either(backends.taking(lambda c: c.detaches))
+    return {
+        "max_restarts": f"Restart the whole job up to N times after a failure ({restarts}).",
+        "detach": f"{detaches}: submit, print the job id, return.",
+    }
 
 
 def engine() -> list[inspect.Parameter]:
@@ -102,7 +114,7 @@ def engine() -> list[inspect.Parameter]:
 
 
 def signature() -> inspect.Signature:
-    """``launch(ctx, **flags)``'s signature as typer reads it: every flag, then the command."""
+    """``launch(ctx, **flags)``'s signature as typer reads it: the common flags, the command."""
     ctx = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
     command = inspect.Parameter(
         "command",
@@ -110,17 +122,50 @@ def signature() -> inspect.Signature:
         default=typer.Argument(None, metavar="COMMAND [ARGS]...", help="The command to run."),
         annotation=list[str],
     )
-    return inspect.Signature([ctx, *common(), *engine(), command])
+    return inspect.Signature([ctx, *common(), command])
+
+
+def engine_params() -> list[Any]:
+    """The engine flags as the command line's parameters (typer makes them from a signature)."""
+
+    def holder(**_: Any) -> None: ...
+
+    holder.__signature__ = inspect.Signature(engine())  # type: ignore[attr-defined]
+    app = typer.Typer(add_completion=False)
+    app.command()(holder)
+    return list(typer.main.get_command(app).params)
 
 
 def given(ctx: typer.Context) -> list[str]:
     """The parameters that were on the command line (not their defaults)."""
-    return [p for p in ctx.params if (s := ctx.get_parameter_source(p)) is not None and s.name != "DEFAULT"]
+    names = [p.name for p in ctx.command.params if p.name]
+    return [p for p in names if (s := ctx.get_parameter_source(p)) is not None and s.name != "DEFAULT"]
+
+
+ENGINE_FLAGS = "launchkit.engine_flags"  # ctx.meta: the engine flags' values, by name
 
 
 class LaunchCommand(TyperCommand):
-    """``launch``'s help: the arguments, the options every launch has, then one section for each
-    group of engine flags (``rich_help_panel``: the backends that take them)."""
+    """``launch``: its engine flags join its parameters when first asked for; their values go to
+    ``ctx.meta[ENGINE_FLAGS]`` (the callback takes launch's own signature). Its help: the
+    arguments, the options every launch has, then one section for each group of engine flags
+    (``rich_help_panel``: the backends that take them)."""
+
+    engine_added = False
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        if not self.engine_added:
+            self.engine_added = True
+            self.params[-1:-1] = engine_params()  # before the command
+            named = declared_help()
+            for param in self.params:
+                param.help = named.get(param.name or "", param.help)  # type: ignore[attr-defined]
+            bound_numbers(self)  # as the root did for the others
+        return list(super().get_params(ctx))
+
+    def invoke(self, ctx: Any) -> Any:
+        ctx.meta[ENGINE_FLAGS] = {flag.name: ctx.params.pop(flag.name) for flag in backends.engine_flags()}
+        return super().invoke(ctx)
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
         sections: dict[str, list[tuple[str, str]]] = {}

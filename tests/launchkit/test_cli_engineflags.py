@@ -87,3 +87,23 @@ def test_a_refusal_names_the_flag_as_the_help_does() -> None:
 
 class OtherQueue(backends.Backend):
     capabilities = Capabilities(flags=(EngineFlag("--queue", "Another queue."),))
+
+
+def test_only_launch_asks_the_backends_for_their_flags(tmp_path: Path) -> None:
+    """The engine flags join launch's parameters when launch parses or prints its help: the other
+    commands import no backend module for declarations they do not use (fewer imports at start)."""
+    probe = (
+        "import sys\nfrom launchkit.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[-1] in ('mpi', 'sge', 'slurm', 'yarn')))"
+    )
+    env = {"PYTHONPATH": str(ROOT), "NO_COLOR": "1", "LAUNCHKIT_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+
+    def engines(*args: str) -> str:
+        res = subprocess.run(
+            [sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env, timeout=60
+        )
+        return res.stdout.splitlines()[-1]
+
+    assert engines("ps") == "[]"
+    assert engines("hosts", "list", "-H", str(ROOT / "hostfiles" / "example")) == "[]"
+    assert "launchkit.backends.yarn" in engines("launch", "--help")
