@@ -52,6 +52,8 @@ def build_spec(
     restart_backoff: float = 1.0,
     ui: Ui,
 ) -> LaunchSpec:
+    """The ``LaunchSpec`` that launch's common flags describe (``launchoptions.common``, by name);
+    ``engine``: the engine flags' values, for a backend whose hosts are an allocation."""
     if not command:
         raise UsageError("no command given: expected `launchkit launch -n N [options] COMMAND [ARGS...]`")
     check_command(command)
