@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from launchkit.errors import EXIT_IO
-from launchkit.output import REPORT_LINE, printable
+from launchkit.merger import REPORT_LINE, printable
 
 
 def _no_color() -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from rich.console import Console, RenderableType
 from rich.live import Live
 
-from launchkit.output import Sink, clip
+from launchkit.merger import Sink, clip
 from launchkit.view.render import fit, render
 from launchkit.view.state import DashboardState, ProcRow, RootCause
 

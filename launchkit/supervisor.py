@@ -33,10 +33,10 @@ from launchkit.console import OutputWriter, Ui
 from launchkit.core.spec import JobResult, Plan, Task, TaskResult
 from launchkit.dashboard import Dashboard, DashboardState, LineSink, TailSink
 from launchkit.hostside import procscan
-from launchkit.jobs import outputs, reaper
+from launchkit.jobs import keptoutput, reaper
 from launchkit.jobs import records as jobs
 from launchkit.logdir import check_log_dir
-from launchkit.output import Merger, Source
+from launchkit.merger import Merger, Source
 from launchkit.rootcause import PEER_WAIT, Blame, Tail, named_root
 from launchkit.supervision_state import Action, Cause, Event, State, Timing, step
 from launchkit.watch import LOG_LINES, Publisher
@@ -106,7 +106,7 @@ class Supervisor:
         self.writer: TailSink | LineSink = (
             LineSink(dashboard) if dashboard else TailSink(writer or OutputWriter(), deque(maxlen=LOG_LINES))
         )
-        self.keeper = outputs.Keeper(plan.job_id, ui.warn)  # every stream's output, for launchkit logs
+        self.keeper = keptoutput.Keeper(plan.job_id, ui.warn)  # every stream's output, for launchkit logs
         attempt = (record.attempt + 1, record.max_restarts + 1) if record and record.max_restarts else None
         log = self.writer.dashboard.log if isinstance(self.writer, LineSink) else self.writer.log
         model = telemetry.model if telemetry else None

@@ -1,6 +1,8 @@
 """Launch backends, chosen by name: one registry. A new backend is one module (its class, with
-its ``capabilities`` declared: docs/backends.md, "Adding a backend") plus one line here; each is
-imported only when used, so a backend's heavy dependency (fabric for ssh, ...) loads lazily."""
+its ``capabilities`` declared, the flags it takes among them: docs/backends.md, "Adding a
+backend") plus one line here. Each is imported only when used (``launchkit launch`` reads every
+backend's declarations), and a module imports its heavy dependency (fabric for ssh, ...) only
+when the backend runs."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 
 from launchkit.backends.base import Backend
 from launchkit.core.capabilities import Capabilities
+from launchkit.core.flags import EngineFlag
 from launchkit.errors import UsageError
 
 __all__ = [
@@ -18,6 +21,7 @@ __all__ = [
     "Capabilities",
     "backend_class",
     "capabilities",
+    "engine_flags",
     "get_backend",
     "names",
     "taking",
@@ -55,6 +59,19 @@ def capabilities(name: str) -> Capabilities:
 def taking(question: Callable[[Capabilities], bool]) -> list[str]:
     """The backends whose capabilities answer yes (for a refusal: which ones take a flag)."""
     return [name for name in REGISTRY if question(capabilities(name))]
+
+
+def engine_flags() -> list[EngineFlag]:
+    """Every flag of ``launchkit launch`` that a registered backend takes (its ``capabilities.flags``),
+    each once, in the registry's order; TypeError for two declarations of one name."""
+    found: dict[str, EngineFlag] = {}
+    for name in REGISTRY:
+        for flag in capabilities(name).flags:
+            if found.setdefault(flag.name, flag) != flag:
+                raise TypeError(
+                    f"backend {name} declares --{flag.name.replace('_', '-')} unlike another backend"
+                )
+    return list(found.values())
 
 
 def get_backend(name: str, **options: Any) -> Backend:

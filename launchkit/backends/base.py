@@ -4,10 +4,11 @@ a backend only fills in a few hooks: prepare the hosts, start one process, close
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO, Any, ClassVar, Protocol
 
 from launchkit.core.capabilities import Capabilities
+from launchkit.core.flags import fill
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 
 
@@ -34,6 +35,24 @@ class Backend:
 
     name = "base"
     capabilities: ClassVar[Capabilities] = Capabilities()
+
+    @classmethod
+    def flag_options(cls, flags: Mapping[str, Any], spec: LaunchSpec) -> dict[str, Any]:
+        """Its constructor's keyword options from ``launchkit launch``'s flags (``flags``: each
+        flag's value by name, given or its default), checked (UsageError). The default: each flag
+        of ``capabilities.flags`` fills the constructor keyword it names."""
+        return fill(cls.capabilities.flags, flags)
+
+    @classmethod
+    def allocation_hosts(cls, flags: Mapping[str, Any]) -> tuple[Host, ...]:
+        """Where the job goes when ``capabilities.hosts`` is "allocation" (from its flags)."""
+        raise NotImplementedError
+
+    @classmethod
+    def given_hosts(cls, environ: Mapping[str, str]) -> tuple[str, list[Host]]:
+        """``launchkit hosts list --from NAME`` (``capabilities.gives_hosts``): where the hosts
+        of the job this runs in came from, and the hosts."""
+        raise NotImplementedError
 
     def describe(self, task: Task) -> list[str]:
         """The command line that would start ``task`` (for ``--dry-run``); default: its argv."""

@@ -18,7 +18,6 @@ import re
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,28 +36,17 @@ from launchkit.backends.engine import (
     engine_env,
     shim_argv,
 )
-from launchkit.backends.ssh.options import SshOptions
+from launchkit.backends.engineflags import NODE_PYTHON
+from launchkit.backends.hostlists import mpi_hostfile
+from launchkit.backends.mpiflavor import find_flavor, root_note, stop_signal
+from launchkit.backends.ssh.options import CONNECTION_FLAGS, SshOptions, from_flags
 from launchkit.backends.worker0file import forget_worker0, worker0_file
 from launchkit.core.capabilities import Capabilities
+from launchkit.core.flags import EngineFlag, fill
 from launchkit.core.hostfile import format_host
 from launchkit.core.spec import LOCALHOST, Host, LaunchSpec, Plan, Task
-from launchkit.errors import BackendError, UsageError
+from launchkit.errors import UsageError
 from launchkit.hostside import rendezvous, shim
-
-EXIT_ENGINE_SETUP = 2
-
-
-def detect_flavor(version_text: str) -> str:
-    """The MPI implementation from ``mpirun --version``'s output. Raises ValueError."""
-    text = version_text.lower()
-    if "open mpi" in text or "open-mpi" in text or "openrte" in text:
-        return "openmpi"
-    if "intel(r) mpi" in text or "intel mpi" in text:
-        return "intel"
-    if "hydra" in text or "mpich" in text:
-        return "mpich"
-    first = version_text.strip().splitlines()[0] if version_text.strip() else "(no output)"
-    raise ValueError(f"unknown MPI implementation: `mpirun --version` said {first!r}")
 
 
 def rank_order(plan: Plan) -> list[Task]:
@@ -114,12 +102,6 @@ def mpi_env(plan: Plan, opts: MpiOptions) -> dict[str, str]:
     if opts.ends:
         env[shim.ENDS_VAR] = opts.ends
     return env
-
-
-def stop_signal(flavor: str) -> int | None:
-    """What the launcher sends mpirun to stop the ranks: SIGUSR2 for Open MPI (forwarded at
-    once); Hydra forwards SIGTERM itself."""
-    return signal.SIGUSR2 if flavor == "openmpi" else None
 
 
 #: mpirun's echo of the signal the launcher sent it: the launcher already says it is ending the job
@@ -206,36 +188,6 @@ def end_mark(data: bytes) -> tuple[int, bool] | None:
     return int(fields[0]), fields[1:2] == ["1"]
 
 
-def root_note(flavor: str) -> str | None:
-    if flavor == "openmpi" and os.geteuid() == 0:
-        return "running as root: --allow-run-as-root added (Open MPI refuses root without it)"
-    return None
-
-
-def find_flavor(mpirun: str) -> str:
-    """Run ``mpirun --version`` and tell the implementation; a clear error when it cannot."""
-    path = shutil.which(mpirun)
-    if path is None:
-        raise BackendError(
-            "mpi",
-            f"{mpirun!r} not found on PATH: install Open MPI, MPICH or Intel MPI "
-            "(e.g. apt-get install openmpi-bin), or name it with --mpirun PATH",
-            EXIT_ENGINE_SETUP,
-        )
-    try:
-        proc = subprocess.run(
-            [path, "--version"], capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise BackendError("mpi", f"`{mpirun} --version` failed: {exc}", EXIT_ENGINE_SETUP) from None
-    try:
-        return detect_flavor(proc.stdout + proc.stderr)
-    except ValueError as exc:
-        raise BackendError(
-            "mpi", f"{exc}; expected Open MPI, MPICH or Intel MPI", EXIT_ENGINE_SETUP
-        ) from None
-
-
 class MpirunRun(PopenRun):
     """mpirun (or Hydra's mpiexec), and how a stop (SIGTERM, SIGINT, SIGHUP) reaches its ranks:
     Open MPI's mpirun gets SIGUSR2 (``stop_signal``). With every rank on this machine
@@ -269,9 +221,24 @@ class MpirunRun(PopenRun):
 class MpiBackend(EngineBackend):
     name = "mpi"
     engine_label = "mpirun"
-    capabilities = Capabilities(
-        options=frozenset({"options", "mpirun", "mpi_args", "node_python", "console"})
+    own_flags = (
+        EngineFlag("--mpirun", "The mpirun to use.", default="mpirun"),
+        EngineFlag("--mpi-args", "Extra mpirun flags, one string.", default=""),
+        NODE_PYTHON,
     )
+    capabilities = Capabilities(
+        options=frozenset({"options", "mpirun", "mpi_args", "node_python", "console"}),
+        flags=(*CONNECTION_FLAGS, *own_flags),
+        gives_hosts="the MPI hostfile",
+    )
+
+    @classmethod
+    def flag_options(cls, flags: Mapping[str, Any], spec: LaunchSpec) -> dict[str, Any]:
+        return {"options": from_flags(flags), **fill(cls.own_flags, flags)}
+
+    @classmethod
+    def given_hosts(cls, environ: Mapping[str, str]) -> tuple[str, list[Host]]:
+        return mpi_hostfile(environ)
 
     def __init__(
         self,

@@ -20,9 +20,8 @@ import secrets
 import shlex
 import signal
 import subprocess
-import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,30 +29,17 @@ import dmlc_env
 from dmlc_env import merge_env
 from launchkit.backends.batch import BatchBackend, BatchRun
 from launchkit.backends.engine import EngineRun, engine_env
+from launchkit.backends.engineflags import NODE_PYTHON
+from launchkit.backends.hostlists import pe_hostfile
+from launchkit.backends.sgeoptions import FLAGS, SgeOptions, parse_pe
 from launchkit.core.capabilities import Capabilities
+from launchkit.core.flags import fill
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
 from launchkit.hostside import rendezvous
 
 #: Also passed by name: what a task needs to find python and its libraries.
 PASSED_THROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
-
-
-@dataclass(frozen=True)
-class SgeOptions:
-    queue: str | None = None
-    pe: str | None = None  # NAME or NAME:SLOTS, per task
-    resources: tuple[str, ...] = ()  # -l, each
-    extra: tuple[str, ...] = ()  # --sge-args, split
-    python: str = sys.executable
-
-
-def parse_pe(value: str) -> tuple[str, int]:
-    """``--pe NAME[:SLOTS]`` (slots per task, default 1)."""
-    name, colon, slots = value.partition(":")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or (colon and not (slots.isdigit() and int(slots) > 0)):
-        raise UsageError(f"--pe {value!r}: expected NAME or NAME:SLOTS (a parallel environment, slots > 0)")
-    return name, int(slots) if colon else 1
 
 
 def placeholder_hosts(n: int) -> tuple[Host, ...]:
@@ -320,7 +306,17 @@ class SgeBackend(BatchBackend):
         hostfile_ignored="Grid Engine places the tasks",
         detaches=True,
         options=frozenset({"sge", "node_python", "console"}),
+        flags=(*FLAGS, NODE_PYTHON),
+        gives_hosts="PE_HOSTFILE",
     )
+
+    @classmethod
+    def flag_options(cls, flags: Mapping[str, Any], spec: LaunchSpec) -> dict[str, Any]:
+        return {"sge": SgeOptions(**fill(FLAGS, flags)), "node_python": NODE_PYTHON.value(flags)}
+
+    @classmethod
+    def given_hosts(cls, environ: Mapping[str, str]) -> tuple[str, list[Host]]:
+        return pe_hostfile(environ)
 
     def __init__(
         self, *, sge: SgeOptions | None = None, node_python: str | None = None, console: object = None

@@ -18,10 +18,9 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,9 @@ from launchkit.backends.engine import (
     engine_env,
     scheduler_last,
 )
+from launchkit.backends.engineflags import NODE_PYTHON, ROLE_RESOURCES
+from launchkit.backends.hostlists import slurm_allocation
+from launchkit.backends.slurmoptions import FLAGS, NODES, SlurmOptions, options_from_flags, parse_mem
 from launchkit.backends.worker0file import forget_worker0, worker0_file
 from launchkit.core.capabilities import Capabilities
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
@@ -63,31 +65,6 @@ NOISE = re.compile(
     r"|srun: Job step aborted: Waiting up to \d+ seconds for job step to finish\."
     r"|srun: forcing job termination)$"
 )
-
-
-@dataclass(frozen=True)
-class SlurmOptions:
-    partition: str | None = None
-    time: str | None = None
-    nodes: int | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    cpus_per_server: int | None = None
-    cpus_per_worker: int | None = None
-    mem_per_server: str | None = None
-    mem_per_worker: str | None = None
-    gpus_per_worker: int | None = None
-    extra: tuple[str, ...] = ()  # --slurm-args, split
-    python: str = sys.executable
-
-
-def parse_mem(value: str) -> tuple[int, str]:
-    """``--mem-per-server``/``--mem-per-worker``: a number with Slurm's unit (K, M, G, T; M if none)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGTkmgt]?)[Bb]?\s*", value)
-    if not m or int(m.group(1)) == 0:
-        raise UsageError(f"memory {value!r}: expected a number with an optional unit K, M, G or T (e.g. 4G)")
-    return int(m.group(1)), (m.group(2) or "M").upper()
 
 
 def placeholder_hosts(n: int) -> tuple[Host, ...]:
@@ -191,6 +168,16 @@ def batch_env(plan: Plan, opts: SlurmOptions, grace: float, *, in_allocation: bo
     return env
 
 
+def job_hosts(nodes: int | None) -> tuple[Host, ...]:
+    """Inside an allocation its nodes (``--nodes`` takes the first N); outside, N placeholders."""
+    if in_allocation(os.environ):
+        hosts = allocation_hosts()
+        if nodes is not None and nodes > len(hosts):
+            raise UsageError(f"--nodes {nodes}: the allocation has only {len(hosts)} node(s)")
+        return hosts[:nodes] if nodes else hosts
+    return placeholder_hosts(nodes or 1)
+
+
 def in_allocation(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("SLURM_JOB_ID"))
 
@@ -280,7 +267,24 @@ class SlurmBackend(BatchBackend):
         hostfile_ignored="the job goes on the allocation's nodes",
         detaches=True,
         options=frozenset({"slurm", "node_python", "console"}),
+        flags=(*FLAGS, *ROLE_RESOURCES, NODE_PYTHON),
+        gives_hosts="the allocation",
     )
+
+    @classmethod
+    def flag_options(cls, flags: Mapping[str, Any], spec: LaunchSpec) -> dict[str, Any]:
+        return {
+            "slurm": options_from_flags(flags, spec.gpus_per_worker),
+            "node_python": NODE_PYTHON.value(flags),
+        }
+
+    @classmethod
+    def allocation_hosts(cls, flags: Mapping[str, Any]) -> tuple[Host, ...]:
+        return job_hosts(NODES.value(flags))
+
+    @classmethod
+    def given_hosts(cls, environ: Mapping[str, str]) -> tuple[str, list[Host]]:
+        return slurm_allocation(environ)
 
     def __init__(
         self,

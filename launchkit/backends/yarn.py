@@ -27,10 +27,12 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from launchkit.backends.engine import EngineBackend, EngineRun
+from launchkit.backends.engineflags import NODE_PYTHON, QUEUE, ROLE_RESOURCES, per_role
 from launchkit.backends.yarnrest import RmClient, check_rm
 from launchkit.backends.yarnrun import YarnRun
 from launchkit.backends.yarnspec import (
@@ -46,8 +48,23 @@ from launchkit.backends.yarnspec import (
     service_spec,
 )
 from launchkit.core.capabilities import Capabilities
+from launchkit.core.flags import EngineFlag, fill
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
+
+#: the flags of ``launchkit launch`` that fill ``YarnOptions`` (with ``ROLE_RESOURCES``)
+FLAGS = (
+    QUEUE,
+    EngineFlag("--yarn-rm", "The ResourceManager's URL.", fills="rm_url"),
+    EngineFlag("--yarn-user", "user.name (simple auth).", fills="user"),
+    EngineFlag("--yarn-domain", "The Registry DNS domain.", fills="domain"),
+    EngineFlag(
+        "--yarn-file",
+        "SRC[#NAME] on HDFS, shipped to every container (repeatable).",
+        multiple=True,
+        fills="files",
+    ),
+)
 
 
 # -- the backend -------------------------------------------------------------------------------
@@ -59,7 +76,13 @@ class YarnBackend(EngineBackend):
         hostfile_ignored="YARN places the containers",
         root_in_worker0=False,  # a scheduler component runs even with -s 0
         options=frozenset({"yarn", "node_python", "console"}),
+        flags=(*FLAGS, *ROLE_RESOURCES, NODE_PYTHON),
     )
+
+    @classmethod
+    def flag_options(cls, flags: Mapping[str, Any], spec: LaunchSpec) -> dict[str, Any]:
+        yarn = YarnOptions(**fill(FLAGS, flags), **per_role(flags))
+        return {"yarn": yarn, "node_python": NODE_PYTHON.value(flags)}
 
     def __init__(
         self,

@@ -1,82 +1,55 @@
-"""Which of ``launchkit launch``'s flags apply to which backend, asked of the backends' declared
-``Capabilities`` (never of their names): a flag given for a backend that does not take it is
-refused (exit 2) with the backends that do, rather than dropped."""
+"""Which of ``launchkit launch``'s flags apply to which backend, asked of the backends'
+declarations (never of their names): the engine flags each lists in ``Capabilities.flags``
+(declared next to it, ``core.flags``), and the sync flags of a backend that ``syncs``. A flag
+given for a backend that does not take it is refused (exit 2) with the backends that do, rather
+than dropped; the help groups the engine flags by the backends that take them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from launchkit import backends
-from launchkit.core.capabilities import Capabilities
+from launchkit.core.flags import EngineFlag
 from launchkit.errors import UsageError
 
-Question = Callable[[Capabilities], bool]
-
-
-def option(*names: str) -> Question:
-    """The flag sets one of these constructor options (``Capabilities.options``)."""
-    return lambda caps: any(n in caps.options for n in names)
-
-
-SSH = option("options")
-SLURM, SGE, YARN = option("slurm"), option("sge"), option("yarn")
-SYNCS: Question = lambda caps: caps.syncs  # noqa: E731
-
-# launch's parameter -> (its flag as the help names it, whether a backend takes it)
-FLAGS: dict[str, tuple[str, Question]] = {
-    "sync_dst_dir": ("--sync-dst-dir", SYNCS),
-    "sync_dst_dir_force": ("--sync-dst-dir-force", SYNCS),
-    "sync_timeout": ("--sync-timeout", SYNCS),
-    "sync_exclude": ("--sync-exclude", SYNCS),
-    "ssh_port": ("--ssh-port", SSH),
-    "identity": ("-i/--identity", SSH),
-    "known_hosts": ("--known-hosts", SSH),
-    "strict_host_keys": ("--strict-host-keys", SSH),
-    "connect_timeout": ("--connect-timeout", SSH),
-    "heartbeat_timeout": ("--heartbeat-timeout", option("heartbeat_timeout")),
-    "mpirun": ("--mpirun", option("mpirun")),
-    "mpi_args": ("--mpi-args", option("mpi_args")),
-    "node_python": ("--node-python", option("node_python")),
-    "partition": ("--partition", SLURM),
-    "slurm_time": ("--time", SLURM),
-    "nodes": ("--nodes", SLURM),
-    "account": ("--account", SLURM),
-    "qos": ("--qos", SLURM),
-    "constraint": ("--constraint", SLURM),
-    "slurm_args": ("--slurm-args", SLURM),
-    "cpus_per_task": ("--cpus-per-task", option("slurm", "yarn")),
-    "cpus_per_server": ("--cpus-per-server", option("slurm", "yarn")),
-    "cpus_per_worker": ("--cpus-per-worker", option("slurm", "yarn")),
-    "mem": ("--mem", option("slurm", "yarn")),
-    "mem_per_server": ("--mem-per-server", option("slurm", "yarn")),
-    "mem_per_worker": ("--mem-per-worker", option("slurm", "yarn")),
-    "queue": ("--queue", option("sge", "yarn")),
-    "pe": ("--pe", SGE),
-    "sge_resource": ("--sge-resource", SGE),
-    "sge_args": ("--sge-args", SGE),
-    "yarn_rm": ("--yarn-rm", YARN),
-    "yarn_user": ("--yarn-user", YARN),
-    "yarn_domain": ("--yarn-domain", YARN),
-    "yarn_file": ("--yarn-file", YARN),
+# launch's parameter -> its flag, for the flags a backend takes when it ``syncs``
+SYNC_FLAGS = {
+    "sync_dst_dir": "--sync-dst-dir",
+    "sync_dst_dir_force": "--sync-dst-dir-force",
+    "sync_timeout": "--sync-timeout",
 }
 
 
-def _names(names: list[str]) -> str:
+def takers(flag: EngineFlag) -> list[str]:
+    """The backends that take ``flag`` (list it in their ``Capabilities.flags``)."""
+    return backends.taking(lambda caps: flag.name in {f.name for f in caps.flags})
+
+
+def launchers(names: list[str]) -> str:
     return f"--launcher {' or '.join(names)}" if names else "no backend"
+
+
+def groups() -> dict[str, list[EngineFlag]]:
+    """The engine flags by the backends that take them, each group under its help title."""
+    found: dict[str, list[EngineFlag]] = {}
+    for flag in backends.engine_flags():
+        found.setdefault(f"Options for {launchers(takers(flag))}", []).append(flag)
+    return found
 
 
 def refuse_unused(backend: str, given: Iterable[str]) -> None:
     """UsageError (exit 2) for the first flag of ``given`` (launch's parameter names, those on
     the command line) that ``backend`` does not take, naming the backends that take it."""
     caps = backends.capabilities(backend)
+    flags = {f.name: f for f in backends.engine_flags()}
     for param in given:
-        if param not in FLAGS:
+        if param in SYNC_FLAGS and not caps.syncs:
+            label, names = SYNC_FLAGS[param], backends.taking(lambda c: c.syncs)
+        elif param in flags and flags[param] not in caps.flags:
+            label, names = flags[param].label, takers(flags[param])
+        else:
             continue
-        flag, takes = FLAGS[param]
-        if not takes(caps):
-            raise UsageError(
-                f"{flag} does not apply to --launcher {backend}; it is for {_names(backends.taking(takes))}"
-            )
+        raise UsageError(f"{label} does not apply to --launcher {backend}; it is for {launchers(names)}")
 
 
 def check_detach(backend: str) -> None:

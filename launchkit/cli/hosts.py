@@ -6,12 +6,14 @@ import contextlib
 import os
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import typer
+from typer.core import TyperCommand
 
-from launchkit.backends.engine_hosts import engine_hosts
+from launchkit import backends
 from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app, path_option
@@ -32,21 +34,49 @@ from launchkit.errors import HostfileError, UsageError
 hosts_app = typer.Typer(help="Inspect and manage hostfiles.", no_args_is_help=True)
 
 
-@hosts_app.command("list", help="Print the parsed hosts of a hostfile, or those an engine gives (--from).")
+def listing() -> list[str]:
+    """The backends whose engine gives a host list (``Capabilities.gives_hosts``): ``--from``."""
+    return backends.taking(lambda caps: bool(caps.gives_hosts))
+
+
+def given_hosts(name: str, environ: Mapping[str, str] | None = None) -> tuple[str, list[Host]]:
+    """``--from NAME``: where the hosts came from and the hosts, from the backend ``NAME``."""
+    if name not in listing():
+        raise UsageError(f"--from {name!r}: expected one of {', '.join(listing())}")
+    return backends.backend_class(name).given_hosts(os.environ if environ is None else environ)
+
+
+def _from_help() -> str:
+    found = [f"{n} ({backends.capabilities(n).gives_hosts})" for n in listing()]
+    return ", ".join(found[:-1]) + f" or {found[-1]}." if len(found) > 1 else "".join(found)
+
+
+class ListCommand(TyperCommand):
+    """``hosts list``: its help names the backends ``--from`` takes (their declarations) when it
+    is printed, so that no other command imports every backend."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        for param in self.params:
+            if param.name == "engine":
+                param.help = _from_help()  # type: ignore[attr-defined]
+        super().format_help(ctx, formatter)
+
+
+@hosts_app.command(
+    "list", cls=ListCommand, help="Print the parsed hosts of a hostfile, or those an engine gives (--from)."
+)
 def list_hosts(
     ctx: typer.Context,
     hostfile_arg: str = typer.Option(None, "-H", "--hostfile", help="The hostfile."),
-    engine: str = typer.Option(
-        None, "--from", help="slurm (the allocation), sge (PE_HOSTFILE) or mpi (the MPI hostfile)."
-    ),
+    engine: str = typer.Option(None, "--from"),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     ui = get_app(ctx).ui
     hostfile = path_option("-H/--hostfile", hostfile_arg)
     if (hostfile is None) == (engine is None):
-        raise UsageError("give a hostfile (-H FILE) or an engine (--from slurm|sge|mpi), not both")
+        raise UsageError(f"give a hostfile (-H FILE) or an engine (--from {'|'.join(listing())}), not both")
     if engine is not None:
-        source, hosts = engine_hosts(engine)
+        source, hosts = given_hosts(engine)
     else:
         source, hosts = str(hostfile), read_hostfile(hostfile, ui.warn)
     if as_json:

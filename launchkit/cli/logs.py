@@ -1,7 +1,7 @@
 """``launchkit logs JOB_ID``: a job's output after the fact, or as it comes (``--follow``).
 
 Every job launched on this machine keeps its processes' output beside its record
-(``launchkit.jobs.outputs``); a detached batch job's output file is split back into processes;
+(``launchkit.jobs.keptoutput``); a detached batch job's output file is split back into processes;
 a job of an older launchkit shows what ``--log-dir`` kept. Lines are prefixed ``[role rank]`` as
 the launch prints them, a process's stdout lines go to stdout and its stderr lines to stderr,
 one process after another (scheduler, servers, workers), or only those ``--role`` and ``--rank``
@@ -20,7 +20,7 @@ import typer
 from launchkit.cli.app import get_app
 from launchkit.console import Ui
 from launchkit.errors import UsageError
-from launchkit.jobs import detached, outputs
+from launchkit.jobs import detached, keptoutput
 from launchkit.jobs import records as jobs
 
 ROLES = ("scheduler", "server", "worker")
@@ -36,7 +36,7 @@ def picked(role: str | None, rank: int | None, of: tuple[str, int]) -> bool:
     return (role is None or of[0] == role) and (rank is None or of[1] == rank)
 
 
-def emit(ui: Ui, k: outputs.Kept, lines: list[str]) -> None:
+def emit(ui: Ui, k: keptoutput.Kept, lines: list[str]) -> None:
     """Lines as the launch's console got them, control characters included: a progress bar's
     carriage returns (rich's print dropped them and ran the bar's states into one line)."""
     if not lines:
@@ -46,11 +46,11 @@ def emit(ui: Ui, k: outputs.Kept, lines: list[str]) -> None:
     target.flush()
 
 
-def head(k: outputs.Kept, tail: int | None) -> tuple[list[str], int]:
+def head(k: keptoutput.Kept, tail: int | None) -> tuple[list[str], int]:
     """The complete lines kept so far (the last ``tail``), and the byte offset after them in
     the current file, where following starts."""
     older = list(k.paths[:-1])
-    lines = outputs.last_lines(tuple(older), tail) if older else []
+    lines = keptoutput.last_lines(tuple(older), tail) if older else []
     data = b""
     with contextlib.suppress(FileNotFoundError), open(k.paths[-1], "rb") as f:
         data = f.read()
@@ -64,14 +64,14 @@ def show_kept(
 ) -> None:
     """The kept streams ``pick`` selects; with ``follow``, new lines (and new streams) as they
     come, until the job ends."""
-    followers: dict[Path, tuple[outputs.Kept, Iterator[list[str]]]] = {}
+    followers: dict[Path, tuple[keptoutput.Kept, Iterator[list[str]]]] = {}
 
     def take_new(offset_of: bool) -> None:
-        for k in outputs.kept(job_id):
+        for k in keptoutput.kept(job_id):
             if k.paths[-1] not in followers and picked(*pick, (k.role, k.rank)):
                 lines, offset = head(k, tail if offset_of else None)
                 emit(ui, k, lines)
-                followers[k.paths[-1]] = (k, outputs.follow(k.paths[-1], offset))
+                followers[k.paths[-1]] = (k, keptoutput.follow(k.paths[-1], offset))
 
     take_new(True)
     while follow:
@@ -141,7 +141,7 @@ def register(app: typer.Typer) -> None:
                 )
             show_detached(ui, record, role, rank, tail)
             return
-        streams = outputs.kept(job_id)
+        streams = keptoutput.kept(job_id)
         if streams or (follow and record.shown_state == "running"):
             if streams and not any(picked(role, rank, (k.role, k.rank)) for k in streams):
                 have = ", ".join(dict.fromkeys(f"{k.role} {k.rank}" for k in streams))

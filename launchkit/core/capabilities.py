@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from launchkit.core.flags import EngineFlag
+
 #: Where a backend's hosts come from: the hostfile (``-H``); this machine; the Slurm allocation
 #: (or placeholders for the nodes a batch job will get, ``--nodes``); one placeholder per
 #: process (the engine places each task); one placeholder for the whole job (the engine places it).
@@ -38,6 +40,11 @@ class Capabilities:
     detaches: bool = False
     #: --sync-dst-dir, --sync-timeout, --sync-exclude: the launcher copies the directory over
     syncs: bool = False
-    #: the keyword options its constructor takes (``backends.get_backend``); a flag that sets
-    #: another one is refused (``launchkit.cli.backendflags``)
+    #: the keyword options its constructor takes (``backends.get_backend``)
     options: frozenset[str] = field(default_factory=frozenset)
+    #: the flags of ``launchkit launch`` it takes (``core.flags``), which its ``flag_options`` turns
+    #: into those options; one given for a backend that does not list it is refused (exit 2)
+    flags: tuple[EngineFlag, ...] = ()
+    #: ``launchkit hosts list --from NAME`` reads the hosts its engine gives (``given_hosts``)
+    #: from there, as the help says it ("" : it gives none)
+    gives_hosts: str = ""

@@ -11,15 +11,14 @@ from launchkit.backends.engine import split_env
 from launchkit.backends.mpi import (
     NOISE,
     MpiOptions,
-    detect_flavor,
     end_mark,
     host_slots,
     mpi_env,
     rank_order,
     render,
     rsh_args,
-    stop_signal,
 )
+from launchkit.backends.mpiflavor import detect_flavor, stop_signal
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.core.spec import Host, LaunchSpec
 from launchkit.errors import UsageError

@@ -12,14 +12,17 @@ import pytest
 
 from launchkit import backends
 from launchkit.backends.base import Backend
+from launchkit.backends.mpi import MpiBackend
 from launchkit.cli import backendflags
-from launchkit.cli.launch import build_spec
+from launchkit.cli.launchspec import build_spec
 from launchkit.console import Ui
 from launchkit.core.capabilities import Capabilities
 from launchkit.core.plan import has_scheduler, make_plan
 from launchkit.core.spec import LaunchSpec, Task
 from launchkit.errors import UsageError
 from launchkit.roots import ITS_NODE, WORKER0_ADDRESS, Roots, root_case
+
+MPIRUN = next(f for f in MpiBackend.capabilities.flags if f.name == "mpirun")
 
 
 class NewBackend(Backend):
@@ -33,6 +36,7 @@ class NewBackend(Backend):
         restarts=True,
         root_in_worker0=False,
         options=frozenset({"mpirun"}),
+        flags=(MPIRUN,),  # mpi's flag, which it takes too
     )
 
     def __init__(self, mpirun: str = "mpirun") -> None:
@@ -75,8 +79,10 @@ def test_the_launchers_questions_follow_the_declarations() -> None:
     assert [n for n, c in caps.items() if c.detaches] == ["sge", "slurm"]
     assert [n for n, c in caps.items() if not c.root_in_worker0] == ["yarn"]
     assert [n for n, c in caps.items() if c.here] == ["local"]
-    assert backends.taking(backendflags.FLAGS["queue"][1]) == ["sge", "yarn"]
-    assert backends.taking(backendflags.FLAGS["identity"][1]) == ["ssh", "mpi"]
+    flags = {f.name: f for f in backends.engine_flags()}
+    assert backendflags.takers(flags["queue"]) == ["sge", "yarn"]
+    assert backendflags.takers(flags["identity"]) == ["ssh", "mpi"]
+    assert backendflags.takers(flags["node_python"]) == ["mpi", "sge", "slurm", "yarn"]
 
 
 def test_a_new_backend_is_its_module_and_one_registry_line(new_backend: str) -> None:

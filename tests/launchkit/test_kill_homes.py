@@ -170,4 +170,6 @@ def test_ssh_files_are_checked_before_any_host_is_contacted(tmp_path: Path) -> N
 @pytest.mark.parametrize("command", [["kill", "--all"], ["hosts", "list"], ["hosts", "check"]])
 def test_an_empty_hostfile_option_is_said_to_be_empty(command: list[str]) -> None:
     res = run([*command, "-H", ""])  # it read as "." (the current directory)
-    assert res.returncode == 2 and "Invalid value for '-H' / '--hostfile': '' is empty" in res.stderr, res.stderr
+    assert res.returncode == 2 and "Invalid value for '-H' / '--hostfile': '' is empty" in res.stderr, (
+        res.stderr
+    )

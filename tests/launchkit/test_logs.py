@@ -1,5 +1,5 @@
 """``launchkit logs``: every process's output kept beside the job record, by role and rank,
-its tail, and --follow until the job ends; the capped files behind it (launchkit.jobs.outputs)."""
+its tail, and --follow until the job ends; the capped files behind it (launchkit.jobs.keptoutput)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launchkit.jobs import outputs
+from launchkit.jobs import keptoutput
 from tests.launchkit.procs import LAUNCHKIT, record, run, start, until_exists_sh, wait_for_job
 
 LINES = 'for i in 1 2 3 4 5; do echo "$DMLC_ROLE $LAUNCHKIT_ROLE_RANK out $i"; done; echo "$DMLC_ROLE $LAUNCHKIT_ROLE_RANK err" >&2'
@@ -106,27 +106,27 @@ def test_follow_prints_lines_as_they_come_and_ends_with_the_job(launchkit_home, 
 
 def test_kept_files_are_capped_and_a_failure_warns_once(tmp_path, monkeypatch) -> None:
     warnings: list[str] = []
-    keeper = outputs.Keeper("1122-000000-abcdef", warnings.append, cap=100)
+    keeper = keptoutput.Keeper("1122-000000-abcdef", warnings.append, cap=100)
     f = keeper.open("worker", 0, "out")
     assert f is not None
     for i in range(30):
         f.write(f"line {i:02d}\n".encode())  # 8 bytes each: rotated every 13 lines
     f.close()
-    (k,) = outputs.kept("1122-000000-abcdef")
+    (k,) = keptoutput.kept("1122-000000-abcdef")
     assert (k.role, k.rank, k.stream, [p.name for p in k.paths]) == (
         "worker",
         0,
         "stdout",
         ["worker-0.stdout.1", "worker-0.stdout"],
     )
-    kept = outputs.last_lines(k.paths, None)
+    kept = keptoutput.last_lines(k.paths, None)
     assert kept == [f"line {i:02d}" for i in range(13, 30)]  # between cap and twice the cap, the latest
-    assert outputs.last_lines(k.paths, 3) == ["line 27", "line 28", "line 29"]
+    assert keptoutput.last_lines(k.paths, 3) == ["line 27", "line 28", "line 29"]
 
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the job's directory would go")
     monkeypatch.setenv("LAUNCHKIT_HOME", str(blocked))
-    keeper = outputs.Keeper("1122-000000-abcdef", warnings.append)
+    keeper = keptoutput.Keeper("1122-000000-abcdef", warnings.append)
     assert keeper.open("worker", 0, "out") is None and keeper.open("worker", 1, "err") is None
     assert len(warnings) == 1 and "cannot keep the job's output" in warnings[0]
 
@@ -134,10 +134,10 @@ def test_kept_files_are_capped_and_a_failure_warns_once(tmp_path, monkeypatch) -
 def test_follow_loses_nothing_when_the_file_is_rotated() -> None:
     """The kept file rotates (mid-line: it is capped by bytes) between two reads of a follower:
     the rest of the old file, now ``.1``, comes first, and the cut line is joined again."""
-    keeper = outputs.Keeper("1122-000000-fedcba", [].append, cap=100)
+    keeper = keptoutput.Keeper("1122-000000-fedcba", [].append, cap=100)
     f = keeper.open("worker", 0, "out")
     assert f is not None
-    follower = outputs.follow(f.path, 0)
+    follower = keptoutput.follow(f.path, 0)
     text = b"".join(b"line %02d\n" % i for i in range(40))
     got: list[str] = []
     for n in range(0, len(text), 7):  # 7-byte writes: lines are cut, and so is the rotation

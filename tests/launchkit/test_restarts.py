@@ -23,7 +23,7 @@ import pytest
 import dmlc_env
 from launchkit import launching
 from launchkit.backends.local import LocalBackend
-from launchkit.cli.launch import build_spec
+from launchkit.cli.launchspec import build_spec
 from launchkit.console import Ui
 from launchkit.core.spec import Host, JobResult, LaunchSpec, Task, TaskResult
 from launchkit.errors import BackendError, UsageError

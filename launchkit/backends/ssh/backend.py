@@ -10,17 +10,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.backends.local import LocalBackend
 from launchkit.backends.ssh import connection as ssh
 from launchkit.backends.ssh.agent import HostAgent, RemoteProcess, UsageSink
-from launchkit.backends.ssh.options import SshOptions
+from launchkit.backends.ssh.options import CONNECTION_FLAGS, SshOptions, from_flags
 from launchkit.backends.ssh.sync import source_dir, sync_all
 from launchkit.backends.ssh.worker0 import probe
 from launchkit.core.capabilities import Capabilities
+from launchkit.core.flags import EngineFlag, fill, positive
 from launchkit.core.hostfile import format_host, host_key, unique_hosts
 from launchkit.core.placement import assign_hosts
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
@@ -47,6 +48,14 @@ def connect_all(hosts: Sequence[Host], opts: SshOptions) -> tuple[dict[Host, Any
     return conns, errors
 
 
+HEARTBEAT_TIMEOUT = EngineFlag(
+    "--heartbeat-timeout", "Seconds of silence that end a host.", float, 10.0, check=positive
+)
+SYNC_EXCLUDE = EngineFlag(
+    "--sync-exclude", "rsync exclude pattern (repeatable).", multiple=True, fills="sync_excludes"
+)
+
+
 class SshBackend(Backend):
     name = "ssh"
     capabilities = Capabilities(
@@ -55,7 +64,17 @@ class SshBackend(Backend):
         restarts=True,
         syncs=True,
         options=frozenset({"options", "heartbeat_interval", "heartbeat_timeout", "sync_excludes", "console"}),
+        flags=(*CONNECTION_FLAGS, HEARTBEAT_TIMEOUT, SYNC_EXCLUDE),
     )
+
+    @classmethod
+    def flag_options(cls, flags: Mapping[str, Any], spec: LaunchSpec) -> dict[str, Any]:
+        own = fill((HEARTBEAT_TIMEOUT, SYNC_EXCLUDE), flags)
+        return {
+            "options": from_flags(flags),
+            "heartbeat_interval": min(1.0, own["heartbeat_timeout"] / 3),
+            **own,
+        }
 
     def __init__(
         self,

@@ -7,10 +7,22 @@ renders for rsync's ``-e`` and mpirun's ``plm_rsh_args`` need no fabric, which o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from launchkit.core.flags import EngineFlag, fill, positive
 from launchkit.core.spec import Host
+
+#: the flags of ``launchkit launch`` that set ``SshOptions`` (ssh and mpi take them)
+CONNECTION_FLAGS = (
+    EngineFlag("--ssh-port", "ssh port for hosts that do not name one.", int, fills="port"),
+    EngineFlag("-i/--identity", "ssh private key file."),
+    EngineFlag("--known-hosts", "Known-hosts file (default ~/.ssh/known_hosts)."),
+    EngineFlag("--strict-host-keys", "Refuse hosts not in known_hosts.", bool, False),
+    EngineFlag("--connect-timeout", "Seconds to reach each host.", float, 10.0, check=positive),
+)
 
 
 @dataclass(frozen=True)
@@ -47,3 +59,8 @@ class SshOptions:
     def ssh_command(self, host: Host) -> list[str]:
         """The system ``ssh`` argv prefix for ``host`` (rsync's ``-e``; the target names the user)."""
         return ["ssh", *self.client_args(host.port or self.port)]
+
+
+def from_flags(flags: Mapping[str, Any]) -> SshOptions:
+    """The ssh options ``launchkit launch``'s flags give (``CONNECTION_FLAGS``)."""
+    return SshOptions(**fill(CONNECTION_FLAGS, flags))

@@ -1,15 +1,16 @@
-"""Hosts from an engine's own description of an allocation (pure parsing)."""
+"""Hosts from an engine's own description of an allocation (pure parsing), asked of the backend
+that names the engine (``launchkit hosts list --from NAME``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from launchkit.backends.engine_hosts import (
-    engine_hosts,
+from launchkit.backends.hostlists import (
     parse_mpi_hostfile,
     parse_pe_hostfile,
     tasks_per_node,
 )
+from launchkit.cli.hosts import given_hosts
 from launchkit.errors import UsageError
 
 
@@ -34,10 +35,10 @@ def test_mpi_hostfiles() -> None:
 
 def test_missing_variables_are_clear_errors() -> None:
     with pytest.raises(UsageError, match="PE_HOSTFILE is not set"):
-        engine_hosts("sge", {})
+        given_hosts("sge", {})
     with pytest.raises(UsageError, match="SLURM_JOB_NODELIST is not set"):
-        engine_hosts("slurm", {})
+        given_hosts("slurm", {})
     with pytest.raises(UsageError, match="OMPI_MCA_orte_default_hostfile"):
-        engine_hosts("mpi", {})
-    with pytest.raises(UsageError, match="expected one of slurm, sge, mpi"):
-        engine_hosts("pbs", {})
+        given_hosts("mpi", {})
+    with pytest.raises(UsageError, match="expected one of mpi, sge, slurm"):
+        given_hosts("pbs", {})

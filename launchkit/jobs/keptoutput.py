@@ -4,7 +4,7 @@
 stream, written by the output merger whether or not ``--log-dir`` is given. Each file is capped:
 past ``CAP`` bytes it becomes ``<name>.1`` (replacing the one before) and a new file starts, so
 a stream keeps between ``CAP`` and twice ``CAP`` of its latest output. The merger flushes the files
-at least every ``launchkit.output.FLUSH_EVERY`` seconds, so ``launchkit logs`` stays within a second
+at least every ``launchkit.merger.FLUSH_EVERY`` seconds, so ``launchkit logs`` stays within a second
 of the console, and a launcher killed outright loses at most that much. Unlike ``--log-dir``
 (whose failure is exit 74), a failure to write here is a warning, once, and never fails the job.
 """

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from launchkit.console import OutputWriter
-from launchkit.jobs import outputs
-from launchkit.output import LOG_BUFFER, Merger
+from launchkit.jobs import keptoutput
+from launchkit.merger import LOG_BUFFER, Merger
 from tests.launchkit.procs import LAUNCHKIT, pids_with_job, run, wait_for_job, wait_until
 
 BOUND = 1.0  # what docs/launch.md promises
@@ -41,7 +41,7 @@ def last_number(path: Path) -> int:
 
 @pytest.mark.parametrize("every", [0.1, 0.02, 0.001, 0.0], ids=["0.1s", "0.02s", "1ms", "flood"])
 def test_the_files_stay_current_whatever_the_line_rate(every: float, tmp_path: Path, launchkit_home) -> None:
-    keeper = outputs.Keeper("lk-currency", lambda message: pytest.fail(message))
+    keeper = keptoutput.Keeper("lk-currency", lambda message: pytest.fail(message))
     kept = keeper.open("worker", 0, "out")
     assert kept is not None
     log_path = tmp_path / "worker-0.stdout"
@@ -180,7 +180,7 @@ def test_a_launcher_killed_outright_loses_at_most_the_last_second(launchkit_home
         # every line the console showed a second before the kill is in both files
         n = console.last(before=killed_at - BOUND)
         assert n >= 0
-        kept = {k.stream: k.paths[-1] for k in outputs.kept(job) if k.role == "worker"}
+        kept = {k.stream: k.paths[-1] for k in keptoutput.kept(job) if k.role == "worker"}
         assert last_number(kept["stdout"]) >= n, (last_number(kept["stdout"]), n, console.last())
         assert last_number(tmp_path / "worker-0.stdout") >= n
     finally:

@@ -1,10 +1,10 @@
-"""The hosts a cluster engine gives a job: a Slurm allocation, a Grid Engine PE hostfile, an MPI
-hostfile. ``launchkit hosts list --from ENGINE`` shows them, so a user can see where a job will go.
-Parsing is pure; reading the environment and files is at the edges."""
+"""The host lists a cluster engine gives the job it runs: a Slurm allocation, a Grid Engine PE
+hostfile, an MPI hostfile. ``launchkit hosts list --from NAME`` shows them (through the backend
+``NAME``'s ``given_hosts``), so a user can see where a job will go. Parsing is pure; reading the
+environment and files is at the edges."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from collections.abc import Mapping
@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from launchkit.core.spec import Host
 from launchkit.errors import UsageError
 
-ENGINES = ("slurm", "sge", "mpi")
 MPI_HOSTFILE_VARS = ("OMPI_MCA_orte_default_hostfile", "HYDRA_HOST_FILE")
 
 
@@ -60,6 +59,35 @@ def parse_mpi_hostfile(text: str, path: str) -> list[Host]:
     return hosts
 
 
+def _read(path: str, what: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as exc:
+        raise UsageError(f"--from {what}: cannot read {path}: {exc.strerror}") from None
+
+
+def slurm_allocation(environ: Mapping[str, str]) -> tuple[str, list[Host]]:
+    """The allocation's nodes, with ``SLURM_TASKS_PER_NODE`` as their slots."""
+    return f"slurm allocation {environ.get('SLURM_JOB_ID', '')}".strip(), _slurm(environ)
+
+
+def pe_hostfile(environ: Mapping[str, str]) -> tuple[str, list[Host]]:
+    """Grid Engine's ``PE_HOSTFILE`` of the parallel job this runs in."""
+    path = environ.get("PE_HOSTFILE")
+    if not path:
+        raise UsageError("--from sge: PE_HOSTFILE is not set (run it inside a Grid Engine parallel job)")
+    return path, parse_pe_hostfile(_read(path, "sge"), path)
+
+
+def mpi_hostfile(environ: Mapping[str, str]) -> tuple[str, list[Host]]:
+    """The MPI hostfile that Open MPI or Hydra was given."""
+    var = next((v for v in MPI_HOSTFILE_VARS if environ.get(v)), None)
+    if var is None:
+        raise UsageError(f"--from mpi: none of {', '.join(MPI_HOSTFILE_VARS)} names a hostfile")
+    return environ[var], parse_mpi_hostfile(_read(environ[var], "mpi"), environ[var])
+
+
 def _slurm(environ: Mapping[str, str]) -> list[Host]:
     from launchkit.hostside.batchjob import allocation_nodes
 
@@ -78,29 +106,3 @@ def _slurm(environ: Mapping[str, str]) -> list[Host]:
     except ValueError as exc:
         raise UsageError(f"--from slurm: {exc}") from None
     return [Host(n, slots=counts[i] if i < len(counts) else None) for i, n in enumerate(names)]
-
-
-def _read(path: str, what: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError as exc:
-        raise UsageError(f"--from {what}: cannot read {path}: {exc.strerror}") from None
-
-
-def engine_hosts(engine: str, environ: Mapping[str, str] | None = None) -> tuple[str, list[Host]]:
-    """(where they came from, the hosts) for ``engine``."""
-    env = os.environ if environ is None else environ
-    if engine == "slurm":
-        return f"slurm allocation {env.get('SLURM_JOB_ID', '')}".strip(), _slurm(env)
-    if engine == "sge":
-        path = env.get("PE_HOSTFILE")
-        if not path:
-            raise UsageError("--from sge: PE_HOSTFILE is not set (run it inside a Grid Engine parallel job)")
-        return path, parse_pe_hostfile(_read(path, "sge"), path)
-    if engine == "mpi":
-        var = next((v for v in MPI_HOSTFILE_VARS if env.get(v)), None)
-        if var is None:
-            raise UsageError(f"--from mpi: none of {', '.join(MPI_HOSTFILE_VARS)} names a hostfile")
-        return env[var], parse_mpi_hostfile(_read(env[var], "mpi"), env[var])
-    raise UsageError(f"--from {engine!r}: expected one of {', '.join(ENGINES)}")

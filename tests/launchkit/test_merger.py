@@ -1,4 +1,4 @@
-"""The merged output (launchkit.output): chunks prefixed whole, partial lines carried over, order
+"""The merged output (launchkit.merger): chunks prefixed whole, partial lines carried over, order
 kept per process, fairness between processes; the failure report's escaping and cutting; the
 --log-dir checks (before the start, and a disk that fills up during the job)."""
 
@@ -20,7 +20,7 @@ from rich.console import Console
 from launchkit.backends.local import LocalBackend
 from launchkit.console import OutputWriter, Ui
 from launchkit.core.spec import LaunchSpec
-from launchkit.output import CHUNK, Merger, printable, widen_pipe
+from launchkit.merger import CHUNK, Merger, printable, widen_pipe
 from launchkit.supervisor import Supervisor
 from tests.launchkit.plans import make_plan
 from tests.launchkit.procs import LAUNCHKIT, run

@@ -8,7 +8,7 @@ chunks and writes them, prefixed, with few system calls.
   stream ends, when it gets one), so lines of different processes never mix and each process's
   bytes keep their order;
 - everything read in one round goes out in one write per target (stdout, stderr);
-- ``--log-dir`` files and the kept output (``launchkit.jobs.outputs``) get each stream's raw bytes
+- ``--log-dir`` files and the kept output (``launchkit.jobs.keptoutput``) get each stream's raw bytes
   through a large buffer, flushed whenever the merger has nothing to read and, while output keeps
   coming, at least every ``FLUSH_EVERY`` seconds: the files stay within a second of the console
   whatever the line rate, and a launcher killed outright (SIGKILL) loses at most that much; a
@@ -84,7 +84,7 @@ class Sink(Protocol):
 
 
 class Kept(Protocol):
-    """The launcher's own copy of a stream (``launchkit.jobs.outputs``): never raises."""
+    """The launcher's own copy of a stream (``launchkit.jobs.keptoutput``): never raises."""
 
     def write(self, data: bytes) -> None: ...
     def flush(self) -> None: ...
@@ -336,7 +336,7 @@ class Merger:
             kept = [src.kept for src in self._sources.values() if src.kept is not None]
         for k in kept:
             k.flush()
-            _ = create and k.create()  # (when there is nothing to read: not at each start, outputs.KeptFile)
+            _ = create and k.create()  # when there is nothing to read, not at each start (KeptFile)
 
     def _flush_logs(self) -> None:
         if self.log_error is not None:

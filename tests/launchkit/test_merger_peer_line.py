@@ -1,4 +1,4 @@
-"""The merged output feeds each process's tail (launchkit.output): the tail keeps the last lines
+"""The merged output feeds each process's tail (launchkit.merger): the tail keeps the last lines
 only, yet it must see a node's ``dmlc_env`` line (the node ends because another failed) however far
 back in one read it came, or the root cause is misjudged (launchkit.rootcause.Tail)."""
 
@@ -10,7 +10,7 @@ import threading
 
 from dmlc_env.ending import peer_failed_line
 from launchkit.console import OutputWriter
-from launchkit.output import Merger
+from launchkit.merger import Merger
 from launchkit.rootcause import Tail, peer_of
 
 
