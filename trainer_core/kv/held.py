@@ -222,6 +222,8 @@ def serial(flush: bool = True) -> Callable[[F], F]:
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             with self.hold.lock:
                 self.hold.check()
+                if self._closed:
+                    self.refuse_closed(method.__name__)
                 if flush:
                     self.hold.flush()
                 return method(self, *args, **kwargs)
