@@ -13,7 +13,7 @@ import pytest
 from tests.trainer_core.test_learners import FakeKV, grad, make_params, run_workers
 from trainer_core import kv as kvstore
 from trainer_core.optim.local import get_learner
-from trainer_core.train import checkpoint
+from trainer_core.train import atomicfile, checkpoint
 from trainer_core.train.learners import block_momentum_distributed_learner, data_parallel_distributed_learner
 
 
@@ -145,7 +145,7 @@ def test_a_failed_write_is_reported_not_the_cleanups_error(
     def no_write(*args: Any, **kwargs: Any) -> Any:
         raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / ".ck.npz.x.tmp"))
 
-    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", no_write)
+    monkeypatch.setattr(atomicfile.tempfile, "mkstemp", no_write)
     with pytest.raises(PermissionError, match=f"cannot write the checkpoint {target}: Permission denied"):
         checkpoint.save(target, params={"w": np.zeros(3)}, step=2)
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from trainer_core.errors import KVError
-from trainer_core.train.checkpoint import write_atomic
+from trainer_core.train.atomicfile import write_atomic
 from trainer_core.xp import to_host
 
 from .backend import KV
@@ -206,7 +206,7 @@ def _server_file(path: Path, epoch: int) -> Path:
 
 
 def _atomic(path: Path, write: Any) -> None:
-    """``write(file)`` to ``path`` through ``.<name>.tmp<pid>`` (``train.checkpoint.write_atomic``:
+    """``write(file)`` to ``path`` through ``.<name>.tmp<pid>`` (``train.atomicfile.write_atomic``:
     the directory made if missing, a failed write's error never hidden by the cleanup's)."""
     write_atomic(path, write, tmp=path.with_name(f".{path.name}.tmp{os.getpid()}"))
 

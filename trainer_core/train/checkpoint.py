@@ -53,17 +53,15 @@ Writing is atomic: a temporary file in the same directory, flushed and fsynced, 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from trainer_core.train.atomicfile import write_atomic
 from trainer_core.xp import like, to_host
 
 FORMAT = "trainer_core.train.checkpoint"
@@ -194,41 +192,6 @@ def write(path: str | os.PathLike[str], arrays: dict[str, np.ndarray], manifest:
 
     write_atomic(target, savez)
     return target
-
-
-def write_atomic(target: Path, write: Callable[[BinaryIO], None], tmp: Path | None = None) -> Path:
-    """Write ``target`` with ``write(file)`` through a temporary file in its directory (``tmp``, by
-    default a fresh name), flushed and fsynced, then ``os.replace``; the directory is made if it is
-    missing. An ``OSError`` (a read-only or full disk) names the checkpoint and its cause; removing
-    the temporary file after a failure never hides that error with its own."""
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if tmp is None:
-            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-            tmp, f = Path(name), os.fdopen(fd, "wb")
-        else:
-            f = open(tmp, "wb")  # noqa: SIM115 (closed by the with below)
-    except OSError as exc:
-        raise write_error(target, exc) from exc
-    try:
-        with f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):  # the write's own error is the one to report
-            tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise write_error(target, exc) from exc
-        raise
-    return target
-
-
-def write_error(target: Path, exc: OSError) -> OSError:
-    """``exc`` (same class and errno) as a message that names the checkpoint being written."""
-    where = f" ({exc.filename})" if exc.filename else ""
-    return type(exc)(exc.errno, f"cannot write the checkpoint {target}: {exc.strerror or exc}{where}")
 
 
 def load(path: str | os.PathLike[str]) -> Checkpoint:
