@@ -15,7 +15,7 @@ goes out with it as one ``pushpull`` (``held.py``). The servers' state for check
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
@@ -203,8 +203,7 @@ class DistKVStore(KVStore):
         a ``pushpull``."""
         keys = frozenset([k for k, _ in pushes])
         if len(keys) != len(pushes):
-            seen = [k for k, _ in pushes]
-            twice = sorted({repr(k) for k in seen if seen.count(k) > 1})
+            twice = sorted({repr(k) for k, _ in pushes if sum(k == j for j, _ in pushes) > 1})
             raise KVError(f"key {', '.join(twice)} appears more than once in one call")
         taken = self.hold.take(keys) if op == protocol.PULL else None
         self.hold.flush()  # before packing: a held push's segments must be sent before reuse
@@ -351,16 +350,6 @@ class DistKVStore(KVStore):
                 else:
                     keep.append((seg, server, seq))
             self._unlink = keep
-
-    def refuse_closed(self, call: str) -> NoReturn:
-        """Raise the clear error for a call on a closed store: the job's failure that closed it, or
-        ``close()``."""
-        failure = self.client.failure
-        if failure is not None:
-            raise KVError(
-                f"kvstore {self.type!r} is closed: the job failed ({failure}); no {call} after that"
-            )
-        raise KVError(f"kvstore {self.type!r} is closed (close() was called): no {call} after close()")
 
     # -- end ----------------------------------------------------------------------------------------
 
