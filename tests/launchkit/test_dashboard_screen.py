@@ -87,7 +87,7 @@ def test_a_terminal_that_cannot_draw_gets_the_plain_output_as_the_job_runs(termi
 
 def test_dashboard_asked_for_where_it_cannot_be_drawn_says_why(terminal) -> None:
     """Was '--dashboard needs a terminal' in a terminal (one that cannot draw it)."""
-    shell(120, 30, "TERM=dumb")
+    shell(220, 30, "TERM=dumb")  # the warning on one line
     launch("-n", "1", "-s", "0", "--dashboard", script="echo tick")
     assert wait_until(lambda: exit_code() is not None, 20), screen()
     text = " ".join(screen(history=True).split())
