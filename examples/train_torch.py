@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -70,7 +72,7 @@ def make_model() -> torch.nn.Module:
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument(
         "--epochs", type=int, default=30, help="30: converged with 1 and 2 workers (docs/pytorch.md)"
     )
@@ -85,11 +87,22 @@ def parse_args() -> argparse.Namespace:
         "--threshold", type=float, default=0.05, help="2bit's: values beyond it are sent as +-threshold"
     )
     p.add_argument(
-        "--checkpoint", default=None, help="saved after every epoch (trainer_core.torch.checkpoint)"
+        "--checkpoint",
+        default=None,
+        help="saved after every epoch (trainer_core.torch.checkpoint); its directory is made if missing",
     )
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
     p.add_argument("--server-optimizer", action="store_true", help="the servers apply SGD (-s 1 or more)")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.checkpoint:
+        where = Path(args.checkpoint).resolve().parent
+        try:  # before training: an epoch's work is not lost on a place no checkpoint can be written to
+            where.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=where):
+                pass
+        except OSError as e:
+            p.error(f"--checkpoint {args.checkpoint}: cannot write in {where}: {e.strerror or e}")
+    return args
 
 
 def resume(

@@ -97,6 +97,15 @@ class Ui:
         if not self.out.is_terminal and not (out is None and plain and _isatty(sys.stdout)):
             self.out.width = max(self.out.width, 200)  # pipes and files: never truncate ids or paths
 
+    def why_no_view(self) -> str:
+        """Why a live view (the dashboard) is not drawn on ``out``, once ``out.is_terminal`` said no:
+        a terminal that cannot draw it, or none at all."""
+        if _cannot_draw() and _isatty(sys.stdout):
+            return (
+                f"cannot be drawn on this terminal (TERM={os.environ.get('TERM')}: it cannot move its cursor)"
+            )
+        return "needs a terminal (stdout is not one)"
+
     # -- messages -------------------------------------------------------------------------
     def info(self, message: str) -> None:
         self.err.print(f"[bold cyan]launchkit[/]: {message}", markup=True)

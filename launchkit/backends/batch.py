@@ -18,9 +18,27 @@ from typing import Any
 
 from launchkit.backends.engine import EngineBackend, EngineRun, Feed
 from launchkit.core.spec import Plan
+from launchkit.errors import EXIT_USAGE, BackendError
 
 POLL = 0.5
 FINAL_READS = 3
+SUBMIT_TIMEOUT = 60
+
+
+def engine_said(command: str, proc: subprocess.CompletedProcess[str]) -> str:
+    """What a failed engine command said, on one line: its exit code and its non-empty lines."""
+    lines = [line.strip() for line in (proc.stderr or proc.stdout or "").splitlines() if line.strip()]
+    return f"{command} failed (exit {proc.returncode})" + (f": {'; '.join(lines)}" if lines else "")
+
+
+def not_available(engine: str, why: str) -> BackendError:
+    """The engine cannot take the job (its controller is down, it refused, it is not installed):
+    a usage error (exit 2): nothing was started."""
+    return BackendError(
+        engine,
+        f"not available: {why}; nothing was started (is the {engine} engine running here?)",
+        EXIT_USAGE,
+    )
 
 
 class FileTail:
@@ -96,18 +114,22 @@ class BatchRun(EngineRun):
     # -- EngineRun ---------------------------------------------------------------------------------
     def submit(self) -> str:
         """Submit (the script on the submitter's stdin: no file left behind); the engine's job id."""
-        proc = subprocess.run(
-            self.argv,
-            input=self.script,
-            env=self.env,
-            cwd=self.cwd,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        try:
+            proc = subprocess.run(
+                self.argv,
+                input=self.script,
+                env=self.env,
+                cwd=self.cwd,
+                capture_output=True,
+                text=True,
+                timeout=SUBMIT_TIMEOUT,
+            )
+        except FileNotFoundError:
+            raise not_available(self.engine, f"{self.argv[0]} is not on PATH") from None
+        except subprocess.TimeoutExpired:
+            raise not_available(self.engine, f"{self.argv[0]} did not answer in {SUBMIT_TIMEOUT} s") from None
         if proc.returncode != 0:
-            detail = proc.stderr.strip() or proc.stdout.strip()
-            raise OSError(f"{self.argv[0]} failed (exit {proc.returncode}): {detail}")
+            raise not_available(self.engine, engine_said(self.argv[0], proc))
         return self.parse_submit(proc.stdout)
 
     def start(self, feed_out: Feed, feed_err: Feed) -> None:

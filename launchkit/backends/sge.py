@@ -27,7 +27,7 @@ from typing import Any
 
 import dmlc_env
 from dmlc_env import merge_env
-from launchkit.backends.batch import BatchBackend, BatchRun
+from launchkit.backends.batch import BatchBackend, BatchRun, engine_said, not_available
 from launchkit.backends.engine import EngineRun, engine_env
 from launchkit.backends.engineflags import NODE_PYTHON
 from launchkit.backends.hostlists import pe_hostfile
@@ -193,12 +193,17 @@ def slots_short(plan: Plan, opts: SgeOptions, slots: dict[str, int]) -> str | No
 
 
 def check_slots(plan: Plan, opts: SgeOptions, env: Mapping[str, str] | None = None) -> None:
-    """Refuse (exit 2) a job the queues can never run at once, where ``qstat -g c`` tells."""
+    """Refuse (exit 2) a job the queues can never run at once, where ``qstat -g c`` tells, and
+    one no Grid Engine here can take (``qstat`` missing or failing: no qmaster answers)."""
     try:
         shown = _run(["qstat", "-g", "c"], env)
-    except (OSError, subprocess.SubprocessError):
-        return
-    why = slots_short(plan, opts, queue_slots(shown.stdout)) if shown.returncode == 0 else None
+    except FileNotFoundError:
+        raise not_available("sge", "qstat is not on PATH") from None
+    except subprocess.TimeoutExpired:
+        raise not_available("sge", "qstat -g c did not answer in 30 s") from None
+    if shown.returncode != 0:
+        raise not_available("sge", engine_said("qstat -g c", shown))
+    why = slots_short(plan, opts, queue_slots(shown.stdout))
     if why:
         raise UsageError(why)
 

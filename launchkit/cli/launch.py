@@ -104,7 +104,7 @@ def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: b
         if ui.out.is_terminal:
             board = Dashboard(ui.out)
         else:
-            ui.warn("--dashboard needs a terminal; showing the plain merged output instead")
+            ui.warn(f"--dashboard {ui.why_no_view()}; showing the plain merged output instead")
     raise_open_files()  # several descriptors per process: a soft limit of 1024 held ~250
     result = launching.run_job(spec, backend, ui, dashboard=board)
     report(ui, result)

@@ -19,8 +19,8 @@ import typer
 
 from launchkit.cli.app import get_app
 from launchkit.console import Ui
-from launchkit.errors import UsageError
-from launchkit.jobs import detached, keptoutput
+from launchkit.errors import LaunchkitError, UsageError
+from launchkit.jobs import detached, keptoutput, live
 from launchkit.jobs import records as jobs
 
 ROLES = ("scheduler", "server", "worker")
@@ -85,6 +85,32 @@ def show_kept(
         time.sleep(POLL)
 
 
+def gone(
+    record: jobs.JobRecord, streams: list[keptoutput.Kept], pick: tuple[str | None, int | None]
+) -> list[str]:
+    """The streams of the picked processes that started (a pid) but whose kept file is missing,
+    once the job no longer runs (files are made at a process's first write or soon after its
+    start): deleted since."""
+    if record.shown_state == "running":
+        return []
+    have = {(k.role, k.rank, k.stream) for k in streams}
+    return [
+        f"{p.role} {p.rank} {stream}"
+        for p in record.processes
+        if p.pid is not None and picked(*pick, (p.role, p.rank))
+        for stream in ("stdout", "stderr")
+        if (p.role, p.rank, stream) not in have
+    ]
+
+
+def gone_error(job_id: str, missing: list[str]) -> LaunchkitError:
+    """Exit 1: what ``logs`` printed is not the whole of what was picked."""
+    where = live.job_dir(job_id)
+    return LaunchkitError(
+        f"job {job_id}: the kept output of {', '.join(missing)} is gone from {where} (deleted?)"
+    )
+
+
 def show_detached(
     ui: Ui, record: jobs.JobRecord, role: str | None, rank: int | None, tail: int | None
 ) -> None:
@@ -142,15 +168,21 @@ def register(app: typer.Typer) -> None:
             show_detached(ui, record, role, rank, tail)
             return
         streams = keptoutput.kept(job_id)
+        missing = gone(record, streams, (role, rank))
+        shown = [k for k in streams if picked(role, rank, (k.role, k.rank))]
         if streams or (follow and record.shown_state == "running"):
-            if streams and not any(picked(role, rank, (k.role, k.rank)) for k in streams):
+            if streams and not shown and not missing:
                 have = ", ".join(dict.fromkeys(f"{k.role} {k.rank}" for k in streams))
                 which = " ".join(x for x in (role, None if rank is None else str(rank)) if x)
                 raise UsageError(f"job {job_id} has no process {which} (its processes: {have})")
             show_kept(ui, job_id, (role, rank), tail, follow)
+            if missing:  # not silence, as if the process had printed nothing
+                raise gone_error(job_id, missing)
             return
         if record.log_dir and show_log_dir(ui, record.log_dir, role, rank, tail):
             return
+        if missing and live.job_dir(job_id).is_dir():  # this launchkit kept it: deleted since
+            raise gone_error(job_id, missing)
         raise UsageError(
             f"job {job_id} kept no output (a job of an older launchkit: launch with --log-dir DIR)"
         )

@@ -30,10 +30,13 @@ def state_of(record: jobs.JobRecord, meter: GroupMeter) -> DashboardState:
     pids = {p.pid for p in record.processes if p.pid and procscan.alive(p.pid)}
     usage = meter.sample(pids) if runs_here(record.backend) else {}
     rows = []
+    # a job that succeeded: every process exited 0 ("ok", as the live view says); otherwise a
+    # process no longer alive ended, how the record does not say
+    gone = "ok" if record.state == "succeeded" and record.exit_code == 0 else "ended"
     for p in record.processes:
         alive = p.pid in pids
         cpu, rss = usage.get(p.pid, (None, None)) if p.pid else (None, None)
-        state = "running" if alive else "ended"
+        state = "running" if alive else gone
         if record.detached:  # a batch job: what the engine says, for every process
             state = record.shown_state
         rows.append(ProcRow(p.role, p.rank, p.host, p.pid, state, "", cpu, rss))

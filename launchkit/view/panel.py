@@ -137,8 +137,47 @@ def hosts_table(hosts: Sequence[HostFigures]) -> Table:
     return table
 
 
-def waiting_line(t: Training) -> str:
-    return f"waiting for nodes to register: {t.nodes_reported} of {t.nodes_expected}"
+#: the stacked form's label and unit of each table column (a narrow terminal)
+STACKED = {
+    "load": ("load", ""),
+    "mem GiB": ("mem", " GiB"),
+    "in MB/s": ("in", " MB/s"),
+    "out MB/s": ("out", " MB/s"),
+}
+
+
+def stacked_hosts(hosts: Sequence[HostFigures], width: int) -> list[str] | None:
+    """The hosts as lines of ``width`` cells when their table is wider (None: the table fits): each
+    host's name, then its figures as ``label value`` pairs, each pair whole, wrapping onto lines
+    indented by two; so that no figure is cut (only a host name longer than the line)."""
+    if hosts_width(hosts) <= width:
+        return None
+    columns, rows = _host_cells(hosts)
+    lines: list[str] = []
+    for name, *cells in rows:
+        line = name
+        for col, value in zip(columns[1:], cells, strict=True):
+            if not value:
+                continue
+            label, unit = STACKED.get(col, (col, ""))
+            if name.startswith("+") and col == "load":
+                label = "median load"
+            pair = f"{label} {value}{unit if value != '-' else ''}"
+            if cell_len(line) + 2 + cell_len(pair) <= width:
+                line += "  " + pair
+            else:
+                lines.append(line)
+                line = "  " + pair
+        lines.append(line)
+    return lines
+
+
+def waiting_line(t: Training, width: int | None = None) -> str:
+    """How many nodes registered; shorter where ``width`` cannot hold it (the figures whole)."""
+    line = f"waiting for nodes to register: {t.nodes_reported} of {t.nodes_expected}"
+    if width is not None and cell_len(line) > width:
+        line = f"registered: {t.nodes_reported} of {t.nodes_expected}"
+    return line
 
 
 GAP = 4  # between the figures and the hosts table
@@ -167,6 +206,9 @@ def panel_lines(t: Training, finished: bool, width: int | None) -> int:
     figures = len(_values(t)) if t.nodes_reported else 1
     hosts = min(len(t.hosts), HOST_ROWS) + 1 if t.hosts else 0
     beside, _ = layout(t, width)
+    stacked = stacked_hosts(t.hosts, width - 4) if t.hosts and not beside and width is not None else None
+    if stacked is not None:
+        hosts = len(stacked)
     body = max(figures, hosts) if beside else figures + hosts
     return 2 + body + (1 if t.waiting and not finished else 0)
 
@@ -177,12 +219,16 @@ NO_REPORT = "no training report yet (trainer_core's nodes report here)"
 def training_panel(t: Training, finished: bool = False, width: int | None = None) -> RenderableType:
     parts: list[RenderableType] = []
     if t.waiting and not finished:
-        parts.append(Text(waiting_line(t), style="yellow", no_wrap=True, overflow="ellipsis"))
+        line = waiting_line(t, None if width is None else width - 4)
+        parts.append(Text(line, style="yellow", no_wrap=True, overflow="ellipsis"))
     beside, spark = layout(t, width)
     figures: RenderableType = figures_table(t, spark)
     if t.nodes_reported == 0:
         figures = Text(NO_REPORT, style="dim", no_wrap=True, overflow="ellipsis")
     hosts: RenderableType = hosts_table(t.hosts) if t.hosts else ""
+    stacked = stacked_hosts(t.hosts, width - 4) if t.hosts and not beside and width is not None else None
+    if stacked is not None:  # a narrow panel: the table's columns would be cut
+        hosts = Text("\n".join(stacked), no_wrap=True, overflow="ellipsis")
     if beside:
         row = Table.grid(padding=(0, GAP))
         row.add_column()

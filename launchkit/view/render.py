@@ -52,24 +52,24 @@ def counts(rows: tuple[ProcRow, ...]) -> str:
 
 def header(state: DashboardState, width: int | None = None) -> Text:
     """The frame's title. In a narrow terminal the parts that matter least go first (the job's
-    name, the backend, its id, the engine's status), so that the elapsed time and the counts by
-    state always show."""
+    name, the backend, its id, the engine's status, the attempt, the word launchkit), so that the
+    elapsed time and the counts by state always show."""
     parts: list[tuple[int, str, str]] = [  # (drop order: highest first, text, style)
-        (0, "launchkit ", "bold cyan"),
-        (5, f"{state.name} ", "bold"),
-        (3, f"{state.job_id}  ", "dim"),
-        (4, f"{state.backend}  ", "dim"),
+        (1, "launchkit ", "bold cyan"),
+        (6, f"{state.name} ", "bold"),
+        (4, f"{state.job_id}  ", "dim"),
+        (5, f"{state.backend}  ", "dim"),
         (0, f"{duration(state.elapsed)}  ", "dim"),
     ]
     if state.attempt is not None:
         of = f" of {state.attempts}" if state.attempts else ""
-        parts.append((1, f"attempt {state.attempt}{of}  ", "bold yellow" if state.attempt > 1 else "dim"))
+        parts.append((2, f"attempt {state.attempt}{of}  ", "bold yellow" if state.attempt > 1 else "dim"))
     parts.append((0, counts(state.rows), ""))
     if state.status and not state.finished:
-        parts.append((2, f"  {state.status}", "yellow"))
+        parts.append((3, f"  {state.status}", "yellow"))
     if width is not None:
         room = width - TITLE_MARGIN
-        for drop in (6, 5, 4, 3, 2, 1):
+        for drop in (7, 6, 5, 4, 3, 2, 1):
             if sum(cell_len(text) for _, text, _ in parts) <= room:
                 break
             parts = [p for p in parts if p[0] < drop]

@@ -63,6 +63,17 @@ def until_exists_sh(path: Path) -> str:
     return f"while [ ! -e {shlex.quote(str(path))} ]; do sleep 0.05; done"
 
 
+def fake_engine(bin_dir: Path, name: str, stderr: str) -> dict[str, str]:
+    """An environment whose ``name`` fails as the real one does with no controller (exit 1, its
+    words on stderr), whatever engine runs on this machine; outside any allocation."""
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / name
+    tool.write_text(f"#!/bin/sh\ncat >/dev/null\nprintf '%s' {shlex.quote(stderr)} >&2\nexit 1\n")
+    tool.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SGE_", "JOB_ID"))}
+    return {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}
+
+
 def run(args: list[str], timeout: float = 30, **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         LAUNCHKIT + args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kw

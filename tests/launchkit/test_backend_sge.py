@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,7 @@ from launchkit.backends.sge import (
 from launchkit.core.spec import LaunchSpec
 from launchkit.errors import UsageError
 from tests.launchkit.plans import make_plan
+from tests.launchkit.procs import fake_engine, run
 
 HOSTILE = "a b'c\"$HOME\n`x`;rm -rf /nope"
 
@@ -157,3 +159,26 @@ def test_pending_tasks_and_their_reason() -> None:
     )
     assert scheduling_info(text) == 'queue instance "all.q@vm" dropped because it is full'
     assert scheduling_info("job_name: x\n") == ""
+
+
+def test_no_qmaster_is_a_clear_refusal_exit_2(tmp_path: Path) -> None:
+    """With no qmaster answering, qstat (before the submission) fails: exit 2 naming what it said,
+    not a process that 'cannot start'."""
+    said = (
+        "error: commlib error: got select error (Connection refused)\n"
+        'error: unable to send message to qmaster using port 6444 on host "vm": got send error\n'
+    )
+    env = fake_engine(tmp_path / "bin", "qstat", said)
+    marker = tmp_path / "started"
+    res = run(
+        ["launch", "--launcher", "sge", "-n", "1", "-s", "0", "sh", "-c", f"touch {marker}"],
+        cwd=tmp_path,
+        env=env,
+    )
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert (
+        "sge: not available: qstat -g c failed (exit 1): error: commlib error: got select error (Connection "
+        'refused); error: unable to send message to qmaster using port 6444 on host "vm": got send error; '
+        "nothing was started"
+    ) in res.stderr, res.stderr
+    assert not marker.exists()

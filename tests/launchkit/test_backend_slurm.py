@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,7 @@ from launchkit.core.spec import Host, LaunchSpec
 from launchkit.errors import UsageError
 from launchkit.hostside import batchjob, tasktable
 from tests.launchkit.plans import make_plan
+from tests.launchkit.procs import fake_engine, run
 
 HOSTILE = "a b'c\"$HOME\n`x`"
 #: Linux's limit on one environment string (MAX_ARG_STRLEN: 32 pages)
@@ -153,3 +155,28 @@ def test_batch_size_does_not_grow_with_the_tasks(slots: int | None) -> None:
         expected = "".join(f"{t.host.name}\n" for t in ordered if t.role == role)
         assert batchjob.hostfile_text(step["slots"], nodes) == expected
     assert batchjob.hostfile_text([2, 0, 1], nodes[:3]) == "node0002\nnode0000\nnode0001\n"  # the older form
+
+
+def test_no_slurm_controller_is_a_clear_refusal_exit_2(tmp_path: Path) -> None:
+    """Was exit 126, 'worker 0 ... cannot start true: sbatch failed (exit 1): ...\\nsbatch: ...'
+    with a literal newline; docs/exit-codes.md: a backend that is not available is exit 2."""
+    said = (
+        "sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
+        "sbatch: fatal: Could not establish a configuration source\n"
+    )
+    env = fake_engine(tmp_path / "bin", "sbatch", said)
+    marker = tmp_path / "started"
+    for detach in ([], ["--detach"]):
+        res = run(
+            ["launch", "--launcher", "slurm", "-n", "1", "-s", "0", *detach, "sh", "-c", f"touch {marker}"],
+            cwd=tmp_path,
+            env=env,
+        )
+        assert res.returncode == 2, (res.stdout, res.stderr)
+        assert (
+            "slurm: not available: sbatch failed (exit 1): sbatch: error: resolve_ctls_from_dns_srv: "
+            "res_nsearch error: Unknown host; sbatch: fatal: Could not establish a configuration source; "
+            "nothing was started (is the slurm engine running here?)"
+        ) in res.stderr, res.stderr
+        assert "\\n" not in res.stderr and "cannot start" not in res.stderr and "Traceback" not in res.stderr
+        assert not marker.exists()

@@ -252,3 +252,17 @@ def test_the_flags_a_backend_takes_are_taken(tmp_path: Path) -> None:
     ):
         res = run(["launch", "-n", "1", *args, "--dry-run", "true"], cwd=tmp_path)
         assert res.returncode == 0, (args, res.stderr)
+
+
+@pytest.mark.parametrize(
+    "command", [["launch", "--launcher", "ssh", "-n", "1", "-s", "0"], ["hosts", "check"]]
+)
+def test_a_missing_key_file_is_exit_2_naming_it(tmp_path: Path, command: list[str]) -> None:
+    """-i /nonexistent/key: was exit 1 'cannot connect: No such file or directory'."""
+    (tmp_path / "hf").write_text("node1\n")
+    marker = tmp_path / "started"
+    tail = ["sh", "-c", f"touch {marker}"] if command[0] == "launch" else []
+    res = run([*command, "-H", "hf", "-i", "/nonexistent/key", *tail], cwd=tmp_path)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert "-i /nonexistent/key: cannot read the key file /nonexistent/key: no such file" in res.stderr
+    assert not marker.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import re
@@ -160,6 +161,28 @@ def test_a_narrow_terminal_cuts_no_figure_and_wraps_no_row() -> None:
             table = lines[next(i for i, x in enumerate(lines) if "━" in x) + 1 :]
             rows = list(itertools.takewhile(lambda x: "╭" not in x and "..." not in x, table))
             assert rows and all(any(r in x for r in ("scheduler", "server", "worker")) for x in rows), body
+
+
+def test_a_40_column_terminal_cuts_no_host_figure_and_keeps_the_counts() -> None:
+    """At 40x10 the hosts table cut every column ('… mem … in M…'), against docs/dashboard.md's
+    'no figure is cut'; the header cut its counts ('3 ended, 1 fail…'). The hosts now stack."""
+    many = dashstates.model(hosts=tuple(f"node{i:02d}" for i in range(10)))
+    for state, counts in (
+        (dashstates.healthy(), "4 running"),
+        (dashstates.failed(), "3 ended, 1 failed"),
+        (dataclasses.replace(dashstates.healthy(), training=training(many, 4)), "4 running"),
+    ):
+        for width in (36, 40, 48):
+            console = Console(record=True, width=width, height=10, no_color=True, file=io.StringIO())
+            console.print(render(state, *fit(state, 10, width), width=width))
+            lines = console.export_text().splitlines()
+            assert f"{duration(state.elapsed)}  {counts} ─" in lines[0], (width, lines[0])
+            panel = lines[: next(i for i, x in enumerate(lines) if "┃" in x)]
+            assert not any("…" in line for line in panel), (width, "\n".join(panel))
+            body = " ".join(" ".join(panel).replace("│", " ").split())
+            for figure in ("load 1.5", "mem 3.0/8.0 GiB", "in 2.00 MB/s", "out 1.00 MB/s"):
+                assert figure in body, (width, figure, body)
+            assert (state.training is not None and len(state.training.hosts) == 1) or "+3 more" in body
 
 
 def test_render_64_processes_over_12_hosts_fits_and_is_quick() -> None:

@@ -85,6 +85,20 @@ def test_a_terminal_that_cannot_draw_gets_the_plain_output_as_the_job_runs(termi
     assert "╭" not in text and "│" not in text  # no dashboard frame
 
 
+def test_dashboard_asked_for_where_it_cannot_be_drawn_says_why(terminal) -> None:
+    """Was '--dashboard needs a terminal' in a terminal (one that cannot draw it)."""
+    shell(220, 30, "TERM=dumb")  # the warning on one line
+    launch("-n", "1", "-s", "0", "--dashboard", script="echo tick")
+    assert wait_until(lambda: exit_code() is not None, 20), screen()
+    text = " ".join(screen(history=True).split())
+    assert exit_code() == 0 and "[worker 0] tick" in text
+    assert (
+        "launchkit: warning: --dashboard cannot be drawn on this terminal (TERM=dumb: it cannot move its "
+        "cursor); showing the plain merged output instead"
+    ) in text, text
+    assert "needs a terminal" not in text
+
+
 def test_ctrl_c_shows_the_signal_line_above_one_clean_final_frame(terminal) -> None:
     shell(100, 30)
     launch(

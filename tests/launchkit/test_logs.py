@@ -66,6 +66,26 @@ def test_logs_usage_errors(launchkit_home) -> None:
         assert "Traceback" not in res.stderr
 
 
+def test_a_deleted_kept_file_is_said_not_printed_as_silence(launchkit_home) -> None:
+    """Was nothing printed and exit 0, as if the process had printed nothing."""
+    job = launched(launchkit_home)
+    where = launchkit_home / "jobs" / job
+    (where / "worker-0.stdout").unlink()
+    res = run(["logs", job, "--rank", "0", "--role", "worker"])
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert res.stderr.splitlines() == [
+        "[worker 0] worker 0 err",
+        f"launchkit: error: job {job}: the kept output of worker 0 stdout is gone from {where} (deleted?)",
+    ]
+    res = run(["logs", job, "--role", "worker", "--rank", "1"])  # untouched: as before
+    assert res.returncode == 0 and len(res.stdout.splitlines()) == 5
+    for kept in where.glob("*-*.std*"):
+        kept.unlink()
+    res = run(["logs", job])
+    assert res.returncode == 1 and "older launchkit" not in res.stderr
+    assert "the kept output of scheduler 0 stdout, scheduler 0 stderr, server 0 stdout" in res.stderr
+
+
 def test_follow_prints_lines_as_they_come_and_ends_with_the_job(launchkit_home, tmp_path: Path) -> None:
     # after its first tick the job waits for GO, so that it is still running however slowly
     # `logs --follow` starts; the test makes GO once the first line has come

@@ -25,11 +25,13 @@ def test_ssh_config_alias_resolves_but_hostfile_and_flags_win(tmp_path: Path) ->
     assert c.connect_kwargs["key_filename"] == [str(Path("~/keys/gpu").expanduser())]
     assert c.connect_kwargs["look_for_keys"] is False and c.connect_kwargs["allow_agent"] is True
     # -i comes first (ssh tries it first), the config's IdentityFile after it
-    c = connection(Host("gpu1", port=22, user="bob"), SshOptions(config_file=str(cfg), identity="/k"))
+    key = tmp_path / "k"
+    key.write_text("")
+    c = connection(Host("gpu1", port=22, user="bob"), SshOptions(config_file=str(cfg), identity=str(key)))
     assert (c.user, c.port, c.connect_kwargs["key_filename"]) == (
         "bob",
         22,
-        ["/k", str(Path("~/keys/gpu").expanduser())],
+        [str(key), str(Path("~/keys/gpu").expanduser())],
     )
     c = connection(Host("other"), SshOptions(config_file=str(cfg), port=2022, connect_timeout=2.5))
     assert (c.host, c.port, c.connect_kwargs["key_filename"], c.connect_kwargs["look_for_keys"]) == (
@@ -48,7 +50,9 @@ def test_proxy_jump_hops_get_the_same_host_key_policy_and_identity(tmp_path: Pat
         "Host pc\n  ProxyCommand nc %h %p\n"
     )
     known = tmp_path / "kh"
-    c = connection(Host("inner"), SshOptions(config_file=str(cfg), identity="/k", known_hosts=str(known)))
+    key = tmp_path / "k"
+    key.write_text("")
+    c = connection(Host("inner"), SshOptions(config_file=str(cfg), identity=str(key), known_hosts=str(known)))
     hops = []
     hop = c
     while isinstance(hop, fabric.Connection):
@@ -56,7 +60,7 @@ def test_proxy_jump_hops_get_the_same_host_key_policy_and_identity(tmp_path: Pat
         hop = hop.gateway
     assert [(h.host, h.user, h.port) for h in hops[1:]] == [("hop2", "j", 22), ("bastion", "ops", 2222)]
     for h in hops:
-        assert h.connect_kwargs["key_filename"] == ["/k"]
+        assert h.connect_kwargs["key_filename"] == [str(key)]
         assert h.client._policy.__class__.__name__ == "_AcceptNew" and h.client._policy.path == known
     strict = connection(Host("inner"), SshOptions(config_file=str(cfg), strict_host_keys=True))
     assert isinstance(strict.gateway.client._policy, paramiko.RejectPolicy)
@@ -69,6 +73,15 @@ def test_unreadable_ssh_config_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(BackendError) as err:
         connection(Host("x"), SshOptions(config_file=str(cfg)))
     assert err.value.exit_code == 2 and str(cfg) in err.value.message
+
+
+def test_a_key_file_that_cannot_be_read_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    """Was exit 1 'cannot connect: No such file or directory' for every host."""
+    for given, why in (("/nonexistent/key", "no such file"), (str(tmp_path), "is a directory")):
+        with pytest.raises(BackendError) as err:
+            connection(Host("x"), SshOptions(identity=given, config_file=str(tmp_path / "none")))
+        assert err.value.exit_code == 2
+        assert err.value.message == f"ssh: -i {given}: cannot read the key file {given}: {why}"
 
 
 def test_system_ssh_command_mirrors_the_options() -> None:

@@ -73,6 +73,20 @@ def test_a_bad_live_file_falls_back_to_the_record() -> None:
     assert "training" not in res.stdout and "scheduler" in res.stdout  # the record's rows
 
 
+def test_a_succeeded_job_whose_live_file_was_cut_short_shows_its_processes_ok() -> None:
+    """Was '4 ended' (the word for processes the launcher ended) for a job that succeeded."""
+    state = dashstates.healthy()
+    rec = running_record(state.job_id)
+    jobs.finish(rec, "succeeded", 0)
+    live.path(state.job_id).parent.mkdir(parents=True, exist_ok=True)
+    live.path(state.job_id).write_text(live.encode(state, 1.0)[:40])
+    res = run(["top", state.job_id, "--once"])
+    assert res.returncode == 0, res.stderr
+    assert "cannot use the job's live file" in res.stderr and "cut short?" in res.stderr
+    assert "4 ok" in res.stdout and "ended" not in res.stdout, res.stdout
+    assert "job succeeded" in res.stdout
+
+
 def test_ps_shows_the_latest_step_and_loss() -> None:
     state = dashstates.healthy()
     running_record(state.job_id)

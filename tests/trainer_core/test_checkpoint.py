@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 from tests.trainer_core.test_learners import FakeKV, grad, make_params, run_workers
 from trainer_core import kv as kvstore
 from trainer_core.optim.local import get_learner
-from trainer_core.train import checkpoint
+from trainer_core.train import atomicfile, checkpoint
 from trainer_core.train.learners import block_momentum_distributed_learner, data_parallel_distributed_learner
 
 
@@ -119,6 +120,34 @@ def test_failed_write_keeps_the_old_checkpoint(tmp_path: Path, monkeypatch: pyte
         checkpoint.save(path, params={"w": np.zeros(3)}, step=2)
     assert checkpoint.load(path).step == 1
     assert list(tmp_path.iterdir()) == [path]
+
+
+def test_a_failed_write_is_reported_not_the_cleanups_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a read-only or full disk, removing the temporary file fails too: the write's error (naming
+    the checkpoint) is the one raised, not the cleanup's."""
+    target = tmp_path / "ck.npz"
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def read_only(self: Path, missing_ok: bool = False) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(np, "savez", full)
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with pytest.raises(OSError) as told:
+        checkpoint.save(target, params={"w": np.zeros(3)}, step=2)
+    assert told.value.errno == errno.ENOSPC
+    assert str(told.value) == f"[Errno 28] cannot write the checkpoint {target}: No space left on device"
+
+    def no_write(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / ".ck.npz.x.tmp"))
+
+    monkeypatch.setattr(atomicfile.tempfile, "mkstemp", no_write)
+    with pytest.raises(PermissionError, match=f"cannot write the checkpoint {target}: Permission denied"):
+        checkpoint.save(target, params={"w": np.zeros(3)}, step=2)
 
 
 def test_load_refuses_pickled_arrays_and_foreign_files(tmp_path: Path) -> None:

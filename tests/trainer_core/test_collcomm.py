@@ -121,6 +121,11 @@ def test_async_learner_refuses_the_collective_path() -> None:
         comm = CollectiveCommunicator(group)
         with pytest.raises(ValueError, match="KV store"):
             async_sgd_distributed_learner(get_learner("sgd", params_of(0), lr=0.1), kv=comm)
+        # communicator= as the other learners take it: refused for what it is, not a TypeError
+        with pytest.raises(
+            ValueError, match=r"needs a KV store \(kv=, or a KVCommunicator\), not a Collective"
+        ):
+            async_sgd_distributed_learner(get_learner("sgd", params_of(0), lr=0.1), communicator=comm)
 
     on_groups(1, fn)
 

@@ -286,3 +286,55 @@ def test_one_call_of_300_keys_on_a_same_host_server() -> None:
     assert_clean(job)
     for w in job.workers:
         assert [r["ok"] for r in w.results()] == [True, True]
+
+
+ONE_WORKER_PER_PROCESS = """
+import json
+import numpy as np
+from trainer_core import kv as _kv
+def emit(**values):
+    print('RESULT ' + json.dumps(values), flush=True)
+def error_of(call):
+    try:
+        call()
+    except Exception as exc:
+        return type(exc).__name__ + ': ' + str(exc)
+    return None
+kv = _kv.create('dist_sync')
+again = _kv.create('dist_sync')
+other = error_of(lambda: _kv.create('dist_async'))
+kv.init('w', np.zeros(4, np.float32))
+kv.pushpull('w', np.ones(4, np.float32), out := np.empty(4, np.float32))
+wrong_out = error_of(lambda: kv.pull('w', np.empty(3, np.float32)))
+kv.close()
+pushed = error_of(lambda: kv.push('w', np.ones(4, np.float32)))
+pulled = error_of(lambda: kv.pull('w', np.empty(4, np.float32)))
+after = error_of(lambda: _kv.create('dist_sync'))
+emit(same=again is kv, other=other, sum=out.tolist(), wrong_out=wrong_out, pushed=pushed, pulled=pulled,
+     after=after)
+"""
+
+
+def test_a_process_is_one_worker_and_a_closed_store_says_so() -> None:
+    """A second ``create`` of the same type returns the open store (the scheduler would refuse a
+    second registration); another type, or one after ``close()``, is refused with the reason; a
+    call on a closed store says it is closed (not a socket error)."""
+    job = run_job(ONE_WORKER_PER_PROCESS, 2, 1)
+    assert_clean(job)
+    for w in job.workers:
+        (res,) = w.results()
+        assert res["same"] is True and res["sum"] == [2.0] * 4
+        assert res["other"].startswith("ConfigError: this process is worker ")
+        assert (
+            "with kvstore 'dist_sync': kv.create('dist_async') cannot make it a second worker" in res["other"]
+        )
+        assert res["wrong_out"].startswith("KVError: key 'w': the output has 3 elements")
+        assert (
+            res["pushed"]
+            == "KVError: kvstore 'dist_sync' is closed (close() was called): no push after close()"
+        )
+        assert (
+            res["pulled"]
+            == "KVError: kvstore 'dist_sync' is closed (close() was called): no pull after close()"
+        )
+        assert "until its kvstore 'dist_sync' was closed: a process joins a job once" in res["after"]

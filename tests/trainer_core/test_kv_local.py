@@ -38,12 +38,34 @@ def test_errors() -> None:
         store.pull("x", np.empty(1))
     with pytest.raises(KVError, match="ints or strings"):
         store.init(1.5, np.zeros(1))  # type: ignore[arg-type]
-    with pytest.raises(KVError, match="same length"):
+    with pytest.raises(KVError, match=r"list of 2 keys, which needs a list of 2 values .*got a list of 1"):
         store.init([1, 2], [np.zeros(1)])
-    with pytest.raises(CompressionError, match="unsupported gradient compression type 'zip'"):
+    with pytest.raises(CompressionError, match="unknown compression type 'zip'"):
         store.set_gradient_compression({"type": "zip"})
     with pytest.raises(CompressionError):
         store.set_gradient_compression("2bit")
+
+
+def test_a_tuple_key_with_one_value_is_told_it_is_a_list_of_keys() -> None:
+    store = kv.create("local")
+    with pytest.raises(KVError) as told:
+        store.init((1, 2), np.zeros(3))
+    message = str(told.value)
+    assert "keys (1, 2) are taken as a list of 2 keys" in message
+    assert "got one ndarray of shape (3,)" in message and "a key is one int or string" in message
+    with pytest.raises(KVError, match="key 'k': its value is missing"):
+        store.init("k", None)
+
+
+@pytest.mark.parametrize("kind", ["local", "device"])
+def test_a_pull_into_an_output_of_the_wrong_size_names_the_key(kind: str) -> None:
+    store = kv.create(kind)
+    store.init("w", np.zeros(4, np.float32))
+    with pytest.raises(KVError) as told:
+        store.pull("w", np.empty(3, np.float32))
+    assert str(told.value).startswith("key 'w': the output has 3 elements (shape (3,)), the key's value 4")
+    with pytest.raises(KVError, match=r"^key 'w': the output has 2 elements"):
+        store.pull("w", [np.empty(4, np.float32), np.empty(2, np.float32)])
 
 
 def test_local_store_server_state_round_trip_and_refusals() -> None:

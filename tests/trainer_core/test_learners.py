@@ -18,6 +18,7 @@ import pytest
 
 from trainer_core import kv as kvstore
 from trainer_core.optim.local import get_learner
+from trainer_core.train.comm import KVCommunicator
 from trainer_core.train.learners import (
     AsyncSGDLearner,
     async_sgd_distributed_learner,
@@ -472,6 +473,15 @@ def test_async_learner_runs_the_local_rule_on_the_server(name: str, kw: dict[str
         assert dl.update(grad(0, s), 4)
         ref_learner.update(grad(0, s))
     assert_params(params, ref)  # the same rules (optim.rules) on both sides
+
+
+def test_async_learner_takes_a_kv_communicator_as_the_other_learners() -> None:
+    kv = kvstore.create("local")
+    params = make_params(0)
+    dl = async_sgd_distributed_learner(get_learner("sgd", params, lr=0.1), communicator=KVCommunicator(kv))
+    assert isinstance(dl, AsyncSGDLearner) and dl.kv is kv
+    with pytest.raises(ValueError, match=r"either kv= .* or communicator="):
+        async_sgd_distributed_learner(get_learner("sgd", params, lr=0.1))
 
 
 def test_async_learner_warm_start_then_server_steps() -> None:

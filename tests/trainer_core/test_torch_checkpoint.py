@@ -142,6 +142,29 @@ def test_the_manifest_is_written_last_and_a_save_cut_short_keeps_the_previous_ep
     assert torch.equal(flat(fresh), saved)
 
 
+def test_a_missing_directory_is_made_and_a_failed_write_is_reported_not_the_cleanups_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    m = make_model()
+    opt = solo(m)
+    ck = tmp_path / "no" / "such" / "run.ck"
+    checkpoint.save(ck, 1, m, opt)  # not torch's "Parent directory ... does not exist"
+    assert sorted(p.name for p in ck.parent.iterdir()) == ["run.ck", "run.ck.1.rank0"]
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    def read_only(self: Path, missing_ok: bool = False) -> None:
+        raise OSError(30, "Read-only file system", str(self))
+
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with pytest.raises(OSError) as told:
+        checkpoint.save(ck, 2, m, opt)
+    assert told.value.errno == 28
+    assert f"cannot write the checkpoint {ck}.2.rank0: No space left on device" in str(told.value)
+
+
 def test_a_checkpoint_of_another_shape_is_refused_before_anything_loads(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     m = make_model()

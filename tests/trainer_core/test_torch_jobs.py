@@ -204,3 +204,27 @@ def test_the_example_trains(servers: int, args: tuple[str, ...]) -> None:
     assert proc.returncode == 0, out
     acc = [float(m) for m in re.findall(r"test accuracy ([\d.]+)%", out)]
     assert len(acc) == 5 and acc[-1] >= 80.0, out
+
+
+def test_the_examples_help_is_whole_and_an_unwritable_checkpoint_is_refused_before_training(
+    tmp_path: Any,
+) -> None:
+    """--help ends its description with the sentence; a --checkpoint no file can be written to is a
+    usage error (exit 2) before anything starts, not torch's traceback after an epoch."""
+    example = [sys.executable, "examples/train_torch.py"]
+    shown = subprocess.run([*example, "--help"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert "(8x8 images, no download)." in " ".join(shown.stdout.split())
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    refused = subprocess.run(
+        [*example, "--checkpoint", str(blocker / "ck" / "run.ck")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "LAUNCHKIT_"))},
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert f"--checkpoint {blocker / 'ck' / 'run.ck'}: cannot write in {blocker / 'ck'}: " in refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -77,7 +77,8 @@ def resolve_compression(params: Any) -> dict[str, Any] | None:
     try:
         _registry().get_compressor(p)
     except (KeyError, ValueError, TypeError) as exc:
-        raise CompressionError(f"unsupported gradient compression type {p['type']!r}: {exc}") from None
+        # the registry's message names what is wrong: the type, a parameter, or its value
+        raise CompressionError(f"gradient compression {p!r} refused: {exc}") from None
     return p
 
 

@@ -26,7 +26,9 @@ __all__ = ["TYPES", "KVStore", "LocalKVStore", "create"]
 
 def create(name: str = "local", environ: dict[str, str] | None = None) -> KVStore:
     """A KV store of type ``name``. With ``DMLC_ROLE`` set to ``scheduler`` or ``server`` this runs that
-    role instead and exits the process when the job ends (as MXNet)."""
+    role instead and exits the process when the job ends (as MXNet). A process is one worker of a
+    job: creating the same dist type again returns the open store; another type, or any after
+    ``close()``, is a ``ConfigError``."""
     if name not in TYPES:
         raise ConfigError(f"unknown KV store type {name!r}; known: {', '.join(TYPES)}")
     if name in ("local", "device"):
@@ -39,4 +41,33 @@ def create(name: str = "local", environ: dict[str, str] | None = None) -> KVStor
         run_role_and_exit(role, environ)
     from trainer_core.kv.dist import DistKVStore
 
-    return DistKVStore(name, NodeConfig.from_environ(environ, role="worker"))
+    cfg = NodeConfig.from_environ(environ, role="worker")
+    job = (cfg.job_id, cfg.env.root_uri, cfg.env.root_port)
+    before = _JOINED.get(job)
+    if before is not None:
+        return _again(before, name)
+    store = DistKVStore(name, cfg)
+    _JOINED[job] = store
+    return store
+
+
+#: the worker store this process created per job (job id, scheduler address): a process is one worker
+#: of a job, which the scheduler admits once
+_JOINED: dict[tuple[str, str, int], KVStore] = {}
+
+
+def _again(store: KVStore, name: str) -> KVStore:
+    """What a second ``create`` of a dist store in this process gets: the open store of that type,
+    else a ``ConfigError`` that says why (the scheduler would refuse the second registration)."""
+    if getattr(store, "_closed", False):
+        raise ConfigError(
+            f"this process was worker {store.rank} of this job until its kvstore {store.type!r} was "
+            f"closed: a process joins a job once, so kv.create({name!r}) cannot join it again "
+            "(create the store once and close it at the end)"
+        )
+    if store.type != name:
+        raise ConfigError(
+            f"this process is worker {store.rank} of this job already, with kvstore {store.type!r}: "
+            f"kv.create({name!r}) cannot make it a second worker (a process is one worker); use that store"
+        )
+    return store

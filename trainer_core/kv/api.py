@@ -19,12 +19,24 @@ def normalize(keys: Key | Sequence[Key], values: Any) -> Pairs:
     """``[(key, [arrays...]), ...]`` from one key or a list of keys and matching values."""
     kind = type(keys)
     if kind is str or kind is int:  # one key (the common call): no other checks needed
-        return [(keys, as_list(values))]  # type: ignore[list-item]
+        return [(keys, as_list(keys, values))]  # type: ignore[list-item,arg-type]
     if isinstance(keys, list | tuple):
         if not isinstance(values, list | tuple) or len(values) != len(keys):
-            raise KVError("a list of keys needs a list of values of the same length")
-        return [(check_key(k), as_list(v)) for k, v in zip(keys, values, strict=True)]
-    return [(check_key(keys), as_list(values))]
+            raise KVError(
+                f"keys {keys!r} are taken as a list of {len(keys)} keys, which needs a list of "
+                f"{len(keys)} values (one per key), got {_describe(values)}; a key is one int or string"
+            )
+        return [(check_key(k), as_list(k, v)) for k, v in zip(keys, values, strict=True)]
+    key = check_key(keys)
+    return [(key, as_list(key, values))]
+
+
+def _describe(values: Any) -> str:
+    """What was given as the values of a list of keys, for an error message."""
+    if isinstance(values, list | tuple):
+        return f"a {type(values).__name__} of {len(values)}"
+    shape = getattr(values, "shape", None)
+    return f"one {type(values).__name__}" + ("" if shape is None else f" of shape {tuple(shape)}")
 
 
 def check_key(key: Any) -> Key:
@@ -33,18 +45,21 @@ def check_key(key: Any) -> Key:
     return key
 
 
-def as_list(value: Any) -> list[Any]:
+def as_list(key: Key, value: Any) -> list[Any]:
     if value is None:
-        raise KVError("a value is missing")
+        raise KVError(f"key {key!r}: its value is missing (None)")
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
-def write_out(value: Any, outs: list[Any]) -> None:
-    """Copy a flat result (host, or on the device of every output) into every output array (numpy
-    or cupy). A host value goes up to a cupy output of its dtype once, straight into it."""
+def write_out(key: Key, value: Any, outs: list[Any]) -> None:
+    """Copy key ``key``'s flat result (host, or on the device of every output) into every output
+    array (numpy or cupy). A host value goes up to a cupy output of its dtype once, straight into it."""
     for out in outs:
         if out.size != value.size:
-            raise KVError(f"output has {out.size} elements, the value {value.size}")
+            raise KVError(
+                f"key {key!r}: the output has {out.size} elements (shape {tuple(out.shape)}), "
+                f"the key's value {value.size}: pull into an array of the key's size"
+            )
         up = arrays.is_device_array(out) and not arrays.is_device_array(value)
         if up and out.dtype == value.dtype and out.flags.c_contiguous:
             arrays.host_to_device(value, out)

@@ -203,7 +203,8 @@ class DistKVStore(KVStore):
         a ``pushpull``."""
         keys = frozenset([k for k, _ in pushes])
         if len(keys) != len(pushes):
-            raise KVError("a key appears more than once in one call")
+            twice = sorted({repr(k) for k, _ in pushes if sum(k == j for j, _ in pushes) > 1})
+            raise KVError(f"key {', '.join(twice)} appears more than once in one call")
         taken = self.hold.take(keys) if op == protocol.PULL else None
         self.hold.flush()  # before packing: a held push's segments must be sent before reuse
         self._release_names()

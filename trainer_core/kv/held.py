@@ -43,6 +43,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
+from trainer_core.errors import KVError
 from trainer_core.kv.keys import Outgoing, Where
 from trainer_core.ps.protocol import Key
 
@@ -212,6 +213,13 @@ class PushHold:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def closed_error(kind: str, failure: BaseException | None, call: str) -> KVError:
+    """A call on a closed store: why it is closed (the job's failure, or ``close()``)."""
+    if failure is not None:
+        return KVError(f"kvstore {kind!r} is closed: the job failed ({failure}); no {call} after that")
+    return KVError(f"kvstore {kind!r} is closed (close() was called): no {call} after close()")
+
+
 def serial(flush: bool = True) -> Callable[[F], F]:
     """Run a store method under its ``hold.lock``, after raising what the helper thread met and
     (``flush``) sending a held push (or forgetting an asked one); ``_exchange`` flushes by itself,
@@ -222,6 +230,8 @@ def serial(flush: bool = True) -> Callable[[F], F]:
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             with self.hold.lock:
                 self.hold.check()
+                if self._closed:
+                    raise closed_error(self.type, self.client.failure, method.__name__)
                 if flush:
                     self.hold.flush()
                 return method(self, *args, **kwargs)

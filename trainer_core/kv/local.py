@@ -96,11 +96,11 @@ class LocalKVStore(KVStore):
             if target is not None and is_device_array(target):
                 # the server's compressed payload, decoded on the device into the (first) output
                 decode_into(result, meta, weight.size, weight.dtype, target)
-                write_out(target, outs[1:])
+                write_out(k, target, outs[1:])
                 continue
             if meta is not None:  # the server's compressed payload
                 result = gc_decode(result, meta, weight.size, weight.dtype)
-            write_out(result, outs)
+            write_out(k, result, outs)
         return out
 
     def pushpull(self, key: Key | Sequence[Key], value: Any, out: Any = None) -> Any:

@@ -116,4 +116,4 @@ class Results:
     def finish(self, pulls: Pairs, meta_of: Callable[[Key], KeyMeta]) -> None:
         """Copy each assembled value into the outputs that did not receive it directly."""
         for i, (k, outs) in enumerate(pulls):
-            write_out(self.arrays[id(meta_of(k))], outs[1:] if i in self.direct else outs)
+            write_out(k, self.arrays[id(meta_of(k))], outs[1:] if i in self.direct else outs)

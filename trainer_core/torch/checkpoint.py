@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from trainer_core.errors import KVError
+from trainer_core.train.atomicfile import write_atomic
 from trainer_core.xp import to_host
 
 from .backend import KV
@@ -205,12 +206,9 @@ def _server_file(path: Path, epoch: int) -> Path:
 
 
 def _atomic(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """``write(file)`` to ``path`` through ``.<name>.tmp<pid>`` (``train.atomicfile.write_atomic``:
+    the directory made if missing, a failed write's error never hidden by the cleanup's)."""
+    write_atomic(path, write, tmp=path.with_name(f".{path.name}.tmp{os.getpid()}"))
 
 
 def _read(path: Path, *fields: str) -> dict[str, Any]:
@@ -257,13 +255,13 @@ def save(
         "size": size,
     }
     held = server_state(optimizer) if servers else {}  # collective: the servers' state on rank 0
-    _atomic(_rank_file(p, epoch, rank), lambda tmp: torch.save(state, tmp))
+    _atomic(_rank_file(p, epoch, rank), lambda f: torch.save(state, f))
     if servers and rank == 0:
-        _atomic(_server_file(p, epoch), lambda tmp: torch.save({"servers": servers, "state": held}, tmp))
+        _atomic(_server_file(p, epoch), lambda f: torch.save({"servers": servers, "state": held}, f))
     backend.barrier()  # every file of this epoch is in place
     if rank == 0:  # the manifest last: from now on the checkpoint is this epoch's
         text = Manifest(epoch, size, servers, files_of(p, epoch, size, servers)).text()
-        _atomic(p, lambda tmp: tmp.write_text(text))
+        _atomic(p, lambda f: f.write(text.encode("utf-8")))
     backend.barrier()  # older files may go
     keep = {_rank_file(p, epoch, rank).name, _server_file(p, epoch).name}
     d, name = p.parent, p.name  # older epochs' files, and the temporary ones of a killed save

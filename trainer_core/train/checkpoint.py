@@ -55,13 +55,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
+from trainer_core.train.atomicfile import write_atomic
 from trainer_core.xp import like, to_host
 
 FORMAT = "trainer_core.train.checkpoint"
@@ -182,21 +182,15 @@ def write(path: str | os.PathLike[str], arrays: dict[str, np.ndarray], manifest:
         raise ValueError(f"checkpoint paths end in .npz, got {target}")
     if MANIFEST in arrays:
         raise ValueError(f"{MANIFEST!r} is reserved")
-    target.parent.mkdir(parents=True, exist_ok=True)
     blob = np.frombuffer(json.dumps(manifest, sort_keys=True).encode("utf-8"), dtype=np.uint8)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            payload: dict[str, Any] = {MANIFEST: blob}
-            payload.update((k, np.ascontiguousarray(v)) for k, v in arrays.items())
-            savez: Any = np.savez  # numpy's stub types the keyword arrays as its own options
-            savez(f, **payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    def savez(f: BinaryIO) -> None:
+        payload: dict[str, Any] = {MANIFEST: blob}
+        payload.update((k, np.ascontiguousarray(v)) for k, v in arrays.items())
+        save_arrays: Any = np.savez  # numpy's stub types the keyword arrays as its own options
+        save_arrays(f, **payload)
+
+    write_atomic(target, savez)
     return target
 
 

@@ -168,7 +168,11 @@ def model_averaging_distributed_learner(
 
 
 def async_sgd_distributed_learner(
-    learner: Learner, distributed_after: int = 0, *, kv: Any
+    learner: Learner, distributed_after: int = 0, *, kv: Any = None, communicator: Communicator | None = None
 ) -> AsyncSGDLearner:
-    """Asynchronous SGD through the parameter server (use a ``dist_async`` KV store)."""
-    return AsyncSGDLearner(learner, kv, distributed_after)
+    """Asynchronous SGD through the parameter server (use a ``dist_async`` KV store). It takes
+    ``kv=`` or ``communicator=`` as the other learners; a collective communicator is refused (the
+    update runs on the servers)."""
+    if (kv is None) == (communicator is None):
+        raise ValueError("a distributed learner takes either kv= (a KV store) or communicator=, not both")
+    return AsyncSGDLearner(learner, kv if communicator is None else communicator, distributed_after)

@@ -27,7 +27,13 @@ class AsyncSGDLearner(DistributedLearner):
 
     def __init__(self, learner: Learner, kv: Any, distributed_after: int = 0, key_prefix: str = "") -> None:
         if hasattr(kv, "aggregate"):  # a communicator: only the parameter server's will do
-            kv = getattr(kv, "kv", None)
+            kind, kv = type(kv).__name__, getattr(kv, "kv", None)
+            if kv is None:
+                raise ValueError(
+                    f"asynchronous SGD runs its update on the parameter servers: it needs a KV store "
+                    f"(kv=, or a KVCommunicator), not a {kind}; on collectives use "
+                    "data_parallel_distributed_learner"
+                )
         if kv is None:
             raise ValueError("asynchronous SGD runs on the parameter server: it needs a KV store")
         rescale = 1.0 if "async" in str(kv.type) else 1.0 / int(kv.num_workers)

@@ -111,7 +111,7 @@ def fabric_config(opts: SshOptions) -> fabric.Config:
         ) from None
     overrides: dict[str, Any] = {}
     if opts.identity:
-        overrides["connect_kwargs"] = {"key_filename": [str(Path(opts.identity).expanduser())]}
+        overrides["connect_kwargs"] = {"key_filename": [str(identity_file(opts.identity))]}
     config = _Shared(ssh_config=parsed, lazy=True, overrides=overrides)
     config.host_keys = _host_keys(opts.known_hosts_path())
     try:
@@ -119,6 +119,21 @@ def fabric_config(opts: SshOptions) -> fabric.Config:
     except BackendError:  # as paramiko's load_system_host_keys: an unreadable one is skipped
         config.system_keys = paramiko.HostKeys()
     return config
+
+
+def identity_file(identity: str) -> Path:
+    """``-i``'s key file, or a usage error (exit 2) that names it: a file that is not there or
+    cannot be read is the user's to fix, not a connection failure of every host."""
+    path = Path(identity).expanduser()
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        why = "no such file" if isinstance(exc, FileNotFoundError) else (exc.strerror or str(exc)).lower()
+        raise BackendError(
+            "ssh", f"-i {identity}: cannot read the key file {path}: {why}", exit_code=EXIT_USAGE
+        ) from None
+    return path
 
 
 def _set_up(conn: fabric.Connection, opts: SshOptions, shared: _Shared) -> None:

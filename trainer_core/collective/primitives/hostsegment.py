@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from trainer_core.transport.devshm import map_shared
+
 from . import futex
 from .links import DEFAULT_TIMEOUT, PeerTimeout
 
@@ -72,7 +74,8 @@ class Segment:
         if os.fstat(self.fd).st_size < need:
             os.ftruncate(self.fd, need)  # only ever grows; a peer may have grown it already
         old = self._data
-        self._data = mmap.mmap(self.fd, self.size * cap, offset=HEADER)
+        what = f"the host's collective slots ({self.size} local ranks x {cap} bytes)"
+        self._data = map_shared(self.fd, self.size * cap, what, offset=HEADER)
         self._bytes = np.frombuffer(self._data, np.uint8)
         self.cap = cap
         if old is not None:
