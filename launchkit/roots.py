@@ -100,10 +100,10 @@ class Roots:
             else:  # an engine: worker 0's shim picks and publishes them
                 root = ("", 0)
             if far is not None:
-                master = (far[0], far[2])
+                master = (far[0], spec.master_port or far[2])
             elif caps.here:
-                master = (here, reserve())
-            else:
+                master = (here, spec.master_port or reserve())
+            else:  # worker 0's node: a --master-port reaches it in the plan
                 master = ("", 0)
         except BaseException:
             for r in held:

@@ -64,6 +64,7 @@ def build_spec(
     sync_timeout: float = 900.0,
     max_restarts: int = 0,
     restart_backoff: float = 1.0,
+    master_port: int | None = None,
     ui: Ui,
 ) -> LaunchSpec:
     if not command:
@@ -88,6 +89,8 @@ def build_spec(
     if sync_timeout <= 0:
         raise UsageError(f"--sync-timeout must be more than 0, got {sync_timeout:g}")
     check_restarts(backend, caps, max_restarts, restart_backoff)
+    if master_port is not None and master_port == scheduler_port:
+        raise UsageError(f"--master-port {master_port} is --scheduler-port too: expected two ports")
     environ = dict(os.environ)
     ns = num_workers if num_servers is None else num_servers
     assign_hosts(num_workers, ns, hosts)  # placement errors before anything else happens
@@ -110,6 +113,7 @@ def build_spec(
         gpus_per_worker=gpus_per_worker,
         scheduler_ip=scheduler_ip,
         scheduler_port=scheduler_port,
+        master_port=master_port,
         interface=interface or os.environ.get(dmlc_env.DMLC_INTERFACE) or None,
         grace_period=grace_period,
         time_limit=time_limit,
@@ -164,6 +168,9 @@ def register(app: typer.Typer) -> None:
         scheduler_ip: str = typer.Option(None, "--scheduler-ip", help="Address published for the scheduler."),
         scheduler_port: int = typer.Option(
             None, "--scheduler-port", help="Scheduler port (default: a free one)."
+        ),
+        master_port: int = typer.Option(
+            None, "--master-port", help="torch's MASTER_PORT on worker 0's host (default: a free one)."
         ),
         interface: str = typer.Option(None, "--interface", help="Network interface (DMLC_INTERFACE)."),
         grace_period: float = typer.Option(
@@ -260,6 +267,7 @@ def register(app: typer.Typer) -> None:
             sync_timeout=sync_timeout,
             max_restarts=max_restarts,
             restart_backoff=restart_backoff,
+            master_port=master_port,
             command=command or [],
             ui=ui,
         )
@@ -321,7 +329,7 @@ def register(app: typer.Typer) -> None:
             return
         records.check_home()  # the job's record and kept output go there: before anything starts
         if detach:
-            done = launching.submit_detached(spec, backend)
+            done = launching.submit_detached(spec, backend, say=ui.info)
             ui.info(
                 f"job {done.job_id} submitted as {backend.name} job {done.engine_job}; output in {done.output}"
             )

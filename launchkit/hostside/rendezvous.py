@@ -94,10 +94,11 @@ def wait_for_ports(
         time.sleep(poll)
 
 
-def publish_worker0(path: str, address: str) -> tuple[str, list[int]]:
+def publish_worker0(path: str, address: str, master_port: int = 0) -> tuple[str, list[int]]:
     """Worker 0's side: two free ports on ``address`` (the rendezvous's, torch's store's), written
-    with it atomically. Free when picked, not held (as torchrun picks ``MASTER_PORT``)."""
-    socks = [socket.socket() for _ in range(2)]
+    with it atomically. Free when picked, not held (as torchrun picks ``MASTER_PORT``);
+    ``master_port``, when not 0, is torch's store's (``--master-port``)."""
+    socks = [socket.socket() for _ in range(1 if master_port else 2)]
     try:
         for s in socks:
             s.bind((address, 0))
@@ -105,6 +106,8 @@ def publish_worker0(path: str, address: str) -> tuple[str, list[int]]:
     finally:
         for s in socks:
             s.close()
+    if master_port:
+        ports.append(master_port)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         f.write(f"{address} {ports[0]} {ports[1]}\n")
@@ -121,7 +124,8 @@ def resolve_worker0(env: MutableMapping[str, str]) -> None:
     serves = env.get("LAUNCHKIT_ROOT_SERVER") == "worker 0"  # the job's rendezvous too: required
     if env.get("LAUNCHKIT_ROLE_RANK") == "0":
         toward = env.get("DMLC_PS_ROOT_URI") or env.get("SGE_O_HOST") or env.get("SLURM_SUBMIT_HOST")
-        address, (root, master) = publish_worker0(path, local_address(env, toward) or "127.0.0.1")
+        pinned = int(env.get("MASTER_PORT") or 0)  # --master-port
+        address, (root, master) = publish_worker0(path, local_address(env, toward) or "127.0.0.1", pinned)
     else:
         wait = float(env.get("PS_START_TIMEOUT") or DEFAULT_WAIT) if serves else OPTIONAL_WAIT
         try:

@@ -106,6 +106,9 @@ def test_scheduler_addresses_that_work_are_taken(tmp_path: Path) -> None:
         (["--env-server", "DMLC_NUM_WORKER:9"], "DMLC_NUM_WORKER is set by the launcher (the job's contract) and "
          "cannot be overridden; use -n"),
         (["--env-worker", "DMLC_PS_ROOT_PORT:9"], "cannot be overridden; use --scheduler-port"),
+        (["--env", "MASTER_PORT:29500"], "MASTER_PORT is set by the launcher (the job's contract) and cannot be "
+         "overridden; use --master-port"),
+        (["--master-port", "29500", "--scheduler-port", "29500"], "--master-port 29500 is --scheduler-port too"),
         (["--env", "LAUNCHKIT_SHIM_TASKS:[]"], "--env LAUNCHKIT_SHIM_TASKS"),
         (["DMLC_PS_ROOT_URI=10.0.0.9"], "DMLC_PS_ROOT_URI=... (before the command): DMLC_PS_ROOT_URI is set"),
         (["--gpus-per-worker", "1", "--env-worker", "CUDA_VISIBLE_DEVICES:0"], "CUDA_VISIBLE_DEVICES is set by "
@@ -144,7 +147,11 @@ def test_the_users_own_variables_still_pass(tmp_path: Path) -> None:
 def test_every_variable_the_launcher_sets_is_one_it_owns() -> None:
     job = dmlc_env.JobEnv("j", "s", "local", "127.0.0.1", 1, 1, 1, interface="lo")
     env = dmlc_env.build_env(job, dmlc_env.TaskEnv("worker", 0, 1, 0, "h", cuda_visible_devices="0"))
-    assert {name for name in env if not dmlc_env.launcher_owned(name)} == {dmlc_env.CUDA_VISIBLE_DEVICES}
+    # the user's to set: CUDA_VISIBLE_DEVICES without --gpus-per-worker, torchrun's role name and error file
+    assert {name for name in env if not dmlc_env.launcher_owned(name)} == {
+        dmlc_env.CUDA_VISIBLE_DEVICES,
+        *dmlc_env.TORCH_DEFAULTS,
+    }
     assert not dmlc_env.launcher_owned("LAUNCHKIT_HOME") and not dmlc_env.launcher_owned("DMLC_PS_VAN_TYPE")
 
 
