@@ -33,6 +33,7 @@ FLAGS: dict[str, tuple[str, Question]] = {
     "strict_host_keys": ("--strict-host-keys", SSH),
     "connect_timeout": ("--connect-timeout", SSH),
     "heartbeat_timeout": ("--heartbeat-timeout", option("heartbeat_timeout")),
+    "start_timeout": ("--start-timeout", option("start_timeout")),
     "mpirun": ("--mpirun", option("mpirun")),
     "mpi_args": ("--mpi-args", option("mpi_args")),
     "node_python": ("--node-python", option("node_python")),

@@ -203,6 +203,9 @@ def register(app: typer.Typer) -> None:
             10.0, "--heartbeat-timeout", help="Seconds of silence that end a host."
         ),
         connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to reach each host."),
+        start_timeout: float = typer.Option(
+            30.0, "--start-timeout", help="ssh: seconds a host's watchdog (or port probe) may take to answer."
+        ),
         p3: bool = typer.Option(False, "--p3", help="MXNet's P3 van (DMLC_PS_VAN_TYPE=p3), as launch.py."),
         mpirun: str = typer.Option("mpirun", "--mpirun", help="mpi: the mpirun to use."),
         mpi_args: str = typer.Option("", "--mpi-args", help="mpi: extra mpirun flags, one string."),
@@ -304,8 +307,8 @@ def register(app: typer.Typer) -> None:
                 yarn_file=tuple(yarn_file),
             ),
         )
-        if heartbeat_timeout <= 0 or connect_timeout <= 0:
-            raise UsageError("--heartbeat-timeout and --connect-timeout must be more than 0")
+        if heartbeat_timeout <= 0 or connect_timeout <= 0 or start_timeout <= 0:
+            raise UsageError("--heartbeat-timeout, --connect-timeout and --start-timeout must be more than 0")
         # one backend, built the same way for --dry-run as for the launch, so the plan shows the
         # exact command lines (ssh options included) and bad options fail the same way
         available = {
@@ -318,6 +321,7 @@ def register(app: typer.Typer) -> None:
             ),
             "heartbeat_timeout": heartbeat_timeout,
             "heartbeat_interval": min(1.0, heartbeat_timeout / 3),
+            "start_timeout": start_timeout,
             "sync_excludes": sync_exclude,
             "console": ui.err,
             **engine_options,

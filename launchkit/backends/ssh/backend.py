@@ -29,6 +29,9 @@ from launchkit.hostside.netif import route_to
 
 #: how long ``await_started`` waits for the processes' pids once every one was asked to start
 SPAWN_WAIT = 10.0
+#: --start-timeout: how long a program the launcher runs on a host (the watchdog, the port
+#: probe) may take to answer once its session is open (Horovod's --start-timeout is 30 s too)
+START_TIMEOUT = 30.0
 
 
 def connect_all(hosts: Sequence[Host], opts: SshOptions) -> tuple[dict[Host, Any], dict[Host, str]]:
@@ -54,7 +57,16 @@ class SshBackend(Backend):
         connects=True,
         restarts=True,
         syncs=True,
-        options=frozenset({"options", "heartbeat_interval", "heartbeat_timeout", "sync_excludes", "console"}),
+        options=frozenset(
+            {
+                "options",
+                "heartbeat_interval",
+                "heartbeat_timeout",
+                "start_timeout",
+                "sync_excludes",
+                "console",
+            }
+        ),
     )
 
     def __init__(
@@ -65,8 +77,10 @@ class SshBackend(Backend):
         heartbeat_timeout: float = 10.0,
         sync_excludes: Sequence[str] = (),
         console: Any = None,
+        start_timeout: float = START_TIMEOUT,
     ) -> None:
         self.options = options or SshOptions()
+        self.start_timeout = start_timeout
         self.hb_interval = heartbeat_interval
         self.hb_timeout = heartbeat_timeout
         self.sync_excludes = tuple(sync_excludes)
@@ -114,7 +128,10 @@ class SshBackend(Backend):
     def worker0_ports(self, spec: LaunchSpec) -> tuple[str, int, int] | None:
         """Worker 0's address and two free ports on its host (``worker0.probe``)."""
         host = assign_hosts(spec.num_workers, spec.num_servers, spec.hosts)[spec.num_servers]
-        return probe(self.conns[host_key(host)], host, spec.interface, self.options.connect_timeout)
+        conn = self.conns[host_key(host)]
+        return probe(
+            conn, host, spec.interface, self.options.connect_timeout, start_timeout=self.start_timeout
+        )
 
     def prepare(self, plan: Plan) -> None:
         assert self.spec is not None, "connect() first"
@@ -154,7 +171,7 @@ class SshBackend(Backend):
 
         def start(agent: HostAgent) -> None:
             try:
-                agent.start(self.options.connect_timeout)
+                agent.start(self.options.connect_timeout, self.start_timeout)
             except BackendError as exc:
                 errors[agent.host] = exc.message.removeprefix("ssh: ")
             except Exception as exc:
