@@ -157,3 +157,13 @@ def test_pending_tasks_and_their_reason() -> None:
     )
     assert scheduling_info(text) == 'queue instance "all.q@vm" dropped because it is full'
     assert scheduling_info("job_name: x\n") == ""
+
+
+def test_the_submitters_path_travels_again_under_the_shims_name(monkeypatch) -> None:
+    """A login shell's profile (Grid Engine starts /bin/sh as one where the queue's login_shells
+    names sh) sets PATH anew: the shim puts LAUNCHKIT_SHIM_PATH back (issue 40: `python` exited 127)."""
+    from launchkit.backends.sge import SgeBackend
+
+    monkeypatch.setenv("PATH", "/opt/venv/bin:/usr/bin")
+    names = SgeBackend()._names(plan_for(), "/w/launchkit-j1")
+    assert {"PATH", "LAUNCHKIT_SHIM_PATH"} <= set(names)
