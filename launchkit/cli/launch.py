@@ -25,6 +25,7 @@ from launchkit.cli.backendflags import FLAGS, check_detach, refuse_unused
 from launchkit.cli.engines import EngineFlags, engine_backend_options, engine_hosts
 from launchkit.cli.launchargs import check_not_owned, check_restarts, parse_env_items, working_directory
 from launchkit.cli.planview import plan_to_json, show_plan
+from launchkit.cli.torchrunflags import LaunchCommand
 from launchkit.console import Ui
 from launchkit.core.hostfile import read_hostfile
 from launchkit.core.placement import assign_hosts
@@ -147,6 +148,7 @@ def check_command(command: list[str]) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command(
+        cls=LaunchCommand,  # torchrun's flags are refused saying what does the same
         context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
         help="Launch a distributed job: a scheduler, servers and workers running COMMAND.",
     )
