@@ -366,6 +366,11 @@ def test_hosts_check_with_one_host_down(netns_hosts, tmp_path: Path) -> None:
     assert not rows[group[1].hostfile_line()]["reachable"] and rows[group[1].hostfile_line()]["error"]
     table = run(["hosts", "check", "-H", str(hostfile), *ssh_flags(group), "--connect-timeout", "2"])
     assert "2 of 3 host(s) reachable" in table.stdout and "unreachable" in table.stdout
+    # the namespace hosts' names resolve to 127.0.0.1 there: flagged (issue 40)
+    assert f"{group[0].hostfile_line()}: its host name node1 resolves to 127.0.0.1 there" in " ".join(
+        table.stderr.split()
+    )
+    assert rows[group[0].hostfile_line()]["name_address"] == "127.0.0.1"
 
 
 def test_loopback_sshd_launch_and_strict_host_keys(sshd_loopback, tmp_path: Path) -> None:
