@@ -207,8 +207,9 @@ def one_thread_note(plan: Plan) -> str | None:
     it did not."""
     if not plan.one_thread:
         return None
-    where = "this machine" if plan.one_thread == 1 else f"{plan.one_thread} hosts"
-    return (
-        f"OMP_NUM_THREADS=1 for every process on {where} (it runs more than one, and each would "
-        "otherwise start a thread per core); set another with --env OMP_NUM_THREADS:N"
-    )
+    n = plan.one_thread
+    if plan.backend == "local":
+        where = "this machine (it runs more than one, and each would otherwise"
+    else:
+        where = f"the {n} host{'s' if n > 1 else ''} that run{'' if n > 1 else 's'} more than one (each would otherwise"
+    return f"OMP_NUM_THREADS=1 for every process on {where} start a thread per core); set another with --env OMP_NUM_THREADS:N"

@@ -77,3 +77,20 @@ def test_master_port_pins_torchs_store_where_worker_0s_node_picks_the_address() 
     assert {(t.env["MASTER_ADDR"], t.env["MASTER_PORT"]) for t in engine.tasks} == {("", "29500")}
     given = plan_of(spec(master_port=29500), master=("127.0.0.1", 29500))
     assert {t.env["MASTER_PORT"] for t in given.tasks} == {"29500"}
+
+
+def test_the_line_that_says_so() -> None:
+    from launchkit.core.plan import one_thread_note
+
+    local = one_thread_note(plan_of(spec()))
+    assert local is not None and local.startswith(
+        "OMP_NUM_THREADS=1 for every process on this machine (it runs"
+    )
+    hosts = (Host("a", slots=2), Host("b", slots=2))
+    two = one_thread_note(plan_of(spec(num_workers=4, backend="ssh", hosts=hosts)))
+    assert (
+        two is not None
+        and "on the 2 hosts that run more than one" in two
+        and "--env OMP_NUM_THREADS:N" in two
+    )
+    assert one_thread_note(plan_of(spec(num_workers=1))) is None
