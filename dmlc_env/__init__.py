@@ -59,7 +59,22 @@ GROUP_RANK = "GROUP_RANK"  # the worker's host index, as NODE_RANK
 NODE_RANK = "NODE_RANK"
 MASTER_ADDR = "MASTER_ADDR"  # worker 0's host
 MASTER_PORT = "MASTER_PORT"  # a free port there for torch's TCP store (not DMLC_PS_ROOT_PORT)
-TORCH_VARS = (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, NODE_RANK, MASTER_ADDR, MASTER_PORT)
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"  # the workers' hosts (torchrun's nnodes)
+ROLE_RANK = "ROLE_RANK"  # the rank among the workers of its role: one role, so RANK
+ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"  # the workers of its role: WORLD_SIZE
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"  # the attempt, as LAUNCHKIT_RESTART_COUNT
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"  # --max-restarts
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"  # the job id (torchrun's --rdzv-id)
+TORCH_VARS = (
+    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, NODE_RANK, MASTER_ADDR, MASTER_PORT,
+    GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
+    TORCHELASTIC_RUN_ID,
+)  # fmt: skip
+# torchrun's that a user may set (--env-worker): the launcher's value is a default
+ROLE_NAME = "ROLE_NAME"  # torchrun's --role: "default"
+TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # where torch's @record writes a failure
+TORCH_DEFAULTS = (ROLE_NAME, TORCHELASTIC_ERROR_FILE)
+DEFAULT_ROLE_NAME = "default"
 
 ROLES = ("scheduler", "server", "worker")
 
@@ -105,6 +120,8 @@ class JobEnv:
     master_addr: str = ""  # torch's MASTER_ADDR: worker 0's host ("": its node fills it in)
     master_port: int = 0  # torch's MASTER_PORT (0: worker 0's node picks it)
     home: str = ""  # LAUNCHKIT_JOB_HOME: HOST:PATH of the job's record ("": not set)
+    max_restarts: int = 0  # --max-restarts (TORCHELASTIC_MAX_RESTARTS)
+    worker_hosts: int = 1  # the workers' hosts (GROUP_WORLD_SIZE)
 
 
 @dataclass(frozen=True)
@@ -154,8 +171,11 @@ def build_env(job: JobEnv, task: TaskEnv) -> dict[str, str]:
 
 
 def torch_env(job: JobEnv, task: TaskEnv) -> dict[str, str]:
-    """torchrun's variables for a worker: ranks over the workers only (servers and a scheduler are
-    not torch's processes), its host's index and worker count, and where torch's TCP store is."""
+    """torchrun's variables for a worker, with torchrun's meanings: ranks over the workers only
+    (servers and a scheduler are not torch's processes), one role (``ROLE_NAME`` "default", as
+    torchrun's), its host's index and worker count, the hosts, where torch's TCP store is, the
+    attempt and the restarts allowed, the job (torchrun's run id) and where torch's ``@record``
+    writes the exception that ends it."""
     return {
         RANK: str(task.role_rank),
         WORLD_SIZE: str(job.num_workers),
@@ -163,9 +183,23 @@ def torch_env(job: JobEnv, task: TaskEnv) -> dict[str, str]:
         LOCAL_WORLD_SIZE: str(task.local_size),
         GROUP_RANK: str(task.node_rank),
         NODE_RANK: str(task.node_rank),
+        GROUP_WORLD_SIZE: str(job.worker_hosts),
+        ROLE_NAME: DEFAULT_ROLE_NAME,
+        ROLE_RANK: str(task.role_rank),
+        ROLE_WORLD_SIZE: str(job.num_workers),
         MASTER_ADDR: job.master_addr,
         MASTER_PORT: str(job.master_port),
+        TORCHELASTIC_RESTART_COUNT: str(job.restart_count),
+        TORCHELASTIC_MAX_RESTARTS: str(job.max_restarts),
+        TORCHELASTIC_RUN_ID: job.job_id,
+        TORCHELASTIC_ERROR_FILE: error_file_of(job, task.role_rank),
     }
+
+
+def error_file_of(job: JobEnv, rank: int) -> str:
+    """Where worker ``rank``'s ``@record`` writes its exception (JSON) in this attempt: a file in
+    ``/tmp`` (a directory every host has, so nothing need create it first), named by the job."""
+    return f"/tmp/launchkit-{job.job_id}-attempt{job.restart_count}-worker{rank}-error.json"
 
 
 # Set for every process unless the launcher's environment or the user already set them.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import subprocess
 import threading
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 from launchkit.backends.base import Backend
 from launchkit.backends.ssh.agent import LOST_EXIT
 from launchkit.console import Ui
-from launchkit.core.plan import has_scheduler, make_plan, new_job_id, new_secret
+from launchkit.core.plan import has_scheduler, make_plan, new_job_id, new_secret, one_thread_note
 from launchkit.core.spec import JobResult, LaunchSpec, Plan
 from launchkit.dashboard import Dashboard
 from launchkit.errors import EXIT_INTERNAL, BackendError, UsageError
@@ -50,6 +51,7 @@ def dry_run_plan(spec: LaunchSpec, backend: Backend) -> Plan:
         root_port=spec.scheduler_port or 0,
         node_host_of=backend.node_hosts(spec),
         job_home=_home_or_blank(),
+        inherited=inherited(backend),
     )
 
 
@@ -59,6 +61,11 @@ def _home_or_blank() -> str:
         return owner.home_id()
     except UsageError:
         return ""
+
+
+def inherited(backend: Backend) -> dict[str, str]:
+    """The launcher's environment where the backend's processes get it (``inherits_env``)."""
+    return dict(os.environ) if backend.capabilities.inherits_env else {}
 
 
 CANNOT_START = {126: "cannot be executed", 127: "was not found"}  # the shell's codes (exit-codes.md)
@@ -235,7 +242,10 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
             metrics_addr=job.telemetry.address if job.telemetry else None,
             master=roots.master,
             job_home=owner.home_id(),
+            inherited=inherited(backend),
         )
+        if attempt == 0 and (note := one_thread_note(plan)) is not None:
+            ui.info(note)
         here = plan.tasks[0].role == "scheduler" or backend.capabilities.here  # a process runs here
         if job.telemetry is not None and here:
             job.telemetry.watch_local(str(plan.tasks[0].host))  # the scheduler's (or local's) host
@@ -355,8 +365,11 @@ class Submitted:
     output: str | None
 
 
-def submit_detached(spec: LaunchSpec, backend: Backend) -> Submitted:
-    """``--detach``: submit the batch job and record it; the job runs on its own."""
+def submit_detached(
+    spec: LaunchSpec, backend: Backend, say: Callable[[str], None] | None = None
+) -> Submitted:
+    """``--detach``: submit the batch job and record it; the job runs on its own. ``say`` is
+    given what the launch says before it submits (``OMP_NUM_THREADS``)."""
     if not backend.capabilities.detaches:
         raise UsageError(f"--detach needs a batch engine, not --launcher {backend.name}")
     backend = cast("BatchBackend", backend)  # what a backend that detaches is
@@ -371,7 +384,10 @@ def submit_detached(spec: LaunchSpec, backend: Backend) -> Submitted:
         root_port=0,
         node_host_of=backend.node_hosts(spec),
         job_home=owner.home_id(),
+        inherited=inherited(backend),
     )
+    if say is not None and (note := one_thread_note(plan)) is not None:
+        say(note)
     backend.prepare(plan)
     try:
         engine_job = backend.submit(plan)

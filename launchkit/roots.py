@@ -5,14 +5,17 @@ anything."""
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 from typing import Literal
 
 from launchkit.backends.base import Backend
 from launchkit.core.capabilities import Capabilities
+from launchkit.core.placement import assign_hosts
 from launchkit.core.plan import has_scheduler
 from launchkit.core.spec import LaunchSpec
-from launchkit.hostside.netif import route_to
+from launchkit.errors import UsageError
+from launchkit.hostside.netif import is_loopback, route_to
 from launchkit.netutil import PortReservation, fallback_address, interface_address
 
 __all__ = ["AT_LAUNCH", "Roots", "dry_run_address", "root_case", "scheduler_address"]
@@ -57,6 +60,33 @@ def root_case(spec: LaunchSpec, caps: Capabilities) -> Case:
     return "worker 0 here" if caps.here else "worker 0"
 
 
+def off_this_machine(name: str) -> bool:
+    """Whether host ``name`` resolves here to an address that is not loopback (another machine)."""
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return True  # (a name only ssh's config knows: not this machine's loopback either)
+    return not all(is_loopback(str(info[4][0])) for info in infos)
+
+
+def check_reachable(spec: LaunchSpec, master_addr: str) -> None:
+    """Refuse a loopback ``MASTER_ADDR`` (worker 0's address) in a job whose workers span
+    machines: the others would wait in ``init_process_group`` for a store they cannot reach."""
+    if not is_loopback(master_addr):
+        return
+    workers = assign_hosts(spec.num_workers, spec.num_servers, spec.hosts)[spec.num_servers :]
+    other = next((h for h in workers if off_this_machine(h.name)), None)
+    if other is None:
+        return
+    named = "or --scheduler-ip ADDRESS (worker 0's address) " if spec.num_servers == 0 else ""
+    raise UsageError(
+        f"worker 0's host {workers[0]} is reached at {master_addr}, a loopback address, but worker "
+        f"hosts such as {other} are other machines, which could not reach torch's store "
+        f"(MASTER_ADDR) there: name worker 0's host in the hostfile by an address the others reach, "
+        f"or give --interface IFACE (its interface the others reach) {named}(docs/environment.md)"
+    )
+
+
 @dataclass
 class Roots:
     """Where a job's processes meet: the root (``DMLC_PS_ROOT_URI``/``PORT``: the scheduler's, or
@@ -99,11 +129,13 @@ class Roots:
                 root = (here, spec.scheduler_port or reserve())
             else:  # an engine: worker 0's shim picks and publishes them
                 root = ("", 0)
-            if far is not None:
-                master = (far[0], far[2])
+            if far is not None:  # (--scheduler-ip names worker 0's address where it serves the rendezvous)
+                named = spec.scheduler_ip if case != "scheduler" else None
+                master = (named or far[0], spec.master_port or far[2])
+                check_reachable(spec, master[0])
             elif caps.here:
-                master = (here, reserve())
-            else:
+                master = (here, spec.master_port or reserve())
+            else:  # worker 0's node: a --master-port reaches it in the plan
                 master = ("", 0)
         except BaseException:
             for r in held:

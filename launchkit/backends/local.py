@@ -38,7 +38,11 @@ class LocalProcess:
 class LocalBackend(Backend):
     name = "local"
     capabilities = Capabilities(
-        hosts="here", hostfile_ignored="every process runs on this machine", here=True, restarts=True
+        hosts="here",
+        hostfile_ignored="every process runs on this machine",
+        here=True,
+        inherits_env=True,
+        restarts=True,
     )
 
     def start(self, task: Task) -> LocalProcess:

@@ -47,6 +47,7 @@ from launchkit.core.hostfile import format_host
 from launchkit.core.spec import LOCALHOST, Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
 from launchkit.hostside import rendezvous, shim
+from launchkit.hostside.netif import route_to
 
 
 def rank_order(plan: Plan) -> list[Task]:
@@ -89,6 +90,7 @@ class MpiOptions:
     local: bool = False  # no hostfile: every rank on this machine
     grace: float = 5.0  # --grace-period: how long a rank may take to end after SIGTERM
     ends: str | None = None  # the launcher's directory for the shims' end marks (LAUNCHKIT_SHIM_ENDS)
+    toward: str | None = None  # this machine's address toward the hosts (rendezvous.TOWARD_VAR)
 
 
 def mpi_env(plan: Plan, opts: MpiOptions) -> dict[str, str]:
@@ -101,6 +103,8 @@ def mpi_env(plan: Plan, opts: MpiOptions) -> dict[str, str]:
         env[shim.NOTIFY_VAR] = "1"
     if opts.ends:
         env[shim.ENDS_VAR] = opts.ends
+    if opts.toward:  # worker 0 publishes the address it reaches this machine through, not its name's
+        env[rendezvous.TOWARD_VAR] = opts.toward
     return env
 
 
@@ -292,6 +296,7 @@ class MpiBackend(EngineBackend):
             python=self.python,
             local=local,
             grace=self.grace,
+            toward=None if local else route_to(plan.tasks[-1].host.name),
         )
 
     def node_hosts(self, spec: LaunchSpec) -> dict[Host, str] | None:

@@ -36,7 +36,7 @@ from launchkit.core.capabilities import Capabilities
 from launchkit.core.flags import fill
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import UsageError
-from launchkit.hostside import rendezvous
+from launchkit.hostside import rendezvous, shim
 
 #: Also passed by name: what a task needs to find python and its libraries.
 PASSED_THROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
@@ -346,7 +346,8 @@ class SgeBackend(BatchBackend):
 
     def _names(self, plan: Plan, directory: str) -> list[str]:
         env = task_env(plan, directory)
-        return sorted({*env, *(n for n in PASSED_THROUGH if n in os.environ)})
+        names = {*env, *(n for n in PASSED_THROUGH if n in os.environ)}
+        return sorted(names | ({shim.PATH_VAR} if "PATH" in names else set()))
 
     def _qsub(self, plan: Plan) -> list[str]:
         cwd = plan.tasks[0].cwd
@@ -375,6 +376,8 @@ class SgeBackend(BatchBackend):
         directory = job_dir(cwd, plan.job_id)
         env = merge_env(os.environ, task_env(plan, directory))
         env.pop(dmlc_env.LAUNCHKIT_JOB_SECRET, None)
+        if "PATH" in env:  # again under the shim's name: a login shell's profile sets PATH anew
+            env[shim.PATH_VAR] = env["PATH"]
         secret = plan.tasks[0].env.get(dmlc_env.LAUNCHKIT_JOB_SECRET, secrets.token_hex(32))
         self.batch = QsubRun(
             self._qsub(plan),

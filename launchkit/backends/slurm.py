@@ -266,6 +266,7 @@ class SlurmBackend(BatchBackend):
         hosts="allocation",
         hostfile_ignored="the job goes on the allocation's nodes",
         detaches=True,
+        inherits_env=True,  # srun and sbatch --export=ALL
         options=frozenset({"slurm", "node_python", "console"}),
         flags=(*FLAGS, *ROLE_RESOURCES, NODE_PYTHON),
         gives_hosts="the allocation",

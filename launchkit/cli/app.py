@@ -30,6 +30,7 @@ MAX_NUMBER = 10_000_000  # ten million: a count, or seconds (about 115 days)
 RANGES: dict[str, tuple[float, float]] = {
     "--ssh-port": (1, 65535),
     "--scheduler-port": (1, 65535),
+    "--master-port": (1, 65535),
     "--gpus-per-worker": (1, 1024),
     "--interval": (0.1, MAX_NUMBER),  # top's refresh
 }

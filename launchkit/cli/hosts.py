@@ -30,6 +30,7 @@ from launchkit.core.hostfile import (
 )
 from launchkit.core.spec import Host
 from launchkit.errors import HostfileError, UsageError
+from launchkit.hostside.netif import is_loopback
 
 hosts_app = typer.Typer(help="Inspect and manage hostfiles.", no_args_is_help=True)
 
@@ -149,8 +150,23 @@ def check_hosts(
                 for r in results
             ],
         )
+    for line in loopback_names(results):
+        ui.warn(line)
     if not all(r.ok for r in results):
         raise typer.Exit(1)
+
+
+def loopback_names(results: list[ssh_commands.HostResult]) -> list[str]:
+    """A line for each reached host whose own name resolves to a loopback address (Debian's
+    127.0.1.1): what binds to its name's address (gloo, NCCL) is unreachable from other hosts."""
+    return [
+        f"{r.host}: its host name {r.data.get('hostname')} resolves to {r.data['name_address']} there, a "
+        "loopback address: what binds to its name's address (gloo, NCCL) cannot be reached from other "
+        "hosts (launchkit sets GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME in its workers); give the name the "
+        "host's own address in its /etc/hosts"
+        for r in results
+        if r.ok and isinstance(r.data.get("name_address"), str) and is_loopback(r.data["name_address"])
+    ]
 
 
 _KINDS = {

@@ -53,7 +53,7 @@ def launch(ctx: typer.Context, **flags: Any) -> None:
         return
     records.check_home()  # the job's record and kept output go there: before anything starts
     if run["detach"]:
-        done = launching.submit_detached(spec, backend)
+        done = launching.submit_detached(spec, backend, say=ui.info)
         ui.info(
             f"job {done.job_id} submitted as {backend.name} job {done.engine_job}; output in {done.output}"
         )

@@ -20,6 +20,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INSTEAD = {
     dmlc_env.DMLC_PS_ROOT_URI: "--scheduler-ip",
     dmlc_env.DMLC_PS_ROOT_PORT: "--scheduler-port",
+    dmlc_env.MASTER_PORT: "--master-port",
+    dmlc_env.MASTER_ADDR: "--scheduler-ip with -s 0 (worker 0's address)",
     dmlc_env.DMLC_NUM_WORKER: "-n",
     dmlc_env.DMLC_NUM_SERVER: "-s",
     dmlc_env.CUDA_VISIBLE_DEVICES: "--gpus-per-worker alone",

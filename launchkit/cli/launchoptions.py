@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from typer.core import TyperCommand
 
 from launchkit import backends
 from launchkit.cli.app import bound_numbers
 from launchkit.cli.backendflags import groups
+from launchkit.cli.torchrunflags import TorchrunRefusals
 
 #: launch's flags that say how to run the job, not what it is (no part of the spec)
 RUN_FLAGS = ("detach", "dashboard", "dry_run", "as_json")
@@ -62,6 +62,13 @@ def common() -> list[inspect.Parameter]:
         o("gpus_per_worker", int, None, "--gpus-per-worker", help="CUDA_VISIBLE_DEVICES slice."),
         o("scheduler_ip", str, None, "--scheduler-ip", help="Address published for the scheduler."),
         o("scheduler_port", int, None, "--scheduler-port", help="Scheduler port (default: a free one)."),
+        o(
+            "master_port",
+            int,
+            None,
+            "--master-port",
+            help="torch's MASTER_PORT on worker 0's host (default: a free one).",
+        ),
         o("interface", str, None, "--interface", help="Network interface (DMLC_INTERFACE)."),
         o("grace_period", float, 5.0, "--grace-period", help="Seconds between SIGTERM and SIGKILL."),
         o("time_limit", float, None, "--time-limit", help="End the job after this many seconds (exit 124)."),
@@ -152,7 +159,7 @@ def given(ctx: typer.Context) -> list[str]:
 ENGINE_FLAGS = "launchkit.engine_flags"  # ctx.meta: the engine flags' values, by name
 
 
-class LaunchCommand(TyperCommand):
+class LaunchCommand(TorchrunRefusals):
     """``launch``: its engine flags join its parameters when first asked for; their values go to
     ``ctx.meta[ENGINE_FLAGS]`` (the callback takes launch's own signature). Its help: the
     arguments, the options every launch has, then one section for each group of engine flags

@@ -50,6 +50,7 @@ def build_spec(
     sync_timeout: float = 900.0,
     max_restarts: int = 0,
     restart_backoff: float = 1.0,
+    master_port: int | None = None,
     ui: Ui,
 ) -> LaunchSpec:
     """The ``LaunchSpec`` that launch's common flags describe (``launchoptions.common``, by name);
@@ -76,6 +77,8 @@ def build_spec(
     if sync_timeout <= 0:
         raise UsageError(f"--sync-timeout must be more than 0, got {sync_timeout:g}")
     check_restarts(backend, caps, max_restarts, restart_backoff)
+    if master_port is not None and master_port == scheduler_port:
+        raise UsageError(f"--master-port {master_port} is --scheduler-port too: expected two ports")
     environ = dict(os.environ)
     ns = num_workers if num_servers is None else num_servers
     assign_hosts(num_workers, ns, hosts)  # placement errors before anything else happens
@@ -98,6 +101,7 @@ def build_spec(
         gpus_per_worker=gpus_per_worker,
         scheduler_ip=scheduler_ip,
         scheduler_port=scheduler_port,
+        master_port=master_port,
         interface=interface or os.environ.get(dmlc_env.DMLC_INTERFACE) or None,
         grace_period=grace_period,
         time_limit=time_limit,

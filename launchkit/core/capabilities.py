@@ -29,6 +29,9 @@ class Capabilities:
     #: every process runs on this machine (local): the scheduler's address is loopback, the
     #: processes publish it, start in the launcher's directory and are sampled here
     here: bool = False
+    #: the processes get the launcher's own environment (local; srun's --export=ALL): a variable
+    #: set there is the user's, which the launcher's defaults (OMP_NUM_THREADS) leave alone
+    inherits_env: bool = False
     #: the launcher opens its own connection to every host (ssh): a --scheduler-ip name must
     #: resolve here, and the scheduler's address is the local end of the connection to the first
     connects: bool = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
+from collections.abc import Mapping
 from pathlib import PurePath
 
 import dmlc_env
@@ -78,6 +79,25 @@ def worker_hosts(
     return size, index
 
 
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+
+
+def host_counts(slots: list[Slot]) -> dict[tuple[str, int | None], int]:
+    """The processes (servers and workers) each machine runs."""
+    counts: dict[tuple[str, int | None], int] = {}
+    for s in slots:
+        counts[machine_key(s.host)] = counts.get(machine_key(s.host), 0) + 1
+    return counts
+
+
+def user_sets(spec: LaunchSpec, name: str, inherited: Mapping[str, str]) -> bool:
+    """Whether the user set ``name`` for the job: ``--env``, ``--env-server``, ``--env-worker``,
+    a ``NAME=VALUE`` word before the command, or the launcher's own environment where the
+    processes get it (``inherited``)."""
+    given = (*spec.env, *spec.env_server, *spec.env_worker, *split_assignments(spec.command)[0])
+    return name in inherited or any(n == name for n, _ in given)
+
+
 def make_plan(
     spec: LaunchSpec,
     *,
@@ -91,6 +111,7 @@ def make_plan(
     metrics_addr: str | None = None,
     master: tuple[str, int] = ("", 0),
     job_home: str = "",
+    inherited: Mapping[str, str] | None = None,
 ) -> Plan:
     """Every process of the job, on a backend that can do ``caps``. ``node_host_of`` maps a
     host to the address it publishes (``DMLC_NODE_HOST``); by default processes that all run here
@@ -98,8 +119,13 @@ def make_plan(
     torch's ``MASTER_ADDR`` and ``MASTER_PORT`` on worker 0's host (``("", 0)``: worker 0's node
     picks them, on the engines). ``job_home``: where the job is recorded (``LAUNCHKIT_JOB_HOME``,
     ``launchkit.jobs.owner.home_id``; "" sets none). Without servers there is no scheduler task: worker 0 serves
-    ``root_uri:root_port`` (which must then be on worker 0's host)."""
+    ``root_uri:root_port`` (which must then be on worker 0's host). ``inherited``: the launcher's
+    own environment where the processes get it (``caps.inherits_env``): a variable set there is
+    the user's. Every process of a machine that runs more than one gets ``OMP_NUM_THREADS=1``
+    unless the user set it (as torchrun: each would otherwise run a thread per core)."""
     no_scheduler = not has_scheduler(spec, caps)
+    slots = place(spec.num_workers, spec.num_servers, spec.hosts)
+    local_size, node_rank = worker_hosts(slots)
     job = dmlc_env.JobEnv(
         job_id=job_id,
         secret=secret,
@@ -112,7 +138,9 @@ def make_plan(
         restart_count=restart_count,
         root_in_worker0=no_scheduler,
         master_addr=master[0],
-        master_port=master[1],
+        master_port=master[1] or spec.master_port or 0,
+        max_restarts=spec.max_restarts,
+        worker_hosts=len(node_rank),
         home=job_home,
     )
     assignments, words = split_assignments(spec.command)
@@ -126,8 +154,9 @@ def make_plan(
             return node_host_of[host]
         return root_uri if caps.here else host.name
 
-    slots = place(spec.num_workers, spec.num_servers, spec.hosts)
-    local_size, node_rank = worker_hosts(slots)
+    crowded = {k for k, n in host_counts(slots).items() if n > 1}
+    if user_sets(spec, OMP_NUM_THREADS, inherited or {}):
+        crowded = set()
 
     def make_task(role: str, rank: int, task_id: int, host: Host, local_rank: int, cwd: str) -> Task:
         cuda: str | None = None
@@ -150,6 +179,8 @@ def make_plan(
         identity = {dmlc_env.LAUNCHKIT_JOB_ID, dmlc_env.LAUNCHKIT_JOB_HOME, dmlc_env.LAUNCHKIT_RESTART_COUNT}
         for name in dmlc_env.SECRET_VARS | identity:
             user.pop(name, None)  # the job's identity (its home, its attempt) cannot be overridden
+        if machine_key(host) in crowded:
+            env[OMP_NUM_THREADS] = "1"
         env.update(user)
         if metrics_addr:  # the launcher's metrics endpoint (docs/metrics.md)
             env[dmlc_env.LAUNCHKIT_METRICS_ADDR] = metrics_addr
@@ -171,4 +202,18 @@ def make_plan(
         root_uri=root_uri,
         root_port=root_port,
         tasks=tuple(tasks),
+        one_thread=len(crowded),
     )
+
+
+def one_thread_note(plan: Plan) -> str | None:
+    """The line that says the launcher set ``OMP_NUM_THREADS=1`` (as torchrun says it); None when
+    it did not."""
+    if not plan.one_thread:
+        return None
+    n = plan.one_thread
+    if plan.backend == "local":
+        where = "this machine (it runs more than one, and each would otherwise"
+    else:
+        where = f"the {n} host{'s' if n > 1 else ''} that run{'' if n > 1 else 's'} more than one (each would otherwise"
+    return f"OMP_NUM_THREADS=1 for every process on {where} start a thread per core); set another with --env OMP_NUM_THREADS:N"

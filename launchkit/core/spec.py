@@ -50,6 +50,7 @@ class LaunchSpec:
     gpus_per_worker: int | None = None
     scheduler_ip: str | None = None
     scheduler_port: int | None = None
+    master_port: int | None = None  # torch's MASTER_PORT on worker 0's host (--master-port)
     interface: str | None = None
     grace_period: float = 5.0
     time_limit: float | None = None
@@ -87,6 +88,7 @@ class Plan:
     root_uri: str
     root_port: int
     tasks: tuple[Task, ...]  # the scheduler first (none without servers), then servers, then workers
+    one_thread: int = 0  # the machines whose processes got OMP_NUM_THREADS=1 from the launcher
 
     def by_role(self, role: str) -> list[Task]:
         return [t for t in self.tasks if t.role == role]

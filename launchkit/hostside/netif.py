@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import MutableMapping
 
 from dmlc_env import interface_address
 
-__all__ = ["interface_address", "route_address", "route_to"]
+__all__ = [
+    "interface_address",
+    "interface_of",
+    "interface_toward",
+    "is_loopback",
+    "route_address",
+    "route_to",
+    "socket_ifnames",
+]
 
 
 def route_address(host: str) -> str | None:
@@ -45,3 +54,55 @@ def route_to(name: str) -> str | None:
         if route:
             return route
     return None
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` is a loopback address (``127.0.0.1``, Debian's ``127.0.1.1``, ``::1``)."""
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return address.lower() == "localhost"
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the local network interface that holds IPv4 ``address``; None when none does."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((name for name in names if interface_address(name) == address), None)
+
+
+def interface_toward(host: str) -> str | None:
+    """The local interface the kernel would send through to reach ``host`` (an IPv4 address or a
+    name): what gloo and NCCL must bind to for a peer there to reach them. None when ``host``
+    does not resolve, has no route, or the route's address is on no interface (IPv6)."""
+    try:
+        ip = socket.gethostbyname(host)
+    except (OSError, UnicodeError):
+        return None
+    local = route_address(ip)
+    return interface_of(local) if local else None
+
+
+#: What gloo and NCCL bind to and connect through
+SOCKET_IFNAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def socket_ifnames(env: MutableMapping[str, str], known: dict[str, str | None] | None = None) -> None:
+    """A worker's ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``: the interface its host reaches
+    ``MASTER_ADDR`` through (gloo binds to its host name's address otherwise, loopback where that
+    resolves to it), unless the user set them; nothing without ``MASTER_ADDR``. ``known``: the
+    interfaces already looked up, by address (a host's watchdog starts many workers)."""
+    master = env.get("MASTER_ADDR")
+    if env.get("DMLC_ROLE") != "worker" or not master or all(env.get(n) for n in SOCKET_IFNAMES):
+        return
+    if known is None or master not in known:
+        iface = interface_toward(master)
+        if known is not None:
+            known[master] = iface
+    else:
+        iface = known[master]
+    for name in SOCKET_IFNAMES:
+        if iface and not env.get(name):
+            env[name] = iface

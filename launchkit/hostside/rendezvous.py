@@ -22,11 +22,14 @@ import sys
 import time
 from collections.abc import Mapping, MutableMapping
 
-from launchkit.hostside.netif import interface_address, route_address
+from launchkit.hostside.netif import interface_address, is_loopback, route_address, socket_ifnames
 
 RENDEZVOUS_VAR = "LAUNCHKIT_RENDEZVOUS"
 SECRET_FILE_VAR = "LAUNCHKIT_SECRET_FILE"
 WORKER0_VAR = "LAUNCHKIT_RENDEZVOUS_WORKER0"
+#: An address of the launcher's host, which the job's hosts reach (mpi, slurm): worker 0 publishes
+#: the address it reaches it through, where no scheduler's address or submit host says more
+TOWARD_VAR = "LAUNCHKIT_RENDEZVOUS_TOWARD"
 DEFAULT_WAIT = 600.0
 #: How long a worker of a job WITH a scheduler waits for worker 0's address (torch's MASTER_* only,
 #: which such a job need not use) before it goes on without them, saying why
@@ -44,10 +47,19 @@ def parse_root(text: str, ports: int = 1) -> tuple[str, int] | None:
 
 
 def parse_ports(text: str, ports: int) -> tuple[str, list[int]] | None:
+    """``ADDRESS PORT...`` (``ports`` of them), and what follows them (worker 0's host name)."""
     parts = text.split()
-    if len(parts) != 1 + ports or not all(p.isdigit() for p in parts[1:]):
+    if len(parts) not in (1 + ports, 2 + ports) or not all(p.isdigit() for p in parts[1 : 1 + ports]):
         return None
-    return parts[0], [int(p) for p in parts[1:]]
+    return parts[0], [int(p) for p in parts[1 : 1 + ports]]
+
+
+def published_host(path: str) -> str | None:
+    """The host name worker 0 wrote after its address and ports (None from an older launchkit)."""
+    with contextlib.suppress(OSError), open(path) as f:
+        parts = f.read().split()
+        return parts[3] if len(parts) == 4 else None
+    return None
 
 
 def local_address(env: Mapping[str, str], toward: str | None) -> str | None:
@@ -94,10 +106,11 @@ def wait_for_ports(
         time.sleep(poll)
 
 
-def publish_worker0(path: str, address: str) -> tuple[str, list[int]]:
+def publish_worker0(path: str, address: str, master_port: int = 0) -> tuple[str, list[int]]:
     """Worker 0's side: two free ports on ``address`` (the rendezvous's, torch's store's), written
-    with it atomically. Free when picked, not held (as torchrun picks ``MASTER_PORT``)."""
-    socks = [socket.socket() for _ in range(2)]
+    with it atomically. Free when picked, not held (as torchrun picks ``MASTER_PORT``);
+    ``master_port``, when not 0, is torch's store's (``--master-port``)."""
+    socks = [socket.socket() for _ in range(1 if master_port else 2)]
     try:
         for s in socks:
             s.bind((address, 0))
@@ -105,9 +118,11 @@ def publish_worker0(path: str, address: str) -> tuple[str, list[int]]:
     finally:
         for s in socks:
             s.close()
+    if master_port:
+        ports.append(master_port)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        f.write(f"{address} {ports[0]} {ports[1]}\n")
+        f.write(f"{address} {ports[0]} {ports[1]} {socket.gethostname()}\n")
     os.replace(tmp, path)
     return address, ports
 
@@ -120,8 +135,14 @@ def resolve_worker0(env: MutableMapping[str, str]) -> None:
         return
     serves = env.get("LAUNCHKIT_ROOT_SERVER") == "worker 0"  # the job's rendezvous too: required
     if env.get("LAUNCHKIT_ROLE_RANK") == "0":
-        toward = env.get("DMLC_PS_ROOT_URI") or env.get("SGE_O_HOST") or env.get("SLURM_SUBMIT_HOST")
-        address, (root, master) = publish_worker0(path, local_address(env, toward) or "127.0.0.1")
+        toward = (
+            env.get("DMLC_PS_ROOT_URI")
+            or env.get(TOWARD_VAR)
+            or env.get("SGE_O_HOST")
+            or env.get("SLURM_SUBMIT_HOST")
+        )
+        pinned = int(env.get("MASTER_PORT") or 0)  # --master-port
+        address, (root, master) = publish_worker0(path, local_address(env, toward) or "127.0.0.1", pinned)
     else:
         wait = float(env.get("PS_START_TIMEOUT") or DEFAULT_WAIT) if serves else OPTIONAL_WAIT
         try:
@@ -134,9 +155,31 @@ def resolve_worker0(env: MutableMapping[str, str]) -> None:
                 "MASTER_PORT are not set; the job's scheduler is not affected\n"
             )
             return
+        why = unreachable(address, published_host(path), socket.gethostname())
+        if why is not None:
+            if serves:
+                raise Unreachable(why)
+            sys.stderr.write(f"launchkit shim: {why}; MASTER_ADDR and MASTER_PORT are not set\n")
+            return
     env["MASTER_ADDR"], env["MASTER_PORT"] = address, str(master)
     if serves:
         env["DMLC_PS_ROOT_URI"], env["DMLC_PS_ROOT_PORT"] = address, str(root)
+
+
+class Unreachable(OSError):
+    """Worker 0 published an address this worker's host cannot reach (loopback, another host)."""
+
+
+def unreachable(address: str, worker0_host: str | None, here: str) -> str | None:
+    """Why worker 0's ``address`` cannot serve this worker: it is loopback, and worker 0 runs on
+    another host (``worker0_host``, as it wrote it; this one is ``here``); None when it can."""
+    if not is_loopback(address) or worker0_host is None or worker0_host == here:
+        return None
+    return (
+        f"worker 0 on {worker0_host} published {address}, a loopback address (its host name resolves "
+        f"to it, and nothing better was found), which this worker on {here} cannot reach: give "
+        "--interface IFACE, the interface of worker 0's host that the other hosts reach"
+    )
 
 
 def resolve(env: MutableMapping[str, str]) -> None:
@@ -147,6 +190,7 @@ def resolve(env: MutableMapping[str, str]) -> None:
             env["LAUNCHKIT_JOB_SECRET"] = f.read().strip()
     resolve_scheduler(env)
     resolve_worker0(env)
+    socket_ifnames(env)
 
 
 def resolve_scheduler(env: MutableMapping[str, str]) -> None:

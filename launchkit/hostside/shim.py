@@ -40,6 +40,8 @@ GRACE_VAR = "LAUNCHKIT_SHIM_GRACE"
 #: "1": SIGUSR2 means "stop" (Grid Engine's qdel -notify; what Open MPI's mpirun forwards at once).
 NOTIFY_VAR = "LAUNCHKIT_SHIM_NOTIFY"
 ENDS_VAR = "LAUNCHKIT_SHIM_ENDS"  # the launcher's directory for the end marks (see above)
+#: The submitter's PATH again (sge): a login shell's profile may set PATH anew before the shim runs.
+PATH_VAR = "LAUNCHKIT_SHIM_PATH"
 #: Variables that instruct the shim (and the batch programs) and that the command does not get.
 CONTROL_PREFIXES = ("LAUNCHKIT_SHIM_", "LAUNCHKIT_BATCH", "LAUNCHKIT_RENDEZVOUS", "LAUNCHKIT_SECRET_FILE")
 MARK = b"\x1elk "
@@ -299,6 +301,8 @@ def _run(
 ) -> int:
     env = dict(environ)
     env.update(own)
+    if env.get(PATH_VAR):
+        env["PATH"] = env[PATH_VAR]
     try:
         rendezvous.resolve(env)
     except (OSError, TimeoutError) as exc:
@@ -347,7 +351,10 @@ def _run(
         )
     except OSError as exc:
         code = 127 if isinstance(exc, FileNotFoundError) else 126
-        for piece in frame_output(index, "e", f"cannot start {argv[0]!r}: {exc.strerror or exc}".encode()):
+        where = f" (PATH={env.get('PATH', '')})" if code == 127 and "/" not in argv[0] else ""
+        for piece in frame_output(
+            index, "e", f"cannot start {argv[0]!r}: {exc.strerror or exc}{where}".encode()
+        ):
             err.write(piece)
         guard.release()
         end_marks(environ, index, code, False)

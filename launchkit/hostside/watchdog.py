@@ -66,6 +66,7 @@ class Watchdog:
         self.grace = 3.0
         self.deadline: float | None = None
         self.node_host: str | None = None
+        self.ifaces: dict[str, str | None] = {}  # the interface toward each MASTER_ADDR (gloo's, NCCL's)
         self.stopping = threading.Event()
         self.usage: Latest | None = None  # the host's figures, sampled in its own thread
 
@@ -94,6 +95,10 @@ class Watchdog:
         env.update({str(k): str(v) for k, v in msg.get("env", {}).items()})
         if msg.get("node_host") and self.node_host:
             env["DMLC_NODE_HOST"] = self.node_host
+        if env.get("MASTER_ADDR") and env.get("DMLC_ROLE") == "worker":  # (netif: imported for workers only)
+            from launchkit.hostside.netif import socket_ifnames
+
+            socket_ifnames(env, self.ifaces)
         with self.table:
             if self.stopping.is_set():
                 self.send({"ev": "error", "id": ident, "code": 126, "msg": "the job is ending"})

@@ -235,6 +235,51 @@ def test_two_namespace_hosts(netns_hosts, node_python, tmp_path: Path, launchkit
         proc.kill()
 
 
+def test_without_servers_across_hosts_worker_0_publishes_an_address_the_others_reach(
+    netns_hosts, node_python, tmp_path: Path, launchkit_home: Path
+) -> None:
+    """-s 0 across two namespace hosts whose names resolve to loopback (issue 40: every rank got
+    MASTER_ADDR=127.0.0.1 and sat in init_process_group): worker 0 publishes the address it
+    reaches the launcher's machine through, and each worker's gloo/NCCL interface is the one
+    toward it (the program prints its environment: the hosts' python has no numpy)."""
+    from tests.launchkit.noserver import PROG as NOSERVER
+
+    group = netns_hosts(2, private_tmp=False)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("".join(f"{h.address}\n" for h in group))
+    shutil.copy(NOSERVER, tmp_path / "noserverprog.py")
+    res = run(
+        [
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "0",
+            "--launcher",
+            "mpi",
+            "-H",
+            str(hostfile),
+            *node_python,
+            "--mpi-args",
+            "--mca oob_tcp_if_include 10.231.0.0/24 --mca btl_tcp_if_include 10.231.0.0/24",
+            "-i",
+            str(group.identity),
+            "--known-hosts",
+            str(group.known_hosts),
+            "python3",
+            "noserverprog.py",
+            "env",
+        ],
+        cwd=tmp_path,
+        timeout=80,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    outs = parse_prefixed(res.stdout)
+    assert sorted(outs) == [("worker", 0), ("worker", 1)]
+    assert {o["MASTER_ADDR"] for o in outs.values()} == {group[0].address}
+    assert {(o["GLOO_SOCKET_IFNAME"], o["NCCL_SOCKET_IFNAME"]) for o in outs.values()} == {("eth0", "eth0")}
+
+
 #: The engine's own lines that say nothing to the user: echoes of the launcher's signal, the shim's
 #: guardians counted as leftovers (issue 27)
 NOISE = ("leftover", "Forwarding signal", "Abort is in progress", "BAD TERMINATION", "EXIT STRING")

@@ -70,6 +70,8 @@ def test_workers_only_across_hosts_allreduce_and_a_killed_worker(
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     outs = parse_prefixed(res.stdout)
     check_workers_only(outs, 4, "ssh")
+    # each host's interface toward worker 0 (their names resolve to loopback there): issue 40
+    assert {(o["GLOO_SOCKET_IFNAME"], o["NCCL_SOCKET_IFNAME"]) for o in outs.values()} == {("eth0", "eth0")}
     assert all(o["sum"] == [10] * 7 and o["size"] == 4 for o in outs.values())
     # workers round-robin over the hosts: 0 and 3 on the first, which serves the rendezvous
     by_rank = [outs[("worker", r)] for r in range(4)]

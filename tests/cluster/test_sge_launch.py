@@ -240,3 +240,26 @@ def test_pending_tasks_are_shown_with_their_reason(sge_local, tmp_path: Path, la
         assert "because it is full" in res.stderr
     finally:
         sge_local.delete_all_jobs()
+
+
+def test_a_program_on_the_launchers_path_is_found(sge_local, tmp_path: Path, launchkit_home: Path) -> None:
+    """The job gets the launcher's PATH, as on the other engines (issue 40: `python train.py`
+    exited 127, 'cannot start python'): a program only on it runs; one on none names the PATH."""
+    bin_dir = tmp_path / "own-bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "lk-own-tool"
+    tool.write_text('#!/bin/sh\necho "own tool $DMLC_ROLE"\n')
+    tool.chmod(0o755)
+    env = {**env_of(sge_local, launchkit_home)}
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    argv = [*LAUNCHKIT, "launch", "--launcher", "sge", "-n", "1", "-s", "0"]
+    res = subprocess.run(
+        [*argv, "lk-own-tool"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=80
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "[worker 0] own tool worker" in res.stdout
+    missing = subprocess.run(
+        [*argv, "lk-no-such-tool"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=80
+    )
+    assert missing.returncode == 127, missing.stderr[-3000:]
+    assert f"No such file or directory (PATH={bin_dir}:" in missing.stderr

@@ -96,7 +96,7 @@ def torch_python(host_python: str) -> str:  # noqa: F811
     return host_python
 
 
-def launch_argv(group, tmp_path: Path, python: str, site: Path, *rest: str) -> list[str]:
+def launch_argv(group, tmp_path: Path, python: str, site: Path, *rest: str, ifname: bool = True) -> list[str]:
     job = tmp_path / "job"
     job.mkdir(exist_ok=True)
     (job / "ddp.py").write_text(PROG)
@@ -121,8 +121,7 @@ def launch_argv(group, tmp_path: Path, python: str, site: Path, *rest: str) -> l
         "2",
         "--env",
         f"PYTHONPATH:{site}",
-        "--env",
-        "GLOO_SOCKET_IFNAME:eth0",
+        *(["--env", "GLOO_SOCKET_IFNAME:eth0"] if ifname else []),
         python,
         "ddp.py",
         *rest,
@@ -208,3 +207,22 @@ def test_ddp_script_across_three_hosts_a_killed_worker_and_a_killed_launcher(
     finally:
         proc.kill()
         proc.communicate()
+
+
+@pytest.mark.timeout(240)
+def test_ddp_across_hosts_whose_names_resolve_to_loopback_needs_no_gloo_socket_ifname(
+    netns_hosts,  # noqa: F811
+    torch_python: str,
+    host_site: Path,
+    tmp_path: Path,
+) -> None:
+    """Without --env GLOO_SOCKET_IFNAME the job failed after 21 s with 'Gloo connectFullMesh
+    failed ... remote=[127.0.0.1]' (issue 40): each host's watchdog now gives its workers the
+    interface toward MASTER_ADDR."""
+    group = netns_hosts(3)
+    argv = launch_argv(group, tmp_path, torch_python, host_site, "train", str(STEPS), ifname=False)
+    res = run(argv, cwd=tmp_path / "job", timeout=200)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    outs = parse_prefixed(res.stdout)
+    assert sorted(outs) == [("worker", r) for r in range(WORKERS)], res.stdout[-3000:]
+    assert all(o["params"] == pytest.approx(reference(), abs=1e-5) for o in outs.values())

@@ -24,3 +24,8 @@ def check_workers_only(outs: dict, workers: int, cluster: str) -> None:
         assert o["LAUNCHKIT_ROOT_SERVER"] == "worker 0"
         assert (o["RANK"], o["WORLD_SIZE"]) == (str(rank), str(workers))
         assert o["LOCAL_RANK"] == o["LAUNCHKIT_LOCAL_RANK"] and o["GROUP_RANK"] == o["NODE_RANK"]
+        # torchrun's others: one role, the attempt, the job as its run id
+        assert (o["ROLE_RANK"], o["ROLE_WORLD_SIZE"], o["ROLE_NAME"]) == (str(rank), str(workers), "default")
+        assert int(o["GROUP_WORLD_SIZE"]) > int(o["GROUP_RANK"])
+        assert o["TORCHELASTIC_RESTART_COUNT"] == o["LAUNCHKIT_RESTART_COUNT"]
+        assert o["TORCHELASTIC_RUN_ID"] == o["LAUNCHKIT_JOB_ID"]

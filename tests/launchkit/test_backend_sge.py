@@ -182,3 +182,13 @@ def test_no_qmaster_is_a_clear_refusal_exit_2(tmp_path: Path) -> None:
         "nothing was started"
     ) in res.stderr, res.stderr
     assert not marker.exists()
+
+
+def test_the_submitters_path_travels_again_under_the_shims_name(monkeypatch) -> None:
+    """A login shell's profile (Grid Engine starts /bin/sh as one where the queue's login_shells
+    names sh) sets PATH anew: the shim puts LAUNCHKIT_SHIM_PATH back (issue 40: `python` exited 127)."""
+    from launchkit.backends.sge import SgeBackend
+
+    monkeypatch.setenv("PATH", "/opt/venv/bin:/usr/bin")
+    names = SgeBackend()._names(plan_for(), "/w/launchkit-j1")
+    assert {"PATH", "LAUNCHKIT_SHIM_PATH"} <= set(names)

@@ -29,6 +29,7 @@ TOO_BIG = str(MAX_NUMBER + 1)
         (["launch", "-n", "1", "--time-limit", "1e400"], "--time-limit"),
         (["launch", "-n", "1", "--restart-backoff", "-inf"], "--restart-backoff"),
         (["launch", "-n", "1", "--heartbeat-timeout", "nan"], "--heartbeat-timeout"),
+        (["launch", "-n", "1", "--start-timeout", "inf"], "--start-timeout"),
         (["launch", "-n", "1", "--sync-timeout", TOO_BIG], "--sync-timeout"),
         (["launch", "-n", "99999999999999999999"], "--num-workers"),
         (["launch", "-n", "1", "--max-restarts", TOO_BIG], "--max-restarts"),
@@ -106,6 +107,9 @@ def test_scheduler_addresses_that_work_are_taken(tmp_path: Path) -> None:
         (["--env-server", "DMLC_NUM_WORKER:9"], "DMLC_NUM_WORKER is set by the launcher (the job's contract) and "
          "cannot be overridden; use -n"),
         (["--env-worker", "DMLC_PS_ROOT_PORT:9"], "cannot be overridden; use --scheduler-port"),
+        (["--env", "MASTER_PORT:29500"], "MASTER_PORT is set by the launcher (the job's contract) and cannot be "
+         "overridden; use --master-port"),
+        (["--master-port", "29500", "--scheduler-port", "29500"], "--master-port 29500 is --scheduler-port too"),
         (["--env", "LAUNCHKIT_SHIM_TASKS:[]"], "--env LAUNCHKIT_SHIM_TASKS"),
         (["DMLC_PS_ROOT_URI=10.0.0.9"], "DMLC_PS_ROOT_URI=... (before the command): DMLC_PS_ROOT_URI is set"),
         (["--gpus-per-worker", "1", "--env-worker", "CUDA_VISIBLE_DEVICES:0"], "CUDA_VISIBLE_DEVICES is set by "
@@ -144,7 +148,11 @@ def test_the_users_own_variables_still_pass(tmp_path: Path) -> None:
 def test_every_variable_the_launcher_sets_is_one_it_owns() -> None:
     job = dmlc_env.JobEnv("j", "s", "local", "127.0.0.1", 1, 1, 1, interface="lo")
     env = dmlc_env.build_env(job, dmlc_env.TaskEnv("worker", 0, 1, 0, "h", cuda_visible_devices="0"))
-    assert {name for name in env if not dmlc_env.launcher_owned(name)} == {dmlc_env.CUDA_VISIBLE_DEVICES}
+    # the user's to set: CUDA_VISIBLE_DEVICES without --gpus-per-worker, torchrun's role name and error file
+    assert {name for name in env if not dmlc_env.launcher_owned(name)} == {
+        dmlc_env.CUDA_VISIBLE_DEVICES,
+        *dmlc_env.TORCH_DEFAULTS,
+    }
     assert not dmlc_env.launcher_owned("LAUNCHKIT_HOME") and not dmlc_env.launcher_owned("DMLC_PS_VAN_TYPE")
 
 
@@ -193,6 +201,7 @@ def test_dmlc_interface_may_be_set_as_the_docs_say_with_one_warning(tmp_path: Pa
         (["--sync-dst-dir", "/srv/job"], "--sync-dst-dir does not apply to --launcher local; it is for --launcher ssh"),
         (["--sync-timeout", "5"], "--sync-timeout does not apply to --launcher local; it is for --launcher ssh"),
         (["--heartbeat-timeout", "3"], "--heartbeat-timeout does not apply to --launcher local; it is for --launcher ssh"),
+        (["--start-timeout", "60"], "--start-timeout does not apply to --launcher local; it is for --launcher ssh"),
         (["--queue", "all.q"], "--queue does not apply to --launcher local; it is for --launcher sge or yarn"),
         (["--mpirun", "mpirun"], "--mpirun does not apply to --launcher local; it is for --launcher mpi"),
         (["--launcher", "mpi", "--connect-timeout", "3", "--heartbeat-timeout", "3"],

@@ -116,3 +116,20 @@ def test_every_other_line_is_kept_byte_for_byte(tmp_path: Path, eol: str) -> Non
     res = run(["hosts", "remove", "node3", "-H", str(hf)])
     assert res.returncode == 0, res.stderr
     assert hf.read_bytes() == before.encode()
+
+
+def test_hosts_check_flags_a_host_name_that_resolves_to_loopback() -> None:
+    """issue 40: Debian's 127.0.1.1 for the host's own name made gloo unreachable; hosts check said nothing."""
+    from launchkit.backends.ssh.commands import HostResult
+    from launchkit.cli.hosts import loopback_names
+    from launchkit.core.spec import Host
+
+    results = [
+        HostResult(Host("a"), True, data={"hostname": "node1", "name_address": "127.0.1.1"}),
+        HostResult(Host("b"), True, data={"hostname": "node2", "name_address": "10.0.0.2"}),
+        HostResult(Host("c"), False, error="down"),
+        HostResult(Host("d"), True, data={"hostname": "node4", "name_address": None}),
+    ]
+    (line,) = loopback_names(results)
+    assert line.startswith("a: its host name node1 resolves to 127.0.1.1 there, a loopback address")
+    assert "GLOO_SOCKET_IFNAME" in line and "/etc/hosts" in line

@@ -6,6 +6,7 @@ the root cause and nothing is left; restarts, ``launchkit kill``. The other back
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -15,6 +16,12 @@ from tests.launchkit.noserver import PROG, check_workers_only
 from tests.launchkit.procs import parse_prefixed, pids_with_job, record, run, start, wait_for_job, wait_until
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def test_only_workers_run_and_meet_at_worker_0(tmp_path: Path, launchkit_home: Path) -> None:
@@ -32,6 +39,26 @@ def test_only_workers_run_and_meet_at_worker_0(tmp_path: Path, launchkit_home: P
     assert record(launchkit_home, job)["state"] == "succeeded"
     assert [p["role"] for p in record(launchkit_home, job)["processes"]] == ["worker"] * 3
     assert not pids_with_job(job)
+
+
+def test_torchruns_environment_one_thread_each_and_a_pinned_master_port(tmp_path: Path) -> None:
+    """Two workers on this machine: each gets OMP_NUM_THREADS=1 (one line says so, as torchrun),
+    torchrun's other variables, and --master-port's MASTER_PORT; --env OMP_NUM_THREADS keeps its own."""
+    port = str(free_port())
+    res = run(
+        ["launch", "-n", "2", "-s", "0", "--master-port", port, sys.executable, PROG, "env"], cwd=tmp_path
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    outs = parse_prefixed(res.stdout)
+    check_workers_only(outs, 2, "local")
+    assert {(o["OMP_NUM_THREADS"], o["MASTER_PORT"], o["GROUP_WORLD_SIZE"]) for o in outs.values()} == {
+        ("1", port, "1")
+    }
+    assert res.stderr.count("OMP_NUM_THREADS=1 for every process on this machine") == 1
+    own = run(["launch", "-n", "2", "-s", "0", "--env", "OMP_NUM_THREADS:3", sys.executable, PROG, "env"])
+    assert own.returncode == 0, own.stderr[-3000:]
+    assert {o["OMP_NUM_THREADS"] for o in parse_prefixed(own.stdout).values()} == {"3"}
+    assert "OMP_NUM_THREADS=1" not in own.stderr
 
 
 def test_a_plain_torch_script_runs_unchanged(tmp_path: Path) -> None:

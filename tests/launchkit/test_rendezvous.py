@@ -117,3 +117,24 @@ def test_with_a_scheduler_a_worker_goes_on_without_torchs_variables_when_worker_
     assert time.monotonic() - t0 < 5
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["DMLC_PS_ROOT_URI"]) == ("", "0", "10.0.0.9")
     assert "worker 0 did not publish its address" in capsys.readouterr().err
+
+
+def test_worker_0_publishes_a_pinned_master_port(tmp_path) -> None:
+    """--master-port on an engine: the plan gives MASTER_PORT, MASTER_ADDR is worker 0's node's."""
+    path = str(tmp_path / "worker0")
+    base = {
+        rendezvous.WORKER0_VAR: path,
+        "DMLC_ROLE": "worker",
+        "MASTER_ADDR": "",
+        "MASTER_PORT": "29517",
+        "DMLC_PS_ROOT_URI": "",
+        "DMLC_PS_ROOT_PORT": "0",
+        "LAUNCHKIT_ROOT_SERVER": "worker 0",
+        "DMLC_INTERFACE": "lo",
+    }
+    zero = {**base, "LAUNCHKIT_ROLE_RANK": "0"}
+    rendezvous.resolve(zero)
+    one = {**base, "LAUNCHKIT_ROLE_RANK": "1"}
+    rendezvous.resolve(one)
+    assert zero["MASTER_PORT"] == one["MASTER_PORT"] == "29517" and one["MASTER_ADDR"] == "127.0.0.1"
+    assert zero["DMLC_PS_ROOT_PORT"] != "29517" and int(zero["DMLC_PS_ROOT_PORT"]) > 0

@@ -88,6 +88,24 @@ def test_shim_reports_a_missing_command_as_127() -> None:
     assert b"cannot start" in res.stderr
 
 
+def test_a_command_not_found_on_path_names_the_path() -> None:
+    res = _run_shim(["no-such-program-lk"], PATH="/nowhere/bin")
+    assert res.returncode == 127
+    assert b"cannot start 'no-such-program-lk': No such file or directory (PATH=/nowhere/bin)" in res.stderr
+
+
+def test_the_submitters_path_is_put_back_before_the_command_starts(tmp_path) -> None:
+    """sge: a login shell's profile sets PATH anew before the job script runs the shim; the
+    launcher's PATH comes again as LAUNCHKIT_SHIM_PATH, which the command does not see."""
+    tool = tmp_path / "lk-own-tool"
+    tool.write_text('#!/bin/sh\necho "tool ran; $LAUNCHKIT_SHIM_PATH"\n')
+    tool.chmod(0o755)
+    res = _run_shim(["lk-own-tool"], PATH="/usr/bin:/bin", **{shim.PATH_VAR: f"{tmp_path}:/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    out = [shim.parse_frame(line) for line in res.stdout.splitlines(keepends=True)]
+    assert any(f is not None and f.kind == "o" and f.data == b"tool ran; " for f in out), res.stdout
+
+
 def test_shim_forwards_sigterm_and_says_it_was_stopped() -> None:
     table = json.dumps({"v": 1, "tasks": [{"i": 0, "env": {}}]})
     env = {**os.environ, shim.TASKS_VAR: table, "PMI_RANK": "0"}

@@ -84,6 +84,17 @@ def bootstrap_payload() -> bytes:
     return str(len(body)).encode() + b"\n" + body
 
 
+def start_seen(stderr: str, lost: str | None) -> str:
+    """What a host showed of a watchdog that did not start: its stderr's last lines, else that
+    its channel closed, else that nothing came (a slow or loaded host: a longer --start-timeout)."""
+    detail = " / ".join(line.strip() for line in stderr.strip().splitlines()[-5:] if line.strip())[-500:]
+    if detail:
+        return f"its stderr: {detail}; is python3 there?"
+    if lost is not None:
+        return f"{lost} with nothing on its stderr; is python3 there?"
+    return "no answer and nothing on its stderr (a loaded host may need a longer --start-timeout)"
+
+
 def remote_command(python: str = "python3") -> str:
     """The watchdog's command line on the host. ``-S``: no ``site`` (the watchdog is standard
     library only), 6 of the 43 ms of CPU its start took here, on every host."""
@@ -219,9 +230,12 @@ class HostAgent:
         self.send({"op": "acks", "a": acks})
 
     # -- start ------------------------------------------------------------------------------
-    def start(self, timeout: float) -> None:
-        """Open the channel and start the watchdog; raises BackendError (with the real reason)
-        and closes what it opened when that fails."""
+    def start(self, timeout: float, start_timeout: float | None = None) -> None:
+        """Open the channel (within ``timeout``, ``--connect-timeout``) and start the watchdog
+        (its ``ready`` within ``start_timeout``, ``--start-timeout``: a python3 that starts slowly
+        on a loaded host); raises BackendError (with the real reason: how long it waited, what it
+        saw) and closes what it opened when that fails."""
+        bound = timeout if start_timeout is None else start_timeout
         try:
             self.chan = self.conn.transport.open_session(timeout=timeout)
             self.chan.exec_command(remote_command())
@@ -245,11 +259,12 @@ class HostAgent:
                 "window": WINDOW,
             }
         )
-        if not self._ready.wait(timeout):
-            detail = self._stderr.decode(errors="replace").strip()[-500:]
+        if not self._ready.wait(bound):
+            saw = start_seen(self._stderr.decode(errors="replace"), self.lost)
             self._abandon()
             raise BackendError(
-                "ssh", f"{self.host}: the watchdog did not start ({detail or 'no answer'}); is python3 there?"
+                "ssh",
+                f"{self.host}: the watchdog did not start within {bound:g} s (--start-timeout): {saw}",
             )
         threading.Thread(target=self._heartbeat, daemon=True).start()
 

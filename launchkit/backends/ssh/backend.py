@@ -30,6 +30,9 @@ from launchkit.hostside.netif import route_to
 
 #: how long ``await_started`` waits for the processes' pids once every one was asked to start
 SPAWN_WAIT = 10.0
+#: --start-timeout: how long a program the launcher runs on a host (the watchdog, the port
+#: probe) may take to answer once its session is open (Horovod's --start-timeout is 30 s too)
+START_TIMEOUT = 30.0
 
 
 def connect_all(hosts: Sequence[Host], opts: SshOptions) -> tuple[dict[Host, Any], dict[Host, str]]:
@@ -51,6 +54,13 @@ def connect_all(hosts: Sequence[Host], opts: SshOptions) -> tuple[dict[Host, Any
 HEARTBEAT_TIMEOUT = EngineFlag(
     "--heartbeat-timeout", "Seconds of silence that end a host.", float, 10.0, check=positive
 )
+START_TIMEOUT_FLAG = EngineFlag(
+    "--start-timeout",
+    "Seconds a host's watchdog (or worker 0's port probe) may take to answer once connected.",
+    float,
+    START_TIMEOUT,
+    check=positive,
+)
 SYNC_EXCLUDE = EngineFlag(
     "--sync-exclude", "rsync exclude pattern (repeatable).", multiple=True, fills="sync_excludes"
 )
@@ -63,13 +73,22 @@ class SshBackend(Backend):
         connects=True,
         restarts=True,
         syncs=True,
-        options=frozenset({"options", "heartbeat_interval", "heartbeat_timeout", "sync_excludes", "console"}),
-        flags=(*CONNECTION_FLAGS, HEARTBEAT_TIMEOUT, SYNC_EXCLUDE),
+        options=frozenset(
+            {
+                "options",
+                "heartbeat_interval",
+                "heartbeat_timeout",
+                "start_timeout",
+                "sync_excludes",
+                "console",
+            }
+        ),
+        flags=(*CONNECTION_FLAGS, HEARTBEAT_TIMEOUT, START_TIMEOUT_FLAG, SYNC_EXCLUDE),
     )
 
     @classmethod
     def flag_options(cls, flags: Mapping[str, Any], spec: LaunchSpec) -> dict[str, Any]:
-        own = fill((HEARTBEAT_TIMEOUT, SYNC_EXCLUDE), flags)
+        own = fill((HEARTBEAT_TIMEOUT, START_TIMEOUT_FLAG, SYNC_EXCLUDE), flags)
         return {
             "options": from_flags(flags),
             "heartbeat_interval": min(1.0, own["heartbeat_timeout"] / 3),
@@ -84,8 +103,10 @@ class SshBackend(Backend):
         heartbeat_timeout: float = 10.0,
         sync_excludes: Sequence[str] = (),
         console: Any = None,
+        start_timeout: float = START_TIMEOUT,
     ) -> None:
         self.options = options or SshOptions()
+        self.start_timeout = start_timeout
         self.hb_interval = heartbeat_interval
         self.hb_timeout = heartbeat_timeout
         self.sync_excludes = tuple(sync_excludes)
@@ -133,7 +154,10 @@ class SshBackend(Backend):
     def worker0_ports(self, spec: LaunchSpec) -> tuple[str, int, int] | None:
         """Worker 0's address and two free ports on its host (``worker0.probe``)."""
         host = assign_hosts(spec.num_workers, spec.num_servers, spec.hosts)[spec.num_servers]
-        return probe(self.conns[host_key(host)], host, spec.interface, self.options.connect_timeout)
+        conn = self.conns[host_key(host)]
+        return probe(
+            conn, host, spec.interface, self.options.connect_timeout, start_timeout=self.start_timeout
+        )
 
     def prepare(self, plan: Plan) -> None:
         assert self.spec is not None, "connect() first"
@@ -173,7 +197,7 @@ class SshBackend(Backend):
 
         def start(agent: HostAgent) -> None:
             try:
-                agent.start(self.options.connect_timeout)
+                agent.start(self.options.connect_timeout, self.start_timeout)
             except BackendError as exc:
                 errors[agent.host] = exc.message.removeprefix("ssh: ")
             except Exception as exc:

@@ -29,6 +29,10 @@ PROBE = r"""
 import json, os, platform, shutil, socket, subprocess, sys
 info = {"hostname": socket.gethostname(), "cpus": os.cpu_count(), "python": platform.python_version()}
 try:
+    info["name_address"] = socket.gethostbyname(socket.gethostname())
+except OSError:
+    info["name_address"] = None
+try:
     with open("/proc/meminfo") as f:
         info["mem_bytes"] = int(next(l for l in f if l.startswith("MemTotal")).split()[1]) * 1024
 except Exception:
