@@ -5,7 +5,7 @@ trainer_core: a dependency graph of packages (``TC_DEPS``: what each may import)
 liveness, barriers, request tracking) on those; ``ps`` (the parameter server) and ``collective``
 side by side on ``node``, never importing each other; ``kv`` on ``ps``; ``train`` on top.
 ``compression`` and ``optim`` are leaves any layer may use, which themselves use only the base
-modules (``errors``, ``log``, ``xp``, ``config``). Inside ``collective``, its parts form a stack of
+modules (``errors``, ``log``, ``xp``, ``config``, ``sharedmap``). Inside ``collective``, its parts form a stack of
 their own (``COLLECTIVE_DEPS``: primitives, algorithms, the data paths, group, the ``Links``
 implementations, job). Neither trainer_core nor ``dmlc_env`` imports
 launchkit; ``dmlc_env`` and ``launchkit.hostside`` import only the standard library. Across all
@@ -41,7 +41,7 @@ TC_DEPS: dict[str, frozenset[str]] = {
     "torch": frozenset({"train", "kv", "ps", "collective", "node", "transport", "metrics"}),
 }
 TC_LEAVES = ("compression", "optim")
-TC_BASE = ("errors", "log", "xp", "config")
+TC_BASE = ("errors", "log", "xp", "config", "sharedmap")
 
 
 def module_name(path: Path) -> str:

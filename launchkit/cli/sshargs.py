@@ -5,35 +5,19 @@ that (each host "unreachable", exit 1) instead of said at once (exit 2)."""
 
 from __future__ import annotations
 
-import os
-import stat
-from pathlib import Path
-
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.errors import UsageError
 
 
 def check_ssh_files(opts: SshOptions) -> None:
-    """UsageError naming the flag when ``-i`` or ``--known-hosts`` is empty, the key file is not
-    a readable file, or the known-hosts file or the ssh config cannot be read (``fabric_config``)."""
+    """UsageError naming the flag when ``-i`` or ``--known-hosts`` is empty; exit 2 naming the file
+    when the key file cannot be read (``connection.identity_file``, the check a launch makes too)
+    or the known-hosts file or the ssh config cannot be read (``fabric_config``)."""
     for flag, value in (("-i/--identity", opts.identity), ("--known-hosts", opts.known_hosts)):
         if value is not None and not value.strip():
             raise UsageError(f"{flag} is empty (expected a file name)")
-    if opts.identity is not None:
-        path = Path(opts.identity).expanduser()
-        try:
-            info = path.stat()
-        except OSError as exc:
-            raise UsageError(
-                f"-i/--identity {opts.identity}: {exc.strerror or exc} (expected a private key file)"
-            ) from None
-        if not stat.S_ISREG(info.st_mode) or not os.access(path, os.R_OK):
-            why = (
-                "not a regular file"
-                if not stat.S_ISREG(info.st_mode)
-                else "cannot be read (permission denied)"
-            )
-            raise UsageError(f"-i/--identity {opts.identity}: {why} (expected a private key file)")
     from launchkit.backends.ssh import connection as ssh
 
+    if opts.identity is not None:
+        ssh.identity_file(opts.identity)
     ssh.fabric_config(opts)  # the ssh config and the known-hosts file parse (BackendError, exit 2)

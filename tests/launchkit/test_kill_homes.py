@@ -78,7 +78,10 @@ def test_kill_all_ends_this_homes_job_and_leaves_the_others(two_homes) -> None:
     "extra, said",
     [
         (["-H", "/nonexistent"], "/nonexistent: no such file"),
-        (["-H", "HOSTS", "-i", "/nonexistent-key"], "-i/--identity /nonexistent-key: No such file"),
+        (
+            ["-H", "HOSTS", "-i", "/nonexistent-key"],
+            "-i /nonexistent-key: cannot read the key file /nonexistent-key: no such file",
+        ),
         (["-H", "HOSTS", "-i", ""], "Invalid value for '-i' / '--identity': '' is empty"),
     ],
 )
@@ -163,7 +166,10 @@ def test_ssh_files_are_checked_before_any_host_is_contacted(tmp_path: Path) -> N
     (tmp_path / "hosts").write_text("127.0.0.1:1\n")
     res = run(["hosts", "check", "-H", str(tmp_path / "hosts"), "-i", str(tmp_path / "no-key")])
     assert res.returncode == 2, (res.stdout, res.stderr)
-    assert f"-i/--identity {tmp_path / 'no-key'}: No such file or directory" in res.stderr
+    assert (
+        f"-i {tmp_path / 'no-key'}: cannot read the key file {tmp_path / 'no-key'}: no such file"
+        in res.stderr
+    )
     assert "unreachable" not in res.stdout + res.stderr
 
 

@@ -11,13 +11,13 @@ this memory is decided by ``host.machine_identity``.
 from __future__ import annotations
 
 import contextlib
-import errno
 import itertools
 import mmap
 import os
-import resource
 
 import numpy as np
+
+from trainer_core.sharedmap import map_shared
 
 SHM_DIR = "/dev/shm"
 
@@ -25,29 +25,6 @@ SHM_DIR = "/dev/shm"
 def job_prefix(job_id: str) -> str:
     """The name prefix of every segment of job ``job_id``."""
     return f"launchkit-{job_id}-"
-
-
-def map_shared(fd: int, nbytes: int, what: str, offset: int = 0) -> mmap.mmap:
-    """``mmap(fd, nbytes, offset)``; a mapping the process cannot take (``ENOMEM``: its
-    address-space limit, or the machine's memory) is a ``MemoryError`` naming the size, ``what``
-    it is for, the limit, and what to do."""
-    try:
-        return mmap.mmap(fd, nbytes, offset=offset)
-    except OSError as exc:
-        if exc.errno != errno.ENOMEM:
-            raise
-        raise MemoryError(no_room(nbytes, what)) from exc
-
-
-def no_room(nbytes: int, what: str) -> str:
-    """The message for a shared mapping of ``nbytes`` that did not fit."""
-    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-    limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft / 2**30:.2f} GiB"
-    return (
-        f"cannot map {nbytes / 2**30:.2f} GiB ({nbytes} bytes) of shared memory for {what}: "
-        f"out of memory (this process's address-space limit, ulimit -v, is {limit}, and shared "
-        "mappings count against it); raise that limit, or exchange smaller arrays per call"
-    )
 
 
 class Segment:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from trainer_core.transport.devshm import map_shared
+from trainer_core.sharedmap import map_shared
 
 from . import futex
 from .links import DEFAULT_TIMEOUT, PeerTimeout
