@@ -11,6 +11,7 @@ and the busy rank computing for 6 s.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -18,8 +19,78 @@ import time
 import pytest
 
 from tests.trainer_core.cluster import FAST_LIVENESS, Job, run_job
+from trainer_core.collective.executor import Executor
+from trainer_core.collective.primitives import stall
+from trainer_core.collective.primitives.hostsegment import Local, Segment
+from trainer_core.collective.primitives.links import PeerTimeout
+from trainer_core.config import StallPolicy
+from trainer_core.errors import ConfigError
 
 BUSY_S = 6.0
+
+
+def test_the_policy_from_the_environment_and_the_api() -> None:
+    assert StallPolicy.from_environ({}) == StallPolicy(60.0, 0.0)
+    env = {"TRAINER_CORE_STALL_CHECK_SECONDS": "2", "TRAINER_CORE_STALL_SHUTDOWN_SECONDS": "30"}
+    assert StallPolicy.from_environ(env) == StallPolicy(2.0, 30.0)
+    assert StallPolicy.from_environ(env).replace(check_s=0) == StallPolicy(0.0, 30.0)  # the API wins
+    with pytest.raises(ConfigError, match="TRAINER_CORE_STALL_CHECK_SECONDS='soon': expected a number"):
+        StallPolicy.from_environ({"TRAINER_CORE_STALL_CHECK_SECONDS": "soon"})
+    with pytest.raises(ConfigError, match="stall_shutdown_s=-1: expected seconds"):
+        StallPolicy().replace(shutdown_s=-1)
+
+
+def test_a_clock_warns_every_check_s_and_gives_up_only_when_asked() -> None:
+    clock = stall.Clock(StallPolicy(2.0), start=100.0)
+    ticks = [clock.tick(100.0 + t) for t in (0.5, 2.1, 2.2, 4.0, 3600.0, 3600.1)]
+    assert ticks == [
+        stall.Due.NOTHING,
+        stall.Due.WARN,
+        stall.Due.NOTHING,
+        stall.Due.WARN,
+        stall.Due.WARN,
+        stall.Due.NOTHING,
+    ]
+    assert stall.Clock(StallPolicy(0.0), 0.0).tick(1e6) is stall.Due.NOTHING  # 0: never a warning
+    assert stall.Clock(StallPolicy(2.0, 5.0), 0.0).tick(5.0) is stall.Due.GIVE_UP
+    assert stall.Clock(StallPolicy(0.0), 0.0, bound_s=3.0).tick(3.0) is stall.Due.GIVE_UP
+
+
+def test_the_executor_marks_the_operation_its_thread_runs() -> None:
+    ex = Executor("t")
+    try:
+        assert stall.running_op() is None
+        assert ex.submit("broadcast", lambda seq: stall.current()).wait() == "broadcast (operation 0)"
+        assert ex.call("allreduce", lambda seq: stall.current()) == "allreduce (operation 1)"
+        assert stall.running_op() is None
+    finally:
+        ex.close()
+
+
+def test_a_shared_memory_wait_warns_naming_the_ranks_behind_then_gives_up_when_asked() -> None:
+    """Local rank 0 waits for ranks 1 and 2, which never write their input: warnings name both and
+    the operation; the opt-in shutdown ends the wait naming the rank it waited on."""
+    first = Segment.create(3)
+    segs = [first, Segment(os.dup(first.fd), 3), Segment(os.dup(first.fd), 3)]
+    said: list[str] = []
+    loc = Local(segs[0], 0, [4, 5, 6], timeout=None, stall=StallPolicy(0.3, 1.0), warn=said.append)
+    try:
+        with (
+            stall.running("allreduce", 7),
+            pytest.raises(
+                PeerTimeout, match=r"rank 5 .* did not write its input within 1 s in allreduce"
+            ) as err,
+        ):
+            loc.wait_all(1, "write its input")
+        assert err.value.peer == 5
+        assert 2 <= len(said) <= 3, said
+        first = r"rank 4 has waited \d\.\d s in allreduce \(operation 7\) for rank 5 \(rank 5\), rank 6 \(rank 6\)"
+        assert re.search(first, said[0]), said
+        assert "alive (heartbeats arrive)" in said[0]
+    finally:
+        for seg in segs:
+            seg.close()
+
 
 SLOW_CODE = """
 import json, time
@@ -40,7 +111,7 @@ print("RESULT " + json.dumps({"rank": r, "sum": float(total[0]), "waited": waite
 """
 
 WARNING = re.compile(
-    r"collective stall: rank (\d) has waited (\d+) s in allreduce \(operation \d+\) for ([^;]*)"
+    r"collective stall: rank (\d) has waited ([\d.]+) s in allreduce \(operation \d+\) for ([^;]*)"
 )
 
 
@@ -61,7 +132,7 @@ def test_a_rank_busy_between_collectives_is_waited_for_with_stall_warnings(shm: 
         warnings = WARNING.findall(p.output())
         assert len(warnings) >= 2, job.outputs()  # repeated every check_s
         assert all(int(me) == p.rank for me, _, _ in warnings)
-        assert [int(s) for _, s, _ in warnings] == sorted(int(s) for _, s, _ in warnings)
+        assert [float(s) for _, s, _ in warnings] == sorted(float(s) for _, s, _ in warnings)
     # the waits that wait on rank 0 itself name it (a rank waiting on another waiting rank names that one)
     named = [late for p in job.workers if p.rank for _, _, late in WARNING.findall(p.output())]
     assert any("rank 0 (worker 0 on 127.0.0.1)" in late for late in named), named
