@@ -76,7 +76,7 @@ def warning(me: str, waited_s: float, op: str, late: str, why: str, alive: bool 
     the job's heartbeats vouch for every rank."""
     state = "alive (heartbeats arrive), so the wait goes on" if alive else "waited for"
     return (
-        f"collective stall: {me} has waited {waited_s:.0f} s in {op} for {late}, which {why}; "
+        f"collective stall: {me} has waited {waited_s:.1f} s in {op} for {late}, which {why}; "
         f"it is {state}: a rank is slow (computing, saving) or the ranks called different "
         "operations (said every TRAINER_CORE_STALL_CHECK_SECONDS; "
         "TRAINER_CORE_STALL_SHUTDOWN_SECONDS ends such a wait)"
