@@ -183,3 +183,28 @@ def test_a_stopped_rank_still_fails_every_wait_within_the_heartbeat_bound(shm: s
         assert res["node"] == "worker 2" and "sent no heartbeat" in res["error"], job.outputs()
         assert res["at"] - stopped[0] < bound, res
     assert job.codes()["scheduler 0"] == 1
+
+
+TORCH_CODE = """
+import json, time
+import torch
+import trainer_core.torch as hvd
+hvd.init(stall_check_s=0.5)
+r = hvd.rank()
+if r == 0:
+    time.sleep(2.0)  # saving a checkpoint
+total = hvd.allreduce(torch.ones(4), op=hvd.Sum)
+hvd.shutdown()
+print("RESULT " + json.dumps({"rank": r, "sum": float(total[0])}), flush=True)
+"""
+
+
+def test_trainer_core_torch_init_takes_the_stall_settings() -> None:
+    """``trainer_core.torch.init(stall_check_s=0.5)`` (no variable set): rank 1's wait for rank 0
+    warns every 0.5 s."""
+    pytest.importorskip("torch")
+    job = run_job(TORCH_CODE, 2, 0, timeout=90)
+    for p in job.workers:
+        (res,) = p.results()
+        assert p.popen.returncode == 0 and res["sum"] == 2.0, job.outputs()
+    assert len(WARNING.findall(job.workers[1].output())) >= 2, job.outputs()
