@@ -175,7 +175,7 @@ class Local:
         address = self.segment.base_address + peer * LINE
         start = time.monotonic()
         check = start + SLICE_S
-        clock = stalls.Clock(self.stall, start, self.timeout)
+        clock: stalls.Clock | None = None  # (made once the wait is not short)
         while True:
             value = counters[at]
             if not _behind(value, step):
@@ -187,6 +187,7 @@ class Local:
             if now >= check:
                 self.health()
                 check = now + SLICE_S
+                clock = clock or stalls.Clock(self.stall, start, self.timeout)
                 self._late(clock, now, peer, step, what)
 
     def _late(self, clock: stalls.Clock, now: float, peer: int, step: int, what: str) -> None:

@@ -11,8 +11,6 @@ after ``bound_s``: the fixed limit of links whose peers' liveness is not known).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from enum import Enum
 
 from trainer_core.config import StallPolicy
@@ -20,15 +18,22 @@ from trainer_core.config import StallPolicy
 _here = threading.local()
 
 
-@contextmanager
-def running(name: str, seq: int) -> Iterator[None]:
-    """Mark operation ``seq`` (``name``: allreduce, broadcast, ...) as the one this thread runs."""
-    before = getattr(_here, "op", None)
-    _here.op = f"{name} (operation {seq})"
-    try:
-        yield
-    finally:
-        _here.op = before
+class running:  # (lower case: used as a function, ``with running(name, seq):``)
+    """Mark operation ``seq`` (``name``: allreduce, broadcast, ...) as the one this thread runs
+    (cheap: one attribute set and reset per operation; the text is made only when asked)."""
+
+    __slots__ = ("before", "op")
+
+    def __init__(self, name: str, seq: int) -> None:
+        self.op = (name, seq)
+        self.before: tuple[str, int] | None = None
+
+    def __enter__(self) -> None:
+        self.before = getattr(_here, "op", None)
+        _here.op = self.op
+
+    def __exit__(self, *exc: object) -> None:
+        _here.op = self.before
 
 
 def current() -> str:
@@ -39,7 +44,7 @@ def current() -> str:
 def running_op() -> str | None:
     """The operation this thread runs (None: it runs none)."""
     op = getattr(_here, "op", None)
-    return op if isinstance(op, str) else None
+    return None if op is None else f"{op[0]} (operation {op[1]})"
 
 
 class Due(Enum):

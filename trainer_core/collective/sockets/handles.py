@@ -123,10 +123,13 @@ class Recv:
         links = self.links
         if self.event.is_set():
             return self._end()
-        policy = links.stall if timeout is None else StallPolicy(0.0)
-        clock = stall.Clock(policy, time.monotonic(), links.bound_s if timeout is None else timeout)
+        start = time.monotonic()
+        clock: stall.Clock | None = None  # (made once the wait is not short)
         while not self.event.wait(SLICE_S):
             links.raise_failure()  # the job failed (a dead or stopped worker, an abort): its word
+            if clock is None:
+                policy = links.stall if timeout is None else StallPolicy(0.0)
+                clock = stall.Clock(policy, start, links.bound_s if timeout is None else timeout)
             due = clock.tick(time.monotonic())
             if due is stall.Due.NOTHING:
                 continue
@@ -140,7 +143,7 @@ class Recv:
                 why = f"has not sent its part (tag {self.tag:#x})"
                 links.warn(stall.warning(me, waited, op, late, why, alive=clock.bound_s is None))
             elif links.cancel(self):
-                text = stall.gave_up(late, f"sent nothing to {me}", waited, op, policy, clock.bound_s)
+                text = stall.gave_up(late, f"sent nothing to {me}", waited, op, clock.policy, clock.bound_s)
                 raise links.failed(PeerTimeout(f"{text} (tag {self.tag:#x})", self.peer))
             else:
                 self.event.wait()  # matched as the wait ran out: the bytes are arriving
