@@ -139,6 +139,40 @@ def test_a_rank_busy_between_collectives_is_waited_for_with_stall_warnings(shm: 
     assert job.codes()["scheduler 0"] == 0
 
 
+SHUTDOWN_CODE = """
+import json, time
+import numpy as np
+from trainer_core.collective import join
+g = join()
+r = g.rank
+g.allreduce(np.ones(10, np.float32))
+if r == 0:
+    time.sleep(%(busy)r)
+started = time.monotonic()
+try:
+    g.allreduce(np.ones(1000, np.float32))
+    out = {"rank": r, "error": None}
+except Exception as exc:
+    out = {"rank": r, "error": str(exc), "after": time.monotonic() - started}
+print("RESULT " + json.dumps(out), flush=True)
+g.close(finish=False)
+"""
+
+
+def test_ending_a_job_on_a_stall_is_opt_in_with_its_own_time() -> None:
+    """With TRAINER_CORE_STALL_SHUTDOWN_SECONDS=2 the waits for rank 0 (alive, 6 s late) give up
+    after 2 s, each naming the rank it waited on, and say that it is alive but stalled."""
+    env = {"PS_SHM": "0", "TRAINER_CORE_STALL_CHECK_SECONDS": "1", "TRAINER_CORE_STALL_SHUTDOWN_SECONDS": "2"}
+    job = run_job(SHUTDOWN_CODE % {"busy": BUSY_S}, 3, 0, env, timeout=60)
+    for p in job.workers:
+        if p.rank == 0:
+            continue
+        (res,) = p.results()
+        assert res["error"] is not None and "alive but stalled" in res["error"], job.outputs()
+        assert 2.0 <= res["after"] < BUSY_S - 1, res
+        assert "dmlc_env: this node waited for worker " in p.output()
+
+
 STOPPED_CODE = """
 import json, time
 import numpy as np
