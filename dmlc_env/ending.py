@@ -13,6 +13,12 @@ failed on its own, and names ``node`` when every failed process only reports ano
 (a node that hangs: the others give up on it, it never exits by itself). The line is plain text
 for a person reading the log too; a launcher that does not read it loses nothing.
 
+A node that ends while it waited for another in a collective operation says so too, before the
+error that ends it, so that a launcher can tell what the node named did to the job (it may have
+exited 0, early):
+
+    dmlc_env: this node waited for worker 1 in allreduce (operation 3)
+
 Standard library only; no side effects on import.
 """
 
@@ -26,6 +32,10 @@ from typing import TextIO
 _ROLES = ("scheduler", "server", "worker")
 _LINE = "dmlc_env: this node ends because {} failed"
 _UNKNOWN = "another node"
+_WAITED = "dmlc_env: this node waited for {} in {}"
+_WAITED_PATTERN = re.compile(
+    r"dmlc_env: this node waited for (scheduler|server|worker)(?: (\d{1,9}))? in (.{1,200})$"
+)
 _PATTERN = re.compile(
     r"dmlc_env: this node ends because (?:(scheduler|server|worker)(?: (\d{1,9}))?|another node) failed$"
 )
@@ -72,3 +82,41 @@ def peer_failure(line: str) -> PeerFailure | None:
         return None
     role, rank = m.group(1), m.group(2)
     return PeerFailure(role, int(rank) if rank else 0)
+
+
+@dataclass(frozen=True)
+class Waited:
+    """What a node's waited line says: the node it waited for (``role``, ``rank``) and in what."""
+
+    role: str
+    rank: int
+    what: str
+
+
+def waited_line(node: str, what: str) -> str | None:
+    """The line a node writes as a wait for ``node`` (``worker 1``) in ``what`` (``allreduce
+    (operation 3)``) ends in a failure; None when ``node`` is not a node's name."""
+    if _node_name(node) == _UNKNOWN:
+        return None
+    return _WAITED.format(node, " ".join(what.split())[:200])
+
+
+def say_waited(node: str, what: str, stream: TextIO | None = None) -> None:
+    """Write ``waited_line(node, what)`` to ``stream`` (stderr) at once, when it is one."""
+    line = waited_line(node, what)
+    if line is None:
+        return
+    out = sys.stderr if stream is None else stream
+    try:
+        out.write(line + "\n")
+        out.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def waited_for(line: str) -> Waited | None:
+    """What a line of a node's output says, when it is a waited line; None for any other."""
+    m = _WAITED_PATTERN.search(line)
+    if m is None:
+        return None
+    return Waited(m.group(1), int(m.group(2)) if m.group(2) else 0, m.group(3))

@@ -12,7 +12,11 @@ of its output (``dmlc_env.ending``: ``dmlc_env: this node ends because worker 1 
 - while every failed process only reports another's failure, the teardown waits up to
   ``PEER_WAIT`` for the node they name to end on its own (with its own exit code and traceback);
   when it has not, the teardown begins anyway, and the node named is still the root cause
-  (ended by the launcher: a hung node), else the first process that failed.
+  (ended by the launcher: a hung node), else the first process that failed;
+- the node named may also have ended by itself with exit code 0, early, while the others still
+  waited for it in a collective operation (a line of theirs says so: ``dmlc_env: this node waited
+  for worker 1 in allreduce (operation 3)``): it is the root cause, and ``waited_by`` says who
+  waited in what. Without such a line a node that exited 0 is not blamed.
 
 ``Tail`` and ``Blame`` hold no process and no clock of their own: the supervisor gives them its
 lines and times (``tests/launchkit/test_rootcause.py`` drives them by hand).
@@ -25,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from dmlc_env.ending import PeerFailure, peer_failure
+from dmlc_env.ending import PeerFailure, Waited, peer_failure, waited_for
 from launchkit.core.spec import Task, TaskResult
 
 OUTPUT_WAIT = 0.5  # seconds after a process's exit for the last of its output (its line) to be read
@@ -39,6 +43,7 @@ class Tail(deque[str]):
     def __init__(self, maxlen: int) -> None:
         super().__init__(maxlen=maxlen)
         self.peer: PeerFailure | None = None
+        self.waited: Waited | None = None  # the node it waited for as it failed, and in what
 
     def append(self, line: str) -> None:
         self._see(line)
@@ -51,8 +56,12 @@ class Tail(deque[str]):
         super().extend(lines)
 
     def _see(self, line: str) -> None:
-        if self.peer is None and "dmlc_env: " in line:
+        if "dmlc_env: " not in line:
+            return
+        if self.peer is None:
             self.peer = peer_failure(line)
+        if self.waited is None:
+            self.waited = waited_for(line)
 
 
 def peer_of(lines: deque[str]) -> PeerFailure | None:
@@ -123,11 +132,45 @@ def named_root(root: int, procs: Sequence[Proc]) -> tuple[int, int | None]:
         result = procs[i].result
         return result is not None and not result.ok
 
+    def left(i: int) -> bool:  # ended by itself with 0 while another still waited for it
+        result = procs[i].result
+        ended = result is not None and result.ok and not result.killed_by_launcher
+        return ended and bool(waited_by(i, procs))
+
     for by in [root] + [i for i in range(len(procs)) if i != root]:
         peer = peer_of(procs[by].tail)
         if peer is None or peer.role is None or not failed(by):
             continue
         named = where.get((peer.role, peer.rank))
-        if named is not None and named != by and failed(named) and peer_of(procs[named].tail) is None:
+        own = named is not None and peer_of(procs[named].tail) is None
+        if named is not None and named != by and own and (failed(named) or left(named)):
             return named, by
     return root, None
+
+
+def waited_by(root: int, procs: Sequence[Proc]) -> str:
+    """Who waited for ``procs[root]`` in what, as their lines say: ``workers 0 and 2 waited for it
+    in allreduce (operation 3)`` (the first one's operation); "" when none said so."""
+    task = procs[root].task
+    waits = [
+        (p.task, w)
+        for p in procs
+        if isinstance(p.tail, Tail)
+        and (w := p.tail.waited) is not None
+        and (w.role, w.rank) == (task.role, task.rank)
+    ]
+    if not waits:
+        return ""
+    names = sorted({(t.role, t.rank) for t, _ in waits}, key=lambda rr: (rr[0], rr[1]))
+    return f"{_names(names)} waited for it in {waits[0][1].what}"
+
+
+def _names(nodes: list[tuple[str, int]]) -> str:
+    """``worker 0``, ``workers 0 and 2``, ``workers 0, 2 and 3`` (one role: the usual case)."""
+    roles = {r for r, _ in nodes}
+    if len(roles) > 1 or len(nodes) == 1:
+        parts = [f"{r} {n}" for r, n in nodes]
+    else:
+        ranks = [str(n) for _, n in nodes]
+        return f"{nodes[0][0]}s {', '.join(ranks[:-1])} and {ranks[-1]}"
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"

@@ -37,7 +37,7 @@ from launchkit.jobs import keptoutput, reaper
 from launchkit.jobs import records as jobs
 from launchkit.logdir import check_log_dir
 from launchkit.merger import Merger, Source
-from launchkit.rootcause import PEER_WAIT, Blame, Tail, named_root
+from launchkit.rootcause import PEER_WAIT, Blame, Tail, named_root, waited_by
 from launchkit.supervision_state import Action, Cause, Event, State, Timing, step
 from launchkit.watch import LOG_LINES, Publisher
 
@@ -123,6 +123,7 @@ class Supervisor:
         )
         self._root: _Running | None = None
         self._named_by: _Running | None = None  # the process that named the root cause as failed
+        self._waited_by = ""  # who waited for the root cause, in what (``rootcause.waited_by``)
         self._started = time.monotonic()
         self.log_dir = Path(log_dir) if log_dir else None
         self.grace = grace
@@ -305,6 +306,7 @@ class Supervisor:
             if self._root is not None:  # with every output read: the node a reporter names
                 index, by = named_root(self._procs.index(self._root), self._procs)
                 self._root, self._named_by = self._procs[index], None if by is None else self._procs[by]
+                self._waited_by = waited_by(index, self._procs)
         finally:
             self.merger.close()
             self.publisher.publish(self._procs, self._root, final=True)
@@ -324,8 +326,14 @@ class Supervisor:
         code = (
             EXIT_TIMEOUT if self.timed_out and root is None else job_exit_code(root, interrupted_by, results)
         )
-        if named_by is not None and root is not None and root.killed_by_launcher and root.signal:
-            code = named_by.exit_code  # a node that never ended on its own: the code of the one that named it
+        if (
+            named_by is not None
+            and root is not None
+            and ((root.killed_by_launcher and root.signal) or root.ok)
+        ):
+            code = (
+                named_by.exit_code
+            )  # it never ended on its own, or left early: the code of the one that named it
         if code == 0 and self.merger.log_error is not None:
             code = EXIT_LOG_FAILED
             self.ui.error(
@@ -342,6 +350,7 @@ class Supervisor:
             strays_killed=strays,
             timed_out=self.timed_out,
             named_by=named_by,
+            waited_by=self._waited_by,
         )
         self._save_finished(result)
         return result

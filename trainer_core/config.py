@@ -19,12 +19,51 @@ PS_START_TIMEOUT = "PS_START_TIMEOUT"  # seconds to wait for every node to regis
 PS_SHM = "PS_SHM"  # 0: no shared memory between processes of one host
 PS_ENCRYPT = "PS_ENCRYPT"  # 1: CURVE-encrypt array data across hosts too
 TRAINER_CORE_AUTOSTART = "TRAINER_CORE_AUTOSTART"  # 0: importing trainer_core does not run the role
+# a wait for a live peer (docs/collectives.md, "Slow is not dead"): warn every N s (0: never) ...
+TRAINER_CORE_STALL_CHECK_SECONDS = "TRAINER_CORE_STALL_CHECK_SECONDS"
+# ... and give up after N s (0: never, the default: a live peer is waited for)
+TRAINER_CORE_STALL_SHUTDOWN_SECONDS = "TRAINER_CORE_STALL_SHUTDOWN_SECONDS"
 
 
 DEFAULT_HEARTBEAT_INTERVAL = 1.0
 DEFAULT_HEARTBEAT_TIMEOUT = 10.0
 DEFAULT_START_TIMEOUT = 300.0
 DEFAULT_BIGARRAY_BOUND = 1_000_000
+DEFAULT_STALL_CHECK = 60.0
+
+
+@dataclass(frozen=True)
+class StallPolicy:
+    """How a wait for a peer that is alive (its heartbeats arrive) treats time: a warning after
+    ``check_s`` seconds and again every ``check_s`` (0: none), and, only when ``shutdown_s`` is
+    set (0: never, the default), giving up after that many seconds. A peer that died or stopped
+    is not a stall: the job's liveness ends every wait for it (the heartbeat timeout)."""
+
+    check_s: float = DEFAULT_STALL_CHECK
+    shutdown_s: float = 0.0
+
+    def warnings_due(self, waited_s: float) -> int:
+        """How many warnings a wait of ``waited_s`` seconds has given by now."""
+        return int(waited_s // self.check_s) if self.check_s > 0 else 0
+
+    def gives_up(self, waited_s: float) -> bool:
+        """Whether a wait of ``waited_s`` seconds ends now (only with ``shutdown_s`` set)."""
+        return 0 < self.shutdown_s <= waited_s
+
+    def replace(self, check_s: float | None = None, shutdown_s: float | None = None) -> StallPolicy:
+        """This policy with the settings given (an API's arguments over the environment's)."""
+        return StallPolicy(
+            self.check_s if check_s is None else _non_negative("stall_check_s", check_s),
+            self.shutdown_s if shutdown_s is None else _non_negative("stall_shutdown_s", shutdown_s),
+        )
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> StallPolicy:
+        e = os.environ if environ is None else environ
+        return cls(
+            _float(e, TRAINER_CORE_STALL_CHECK_SECONDS, DEFAULT_STALL_CHECK),
+            _float(e, TRAINER_CORE_STALL_SHUTDOWN_SECONDS, 0.0),
+        )
 
 
 @dataclass(frozen=True)
@@ -41,6 +80,7 @@ class NodeConfig:
     verbose: int
     use_shm: bool
     encrypt: bool = False  # CURVE on the data channel across hosts too (PS_ENCRYPT=1)
+    stall: StallPolicy = StallPolicy()  # waits for live peers (TRAINER_CORE_STALL_*)
 
     @property
     def role(self) -> str:
@@ -88,6 +128,7 @@ class NodeConfig:
             verbose=int(_float(e, PS_VERBOSE, 0)),
             use_shm=e.get(PS_SHM, "1") not in ("0", "false", "no"),
             encrypt=e.get(PS_ENCRYPT, "0") not in ("0", "false", "no", ""),
+            stall=StallPolicy.from_environ(e),
         )
 
 
@@ -102,3 +143,9 @@ def _float(e: Mapping[str, str], name: str, default: float) -> float:
     if value < 0:
         raise ConfigError(f"environment variable {name}={raw!r}: must not be negative")
     return value
+
+
+def _non_negative(name: str, value: float) -> float:
+    if not value >= 0:
+        raise ConfigError(f"{name}={value!r}: expected seconds, 0 or more")
+    return float(value)

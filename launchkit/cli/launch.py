@@ -119,12 +119,17 @@ def report(ui: Ui, result: JobResult) -> None:
         t = root.task
         how = f"was killed by signal {root.signal}" if root.signal else f"exited with code {root.exit_code}"
         by = result.named_by
-        if by is not None:  # it failed first, but another process said so before it ended
+        if by is not None and root.ok:  # it left early, while the others still needed it
+            waited = result.waited_by or f"{by.task.role} {by.task.rank} still needed it"
+            how = f"exited 0 while {waited} (as {by.task.role} {by.task.rank} reported, exit {by.exit_code})"
+        elif by is not None:  # it failed first, but another process said so before it ended
             if root.killed_by_launcher and root.signal:
                 how = f"did not end by itself: the launcher ended it (signal {root.signal})"
             else:
                 how = f"it {how}"
             how = f"failed, as {by.task.role} {by.task.rank} reported (exit {by.exit_code}); {how}"
+            if result.waited_by:
+                how += f"; {result.waited_by}"
         ui.error(f"job {result.job_id} failed{_after(result)}: {t.role} {t.rank} on {root.where} {how}")
         for r in (root, by) if by is not None else (root,):
             if r.tail:

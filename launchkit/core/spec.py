@@ -129,3 +129,5 @@ class JobResult:
     timed_out: bool = False  # ended by --time-limit
     attempt: int = 0  # which attempt ended so (LAUNCHKIT_RESTART_COUNT): 0 first
     named_by: TaskResult | None = None  # the process whose output named the root cause as failed
+    # who waited for the root cause in what, as their output says ("workers 0 and 2 ... in allreduce (operation 3)")
+    waited_by: str = ""

@@ -6,6 +6,8 @@ noserverprog.py allreduce [RANK]     join trainer_core's collective group, allre
                                      others wait in a barrier (the job must fail naming it);
                                      ``allreduce RANK once``: on the first attempt only;
                                      ``allreduce RANK stop``: SIGSTOP instead (it hangs)
+noserverprog.py early RANK           join, allreduce once; worker RANK then exits 0 (without leaving
+                                     the group) while the others wait in a second allreduce
 noserverprog.py torch                a plain torch.distributed script (gloo, env://): it never
                                      imports trainer_core; prints the all_reduce's sum as JSON
 """
@@ -67,6 +69,18 @@ def main(argv: list[str]) -> int:
         if len(argv) > 1 and group.rank == int(argv[1]) and (first or argv[2:] != ["once"]):
             os.kill(os.getpid(), signal.SIGSTOP if argv[2:] == ["stop"] else signal.SIGKILL)
         collective.barrier()
+        collective.shutdown()
+        return 0
+    if mode == "early":
+        import numpy as np
+
+        from trainer_core import collective
+
+        group = collective.group()
+        collective.allreduce(np.ones(3))
+        if group.rank == int(argv[1]):
+            return 0  # early, without ``shutdown``: the others still wait for it
+        collective.allreduce(np.ones(3))
         collective.shutdown()
         return 0
     if mode == "torch":

@@ -165,6 +165,25 @@ def test_the_peer_failed_line_reads_back_as_the_node_it_names() -> None:
     )
 
 
+def test_the_waited_line_reads_back_as_the_node_and_the_operation() -> None:
+    """dmlc_env.ending: what a node says as a wait for another ends in a failure (trainer_core's
+    collective waits), and what the launcher reads back; only a node's name makes a line."""
+    import io
+
+    from dmlc_env.ending import Waited, say_waited, waited_for, waited_line
+
+    line = waited_line("worker 1", "allreduce (operation 3)")
+    assert line == "dmlc_env: this node waited for worker 1 in allreduce (operation 3)"
+    assert waited_for(f"[12:00:00 4242] {line}") == Waited("worker", 1, "allreduce (operation 3)")
+    assert waited_for(str(waited_line("scheduler", "barrier\n(operation 0)"))) == Waited(
+        "scheduler", 0, "barrier (operation 0)"
+    )
+    assert waited_line("rank 1", "x") is None and waited_for("waited for worker 1 in x") is None
+    out = io.StringIO()
+    say_waited("worker 2", "broadcast (operation 7)", out)
+    assert waited_for(out.getvalue().rstrip("\n")) == Waited("worker", 2, "broadcast (operation 7)")
+
+
 def test_without_servers_only_workers_and_worker_0_serves_the_root() -> None:
     plan = make_plan(
         spec(num_servers=0, num_workers=3),

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dmlc_env.ending import PeerFailure, peer_failed_line
+from dmlc_env.ending import PeerFailure, peer_failed_line, waited_line
 from launchkit.core.spec import LOCALHOST, Task, TaskResult
-from launchkit.rootcause import OUTPUT_WAIT, Blame, Tail, named_root
+from launchkit.rootcause import OUTPUT_WAIT, Blame, Tail, named_root, waited_by
 
 SAYS_W1 = peer_failed_line("worker 1")
 
@@ -99,3 +99,20 @@ def test_named_root_names_the_node_a_reporter_names() -> None:
     assert named_root(0, procs(tails, {0, 2})) == (0, None)
     alone = [tail(peer_failed_line("worker 7")), tail("serving"), tail("x"), tail("y")]
     assert named_root(0, procs(alone, {0, 2, 3})) == (0, None)
+
+
+def test_a_node_that_exited_0_while_others_waited_for_it_is_the_root() -> None:
+    """Worker 1 exited 0 early: the reporters that say they waited for it in an operation name it
+    (its exit 0 alone would not blame it), and ``waited_by`` says who waited in what."""
+    waited = str(waited_line("worker 1", "allreduce (operation 3)"))
+    tails = [tail(waited, SAYS_W1), tail("serving"), tail(waited, "Traceback", SAYS_W1), tail("bye")]
+    assert named_root(0, procs(tails, {0, 2})) == (3, 0)
+    assert (
+        waited_by(3, procs(tails, {0, 2}))
+        == "scheduler 0 and worker 0 waited for it in allreduce (operation 3)"
+    )
+    tails[0] = tail(SAYS_W1)
+    assert waited_by(3, procs(tails, {0, 2})) == "worker 0 waited for it in allreduce (operation 3)"
+    tails[2] = tail(SAYS_W1)  # nobody says it waited for worker 1: its exit 0 does not blame it
+    assert named_root(0, procs(tails, {0, 2})) == (0, None)
+    assert waited_by(3, procs(tails, {0, 2})) == ""

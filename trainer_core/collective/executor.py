@@ -5,7 +5,8 @@ torch.distributed); the executor numbers them, and the number is the operation's
 Operations run one at a time, in submission order, so the caller's thread is free to compute while
 they run (``Work.wait()`` later); ``call`` runs a synchronous operation on the caller's own thread
 when nothing is queued (the same numbering and order, without the hand-over). After an operation failed, the group is broken (its peers may be
-anywhere in the sequence): every later operation fails at once with the same error.
+anywhere in the sequence): every later operation fails at once with the same error. The thread
+that runs an operation is marked with it (``primitives.stall.running``): its waits name it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer_core.errors import KVError
+
+from .primitives import stall
 
 
 class CollectiveClosed(KVError):
@@ -94,7 +97,8 @@ class Executor:
         if not inline:
             return self.submit(name, fn).wait()
         try:
-            return fn(seq)
+            with stall.running(name, seq):
+                return fn(seq)
         except BaseException as exc:
             self._broken = exc
             raise
@@ -115,7 +119,7 @@ class Executor:
             error: BaseException | None = None
             result = None
             try:
-                with self._running:
+                with self._running, stall.running(work.name, work.seq):
                     result = fn(work.seq)
             except BaseException as exc:
                 error = self._broken = exc

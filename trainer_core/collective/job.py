@@ -71,17 +71,24 @@ def join(
     timeout: float = DEFAULT_TIMEOUT,
     exit_on_failure: bool = True,
     use_nccl: bool = True,
+    stall_check_s: float | None = None,
+    stall_shutdown_s: float | None = None,
 ) -> JobGroup:
     """Join the job of ``environ`` (default: this process's) as a worker and return its group;
-    ``timeout``: seconds one point-to-point wait lasts at most; ``exit_on_failure``: a failure of
+    ``timeout``: seconds one point-to-point wait lasts at most in a job without heartbeats (with
+    them, a live peer is waited for and a dead one ends the job); ``stall_check_s``: a wait for a
+    live peer warns after this long, and again every as long (default
+    ``TRAINER_CORE_STALL_CHECK_SECONDS``, else 60; 0: never); ``stall_shutdown_s``: and gives up
+    after this long (default ``TRAINER_CORE_STALL_SHUTDOWN_SECONDS``, else 0: never); ``exit_on_failure``: a failure of
     the job that the caller's code does not meet in a collective soon (a long computation) ends
     the process, as the parameter server's workers do (``Postoffice.exit_on_failure``);
     ``use_nccl``: cupy arrays go through NCCL when every worker can use it (``nccl.agree``)."""
     cfg = NodeConfig.from_environ(environ)
+    stall = cfg.stall.replace(stall_check_s, stall_shutdown_s)
     log = log or get_logger(cfg.verbose)
     node = Postoffice.join(cfg, log, SCHEMA)
     try:
-        links = NetLinks(node, cfg, timeout, log)
+        links = NetLinks(node, cfg, timeout, log, stall)
     except BaseException:
         node.stop()
         node.close_transport()

@@ -6,7 +6,9 @@ barriers, aborts, the exit watchdog, request numbering and tracking) is ``node``
 which transport a channel is: it picks the route's ``fast`` channel for requests without frames
 and ``framed`` otherwise, and reads the rest from ``caps``. Every wait polls the channels in
 short slices and checks the job's ``Health`` between them, so it is bounded by the peers'
-liveness, never by a wall-clock timeout. ``WorkerClient.join`` connects a real worker; tests
+liveness, never by a wall-clock timeout; a reply that is long in coming (a sync round waits for
+every worker's push: a slow worker keeps it open) is warned about after ``stall.check_s`` and
+again every ``check_s``, and given up on only after ``stall.shutdown_s`` (opt-in; ``wait``). ``WorkerClient.join`` connects a real worker; tests
 build one on ``transport.memory`` channels. ``kv.DistKVStore`` builds the KV API on top of it.
 """
 
@@ -14,13 +16,14 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
 
 import trainer_core.metrics as metrics
-from trainer_core.config import NodeConfig
+from trainer_core.config import NodeConfig, StallPolicy
 from trainer_core.errors import KVError, NodeFailure, WireError
 from trainer_core.node.book import SERVERS, Book
 from trainer_core.node.liveness import Health
@@ -50,10 +53,13 @@ class WorkerClient:
         log: logging.Logger,
         grace_s: float = 1.0,
         node: Postoffice | None = None,
+        stall: StallPolicy | None = None,
     ) -> None:
         self.node = node or Postoffice(book, sched, health, log, grace_s)
         self.routes = routes
         self.log = log
+        self.stall = stall or StallPolicy()  # waits for a reply that is long in coming (``wait``)
+        self._asked: dict[int, tuple[int, str]] = {}  # seq -> (server, op) of a request awaited
         self.requests = self.node.requests
         self._poller = Poller()
         self._server_of: dict[int, tuple[int, Channel]] = {}  # id(channel) -> (server, channel)
@@ -85,7 +91,7 @@ class WorkerClient:
             node.stop()
             node.close_transport()
             raise
-        client = cls(node.book, routes, node.sched, node.live, log, node.grace_s, node=node)
+        client = cls(node.book, routes, node.sched, node.live, log, node.grace_s, node=node, stall=cfg.stall)
         if exit_on_failure:
             node.exit_on_failure()
         return client
@@ -181,6 +187,7 @@ class WorkerClient:
             self._lost(server, ch)
         if keep:
             self.requests.expect(seq)
+            self._asked[seq] = (server, op)
         else:
             self._last_push[server] = seq
         return seq
@@ -195,6 +202,7 @@ class WorkerClient:
         error reply is raised by a later call, as for a push), and ``drain`` only makes sure that its
         request was handled."""
         for seq, server in sent.items():
+            self._asked.pop(seq, None)
             self._last_push[server] = max(self._last_push[server], seq)
             msg = self.requests.forget(seq)
             if msg is not None:
@@ -208,12 +216,54 @@ class WorkerClient:
         self.wait([self.send(server, protocol.PULL)])
 
     def wait(self, seqs: Iterable[int]) -> dict[int, Received]:
-        """The replies of ``seqs`` (raises ``KVError`` for an error reply, ``NodeFailure`` when the job dies)."""
-        out = self.requests.wait(seqs, self._pump)
+        """The replies of ``seqs`` (raises ``KVError`` for an error reply, ``NodeFailure`` when the job
+        dies, ``KVError`` after ``stall.shutdown_s`` when set; stall warnings meanwhile)."""
+        want = list(seqs)
+        start, warned = time.monotonic(), 0
+
+        def pump() -> None:
+            nonlocal warned
+            self._pump()
+            waited = time.monotonic() - start
+            due = self.stall.warnings_due(waited)
+            if due > warned or self.stall.gives_up(waited):
+                warned = due
+                self._late(want, waited)
+
+        try:
+            out = self.requests.wait(want, pump)
+        finally:
+            for s in want:
+                self._asked.pop(s, None)
         for msg in out.values():
             if msg.header.op == protocol.ERROR:
                 raise KVError(f"server refused the request: {msg.header.body.get('reason')}")
         return out
+
+    def _late(self, seqs: list[int], waited: float) -> None:
+        """A wait for the replies of ``seqs`` is long: warn, naming the servers and the requests
+        not answered yet; or, past ``stall.shutdown_s``, give up."""
+        late = sorted({self._asked[s] for s in seqs if s not in self.requests.replies and s in self._asked})
+        servers = sorted({server for server, _ in late})
+        what = (
+            f"server{'s' if len(servers) > 1 else ''} {', '.join(map(str, servers))} to answer its "
+            f"{', '.join(sorted({op for _, op in late}))} request{'s' if len(late) > 1 else ''}"
+        )
+        me = self.book.name
+        if self.stall.gives_up(waited):
+            raise KVError(
+                f"{me} waited {self.stall.shutdown_s:g} s for {what}, which are alive (their heartbeats "
+                "arrive): it gave up (TRAINER_CORE_STALL_SHUTDOWN_SECONDS)"
+            )
+        self.log.warning(
+            "parameter server stall: %s has waited %.1f s for %s; every node is alive (heartbeats "
+            "arrive), so the wait goes on: a sync round waits for every worker's push, and a worker "
+            "is slow (computing, saving) or pushes other keys (said every TRAINER_CORE_STALL_CHECK_SECONDS; "
+            "TRAINER_CORE_STALL_SHUTDOWN_SECONDS ends such a wait)",
+            me,
+            waited,
+            what,
+        )
 
     def handled(self, server: int, seq: int) -> bool:
         """Whether ``server`` is known to have handled request ``seq`` (without waiting)."""

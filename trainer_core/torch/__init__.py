@@ -86,9 +86,17 @@ __all__ = [
 ]
 
 
-def init(comm: str | None = None, **_horovod: Any) -> None:
-    """Join the job (see ``runtime``): a scheduler or server process serves its role and exits."""
-    default.init(comm)
+def init(
+    comm: str | None = None,
+    stall_check_s: float | None = None,
+    stall_shutdown_s: float | None = None,
+    **_horovod: Any,
+) -> None:
+    """Join the job (see ``runtime``): a scheduler or server process serves its role and exits.
+    ``stall_check_s``: a wait for a live but late rank warns after this long, and again every as
+    long (0: never; default ``TRAINER_CORE_STALL_CHECK_SECONDS``, else 60); ``stall_shutdown_s``:
+    it gives up after this long (default ``TRAINER_CORE_STALL_SHUTDOWN_SECONDS``, else 0: never)."""
+    default.init(comm, None, stall_check_s, stall_shutdown_s)
 
 
 def shutdown() -> None:

@@ -8,6 +8,10 @@
   (``comm="ps"``: ``kv.create("dist_sync")``). ``init(comm=...)`` asks for one; a path the job
   cannot give is a clear error.
 
+``init(stall_check_s=..., stall_shutdown_s=...)`` sets how a wait for a live but late rank (or
+sync round) warns and whether it gives up (over ``TRAINER_CORE_STALL_*``; docs/collectives.md,
+"Slow is not dead"), on either path.
+
 The state lives in a ``Runtime`` (``default`` serves the Horovod-style module functions; every
 function also takes ``runtime=`` so that a test may hold several).
 """
@@ -19,6 +23,11 @@ import threading
 from collections.abc import Mapping
 
 import trainer_core.collective as collective
+from trainer_core.config import (
+    TRAINER_CORE_STALL_CHECK_SECONDS,
+    TRAINER_CORE_STALL_SHUTDOWN_SECONDS,
+    StallPolicy,
+)
 from trainer_core.errors import ConfigError
 
 from .backend import KV, Backend, Collective, Solo
@@ -58,9 +67,24 @@ class Runtime:
         self._backend: Backend | None = None
         self._lock = threading.Lock()
 
-    def init(self, comm: str | None = None, environ: Mapping[str, str] | None = None) -> Backend:
-        """Join the job (once; later calls return the same backend)."""
+    def init(
+        self,
+        comm: str | None = None,
+        environ: Mapping[str, str] | None = None,
+        stall_check_s: float | None = None,
+        stall_shutdown_s: float | None = None,
+    ) -> Backend:
+        """Join the job (once; later calls return the same backend); ``stall_check_s`` and
+        ``stall_shutdown_s`` override ``TRAINER_CORE_STALL_CHECK_SECONDS`` and ``..._SHUTDOWN_SECONDS``."""
         env = os.environ if environ is None else environ
+        own = environ is None  # this process's environment: the default group is the one joined
+        if stall_check_s is not None or stall_shutdown_s is not None:
+            stall = StallPolicy.from_environ(env).replace(stall_check_s, stall_shutdown_s)
+            environ = env = {
+                **env,
+                TRAINER_CORE_STALL_CHECK_SECONDS: repr(stall.check_s),
+                TRAINER_CORE_STALL_SHUTDOWN_SECONDS: repr(stall.shutdown_s),
+            }
         role = env.get("DMLC_ROLE")
         if role in ("scheduler", "server"):
             from trainer_core.ps.roles import run_role_and_exit
@@ -79,9 +103,13 @@ class Runtime:
             if path == "solo":
                 self._backend = Solo()
             elif path == "allreduce":
-                self._backend = Collective(
-                    collective.group() if environ is None else collective.join(environ)
-                )
+                if environ is None:
+                    group = collective.group()
+                else:
+                    group = collective.join(environ)
+                    if own:  # with the stall arguments: collective's module functions use it too
+                        collective.default.set(group)
+                self._backend = Collective(group)
             else:
                 import trainer_core.kv as kv
 

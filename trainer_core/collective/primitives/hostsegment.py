@@ -12,8 +12,11 @@ host's lowest rank and handed to the others over their authenticated same-host c
 
 A rank ``post``s a step by storing its counter and waking the futex on it; a rank waits for
 another's counter by spinning briefly, then sleeping on the futex (``futex``), checking the job's
-health (``health``, which raises the scheduler's word or a dead peer's error) every ``SLICE_S``,
-and failing with ``PeerTimeout`` naming the rank that did not come within ``timeout`` seconds.
+health (``health``, which raises the scheduler's word or a dead peer's error) every ``SLICE_S``.
+A live rank is waited for: after ``stall.check_s`` (and every ``check_s`` again) the wait says
+which local ranks have not posted the step, and the operation (``stall.warning``); it fails with
+``PeerTimeout`` naming the rank that did not come only after ``stall.shutdown_s`` (opt-in) or
+``timeout`` (the fixed limit where the peers' liveness is not known; None: none).
 Counters only grow (modulo 2**32), so a wait for step ``s`` is also met by any later step.
 Stores to the slots happen before the counter's store in program order, and x86 and the
 interpreter's own locking keep that order for the reader, which loads the counter first.
@@ -30,9 +33,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from trainer_core.config import StallPolicy
 from trainer_core.sharedmap import map_shared
 
 from . import futex
+from . import stall as stalls
 from .links import DEFAULT_TIMEOUT, PeerTimeout
 
 HEADER = 4096
@@ -110,7 +115,10 @@ class Local:
 
     ``members``: the group ranks of the host's ranks, in order (``rank`` indexes it); ``health``:
     raises the job's failure, if any (called while waiting); ``where(group_rank)``: how to name a
-    rank in errors; ``spin``: microseconds of reading the counter before sleeping on the futex."""
+    rank in errors; ``timeout``: seconds a wait lasts at most (None: no limit, the job's liveness
+    ends a wait for a dead rank through ``health``); ``stall``: the warnings of a long wait, and
+    its opt-in end (``warn`` says them); ``spin``: microseconds of reading the counter before
+    sleeping on the futex."""
 
     def __init__(
         self,
@@ -119,8 +127,10 @@ class Local:
         members: Sequence[int],
         health: Callable[[], None] | None = None,
         where: Callable[[int], str] | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float | None = DEFAULT_TIMEOUT,
         spin: int | None = None,
+        stall: StallPolicy | None = None,
+        warn: Callable[[str], None] | None = None,
     ) -> None:
         if len(members) != segment.size or not 0 <= rank < segment.size:
             raise ValueError(f"local rank {rank} of {len(members)} on a segment of {segment.size}")
@@ -129,6 +139,8 @@ class Local:
         self.health = health or (lambda: None)
         self.where = where or (lambda r: f"rank {r}")
         self.timeout = timeout
+        self.stall = stall or StallPolicy()
+        self.warn = warn or (lambda message: None)
         cores = os.cpu_count() or 1
         # spinning helps only while every local rank has a core of its own (measured: docs/collectives.md)
         self.spin = spin if spin is not None else (SPIN if self.size <= cores else 0)
@@ -165,6 +177,7 @@ class Local:
         address = self.segment.base_address + peer * LINE
         start = time.monotonic()
         check = start + SLICE_S
+        clock: stalls.Clock | None = None  # (made once the wait is not short)
         while True:
             value = counters[at]
             if not _behind(value, step):
@@ -176,13 +189,28 @@ class Local:
             if now >= check:
                 self.health()
                 check = now + SLICE_S
-            if now - start >= self.timeout:
-                g = self.members[peer]
-                raise PeerTimeout(
-                    f"collective: rank {g} ({self.where(g)}) did not {what} within {self.timeout:g} s "
-                    "(shared-memory allreduce); it is stalled or gone",
-                    g,
-                )
+                clock = clock or stalls.Clock(self.stall, start, self.timeout)
+                self._late(clock, now, peer, step, what)
+
+    def _late(self, clock: stalls.Clock, now: float, peer: int, step: int, what: str) -> None:
+        """A wait for local rank ``peer``'s ``step`` is long: warn, or give up (``stall.Clock``)."""
+        due = clock.tick(now)
+        if due is stalls.Due.NOTHING:
+            return
+        g, me, op = self.members[peer], f"rank {self.members[self.rank]}", stalls.current()
+        if due is stalls.Due.WARN:
+            behind = [
+                self.members[p]
+                for p in range(self.size)
+                if p != self.rank and _behind(self.segment.counters[p * (LINE // 4)], step)
+            ]
+            late = ", ".join(f"rank {r} ({self.where(r)})" for r in behind or [g])
+            why = f"did not {what} yet (shared-memory allreduce)"
+            self.warn(stalls.warning(me, clock.waited(now), op, late, why, alive=clock.bound_s is None))
+            return
+        late = f"rank {g} ({self.where(g)})"
+        text = stalls.gave_up(late, f"did not {what}", clock.waited(now), op, self.stall, clock.bound_s)
+        raise PeerTimeout(f"{text} (shared-memory allreduce)", g)
 
     def wait_all(self, step: int, what: str) -> None:
         for p in range(self.size):

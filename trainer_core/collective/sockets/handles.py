@@ -2,7 +2,11 @@
 (``DONE``), and the eventfd that wakes the receiving thread (``Wake``).
 
 A ``Recv``'s ``wait`` checks the job's health every 0.1 s (the scheduler's word on a failure is
-raised first), and gives up after the links' timeout with ``PeerTimeout`` naming the peer.
+raised first: a dead or stopped peer ends it within the heartbeat timeout). A live peer is waited
+for: after the links' ``stall.check_s`` the wait logs a stall warning naming the peer and the
+operation, and again every ``check_s``; it gives up with ``PeerTimeout`` naming the peer only
+after ``stall.shutdown_s`` (opt-in), or after ``bound_s`` where the links cannot tell a live peer
+(no heartbeats), or after the ``timeout`` a caller gives ``wait``.
 """
 
 from __future__ import annotations
@@ -16,20 +20,27 @@ from typing import Protocol
 
 import numpy as np
 
+from trainer_core.config import StallPolicy
 from trainer_core.transport.channel import Received, Source
 
+from ..primitives import stall
 from ..primitives.links import PeerTimeout
 
 
 class Owner(Protocol):
     """What a ``Recv`` asks of its links (``netlinks.NetLinks``)."""
 
-    timeout: float
+    stall: StallPolicy
+    bound_s: float | None  # a wait's fixed limit (None: the peers' liveness bounds it)
 
     @property
     def rank(self) -> int: ...
 
     def raise_failure(self) -> None: ...
+
+    def failed(self, error: BaseException) -> BaseException: ...
+
+    def warn(self, message: str) -> None: ...
 
     def cancel(self, op: Recv) -> bool: ...
 
@@ -110,18 +121,35 @@ class Recv:
 
     def wait(self, timeout: float | None = None) -> None:
         links = self.links
-        limit = links.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        if self.event.is_set():
+            return self._end()
+        start = time.monotonic()
+        clock: stall.Clock | None = None  # (made once the wait is not short)
         while not self.event.wait(SLICE_S):
-            links.raise_failure()  # the job failed (a stopped worker, an abort): its word
-            if time.monotonic() >= deadline:
-                if links.cancel(self):
-                    raise PeerTimeout(
-                        f"collective: rank {self.peer} ({links.where(self.peer)}) sent nothing to rank "
-                        f"{links.rank} within {limit:g} s (tag {self.tag:#x}); it is stalled or gone",
-                        self.peer,
-                    )
+            links.raise_failure()  # the job failed (a dead or stopped worker, an abort): its word
+            if clock is None:
+                policy = links.stall if timeout is None else StallPolicy(0.0)
+                clock = stall.Clock(policy, start, links.bound_s if timeout is None else timeout)
+            due = clock.tick(time.monotonic())
+            if due is stall.Due.NOTHING:
+                continue
+            me, late, op = (
+                f"rank {links.rank}",
+                f"rank {self.peer} ({links.where(self.peer)})",
+                stall.current(),
+            )
+            waited = clock.waited(time.monotonic())
+            if due is stall.Due.WARN:
+                why = f"has not sent its part (tag {self.tag:#x})"
+                links.warn(stall.warning(me, waited, op, late, why, alive=clock.bound_s is None))
+            elif links.cancel(self):
+                text = stall.gave_up(late, f"sent nothing to {me}", waited, op, clock.policy, clock.bound_s)
+                raise links.failed(PeerTimeout(f"{text} (tag {self.tag:#x})", self.peer))
+            else:
                 self.event.wait()  # matched as the wait ran out: the bytes are arriving
+        self._end()
+
+    def _end(self) -> None:
         if self.error is not None:
-            links.raise_failure()
-            raise self.error
+            self.links.raise_failure()
+            raise self.links.failed(self.error)

@@ -5,7 +5,10 @@ lower rank to the higher one's listener (same-host, the bytes in a memfd: ``chan
 One receiving thread matches each ``coll_data`` by (sender, tag) to its posted receive, read in
 place, or keeps a copy until it is posted. Sends never wait, so a ring cannot deadlock. A peer
 whose channel ends without its ``coll_bye`` died: the group fails naming it, and the scheduler is
-told (``report_abort``). docs/collectives.md, "Over sockets".
+told (``report_abort``). A live peer is waited for, with stall warnings (``handles.Recv``); the
+bound of a wait is the job's liveness (``bound_s`` only when the job has no heartbeats). A wait
+that ends in a failure naming another worker says so for the launcher (``failed``).
+docs/collectives.md, "Over sockets" and "Slow is not dead".
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from dmlc_env.ending import say_peer_failed
-from trainer_core.config import NodeConfig
-from trainer_core.errors import KVError, WireError
+from dmlc_env.ending import say_peer_failed, say_waited
+from trainer_core.config import NodeConfig, StallPolicy
+from trainer_core.errors import KVError, NodeFailure, WireError
 from trainer_core.node import protocol as node_protocol
 from trainer_core.node.book import scheduler_endpoint
 from trainer_core.node.postoffice import Postoffice
@@ -31,6 +34,7 @@ from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Recei
 from trainer_core.transport.tcp import TcpListener
 from trainer_core.transport.unix import UnixListener
 
+from ..primitives import stall as stalls
 from ..primitives.hostsegment import Local
 from ..primitives.links import DEFAULT_TIMEOUT, LinkError
 from . import channels, protocol, sharesegment
@@ -44,7 +48,9 @@ class NetLinks:
     """This worker's ``Links`` to every other worker of the job (see the module's docstring).
 
     ``node``: the joined worker (its node decoder must know ``protocol.SCHEMA``); ``cfg``: its
-    configuration (the secret, the start-up bound); ``timeout``: seconds a wait lasts at most."""
+    configuration (the secret, the start-up bound, ``cfg.stall``); ``timeout``: seconds a wait
+    lasts at most when the job has no heartbeats (``PS_HEARTBEAT_INTERVAL=0``), which would tell a
+    live peer from a dead one; ``stall``: overrides ``cfg.stall``."""
 
     def __init__(
         self,
@@ -52,6 +58,7 @@ class NetLinks:
         cfg: NodeConfig,
         timeout: float = DEFAULT_TIMEOUT,
         log: logging.Logger | None = None,
+        stall: StallPolicy | None = None,
     ) -> None:
         book = node.book
         if book.role != "worker" or len(book.workers) != book.num_workers:
@@ -68,6 +75,11 @@ class NetLinks:
         self.node = node
         self.cfg = cfg
         self.timeout = timeout
+        #: how a wait for a live peer treats time (warnings; giving up, opt-in)
+        self.stall = stall or cfg.stall
+        #: a wait's fixed limit: only without heartbeats (else a dead peer ends the job)
+        self.bound_s: float | None = None if cfg.liveness_on else timeout
+        self._said_waited = False
         self.log = log or node.log
         self._rank, self._size = book.rank, book.num_workers
         self._trace = node.transport.trace
@@ -100,7 +112,7 @@ class NetLinks:
         self._thread.start()
         try:
             self._connect(cfg.start_timeout)
-            self.local = sharesegment.setup(self, self._members, self._chan, self._offer, cfg, timeout)
+            self.local = sharesegment.setup(self, self._members, self._chan, self._offer, cfg)
         except BaseException:
             self.close()
             raise
@@ -115,13 +127,34 @@ class NetLinks:
 
     def raise_failure(self) -> None:
         """Raise the job's failure as the scheduler reported it, if any."""
-        self.node.raise_failure()
+        try:
+            self.node.raise_failure()
+        except NodeFailure as exc:
+            raise self.failed(exc) from None
 
     def health(self) -> None:
         """Raise the job's failure, or the error of the peer whose death broke the group."""
-        self.node.raise_failure()
+        self.raise_failure()
         if self._broken is not None:
-            raise self._broken
+            raise self.failed(self._broken)
+
+    def failed(self, error: BaseException) -> BaseException:
+        """``error``, which ends a wait of this thread's operation: when it names another worker
+        (``worker 1``, ``rank 1``), this worker first says, once, that it waited for that worker
+        in that operation (``dmlc_env.ending.say_waited``: the launcher tells what that worker did,
+        e.g. exited 0 early)."""
+        node = getattr(error, "node", None)
+        op = stalls.running_op()
+        if not self._said_waited and op is not None and isinstance(node, str):
+            name = "worker " + node[len("rank ") :] if node.startswith("rank ") else node
+            if name != self.node.name:
+                self._said_waited = True
+                say_waited(name, op)
+        return error
+
+    def warn(self, message: str) -> None:
+        """A stall warning of a wait (``handles.Recv``, ``hostsegment.Local``)."""
+        self.log.warning("%s", message)
 
     def where(self, peer: int) -> str:
         """``worker 3 on hostname``."""

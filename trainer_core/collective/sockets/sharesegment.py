@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from trainer_core.config import NodeConfig
+from trainer_core.config import NodeConfig, StallPolicy
 from trainer_core.errors import KVError, WireError
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Channel
@@ -101,6 +101,11 @@ class Owner(Protocol):
 
     def where(self, peer: int) -> str: ...
 
+    def warn(self, message: str) -> None: ...
+
+    stall: StallPolicy
+    bound_s: float | None
+
 
 def setup(
     links: Owner,
@@ -108,10 +113,12 @@ def setup(
     channels: dict[int, Channel],
     offer: Offer,
     cfg: NodeConfig,
-    timeout: float,
 ) -> Local | None:
     """``share``, and this rank's ``Local`` on the segment (None: none)."""
     seg = share(links.rank, members, channels, cfg.use_shm, offer, cfg.start_timeout, links.health)
     if seg is None:
         return None
-    return Local(seg, members.index(links.rank), members, links.health, links.where, timeout)
+    i = members.index(links.rank)
+    return Local(
+        seg, i, members, links.health, links.where, links.bound_s, stall=links.stall, warn=links.warn
+    )
