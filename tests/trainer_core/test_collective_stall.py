@@ -161,16 +161,23 @@ g.close(finish=False)
 
 def test_ending_a_job_on_a_stall_is_opt_in_with_its_own_time() -> None:
     """With TRAINER_CORE_STALL_SHUTDOWN_SECONDS=2 the waits for rank 0 (alive, 6 s late) give up
-    after 2 s, each naming the rank it waited on, and say that it is alive but stalled."""
+    after 2 s: the one that waits on rank 0 names it as alive but stalled (another may see that
+    rank leave first)."""
     env = {"PS_SHM": "0", "TRAINER_CORE_STALL_CHECK_SECONDS": "1", "TRAINER_CORE_STALL_SHUTDOWN_SECONDS": "2"}
     job = run_job(SHUTDOWN_CODE % {"busy": BUSY_S}, 3, 0, env, timeout=60)
+    stalled = 0
     for p in job.workers:
         if p.rank == 0:
             continue
         (res,) = p.results()
-        assert res["error"] is not None and "alive but stalled" in res["error"], job.outputs()
+        # the rank that waits on rank 0 gives up saying so; a rank whose own peer gave up first
+        # may instead see that peer leave (a race neither order of which is wrong)
+        error = res["error"] or ""
+        assert "alive but stalled" in error or "left the group" in error, job.outputs()
+        stalled += "alive but stalled" in error and "rank 0 (worker 0" in error
         assert 2.0 <= res["after"] < BUSY_S - 1, res
         assert "dmlc_env: this node waited for worker " in p.output()
+    assert stalled >= 1, job.outputs()
 
 
 STOPPED_CODE = """
