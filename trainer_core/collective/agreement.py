@@ -125,7 +125,8 @@ def mismatch(descs: list[Descriptor]) -> str:
         why = "; ".join(f"rank {r}: {text}" for r, text in refused)
         return f"{head} refused by {_ranks([r for r, _ in refused])} ({why}): it fails on every rank"
     diffs = []
-    for field, words in FIELDS:
+    kinds = len({d.kind for d in descs}) > 1  # then op and root (each kind's own) go unsaid
+    for field, words in FIELDS if not kinds else FIELDS[:3]:
         values = [getattr(d, field) for d in descs]
         if any(v != values[0] for v in values):
             diffs.append(f"different {words}: {_who(values)}")
