@@ -4,6 +4,8 @@ issue's cases), then a correct one; prints what each rank got as one JSON line.
 
     agreementprog.py cases      every mismatch case, each followed by a correct allreduce
     agreementprog.py threads    two threads per rank submit named allreduces in opposite orders
+    agreementprog.py torch      a Linear(4, 2 + rank): DistributedOptimizer's first step and
+                                broadcast_parameters, then a model alike on every rank
 """
 
 from __future__ import annotations
@@ -63,7 +65,36 @@ def threads(g: Any, steps: int = 10) -> dict[str, Any]:
     return got
 
 
+def torch_models() -> dict[str, Any]:
+    import torch
+
+    import trainer_core.torch as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    out: dict[str, Any] = {"rank": r, "size": hvd.size()}
+    for case in ("optimizer", "broadcast_parameters", "alike"):
+        model = torch.nn.Linear(4, 2 if case == "alike" else 2 + r)
+        try:
+            if case == "broadcast_parameters":
+                hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            else:
+                opt = hvd.DistributedOptimizer(
+                    torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+                )
+                model(torch.ones(3, 4)).sum().backward()
+                opt.step()
+            out[case] = "ok"
+        except Exception as exc:
+            out[case] = f"{type(exc).__name__}: {exc}"
+    hvd.shutdown()
+    return out
+
+
 def main(mode: str) -> int:
+    if mode == "torch":
+        print(json.dumps(torch_models()), flush=True)
+        return 0
     g = collective.group()
     out = cases(g) if mode == "cases" else threads(g)
     print(json.dumps({"rank": g.rank, "size": g.size, **out}), flush=True)

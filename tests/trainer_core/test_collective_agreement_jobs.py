@@ -77,3 +77,20 @@ def test_two_threads_per_rank_in_opposite_orders_are_matched_by_name(w: int, tmp
     want = {f"{t}.{i}": w * (i + 1) * (1.0 if t == "a" else 100.0) for t in "ab" for i in range(10)}
     for out in outs.values():
         assert {k: v for k, v in out.items() if k not in ("rank", "size")} == want
+
+
+@pytest.mark.parametrize("w", [2, 3])
+def test_models_that_differ_across_ranks_fail_on_every_rank_at_the_first_step(w: int, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    outs = launch(w, "torch", tmp_path)
+    first = "parameter 0: rank 0 has 'weight' (2, 4) torch.float32, rank 1 'weight' (3, 4) torch.float32"
+    for out in outs.values():
+        assert (
+            out["optimizer"]
+            == f"ModelMismatch: DistributedOptimizer: the model differs across ranks: {first}"
+        )
+        bias = "parameter 0: rank 0 has 'bias' (2,) torch.float32, rank 1 'bias' (3,) torch.float32"
+        assert out["broadcast_parameters"] == (  # a state_dict goes by name: bias first
+            f"ModelMismatch: broadcast_parameters: the model differs across ranks: {bias}"
+        )
+        assert out["alike"] == "ok"
