@@ -22,6 +22,7 @@ hierarchical allreduce.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -114,7 +115,7 @@ class Group:
     def _desc(self, name: str, kind: str, array: Any = None, **more: Any) -> Descriptor:
         if array is None:
             return Descriptor(name, kind, group=self._gid, **more)
-        return Descriptor(name, kind, tuple(array.shape), str(array.dtype), group=self._gid, **more)
+        return Descriptor(name, kind, tuple(array.shape), _dtype_name(array.dtype), group=self._gid, **more)
 
     def _submit(self, op: Op) -> Work:
         return self._negotiator.submit(op)
@@ -147,7 +148,7 @@ class Group:
         _check_array("allreduce", array)
         spec = spec_for(array.dtype, op, kind)
         desc = self._desc(name, "allreduce", array, op=op)
-        if spec.kind != str(array.dtype):
+        if spec.kind != desc.dtype:
             desc = replace(desc, dtype=spec.kind)
         if self.nccl is not None and self.nccl.takes(array, spec):
             _check_out(array, out)
@@ -470,6 +471,11 @@ class Group:
 
     def barrier(self, *, name: str | None = None) -> None:
         self._negotiator.call(self._op("barrier", name, self._barrier))
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype)
 
 
 def _nothing(seq: int) -> None:

@@ -184,7 +184,8 @@ class Negotiator:
             finally:
                 with self._cond:
                     self._driving = False
-                    self._cond.notify_all()
+                    if self._queue:  # hand over to the background thread (else: no wake-up)
+                        self._cond.notify_all()
         return work.wait()
 
     def _enqueue(self, op: Op, inline: bool) -> tuple[Work, bool]:
@@ -226,7 +227,6 @@ class Negotiator:
             finally:
                 with self._cond:
                     self._driving = False
-                    self._cond.notify_all()
             if waited:
                 self._poll(waited)
 
