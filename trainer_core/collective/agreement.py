@@ -54,15 +54,14 @@ class Descriptor:
     group: str = ""
     refused: str = ""
 
-    def digest(self) -> bytes:
-        """16 bytes of everything but ``refused`` (the body's digest is cached: a repeated step
-        hashes only its name)."""
-        body = _body(self.kind, self.shape, self.dtype, self.op, self.root, self.group)
-        return hashlib.blake2b(self.name.encode() + body, digest_size=16).digest()
+    def body(self) -> bytes:
+        """The digest of everything but the name and ``refused`` (cached: a repeated step hashes
+        only its name)."""
+        return body(self.kind, self.shape, self.dtype, self.op, self.root, self.group)
 
     def record(self, nbytes: int = 0) -> bytes:
         """The 32 bytes every rank shows the others for the head of its queue."""
-        return _RECORD.pack(self.digest(), _REFUSED if self.refused else 0, nbytes)
+        return record(self.name, self.body(), nbytes, bool(self.refused))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,9 +73,16 @@ class Descriptor:
 
 
 @functools.lru_cache(maxsize=1024)
-def _body(kind: str, shape: Any, dtype: str, op: str, root: int, group: str) -> bytes:
+def body(kind: str, shape: Any, dtype: str, op: str, root: int, group: str) -> bytes:
+    """The 16-byte digest of a descriptor's fields but its name (``Descriptor.body``)."""
     text = json.dumps([kind, shape, dtype, op, root, group])
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def record(name: str, body: bytes, nbytes: int = 0, refused: bool = False) -> bytes:
+    """The record of the operation ``name`` whose other fields digest to ``body``."""
+    digest = hashlib.blake2b(name.encode() + body, digest_size=16).digest()
+    return _RECORD.pack(digest, _REFUSED if refused else 0, nbytes)
 
 
 def _tuples(v: Any) -> Any:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from trainer_core.compression.powersgd import PowerSGD
 from trainer_core.xp import like, to_host
 
 from . import fusion, policy
-from .agreement import Descriptor, agreed
+from .agreement import Descriptor, agreed, body, record
 from .algorithms import doubling, hierarchical, ring, shmpipe, shmreduce, tree
 from .algorithms.hierarchical import Topology
 from .compressed import hierarchical as compressed_hierarchical
@@ -76,6 +76,7 @@ class Group:
         self._negotiator = Negotiator(self._exchange, f"collective-{links.rank}")
         #: what every rank's descriptors say of the group (the same on every rank of one group)
         self._gid = f"{links.size} ranks"
+        self._lanes: dict[tuple[Any, ...], _Lane] = {}
         self._scratch = Scratch()
         #: the algorithm of the last allreduce (for tests and logs)
         self.last_algorithm = ""
@@ -207,8 +208,85 @@ class Group:
     ) -> Any:
         """``allreduce_async(...).wait()``; a C-contiguous numpy array is read (and ``out``
         written) in place, on the calling thread when nothing else is queued."""
+        if self.nccl is None and type(array) is np.ndarray and array.flags.c_contiguous:
+            lane = self._lane(array, op, out, kind)
+            if lane is not None:
+                res = self._quick(lane, array, out, op, kind, name)
+                if res is not NOT_RUN:
+                    return res
         return self._negotiator.call(
             self._op("allreduce", name, lambda nm: self._allreduce_op(nm, array, op, out, kind, sync=True))
+        )
+
+    def _lane(self, array: np.ndarray, op: str, out: Any, kind: str | None) -> _Lane | None:
+        """What a repeated synchronous allreduce of ``array``'s shape and dtype needs, made once
+        (None where ``out`` is not a plain array of its shape and dtype, or the checks refuse it:
+        the general way raises their error)."""
+        if out is not None and not (
+            type(out) is np.ndarray
+            and out.flags.c_contiguous
+            and out.shape == array.shape
+            and out.dtype == array.dtype
+        ):
+            return None
+        key = (array.shape, array.dtype, op, kind, out is None)
+        lane = self._lanes.get(key)
+        if lane is None or lane.thresholds is not self.thresholds:
+            if len(self._lanes) >= _LANES:
+                self._lanes.clear()
+            try:
+                spec = spec_for(array.dtype, op, kind)
+            except (TypeError, ValueError):
+                return None
+            shm = self._exchange.local is not None and array.size > 0 and self.size > 1
+            shm = shm and policy.choose(array.nbytes, self.topology, self.thresholds, True) == policy.SHM
+            split = (
+                shm
+                and self.local is not None
+                and policy.shm_split(array.nbytes, self.local.size, self.thresholds)
+            )
+            shape = tuple(array.shape)
+            digest = body("allreduce", shape, spec.kind, op, -1, self._gid)
+            lane = self._lanes[key] = _Lane(spec, digest, array.nbytes, shm, bool(split), self.thresholds)
+        return lane
+
+    def _quick(
+        self, lane: _Lane, array: np.ndarray, out: Any, op: str, kind: str | None, name: str | None
+    ) -> Any:
+        """The synchronous allreduce through ``Negotiator.quick`` (``NOT_RUN``: not taken)."""
+        spec, x = lane.spec, array.reshape(-1)
+        dest = np.empty_like(array) if out is None else out
+        flat = dest.reshape(-1)
+
+        def attempt(seq: int, rec: bytes) -> tuple[list[bytes], Any]:
+            if lane.shm:
+                shown: list[list[bytes]] = []
+                loc, ex = self.local, self._exchange
+                assert loc is not None
+                self.last_algorithm = policy.SHM
+
+                def check() -> bool:
+                    shown.append(ex.read())
+                    return agreed(shown[0])
+
+                if not shmreduce.allreduce(
+                    loc, x, flat, spec, lane.split, show=lambda: ex.put(rec), agreed=check
+                ):
+                    return shown[0], NOT_RUN
+                spec.finish(flat, self.size)
+                return shown[0], dest
+            records = self._exchange.records(seq, rec) if self.size > 1 else [rec]
+            if not agreed(records):
+                return records, NOT_RUN
+            self._allreduce_into(self._ctx(seq), x, flat, spec)
+            spec.finish(flat, self.size)
+            return records, dest
+
+        return self._negotiator.quick(
+            name,
+            lambda nm: record(nm, lane.body, lane.nbytes),
+            attempt,
+            lambda nm: self._allreduce_op(nm, array, op, out, kind, sync=True),
         )
 
     def _allreduce_into(self, ctx: Ctx, x: np.ndarray, out: np.ndarray, spec: ReduceSpec) -> None:
@@ -471,6 +549,21 @@ class Group:
 
     def barrier(self, *, name: str | None = None) -> None:
         self._negotiator.call(self._op("barrier", name, self._barrier))
+
+
+_LANES = 256  # shapes whose synchronous allreduce is remembered (``Group._lane``)
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """A synchronous allreduce's checks and choices for one shape, dtype, op and kind (``Group._lane``)."""
+
+    spec: ReduceSpec
+    body: bytes  # the digest of its descriptor but the name (``agreement.body``)
+    nbytes: int
+    shm: bool  # through the host's segment, its record shown in the first step
+    split: bool
+    thresholds: Thresholds  # the thresholds it was made under (others: made again)
 
 
 @functools.lru_cache(maxsize=64)

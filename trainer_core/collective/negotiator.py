@@ -262,8 +262,17 @@ class Negotiator:
                 records, result = head.fast(seq, rec)
             else:
                 records, result = self.exchange.records(seq, rec), NOT_RUN
-            if agreed(records):
-                return self._finish(head, seq, result)
+        except BaseException as exc:
+            self._break(exc)
+            return 0.0
+        return self._settle(ops, seq, records, result)
+
+    def _settle(self, ops: list[Op], seq: int, records: list[bytes], result: Any) -> float:
+        """What slot ``seq`` does, once every rank's record for it (the head of ``ops``) is known."""
+        head = ops[0]
+        if agreed(records):
+            return self._finish(head, seq, result)
+        try:
             self.exchange.resync(records)
             queues = [decode(b) for b in self.exchange.queues(seq, encode([o.desc for o in ops]))]
         except BaseException as exc:
@@ -279,6 +288,60 @@ class Negotiator:
             self._done(op, error=CollectiveMismatch(decision.error))
             return 0.0
         return self._finish(op, seq, NOT_RUN)
+
+    def quick(
+        self,
+        name: str | None,
+        record_of: Callable[[str], bytes],
+        attempt: Callable[[int, bytes], tuple[list[bytes], Any]],
+        make: Callable[[str], Op],
+    ) -> Any:
+        """A synchronous operation's short way, where nothing else is queued or driving (else
+        ``NOT_RUN``): no ``Op`` nor ``Work`` unless the ranks disagree. ``record_of(name)``: its
+        record; ``attempt(seq, record)``: every rank's record and, where they agreed, the result
+        (as ``Op.fast``); ``make(name)``: its ``Op``, for the slow path of the same slot."""
+        with self._cond:
+            if self._queue or self._driving or self._broken is not None or self._closed:
+                return NOT_RUN
+            if name is None:
+                name = f"noname.{self._unnamed}"
+                self._unnamed += 1
+            elif name in self._running:
+                return NOT_RUN
+            seq = self._slot
+            self._slot += 1
+            self._driving = True
+        try:
+            try:
+                records, result = attempt(seq, record_of(name))
+            except BaseException as exc:
+                with self._cond:
+                    self._broken = exc
+                    ops = list(self._queue)
+                self._fail(ops, exc)
+                raise
+            if result is not NOT_RUN and agreed(records):
+                return result
+            op = make(name)
+            work = Work(op.desc.kind, -1)
+            op.works.append(work)
+            with self._cond:
+                self._queue.insert(0, op)
+                ops = list(self._queue)
+                self._head = op
+            waited = self._settle(ops, seq, records, NOT_RUN)
+            with self._cond:
+                self._head = None
+            while not work.done():
+                if waited:
+                    self._poll(waited)
+                waited = self._drive()
+            return work.wait()
+        finally:
+            with self._cond:
+                self._driving = False
+                if self._queue:
+                    self._cond.notify_all()
 
     def _finish(self, op: Op, seq: int, result: Any) -> float:
         for w in op.works:
