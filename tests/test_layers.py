@@ -167,6 +167,7 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
     "fusion": frozenset(),
     "agreement": frozenset(),
     "negotiator": frozenset({"agreement", "executor", "primitives"}),
+    "lane": frozenset({"policy", "primitives"}),
     "group": frozenset(
         {
             "compressed",
@@ -178,6 +179,7 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
             "fusion",
             "agreement",
             "negotiator",
+            "lane",
         }
     ),
     "fabric": frozenset({"primitives"}),

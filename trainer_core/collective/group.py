@@ -22,9 +22,8 @@ hierarchical allreduce.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -39,6 +38,7 @@ from .algorithms.hierarchical import Topology
 from .compressed import hierarchical as compressed_hierarchical
 from .compressed import lowrank, twostage
 from .executor import Work
+from .lane import LANES, Lane, check_array, dtype_name
 from .nccl import NcclPath
 from .negotiator import NOT_RUN, Exchange, Negotiator, Op
 from .policy import Thresholds
@@ -76,7 +76,7 @@ class Group:
         self._negotiator = Negotiator(self._exchange, f"collective-{links.rank}")
         #: what every rank's descriptors say of the group (the same on every rank of one group)
         self._gid = f"{links.size} ranks"
-        self._lanes: dict[tuple[Any, ...], _Lane] = {}
+        self._lanes: dict[tuple[Any, ...], Lane] = {}
         self._scratch = Scratch()
         #: the algorithm of the last allreduce (for tests and logs)
         self.last_algorithm = ""
@@ -116,7 +116,7 @@ class Group:
     def _desc(self, name: str, kind: str, array: Any = None, **more: Any) -> Descriptor:
         if array is None:
             return Descriptor(name, kind, group=self._gid, **more)
-        return Descriptor(name, kind, tuple(array.shape), _dtype_name(array.dtype), group=self._gid, **more)
+        return Descriptor(name, kind, tuple(array.shape), dtype_name(array.dtype), group=self._gid, **more)
 
     def _submit(self, op: Op) -> Work:
         return self._negotiator.submit(op)
@@ -146,7 +146,7 @@ class Group:
     def _allreduce_op(
         self, name: str, array: Any, op: str, out: Any, kind: str | None, sync: bool = False
     ) -> Op:
-        _check_array("allreduce", array)
+        check_array("allreduce", array)
         spec = spec_for(array.dtype, op, kind)
         desc = self._desc(name, "allreduce", array, op=op)
         if spec.kind != desc.dtype:
@@ -218,7 +218,7 @@ class Group:
             self._op("allreduce", name, lambda nm: self._allreduce_op(nm, array, op, out, kind, sync=True))
         )
 
-    def _lane(self, array: np.ndarray, op: str, out: Any, kind: str | None) -> _Lane | None:
+    def _lane(self, array: np.ndarray, op: str, out: Any, kind: str | None) -> Lane | None:
         """What a repeated synchronous allreduce of ``array``'s shape and dtype needs, made once
         (None where ``out`` is not a plain array of its shape and dtype, or the checks refuse it:
         the general way raises their error)."""
@@ -232,7 +232,7 @@ class Group:
         key = (array.shape, array.dtype, op, kind, out is None)
         lane = self._lanes.get(key)
         if lane is None or lane.thresholds is not self.thresholds:
-            if len(self._lanes) >= _LANES:
+            if len(self._lanes) >= LANES:
                 self._lanes.clear()
             try:
                 spec = spec_for(array.dtype, op, kind)
@@ -247,11 +247,11 @@ class Group:
             )
             shape = tuple(array.shape)
             digest = body("allreduce", shape, spec.kind, op, -1, self._gid)
-            lane = self._lanes[key] = _Lane(spec, digest, array.nbytes, shm, bool(split), self.thresholds)
+            lane = self._lanes[key] = Lane(spec, digest, array.nbytes, shm, bool(split), self.thresholds)
         return lane
 
     def _quick(
-        self, lane: _Lane, array: np.ndarray, out: Any, op: str, kind: str | None, name: str | None
+        self, lane: Lane, array: np.ndarray, out: Any, op: str, kind: str | None, name: str | None
     ) -> Any:
         """The synchronous allreduce through ``Negotiator.quick`` (``NOT_RUN``: not taken)."""
         spec, x = lane.spec, array.reshape(-1)
@@ -352,7 +352,7 @@ class Group:
         if isinstance(arrays, (str, bytes)) or not isinstance(arrays, Sequence):
             raise TypeError(f"grouped_allreduce takes a list of arrays, not {type(arrays).__name__}")
         for a in arrays:
-            _check_array("grouped_allreduce", a)
+            check_array("grouped_allreduce", a)
         specs = [spec_for(a.dtype, op, kind) for a in arrays]
         shapes = tuple(tuple(a.shape) for a in arrays)
         desc = self._desc(
@@ -408,7 +408,7 @@ class Group:
     ) -> Op:
         """The compressed allreduce of ``array`` (read in place where ``sync`` and a plain numpy
         array, else copied, and never written)."""
-        _check_array("compressed_allreduce", array)
+        check_array("compressed_allreduce", array)
         if np.dtype(array.dtype) not in FLOAT_DTYPES:
             raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {np.dtype(array.dtype)}")
         if op not in twostage.OPS:
@@ -456,7 +456,7 @@ class Group:
         return self._submit(self._op("broadcast", name, lambda nm: self._broadcast(nm, array, root)))
 
     def _broadcast(self, name: str, array: Any, root: int) -> Op:
-        _check_array("broadcast", array)
+        check_array("broadcast", array)
         if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
             raise ValueError(f"broadcast root must be a rank of the group (0..{self.size - 1}), not {root!r}")
         desc = self._desc(name, "broadcast", array, root=int(root))
@@ -481,7 +481,7 @@ class Group:
         return self._submit(self._op("allgather", name, lambda nm: self._allgather(nm, array)))
 
     def _allgather(self, name: str, array: Any) -> Op:
-        _check_array("allgather", array)
+        check_array("allgather", array)
         desc = self._desc(name, "allgather", array)
         desc = replace(desc, shape=(-1, *desc.shape[1:]))  # the first axis is ragged
         if self.nccl is not None and self.nccl.takes(array):
@@ -512,7 +512,7 @@ class Group:
         )
 
     def _reduce_scatter(self, name: str, array: Any, op: str, kind: str | None) -> Op:
-        _check_array("reduce_scatter", array)
+        check_array("reduce_scatter", array)
         spec = spec_for(array.dtype, op, kind)
         if array.ndim == 0:
             raise ValueError("reduce_scatter needs an array with at least one axis")
@@ -551,42 +551,12 @@ class Group:
         self._negotiator.call(self._op("barrier", name, self._barrier))
 
 
-_LANES = 256  # shapes whose synchronous allreduce is remembered (``Group._lane``)
-
-
-@dataclass(frozen=True)
-class _Lane:
-    """A synchronous allreduce's checks and choices for one shape, dtype, op and kind (``Group._lane``)."""
-
-    spec: ReduceSpec
-    body: bytes  # the digest of its descriptor but the name (``agreement.body``)
-    nbytes: int
-    shm: bool  # through the host's segment, its record shown in the first step
-    split: bool
-    thresholds: Thresholds  # the thresholds it was made under (others: made again)
-
-
-@functools.lru_cache(maxsize=64)
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype)
-
-
 def _nothing(seq: int) -> None:
     """The data path of an operation this rank refused (never run: it fails on every rank)."""
 
 
 def _with_ctx(group: Group, fn: Callable[[Ctx], Any]) -> Callable[[int], Any]:
     return lambda seq: fn(group._ctx(seq))
-
-
-def _check_array(what: str, a: Any) -> None:
-    """A numpy or cupy array (anything with a dtype, a shape and bytes), else a TypeError that
-    says what is accepted."""
-    if not all(hasattr(a, attr) for attr in ("dtype", "shape", "nbytes", "reshape")):
-        raise TypeError(
-            f"collective {what} takes a numpy or cupy array, not {type(a).__name__} "
-            "(wrap a list or a scalar in numpy.asarray)"
-        )
 
 
 def _plain(a: Any) -> bool:
