@@ -32,8 +32,9 @@ def broadcast_parameters(params: Any, root_rank: int = 0, *, runtime: Runtime | 
             f"broadcast_parameters takes tensors (a state_dict or named_parameters()), found {bad[:3]}"
         )
     b = (runtime or default).backend()
-    mine = samemodel.entries([str(n) for n, _ in named], tensors)
-    samemodel.check("broadcast_parameters", mine, lambda a: b.allgather_async(a).wait(), b.size)
+    if not getattr(b, "server_optimizer", False):  # (the KV path then sums nothing but gradients)
+        mine = samemodel.entries([str(n) for n, _ in named], tensors)
+        samemodel.check("broadcast_parameters", mine, lambda a: b.allgather_async(a).wait(), b.size)
     handles = [
         broadcast_async_(t.data if t.requires_grad else t, root_rank, runtime=runtime) for t in tensors
     ]
