@@ -165,11 +165,29 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
     "nccl": frozenset({"algorithms", "primitives"}),
     "executor": frozenset({"primitives"}),
     "fusion": frozenset(),
-    "group": frozenset({"compressed", "nccl", "policy", "algorithms", "primitives", "executor", "fusion"}),
+    "agreement": frozenset(),
+    "negotiator": frozenset({"agreement", "executor", "primitives"}),
+    "lane": frozenset({"policy", "primitives"}),
+    "group": frozenset(
+        {
+            "compressed",
+            "nccl",
+            "policy",
+            "algorithms",
+            "primitives",
+            "executor",
+            "fusion",
+            "agreement",
+            "negotiator",
+            "lane",
+        }
+    ),
     "fabric": frozenset({"primitives"}),
     "sockets": frozenset({"primitives"}),
     "job": frozenset({"group", "sockets", "nccl", "policy", "primitives"}),
-    "__init__": frozenset({"job", "group", "compressed", "policy", "algorithms", "primitives", "executor"}),
+    "__init__": frozenset(
+        {"job", "group", "compressed", "policy", "algorithms", "primitives", "executor", "agreement"}
+    ),
 }
 COLLECTIVE = "trainer_core.collective"
 # the parts that use the layers below collective (the node layer, the transport, metrics): the

@@ -13,6 +13,7 @@ from trainer_core import compression
 from trainer_core.collective import ErrorFeedback, Group, Thresholds
 from trainer_core.collective.algorithms.ring import blocks
 from trainer_core.collective.fabric import Fabric, run_ranks
+from trainer_core.collective.negotiator import control_bytes
 
 PARAMS: list[dict[str, Any]] = [
     {"type": "1bit", "block_size": 64},
@@ -58,7 +59,7 @@ def run(params: dict[str, Any], steps: list[list[np.ndarray]], op: str) -> tuple
             return [g.compressed_allreduce(xs[r], state, key="w", op=op) for xs in steps]
 
     out = run_ranks(w, body)
-    return out, sum(fabric.endpoint(r).sent_bytes for r in range(w))
+    return out, sum(fabric.endpoint(r).sent_bytes - len(steps) * control_bytes(r, w) for r in range(w))
 
 
 @pytest.mark.parametrize("params", PARAMS, ids=lambda p: p["type"])
@@ -96,7 +97,7 @@ def test_bytes_fall_by_the_compressors_ratio(params: dict[str, Any]) -> None:
     fabric = Fabric(w, timeout=10)
     th = Thresholds(force="ring")
     run_ranks(w, lambda r: Group(fabric.endpoint(r), thresholds=th).allreduce(xs[r]))
-    raw_bytes = sum(fabric.endpoint(r).sent_bytes for r in range(w))
+    raw_bytes = sum(fabric.endpoint(r).sent_bytes - control_bytes(r, w) for r in range(w))
     assert raw_bytes == 2 * (w - 1) * n * 4  # the ring's bound: 2 (w-1)/w of the buffer per rank
     want = compression.ratio(params, n // w)
     assert raw_bytes / compressed_bytes == pytest.approx(want, rel=0.02)

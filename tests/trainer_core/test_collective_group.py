@@ -169,21 +169,22 @@ def test_fusion_sends_fewer_messages() -> None:
 
 
 def test_a_silent_peer_fails_the_collective_naming_it() -> None:
-    """Rank 2 never comes: rank 1, which waits on it, names it; rank 0 waits on rank 1 (recursive
-    doubling folds 3 ranks into 2) and fails within the same timeout, naming the peer it waited on
-    (naming the root cause on every rank is the node layer's liveness, not the links')."""
+    """Rank 2 never comes: rank 0, which waits for every rank to announce the operation
+    (negotiator), names it; rank 1 waits on rank 0's answer and fails within the same timeout,
+    naming the peer it waited on (naming the root cause on every rank is the node layer's
+    liveness, not the links')."""
     gs = groups(3, timeout=0.5)
     start = time.monotonic()
     works = [gs[r].allreduce_async(np.ones(10)) for r in (0, 1)]
-    with pytest.raises(PeerTimeout, match=r"rank 2 sent nothing to rank 1 within 0.5 s") as info:
-        works[1].wait()
-    assert info.value.node == "rank 2" and info.value.peer == 2
-    with pytest.raises(PeerTimeout, match=r"rank 1 (sent nothing to|did not take a message from) rank 0"):
+    with pytest.raises(PeerTimeout, match=r"rank 2 sent nothing to rank 0 within 0.5 s") as info:
         works[0].wait()
+    assert info.value.node == "rank 2" and info.value.peer == 2
+    with pytest.raises(PeerTimeout, match=r"rank 0 (sent nothing to|did not take a message from) rank 1"):
+        works[1].wait()
     assert time.monotonic() - start < 3.0
     # the group is broken from then on: later operations fail at once with that error
-    with pytest.raises(PeerTimeout, match="rank 2 sent nothing to rank 1"):
-        gs[1].barrier()
+    with pytest.raises(PeerTimeout, match="rank 2 sent nothing to rank 0"):
+        gs[0].barrier()
 
 
 def test_a_silent_peer_in_a_ring_is_named() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from trainer_core.collective import ErrorFeedback, Group, Thresholds
 from trainer_core.collective.fabric import Fabric, run_ranks
+from trainer_core.collective.negotiator import control_bytes
 from trainer_core.compression.powersgd import ratio
 
 PARAMS: dict[str, Any] = {"type": "powersgd", "rank": 2, "seed": 7}
@@ -42,7 +43,8 @@ def run(steps: list[list[np.ndarray]], op: str) -> tuple[list[list[np.ndarray]],
         with Group(fabric.endpoint(r), thresholds=th) as g:
             return [g.compressed_allreduce(xs[r], state, key="w", op=op) for xs in steps]
 
-    return run_ranks(w, body), sum(fabric.endpoint(r).sent_bytes for r in range(w))
+    out = run_ranks(w, body)
+    return out, sum(fabric.endpoint(r).sent_bytes - len(steps) * control_bytes(r, w) for r in range(w))
 
 
 @pytest.mark.parametrize("op", ["mean", "sum"])

@@ -37,6 +37,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .agreement import CollectiveMismatch
 from .algorithms.hierarchical import Topology
 from .compressed.twostage import ErrorFeedback
 from .executor import CollectiveClosed, Work
@@ -51,6 +52,7 @@ __all__ = [
     "BFLOAT16",
     "OPS",
     "CollectiveClosed",
+    "CollectiveMismatch",
     "Ctx",
     "DefaultGroup",
     "ErrorFeedback",
@@ -132,46 +134,57 @@ def _g(g: Group | None) -> Group:
     return default.get() if g is None else g
 
 
-def allreduce(array: Any, op: str = "sum", out: Any = None, *, group: Group | None = None) -> Any:
-    """``op`` (sum, mean, max, min) of ``array`` over the group's ranks (``Group.allreduce``)."""
-    return _g(group).allreduce(array, op, out)
+def allreduce(
+    array: Any, op: str = "sum", out: Any = None, *, name: str | None = None, group: Group | None = None
+) -> Any:
+    """``op`` (sum, mean, max, min) of ``array`` over the group's ranks (``Group.allreduce``);
+    ``name`` matches the operation across ranks (docs/collectives.md: matching)."""
+    return _g(group).allreduce(array, op, out, name=name)
 
 
-def allreduce_async(array: Any, op: str = "sum", out: Any = None, *, group: Group | None = None) -> Work:
-    return _g(group).allreduce_async(array, op, out)
+def allreduce_async(
+    array: Any, op: str = "sum", out: Any = None, *, name: str | None = None, group: Group | None = None
+) -> Work:
+    return _g(group).allreduce_async(array, op, out, name=name)
 
 
-def broadcast(array: Any, root: int = 0, *, group: Group | None = None) -> Any:
+def broadcast(array: Any, root: int = 0, *, name: str | None = None, group: Group | None = None) -> Any:
     """``root``'s ``array`` on every rank."""
-    return _g(group).broadcast(array, root)
+    return _g(group).broadcast(array, root, name=name)
 
 
-def broadcast_async(array: Any, root: int = 0, *, group: Group | None = None) -> Work:
-    return _g(group).broadcast_async(array, root)
+def broadcast_async(
+    array: Any, root: int = 0, *, name: str | None = None, group: Group | None = None
+) -> Work:
+    return _g(group).broadcast_async(array, root, name=name)
 
 
-def allgather(array: Any, *, group: Group | None = None) -> Any:
+def allgather(array: Any, *, name: str | None = None, group: Group | None = None) -> Any:
     """Every rank's ``array`` concatenated along axis 0 in rank order (ragged first axis)."""
-    return _g(group).allgather(array)
+    return _g(group).allgather(array, name=name)
 
 
-def allgather_async(array: Any, *, group: Group | None = None) -> Work:
-    return _g(group).allgather_async(array)
+def allgather_async(array: Any, *, name: str | None = None, group: Group | None = None) -> Work:
+    return _g(group).allgather_async(array, name=name)
 
 
-def reduce_scatter(array: Any, op: str = "sum", *, group: Group | None = None) -> Any:
+def reduce_scatter(
+    array: Any, op: str = "sum", *, name: str | None = None, group: Group | None = None
+) -> Any:
     """This rank's rows of the reduction of ``array``."""
-    return _g(group).reduce_scatter(array, op)
+    return _g(group).reduce_scatter(array, op, name=name)
 
 
-def reduce_scatter_async(array: Any, op: str = "sum", *, group: Group | None = None) -> Work:
-    return _g(group).reduce_scatter_async(array, op)
+def reduce_scatter_async(
+    array: Any, op: str = "sum", *, name: str | None = None, group: Group | None = None
+) -> Work:
+    return _g(group).reduce_scatter_async(array, op, name=name)
 
 
-def barrier(*, group: Group | None = None) -> None:
+def barrier(*, name: str | None = None, group: Group | None = None) -> None:
     """Wait until every rank of the group reached this point."""
-    _g(group).barrier()
+    _g(group).barrier(name=name)
 
 
-def barrier_async(*, group: Group | None = None) -> Work:
-    return _g(group).barrier_async()
+def barrier_async(*, name: str | None = None, group: Group | None = None) -> Work:
+    return _g(group).barrier_async(name=name)

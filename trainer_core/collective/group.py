@@ -23,6 +23,7 @@ hierarchical allreduce.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,12 +32,15 @@ from trainer_core.compression.powersgd import PowerSGD
 from trainer_core.xp import like, to_host
 
 from . import fusion, policy
+from .agreement import Descriptor, agreed, body, record
 from .algorithms import doubling, hierarchical, ring, shmpipe, shmreduce, tree
 from .algorithms.hierarchical import Topology
 from .compressed import hierarchical as compressed_hierarchical
 from .compressed import lowrank, twostage
-from .executor import Executor, Work
+from .executor import Work
+from .lane import LANES, Lane, check_array, dtype_name
 from .nccl import NcclPath
+from .negotiator import NOT_RUN, Exchange, Negotiator, Op
 from .policy import Thresholds
 from .primitives.hostsegment import Local
 from .primitives.links import Ctx, Links, Scratch, SubLinks
@@ -68,7 +72,11 @@ class Group:
         self.thresholds = thresholds or Thresholds()
         #: the NCCL path of device arrays, when every rank can use it (``nccl.agree``)
         self.nccl = nccl
-        self._executor = Executor(f"collective-{links.rank}")
+        self._exchange = Exchange(links, self.local)
+        self._negotiator = Negotiator(self._exchange, f"collective-{links.rank}")
+        #: what every rank's descriptors say of the group (the same on every rank of one group)
+        self._gid = f"{links.size} ranks"
+        self._lanes: dict[tuple[Any, ...], Lane] = {}
         self._scratch = Scratch()
         #: the algorithm of the last allreduce (for tests and logs)
         self.last_algorithm = ""
@@ -83,7 +91,7 @@ class Group:
 
     def close(self) -> None:
         """Finish the queued operations and stop the background thread."""
-        self._executor.close()
+        self._negotiator.close()
         if self.nccl is not None:
             self.nccl.close()
 
@@ -93,45 +101,193 @@ class Group:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _submit(self, name: str, fn: Callable[[Ctx], Any]) -> Work:
-        return self._executor.submit(name, lambda seq: fn(Ctx.for_op(self.links, seq, self._scratch)))
+    def _op(self, kind: str, name: str | None, build: Callable[[str], Op]) -> Op:
+        """The operation ``build(name)`` makes; where this rank's own checks refuse it (a
+        ``TypeError`` or ``ValueError``), the others are told (it fails on every rank) and the
+        error is raised here."""
+        nm = self._negotiator.name(name)
+        try:
+            return build(nm)
+        except (TypeError, ValueError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            self._negotiator.submit(Op(Descriptor(nm, kind, group=self._gid, refused=why), _nothing))
+            raise
+
+    def _desc(self, name: str, kind: str, array: Any = None, **more: Any) -> Descriptor:
+        if array is None:
+            return Descriptor(name, kind, group=self._gid, **more)
+        return Descriptor(name, kind, tuple(array.shape), dtype_name(array.dtype), group=self._gid, **more)
+
+    def _submit(self, op: Op) -> Work:
+        return self._negotiator.submit(op)
+
+    def _ctx(self, seq: int) -> Ctx:
+        return Ctx.for_op(self.links, seq, self._scratch)
 
     # -- allreduce ----------------------------------------------------------------------------
-    def allreduce_async(self, array: Any, op: str = "sum", out: Any = None, kind: str | None = None) -> Work:
+    def allreduce_async(
+        self,
+        array: Any,
+        op: str = "sum",
+        out: Any = None,
+        kind: str | None = None,
+        *,
+        name: str | None = None,
+    ) -> Work:
         """Start reducing ``array`` over all ranks (``op``: sum, mean, max, min; ``kind="bfloat16"``
         for bfloat16 bits in a uint16 array). ``out=array`` (a C-contiguous numpy array) lends it:
         it is read and written in place when the operation runs, without a private copy, and is the
-        operation's until ``wait()``."""
+        operation's until ``wait()``. ``name``: matches the operation across ranks (default: the
+        next of this rank's unnamed operations)."""
+        return self._submit(
+            self._op("allreduce", name, lambda nm: self._allreduce_op(nm, array, op, out, kind))
+        )
+
+    def _allreduce_op(
+        self, name: str, array: Any, op: str, out: Any, kind: str | None, sync: bool = False
+    ) -> Op:
+        check_array("allreduce", array)
         spec = spec_for(array.dtype, op, kind)
+        desc = self._desc(name, "allreduce", array, op=op)
+        if spec.kind != desc.dtype:
+            desc = replace(desc, dtype=spec.kind)
         if self.nccl is not None and self.nccl.takes(array, spec):
             _check_out(array, out)
-            return self._submit("allreduce", self.nccl.allreduce(array, spec, out))
-        lent = out is array and _plain(array)
+            return Op(desc, _with_ctx(self, self.nccl.allreduce(array, spec, out)))
+        inplace = sync and _plain(array) and (out is None or _plain(out))
+        lent = inplace or (out is array and _plain(array))
         host = array if lent else np.array(to_host(array), copy=True, order="C")
         _check_out(host, out)
 
-        def run(ctx: Ctx) -> Any:
-            flat = host.reshape(-1)
-            self._allreduce_into(ctx, flat, flat, spec)
-            spec.finish(flat, self.size)
-            return out if lent else _deliver(host, array, out)
-
-        return self._submit("allreduce", run)
-
-    def allreduce(self, array: Any, op: str = "sum", out: Any = None, kind: str | None = None) -> Any:
-        if self.nccl is not None or not (_plain(array) and (out is None or _plain(out))):
-            return self.allreduce_async(array, op, out, kind).wait()
-        spec = spec_for(array.dtype, op, kind)
-        _check_out(array, out)
-
         def run(seq: int) -> Any:
-            dest = np.empty_like(array) if out is None else out
+            dest = host if out is array or not inplace else (np.empty_like(host) if out is None else out)
             flat = dest.reshape(-1)
-            self._allreduce_into(Ctx.for_op(self.links, seq, self._scratch), array.reshape(-1), flat, spec)
+            self._allreduce_into(self._ctx(seq), host.reshape(-1), flat, spec)
             spec.finish(flat, self.size)
-            return dest
+            return dest if inplace else (out if lent else _deliver(host, array, out))
 
-        return self._executor.call("allreduce", run)
+        fast = None
+        shm = self._exchange.local is not None and host.size and self.size > 1
+        if shm and policy.choose(host.nbytes, self.topology, self.thresholds, True) == policy.SHM:
+
+            def fast(seq: int, rec: bytes) -> tuple[list[bytes], Any]:
+                dest = host if out is array or not inplace else (np.empty_like(host) if out is None else out)
+                flat = dest.reshape(-1)
+                shown: list[list[bytes]] = []
+                ok = self._shm(host.reshape(-1), flat, spec, rec, shown)
+                if not ok:
+                    return shown[0], NOT_RUN
+                spec.finish(flat, self.size)
+                return shown[0], dest if inplace else (out if lent else _deliver(host, array, out))
+
+        return Op(desc, run, host.nbytes, fast)
+
+    def _shm(
+        self, x: np.ndarray, out: np.ndarray, spec: ReduceSpec, rec: bytes, shown: list[list[bytes]]
+    ) -> bool:
+        """The shared-memory allreduce with this operation's record shown in its first step."""
+        loc, ex = self.local, self._exchange
+        assert loc is not None
+        self.last_algorithm = policy.SHM
+
+        def check() -> bool:
+            shown.append(ex.read())
+            return agreed(shown[0])
+
+        split = policy.shm_split(x.nbytes, loc.size, self.thresholds)
+        return shmreduce.allreduce(loc, x, out, spec, split, show=lambda: ex.put(rec), agreed=check)
+
+    def allreduce(
+        self,
+        array: Any,
+        op: str = "sum",
+        out: Any = None,
+        kind: str | None = None,
+        *,
+        name: str | None = None,
+    ) -> Any:
+        """``allreduce_async(...).wait()``; a C-contiguous numpy array is read (and ``out``
+        written) in place, on the calling thread when nothing else is queued."""
+        if self.nccl is None and type(array) is np.ndarray and array.flags.c_contiguous:
+            lane = self._lane(array, op, out, kind)
+            if lane is not None:
+                res = self._quick(lane, array, out, op, kind, name)
+                if res is not NOT_RUN:
+                    return res
+        return self._negotiator.call(
+            self._op("allreduce", name, lambda nm: self._allreduce_op(nm, array, op, out, kind, sync=True))
+        )
+
+    def _lane(self, array: np.ndarray, op: str, out: Any, kind: str | None) -> Lane | None:
+        """What a repeated synchronous allreduce of ``array``'s shape and dtype needs, made once
+        (None where ``out`` is not a plain array of its shape and dtype, or the checks refuse it:
+        the general way raises their error)."""
+        if out is not None and not (
+            type(out) is np.ndarray
+            and out.flags.c_contiguous
+            and out.shape == array.shape
+            and out.dtype == array.dtype
+        ):
+            return None
+        key = (array.shape, array.dtype, op, kind, out is None)
+        lane = self._lanes.get(key)
+        if lane is None or lane.thresholds is not self.thresholds:
+            if len(self._lanes) >= LANES:
+                self._lanes.clear()
+            try:
+                spec = spec_for(array.dtype, op, kind)
+            except (TypeError, ValueError):
+                return None
+            shm = self._exchange.local is not None and array.size > 0 and self.size > 1
+            shm = shm and policy.choose(array.nbytes, self.topology, self.thresholds, True) == policy.SHM
+            split = (
+                shm
+                and self.local is not None
+                and policy.shm_split(array.nbytes, self.local.size, self.thresholds)
+            )
+            shape = tuple(array.shape)
+            digest = body("allreduce", shape, spec.kind, op, -1, self._gid)
+            lane = self._lanes[key] = Lane(spec, digest, array.nbytes, shm, bool(split), self.thresholds)
+        return lane
+
+    def _quick(
+        self, lane: Lane, array: np.ndarray, out: Any, op: str, kind: str | None, name: str | None
+    ) -> Any:
+        """The synchronous allreduce through ``Negotiator.quick`` (``NOT_RUN``: not taken)."""
+        spec, x = lane.spec, array.reshape(-1)
+        dest = np.empty_like(array) if out is None else out
+        flat = dest.reshape(-1)
+
+        def attempt(seq: int, rec: bytes) -> tuple[list[bytes], Any]:
+            if lane.shm:
+                shown: list[list[bytes]] = []
+                loc, ex = self.local, self._exchange
+                assert loc is not None
+                self.last_algorithm = policy.SHM
+
+                def check() -> bool:
+                    shown.append(ex.read())
+                    return agreed(shown[0])
+
+                if not shmreduce.allreduce(
+                    loc, x, flat, spec, lane.split, show=lambda: ex.put(rec), agreed=check
+                ):
+                    return shown[0], NOT_RUN
+                spec.finish(flat, self.size)
+                return shown[0], dest
+            records = self._exchange.records(seq, rec) if self.size > 1 else [rec]
+            if not agreed(records):
+                return records, NOT_RUN
+            self._allreduce_into(self._ctx(seq), x, flat, spec)
+            spec.finish(flat, self.size)
+            return records, dest
+
+        return self._negotiator.quick(
+            name,
+            lambda nm: record(nm, lane.body, lane.nbytes),
+            attempt,
+            lambda nm: self._allreduce_op(nm, array, op, out, kind, sync=True),
+        )
 
     def _allreduce_into(self, ctx: Ctx, x: np.ndarray, out: np.ndarray, spec: ReduceSpec) -> None:
         """``out`` (may be ``x``) becomes the reduction of every rank's flat ``x``."""
@@ -184,20 +340,34 @@ class Group:
             doubling.allreduce(ctx, flat, spec)
 
     def grouped_allreduce_async(
-        self, arrays: Sequence[Any], op: str = "sum", kind: str | None = None
+        self, arrays: Sequence[Any], op: str = "sum", kind: str | None = None, *, name: str | None = None
     ) -> Work:
         """Reduce many arrays at once, fused into buckets of one dtype of at most
         ``thresholds.fusion_bytes``; the result is the list of reduced arrays."""
+        return self._submit(
+            self._op("grouped_allreduce", name, lambda nm: self._grouped(nm, arrays, op, kind))
+        )
+
+    def _grouped(self, name: str, arrays: Sequence[Any], op: str, kind: str | None) -> Op:
+        if isinstance(arrays, (str, bytes)) or not isinstance(arrays, Sequence):
+            raise TypeError(f"grouped_allreduce takes a list of arrays, not {type(arrays).__name__}")
+        for a in arrays:
+            check_array("grouped_allreduce", a)
         specs = [spec_for(a.dtype, op, kind) for a in arrays]
+        shapes = tuple(tuple(a.shape) for a in arrays)
+        desc = self._desc(
+            name, "grouped_allreduce", shape=shapes, dtype=",".join(s.kind for s in specs), op=op
+        )
         sizes = [(s.kind, int(a.nbytes)) for s, a in zip(specs, arrays, strict=True)]
         buckets = fusion.plan(sizes, self.thresholds.fusion_bytes)
         nccl = self.nccl
         if arrays and nccl is not None and all(nccl.takes(a, s) for a, s in zip(arrays, specs, strict=True)):
-            return self._submit("grouped_allreduce", nccl.grouped_allreduce(arrays, specs, buckets))
+            return Op(desc, _with_ctx(self, nccl.grouped_allreduce(arrays, specs, buckets)))
         hosts = [to_host(a) for a in arrays]
         packed = [fusion.pack(hosts, b) for b in buckets]
 
-        def run(ctx: Ctx) -> list[Any]:
+        def run(seq: int) -> list[Any]:
+            ctx = self._ctx(seq)
             results: list[Any] = [None] * len(arrays)
             for i, (bucket, buf) in enumerate(zip(buckets, packed, strict=True)):
                 spec = specs[bucket[0]]
@@ -206,39 +376,54 @@ class Group:
                 fusion.unpack(buf, hosts, bucket, results)
             return [like(r, a) for r, a in zip(results, arrays, strict=True)]
 
-        return self._submit("grouped_allreduce", run)
+        return Op(desc, run, sum(n for _, n in sizes))
 
-    def grouped_allreduce(self, arrays: Sequence[Any], op: str = "sum", kind: str | None = None) -> list[Any]:
-        return self.grouped_allreduce_async(arrays, op, kind).wait()
+    def grouped_allreduce(
+        self, arrays: Sequence[Any], op: str = "sum", kind: str | None = None, *, name: str | None = None
+    ) -> list[Any]:
+        return self._negotiator.call(
+            self._op("grouped_allreduce", name, lambda nm: self._grouped(nm, arrays, op, kind))
+        )
 
     def compressed_allreduce_async(
-        self, array: Any, state: twostage.ErrorFeedback, key: Any = 0, op: str = "mean"
+        self,
+        array: Any,
+        state: twostage.ErrorFeedback,
+        key: Any = 0,
+        op: str = "mean",
+        *,
+        name: str | None = None,
     ) -> Work:
         """Reduce ``array`` compressed with ``state``'s compressor, with error feedback kept in
         ``state`` under ``key`` (one key per tensor; see ``compressed.twostage``, and ``lowrank`` for
         ``powersgd``)."""
-        if np.dtype(array.dtype) not in FLOAT_DTYPES:
-            raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {np.dtype(array.dtype)}")
-        if op not in twostage.OPS:
-            raise ValueError(f"compressed allreduce sums or averages, not {op!r}")
-        host = np.array(to_host(array), copy=True, order="C")
-        return self._submit("compressed_allreduce", self._compressed(array, host, state, key, op))
+        return self._submit(
+            self._op(
+                "compressed_allreduce", name, lambda nm: self._compressed(nm, array, state, key, op, False)
+            )
+        )
 
     def _compressed(
-        self, array: Any, host: np.ndarray, state: twostage.ErrorFeedback, key: Any, op: str
-    ) -> Callable[[Ctx], Any]:
-        """The compressed allreduce of ``host`` (``array`` on the host, read and never written) as
-        a function of the operation's ``Ctx``."""
+        self, name: str, array: Any, state: twostage.ErrorFeedback, key: Any, op: str, sync: bool
+    ) -> Op:
+        """The compressed allreduce of ``array`` (read in place where ``sync`` and a plain numpy
+        array, else copied, and never written)."""
+        check_array("compressed_allreduce", array)
         if np.dtype(array.dtype) not in FLOAT_DTYPES:
             raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {np.dtype(array.dtype)}")
         if op not in twostage.OPS:
             raise ValueError(f"compressed allreduce sums or averages, not {op!r}")
+        inplace = sync and self.nccl is None and _plain(array) and state.params.get("type") != "powersgd"
+        host = array if inplace else np.array(to_host(array), copy=True, order="C")
+        compressor = str(state.params.get("type", ""))
+        desc = self._desc(name, "compressed_allreduce", array, op=f"{op} ({compressor or 'compressed'})")
         spec = spec_for(array.dtype, op)
         topo = self.topology
         hier = compressed_hierarchical.takes(topo)
         st = state.key(key, topo.nhosts if hier and topo is not None else self.size)
 
-        def run(ctx: Ctx) -> Any:
+        def run(seq: int) -> Any:
+            ctx = self._ctx(seq)
             if isinstance(st.server, PowerSGD):  # its own form: P and Q are allreduced
                 return like(lowrank.allreduce(ctx, host, spec, st.server, self._flat_allreduce), array)
             if hier and topo is not None:
@@ -248,88 +433,130 @@ class Group:
                 flat = twostage.allreduce(ctx, host.reshape(-1), spec, st)
             return like(flat.reshape(host.shape), array)
 
-        return run
+        return Op(desc, run, host.nbytes)
 
     def compressed_allreduce(
-        self, array: Any, state: twostage.ErrorFeedback, key: Any = 0, op: str = "mean"
+        self,
+        array: Any,
+        state: twostage.ErrorFeedback,
+        key: Any = 0,
+        op: str = "mean",
+        *,
+        name: str | None = None,
     ) -> Any:
-        if self.nccl is not None or not _plain(array) or state.params.get("type") == "powersgd":
-            return self.compressed_allreduce_async(array, state, key, op).wait()
-        run = self._compressed(array, array, state, key, op)  # reads the array in place, no copy
-        return self._executor.call(
-            "compressed_allreduce", lambda seq: run(Ctx.for_op(self.links, seq, self._scratch))
+        return self._negotiator.call(
+            self._op(
+                "compressed_allreduce", name, lambda nm: self._compressed(nm, array, state, key, op, True)
+            )
         )
 
     # -- the others -----------------------------------------------------------------------------
-    def broadcast_async(self, array: Any, root: int = 0) -> Work:
+    def broadcast_async(self, array: Any, root: int = 0, *, name: str | None = None) -> Work:
         """Start sending ``root``'s ``array`` to every rank; the result is a fresh array."""
-        if not 0 <= root < self.size:
-            raise ValueError(f"broadcast root must be a rank of the group (0..{self.size - 1}), not {root}")
+        return self._submit(self._op("broadcast", name, lambda nm: self._broadcast(nm, array, root)))
+
+    def _broadcast(self, name: str, array: Any, root: int) -> Op:
+        check_array("broadcast", array)
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            raise ValueError(f"broadcast root must be a rank of the group (0..{self.size - 1}), not {root!r}")
+        desc = self._desc(name, "broadcast", array, root=int(root))
         if self.nccl is not None and self.nccl.takes(array):
-            return self._submit("broadcast", self.nccl.broadcast(array, root))
+            return Op(desc, _with_ctx(self, self.nccl.broadcast(array, root)))
         host = np.array(to_host(array), copy=True, order="C")
 
-        def run(ctx: Ctx) -> Any:
-            tree.broadcast(ctx, host.reshape(-1).view(np.uint8), root, self.thresholds.segment_bytes)
+        def run(seq: int) -> Any:
+            tree.broadcast(
+                self._ctx(seq), host.reshape(-1).view(np.uint8), root, self.thresholds.segment_bytes
+            )
             return like(host, array)
 
-        return self._submit("broadcast", run)
+        return Op(desc, run, host.nbytes)
 
-    def broadcast(self, array: Any, root: int = 0) -> Any:
-        return self.broadcast_async(array, root).wait()
+    def broadcast(self, array: Any, root: int = 0, *, name: str | None = None) -> Any:
+        return self._negotiator.call(self._op("broadcast", name, lambda nm: self._broadcast(nm, array, root)))
 
-    def allgather_async(self, array: Any) -> Work:
+    def allgather_async(self, array: Any, *, name: str | None = None) -> Work:
         """Start concatenating every rank's ``array`` along the first axis, in rank order; the first
         dimension may differ between ranks (ragged)."""
+        return self._submit(self._op("allgather", name, lambda nm: self._allgather(nm, array)))
+
+    def _allgather(self, name: str, array: Any) -> Op:
+        check_array("allgather", array)
+        desc = self._desc(name, "allgather", array)
+        desc = replace(desc, shape=(-1, *desc.shape[1:]))  # the first axis is ragged
         if self.nccl is not None and self.nccl.takes(array):
-            return self._submit("allgather", self.nccl.allgather(array))
+            return Op(desc, _with_ctx(self, self.nccl.allgather(array)))
         host = np.ascontiguousarray(to_host(array))
         if host.ndim == 0:
             host = host.reshape(1)
 
-        def run(ctx: Ctx) -> Any:
+        def run(seq: int) -> Any:
             flat, _ = ring.ragged_allgather(
-                ctx, host.view(np.uint8).reshape(-1), self.thresholds.segment_bytes
+                self._ctx(seq), host.view(np.uint8).reshape(-1), self.thresholds.segment_bytes
             )
             rows = flat.view(host.dtype).reshape(-1, *host.shape[1:])
             return like(rows, array)
 
-        return self._submit("allgather", run)
+        return Op(desc, run)
 
-    def allgather(self, array: Any) -> Any:
-        return self.allgather_async(array).wait()
+    def allgather(self, array: Any, *, name: str | None = None) -> Any:
+        return self._negotiator.call(self._op("allgather", name, lambda nm: self._allgather(nm, array)))
 
-    def reduce_scatter_async(self, array: Any, op: str = "sum", kind: str | None = None) -> Work:
+    def reduce_scatter_async(
+        self, array: Any, op: str = "sum", kind: str | None = None, *, name: str | None = None
+    ) -> Work:
         """Start reducing ``array`` and keep this rank's block of the first axis (the rows split as
         ``numpy.array_split`` does: the first ``rows % size`` ranks get one more)."""
+        return self._submit(
+            self._op("reduce_scatter", name, lambda nm: self._reduce_scatter(nm, array, op, kind))
+        )
+
+    def _reduce_scatter(self, name: str, array: Any, op: str, kind: str | None) -> Op:
+        check_array("reduce_scatter", array)
         spec = spec_for(array.dtype, op, kind)
         if array.ndim == 0:
             raise ValueError("reduce_scatter needs an array with at least one axis")
+        desc = replace(self._desc(name, "reduce_scatter", array, op=op), dtype=spec.kind)
         if self.nccl is not None and self.nccl.takes(array, spec):
-            return self._submit("reduce_scatter", self.nccl.reduce_scatter(array, spec))
+            return Op(desc, _with_ctx(self, self.nccl.reduce_scatter(array, spec)))
         host = np.array(to_host(array), copy=True, order="C")
 
-        def run(ctx: Ctx) -> Any:
+        def run(seq: int) -> Any:
             rows = ring.blocks(host.shape[0], self.size)
             row = int(np.prod(host.shape[1:], dtype=np.int64))
             flat = host.reshape(-1)
             bounds = [(a * row, b * row) for a, b in rows]
-            ring.reduce_scatter(ctx, flat, spec, self.thresholds.segment_bytes, bounds)
+            ring.reduce_scatter(self._ctx(seq), flat, spec, self.thresholds.segment_bytes, bounds)
             a, b = rows[self.rank]
             mine = host[a:b].copy()
             spec.finish(mine.reshape(-1), self.size)
             return like(mine, array)
 
-        return self._submit("reduce_scatter", run)
+        return Op(desc, run, host.nbytes)
 
-    def reduce_scatter(self, array: Any, op: str = "sum", kind: str | None = None) -> Any:
-        return self.reduce_scatter_async(array, op, kind).wait()
+    def reduce_scatter(
+        self, array: Any, op: str = "sum", kind: str | None = None, *, name: str | None = None
+    ) -> Any:
+        return self._negotiator.call(
+            self._op("reduce_scatter", name, lambda nm: self._reduce_scatter(nm, array, op, kind))
+        )
 
-    def barrier_async(self) -> Work:
-        return self._submit("barrier", doubling.barrier)
+    def barrier_async(self, *, name: str | None = None) -> Work:
+        return self._submit(self._op("barrier", name, self._barrier))
 
-    def barrier(self) -> None:
-        self.barrier_async().wait()
+    def _barrier(self, name: str) -> Op:
+        return Op(self._desc(name, "barrier"), lambda seq: doubling.barrier(self._ctx(seq)))
+
+    def barrier(self, *, name: str | None = None) -> None:
+        self._negotiator.call(self._op("barrier", name, self._barrier))
+
+
+def _nothing(seq: int) -> None:
+    """The data path of an operation this rank refused (never run: it fails on every rank)."""
+
+
+def _with_ctx(group: Group, fn: Callable[[Ctx], Any]) -> Callable[[int], Any]:
+    return lambda seq: fn(group._ctx(seq))
 
 
 def _plain(a: Any) -> bool:

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from trainer_core.train import samemodel
+
 from . import buckets as bucketing
 from .compression import Compression, Residual, check
 from .exchange import Exchange, Pending
@@ -76,6 +78,8 @@ class _Distributed:
             raise ValueError(f"op={op!r}: compressed and parameter-server reductions sum or average only")
         self._params = [p for _, p in named]
         self._names = [n for n, _ in named]
+        self._backend = backend
+        self._agreed: BaseException | bool = False  # the ranks' models compared (or how they differ)
         for n, p in named:
             if p.dtype not in FLOATS:
                 raise ValueError(
@@ -143,7 +147,27 @@ class _Distributed:
             out.append(p.grad)
         return out
 
+    def _agree(self) -> None:
+        """Before the first exchange: every rank's parameters have the same names, shapes and
+        dtypes (``samemodel``), else ``ModelMismatch`` on every rank (and at every later step)."""
+        if self._agreed is True:
+            return
+        if self._agreed is False:
+            b = self._backend
+            if getattr(b, "server_optimizer", False):  # the KV path then sums nothing but gradients
+                self._agreed = True
+                return
+            try:
+                mine = samemodel.entries(self._names, self._params)
+                samemodel.check("DistributedOptimizer", mine, lambda a: b.allgather_async(a).wait(), b.size)
+                self._agreed = True
+            except samemodel.ModelMismatch as exc:
+                self._agreed = exc
+        if isinstance(self._agreed, BaseException):
+            raise self._agreed
+
     def _launch(self, started: list[int]) -> None:
+        self._agree()
         self._pending += [self._exchange.start(b, self._grads(b)) for b in started]
 
     def synchronize(self) -> None:

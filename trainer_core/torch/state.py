@@ -10,24 +10,31 @@ from typing import Any
 
 import torch
 
+from trainer_core.train import samemodel
+
 from .ops import broadcast_async_
 from .optimizer import _Distributed
-from .runtime import Runtime
+from .runtime import Runtime, default
 
 
 def broadcast_parameters(params: Any, root_rank: int = 0, *, runtime: Runtime | None = None) -> None:
     """Overwrite ``params`` (a ``state_dict()``, sorted by name as Horovod does; or ``(name,
     tensor)`` pairs such as ``named_parameters()``, or a list of tensors) with ``root_rank``'s."""
     if isinstance(params, Mapping):
-        tensors = [t for _, t in sorted(params.items(), key=lambda kv: kv[0])]
+        named = sorted(params.items(), key=lambda kv: kv[0])
     else:
         items = list(params)
-        tensors = [t[1] if isinstance(t, tuple) else t for t in items]
+        named = [t if isinstance(t, tuple) else (f"param.{i}", t) for i, t in enumerate(items)]
+    tensors = [t for _, t in named]
     bad = [type(t).__name__ for t in tensors if not isinstance(t, torch.Tensor)]
     if bad:
         raise ValueError(
             f"broadcast_parameters takes tensors (a state_dict or named_parameters()), found {bad[:3]}"
         )
+    b = (runtime or default).backend()
+    if not getattr(b, "server_optimizer", False):  # (the KV path then sums nothing but gradients)
+        mine = samemodel.entries([str(n) for n, _ in named], tensors)
+        samemodel.check("broadcast_parameters", mine, lambda a: b.allgather_async(a).wait(), b.size)
     handles = [
         broadcast_async_(t.data if t.requires_grad else t, root_rank, runtime=runtime) for t in tensors
     ]

@@ -8,7 +8,8 @@ Sums are allreduces among the workers: ``aggregate`` reduces all the keys at onc
 (``grouped_allreduce``, fused into buckets); after ``set_compression`` each key goes through the
 compressed allreduce (``collective.compressed.twostage``: compressed reduce-scatter with each worker's
 residual, the reduced chunk compressed again with its owner's residual for the allgather), the
-error feedback kept here per key. ``declare`` moves nothing; ``broadcast`` is rank 0's values.
+error feedback kept here per key. ``declare`` moves nothing but checks that every worker declared
+the same keys, shapes and dtypes (``samemodel``); ``broadcast`` is rank 0's values.
 The hostnames come from an allgather of each worker's encoded name, as the KV path's exchange.
 
 ``compression_state()`` is this worker's error feedback as named arrays (the KV store's method of
@@ -28,6 +29,7 @@ import numpy as np
 from trainer_core.collective import ErrorFeedback, Group
 from trainer_core.xp import to_host
 
+from . import samemodel
 from .comm import WorkerDescriptor, WorkerTable, decode_host, encode_host, local_host_id
 
 
@@ -57,7 +59,10 @@ class CollectiveCommunicator(WorkerTable):
         self.group.close()
 
     def declare(self, keys: list[str], values: list[Any]) -> None:
-        pass  # nothing is stored anywhere: broadcast sends rank 0's values when asked
+        """Nothing is stored anywhere (``broadcast`` sends rank 0's values when asked); every rank's
+        keys, shapes and dtypes are checked to be the same (``samemodel``)."""
+        g = self.group
+        samemodel.check("the learner's parameters", samemodel.entries(keys, values), g.allgather, g.size)
 
     def broadcast(self, keys: list[str], values: list[Any]) -> None:
         works = [self.group.broadcast_async(v, 0) for v in values]

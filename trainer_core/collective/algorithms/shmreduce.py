@@ -43,11 +43,15 @@ def allreduce(
     split: bool,
     cross: Callable[[np.ndarray], np.ndarray | None] | None = None,
     expand: Callable[[np.ndarray, np.ndarray], None] | None = None,
-) -> None:
+    show: Callable[[], None] | None = None,
+    agreed: Callable[[], bool] | None = None,
+) -> bool:
     """``out`` (flat, ``x``'s dtype and size; may be ``x`` itself) becomes the reduction of every
     local rank's flat ``x``, then (``cross``) over the hosts; ``expand(form, out)``: writes into
     ``out`` the result from the uint8 ``form`` that ``cross`` returned (None: the result itself
-    goes through the slot)."""
+    goes through the slot). ``show`` runs before this rank posts its first step (it shows the
+    operation's record beside its counter) and ``agreed`` once every rank posted it: False ends the
+    operation there (every rank sees the same records, so every rank ends it) and returns False."""
     base, slots = loc.begin(x, 1)
     me, size = loc.rank, loc.size
     bounds = blocks(x.size, size)
@@ -60,8 +64,13 @@ def allreduce(
         np.copyto(slots[me][b:], x[b:])
     else:
         np.copyto(slots[me], x)
+    if show is not None:
+        show()
     loc.post(base + 1)
     loc.wait_all(base + 1, "write its input")
+    if agreed is not None and not agreed():
+        loc.post(base + 3)
+        return False
     if not split:
         if cross is None or me == 0:
             _reduce(spec, slots, out)
@@ -95,6 +104,7 @@ def allreduce(
             else:
                 np.copyto(out, slots[0])
     loc.post(base + 3)
+    return True
 
 
 def _reduce(

@@ -110,6 +110,8 @@ _PHASE_SHIFT = _SEG_BITS + _STEP_BITS
 _SEQ_SHIFT = _PHASE_SHIFT + _PHASE_BITS * _MAX_DEPTH
 MAX_SEGMENTS = 1 << _SEG_BITS
 MAX_STEPS = 1 << _STEP_BITS
+#: the step no algorithm uses: the operation's control messages (the negotiation's, ``control``)
+CONTROL_STEP = MAX_STEPS - 1
 
 
 class Scratch:
@@ -160,9 +162,14 @@ class Ctx:
         return replace(self, links=links)
 
     def tag(self, step: int, seg: int = 0) -> int:
-        if not (0 <= step < MAX_STEPS and 0 <= seg < MAX_SEGMENTS):
+        if not (0 <= step < CONTROL_STEP and 0 <= seg < MAX_SEGMENTS):
             raise ValueError(f"step {step} / segment {seg} out of the tag space")
         return self.base | (step << _SEG_BITS) | seg
+
+    def control(self, seg: int) -> int:
+        """The tag of the operation's control message ``seg`` (the ranks agreeing on what it is:
+        ``negotiator``), apart from every data message's."""
+        return self.base | (CONTROL_STEP << _SEG_BITS) | seg
 
     @property
     def rank(self) -> int:

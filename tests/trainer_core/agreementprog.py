@@ -1,0 +1,106 @@
+"""The program of test_collective_agreement_jobs.py: every worker of a ``-s 0`` job joins the
+collective group and, after a barrier each, submits operations that differ across ranks (the
+issue's cases), then a correct one; prints what each rank got as one JSON line.
+
+    agreementprog.py cases      every mismatch case, each followed by a correct allreduce
+    agreementprog.py threads    two threads per rank submit named allreduces in opposite orders
+    agreementprog.py torch      a Linear(4, 2 + rank): DistributedOptimizer's first step and
+                                broadcast_parameters, then a model alike on every rank
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from trainer_core import collective
+
+
+def cases(g: Any) -> dict[str, Any]:
+    r = g.rank
+    ones = np.ones(4, np.float32)
+    todo = {
+        "lengths": lambda: g.allreduce(np.ones(4 + r, np.float32)),
+        "dtypes": lambda: g.allreduce(ones.astype(("float32", "float64", "int32", "int64")[r])),
+        "ops": lambda: g.allreduce(ones, op=("sum", "max", "min", "mean")[r]),
+        "roots": lambda: g.broadcast(np.full(3, r, np.float32), root=r),
+        "kinds": lambda: g.allreduce(ones) if r == 0 else g.broadcast(ones, root=0),
+        "refused": lambda: g.allreduce(ones, op="prod" if r == 1 else "sum"),
+        "list": lambda: g.allreduce([1.0, 2.0] if r == 1 else ones),
+        "agreed": lambda: g.allreduce(ones),
+    }
+    out: dict[str, Any] = {}
+    for case, fn in todo.items():
+        g.barrier()
+        start = time.monotonic()
+        try:
+            res = fn()
+            got = {"result": np.asarray(res).tolist()}
+        except Exception as exc:
+            got = {"error": f"{type(exc).__name__}: {exc}"}
+        got["seconds"] = time.monotonic() - start
+        got["next"] = g.allreduce(np.full(2, r + 1, np.float32)).tolist()
+        out[case] = got
+    return out
+
+
+def threads(g: Any, steps: int = 10) -> dict[str, Any]:
+    got: dict[str, float] = {}
+
+    def one(tag: str, value: float) -> None:
+        for i in range(steps):
+            got[f"{tag}.{i}"] = float(g.allreduce(np.full(5, value * (i + 1)), name=f"{tag}.{i}")[0])
+
+    order = ("a", "b") if g.rank % 2 else ("b", "a")
+    ts = [threading.Thread(target=one, args=(t, 1.0 if t == "a" else 100.0)) for t in order]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return got
+
+
+def torch_models() -> dict[str, Any]:
+    import torch
+
+    import trainer_core.torch as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    out: dict[str, Any] = {"rank": r, "size": hvd.size()}
+    for case in ("optimizer", "broadcast_parameters", "alike"):
+        model = torch.nn.Linear(4, 2 if case == "alike" else 2 + r)
+        try:
+            if case == "broadcast_parameters":
+                hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            else:
+                opt = hvd.DistributedOptimizer(
+                    torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+                )
+                model(torch.ones(3, 4)).sum().backward()
+                opt.step()
+            out[case] = "ok"
+        except Exception as exc:
+            out[case] = f"{type(exc).__name__}: {exc}"
+    hvd.shutdown()
+    return out
+
+
+def main(mode: str) -> int:
+    if mode == "torch":
+        print(json.dumps(torch_models()), flush=True)
+        return 0
+    g = collective.group()
+    out = cases(g) if mode == "cases" else threads(g)
+    print(json.dumps({"rank": g.rank, "size": g.size, **out}), flush=True)
+    collective.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
