@@ -111,7 +111,7 @@ print("RESULT " + json.dumps({"rank": r, "sum": float(total[0]), "waited": waite
 """
 
 WARNING = re.compile(
-    r"collective stall: rank (\d) has waited ([\d.]+) s in allreduce \(operation \d+\) for ([^;]*)"
+    r"collective stall: rank (\d) has waited ([\d.]+) s in allreduce '[^']+' \(operation \d+\) for ([^;]*)"
 )
 
 

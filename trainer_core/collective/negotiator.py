@@ -39,6 +39,7 @@ from .agreement import (
     record_nbytes,
 )
 from .executor import CollectiveClosed, Work
+from .primitives import stall
 from .primitives.hostsegment import LINE, Local
 from .primitives.links import Ctx, Links, wait_all
 
@@ -258,10 +259,11 @@ class Negotiator:
             return self._finish(head, seq, NOT_RUN)  # nobody to agree with
         try:
             rec = head.desc.record(head.nbytes)
-            if head.fast is not None and self.exchange.local is not None and not head.desc.refused:
-                records, result = head.fast(seq, rec)
-            else:
-                records, result = self.exchange.records(seq, rec), NOT_RUN
+            with stall.running(head.desc.kind, seq, head.desc.name):
+                if head.fast is not None and self.exchange.local is not None and not head.desc.refused:
+                    records, result = head.fast(seq, rec)
+                else:
+                    records, result = self.exchange.records(seq, rec), NOT_RUN
         except BaseException as exc:
             self._break(exc)
             return 0.0
@@ -295,6 +297,7 @@ class Negotiator:
         record_of: Callable[[str], bytes],
         attempt: Callable[[int, bytes], tuple[list[bytes], Any]],
         make: Callable[[str], Op],
+        kind: str = "allreduce",
     ) -> Any:
         """A synchronous operation's short way, where nothing else is queued or driving (else
         ``NOT_RUN``): no ``Op`` nor ``Work`` unless the ranks disagree. ``record_of(name)``: its
@@ -313,7 +316,8 @@ class Negotiator:
             self._driving = True
         try:
             try:
-                records, result = attempt(seq, record_of(name))
+                with stall.running(kind, seq, name):
+                    records, result = attempt(seq, record_of(name))
             except BaseException as exc:
                 with self._cond:
                     self._broken = exc
@@ -351,7 +355,8 @@ class Negotiator:
             self._queue.remove(op)
         try:
             if result is NOT_RUN:
-                result = op.run(seq)
+                with stall.running(op.desc.kind, seq, op.desc.name):
+                    result = op.run(seq)
         except BaseException as exc:
             self._break(exc, op)
             return 0.0

@@ -19,14 +19,15 @@ _here = threading.local()
 
 
 class running:  # (lower case: used as a function, ``with running(name, seq):``)
-    """Mark operation ``seq`` (``name``: allreduce, broadcast, ...) as the one this thread runs
-    (cheap: one attribute set and reset per operation; the text is made only when asked)."""
+    """Mark operation ``seq`` (``name``: allreduce, broadcast, ...; ``label``: the name the ranks
+    agreed it under, where there is one) as the one this thread runs (cheap: one attribute set and
+    reset per operation; the text is made only when asked)."""
 
     __slots__ = ("before", "op")
 
-    def __init__(self, name: str, seq: int) -> None:
-        self.op = (name, seq)
-        self.before: tuple[str, int] | None = None
+    def __init__(self, name: str, seq: int, label: str | None = None) -> None:
+        self.op = (name, seq, label)
+        self.before: tuple[str, int, str | None] | None = None
 
     def __enter__(self) -> None:
         self.before = getattr(_here, "op", None)
@@ -44,7 +45,10 @@ def current() -> str:
 def running_op() -> str | None:
     """The operation this thread runs (None: it runs none)."""
     op = getattr(_here, "op", None)
-    return None if op is None else f"{op[0]} (operation {op[1]})"
+    if op is None:
+        return None
+    name, seq, label = op
+    return f"{name} {label!r} (operation {seq})" if label else f"{name} (operation {seq})"
 
 
 class Due(Enum):
