@@ -5,25 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests import tiers
-from tests.tiers import guard  # noqa: F401  (the unit tier's check, asked for by tier_check)
-
-
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(tiers.tier(item))
-
-
-def pytest_report_collectionfinish(items: list[pytest.Item]) -> str:
-    return "tiers: " + ", ".join(f"{name} {n}" for name, n in tiers.counts(items).items())
-
-
-@pytest.fixture(autouse=True)
-def tier_check(request: pytest.FixtureRequest) -> None:
-    """A test tiered unit runs with ``guard``: starting a process fails it."""
-    if request.node.get_closest_marker("unit") is not None:
-        request.getfixturevalue("guard")
+from tests.tiers import (  # noqa: F401  (each test's tier mark, and the unit tier's check)
+    guard,
+    pytest_collection_modifyitems,
+    pytest_report_collectionfinish,
+    tier_check,
+)
 
 
 @pytest.fixture(autouse=True)

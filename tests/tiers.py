@@ -6,14 +6,15 @@
     compat   MXNet 1.9.1 in its own venv (tests/compat, or the ``mxnet_python`` fixture)
     gpu      a CUDA device through cupy or torch (skipped where none is usable)
 
-``tier(item)`` picks one, first match in the order gpu, compat, cluster, proc, unit: a tier mark
-written on a test or module wins; then the folder; then the fixtures; then a scan of the code the
-test and its fixtures reach inside ``tests`` (module-level helpers, classes, other test modules'
-functions) for a process start (``subprocess``, ``multiprocessing``, ``pty``, ``os.fork``,
-``os.posix_spawn``, ``os.system``, ``os.exec*``) and for ``tests.trainer_core.gpu``'s helpers.
+``tier(item)`` picks one: a tier mark written on the test (or its module, or a ``pytest.param``)
+wins; then the folder; then ``gpu``, then the fixtures (compat before cluster), then ``proc``,
+else ``unit``. ``gpu`` and ``proc`` come from a scan of the code the test and its fixtures reach
+inside ``tests`` (module-level helpers, classes, other test modules' functions): a process start
+(``subprocess``, ``multiprocessing``, ``pty``, ``os.fork``, ``os.posix_spawn``, ``os.system``,
+``os.exec*``), and ``tests.trainer_core.gpu``'s helpers or an import of cupy.
 Code of launchkit and trainer_core is not scanned: a test whose process starts there says so
 with ``@pytest.mark.proc``, and ``guard`` makes a test tiered unit fail when it starts one
-anyway. docs/testing.md.
+anyway. tests/conftest.py takes the hooks and fixtures from here; docs/testing.md.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ CLUSTER_FIXTURES = frozenset(
 COMPAT_FIXTURES = frozenset({"mxnet_python"})
 GPU_HELPERS = ("gpu", "torch_cuda")  # tests.trainer_core.gpu
 PROC_MODULES = ("subprocess", "multiprocessing", "pty", "asyncio.subprocess")
+IMPORTED = frozenset({"subprocess", "multiprocessing", "pty"})  # `import x` names x in co_names
 OS_STARTS = frozenset(
     {"fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "popen", "spawnv", "spawnvp", "spawnl"}
     | {"execv", "execve", "execvp", "execvpe", "execl", "execlp"}
@@ -64,7 +66,8 @@ def tier(item: pytest.Item) -> str:
     written = [m.name for m in item.iter_markers() if m.name in TIERS]
     if written:
         return max(written, key=TIERS.index)
-    parts = Path(str(item.path)).resolve().relative_to(ROOT).parts
+    path = Path(str(item.path)).resolve()
+    parts = path.relative_to(ROOT).parts if path.is_relative_to(ROOT) else ()
     if parts and parts[0] in FOLDERS:
         return FOLDERS[parts[0]]
     fixtures = set(getattr(item, "fixturenames", ()))
@@ -105,8 +108,8 @@ def _reaches(obj: Any) -> set[str]:
     scope = func.__globals__
     if "importorskip" in names and "cupy" in consts:
         found.add("gpu")
-    if scope.get("os") is os and names & OS_STARTS:
-        found.add("proc")
+    if (scope.get("os") is os and names & OS_STARTS) or names & IMPORTED:
+        found.add("proc")  # os.fork(), or `import subprocess` inside the function
     for name in names:
         value = scope.get(name)
         if value is None:
@@ -172,6 +175,26 @@ def _is_gpu_helper(value: Any) -> bool:
     return getattr(value, "__module__", None) == "tests.trainer_core.gpu" and (
         getattr(value, "__name__", None) in GPU_HELPERS
     )
+
+
+# -- the hooks (tests/conftest.py imports them) --------------------------------------------------
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(tier(item))
+
+
+def pytest_report_collectionfinish(items: list[pytest.Item]) -> str:
+    return "tiers: " + ", ".join(f"{name} {n}" for name, n in counts(items).items())
+
+
+@pytest.fixture(autouse=True)
+def tier_check(request: pytest.FixtureRequest) -> None:
+    """A test tiered unit runs with ``guard``: starting a process fails it."""
+    if request.node.get_closest_marker("unit") is not None:
+        request.getfixturevalue("guard")
 
 
 # -- the check: a test tiered unit that starts a process fails ------------------------------------
