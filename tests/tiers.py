@@ -54,6 +54,10 @@ CLUSTER_FIXTURES = frozenset(
 )
 COMPAT_FIXTURES = frozenset({"mxnet_python"})
 GPU_HELPERS = ("gpu", "torch_cuda")  # tests.trainer_core.gpu
+# the tiers whose tests share the machine's engines, sshd's session fixture, the namespace hosts'
+# subnet and lock, and the MXNet venv: under xdist they stay in one worker (docs/testing.md)
+SHARED = ("cluster", "compat")
+SHARED_GROUP = "engines"
 PROC_MODULES = ("subprocess", "multiprocessing", "pty", "asyncio.subprocess")
 IMPORTED = frozenset({"subprocess", "multiprocessing", "pty"})  # `import x` names x in co_names
 OS_STARTS = frozenset(
@@ -183,7 +187,10 @@ def _is_gpu_helper(value: Any) -> bool:
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(tier(item))
+        name = tier(item)
+        item.add_marker(name)
+        if name in SHARED:  # under pytest-xdist's --dist loadgroup, one worker runs them all
+            item.add_marker(pytest.mark.xdist_group(SHARED_GROUP))
 
 
 def pytest_report_collectionfinish(items: list[pytest.Item]) -> str:
