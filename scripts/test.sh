@@ -8,7 +8,8 @@
 # fast and torch extras, makes the MXNet 1.9.1 venv of the compatibility tests, then runs ruff,
 # mypy and pytest. --quick installs only what the unit and proc tiers need (the local tools below
 # and the test extra: no engine, no sshd, no MXNet, no torch, whose tests then skip) and runs
-# `pytest -m "unit or proc"`. pytest's cache is on: --lf and --ff work. docs/testing.md.
+# `pytest -m "unit or proc"`. pytest runs a worker per core (pytest-xdist) and its cache is on:
+# --lf and --ff work. docs/testing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,7 +62,11 @@ echo "[test.sh] ruff"
 echo "[test.sh] mypy"
 .venv/bin/mypy
 echo "[test.sh] pytest"
+# one worker per core (pytest-xdist); the cluster and compat tiers, which share the engines, sshd,
+# the namespace hosts' subnet and the MXNet venv, all run in one of them (tests/tiers.py);
+# `-n 0` among the arguments runs everything in this process
+parallel=(-n auto --dist loadgroup)
 if [ $quick -eq 1 ]; then
-    exec .venv/bin/python -m pytest -q -m "unit or proc" "$@"
+    exec .venv/bin/python -m pytest -q "${parallel[@]}" -m "unit or proc" "$@"
 fi
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q "${parallel[@]}" "$@"
