@@ -8,8 +8,8 @@
 # fast and torch extras, makes the MXNet 1.9.1 venv of the compatibility tests, then runs ruff,
 # mypy and pytest. --quick installs only what the unit and proc tiers need (the local tools below
 # and the test extra: no engine, no sshd, no MXNet, no torch, whose tests then skip) and runs
-# `pytest -m "unit or proc"`. pytest runs a worker per core (pytest-xdist) and its cache is on:
-# --lf and --ff work. docs/testing.md.
+# `pytest -m "(unit or proc) and not slow"`. pytest runs a worker per core (pytest-xdist) and its
+# cache is on: --lf and --ff work. docs/testing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -67,6 +67,6 @@ echo "[test.sh] pytest"
 # `-n 0` among the arguments runs everything in this process
 parallel=(-n auto --dist loadgroup)
 if [ $quick -eq 1 ]; then
-    exec .venv/bin/python -m pytest -q "${parallel[@]}" -m "unit or proc" "$@"
+    exec .venv/bin/python -m pytest -q "${parallel[@]}" -m "(unit or proc) and not slow" "$@"
 fi
 exec .venv/bin/python -m pytest -q "${parallel[@]}" "$@"
