@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
-# Set up everything the tests need on a fresh Debian 12 machine, then run lint, types and tests.
-#   bash scripts/test.sh [PYTEST ARGS...]
-# Installs (as root, when missing) the Debian packages the test fixtures use, creates .venv,
-# (Open MPI, Slurm and munge for the engine tests; g++ builds the CUDA kernels' bodies on the host
-# for their tests; Grid Engine through scripts/install-gridengine.sh),
-# installs launchkit with its test extra and the MXNet 1.9.1 venv of the compatibility tests,
-# then runs ruff, mypy and pytest.
+# Set up what the tests need on a fresh Debian 12 machine, then run lint, types and tests.
+#   bash scripts/test.sh [PYTEST ARGS...]           everything (CI runs this)
+#   bash scripts/test.sh --quick [PYTEST ARGS...]   lint, types and the tiers that need no engine
+# The full run installs (as root, when missing) the Debian packages the test fixtures use (Open MPI,
+# Slurm and munge for the engine tests; g++ builds the CUDA kernels' bodies on the host for their
+# tests; Grid Engine through scripts/install-gridengine.sh), creates .venv with launchkit's test,
+# fast and torch extras, makes the MXNet 1.9.1 venv of the compatibility tests, then runs ruff,
+# mypy and pytest. --quick installs only what the unit and proc tiers need (the local tools below
+# and the test extra: no engine, no sshd, no MXNet, no torch, whose tests then skip) and runs
+# `pytest -m "(unit or proc) and not slow"`. pytest runs a worker per core (pytest-xdist) and its
+# cache is on: --lf and --ff work. docs/testing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS=(procps iproute2 tmux util-linux openssh-server openssh-client rsync libgomp1 libquadmath0
-      openmpi-bin mpich slurm-wlm munge g++)
+quick=0
+if [ "${1:-}" = "--quick" ]; then
+    quick=1
+    shift
+fi
+
+DEBS=(procps iproute2 tmux util-linux openssh-client rsync libgomp1 libquadmath0 g++)
+EXTRAS=test
+if [ $quick -eq 0 ]; then
+    DEBS+=(openssh-server openmpi-bin mpich slurm-wlm munge)
+    EXTRAS=test,fast,torch
+fi
 missing=()
 for pkg in "${DEBS[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
@@ -22,16 +36,25 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-[ ! -f scripts/install-gridengine.sh ] || bash scripts/install-gridengine.sh
+[ $quick -eq 1 ] || [ ! -f scripts/install-gridengine.sh ] || bash scripts/install-gridengine.sh
 
+# pip runs when pyproject.toml changed or an extra is missing since the last install (.venv/installed)
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-log=$(mktemp)
-.venv/bin/python -m pip install -q -e '.[test,fast,torch]' >"$log" 2>&1 || { cat "$log"; exit 1; }
-rm -f "$log"
-# MXNet 1.9.1 for the compatibility tests, made here rather than inside the first test that asks
-# for it (about a minute on a fresh machine, which that test's 60 s timeout would also have to hold)
-MXNET_VENV=/var/tmp/launchkit-test-venv-mxnet bash scripts/mxnet_venv.sh >/dev/null
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) $EXTRAS"
+have=$(cat .venv/installed 2>/dev/null || true)
+if [ "$have" != "$want" ] && ! { [ $quick -eq 1 ] && [ "${have%% *}" = "${want%% *}" ]; }; then
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+    log=$(mktemp)
+    .venv/bin/python -m pip install -q -e ".[$EXTRAS]" >"$log" 2>&1 || { cat "$log"; exit 1; }
+    rm -f "$log"
+    echo "$want" >.venv/installed
+fi
+if [ $quick -eq 0 ]; then
+    # MXNet 1.9.1 for the compatibility tests, made here rather than inside the first test that
+    # asks for it (about a minute on a fresh machine, which that test's 60 s timeout would also
+    # have to hold)
+    MXNET_VENV=/var/tmp/launchkit-test-venv-mxnet bash scripts/mxnet_venv.sh >/dev/null
+fi
 
 echo "[test.sh] ruff"
 .venv/bin/ruff check .
@@ -39,4 +62,11 @@ echo "[test.sh] ruff"
 echo "[test.sh] mypy"
 .venv/bin/mypy
 echo "[test.sh] pytest"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# one worker per core (pytest-xdist); the cluster and compat tiers, which share the engines, sshd,
+# the namespace hosts' subnet and the MXNet venv, all run in one of them (tests/tiers.py);
+# `-n 0` among the arguments runs everything in this process
+parallel=(-n auto --dist loadgroup)
+if [ $quick -eq 1 ]; then
+    exec .venv/bin/python -m pytest -q "${parallel[@]}" -m "(unit or proc) and not slow" "$@"
+fi
+exec .venv/bin/python -m pytest -q "${parallel[@]}" "$@"

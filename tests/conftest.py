@@ -1,9 +1,16 @@
 """Shared fixtures: every test gets its own LAUNCHKIT_HOME; ``served_endpoints`` spies on the
-metrics endpoints a launch serves."""
+metrics endpoints a launch serves. Every test is marked with its tier (tests/tiers.py)."""
 
 from __future__ import annotations
 
 import pytest
+
+from tests.tiers import (  # noqa: F401  (each test's tier mark, and the unit tier's check)
+    guard,
+    pytest_collection_modifyitems,
+    pytest_report_collectionfinish,
+    tier_check,
+)
 
 
 @pytest.fixture(autouse=True)

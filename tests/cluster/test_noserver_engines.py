@@ -50,10 +50,21 @@ def launch(
 
 
 def nothing_left(cluster: object, job: str) -> bool:
-    if cluster is None:  # mpirun: no rank, no shim
-        shims = subprocess.run(["pgrep", "-f", "launchkit.hostside.shim"], capture_output=True).stdout
+    if cluster is None:  # mpirun: no rank, no shim (of this job, or of none: another test's may run)
+        found = subprocess.run(["pgrep", "-f", "launchkit.hostside.shim"], capture_output=True, text=True)
+        shims = [pid for pid in found.stdout.split() if _job_of(pid) in (job, None)]
         return not pids_with_job(job) and not shims
     return gone(cluster, job)
+
+
+def _job_of(pid: str) -> str | None:
+    """The LAUNCHKIT_JOB_ID in a process's environment ('' where it has ended), None without one."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    ids = [e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"LAUNCHKIT_JOB_ID=")]
+    return ids[0] if ids else None
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -66,8 +66,13 @@ def test_two_jobs_at_once_kill_of_one_leaves_the_other(tmp_path: Path, launchkit
     first = Job([*launch_args("--job-name", "first"), *TRAINING], launchkit_home)
     first.wait_for("[worker 1] step 1")
     first_id = first.job_id
+    go = tmp_path / "go"  # the second job ends only once the first's kill was seen to leave it
     second = Job(
-        [*launch_args("--job-name", "second"), *trainer("--steps", "100", "--delay", "0.05")], launchkit_home
+        [
+            *launch_args("--job-name", "second"),
+            *trainer("--steps", "100", "--delay", "0.05", "--hold", str(go)),
+        ],
+        launchkit_home,
     )
     assert wait_until(lambda: len(list((launchkit_home / "jobs").glob("*.json"))) == 2, 10)
     second_id = next(p.stem for p in (launchkit_home / "jobs").glob("*.json") if p.stem != first_id)
@@ -75,6 +80,7 @@ def test_two_jobs_at_once_kill_of_one_leaves_the_other(tmp_path: Path, launchkit
     killed = run(["kill", first_id, "--grace-period", "1"], timeout=30)
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert second.proc.poll() is None and len(node_pids(second_id, "worker")) == 2, second.out
+    go.touch()
     code, _ = first.finish(timeout=15)
     assert code == 128 + signal.SIGTERM, first.out
     assert_nothing_left(first_id)

@@ -29,6 +29,7 @@ def main() -> int:
     ap.add_argument("--checkpoint", default="")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--chatter", type=int, default=0, help="print a line of this many bytes per step too")
+    ap.add_argument("--hold", default="", help="before the end, wait until this file exists (60 s at most)")
     args = ap.parse_args()
     kv = kvstore.create("dist_sync")
     params = {"w": np.zeros(args.size, np.float32)}
@@ -48,6 +49,9 @@ def main() -> int:
             print("x" * args.chatter, flush=True)
         print(f"step {step + 1}", flush=True)
         time.sleep(args.delay)
+    deadline = time.monotonic() + 60
+    while args.hold and not os.path.exists(args.hold) and time.monotonic() < deadline:
+        time.sleep(0.05)
     print(f"done {kv.rank} {float(params['w'][0])}", flush=True)
     kv.close()
     return 0

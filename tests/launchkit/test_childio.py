@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from launchkit.hostside import watchdog
 
 
@@ -54,6 +56,7 @@ def _count(ev: str, ident: int | None = None) -> Any:
     return lambda msgs: sum(m.get("ev") == ev and (ident is None or m.get("id") == ident) for m in msgs)
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_a_hosts_processes_need_no_thread_each() -> None:
     """8 processes, their output and their ends: one thread more in the watchdog, not 24."""
     chan = Channel()
@@ -77,6 +80,7 @@ def test_a_hosts_processes_need_no_thread_each() -> None:
         dog.teardown()
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_a_stream_waits_for_its_acknowledgements_and_is_read_to_its_end_when_the_job_ends() -> None:
     chan = Channel()
     dog = watchdog.Watchdog(chan)  # type: ignore[arg-type]
@@ -111,6 +115,7 @@ class SlowChannel(Channel):
         super().write(data)
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_the_ends_and_last_output_are_written_before_the_teardown_returns() -> None:
     """The watchdog says ``bye`` when its teardown returns and writes nothing after it: every
     process's ``exit``, its streams' ``eof`` and what it printed as it was stopped come first

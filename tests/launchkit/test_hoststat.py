@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from launchkit.backends.ssh.agent import usage_of
 from launchkit.hostside import hoststat
 from tests.launchkit.test_remote import Dog
@@ -76,6 +78,7 @@ def fake_smi(tmp_path: Path, body: str) -> str:
     return str(path)
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_nvidia_smi_is_asked_at_most_every_few_seconds(tmp_path: Path) -> None:
     count = tmp_path / "count"
     gpus = hoststat.Gpus(fake_smi(tmp_path, f"echo x >> {count}\necho '10, 100, 1000'\n"))
@@ -84,6 +87,7 @@ def test_nvidia_smi_is_asked_at_most_every_few_seconds(tmp_path: Path) -> None:
     assert count.read_text().count("x") == 1
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_a_hung_nvidia_smi_is_given_up(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(hoststat, "GPU_TIMEOUT", 0.3)
     gpus = hoststat.Gpus(fake_smi(tmp_path, "exec sleep 30\n"))

@@ -373,6 +373,7 @@ class UnreachableOnRestart(LocalBackend):
         return None
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_a_restart_that_cannot_start_ends_the_launch_and_its_record(launchkit_home) -> None:
     spec = LaunchSpec(1, 0, ("sh", "-c", "exit 3"), max_restarts=2, restart_backoff=0.0)
     with pytest.raises(BackendError, match="node9: timed out"):

@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 
+import pytest
 from rich.console import Console
 
 from launchkit.backends.base import Backend
@@ -57,6 +58,7 @@ class StuckBackend(Backend):
         return h
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_a_process_that_never_confirms_its_end_is_given_up(tmp_path) -> None:
     spec = LaunchSpec(num_workers=1, num_servers=1, command=("x",), cwd=str(tmp_path))
     plan = make_plan(spec, job_id="t-giveup", secret="s", root_uri="127.0.0.1", root_port=1)
@@ -102,6 +104,7 @@ class SignalledAfterTheEnd(StuckBackend):
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_a_signal_after_the_last_process_ended_still_counts(tmp_path) -> None:
     spec = LaunchSpec(num_workers=1, num_servers=1, command=("x",), cwd=str(tmp_path))
     plan = make_plan(spec, job_id="t-late-signal", secret="s", root_uri="127.0.0.1", root_port=1)
@@ -150,6 +153,7 @@ class StartsLater(StuckBackend):
         return {"hosts": ["h1"]}
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_the_record_is_built_after_the_backend_awaited_every_start(tmp_path) -> None:
     spec = LaunchSpec(num_workers=2, num_servers=1, command=("x",), cwd=str(tmp_path))
     plan = make_plan(spec, job_id="t-await", secret="s", root_uri="127.0.0.1", root_port=1)

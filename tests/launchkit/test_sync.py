@@ -67,6 +67,7 @@ def sync_in_thread(tmp_path: Path, limit: float, **kw) -> BaseException | None:
     return out[0]
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_more_stderr_than_a_pipe_holds_does_not_deadlock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -93,6 +94,7 @@ exit 23
     assert "main.c" not in msg
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_a_hanging_rsync_times_out_and_its_children_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -153,6 +155,7 @@ def test_a_signal_during_the_sync_ends_every_rsync_now(
         assert wait_until(lambda pid=pid: not alive(pid), 5), pid
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_an_rsync_that_cannot_run_is_a_result_not_an_exception(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -172,6 +175,7 @@ def test_no_rsync_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert "h1: rsync is not installed on this machine (needed for --sync-dst-dir)" in exc.message
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_an_exception_in_one_host_still_gives_every_host_a_result(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,6 +195,7 @@ def test_an_exception_in_one_host_still_gives_every_host_a_result(
     assert exc.message == "ssh: sync to 1 of 2 host(s) failed, nothing started: h2: RuntimeError: boom"
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_success_returns_a_result_per_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_rsync(
         tmp_path, monkeypatch, "#!/bin/sh\nprintf '      1,024 100%%   1.00MB/s    0:00:00\\r'\nexit 0\n"

@@ -22,6 +22,7 @@ JOB = Path(__file__).with_name("metricsjob.py")
 SECRET = "e" * 64
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_a_local_job_reports_every_nodes_bytes_and_the_scripts_loss(served_endpoints) -> None:
     served = served_endpoints
     spec = LaunchSpec(num_workers=2, num_servers=1, command=(sys.executable, str(JOB)), env=(("STEPS", "5"),))
@@ -42,6 +43,7 @@ def test_a_local_job_reports_every_nodes_bytes_and_the_scripts_loss(served_endpo
     assert t._sock.fileno() == -1  # closed with the job
 
 
+@pytest.mark.proc  # its process starts in launchkit's code (tests/tiers.py)
 def test_one_endpoint_serves_every_attempt_and_a_restart_is_no_replay(served_endpoints) -> None:
     served = served_endpoints
     job = JOB.with_name("restartjob.py")

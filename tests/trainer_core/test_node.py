@@ -121,6 +121,7 @@ def test_the_book_lists_every_worker_with_where_it_listens(job: Job) -> None:
         for w in book.workers:
             assert w.data.startswith("tcp://127.0.0.1:") and w.local.startswith(f"launchkit-{job.job}-")
     assert len({w.data for w in job.nodes[0].book.workers}) == WORKERS
+    run_all(lambda r: job.nodes[r].finish())  # the scheduler ends now, not after a heartbeat timeout
 
 
 @pytest.mark.parametrize("shm", ["1", "0"])
@@ -166,6 +167,7 @@ def test_a_worker_reaches_another_on_the_channels_the_book_names(shm: str) -> No
         for ch in poller.sources():
             assert isinstance(ch, Channel)
             ch.close()
+        run_all(lambda r: j.nodes[r].finish())  # the scheduler ends now, not after a heartbeat timeout
     finally:
         j.close()
 
