@@ -440,6 +440,8 @@ def test_build_queries_are_truthful() -> None:
 
 def test_refusals_name_what_is_not_supported() -> None:
     rt = solo()
+    with pytest.raises(NotImplementedError, match="elastic training"):
+        hvd.elastic.run(lambda state: None)
     with pytest.raises(NotImplementedError, match="timeline is not supported"):
         hvd.start_timeline("/tmp/t.json")
     with pytest.raises(ValueError, match="Adasum is not supported"):
@@ -565,3 +567,18 @@ def test_sync_batch_norm_alone_is_batch_norm() -> None:
         torch.testing.assert_close(
             bn(x), torch.nn.functional.batch_norm(x, None, None, bn.weight, bn.bias, True)
         )
+
+
+def test_the_docs_table_names_every_horovod_name_with_a_status() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "pytorch.md").read_text()
+    section = doc.split("## The API: every `horovod.torch` name", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert len(rows) > 30
+    for row in rows:
+        status = row.rsplit(" | ", 1)[1]
+        assert status.startswith(("same", "differs:", "not supported")), row
+    named = " ".join(row.split(" | ", 1)[0] for row in rows)
+    missing = [n for n in HOROVOD_NAMES if f"`{n}" not in named and f" {n}," not in named]
+    assert not missing, missing

@@ -1,4 +1,8 @@
-"""trainer_core for PyTorch, under Horovod's names: a Horovod script runs by changing its import.
+"""trainer_core for PyTorch, under Horovod's names: every public name of ``horovod.torch``, with
+Horovod's signatures. A Horovod script runs by changing its import unless it uses what is refused at
+the call (Adasum, process sets other than the global one, ``join`` with several workers,
+``hvd.elastic``, the timeline); docs/pytorch.md's table says, name by name, what is the same, what
+differs and how, and what is not supported and why.
 
 >>> import trainer_core.torch as hvd
 >>> hvd.init()
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import basics
+from . import basics, elastic
 from .basics import (
     ccl_built,
     cuda_built,
@@ -130,6 +134,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
