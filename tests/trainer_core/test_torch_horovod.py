@@ -582,3 +582,52 @@ def test_the_docs_table_names_every_horovod_name_with_a_status() -> None:
     named = " ".join(row.split(" | ", 1)[0] for row in rows)
     missing = [n for n in HOROVOD_NAMES if f"`{n}" not in named and f" {n}," not in named]
     assert not missing, missing
+
+
+# -- DistributedOptimizer's Horovod parameters -------------------------------------------------------
+def test_gradient_predivide_factor_gives_the_same_mean() -> None:
+    """Horovod's: 1/f before the sum, f/size after: the averaged gradient is unchanged."""
+
+    def run(r: int, rt: Runtime, f: float) -> torch.Tensor:
+        with _SEEDED:
+            torch.manual_seed(0)
+            m = torch.nn.Linear(3, 2)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.5),
+            m.named_parameters(),
+            gradient_predivide_factor=f,
+            runtime=rt,
+        )
+        m(torch.full((2, 3), float(r + 1))).pow(2).sum().backward()
+        opt.step()
+        return m.weight.detach().clone()
+
+    plain = on_ranks(W, lambda r, rt: run(r, rt, 1.0))
+    split = on_ranks(W, lambda r, rt: run(r, rt, 4.0))
+    for a, b in zip(plain, split, strict=True):
+        torch.testing.assert_close(a, b)
+    m = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="op != Average"):
+        hvd.DistributedOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.1), op=hvd.Sum, gradient_predivide_factor=2.0, runtime=solo()
+        )
+
+
+def test_horovods_optimizer_attributes_and_groups_checks() -> None:
+    m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    with pytest.warns(DeprecationWarning, match="num_groups"):
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), num_groups=2, runtime=solo())
+    assert (
+        opt.op == hvd.Average and opt.gradient_predivide_factor == 1.0 and opt.backward_passes_per_step == 1
+    )
+    assert opt.sparse_as_dense is False and opt.process_set is None and opt._groups == 2
+    assert sorted(opt._parameter_names.values())[0] == "allreduce.noname.0.0"
+    opt.set_backward_passes_per_step(2)
+    assert opt.backward_passes_per_step == 2
+    w = m[0].weight
+    with pytest.raises(ValueError, match="only appear once"):
+        hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), groups=[[w], [w]], runtime=solo())
+    with pytest.raises(ValueError, match="global one"):
+        hvd.DistributedOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.1), process_set=hvd.ProcessSet([0, 1]), runtime=solo()
+        )
