@@ -297,7 +297,7 @@ def test_floats_with_scale_factors_and_product(dtype: Any) -> None:
         assert torch.equal(got[2], every.min(0).values) and torch.equal(got[3], every.max(0).values)
 
 
-def test_grouped_operations_are_lists_in_order() -> None:
+def test_grouped_operations_in_order() -> None:
     def run(r: int, rt: Runtime) -> dict[str, Any]:
         a, b = torch.full((2,), float(r)), torch.full((3, 2), r + 1, dtype=torch.int32)
         h = hvd.grouped_allreduce_async([a, b], op=hvd.Sum, runtime=rt)
@@ -631,3 +631,12 @@ def test_horovods_optimizer_attributes_and_groups_checks() -> None:
         hvd.DistributedOptimizer(
             torch.optim.SGD(m.parameters(), lr=0.1), process_set=hvd.ProcessSet([0, 1]), runtime=solo()
         )
+
+
+def test_grouped_results_are_lists_or_tuples_as_horovods() -> None:
+    rt, ts = solo(), [torch.ones(2), torch.zeros(1)]
+    assert type(hvd.grouped_allreduce(ts, runtime=rt)) is list
+    assert type(hvd.grouped_allreduce_(ts, runtime=rt)) is tuple
+    assert type(hvd.synchronize(hvd.grouped_allreduce_async(ts, runtime=rt))) is tuple
+    assert type(hvd.grouped_allgather(ts, runtime=rt)) is tuple
+    assert type(hvd.grouped_reducescatter(ts, runtime=rt)) is list

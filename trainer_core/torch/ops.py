@@ -81,7 +81,8 @@ class Handle:
 
 
 class _Many:
-    """Several handles waited for as one (a grouped operation): the list of their results."""
+    """Several handles waited for as one (a grouped operation): the tuple of their results, as
+    Horovod's ``synchronize`` of a grouped handle gives."""
 
     def __init__(self, handles: Sequence[Any]) -> None:
         self._handles = list(handles)
@@ -89,8 +90,8 @@ class _Many:
     def done(self) -> bool:
         return all(h.done() for h in self._handles)
 
-    def wait(self, timeout: float | None = None) -> list[Any]:
-        return [h.wait(timeout) for h in self._handles]
+    def wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        return tuple(h.wait(timeout) for h in self._handles)
 
 
 def synchronize(handle: Any) -> Any:
@@ -354,7 +355,7 @@ def grouped_allreduce_(
     process_set: Any = None,
     *,
     runtime: Runtime | None = None,
-) -> list[torch.Tensor]:
+) -> tuple[torch.Tensor, ...]:
     return grouped_allreduce_async_(
         tensors, average, name, op, prescale_factor, postscale_factor, process_set, runtime=runtime
     ).wait()
@@ -470,13 +471,13 @@ def grouped_allgather(
     process_set: Any = None,
     *,
     runtime: Runtime | None = None,
-) -> list[torch.Tensor]:
-    """``allgather`` of each tensor (a list; differentiable)."""
+) -> tuple[torch.Tensor, ...]:
+    """``allgather`` of each tensor (a tuple, as Horovod's; differentiable)."""
     check_global(process_set, "grouped_allgather", runtime)
     ts = _tensor_list(tensors, "grouped_allgather")
     for t in ts:
         check_dense(t, "grouped_allgather's tensor")
-    return list(_Allgather.apply(runtime, *ts))
+    return tuple(_Allgather.apply(runtime, *ts))
 
 
 # -- broadcast ------------------------------------------------------------------------------------
