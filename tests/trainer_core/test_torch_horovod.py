@@ -640,3 +640,13 @@ def test_grouped_results_are_lists_or_tuples_as_horovods() -> None:
     assert type(hvd.synchronize(hvd.grouped_allreduce_async(ts, runtime=rt))) is tuple
     assert type(hvd.grouped_allgather(ts, runtime=rt)) is tuple
     assert type(hvd.grouped_reducescatter(ts, runtime=rt)) is list
+
+
+def test_horovod_timeline_variable_is_said_to_be_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOROVOD_TIMELINE", "/tmp/timeline.json")
+    monkeypatch.delenv("DMLC_ROLE", raising=False)
+    try:
+        with pytest.warns(UserWarning, match="HOROVOD_TIMELINE.*ignored"):
+            hvd.init()
+    finally:
+        hvd.shutdown()

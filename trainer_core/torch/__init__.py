@@ -23,6 +23,8 @@ Only this package imports torch (the ``torch`` extra: ``pip install launchkit[to
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Any
 
 from . import basics, elastic
@@ -194,6 +196,10 @@ def init(comm: Any = None, process_sets: Any = None, *, path: str | None = None)
             "workers (a subset of ranks is not supported)"
         )
     check_init_sets(process_sets)
+    if os.environ.get("HOROVOD_TIMELINE"):
+        warnings.warn(
+            f"HOROVOD_TIMELINE={os.environ['HOROVOD_TIMELINE']!r} is ignored: {basics.TIMELINE}", stacklevel=2
+        )
 
 
 def shutdown() -> None:
