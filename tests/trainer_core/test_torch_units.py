@@ -172,7 +172,7 @@ def test_the_path_follows_the_job() -> None:
         runtime.choose({"DMLC_ROLE": "worker", "DMLC_NUM_SERVER": "0"}, "ps")
     with pytest.raises(ConfigError, match="without servers"):
         runtime.choose({"DMLC_ROLE": "worker", "DMLC_NUM_SERVER": "1"}, "allreduce")
-    with pytest.raises(ConfigError, match="comm must be"):
+    with pytest.raises(ConfigError, match="path must be"):
         runtime.choose({}, "nccl")
 
 

@@ -52,6 +52,8 @@ class Backend:
     size = 1
     local_rank = 0
     local_size = 1
+    #: the host of every rank, in rank order, where known (``basics``: cross_rank, is_homogeneous)
+    hosts: tuple[str, ...] = ()
     #: the KV store of the ``ps`` path (None elsewhere)
     kv: Any = None
 
@@ -94,6 +96,8 @@ class Collective(Backend):
         self.rank, self.size = group.rank, group.size
         self.local_rank = int(getattr(group, "local_rank", 0))
         self.local_size = int(getattr(group, "local_size", 1))
+        known = getattr(group, "hosts", None) or (group.topology.hosts if group.topology else None)
+        self.hosts = tuple(str(h) for h in known) if known else ()
 
     def allreduce_async(self, array: Any, op: str, kind: str | None = None, out: Any = None) -> Waitable:
         return self.group.allreduce_async(array, op, out, kind)
@@ -131,7 +135,9 @@ class KV(Backend):
         self.kv = kv
         self.rank, self.size = int(kv.rank), int(kv.num_workers)
         table = KVCommunicator(kv)  # exchanges the host names (an uncompressed pushpull)
-        self.local_rank, self.local_size = local_of([w.host_id for w in table.workers()], self.rank)
+        hosts = [w.host_id for w in table.workers()]
+        self.local_rank, self.local_size = local_of(hosts, self.rank)
+        self.hosts = tuple(str(h) for h in hosts)
         self._executor = Executor(f"torch-kv-{self.rank}")
         self._declared: set[str] = set()
         self._seq = 0

@@ -1,26 +1,42 @@
-"""Horovod's tensor operations on torch tensors: ``allreduce``, ``allgather``, ``broadcast`` (each
-also ``_async``, returning a ``Handle`` for ``synchronize``/``poll``, and in place with ``_``).
+"""Horovod's tensor operations on torch tensors, with Horovod's signatures: ``allreduce``,
+``allgather``, ``broadcast`` and their grouped forms (each also ``_async``, returning a ``Handle``
+for ``synchronize``/``poll``; ``allreduce`` and ``broadcast`` also in place, with ``_``),
+``sparse_allreduce_async``, ``join`` and ``barrier`` (``redistribute``: ``alltoall`` and
+``reducescatter``).
 
-Every rank calls the same operations in the same order (as with Horovod). Results are fresh tensors
-(the in-place forms write into the argument). ``op``: ``Average`` (default), ``Sum``, ``Min``,
-``Max``; ``Adasum`` is refused. Tensors are lent to trainer_core without copies where their memory
-allows (``tensors``); sparse tensors are refused with a clear error.
+Every rank calls the same operations in the same order (as with Horovod). Results are fresh
+tensors (the in-place forms write into the argument). ``op``: ``Average`` (default), ``Sum``,
+``Min``, ``Max``, ``Product``; ``Adasum`` is refused at the call. As Horovod's: ``Average`` of an
+integer tensor is the sum times ``1/size`` truncated toward zero, ``prescale_factor`` and
+``postscale_factor`` multiply before and after the reduction (integers truncated the same way),
+and the synchronous operations are differentiable with Horovod's gradients. Tensors are lent to
+trainer_core without copies where their memory allows (``tensors``); sparse tensors are refused
+with a clear error (``sparse_allreduce_async`` takes them). A failure of the group under an
+operation (a peer lost, the group closed) is a ``HorovodInternalError``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
+
+from trainer_core.collective import CollectiveClosed, LinkError
 
 from .backend import Backend, Waitable
 from .compression import Compression, check
+from .process_sets import check_global
 from .runtime import Runtime, default
 from .tensors import as_array, as_tensor, check_dense, kind_of
 
-Average, Sum, Min, Max, Adasum = "mean", "sum", "min", "max", "adasum"
-OPS = (Average, Sum, Min, Max)
+Average, Sum, Min, Max, Product, Adasum = "mean", "sum", "min", "max", "product", "adasum"
+OPS = (Average, Sum, Min, Max, Product)
+
+
+class HorovodInternalError(RuntimeError):
+    """An operation failed because the group did (Horovod's name: elastic training catches it)."""
 
 
 def resolve_op(average: bool | None, op: str | None) -> str:
@@ -30,9 +46,11 @@ def resolve_op(average: bool | None, op: str | None) -> str:
     if op is None:
         return Sum if average is False else Average
     if op == Adasum:
-        raise ValueError("op=Adasum is not supported by trainer_core.torch (Average, Sum, Min, Max are)")
+        raise ValueError(
+            "op=Adasum is not supported by trainer_core.torch (Average, Sum, Min, Max and Product are)"
+        )
     if op not in OPS:
-        raise ValueError(f"op must be Average, Sum, Min or Max, not {op!r}")
+        raise ValueError(f"op must be Average, Sum, Min, Max or Product, not {op!r}")
     return op
 
 
@@ -41,53 +59,130 @@ def _backend(runtime: Runtime | None) -> Backend:
 
 
 class Handle:
-    """One started operation: ``synchronize(handle)`` (``wait()``) gives its tensor, ``poll`` says
+    """One started operation: ``synchronize(handle)`` (``wait()``) gives its result, ``poll`` says
     whether it finished."""
 
-    def __init__(self, work: Waitable, finish: Callable[[Any], torch.Tensor]) -> None:
+    def __init__(self, work: Waitable, finish: Callable[[Any], Any]) -> None:
         self._work, self._finish = work, finish
-        self._result: torch.Tensor | None = None
+        self._result: Any = None
+        self._finished = False
 
     def done(self) -> bool:
-        return self._result is not None or self._work.done()
+        return self._finished or self._work.done()
 
-    def wait(self, timeout: float | None = None) -> torch.Tensor:
-        if self._result is None:
-            self._result = self._finish(self._work.wait(timeout))
+    def wait(self, timeout: float | None = None) -> Any:
+        if not self._finished:
+            try:
+                raw = self._work.wait(timeout)
+            except (LinkError, CollectiveClosed) as e:
+                raise HorovodInternalError(f"the operation failed: {e}") from e
+            self._result, self._finished = self._finish(raw), True
         return self._result
 
 
-def synchronize(handle: Handle) -> torch.Tensor:
-    """Wait for ``handle``'s operation; its output tensor."""
+class _Many:
+    """Several handles waited for as one (a grouped operation): the tuple of their results, as
+    Horovod's ``synchronize`` of a grouped handle gives."""
+
+    def __init__(self, handles: Sequence[Any]) -> None:
+        self._handles = list(handles)
+
+    def done(self) -> bool:
+        return all(h.done() for h in self._handles)
+
+    def wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        return tuple(h.wait(timeout) for h in self._handles)
+
+
+def synchronize(handle: Any) -> Any:
+    """Wait for ``handle``'s operation; its output (a tensor, a list for a grouped operation, or
+    ``alltoall``'s pair when splits were given)."""
     return handle.wait()
 
 
-def poll(handle: Handle) -> bool:
+def poll(handle: Any) -> bool:
     """Whether ``handle``'s operation finished (``synchronize`` will not wait)."""
-    return handle.done()
+    return bool(handle.done())
+
+
+# -- scaling (Horovod's ScaleBuffer) ---------------------------------------------------------------
+def scaled(t: torch.Tensor, factor: float) -> torch.Tensor:
+    """``t * factor`` as Horovod scales: floats in their own precision, integers computed in float64
+    and truncated toward zero."""
+    if factor == 1.0:
+        return t
+    if t.is_floating_point() or t.is_complex():
+        return t * factor
+    return (t.double() * factor).to(t.dtype)
+
+
+def _check_factors(prescale_factor: float, postscale_factor: float) -> None:
+    for what, f in (("prescale_factor", prescale_factor), ("postscale_factor", postscale_factor)):
+        if isinstance(f, bool) or not isinstance(f, int | float):
+            raise TypeError(f"{what} must be a number, not {type(f).__name__}")
+
+
+# -- allreduce ------------------------------------------------------------------------------------
+def _allreduce_work(
+    backend: Backend, tensor: torch.Tensor, op: str, prescale: float, postscale: float
+) -> Handle:
+    """Start the reduction of ``tensor`` (``op`` resolved); the handle gives a fresh tensor."""
+    check_dense(tensor, "allreduce's tensor")
+    t = scaled(tensor.detach(), prescale)
+    floating = t.is_floating_point()
+    if op == Average and not floating:  # Horovod: the sum, scaled by 1/size (truncated)
+        how, post = Sum, postscale / backend.size
+    else:
+        how, post = op, postscale
+    if how == Product:
+        rows = t.reshape(1, *t.shape)
+        work = backend.allgather_async(as_array(rows))
+
+        def product(r: Any) -> torch.Tensor:
+            every = as_tensor(r, t.dtype, (backend.size, *t.shape))
+            out = every[0].clone()
+            for i in range(1, backend.size):  # rank order: the same bits everywhere
+                out.mul_(every[i])
+            return scaled(out, post)
+
+        return Handle(work, product)
+    work = backend.allreduce_async(as_array(t), how, kind_of(t))
+    return Handle(work, lambda r: scaled(as_tensor(r, t.dtype, t.shape), post))
 
 
 def allreduce_async(
     tensor: torch.Tensor,
     average: bool | None = None,
     name: str | None = None,
-    compression: Any = Compression.none,
     op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
     *,
     runtime: Runtime | None = None,
 ) -> Handle:
-    """Start the reduction of ``tensor`` over every rank (``name`` is accepted for Horovod's
-    sake and unused: operations are matched by their order)."""
+    """Start the reduction of ``tensor`` over every rank; ``synchronize`` gives a fresh tensor
+    (``name`` is accepted for Horovod's sake: operations are matched by their order)."""
+    check_global(process_set, "allreduce", runtime)
+    _check_factors(prescale_factor, postscale_factor)
     how = resolve_op(average, op)
-    comp = check(compression)
-    if not hasattr(comp, "compress"):
-        raise ValueError(
-            "allreduce takes Compression.none or .fp16; trainer_core's compressors serve DistributedOptimizer"
-        )
-    check_dense(tensor, "allreduce's tensor")
-    sent, ctx = comp.compress(tensor.detach())
-    work = _backend(runtime).allreduce_async(as_array(sent), how, kind_of(sent))
-    return Handle(work, lambda r: comp.decompress(as_tensor(r, sent.dtype, sent.shape), ctx))
+    return _allreduce_work(_backend(runtime), tensor, how, prescale_factor, postscale_factor)
+
+
+class _Allreduce(torch.autograd.Function):
+    """Differentiable allreduce: the gradient is the same allreduce of the output's gradient."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, tensor: torch.Tensor, op: str, pre: float, post: float, runtime: Any
+    ) -> torch.Tensor:
+        ctx.args = (op, pre, post, runtime)
+        return _allreduce_work(_backend(runtime), tensor, op, pre, post).wait()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        op, pre, post, runtime = ctx.args
+        return _Allreduce.apply(grad, op, pre, post, runtime), None, None, None, None
 
 
 def allreduce(
@@ -96,11 +191,40 @@ def allreduce(
     name: str | None = None,
     compression: Any = Compression.none,
     op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
     *,
     runtime: Runtime | None = None,
 ) -> torch.Tensor:
-    """The reduction of ``tensor`` over every rank (a fresh tensor)."""
-    return allreduce_async(tensor, average, name, compression, op, runtime=runtime).wait()
+    """The reduction of ``tensor`` over every rank (a fresh tensor; differentiable)."""
+    check_global(process_set, "allreduce", runtime)
+    _check_factors(prescale_factor, postscale_factor)
+    how = resolve_op(average, op)
+    comp = _horovod_compressor(compression, "allreduce")
+    check_dense(tensor, "allreduce's tensor")
+    sent, cctx = comp.compress(tensor)
+    out = _Allreduce.apply(sent, how, prescale_factor, postscale_factor, runtime)
+    return comp.decompress(out, cctx)
+
+
+def _horovod_compressor(compression: Any, what: str) -> Any:
+    comp = check(compression)
+    if not hasattr(comp, "compress"):
+        raise ValueError(
+            f"{what} takes Compression.none or .fp16; trainer_core's compressors serve DistributedOptimizer"
+        )
+    return comp
+
+
+def _into(tensor: torch.Tensor, inner: Any) -> Handle:
+    """A handle that writes ``inner``'s result into ``tensor`` and returns it."""
+
+    def finish(r: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return tensor.copy_(r)
+
+    return Handle(inner, finish)
 
 
 def allreduce_async_(
@@ -108,17 +232,17 @@ def allreduce_async_(
     average: bool | None = None,
     name: str | None = None,
     op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
     *,
     runtime: Runtime | None = None,
 ) -> Handle:
     """In place: ``synchronize`` writes the reduction into ``tensor`` and returns it."""
-    inner = allreduce_async(tensor, average, name, Compression.none, op, runtime=runtime)
-
-    def finish(r: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return tensor.copy_(r)
-
-    return Handle(inner, finish)
+    inner = allreduce_async(
+        tensor, average, name, op, prescale_factor, postscale_factor, process_set, runtime=runtime
+    )
+    return _into(tensor, inner)
 
 
 def allreduce_(
@@ -126,57 +250,325 @@ def allreduce_(
     average: bool | None = None,
     name: str | None = None,
     op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
     *,
     runtime: Runtime | None = None,
 ) -> torch.Tensor:
-    return allreduce_async_(tensor, average, name, op, runtime=runtime).wait()
+    return allreduce_async_(
+        tensor, average, name, op, prescale_factor, postscale_factor, process_set, runtime=runtime
+    ).wait()
+
+
+def grouped_allreduce_async(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
+    *,
+    runtime: Runtime | None = None,
+) -> _Many:
+    """Start the reduction of every tensor of ``tensors`` (in order); ``synchronize`` gives the
+    list of results."""
+    return _Many(
+        [
+            allreduce_async(
+                t, average, name, op, prescale_factor, postscale_factor, process_set, runtime=runtime
+            )
+            for t in _tensor_list(tensors, "grouped_allreduce")
+        ]
+    )
+
+
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    compression: Any = Compression.none,
+    op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
+    *,
+    runtime: Runtime | None = None,
+) -> list[torch.Tensor]:
+    """The reductions of ``tensors`` (a list; each differentiable)."""
+    ts = _tensor_list(tensors, "grouped_allreduce")
+    check_global(process_set, "grouped_allreduce", runtime)
+    _check_factors(prescale_factor, postscale_factor)
+    how = resolve_op(average, op)
+    comp = _horovod_compressor(compression, "grouped_allreduce")
+    for t in ts:
+        check_dense(t, "grouped_allreduce's tensor")
+    sent = [comp.compress(t) for t in ts]
+    outs = _GroupedAllreduce.apply(how, prescale_factor, postscale_factor, runtime, *[s for s, _ in sent])
+    return [comp.decompress(o, c) for o, (_, c) in zip(outs, sent, strict=True)]
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, op: str, pre: float, post: float, runtime: Any, *tensors: torch.Tensor) -> Any:
+        ctx.args = (op, pre, post, runtime)
+        backend = _backend(runtime)
+        handles = [_allreduce_work(backend, t, op, pre, post) for t in tensors]
+        return tuple(h.wait() for h in handles)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        op, pre, post, runtime = ctx.args
+        return (None, None, None, None, *_GroupedAllreduce.apply(op, pre, post, runtime, *grads))
+
+
+def grouped_allreduce_async_(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
+    *,
+    runtime: Runtime | None = None,
+) -> _Many:
+    """In place: ``synchronize`` writes each reduction into its tensor."""
+    return _Many(
+        [
+            allreduce_async_(
+                t, average, name, op, prescale_factor, postscale_factor, process_set, runtime=runtime
+            )
+            for t in _tensor_list(tensors, "grouped_allreduce_")
+        ]
+    )
+
+
+def grouped_allreduce_(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = None,
+    *,
+    runtime: Runtime | None = None,
+) -> tuple[torch.Tensor, ...]:
+    return grouped_allreduce_async_(
+        tensors, average, name, op, prescale_factor, postscale_factor, process_set, runtime=runtime
+    ).wait()
+
+
+def _tensor_list(tensors: Any, what: str) -> list[torch.Tensor]:
+    ts = list(tensors) if isinstance(tensors, list | tuple) else None
+    if ts is None or not all(isinstance(t, torch.Tensor) for t in ts):
+        raise TypeError(f"{what} takes a list of tensors, not {type(tensors).__name__}")
+    return ts
+
+
+def sparse_allreduce_async(
+    tensor: torch.Tensor,
+    name: str | None,
+    op: str | None,
+    process_set: Any = None,
+    *,
+    runtime: Runtime | None = None,
+) -> Callable[[], torch.Tensor]:
+    """Horovod's reduction of a sparse (COO) tensor: every rank's indices and values gathered; the
+    returned function waits and gives the sparse sum (``Average``: values divided by the size)."""
+    check_global(process_set, "sparse_allreduce_async", runtime)
+    how = resolve_op(None, op)
+    if how not in (Average, Sum):
+        raise ValueError(f"sparse_allreduce_async sums or averages, not {how!r}")
+    if not tensor.is_sparse:
+        raise ValueError(
+            "sparse_allreduce_async takes a sparse COO tensor (allreduce_async takes dense ones)"
+        )
+    t = tensor.coalesce()
+    backend = _backend(runtime)
+    indices = Handle(backend.allgather_async(as_array(t.indices().t().contiguous())), lambda r: r)
+    values = Handle(backend.allgather_async(as_array(t.values())), lambda r: r)
+
+    def result() -> torch.Tensor:
+        v = as_tensor(values.wait(), t.dtype).reshape(-1, *t.values().shape[1:])
+        i = torch.from_numpy(np.array(indices.wait())).reshape(-1, t.sparse_dim()).t()
+        if how == Average:
+            v = v / backend.size
+        return torch.sparse_coo_tensor(i, v, t.shape)
+
+    return result
+
+
+# -- allgather ------------------------------------------------------------------------------------
+def _allgather_work(backend: Backend, tensor: torch.Tensor) -> Handle:
+    check_dense(tensor, "allgather's tensor")
+    t = tensor.detach()
+    return Handle(backend.allgather_async(as_array(t)), lambda r: as_tensor(r, t.dtype))
 
 
 def allgather_async(
-    tensor: torch.Tensor, name: str | None = None, *, runtime: Runtime | None = None
+    tensor: torch.Tensor, name: str | None = None, process_set: Any = None, *, runtime: Runtime | None = None
 ) -> Handle:
     """Start concatenating every rank's ``tensor`` along dimension 0, in rank order (the first
     dimension may differ between ranks; a 0-d tensor counts as one row)."""
-    check_dense(tensor, "allgather's tensor")
-    work = _backend(runtime).allgather_async(as_array(tensor))
-    return Handle(work, lambda r: as_tensor(r, tensor.dtype))
+    check_global(process_set, "allgather", runtime)
+    return _allgather_work(_backend(runtime), tensor)
+
+
+class _Allgather(torch.autograd.Function):
+    """Differentiable allgather (Horovod's gradient: the average over the ranks of the output's
+    gradient, this rank's rows of it)."""
+
+    @staticmethod
+    def forward(ctx: Any, runtime: Any, *tensors: torch.Tensor) -> Any:
+        backend = _backend(runtime)
+        ctx.runtime, ctx.rows = runtime, [1 if t.dim() == 0 else t.shape[0] for t in tensors]
+        ctx.scalar = [t.dim() == 0 for t in tensors]
+        handles = [_allgather_work(backend, t) for t in tensors]
+        return tuple(h.wait() for h in handles)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        backend = _backend(ctx.runtime)
+        reduced = [_allreduce_work(backend, g, Average, 1.0, 1.0) for g in grads]
+        counts = _allgather_work(backend, torch.tensor(ctx.rows, dtype=torch.int64)).wait()
+        counts = counts.reshape(backend.size, len(grads))
+        out = []
+        for i, h in enumerate(reduced):
+            g = h.wait()
+            start = int(counts[: backend.rank, i].sum())
+            mine = g.narrow(0, start, ctx.rows[i])
+            out.append(mine.reshape(()) if ctx.scalar[i] else mine)
+        return (None, *out)
 
 
 def allgather(
-    tensor: torch.Tensor, name: str | None = None, *, runtime: Runtime | None = None
+    tensor: torch.Tensor, name: str | None = None, process_set: Any = None, *, runtime: Runtime | None = None
 ) -> torch.Tensor:
-    return allgather_async(tensor, name, runtime=runtime).wait()
+    """Every rank's ``tensor`` concatenated along dimension 0 (differentiable)."""
+    check_global(process_set, "allgather", runtime)
+    check_dense(tensor, "allgather's tensor")
+    return _Allgather.apply(runtime, tensor)[0]
+
+
+def grouped_allgather_async(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    process_set: Any = None,
+    *,
+    runtime: Runtime | None = None,
+) -> _Many:
+    check_global(process_set, "grouped_allgather", runtime)
+    backend = _backend(runtime)
+    return _Many([_allgather_work(backend, t) for t in _tensor_list(tensors, "grouped_allgather")])
+
+
+def grouped_allgather(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    process_set: Any = None,
+    *,
+    runtime: Runtime | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """``allgather`` of each tensor (a tuple, as Horovod's; differentiable)."""
+    check_global(process_set, "grouped_allgather", runtime)
+    ts = _tensor_list(tensors, "grouped_allgather")
+    for t in ts:
+        check_dense(t, "grouped_allgather's tensor")
+    return tuple(_Allgather.apply(runtime, *ts))
+
+
+# -- broadcast ------------------------------------------------------------------------------------
+def _broadcast_work(backend: Backend, tensor: torch.Tensor, root_rank: int) -> Handle:
+    check_dense(tensor, "broadcast's tensor")
+    t = tensor.detach()
+    work = backend.broadcast_async(as_array(t), root_rank)
+    return Handle(work, lambda r: as_tensor(r, t.dtype, t.shape))
 
 
 def broadcast_async(
-    tensor: torch.Tensor, root_rank: int, name: str | None = None, *, runtime: Runtime | None = None
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: Any = None,
+    *,
+    runtime: Runtime | None = None,
 ) -> Handle:
     """Start sending ``root_rank``'s ``tensor`` to every rank (a fresh tensor on each)."""
-    check_dense(tensor, "broadcast's tensor")
-    work = _backend(runtime).broadcast_async(as_array(tensor), root_rank)
-    return Handle(work, lambda r: as_tensor(r, tensor.dtype, tensor.shape))
+    check_global(process_set, "broadcast", runtime)
+    return _broadcast_work(_backend(runtime), tensor, root_rank)
+
+
+class _Broadcast(torch.autograd.Function):
+    """Differentiable broadcast (Horovod's gradient: the average of the output's gradients on the
+    root, zeros elsewhere)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, runtime: Any) -> torch.Tensor:
+        ctx.root, ctx.runtime = root_rank, runtime
+        return _broadcast_work(_backend(runtime), tensor, root_rank).wait()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        backend = _backend(ctx.runtime)
+        g = _allreduce_work(backend, grad, Average, 1.0, 1.0).wait()
+        return (g if backend.rank == ctx.root else torch.zeros_like(g)), None, None
 
 
 def broadcast(
-    tensor: torch.Tensor, root_rank: int, name: str | None = None, *, runtime: Runtime | None = None
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: Any = None,
+    *,
+    runtime: Runtime | None = None,
 ) -> torch.Tensor:
-    return broadcast_async(tensor, root_rank, name, runtime=runtime).wait()
+    """``root_rank``'s ``tensor`` (a fresh tensor; differentiable)."""
+    check_global(process_set, "broadcast", runtime)
+    check_dense(tensor, "broadcast's tensor")
+    return _Broadcast.apply(tensor, root_rank, runtime)
 
 
 def broadcast_async_(
-    tensor: torch.Tensor, root_rank: int, name: str | None = None, *, runtime: Runtime | None = None
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: Any = None,
+    *,
+    runtime: Runtime | None = None,
 ) -> Handle:
     """In place: ``synchronize`` writes ``root_rank``'s value into ``tensor``."""
-    inner = broadcast_async(tensor, root_rank, name, runtime=runtime)
-
-    def finish(r: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return tensor.copy_(r)
-
-    return Handle(inner, finish)
+    return _into(tensor, broadcast_async(tensor, root_rank, name, process_set, runtime=runtime))
 
 
 def broadcast_(
-    tensor: torch.Tensor, root_rank: int, name: str | None = None, *, runtime: Runtime | None = None
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: Any = None,
+    *,
+    runtime: Runtime | None = None,
 ) -> torch.Tensor:
-    return broadcast_async_(tensor, root_rank, name, runtime=runtime).wait()
+    return broadcast_async_(tensor, root_rank, name, process_set, runtime=runtime).wait()
+
+
+# -- join and barrier -----------------------------------------------------------------------------
+def join(device: int = -1, *, runtime: Runtime | None = None) -> int:
+    """Horovod's ``join``: with one rank, that rank (0). With more it is not supported: a rank that
+    joined would have to answer the others' operations with zeros, which needs the operations'
+    negotiation across ranks (Horovod's coordinator) that trainer_core.torch does not have yet."""
+    backend = _backend(runtime)
+    if backend.size == 1:
+        return 0
+    raise NotImplementedError(
+        "hvd.join() is not supported by trainer_core.torch with more than one rank: give every rank "
+        "the same number of batches (e.g. drop the last uneven one), or allreduce a 'still training' flag"
+    )
+
+
+def barrier(process_set: Any = None, *, runtime: Runtime | None = None) -> None:
+    """Wait until every worker reached this point."""
+    check_global(process_set, "barrier", runtime)
+    _backend(runtime).barrier()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -31,7 +32,8 @@ from trainer_core.train import samemodel
 from . import buckets as bucketing
 from .compression import Compression, Residual, check
 from .exchange import Exchange, Pending
-from .ops import Average, Sum, resolve_op
+from .ops import Average, Product, Sum, resolve_op
+from .process_sets import check_global
 from .runtime import Runtime, default
 from .tensors import FLOATS, check_dense
 
@@ -54,6 +56,7 @@ class _Distributed:
         compression: Any,
         bpps: int,
         op: str,
+        predivide: float,
         fusion_threshold: int,
         comm: str | None,
         server_optimizer: Any,
@@ -76,6 +79,14 @@ class _Distributed:
             )
         if op not in (Average, Sum) and (isinstance(compression, Residual) or backend.comm == "ps"):
             raise ValueError(f"op={op!r}: compressed and parameter-server reductions sum or average only")
+        if predivide != 1.0 and server_optimizer is not None:
+            raise ValueError(
+                "gradient_predivide_factor does not apply with server_optimizer (the servers average)"
+            )
+        #: Horovod's: each parameter's name
+        self._parameter_names = {p: n for n, p in named}
+        # as Horovod's, only the parameters that require a gradient are exchanged
+        named = [(n, p) for n, p in named if p.requires_grad]
         self._params = [p for _, p in named]
         self._names = [n for n, _ in named]
         self._backend = backend
@@ -94,19 +105,33 @@ class _Distributed:
             backend, op, compression, str(next(_ids)), self._params, plan, server_optimizer
         )
         self._bpps = bpps
-        self._scale = 1.0 / bpps if average_aggregated_gradients else 1.0
+        self._average_aggregated = average_aggregated_gradients
+        self._predivide = predivide
+        self._scale = (1.0 / bpps if average_aggregated_gradients else 1.0) / predivide
         self._sparse_as_dense = sparse_as_dense
         self._delay = [bpps] * len(self._params)
         self._passes = 0  # backward passes ended since the last synchronize
         self._in_backward = False
         self._pending: list[Pending] = []
         self._synchronized = False
-        self._should_sync = True
+        self._should_synchronize = True
         self._hooks = [
-            p.register_post_accumulate_grad_hook(self._make_hook(i))
-            for i, p in enumerate(self._params)
-            if p.requires_grad
+            p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self._params)
         ]
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        return self._bpps
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Horovod's: change how many backward passes make a step (between steps)."""
+        if not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"backward_passes_per_step must be an int >= 1, not {passes!r}")
+        if self._pending or self._tracker.pending() or self._passes:
+            raise ValueError("set_backward_passes_per_step between steps (after step() or synchronize())")
+        self._bpps = passes
+        self._scale = (1.0 / passes if self._average_aggregated else 1.0) / self._predivide
+        self._delay = [passes] * len(self._params)
 
     def _make_hook(self, i: int) -> Any:
         def hook(p: torch.Tensor) -> None:
@@ -177,6 +202,11 @@ class _Distributed:
         try:
             for p in pending:
                 self._exchange.finish(p)
+            if self._predivide != 1.0:  # Horovod's: 1/f before the sum, f after the mean
+                with torch.no_grad():
+                    for param in self._params:
+                        if param.grad is not None:
+                            param.grad.mul_(self._predivide)
         finally:
             self._tracker.reset()
             self._delay = [self._bpps] * len(self._params)
@@ -186,17 +216,21 @@ class _Distributed:
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """``step()`` inside skips its synchronize (call ``synchronize()`` first, e.g. to clip)."""
-        self._should_sync = False
+        self._should_synchronize = False
         try:
             yield
         finally:
-            self._should_sync = True
+            self._should_synchronize = True
 
     def step(self, closure: Any = None) -> Any:
-        if self._should_sync:
-            if self._synchronized:
-                raise AssertionError(
-                    "optimizer.step() called twice after one synchronize(): use skip_synchronize()"
+        if self._should_synchronize:
+            if self._synchronized:  # Horovod warns, and synchronizes again
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(): the gradients are exchanged a second time (already "
+                    "reduced ones, so they change with op=Sum). Use `with optimizer.skip_synchronize(): "
+                    "optimizer.step()` after synchronize().",
+                    stacklevel=2,
                 )
             self.synchronize()
         self._synchronized = False
@@ -219,7 +253,11 @@ def _named(
     """The optimizer's parameters in its order, with the names given (Horovod's checks)."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if named_parameters is None:
-        return [(f"param.{i}", p) for i, p in enumerate(params)]
+        return [
+            (f"allreduce.noname.{i}.{j}", p)
+            for i, g in enumerate(optimizer.param_groups)
+            for j, p in enumerate(g["params"])
+        ]
     named = list(named_parameters)
     if any(not isinstance(t, tuple) or len(t) != 2 for t in named):
         raise ValueError("named_parameters must be (name, parameter) pairs, e.g. model.named_parameters()")
@@ -243,18 +281,26 @@ def DistributedOptimizer(  # Horovod's name
     compression: Any = Compression.none,
     backward_passes_per_step: int = 1,
     op: str | None = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: Any = None,
     *,
     fusion_threshold: int = FUSION_THRESHOLD,
     comm: str | None = None,
     server_optimizer: Any = None,
-    sparse_as_dense: bool = False,
     average_aggregated_gradients: bool = False,
     runtime: Runtime | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that its ``step`` applies the gradients reduced over every worker
     (see the module's text). ``comm``: ``"allreduce"`` or ``"ps"``, as ``init`` chose (a check);
     ``server_optimizer`` (``comm="ps"``): a ``trainer_core.optim.server.SGD``/``Adam`` or a spec the
-    servers apply; ``fusion_threshold``: bytes per bucket."""
+    servers apply; ``fusion_threshold``: bytes per bucket. ``gradient_predivide_factor`` (with
+    ``op=Average``) divides the gradients by it before the sum and multiplies the mean by it, as
+    Horovod's; ``groups``/``num_groups`` are checked as Horovod checks them and kept (``groups``),
+    but the gradients are fused by ``fusion_threshold``'s buckets (the results are the same);
+    ``process_set``: the global set only."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(
             f"DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}"
@@ -268,6 +314,24 @@ def DistributedOptimizer(  # Horovod's name
     if not isinstance(fusion_threshold, int) or fusion_threshold < 0:
         raise ValueError(f"fusion_threshold must be a number of bytes >= 0, not {fusion_threshold!r}")
     how = resolve_op(None, op)
+    if how == Product:
+        raise ValueError("DistributedOptimizer reduces with op=Average, Sum, Min or Max, not Product")
+    check_global(process_set, "DistributedOptimizer", runtime)
+    if isinstance(gradient_predivide_factor, bool) or not isinstance(gradient_predivide_factor, int | float):
+        raise ValueError(f"gradient_predivide_factor must be a number, not {gradient_predivide_factor!r}")
+    if gradient_predivide_factor != 1.0 and how != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if gradient_predivide_factor <= 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, not {gradient_predivide_factor}")
+    if num_groups != 0:
+        warnings.warn(
+            "Parameter `num_groups` has been replaced by `groups` (as in Horovod)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if groups is None:
+            groups = num_groups
+    _check_groups(groups)
     comp = check(compression)
     named = _named(optimizer, named_parameters)
     cls = type(optimizer.__class__.__name__, (_Distributed, optimizer.__class__), {})
@@ -278,6 +342,7 @@ def DistributedOptimizer(  # Horovod's name
         comp,
         backward_passes_per_step,
         how,
+        float(gradient_predivide_factor),
         fusion_threshold,
         comm,
         server_optimizer,
@@ -285,4 +350,27 @@ def DistributedOptimizer(  # Horovod's name
         average_aggregated_gradients,
         runtime,
     )
+    dist.op = how
+    dist.gradient_predivide_factor = gradient_predivide_factor
+    dist.sparse_as_dense = sparse_as_dense
+    dist.process_set = process_set
+    dist._groups = groups
     return dist
+
+
+def _check_groups(groups: Any) -> None:
+    """Horovod's checks of ``groups``: a number > 0 or lists of distinct tensors."""
+    if groups is None:
+        return
+    if isinstance(groups, list):
+        seen: set[int] = set()
+        for group in groups:
+            for p in group:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must consist of torch.Tensor.")
+                if id(p) in seen:
+                    raise ValueError("A parameter can only appear once in groups.")
+                seen.add(id(p))
+        return
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+        raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")

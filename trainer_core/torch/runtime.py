@@ -5,7 +5,7 @@
   as ``import trainer_core`` and ``kv.create`` do (a job's every process runs the same script);
 * ``DMLC_ROLE=worker``: without servers (``-s 0``) the workers' collective group
   (``comm="allreduce"``: ``trainer_core.collective.group()``), with servers the KV store
-  (``comm="ps"``: ``kv.create("dist_sync")``). ``init(comm=...)`` asks for one; a path the job
+  (``comm="ps"``: ``kv.create("dist_sync")``). ``init(path=...)`` asks for one; a path the job
   cannot give is a clear error.
 
 ``init(stall_check_s=..., stall_shutdown_s=...)`` sets how a wait for a live but late rank (or
@@ -39,7 +39,7 @@ def choose(environ: Mapping[str, str], comm: str | None) -> str:
     """``"solo"``, ``"allreduce"`` or ``"ps"`` for a worker's environment; ConfigError when the
     job cannot give ``comm``."""
     if comm is not None and comm not in COMMS:
-        raise ConfigError(f"comm must be 'allreduce' or 'ps', not {comm!r}")
+        raise ConfigError(f"init's path must be 'allreduce' or 'ps', not {comm!r}")
     if environ.get("DMLC_ROLE") is None:
         return "solo"
     raw = environ.get("DMLC_NUM_SERVER", "0")
@@ -51,11 +51,11 @@ def choose(environ: Mapping[str, str], comm: str | None) -> str:
         return "ps" if servers > 0 else "allreduce"
     if comm == "ps" and servers == 0:
         raise ConfigError(
-            "comm='ps' needs parameter servers: launch with -s 1 or more (or use comm='allreduce')"
+            "path='ps' needs parameter servers: launch with -s 1 or more (or use path='allreduce')"
         )
     if comm == "allreduce" and servers > 0:
         raise ConfigError(
-            f"comm='allreduce' is for jobs without servers: launch with -s 0 (this job has {servers}), or use comm='ps'"
+            f"path='allreduce' is for jobs without servers: launch with -s 0 (this job has {servers}), or use path='ps'"
         )
     return comm
 
@@ -96,7 +96,7 @@ class Runtime:
             if self._backend is not None:
                 if comm is not None and comm != self._backend.comm:
                     raise ConfigError(
-                        f"trainer_core.torch is already initialized with comm={self._backend.comm!r}"
+                        f"trainer_core.torch is already initialized with path={self._backend.comm!r}"
                     )
                 return self._backend
             path = choose(env, comm)

@@ -1,0 +1,96 @@
+"""Horovod's questions about the job and about the build, answered for trainer_core.
+
+The job: ``cross_rank``/``cross_size`` (Horovod's: this rank among the workers with the same
+``local_rank``, one per host when every host runs as many) and ``is_homogeneous`` (every host runs
+as many workers), from the hosts of the workers that the backend knows.
+
+The build: trainer_core has no MPI, Gloo, DDL or oneCCL of its own (``mpi_built``,
+``gloo_built``, ``ddl_built``, ``ccl_built`` are False even under ``--launcher mpi``: mpirun only
+starts the processes); ``cuda_built`` says whether cupy is usable here (trainer_core's device
+path), ``rocm_built`` whether that cupy is ROCm's, ``nccl_built`` whether cupy's NCCL loads.
+``start_timeline``/``stop_timeline`` are refused with a clear error (no timeline is written).
+"""
+
+from __future__ import annotations
+
+from trainer_core.collective.nccl import load as load_nccl
+from trainer_core.xp import cupy_module
+
+from .backend import Backend
+
+
+def hosts_of(backend: Backend) -> tuple[str, ...]:
+    """The host of every rank, in rank order."""
+    return tuple(backend.hosts) if backend.hosts else tuple(f"rank-{r}" for r in range(backend.size))
+
+
+def cross_of(hosts: tuple[str, ...], rank: int) -> tuple[int, int]:
+    """``(cross_rank, cross_size)`` of ``rank``: among the ranks with its local rank."""
+    local = [sum(1 for h in hosts[:r] if h == hosts[r]) for r in range(len(hosts))]
+    peers = [r for r in range(len(hosts)) if local[r] == local[rank]]
+    return peers.index(rank), len(peers)
+
+
+def homogeneous(hosts: tuple[str, ...]) -> bool:
+    return len({hosts.count(h) for h in set(hosts)}) <= 1
+
+
+def mpi_built() -> bool:
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def _hip() -> bool:
+    cupy = cupy_module()
+    return bool(getattr(getattr(getattr(cupy, "cuda", None), "runtime", None), "is_hip", False))
+
+
+def cuda_built() -> bool:
+    """Whether trainer_core's CUDA path (cupy) is usable here."""
+    return cupy_module() is not None and not _hip()
+
+
+def rocm_built() -> bool:
+    return cupy_module() is not None and _hip()
+
+
+def nccl_built() -> bool:
+    """Whether cupy's NCCL loads here (trainer_core's NCCL path)."""
+    return load_nccl() is not None
+
+
+TIMELINE = (
+    "the Horovod timeline is not supported by trainer_core.torch (no trace is written); "
+    "launchkit's dashboard and metrics show the job's progress"
+)
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    raise NotImplementedError(f"start_timeline({file_path!r}): {TIMELINE}")
+
+
+def stop_timeline() -> None:
+    raise NotImplementedError(f"stop_timeline(): {TIMELINE}")
