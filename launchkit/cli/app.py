@@ -7,6 +7,7 @@ option and argument of every command is finite and from 0 to ``MAX_NUMBER`` (doc
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,12 +51,21 @@ def check_number(value: Any, low: float = 0, high: float = MAX_NUMBER) -> None:
 
 def path_option(flag: str, value: str | None) -> Path | None:
     """A file option taken as text: an empty one (``-H "$HOSTS"`` with the variable unset) is
-    refused, naming the flag, where ``Path("")`` would have read as ``.``, the current directory."""
+    refused, naming the flag, where ``Path("")`` would have read as ``.``, the current directory;
+    a leading ``~`` is the home, as ``local_path`` says."""
     if value is None:
         return None
     if not value.strip():
         raise UsageError(f"{flag} is empty (expected a file name)")
-    return Path(value)
+    return Path(local_path(value))
+
+
+def local_path(value: str) -> str:
+    """A path on this machine as the user meant it: a leading ``~`` or ``~user`` is that home, as
+    the shell would have made it had the word not been quoted (``-H '~/hosts'``, ``--log-dir
+    "~/logs"``), and as ``-i`` and ``--known-hosts`` always took it; not a directory named ``~``
+    in the current one. A ``~user`` of no such user stays as it is."""
+    return os.path.expanduser(value) if value.startswith("~") else value
 
 
 def _plain(bound: float) -> str:
