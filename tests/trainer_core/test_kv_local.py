@@ -99,3 +99,23 @@ def test_local_store_server_state_round_trip_and_refusals() -> None:
     assert again[7]["value"].tolist() == [9] * 4
     store.push("w", np.ones((2, 3), np.float32))
     assert store.server_state()["w"]["opt/t"] == 2  # Adam goes on from the restored step count
+
+
+@pytest.mark.parametrize(
+    ("out", "said"),
+    [
+        ([0.0, 0.0, 0.0], "got float 0.0"),
+        (3, "got int 3"),
+        ("w", "got str 'w'"),
+        (np.broadcast_to(np.zeros(1, np.float32), (3,)), "read-only"),
+    ],
+    ids=["floats", "int", "str", "read-only"],
+)
+def test_a_pull_into_what_is_not_a_writable_array_names_the_key(out: Any, said: str) -> None:
+    """Before: AttributeError 'float' object has no attribute 'size', or numpy's "assignment
+    destination is read-only", neither naming the key."""
+    store = kv.create("local")
+    store.init("w", np.zeros(3, np.float32))
+    with pytest.raises(KVError, match="key 'w': out=") as info:
+        store.pull("w", out=out)
+    assert said in str(info.value)

@@ -55,6 +55,7 @@ def write_out(key: Key, value: Any, outs: list[Any]) -> None:
     """Copy key ``key``'s flat result (host, or on the device of every output) into every output
     array (numpy or cupy). A host value goes up to a cupy output of its dtype once, straight into it."""
     for out in outs:
+        check_out(key, out)
         if out.size != value.size:
             raise KVError(
                 f"key {key!r}: the output has {out.size} elements (shape {tuple(out.shape)}), "
@@ -65,6 +66,19 @@ def write_out(key: Key, value: Any, outs: list[Any]) -> None:
             arrays.host_to_device(value, out)
         else:
             out[...] = arrays.like(value.reshape(out.shape), out)
+
+
+def check_out(key: Key, out: Any) -> None:
+    """An output of a pull is a writable array (numpy or cupy): a list of floats, a scalar or a
+    read-only view was an AttributeError on ``size`` or numpy's "assignment destination is
+    read-only", naming no key."""
+    if not all(hasattr(out, name) for name in ("size", "shape", "dtype", "flags")):
+        raise KVError(
+            f"key {key!r}: out= takes an array (numpy or cupy) of the key's size, or a list of "
+            f"such arrays; got {type(out).__name__} {out!r:.60}"
+        )
+    if not getattr(out.flags, "writeable", True):  # cupy's flags have no writeable
+        raise KVError(f"key {key!r}: out= is a read-only array: pull into one it can write")
 
 
 class KVStore:

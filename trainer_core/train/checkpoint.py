@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -196,6 +197,8 @@ def write(path: str | os.PathLike[str], arrays: dict[str, np.ndarray], manifest:
 
 def load(path: str | os.PathLike[str]) -> Checkpoint:
     """Read a checkpoint written by ``save`` (``allow_pickle=False``)."""
+    if Path(path).is_file() and not zipfile.is_zipfile(path):  # numpy would call it pickled data
+        raise ValueError(f"{path}: not a trainer_core checkpoint (not an .npz archive, as save writes)")
     with np.load(Path(path), allow_pickle=False) as z:
         data = {k: z[k] for k in z.files}
     if MANIFEST not in data:
