@@ -115,15 +115,35 @@ def refuse_empty(command: Any) -> None:
 
         leave = "; leave the option out for its default" if param.param_type_name == "option" else ""
 
-        def checked(ctx: Any, value: Any, process: Any = process, leave: str = leave) -> Any:
+        def checked(
+            ctx: Any, value: Any, process: Any = process, leave: str = leave, param: Any = param
+        ) -> Any:
             if value == "" or (isinstance(value, list | tuple) and "" in value):
                 raise typer.BadParameter(f"'' is empty: expected a value{leave}")
-            return process(ctx, value)
+            try:
+                return process(ctx, value)
+            except typer.BadParameter as exc:
+                raise _naming(exc, value, param) from exc.__cause__
 
         checked.refuses_empty = True  # type: ignore[attr-defined]
         param.process_value = checked
     for sub in getattr(command, "commands", {}).values():
         refuse_empty(sub)
+
+
+_KINDS = {int: "a whole number", float: "a number"}
+
+
+def _naming(exc: typer.BadParameter, value: Any, param: Any) -> typer.BadParameter:
+    """A value that does not convert to its parameter's type, said with the value as typed and
+    what was expected, as the other refusals (``'2.5': expected a whole number``), not only in
+    the words of the converter ("Input should be a valid integer, unable to parse string as an
+    integer", naming no value)."""
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    if not isinstance(value, str) or not str(exc.message).startswith("Input should be"):
+        return exc
+    expected = _KINDS.get(annotation, str(exc.message).removeprefix("Input should be ").split(",")[0])
+    return typer.BadParameter(f"{value!r}: expected {expected}", ctx=exc.ctx, param=exc.param)
 
 
 app = typer.Typer(
