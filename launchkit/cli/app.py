@@ -131,7 +131,7 @@ def refuse_empty(command: Any) -> None:
         refuse_empty(sub)
 
 
-_KINDS = {int: "a whole number", float: "a number"}
+_KINDS: dict[Any, str] = {int: "a whole number", float: "a number"}
 
 
 def _naming(exc: typer.BadParameter, value: Any, param: Any) -> typer.BadParameter:
