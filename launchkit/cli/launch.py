@@ -30,6 +30,7 @@ from launchkit.core.spec import JobResult, LaunchSpec
 from launchkit.core.syncdest import check_sync_dst, known_homes
 from launchkit.dashboard import Dashboard
 from launchkit.fdlimit import raise_open_files
+from launchkit.hints import hint
 from launchkit.jobs import records
 
 
@@ -133,6 +134,9 @@ def report(ui: Ui, result: JobResult) -> None:
             if r.tail:
                 ui.err.print(f"  last lines of {r.task.role} {r.task.rank}:", style="dim")
                 ui.lines(r.tail if r is root else r.tail[-5:])
+        said = hint(t.role, root.tail)
+        if said is not None:
+            ui.info(f"hint: {said}")
         others = [r for r in result.results if r.killed_by_launcher]
         if others:
             ui.info(f"ended the other {len(others)} process(es) of the job")
