@@ -235,7 +235,7 @@ def test_the_collective_stack_is_acyclic() -> None:
     assert [p for p, deps in COLLECTIVE_DEPS.items() if "sockets" in deps] == ["job"]
     assert COLLECTIVE_DEPS["algorithms"] == {"primitives"}
     primitives = {name.rpartition(".")[2] for name in MODULES if coll_part(name) == "primitives"}
-    assert primitives == {"primitives", "links", "reduce", "hostsegment", "futex"}
+    assert primitives == {"primitives", "links", "reduce", "operands", "hostsegment", "futex"}
 
 
 def test_collective_layers() -> None:

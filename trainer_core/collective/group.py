@@ -40,6 +40,7 @@ from .nccl import NcclPath
 from .policy import Thresholds
 from .primitives.hostsegment import Local
 from .primitives.links import Ctx, Links, Scratch, SubLinks
+from .primitives.operands import dtype_of, root_rank
 from .primitives.reduce import FLOAT_DTYPES, ReduceSpec, spec_for
 
 
@@ -102,7 +103,7 @@ class Group:
         for bfloat16 bits in a uint16 array). ``out=array`` (a C-contiguous numpy array) lends it:
         it is read and written in place when the operation runs, without a private copy, and is the
         operation's until ``wait()``."""
-        spec = spec_for(array.dtype, op, kind)
+        spec = spec_for(dtype_of(array), op, kind)
         if self.nccl is not None and self.nccl.takes(array, spec):
             _check_out(array, out)
             return self._submit("allreduce", self.nccl.allreduce(array, spec, out))
@@ -121,7 +122,7 @@ class Group:
     def allreduce(self, array: Any, op: str = "sum", out: Any = None, kind: str | None = None) -> Any:
         if self.nccl is not None or not (_plain(array) and (out is None or _plain(out))):
             return self.allreduce_async(array, op, out, kind).wait()
-        spec = spec_for(array.dtype, op, kind)
+        spec = spec_for(dtype_of(array), op, kind)
         _check_out(array, out)
 
         def run(seq: int) -> Any:
@@ -188,7 +189,7 @@ class Group:
     ) -> Work:
         """Reduce many arrays at once, fused into buckets of one dtype of at most
         ``thresholds.fusion_bytes``; the result is the list of reduced arrays."""
-        specs = [spec_for(a.dtype, op, kind) for a in arrays]
+        specs = [spec_for(dtype_of(a), op, kind) for a in arrays]
         sizes = [(s.kind, int(a.nbytes)) for s, a in zip(specs, arrays, strict=True)]
         buckets = fusion.plan(sizes, self.thresholds.fusion_bytes)
         nccl = self.nccl
@@ -217,7 +218,7 @@ class Group:
         """Reduce ``array`` compressed with ``state``'s compressor, with error feedback kept in
         ``state`` under ``key`` (one key per tensor; see ``compressed.twostage``, and ``lowrank`` for
         ``powersgd``)."""
-        if np.dtype(array.dtype) not in FLOAT_DTYPES:
+        if np.dtype(dtype_of(array)) not in FLOAT_DTYPES:
             raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {np.dtype(array.dtype)}")
         if op not in twostage.OPS:
             raise ValueError(f"compressed allreduce sums or averages, not {op!r}")
@@ -229,11 +230,11 @@ class Group:
     ) -> Callable[[Ctx], Any]:
         """The compressed allreduce of ``host`` (``array`` on the host, read and never written) as
         a function of the operation's ``Ctx``."""
-        if np.dtype(array.dtype) not in FLOAT_DTYPES:
+        if np.dtype(dtype_of(array)) not in FLOAT_DTYPES:
             raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {np.dtype(array.dtype)}")
         if op not in twostage.OPS:
             raise ValueError(f"compressed allreduce sums or averages, not {op!r}")
-        spec = spec_for(array.dtype, op)
+        spec = spec_for(dtype_of(array), op)
         topo = self.topology
         hier = compressed_hierarchical.takes(topo)
         st = state.key(key, topo.nhosts if hier and topo is not None else self.size)
@@ -263,8 +264,7 @@ class Group:
     # -- the others -----------------------------------------------------------------------------
     def broadcast_async(self, array: Any, root: int = 0) -> Work:
         """Start sending ``root``'s ``array`` to every rank; the result is a fresh array."""
-        if not 0 <= root < self.size:
-            raise ValueError(f"broadcast root must be a rank of the group (0..{self.size - 1}), not {root}")
+        root = root_rank("broadcast root", root, self.size)
         if self.nccl is not None and self.nccl.takes(array):
             return self._submit("broadcast", self.nccl.broadcast(array, root))
         host = np.array(to_host(array), copy=True, order="C")
@@ -302,7 +302,7 @@ class Group:
     def reduce_scatter_async(self, array: Any, op: str = "sum", kind: str | None = None) -> Work:
         """Start reducing ``array`` and keep this rank's block of the first axis (the rows split as
         ``numpy.array_split`` does: the first ``rows % size`` ranks get one more)."""
-        spec = spec_for(array.dtype, op, kind)
+        spec = spec_for(dtype_of(array), op, kind)
         if array.ndim == 0:
             raise ValueError("reduce_scatter needs an array with at least one axis")
         if self.nccl is not None and self.nccl.takes(array, spec):
