@@ -273,3 +273,10 @@ def test_a_file_that_is_no_archive_is_not_called_pickled_data(tmp_path: Path) ->
     ) as info:
         checkpoint.load(junk)
     assert "pickle" not in str(info.value)
+
+
+def test_params_that_are_not_a_dict_are_named(tmp_path: Path) -> None:
+    """``save(params=[...])`` was an AttributeError on 'items'; nothing is written."""
+    with pytest.raises(TypeError, match="params: expected a dict of the arrays by parameter name, got list"):
+        checkpoint.save(tmp_path / "ck.npz", params=[np.zeros(2)])
+    assert list(tmp_path.iterdir()) == []

@@ -137,6 +137,10 @@ def arrays_and_manifest(
     server_state: dict[Any, dict[str, Any]] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The arrays and the manifest of a checkpoint (pure: no file is touched)."""
+    if not isinstance(params, dict):  # a list was an AttributeError on 'items'
+        raise TypeError(
+            f"params: expected a dict of the arrays by parameter name, got {type(params).__name__}"
+        )
     arrays: dict[str, np.ndarray] = {f"param/{k}": to_host(v) for k, v in params.items()}
     manifest: dict[str, Any] = {
         "format": FORMAT,
