@@ -48,7 +48,16 @@ def check_key(key: Any) -> Key:
 def as_list(key: Key, value: Any) -> list[Any]:
     if value is None:
         raise KVError(f"key {key!r}: its value is missing (None)")
-    return list(value) if isinstance(value, list | tuple) else [value]
+    if not isinstance(value, list | tuple):
+        return [value]
+    odd = next((v for v in value if not hasattr(v, "shape")), None)
+    if odd is not None or not value:  # init("w", [1, 2, 3]) held 1 element, the first
+        raise KVError(
+            f"key {key!r}: a list is one array per device (numpy or cupy), got "
+            + (f"a list holding {type(odd).__name__} {odd!r:.40}" if value else "an empty list")
+            + "; numpy.asarray(...) makes one array of a list of numbers"
+        )
+    return list(value)
 
 
 def write_out(key: Key, value: Any, outs: list[Any]) -> None:
