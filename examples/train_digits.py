@@ -125,7 +125,10 @@ def parse_args() -> argparse.Namespace:
         choices=["ps", "allreduce"],
         help="sum through the parameter servers, or allreduce among the workers (-s 0)",
     )
-    return p.parse_args()
+    args = p.parse_args()
+    if args.resume and not args.checkpoint:  # it trained from scratch, saying nothing
+        p.error("--resume continues from --checkpoint PATH: give it too")
+    return args
 
 
 def local_steps_per_sync(args: argparse.Namespace, workers: int) -> int:

@@ -94,6 +94,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
     p.add_argument("--server-optimizer", action="store_true", help="the servers apply SGD (-s 1 or more)")
     args = p.parse_args()
+    if args.resume and not args.checkpoint:  # it trained from scratch, saying nothing
+        p.error("--resume continues from --checkpoint PATH: give it too")
     if args.checkpoint:
         where = Path(args.checkpoint).resolve().parent
         try:  # before training: an epoch's work is not lost on a place no checkpoint can be written to

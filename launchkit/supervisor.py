@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 import queue
 import signal
 import subprocess
@@ -181,7 +182,10 @@ class Supervisor:
                 run.handle = self.backend.start(task)
             except OSError as exc:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
-                run.tail.append(f"cannot start {task.argv[0]!r}: {exc.strerror or exc}")
+                # where a program without a '/' was looked for, as the engines' shim says it
+                path = task.env.get("PATH", os.environ.get("PATH", ""))
+                where = f" (PATH={path})" if code == 127 and "/" not in task.argv[0] else ""
+                run.tail.append(f"cannot start {task.argv[0]!r}: {exc.strerror or exc}{where}")
                 failed = (index, code)
                 break  # no point starting the rest
         self.backend.send_starts()

@@ -93,13 +93,20 @@ class NodeConfig:
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None, role: str | None = None) -> NodeConfig:
         """Read and validate the environment; ``role`` overrides ``DMLC_ROLE`` (``python -m`` entry points)."""
-        e = dict(os.environ if environ is None else environ)
+        given = os.environ if environ is None else environ
+        e = dict(given)
         if role is not None:
             e["DMLC_ROLE"] = role
         try:
             env = NodeEnv.from_environ(e)
         except (KeyError, ValueError) as exc:
-            raise ConfigError(str(exc).strip("'\"")) from None
+            said = str(exc).strip("'\"")
+            if not any(name.startswith("DMLC_") for name in given):  # `python train.py`, no launcher
+                said += (
+                    " (no DMLC_* variable is set: this process was not started by `launchkit launch`, "
+                    "which sets them; e.g. `launchkit launch -n 2 python SCRIPT`)"
+                )
+            raise ConfigError(said) from None
         if env.secret is None:
             raise ConfigError(
                 "environment variable LAUNCHKIT_JOB_SECRET is not set: every connection of the KV store "

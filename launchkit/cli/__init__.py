@@ -8,10 +8,14 @@ import os
 import sys
 from typing import NoReturn
 
-from launchkit.cli import hosts, kill, launch, logs, ps, top
-from launchkit.cli.app import app
-from launchkit.console import Ui, refusal
 from launchkit.errors import EXIT_INTERNAL, EXIT_IO, EXIT_SIGINT, LaunchkitError
+
+try:  # the commands' modules take the first half second of every run
+    from launchkit.cli import hosts, kill, launch, logs, ps, top
+    from launchkit.cli.app import app
+    from launchkit.console import Ui, refusal
+except KeyboardInterrupt:  # Ctrl-C then: nothing has started; exit 130 as later, not a traceback
+    raise SystemExit(EXIT_SIGINT) from None
 
 # errors of writing (our output, a record) that are the machine's, not launchkit's bugs
 _WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EPIPE, errno.EROFS}

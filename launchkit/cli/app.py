@@ -7,6 +7,7 @@ option and argument of every command is finite and from 0 to ``MAX_NUMBER`` (doc
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,12 +51,21 @@ def check_number(value: Any, low: float = 0, high: float = MAX_NUMBER) -> None:
 
 def path_option(flag: str, value: str | None) -> Path | None:
     """A file option taken as text: an empty one (``-H "$HOSTS"`` with the variable unset) is
-    refused, naming the flag, where ``Path("")`` would have read as ``.``, the current directory."""
+    refused, naming the flag, where ``Path("")`` would have read as ``.``, the current directory;
+    a leading ``~`` is the home, as ``local_path`` says."""
     if value is None:
         return None
     if not value.strip():
         raise UsageError(f"{flag} is empty (expected a file name)")
-    return Path(value)
+    return Path(local_path(value))
+
+
+def local_path(value: str) -> str:
+    """A path on this machine as the user meant it: a leading ``~`` or ``~user`` is that home, as
+    the shell would have made it had the word not been quoted (``-H '~/hosts'``, ``--log-dir
+    "~/logs"``), and as ``-i`` and ``--known-hosts`` always took it; not a directory named ``~``
+    in the current one. A ``~user`` of no such user stays as it is."""
+    return os.path.expanduser(value) if value.startswith("~") else value
 
 
 def _plain(bound: float) -> str:
@@ -105,15 +115,35 @@ def refuse_empty(command: Any) -> None:
 
         leave = "; leave the option out for its default" if param.param_type_name == "option" else ""
 
-        def checked(ctx: Any, value: Any, process: Any = process, leave: str = leave) -> Any:
+        def checked(
+            ctx: Any, value: Any, process: Any = process, leave: str = leave, param: Any = param
+        ) -> Any:
             if value == "" or (isinstance(value, list | tuple) and "" in value):
                 raise typer.BadParameter(f"'' is empty: expected a value{leave}")
-            return process(ctx, value)
+            try:
+                return process(ctx, value)
+            except typer.BadParameter as exc:
+                raise _naming(exc, value, param) from exc.__cause__
 
         checked.refuses_empty = True  # type: ignore[attr-defined]
         param.process_value = checked
     for sub in getattr(command, "commands", {}).values():
         refuse_empty(sub)
+
+
+_KINDS: dict[Any, str] = {int: "a whole number", float: "a number"}
+
+
+def _naming(exc: typer.BadParameter, value: Any, param: Any) -> typer.BadParameter:
+    """A value that does not convert to its parameter's type, said with the value as typed and
+    what was expected, as the other refusals (``'2.5': expected a whole number``), not only in
+    the words of the converter ("Input should be a valid integer, unable to parse string as an
+    integer", naming no value)."""
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    if not isinstance(value, str) or not str(exc.message).startswith("Input should be"):
+        return exc
+    expected = _KINDS.get(annotation, str(exc.message).removeprefix("Input should be ").split(",")[0])
+    return typer.BadParameter(f"{value!r}: expected {expected}", ctx=exc.ctx, param=exc.param)
 
 
 app = typer.Typer(

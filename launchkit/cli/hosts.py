@@ -75,7 +75,8 @@ def list_hosts(
     ui = get_app(ctx).ui
     hostfile = path_option("-H/--hostfile", hostfile_arg)
     if (hostfile is None) == (engine is None):
-        raise UsageError(f"give a hostfile (-H FILE) or an engine (--from {'|'.join(listing())}), not both")
+        both = "" if hostfile is None else ", not both"  # said only when both were given
+        raise UsageError(f"give a hostfile (-H FILE) or an engine (--from {'|'.join(listing())}){both}")
     if engine is not None:
         source, hosts = given_hosts(engine)
     else:

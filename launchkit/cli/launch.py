@@ -20,7 +20,7 @@ from typing import Any
 import typer
 
 from launchkit import backends, launching
-from launchkit.cli.app import get_app
+from launchkit.cli.app import get_app, local_path
 from launchkit.cli.backendflags import check_detach, refuse_unused
 from launchkit.cli.launchoptions import ENGINE_FLAGS, RUN_FLAGS, LaunchCommand, given, signature
 from launchkit.cli.launchspec import build_spec
@@ -30,6 +30,7 @@ from launchkit.core.spec import JobResult, LaunchSpec
 from launchkit.core.syncdest import check_sync_dst, known_homes
 from launchkit.dashboard import Dashboard
 from launchkit.fdlimit import raise_open_files
+from launchkit.hints import hint
 from launchkit.jobs import records
 
 
@@ -40,6 +41,9 @@ def launch(ctx: typer.Context, **flags: Any) -> None:
     run = {name: flags.pop(name) for name in RUN_FLAGS}
     force_sync = flags.pop("sync_dst_dir_force")
     engine = ctx.meta[ENGINE_FLAGS]
+    for name in ("hostfile", "log_dir"):  # paths here: '~' is the home, quoted or not
+        if flags[name]:
+            flags[name] = type(flags[name])(local_path(str(flags[name])))
     spec = build_spec(**{**flags, "command": flags["command"] or []}, engine=engine, ui=ui)
     # a flag that sets what this backend does not take (its Capabilities): exit 2, not dropped
     refuse_unused(spec.backend, given(ctx))
@@ -135,6 +139,9 @@ def report(ui: Ui, result: JobResult) -> None:
             if r.tail:
                 ui.err.print(f"  last lines of {r.task.role} {r.task.rank}:", style="dim")
                 ui.lines(r.tail if r is root else r.tail[-5:])
+        said = hint(t.role, root.tail)
+        if said is not None:
+            ui.info(f"hint: {said}")
         others = [r for r in result.results if r.killed_by_launcher]
         if others:
             ui.info(f"ended the other {len(others)} process(es) of the job")

@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from launchkit import backends
-from launchkit.cli.app import bound_numbers
+from launchkit.cli.app import bound_numbers, refuse_empty
 from launchkit.cli.backendflags import groups
 from launchkit.cli.torchrunflags import TorchrunRefusals
 
@@ -175,6 +175,7 @@ class LaunchCommand(TorchrunRefusals):
             for param in self.params:
                 param.help = named.get(param.name or "", param.help)  # type: ignore[attr-defined]
             bound_numbers(self)  # as the root did for the others
+            refuse_empty(self)
         return list(super().get_params(ctx))
 
     def invoke(self, ctx: Any) -> Any:

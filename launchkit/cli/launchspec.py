@@ -58,6 +58,11 @@ def build_spec(
     if not command:
         raise UsageError("no command given: expected `launchkit launch -n N [options] COMMAND [ARGS...]`")
     check_command(command)
+    if job_name is not None and not job_name.isprintable():
+        raise UsageError(
+            f"--job-name {job_name!r} holds a control character (a newline, a tab, an escape "
+            "sequence): expected a name that prints as it is (ps, the dashboard and every message show it)"
+        )
     backend = launcher or ("ssh" if hostfile else "local")
     if backend not in backends.names():
         raise UsageError(f"--launcher {backend!r}: expected one of {', '.join(backends.names())}")

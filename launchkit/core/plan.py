@@ -43,10 +43,12 @@ def default_job_name(command: tuple[str, ...] | list[str]) -> str:
     words = list(command)
     if len(words) == 1:
         words = words[0].split()
-    for w in words:
-        if w.endswith(".py"):
-            return PurePath(w).stem
-    return PurePath(words[0]).name if words else "job"
+    name = next((PurePath(w).stem for w in words if w.endswith(".py")), None)
+    if name is None:
+        name = PurePath(words[0]).name if words else "job"
+    # shown by ps, the dashboard and every message: a control character in a script's name
+    # (a newline, an escape sequence) is written escaped, never sent to the terminal
+    return name if name.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
 
 
 def new_job_id() -> str:

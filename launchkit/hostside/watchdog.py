@@ -142,12 +142,14 @@ class Watchdog:
             )
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
+            program = str(msg["argv"][0]) if msg.get("argv") else ""
+            where = f" (PATH={env.get('PATH', '')})" if code == 127 and "/" not in program else ""
             self.send(
                 {
                     "ev": "error",
                     "id": ident,
                     "code": code,
-                    "msg": f"{exc.strerror or exc}: {exc.filename or ''}",
+                    "msg": f"{exc.strerror or exc}: {exc.filename or ''}{where}",
                 }
             )
             return None

@@ -361,3 +361,28 @@ def test_output_that_cannot_be_written_is_a_clean_error() -> None:
             ["sh", "-c", 'exec "$@" >&-', "sh", *LAUNCHKIT, *args], capture_output=True, text=True
         )
         assert res.returncode == 0 and res.stderr == "", res.stderr
+
+
+def test_ctrl_c_while_the_commands_load_exits_130_without_a_traceback() -> None:
+    """A Ctrl-C in the first half second (the commands' modules loading, nothing started) printed
+    Python's KeyboardInterrupt traceback from an import. The interrupt is made to come at the
+    import of one command's module, so the test does not depend on timing."""
+    interrupting = (
+        "import sys, runpy\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'launchkit.cli.top':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "sys.argv = ['launchkit', 'ps']\n"
+        "runpy.run_module('launchkit', run_name='__main__')\n"
+    )
+    res = subprocess.run(
+        [LAUNCHKIT[0], "-c", interrupting],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert res.returncode == 130, res.stderr
+    assert res.stderr == "" and res.stdout == ""

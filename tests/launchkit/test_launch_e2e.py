@@ -320,3 +320,16 @@ def test_trainer_core_hung_worker_is_the_root_cause(tmp_path) -> None:
     ) in " ".join(res.stderr.split()), res.stderr
     report = res.stderr.split("last lines of worker 1:")[1]
     assert "worker 1 stops" in report and "sent no heartbeat" in report.split("last lines of scheduler 0:")[1]
+
+
+def test_a_command_not_found_says_where_it_was_looked_for() -> None:
+    """``--env PATH:/nowhere`` (or a venv not activated): "cannot start 'sh': No such file or
+    directory" said nothing of PATH on local, where the engines' shim says it."""
+    res = run(["launch", "-n", "1", "-s", "0", "--env", "PATH:/nowhere/bin", "sh", "-c", "true"])
+    assert res.returncode == 127, res.stderr
+    assert "cannot start 'sh': No such file or directory (PATH=/nowhere/bin)" in res.stderr
+    res = run(["launch", "-n", "1", "-s", "0", "./no-such-program-xyz"])
+    assert res.returncode == 127
+    assert (
+        "cannot start './no-such-program-xyz': No such file or directory\n" in res.stderr
+    )  # a path: no PATH

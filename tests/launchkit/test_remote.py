@@ -507,3 +507,20 @@ def test_the_watchdog_starts_without_the_hosts_site_packages(tmp_path) -> None:
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_program_not_found_on_a_host_says_the_path_it_was_looked_for_in() -> None:
+    """ssh's "cannot start 'sh' on node1: No such file or directory: sh" said nothing of the PATH
+    (a broken --env PATH, a venv not on the host), where local and the engines' shim say it."""
+    out = io.BytesIO()
+    dog = watchdog.Watchdog(out)
+    try:
+        dog.spawns({"procs": [{"id": 4, "argv": ["no-such-program-lk"], "env": {"PATH": "/nowhere/bin"}}]})
+        dog.spawns({"procs": [{"id": 5, "argv": ["./no-such-program-lk"], "env": {}}]})
+    finally:
+        for child in dog.children.values():
+            child.kill()
+            child.wait()
+    first, second = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert first["code"] == 127 and first["msg"].endswith("no-such-program-lk (PATH=/nowhere/bin)"), first
+    assert second["code"] == 127 and "PATH=" not in second["msg"], second  # a path: no PATH said

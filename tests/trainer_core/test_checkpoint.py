@@ -262,3 +262,21 @@ def test_a_worker_file_keeps_the_previous_steps_residuals(tmp_path: Path) -> Non
     checkpoint.worker_path(ck, 2).write_bytes(b"not a checkpoint")
     checkpoint.save_worker(ck, 2, residuals(4.0), step=40)
     assert checkpoint.load(checkpoint.worker_path(ck, 2)).previous_step is None
+
+
+def test_a_file_that_is_no_archive_is_not_called_pickled_data(tmp_path: Path) -> None:
+    """numpy's np.load said "This file contains pickled (object) data ..." of a text file."""
+    junk = tmp_path / "run.ck"
+    junk.write_text("not a checkpoint\n")
+    with pytest.raises(
+        ValueError, match=r"run\.ck: not a trainer_core checkpoint \(not an \.npz archive"
+    ) as info:
+        checkpoint.load(junk)
+    assert "pickle" not in str(info.value)
+
+
+def test_params_that_are_not_a_dict_are_named(tmp_path: Path) -> None:
+    """``save(params=[...])`` was an AttributeError on 'items'; nothing is written."""
+    with pytest.raises(TypeError, match="params: expected a dict of the arrays by parameter name, got list"):
+        checkpoint.save(tmp_path / "ck.npz", params=[np.zeros(2)])
+    assert list(tmp_path.iterdir()) == []

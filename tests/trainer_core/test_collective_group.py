@@ -241,3 +241,42 @@ def test_grouped_allreduce_on_several_hosts_takes_the_ring_between_leaders(shm: 
         for loc in locs:
             if loc is not None:
                 loc.close()
+
+
+@pytest.mark.parametrize(
+    ("call", "said"),
+    [
+        (lambda g: g.allreduce([1.0, 2.0]), "collective allreduce takes a numpy or cupy array, not list"),
+        (lambda g: g.allreduce_async(3), "collective allreduce takes a numpy or cupy array, not int"),
+        (
+            lambda g: g.reduce_scatter([1.0, 2.0]),
+            "collective reduce_scatter takes a numpy or cupy array, not list",
+        ),
+        (
+            lambda g: g.grouped_allreduce([np.ones(2), [1.0]]),
+            "collective grouped_allreduce takes a numpy or cupy array, not list",
+        ),
+        (lambda g: g.broadcast(np.ones(2), root="0"), "broadcast root must be a rank (an int), not str '0'"),
+        (
+            lambda g: g.broadcast(np.ones(2), root=0.0),
+            "broadcast root must be a rank (an int), not float 0.0",
+        ),
+    ],
+    ids=["allreduce list", "allreduce int", "reduce_scatter list", "grouped list", "root str", "root float"],
+)
+def test_what_is_not_an_array_or_a_rank_is_refused_before_anything_is_sent(call: object, said: str) -> None:
+    """Before: AttributeError 'list' object has no attribute 'dtype'; TypeError on '<='; and a
+    root of 0.0 passed the range check, sent to rank 1.0 and hung until the peers' timeout. Each
+    rank refuses on its own, at once (no rank waits for another)."""
+    for g in groups(2, timeout=30):
+        started = time.monotonic()
+        with pytest.raises(TypeError) as info:
+            call(g)  # type: ignore[operator]
+        assert said in str(info.value)
+        assert time.monotonic() - started < 5
+
+
+def test_a_root_of_an_integer_type_is_a_rank() -> None:
+    made = groups(2)
+    out = run_ranks(2, lambda r: made[r].broadcast(np.full(2, float(r)), root=np.int64(1)))
+    assert all(np.array_equal(o, [1.0, 1.0]) for o in out)

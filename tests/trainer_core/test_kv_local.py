@@ -99,3 +99,36 @@ def test_local_store_server_state_round_trip_and_refusals() -> None:
     assert again[7]["value"].tolist() == [9] * 4
     store.push("w", np.ones((2, 3), np.float32))
     assert store.server_state()["w"]["opt/t"] == 2  # Adam goes on from the restored step count
+
+
+@pytest.mark.parametrize(
+    ("out", "said"),
+    [
+        (3, "got int 3"),
+        ("w", "got str 'w'"),
+        (np.broadcast_to(np.zeros(1, np.float32), (3,)), "read-only"),
+    ],
+    ids=["int", "str", "read-only"],
+)
+def test_a_pull_into_what_is_not_a_writable_array_names_the_key(out: Any, said: str) -> None:
+    """Before: AttributeError 'float' object has no attribute 'size', or numpy's "assignment
+    destination is read-only", neither naming the key."""
+    store = kv.create("local")
+    store.init("w", np.zeros(3, np.float32))
+    with pytest.raises(KVError, match="key 'w': out=") as info:
+        store.pull("w", out=out)
+    assert said in str(info.value)
+
+
+@pytest.mark.parametrize("value", [[1, 2, 3], (1.0, 2.0), [np.zeros(3, np.float32), 5], []])
+def test_a_list_value_is_one_array_per_device(value: Any) -> None:
+    """``init("w", [1, 2, 3])`` was taken as three per-device values: the key held 1 element, the
+    first; a pull into a list of floats was an AttributeError on 'size'."""
+    store = kv.create("local")
+    with pytest.raises(KVError, match=r"key 'w': a list is one array per device \(numpy or cupy\), got "):
+        store.init("w", value)
+    store.init("w", np.zeros(3, np.float32))
+    with pytest.raises(KVError, match="key 'w': a list is one array per device"):
+        store.push("w", value)
+    with pytest.raises(KVError, match="key 'w': a list is one array per device"):
+        store.pull("w", out=[0.0, 0.0, 0.0])

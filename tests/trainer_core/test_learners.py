@@ -537,3 +537,35 @@ def test_one_bit_data_parallel_over_the_local_store_matches_the_compressors() ->
             pulled[k] = sc[k].decode(*sc[k].encode(pushed), g[k].shape, np.float32)
         ref_learner.update(pulled)
     assert_params(params, ref, rtol=1e-6)
+
+
+def test_a_learner_without_kv_or_communicator_is_told_neither_was_given() -> None:
+    """It said "..., not both" when neither was given."""
+    kv = kvstore.create("local")
+    local = get_learner("sgd", make_params(0), lr=0.1)
+    with pytest.raises(ValueError, match="neither was given") as info:
+        data_parallel_distributed_learner(local)
+    assert "not both" not in str(info.value)
+    with pytest.raises(ValueError, match="both were given"):
+        data_parallel_distributed_learner(local, kv=kv, communicator=KVCommunicator(kv))
+
+
+@pytest.mark.parametrize("make", [data_parallel_distributed_learner, async_sgd_distributed_learner])
+def test_kv_that_is_not_a_store_is_named(make: Callable[..., Any]) -> None:
+    """``kv="dist_sync"`` (the store's type for the store) was an AttributeError on num_workers."""
+    with pytest.raises(
+        TypeError, match=r"kv= takes a KV store.*got str 'dist_sync'.*kv\.create\('dist_sync'\)"
+    ):
+        make(get_learner("sgd", make_params(0), lr=0.1), kv="dist_sync")
+
+
+def test_update_names_the_gradients_it_lacks() -> None:
+    """A missing gradient was a bare KeyError, a list of them a TypeError on indices."""
+    params = make_params(0)
+    dl = data_parallel_distributed_learner(get_learner("sgd", params, lr=0.1), kv=kvstore.create("local"))
+    with pytest.raises(ValueError, match=r"no gradient for parameter\(s\) \['b'\]"):
+        dl.update({"W": grad(0, 0)["W"]}, 4)
+    with pytest.raises(TypeError, match="expected a dict of the gradients by parameter name, got list"):
+        dl.update(list(grad(0, 0).values()), 4)
+    before = {k: v.copy() for k, v in params.items()}
+    assert dl.update(grad(0, 0), 4) and not np.array_equal(params["W"], before["W"])

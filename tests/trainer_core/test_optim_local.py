@@ -127,3 +127,15 @@ def test_missing_gradient():
     params, _ = setup()
     with pytest.raises(KeyError, match="b"):
         get_learner("sgd", params, lr=0.1).update({"w": np.zeros((3, 4))})
+
+
+def test_params_and_grads_that_are_not_dicts_are_named() -> None:
+    """A list of arrays as params was taken, and failed at the first step with "no gradient for
+    [...]" naming the arrays; a list of gradients said "no gradient for" every parameter."""
+    with pytest.raises(TypeError, match="params: expected a dict of the arrays by parameter name, got list"):
+        get_learner("sgd", [np.zeros(2)], lr=0.1)
+    learner = get_learner("sgd", {"w": np.zeros(2)}, lr=0.1)
+    with pytest.raises(
+        TypeError, match="grads: expected a dict of the gradients by parameter name, got list"
+    ):
+        learner.update([np.ones(2)])  # type: ignore[arg-type]

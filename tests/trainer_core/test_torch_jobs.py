@@ -228,3 +228,18 @@ def test_the_examples_help_is_whole_and_an_unwritable_checkpoint_is_refused_befo
     assert refused.returncode == 2, refused.stderr
     assert f"--checkpoint {blocker / 'ck' / 'run.ck'}: cannot write in {blocker / 'ck'}: " in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_resume_without_a_checkpoint_is_refused() -> None:
+    """``--resume`` alone trained from scratch, saying nothing."""
+    refused = subprocess.run(
+        [sys.executable, "examples/train_torch.py", "--resume"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "LAUNCHKIT_"))},
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "--resume continues from --checkpoint PATH: give it too" in refused.stderr

@@ -8,7 +8,9 @@ marker may be left (every process the test started is gone).
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -110,3 +112,18 @@ def test_allreduce_without_servers_reaches_the_parameter_servers_accuracy(
     m = WIRE.search(out)
     raw = 2 * 4 * (64 * 64 + 64 + 64 * 10 + 10)
     assert m and raw / int(m.group(1)) > (28 if compression == "1bit" else 0.99), out
+
+
+def test_resume_without_a_checkpoint_is_refused() -> None:
+    """``--resume`` alone trained from scratch, saying nothing."""
+    refused = subprocess.run(
+        [sys.executable, "examples/train_digits.py", "--resume"],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "LAUNCHKIT_"))},
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "--resume continues from --checkpoint PATH: give it too" in refused.stderr

@@ -146,3 +146,19 @@ def test_machine_identity_tells_hosts_and_boots_apart_and_interfaces_resolve() -
     assert host.bind_and_publish_hosts("lo", "ignored") == ("127.0.0.1", "127.0.0.1")
     with pytest.raises(ConfigError, match="no-such-if0"):
         host.interface_address("no-such-if0")
+
+
+def test_a_process_not_started_by_a_launcher_is_told_so() -> None:
+    """``python train.py`` with kv.create("dist_sync") said only "environment variable
+    DMLC_PS_ROOT_PORT is not set"; the reason (no launcher started it) is said where no DMLC_*
+    variable is set at all, even with the role given by the caller."""
+    plain = {"PATH": "/usr/bin", "HOME": "/root"}
+    for role in (None, "worker"):
+        with pytest.raises(
+            ConfigError, match=r"is not set \(no DMLC_\* variable is set: .*`launchkit launch`"
+        ):
+            NodeConfig.from_environ(plain, role=role)
+    partial = {k: v for k, v in env().items() if k != "DMLC_PS_ROOT_PORT"}
+    with pytest.raises(ConfigError, match="DMLC_PS_ROOT_PORT") as info:
+        NodeConfig.from_environ(partial)  # a launched process that lacks one: the variable alone
+    assert "launchkit launch" not in str(info.value)

@@ -457,7 +457,9 @@ class Group:
 
     def _broadcast(self, name: str, array: Any, root: int) -> Op:
         check_array("broadcast", array)
-        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
+            raise TypeError(f"broadcast root must be a rank (an int), not {type(root).__name__} {root!r}")
+        if not 0 <= root < self.size:
             raise ValueError(f"broadcast root must be a rank of the group (0..{self.size - 1}), not {root!r}")
         desc = self._desc(name, "broadcast", array, root=int(root))
         if self.nccl is not None and self.nccl.takes(array):

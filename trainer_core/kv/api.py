@@ -48,13 +48,23 @@ def check_key(key: Any) -> Key:
 def as_list(key: Key, value: Any) -> list[Any]:
     if value is None:
         raise KVError(f"key {key!r}: its value is missing (None)")
-    return list(value) if isinstance(value, list | tuple) else [value]
+    if not isinstance(value, list | tuple):
+        return [value]
+    odd = next((v for v in value if not hasattr(v, "shape")), None)
+    if odd is not None or not value:  # init("w", [1, 2, 3]) held 1 element, the first
+        raise KVError(
+            f"key {key!r}: a list is one array per device (numpy or cupy), got "
+            + (f"a list holding {type(odd).__name__} {odd!r:.40}" if value else "an empty list")
+            + "; numpy.asarray(...) makes one array of a list of numbers"
+        )
+    return list(value)
 
 
 def write_out(key: Key, value: Any, outs: list[Any]) -> None:
     """Copy key ``key``'s flat result (host, or on the device of every output) into every output
     array (numpy or cupy). A host value goes up to a cupy output of its dtype once, straight into it."""
     for out in outs:
+        check_out(key, out)
         if out.size != value.size:
             raise KVError(
                 f"key {key!r}: the output has {out.size} elements (shape {tuple(out.shape)}), "
@@ -65,6 +75,19 @@ def write_out(key: Key, value: Any, outs: list[Any]) -> None:
             arrays.host_to_device(value, out)
         else:
             out[...] = arrays.like(value.reshape(out.shape), out)
+
+
+def check_out(key: Key, out: Any) -> None:
+    """An output of a pull is a writable array (numpy or cupy): a list of floats, a scalar or a
+    read-only view was an AttributeError on ``size`` or numpy's "assignment destination is
+    read-only", naming no key."""
+    if not all(hasattr(out, name) for name in ("size", "shape", "dtype", "flags")):
+        raise KVError(
+            f"key {key!r}: out= takes an array (numpy or cupy) of the key's size, or a list of "
+            f"such arrays; got {type(out).__name__} {out!r:.60}"
+        )
+    if not getattr(out.flags, "writeable", True):  # cupy's flags have no writeable
+        raise KVError(f"key {key!r}: out= is a read-only array: pull into one it can write")
 
 
 class KVStore:

@@ -39,6 +39,10 @@ class Learner:
     slots: ClassVar[tuple[str, ...]] = ()  # the per-parameter state it keeps
 
     def __init__(self, params: dict[str, Any], lr: float, weight_decay: float = 0.0) -> None:
+        if not isinstance(params, dict):  # a list of arrays failed at the first step, "no gradient for [...]"
+            raise TypeError(
+                f"params: expected a dict of the arrays by parameter name, got {type(params).__name__}"
+            )
         self.params = params
         self.lr = _positive("lr", lr)
         self.weight_decay = _positive("weight_decay", weight_decay, allow_zero=True)
@@ -47,6 +51,10 @@ class Learner:
 
     def update(self, grads: dict[str, Any]) -> None:
         """Apply one step with ``grads`` (same keys as ``params``)."""
+        if not isinstance(grads, dict):
+            raise TypeError(
+                f"grads: expected a dict of the gradients by parameter name, got {type(grads).__name__}"
+            )
         missing = set(self.params) - set(grads)
         if missing:
             raise KeyError(f"no gradient for {sorted(missing)}")

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -136,6 +137,10 @@ def arrays_and_manifest(
     server_state: dict[Any, dict[str, Any]] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The arrays and the manifest of a checkpoint (pure: no file is touched)."""
+    if not isinstance(params, dict):  # a list was an AttributeError on 'items'
+        raise TypeError(
+            f"params: expected a dict of the arrays by parameter name, got {type(params).__name__}"
+        )
     arrays: dict[str, np.ndarray] = {f"param/{k}": to_host(v) for k, v in params.items()}
     manifest: dict[str, Any] = {
         "format": FORMAT,
@@ -196,6 +201,8 @@ def write(path: str | os.PathLike[str], arrays: dict[str, np.ndarray], manifest:
 
 def load(path: str | os.PathLike[str]) -> Checkpoint:
     """Read a checkpoint written by ``save`` (``allow_pickle=False``)."""
+    if Path(path).is_file() and not zipfile.is_zipfile(path):  # numpy would call it pickled data
+        raise ValueError(f"{path}: not a trainer_core checkpoint (not an .npz archive, as save writes)")
     with np.load(Path(path), allow_pickle=False) as z:
         data = {k: z[k] for k in z.files}
     if MANIFEST not in data:

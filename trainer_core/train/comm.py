@@ -144,12 +144,25 @@ class WorkerTable:
             self._close()
 
 
+def check_store(kv: Any) -> Any:
+    """``kv`` itself when it is a KV store (what ``trainer_core.kv.create`` returns); a TypeError
+    naming what was given otherwise (``kv="dist_sync"``, the store's type for the store, was an
+    AttributeError on ``num_workers`` deep in the learner)."""
+    if not all(hasattr(kv, name) for name in ("pushpull", "num_workers", "rank", "type")):
+        hint = f" (make it with trainer_core.kv.create({kv!r}))" if isinstance(kv, str) else ""
+        raise TypeError(
+            f"kv= takes a KV store, as trainer_core.kv.create(...) returns, got "
+            f"{type(kv).__name__} {kv!r:.80}{hint}"
+        )
+    return kv
+
+
 class KVCommunicator(WorkerTable):
     """The parameter server's ``Communicator``: rank, size, barrier, the worker table and the
     sums of a KV-store job (``pushpull``)."""
 
     def __init__(self, kv: Any, host_id: str | None = None) -> None:
-        self.kv = kv
+        self.kv = check_store(kv)
         mine = local_host_id() if host_id is None else host_id
         n, r = int(kv.num_workers), int(kv.rank)
         hosts = exchange_hosts(kv, n, r, encode_host(mine))

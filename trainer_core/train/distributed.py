@@ -35,8 +35,21 @@ def communicator_of(kv: Any = None, communicator: Communicator | None = None) ->
     """The communicator to use: ``communicator``, else a ``KVCommunicator`` over ``kv`` (exactly
     one of the two)."""
     if (kv is None) == (communicator is None):
-        raise ValueError("a distributed learner takes either kv= (a KV store) or communicator=, not both")
+        given = "neither was given" if kv is None else "both were given"
+        raise ValueError(f"a distributed learner takes either kv= (a KV store) or communicator=: {given}")
     return communicator if communicator is not None else KVCommunicator(kv)
+
+
+def check_grads(grads: Any, names: list[str]) -> None:
+    """``grads`` is a dict holding a gradient for every parameter (a KeyError or a TypeError deep
+    in the step said neither which parameter nor what was expected)."""
+    if not isinstance(grads, dict):
+        raise TypeError(
+            f"grads: expected a dict of the gradients by parameter name, got {type(grads).__name__}"
+        )
+    missing = [n for n in names if n not in grads]
+    if missing:
+        raise ValueError(f"grads: no gradient for parameter(s) {missing} (expected one for each of {names})")
 
 
 class DistributedLearner:
@@ -91,6 +104,7 @@ class DistributedLearner:
     def update(self, grads: dict[str, Any], num_samples: int) -> bool:
         """One step with this worker's ``grads`` of ``num_samples`` samples. True when this step
         communicated (always for data parallel and async; at block ends for the periodic ones)."""
+        check_grads(grads, self.names)
         self.start_if_due()
         self.total_number_of_samples_seen += int(num_samples)
         if not self.distributed:

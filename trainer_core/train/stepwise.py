@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainer_core.optim.local import Learner, server_optimizer_spec
+from trainer_core.train.comm import check_store
 from trainer_core.train.distributed import DistributedLearner
 
 
@@ -36,6 +37,7 @@ class AsyncSGDLearner(DistributedLearner):
                 )
         if kv is None:
             raise ValueError("asynchronous SGD runs on the parameter server: it needs a KV store")
+        check_store(kv)
         rescale = 1.0 if "async" in str(kv.type) else 1.0 / int(kv.num_workers)
         self.spec = server_optimizer_spec(learner, rescale)
         super().__init__(learner, kv, distributed_after, None, key_prefix)
