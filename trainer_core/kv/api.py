@@ -19,12 +19,12 @@ def normalize(keys: Key | Sequence[Key], values: Any) -> Pairs:
     """``[(key, [arrays...]), ...]`` from one key or a list of keys and matching values."""
     kind = type(keys)
     if kind is str or kind is int:  # one key (the common call): no other checks needed
-        return [(keys, as_list(values))]  # type: ignore[list-item]
+        return [(keys, as_list(values, keys))]  # type: ignore[list-item, arg-type]
     if isinstance(keys, list | tuple):
         if not isinstance(values, list | tuple) or len(values) != len(keys):
             raise KVError("a list of keys needs a list of values of the same length")
-        return [(check_key(k), as_list(v)) for k, v in zip(keys, values, strict=True)]
-    return [(check_key(keys), as_list(values))]
+        return [(check_key(k), as_list(v, k)) for k, v in zip(keys, values, strict=True)]
+    return [(check_key(keys), as_list(values, keys))]  # type: ignore[arg-type]
 
 
 def check_key(key: Any) -> Key:
@@ -33,10 +33,19 @@ def check_key(key: Any) -> Key:
     return key
 
 
-def as_list(value: Any) -> list[Any]:
+def as_list(value: Any, key: Key | None = None) -> list[Any]:
+    """``value`` as a list of arrays (one array, or a list of them: one per device). A Python
+    number or list where an array belongs is a ``TypeError`` saying what is accepted."""
     if value is None:
         raise KVError("a value is missing")
-    return list(value) if isinstance(value, list | tuple) else [value]
+    out = list(value) if isinstance(value, list | tuple) else [value]
+    for v in out:
+        if not (hasattr(v, "dtype") and hasattr(v, "shape")):
+            raise TypeError(
+                f"key {key!r}: a value is an array (numpy, or cupy on a GPU) or a list of arrays, one per "
+                f"device, not {type(v).__name__} {v!r:.60}: wrap it, e.g. np.asarray(value, np.float32)"
+            )
+    return out
 
 
 def write_out(value: Any, outs: list[Any]) -> None:
@@ -73,6 +82,16 @@ class KVStore:
 
     def barrier(self) -> None:
         """Wait until every worker reached the barrier (no-op in one process)."""
+
+    def initialized(self, key: Key) -> bool:
+        """Whether ``key`` was initialized through this store (a key is initialized once)."""
+        return False
+
+    def agree(self, at: str, value: Any) -> Any:
+        """Collective: the job-wide setting ``at`` that every worker gives as ``value`` (plain data);
+        returned when they agree, else ``KVError`` on every worker naming each value (one process:
+        ``value``)."""
+        return value
 
     def set_optimizer(self, optimizer: Any, **kwargs: Any) -> None:
         raise NotImplementedError

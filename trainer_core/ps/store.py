@@ -56,6 +56,11 @@ class Store:
         self.updater: optim.Updater | None = None
         self.keys: dict[tuple[protocol.Key, int], KeyState] = {}
         self.finished: set[int] = set()
+        #: the workers in a collective call at the scheduler: rank -> (the call, how many such calls
+        #: that worker made), until one of that call or a later one comes back (``back``)
+        self.away: dict[int, tuple[str, int]] = {}
+        #: requests that can never complete, with why (``stuck``): the handler answers them with an error
+        self.failed: list[tuple[Request, str]] = []
         self.codec = ServerCodec()
         self._versions = itertools.count(1)
         # by the lender's rank, by id: the states reading a push where it lies (``KeyState.lent``)
@@ -78,6 +83,65 @@ class Store:
                 st.waiting, st.deferred, st.pushed, st.queued = [], [], set(), set()
                 self._unlend(st)  # the round is abandoned: nothing of it is kept
         return list(failed.values())
+
+    def enter(self, rank: int, at: str, count: int) -> None:
+        """Worker ``rank`` entered collective call ``at``, its ``count``-th, at the scheduler: it
+        pushes nothing until the call completes. In sync mode, a request of another worker that
+        waits for a round this one has not pushed to can never complete: it fails (``failed``)."""
+        self.away[rank] = (at, count)
+        self.stuck(self.keys.items())
+
+    def back(self, rank: int) -> None:
+        """Worker ``rank`` sent a request: it left its collective call, which therefore completed
+        for every worker (each is told when the last arrives): every worker in that call, or an
+        earlier one, left it too (a worker already in its next call, whose notice came first, stays)."""
+        if self.away:
+            mine = self.away.get(rank)
+            if mine is not None:
+                self.away = {r: a for r, a in self.away.items() if a[1] > mine[1]}
+
+    def stuck(self, states: Any) -> None:
+        """Fail the waiting requests of ``states`` (``(key part, KeyState)`` pairs) whose round
+        misses the push of a worker that is in a collective call: their worker would wait for ever
+        while that one waits for it at the scheduler. Added to ``failed`` with a message naming
+        who is where; a request that lends its inputs stops lending them."""
+        if not self.sync or not self.away:
+            return
+        found: dict[int, tuple[Request, str]] = {}
+        for kid, st in states:
+            if not st.pushed:
+                continue  # no open round: nothing waits
+            away = [r for r in range(self.num_workers) if r in self.away and r not in st.pushed]
+            if not away:
+                continue
+            for req, _ in st.waiting + st.deferred:
+                if req.rank in self.away or req.failed or req.header.op == protocol.PUSH:
+                    continue  # its worker is in a collective call itself: it does not wait
+                if id(req) not in found:
+                    found[id(req)] = (req, self._stuck_reason(req, kid, away))
+        if not found:
+            return
+        for st in self.keys.values():
+            st.waiting = [(r, i) for r, i in st.waiting if id(r) not in found]
+            # a queued pushpull keeps its push (it joins the next round); a queued pull goes
+            st.deferred = [
+                (r, i) for r, i in st.deferred if id(r) not in found or r.header.op != protocol.PULL
+            ]
+        for req, reason in found.values():
+            req.failed = True
+            for st in list(self._lent.get(req.rank, {}).values()):
+                if st.lender is req:
+                    self._copy_lent(st)
+            self.failed.append((req, reason))
+
+    def _stuck_reason(self, req: Request, kid: tuple[protocol.Key, int], away: list[int]) -> str:
+        where = "; ".join(f"worker {r} is in {self.away[r][0]}" for r in away)
+        pushers = ", ".join(f"worker {r}" for r in away)
+        return (
+            f"worker {req.rank} waits for key {kid[0]!r} (part {kid[1]}) to be pushed by {pushers} in this "
+            f"sync round, which never happens: {where}. In sync mode every worker pushes the same keys "
+            "between two collective calls (barrier, init, set_*)"
+        )
 
     def set_optimizer(self, spec: dict[str, Any]) -> None:
         self.updater = optim.build(spec)
@@ -210,6 +274,8 @@ class Store:
         try:
             for i in range(len(req.header.entries)):
                 self._entry(req, i, done)
+            if self.away:
+                self.stuck([((e.key, e.part), self.keys[(e.key, e.part)]) for e in req.header.entries])
         except BaseException:  # ``req`` is answered with an error now: its worker may reuse its inputs
             for st in list(self._lent.get(req.rank, {}).values()):
                 if st.lender is req:
@@ -241,8 +307,9 @@ class Store:
         st.lent = st.lender = None
 
     def _check(self, req: Request) -> None:
-        for e in req.header.entries:
+        for n, e in enumerate(req.header.entries):
             if req.header.op == protocol.INIT:
+                self._check_init(e, req.inputs[n])
                 continue
             st = self.keys.get((e.key, e.part))
             if st is None:
@@ -252,12 +319,34 @@ class Store:
                     f"key {e.key!r}: {e.size} elements of {e.dtype} given, {st.weight.size} of {st.weight.dtype} stored"
                 )
 
+    def _check_init(self, e: protocol.Entry, data: np.ndarray | None) -> None:
+        """A key part initialized again must get the very values it holds (as MXNet, which refuses
+        any second init; equal values are allowed, e.g. a restarted script's same init)."""
+        st = self.keys.get((e.key, e.part))
+        if st is None or data is None:
+            return
+        w = st.weight
+        same = (
+            w.dtype == data.dtype
+            and w.size == data.size
+            and np.array_equal(w.view(np.uint8), np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        )
+        if not same:
+            raise StoreError(
+                f"key {e.key!r} (part {e.part}) was initialized already ({w.size} of {w.dtype}), and "
+                f"init gave it other values ({data.size} of {data.dtype}): a key is initialized once "
+                "(or again with the same values); push to change it"
+            )
+
     def _entry(self, req: Request, i: int, done: list[Request]) -> None:
         op, e = req.header.op, req.header.entries[i]
         kid = (e.key, e.part)
         if op == protocol.INIT:
             data = req.inputs[i]
             assert data is not None
+            if kid in self.keys:  # the same values again (``_check_init``): nothing changes
+                self._done(req, i, done)
+                return
             weight = self.alloc(data.dtype, data.size)
             np.copyto(weight, data)
             self.keys[kid] = KeyState(weight=weight, version=next(self._versions))
