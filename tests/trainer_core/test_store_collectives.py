@@ -64,7 +64,7 @@ def test_a_worker_in_the_collective_call_itself_is_not_waiting() -> None:
     s.enter(1, "barrier()", 1)
     assert s.failed == []
     s.back(1)  # worker 1's next request: the barrier is over for both
-    assert s.away == {}
+    assert s.away.calls == {}
     assert a in s.handle(req(wire.PUSH, 1, ones(2)))
 
 
@@ -74,7 +74,7 @@ def test_back_clears_the_call_it_left_and_earlier_ones_but_not_a_later_one() -> 
     s.enter(1, "barrier()", 4)
     s.enter(2, "init()", 5)  # already in its next call: its notice came before worker 0's request
     s.back(0)
-    assert s.away == {2: ("init()", 5)}
+    assert s.away.calls == {2: ("init()", 5)}
 
 
 def test_nothing_fails_in_async_mode() -> None:

@@ -30,6 +30,7 @@ from trainer_core.compression.codec import ServerCodec
 from trainer_core.errors import KVError
 from trainer_core.optim import server as optim
 from trainer_core.ps import protocol
+from trainer_core.ps.away import Away
 from trainer_core.ps.request import KeyState, Request
 
 #: the numpy dtype of each dtype name the wire allows, made once (requests name one per entry)
@@ -56,9 +57,7 @@ class Store:
         self.updater: optim.Updater | None = None
         self.keys: dict[tuple[protocol.Key, int], KeyState] = {}
         self.finished: set[int] = set()
-        #: the workers in a collective call at the scheduler: rank -> (the call, how many such calls
-        #: that worker made), until one of that call or a later one comes back (``back``)
-        self.away: dict[int, tuple[str, int]] = {}
+        self.away = Away()  # the workers in a collective call at the scheduler
         #: requests that can never complete, with why (``stuck``): the handler answers them with an error
         self.failed: list[tuple[Request, str]] = []
         self.codec = ServerCodec()
@@ -85,45 +84,25 @@ class Store:
         return list(failed.values())
 
     def enter(self, rank: int, at: str, count: int) -> None:
-        """Worker ``rank`` entered collective call ``at``, its ``count``-th, at the scheduler: it
-        pushes nothing until the call completes. In sync mode, a request of another worker that
-        waits for a round this one has not pushed to can never complete: it fails (``failed``)."""
-        self.away[rank] = (at, count)
+        """Worker ``rank`` entered collective call ``at``, its ``count``-th, at the scheduler: the
+        requests that wait for its push fail (``stuck``)."""
+        self.away.enter(rank, at, count)
         self.stuck(self.keys.items())
 
     def back(self, rank: int) -> None:
-        """Worker ``rank`` sent a request: it left its collective call, which therefore completed
-        for every worker (each is told when the last arrives): every worker in that call, or an
-        earlier one, left it too (a worker already in its next call, whose notice came first, stays)."""
+        """Worker ``rank`` sent a request: its collective call is over (``away.Away.back``)."""
         if self.away:
-            mine = self.away.get(rank)
-            if mine is not None:
-                self.away = {r: a for r, a in self.away.items() if a[1] > mine[1]}
+            self.away.back(rank)
 
     def stuck(self, states: Any) -> None:
-        """Fail the waiting requests of ``states`` (``(key part, KeyState)`` pairs) whose round
-        misses the push of a worker that is in a collective call: their worker would wait for ever
-        while that one waits for it at the scheduler. Added to ``failed`` with a message naming
-        who is where; a request that lends its inputs stops lending them."""
-        if not self.sync or not self.away:
-            return
-        found: dict[int, tuple[Request, str]] = {}
-        for kid, st in states:
-            if not st.pushed:
-                continue  # no open round: nothing waits
-            away = [r for r in range(self.num_workers) if r in self.away and r not in st.pushed]
-            if not away:
-                continue
-            for req, _ in st.waiting + st.deferred:
-                if req.rank in self.away or req.failed or req.header.op == protocol.PUSH:
-                    continue  # its worker is in a collective call itself: it does not wait
-                if id(req) not in found:
-                    found[id(req)] = (req, self._stuck_reason(req, kid, away))
+        """In sync mode, fail the waiting requests of ``states`` (``(key part, KeyState)`` pairs)
+        that can never complete (``away.Away.stuck``): added to ``failed``, taken off the rounds
+        (a queued pushpull keeps its push, which joins the next round), lending nothing more."""
+        found = self.away.stuck(states, self.num_workers) if self.sync and self.away else None
         if not found:
             return
         for st in self.keys.values():
             st.waiting = [(r, i) for r, i in st.waiting if id(r) not in found]
-            # a queued pushpull keeps its push (it joins the next round); a queued pull goes
             st.deferred = [
                 (r, i) for r, i in st.deferred if id(r) not in found or r.header.op != protocol.PULL
             ]
@@ -133,15 +112,6 @@ class Store:
                 if st.lender is req:
                     self._copy_lent(st)
             self.failed.append((req, reason))
-
-    def _stuck_reason(self, req: Request, kid: tuple[protocol.Key, int], away: list[int]) -> str:
-        where = "; ".join(f"worker {r} is in {self.away[r][0]}" for r in away)
-        pushers = ", ".join(f"worker {r}" for r in away)
-        return (
-            f"worker {req.rank} waits for key {kid[0]!r} (part {kid[1]}) to be pushed by {pushers} in this "
-            f"sync round, which never happens: {where}. In sync mode every worker pushes the same keys "
-            "between two collective calls (barrier, init, set_*)"
-        )
 
     def set_optimizer(self, spec: dict[str, Any]) -> None:
         self.updater = optim.build(spec)
