@@ -60,6 +60,7 @@ DEV bool ge(float a, float b) { return a >= b; }
 DEV bool le(float a, float b) { return a <= b; }
 DEV double widen(float x) { return (double)x; }
 DEV float narrow(double x) { return (float)x; }
+DEV float qnan() { unsigned int u = 0x7fc00000u; float f; std::memcpy(&f, &u, 4); return f; }
 extern "C" void sim_block(unsigned int block, unsigned int grid) {
     blockIdx.x = block; gridDim.x = grid; blockDim.x = 1; threadIdx.x = 0;
 }
@@ -205,6 +206,47 @@ def test_1bit_kernels_match_the_host_kernels(host_sim, dtype, n, block):
         out = np.full(n, 7, dtype)
         assert k.onebit_decode(got, block, n, out) is out
         assert same_bits(out, c.decode(want, meta, n, dtype))
+
+
+def poisoned(n: int, dtype: Any, seed: int = 0) -> np.ndarray:
+    """Ordinary values with NaN, +inf and -inf among them (at most one of each per 8 values)."""
+    g = gradients(n, dtype, steps=1, seed=seed)[0]
+    rng = np.random.default_rng(seed + 7 * n)
+    for x in (np.nan, np.inf, -np.inf):
+        g[rng.random(n) < 0.04] = x
+    return g
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 17, 1000, 10007])
+@pytest.mark.parametrize(
+    "params",
+    [{"type": "2bit", "threshold": 0.5}, {"type": "1bit", "block_size": 64}, {"type": "topk", "ratio": 0.01}],
+    ids=lambda p: p["type"],
+)
+def test_kernels_send_non_finite_values_as_the_host_kernels_do(host_sim, dtype, n, params):
+    """NaN and +-inf: 2-bit code 01 (NaN), 1-bit blocks of NaN, top-k the values themselves; the
+    residual 0 where they were; the same bytes and residual as the host kernels, and the next
+    finite step finite again."""
+    k = sim_kernels(host_sim, dtype)
+    c = host_compressor(params, dtype)
+    r = np.zeros(n, np.float64 if dtype == np.float64 else np.float32)
+    kind = params["type"]
+    for g in [gradients(n, dtype)[0], poisoned(n, dtype), poisoned(n, dtype, seed=3), gradients(n, dtype)[1]]:
+        want, meta = c.encode(g)
+        if kind == "2bit":
+            got = k.twobit_encode(g, r, meta["threshold"])
+            dec = k.twobit_decode(got, meta["threshold"], n, None)
+        elif kind == "1bit":
+            got = k.onebit_encode(g, r, 64)
+            dec = k.onebit_decode(got, 64, n, None)
+        else:
+            got = k.topk_encode(g, r, meta["k"])
+            dec = k.topk_decode(got, meta["k"], n, None)
+        assert same_bits(got, want) and same_bits(r, c.residual)
+        assert same_bits(dec, c.decode(want, meta, n, dtype))
+        assert np.isfinite(r).all()
+        assert np.isfinite(dec).all() == np.isfinite(g).all()
 
 
 def at_offset(values: np.ndarray, offset: int) -> np.ndarray:

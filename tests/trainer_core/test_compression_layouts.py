@@ -45,10 +45,13 @@ def test_2bit_payload_size(n):
     assert payload.nbytes == c.wire_bytes(n) == 4 * -(-n // 16)
 
 
-def test_2bit_unused_code_reads_as_zero():
-    c = get_compressor({"type": "2bit", "kernel": "numpy"})
+@pytest.mark.parametrize("kernel", ["numpy", "auto"])
+def test_2bit_code_01_reads_as_nan(kernel):
+    """Code 01 is what a non-finite value is sent as (finite values never write it)."""
+    c = get_compressor({"type": "2bit", "kernel": kernel})
     meta = {"type": "2bit", "threshold": 1.0}
-    assert c.decode(np.array([0b01_11_10_01], np.uint8), meta, (4,), np.float32).tolist() == [0, 1, -1, 0]
+    out = c.decode(np.array([0b01_11_10_00, 0b01_000000], np.uint8), meta, (5,), np.float32)
+    assert np.isnan(out[0]) and np.isnan(out[4]) and out[1:4].tolist() == [1, -1, 0]
 
 
 def test_2bit_threshold_is_rounded_to_the_gradient_dtype():

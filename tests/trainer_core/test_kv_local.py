@@ -125,10 +125,13 @@ def test_a_list_value_is_one_array_per_device(value: Any) -> None:
     """``init("w", [1, 2, 3])`` was taken as three per-device values: the key held 1 element, the
     first; a pull into a list of floats was an AttributeError on 'size'."""
     store = kv.create("local")
-    with pytest.raises(KVError, match=r"key 'w': a list is one array per device \(numpy or cupy\), got "):
+    with pytest.raises(
+        KVError,
+        match=r"key 'w': a value is an array \(numpy, or cupy on a GPU\) or a list of arrays, one per device, not ",
+    ):
         store.init("w", value)
     store.init("w", np.zeros(3, np.float32))
-    with pytest.raises(KVError, match="key 'w': a list is one array per device"):
+    with pytest.raises(KVError, match="key 'w': a value is an array"):
         store.push("w", value)
-    with pytest.raises(KVError, match="key 'w': a list is one array per device"):
+    with pytest.raises(KVError, match="key 'w': a value is an array"):
         store.pull("w", out=[0.0, 0.0, 0.0])

@@ -24,6 +24,8 @@ import pytest
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, NodeFailure
 from trainer_core.kv.dist import DistKVStore
+from trainer_core.node import protocol as node_protocol
+from trainer_core.node.agree import Meeting, Waiter
 from trainer_core.node.book import Book, NodeInfo
 from trainer_core.node.liveness import Health
 from trainer_core.ps import protocol as wire
@@ -55,7 +57,7 @@ class InProcessJob:
             (Poller(), h.handle) for h in self.handlers
         ]
         self.sched = Poller()
-        self.barrier: list[tuple[Received, int]] = []
+        self.meeting = Meeting(num_workers)  # the workers in a barrier or an agreement
         self.finished: list[Received] = []
         self.aborts: list[dict] = []
         self.channels: list[Channel] = []
@@ -100,12 +102,15 @@ class InProcessJob:
 
     def _scheduler(self, msg: Received) -> None:
         h = msg.header
-        if h.op == wire.BARRIER:
-            self.barrier.append((msg, h.seq))
-            if len(self.barrier) == self.num_workers:
-                for m, seq in self.barrier:
-                    m.reply.send(wire.Header(op=wire.BARRIER_DONE, seq=seq))
-                self.barrier.clear()
+        if h.op in (wire.BARRIER, node_protocol.AGREE):  # as the scheduler does (``node/agree.py``)
+            rank = int(h.src.split()[-1])
+            value = h.body.get("value") if h.op == node_protocol.AGREE else None
+            self.meeting.add(Waiter(rank, h.body.get("at", "barrier()"), h.op, value, msg.reply, h.seq))
+            if len(self.meeting.waiting) == self.num_workers:
+                body, waiters = self.meeting.outcome()
+                for w in waiters:
+                    op = wire.BARRIER_DONE if w.op == wire.BARRIER else node_protocol.AGREED
+                    w.peer.send(wire.Header(op=op, seq=w.seq, body=body))
         elif h.op == wire.FINISH:
             self.finished.append(msg)
             if len(self.finished) == self.num_workers:

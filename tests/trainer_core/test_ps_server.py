@@ -296,6 +296,24 @@ def test_a_finished_worker_fails_the_rounds_that_wait_for_it(workers: list[Worke
     assert "can never complete" in w0.reply().header.body["reason"]
 
 
+def test_a_request_waiting_for_a_worker_in_a_collective_call_gets_an_error_marked_stuck(
+    workers: list[Worker],
+) -> None:
+    w0, w1 = workers
+    pull = w0.send(wire.PUSHPULL, (entry(),), [full(1)])
+    w1.send(wire.AWAY, at="barrier()", n=1)
+    assert w1.reply().header.op == wire.REPLY
+    failed = w0.reply()
+    assert (
+        failed.header.op == wire.ERROR and failed.header.seq == pull and failed.header.body["stuck"] is True
+    )
+    assert "to be pushed by worker 1 in this sync round" in failed.header.body["reason"]
+    w1.send(
+        wire.PUSHPULL, (entry(),), [full(2)]
+    )  # after the barrier: the round completes, not answered twice
+    assert values(w1.reply()) == [3.0] * N and w0.replies() == []
+
+
 def test_a_gone_peer_does_not_disturb_the_others(workers: list[Worker]) -> None:
     w0, w1 = workers
     w0.send(wire.PULL, (entry(),))

@@ -106,7 +106,7 @@ class Kernels:
         nblocks, nbytes = onebit_sizes(n, block)
         out = xp.empty(8 * nblocks + nbytes, dtype=np.uint8)
         sums = xp.empty(8 * nblocks, dtype=np.float64)
-        counts = xp.empty(4 * nblocks, dtype=np.int64)
+        counts = xp.empty(8 * nblocks, dtype=np.int64)  # per lane: non-negative, non-finite
         # few threads, each a long sequential loop: small blocks spread them over the multiprocessors
         b, nb = np.int64(block), np.int64(nblocks)
         self.launch("onebit_lanes", 4 * nblocks, g, r, np.int64(n), b, nb, sums, counts, threads=64)
@@ -131,10 +131,18 @@ class Kernels:
         keys = xp.empty(n, dtype=self.key)
         hist = xp.zeros(NBINS, dtype=np.uint64)
         self.launch("topk_keys", n, g, r, keys, np.int64(n), hist)
-        idx = xp.arange(n, dtype=np.int64) if k == n else self.select(keys, self.host(hist), k)
+        counts = self.host(hist)
+        idx = xp.arange(n, dtype=np.int64) if k == n else self.select(keys, counts, k)
+        # keys of NaN and +-inf fill the top bins (exponent all ones): every non-finite element's
+        # residual becomes 0 (they rank first, so the payload holds at least one of them)
+        shift = 8 * self.key.itemsize - 12
+        first = int(np.array(np.inf, self.work).view(self.key)) >> shift
+        bad = ~xp.isfinite(r) if k and int(counts[first:].sum()) else None
         out = xp.empty(8 * k, dtype=np.uint8)
         out_idx, out_val = out[: 4 * k].view(np.uint32), out[4 * k :].view(np.float32)
         self.launch("topk_gather", k, idx, r, np.int64(k), out_idx, out_val, self.half)
+        if bad is not None:
+            r[bad] = 0
         return out
 
     def select(self, keys: Any, hist: np.ndarray, k: int) -> Any:

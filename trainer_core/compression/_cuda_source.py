@@ -50,6 +50,8 @@ DEV bool le(float a, float b) {
 }
 DEV double widen(float x) { double d; asm("cvt.f64.f32 %0, %1;" : "=d"(d) : "f"(x)); return d; }
 DEV float narrow(double x) { float f; asm("cvt.rn.f32.f64 %0, %1;" : "=f"(f) : "d"(x)); return f; }
+/* the quiet NaN numpy writes (sign clear): what a non-finite value is sent as */
+DEV float qnan() { return __uint_as_float(0x7fc00000u); }
 """
 
 BODY = string.Template(r"""
@@ -81,6 +83,8 @@ DEV void put(float* p, long long i, double x) { p[i] = narrow(x); }
 DEV void put(double* p, long long i, float x) { p[i] = widen(x); }
 DEV void put(double* p, long long i, double x) { p[i] = x; }
 DEV long long lmin(long long a, long long b) { return a < b ? a : b; }
+/* false for NaN and +-inf, whose v - v is NaN (never equal to itself) */
+DEV bool finite(W v) { W d = sub(v, v); return d == d; }
 
 /* four consecutive values in one load or store (16 bytes of float32) where the pointer is aligned
    for it: the kernels below read and write whole runs of 4 this way, the same values in the same
@@ -90,8 +94,10 @@ template <typename T> DEV bool fours(const T* p) {
     return ((unsigned long long)p & (unsigned long long)(4 * sizeof(T) - 1)) == 0;
 }
 
-/* one value of 2-bit: its bits (the j-th of a byte) into b; returns the new residual */
+/* one value of 2-bit: its bits (the j-th of a byte) into b; returns the new residual (a NaN or
+   +-inf sends 01, read as NaN, and leaves 0) */
 DEV W twobit_one(W v, W t, W nt, int j, unsigned int* b) {
+    if (!finite(v)) { *b |= 1u << (6 - 2 * j); return (W)0; }
     if (ge(v, t)) { *b |= 3u << (6 - 2 * j); return sub(v, t); }
     if (le(v, nt)) { *b |= 2u << (6 - 2 * j); return add(v, t); }
     return v;
@@ -123,12 +129,13 @@ extern "C" __global__ void twobit_encode(const G* g, W* r, W t, W nt, unsigned c
 extern "C" __global__ void twobit_decode(const unsigned char* p, double t, G* out, long long n) {
     GRID_LOOP(k, n) {
         unsigned int c = (p[k >> 2] >> (6 - 2 * (k & 3))) & 3u;
-        put(out, k, c == 3u ? t : (c == 2u ? -t : 0.0));
+        put(out, k, c == 3u ? t : (c == 2u ? -t : (c == 1u ? widen(qnan()) : 0.0)));
     }
 }
 
 /* 1-bit, pass 1: one thread per (block, lane): v = r + g for the lane's elements 4 i + lane of
-   the block, in order; float64 sums of the non-negative and of the negative ones, and a count */
+   the block, in order; float64 sums of the non-negative and of the negative ones, their count
+   and the count of non-finite ones */
 extern "C" __global__ void onebit_lanes(const G* g, W* r, long long n, long long block,
                                         long long nblocks, double* sums, long long* counts) {
     GRID_LOOP(q, 4 * nblocks) {
@@ -141,9 +148,13 @@ extern "C" __global__ void onebit_lanes(const G* g, W* r, long long n, long long
             r[k] = v;
             if (ge(v, (W)0)) { ps += widen(v); cp += 1; } else { ns += widen(v); }
         }
+        long long nf = 0; /* non-finite elements: looked for only when a sum is not finite */
+        if (!(ps - ps == 0.0 && ns - ns == 0.0))
+            for (long long k = s + (q & 3); k < e; k += 4) nf += !finite(r[k]);
         sums[2 * q] = ps;
         sums[2 * q + 1] = ns;
-        counts[q] = cp;
+        counts[2 * q] = cp;
+        counts[2 * q + 1] = nf;
     }
 }
 
@@ -152,9 +163,13 @@ DEV float onebit_mean(double total, long long count, int half) {
     return half ? h2f(f2h(m)) : m;
 }
 
+/* the residual of an element of a block that sends NaN: v, or 0 where v is not finite */
+DEV W keep(W v) { return finite(v) ? v : (W)0; }
+
 /* 1-bit, pass 2: one thread per bit byte (8 values of one block, block_size being a multiple of
    8): the block's means from its lanes, the bits (MSB first), r -= the value sent; the thread of
-   a block's first byte writes the block's (value of bit 0, value of bit 1) */
+   a block's first byte writes the block's (value of bit 0, value of bit 1), both NaN when the
+   block holds a non-finite value */
 extern "C" __global__ void onebit_pack(W* r, long long n, long long block, const double* sums,
                                        const long long* counts, float* vals, unsigned char* bits,
                                        long long nbytes, int half) {
@@ -164,17 +179,18 @@ extern "C" __global__ void onebit_pack(W* r, long long n, long long block, const
         long long s = blk * block;
         long long e = lmin(s + block, n);
         const double* q = sums + 8 * blk;
-        const long long* c = counts + 4 * blk;
-        long long cp = (c[0] + c[1]) + (c[2] + c[3]);
-        float hi = onebit_mean((q[0] + q[2]) + (q[4] + q[6]), cp, half);
-        float lo = onebit_mean((q[1] + q[3]) + (q[5] + q[7]), (e - s) - cp, half);
+        const long long* c = counts + 8 * blk;
+        long long cp = (c[0] + c[2]) + (c[4] + c[6]);
+        bool bad = (c[1] + c[3]) + (c[5] + c[7]) > 0;
+        float hi = bad ? qnan() : onebit_mean((q[0] + q[2]) + (q[4] + q[6]), cp, half);
+        float lo = bad ? qnan() : onebit_mean((q[1] + q[3]) + (q[5] + q[7]), (e - s) - cp, half);
         unsigned int acc = 0;
         if (fours(r) && k0 + 8 <= e) {
             for (int h = 0; h < 2; ++h) {
                 Four<W> rv = *(const Four<W>*)(r + k0 + 4 * h);
                 for (int j = 0; j < 4; ++j) {
                     bool p = ge(rv.v[j], (W)0);
-                    rv.v[j] = sub(rv.v[j], from_f(p ? hi : lo, (W)0));
+                    rv.v[j] = bad ? keep(rv.v[j]) : sub(rv.v[j], from_f(p ? hi : lo, (W)0));
                     acc |= (unsigned int)p << (7 - 4 * h - j);
                 }
                 *(Four<W>*)(r + k0 + 4 * h) = rv;
@@ -185,7 +201,7 @@ extern "C" __global__ void onebit_pack(W* r, long long n, long long block, const
                 if (k < e) {
                     W v = r[k];
                     bool p = ge(v, (W)0);
-                    r[k] = sub(v, from_f(p ? hi : lo, (W)0));
+                    r[k] = bad ? keep(v) : sub(v, from_f(p ? hi : lo, (W)0));
                     acc |= (unsigned int)p << (7 - j);
                 }
             }

@@ -53,7 +53,8 @@ def _jit(fn: Any) -> Any:
 
 @_jit
 def twobit_encode(g, r, t, out):
-    """2-bit: v = r + g; code 11 (+t, r = v - t) / 10 (-t, r = v + t) / 00 (0, r = v).
+    """2-bit: v = r + g; code 11 (+t, r = v - t) / 10 (-t, r = v + t) / 00 (0, r = v); a NaN or
+    +-inf ``v`` (``v - v`` is then NaN) sends 01 (NaN) and leaves r = 0.
 
     Four codes per byte, the first element in the two high bits; ``out`` is zero-padded.
     ``t`` must be a scalar of the residual's dtype so comparisons match numpy's.
@@ -65,12 +66,17 @@ def twobit_encode(g, r, t, out):
         for j in range(4):
             k = 4 * i + j
             v = r[k] + g[k]
+            c = 0
             if v >= t:
-                b |= 3 << (6 - 2 * j)
+                c = 3
                 v -= t
             elif v <= -t:
-                b |= 2 << (6 - 2 * j)
+                c = 2
                 v += t
+            if v - v != 0:  # NaN or +-inf (the steps above keep them so): 01 (NaN), residual 0
+                c = 1
+                v = t - t
+            b |= c << (6 - 2 * j)
             r[k] = v
         out[i] = b
     for i in range(nfull, out.shape[0]):
@@ -79,12 +85,17 @@ def twobit_encode(g, r, t, out):
             k = 4 * i + j
             if k < n:
                 v = r[k] + g[k]
+                c = 0
                 if v >= t:
-                    b |= 3 << (6 - 2 * j)
+                    c = 3
                     v -= t
                 elif v <= -t:
-                    b |= 2 << (6 - 2 * j)
+                    c = 2
                     v += t
+                if v - v != 0:  # NaN or +-inf (the steps above keep them so): 01 (NaN), residual 0
+                    c = 1
+                    v = t - t
+                b |= c << (6 - 2 * j)
                 r[k] = v
         out[i] = b
     return out
@@ -92,20 +103,20 @@ def twobit_encode(g, r, t, out):
 
 @_jit
 def twobit_decode(p, t, out):
-    """Inverse of ``twobit_encode`` into ``out`` (n values); the unused code 01 reads as 0."""
+    """Inverse of ``twobit_encode`` into ``out`` (n values); code 01 reads as NaN."""
     n = out.shape[0]
-    pos = t
-    neg = -t
-    zero = t - t
+    vals = np.empty(4, out.dtype)  # by code: 0, NaN, -t, +t
+    vals[0] = t - t
+    vals[1] = np.nan
+    vals[2] = -t
+    vals[3] = t
     nfull = n // 4
     for i in range(nfull):
         b = p[i]
         for j in range(4):
-            c = (b >> (6 - 2 * j)) & 3
-            out[4 * i + j] = pos if c == 3 else (neg if c == 2 else zero)
+            out[4 * i + j] = vals[(b >> (6 - 2 * j)) & 3]
     for k in range(4 * nfull, n):
-        c = (p[k >> 2] >> (6 - 2 * (k & 3))) & 3
-        out[k] = pos if c == 3 else (neg if c == 2 else zero)
+        out[k] = vals[(p[k >> 2] >> (6 - 2 * (k & 3))) & 3]
     return out
 
 
@@ -113,7 +124,8 @@ def twobit_decode(p, t, out):
 def onebit_encode(g, r, block, vals, bits):
     """1-bit: per block, v = r + g; bit = v >= 0 (MSB first); ``vals[2b]``/``vals[2b+1]`` = float32
     means of the negative / non-negative entries (0 if none), summed in float64 over four lanes
-    as in ``onebit.lane_sums``; r = v - reconstruction."""
+    as in ``onebit.lane_sums``; r = v - reconstruction. A block holding a NaN or +-inf sends NaN
+    for both values and keeps r = v (0 for the non-finite elements)."""
     n = g.shape[0]
     for blk in range(vals.shape[0] // 2):
         s = blk * block
@@ -168,9 +180,16 @@ def onebit_encode(g, r, block, vals, bits):
                 n2 += 0.0 if bk else x
         sp = (p0 + p1) + (p2 + p3)
         sn = (n0 + n1) + (n2 + n3)
+        # a sum that is not finite: is there a NaN or +-inf in the block (or did a sum overflow)?
+        bad = False
+        if sp - sp != 0 or sn - sn != 0:
+            for k in range(m):
+                bad |= rr[k] - rr[k] != 0
         cn = m - cp
         hi = np.float32(sp / cp) if cp > 0 else np.float32(0.0)
         lo = np.float32(sn / cn) if cn > 0 else np.float32(0.0)
+        if bad:  # nothing subtracted below (v - 0.0 is v), NaN sent (after the bits)
+            hi = lo = np.float32(0.0)
         vals[2 * blk] = lo
         vals[2 * blk + 1] = hi
         for i in range(m >> 3):
@@ -190,6 +209,12 @@ def onebit_encode(g, r, block, vals, bits):
                 rr[k] = v - (hi if p else lo)
                 acc |= p << (7 - (k & 7))
             bb[m >> 3] = acc
+        if bad:
+            vals[2 * blk] = np.float32(np.nan)
+            vals[2 * blk + 1] = np.float32(np.nan)
+            for k in range(m):
+                if rr[k] - rr[k] != 0:
+                    rr[k] = 0
     return vals
 
 

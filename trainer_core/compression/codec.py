@@ -82,6 +82,17 @@ def resolve_compression(params: Any) -> dict[str, Any] | None:
     return p
 
 
+def agreed_compression(active: dict[str, Any] | None) -> dict[str, Any]:
+    """What the workers of a job must agree on for resolved params ``active`` (``resolve_compression``):
+    the type and every parameter, defaults filled in (``{'type': '2bit'}`` is
+    ``{'type': '2bit', 'threshold': 0.5}``), without ``kernel`` (each machine may run its own: they
+    write the same bytes); ``{'type': 'none'}`` when off."""
+    if active is None:
+        return {"type": "none"}
+    params: dict[str, Any] = _registry().get_compressor(active).params()
+    return params
+
+
 def compressible(dtype: str | np.dtype) -> bool:
     """Whether parts of ``dtype`` are compressed."""
     return np.dtype(dtype).str in COMPRESSIBLE

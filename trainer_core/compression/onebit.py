@@ -6,7 +6,10 @@ the last block may be shorter), each element sends one bit, ``v >= 0``; the rece
 entries (Seide et al. 2014 use matrix columns; a block is our column). The residual keeps
 ``v - reconstruction``. Means are float64 sums (in the fixed order of ``lane_sums``) divided by
 the count, then rounded to float32 (and to the gradient's dtype when that is float16); a block
-with no negative (or no non-negative) entry sends 0 for the missing value.
+with no negative (or no non-negative) entry sends 0 for the missing value. A block holding a
+non-finite ``v`` (NaN, +inf, -inf) sends NaN for both values, so it decodes as NaN throughout
+(one bit cannot single out an element); its non-finite elements keep a residual of 0, its finite
+ones keep ``v`` (nothing usable of them was sent).
 
 Payload (``8 * nblocks + ceil(n / 8)`` bytes, about 31x smaller than float32 at the default
 block of 2048): first ``nblocks`` pairs of little-endian float32 ``(value of bit 0, value of
@@ -126,8 +129,22 @@ def _mean32(xp: Any, total: Any, count: Any, dtype: np.dtype) -> Any:
 HOST_CHUNK = 1 << 16
 
 
+def _nonfinite_rows(xp: Any, v: Any, sp: Any, sn: Any) -> Any:
+    """The rows of ``v`` holding a NaN or +-inf (a bool mask), or ``None`` when there is none: only
+    looked for when a row's sums are not finite (a finite float64 sum can overflow too)."""
+    if bool(xp.isfinite(sp).all()) and bool(xp.isfinite(sn).all()):
+        return None
+    rows = ~xp.isfinite(v).all(axis=1)
+    return rows if bool(rows.any()) else None
+
+
 def encode_xp(xp: Any, g: Any, r: Any, b: int, dtype: np.dtype) -> Any:
     """The array-module kernel (numpy or cupy): updates ``r`` in place, returns the payload."""
+    with np.errstate(invalid="ignore", over="ignore"):  # non-finite values: see the module's doc
+        return _encode_xp(xp, g, r, b, dtype)
+
+
+def _encode_xp(xp: Any, g: Any, r: Any, b: int, dtype: np.dtype) -> Any:
     xp.add(r, g, out=r)
     vals = []
     bits = r >= 0
@@ -142,7 +159,17 @@ def encode_xp(xp: Any, g: Any, r: Any, b: int, dtype: np.dtype) -> Any:
             cp = s.sum(axis=1)
             hi = _mean32(xp, sp, cp, dtype)
             lo = _mean32(xp, sn, s.shape[1] - cp, dtype)
-            v -= xp.where(s, hi[:, None].astype(v.dtype), lo[:, None].astype(v.dtype))
+            bad = _nonfinite_rows(xp, v, sp, sn)
+            if bad is None:
+                v -= xp.where(s, hi[:, None].astype(v.dtype), lo[:, None].astype(v.dtype))
+            else:
+                hi[bad] = lo[bad] = np.float32(np.nan)
+                sent = xp.where(s, hi[:, None].astype(v.dtype), lo[:, None].astype(v.dtype))
+                sent[bad] = 0
+                v -= sent
+                rows = v[bad]
+                rows[~xp.isfinite(rows)] = 0
+                v[bad] = rows
             vals.append(xp.stack([lo, hi], axis=1).reshape(-1))
     head = xp.concatenate(vals).view(np.uint8) if vals else xp.zeros(0, np.uint8)
     return xp.concatenate([head, xp.packbits(bits)])

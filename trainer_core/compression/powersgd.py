@@ -11,6 +11,10 @@ to save anything (``r (rows + cols) >= rows * cols``), are sent raw in their own
 In the paper ``P`` and ``Q`` are all-reduced (so the sum stays rank r); through a parameter server
 each worker's ``P Q^T`` is decoded and summed, which is correct but only rank ``W r``.
 
+A non-finite value (NaN, +-inf) in ``M`` sends ``P`` and ``Q`` as NaN (everything decodes as NaN;
+a raw array sends it as itself), leaves its element's residual at 0, the other elements' at their
+value, and the warm start as it was.
+
 Payload: ``P`` (``rows x r``, C order) then ``Q`` (``cols x r``), little-endian float32;
 ``meta = {'type': 'powersgd', 'rank': r, 'rows': rows, 'cols': cols}``. Raw: the values in the
 gradient's dtype, ``meta = {'type': 'powersgd', 'rank': r, 'raw': 1}``.
@@ -82,12 +86,20 @@ class PowerSGD(Compressor):
 
     def _encode(self, xp: Any, g: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
         xp.add(r, g, out=r)
+        bad = None if bool(xp.isfinite(r).all()) else ~xp.isfinite(r)
         rc = self._plan(self._shape, g.size)
         if rc is None:
             sent = r.astype(dtype)
-            r -= sent.astype(r.dtype)
+            with np.errstate(invalid="ignore"):  # inf - inf
+                r -= sent.astype(r.dtype)
+            if bad is not None:
+                r[bad] = 0
             return sent.astype(dtype.newbyteorder("<")).view(np.uint8), {"rank": self.rank, "raw": 1}
         rows, cols = rc
+        meta = {"rank": self.rank, "rows": rows, "cols": cols}
+        if bad is not None:  # NaN throughout; the residual 0 where v was not finite
+            r[bad] = 0
+            return xp.full(self.rank * (rows + cols), np.nan, dtype=np.float32).view(np.uint8), meta
         m = r.reshape(rows, cols)
         if self.q is None or self.q.shape != (cols, self.rank):
             init = np.random.default_rng(self.seed).standard_normal((cols, self.rank))
@@ -98,7 +110,7 @@ class PowerSGD(Compressor):
         p32, q32 = p.astype(np.float32), q.astype(np.float32)
         r -= _rebuild(xp, p32, q32, dtype).reshape(-1).astype(r.dtype)
         payload = xp.concatenate([p32.reshape(-1).view(np.uint8), q32.reshape(-1).view(np.uint8)])
-        return payload, {"rank": self.rank, "rows": rows, "cols": cols}
+        return payload, meta
 
     def _decode(self, xp: Any, buf: Any, meta: dict[str, Any], n: int, dtype: np.dtype, out: Any) -> Any:
         if meta.get("raw"):

@@ -3,7 +3,10 @@
 With ``v = grad + residual``, send the ``k = ceil(ratio * n)`` entries of largest magnitude (at
 least one when ``n > 0``) and keep everything else, plus the rounding of the sent values, in the
 residual. Exactly: every entry whose magnitude is above the k-th largest magnitude ``T``, then the
-lowest-index entries equal to ``T`` until there are ``k`` (both kernels; NaN is not supported).
+lowest-index entries equal to ``T`` until there are ``k`` (every kernel). Magnitudes are ordered
+by their bits (the sign cleared), so NaN ranks above +-inf, which ranks above every finite value:
+a non-finite ``v`` is always among the first sent, as itself (NaN, +inf or -inf), and every
+non-finite element's residual, sent or not, becomes 0 (the next step starts clean).
 
 Payload (``8 * k`` bytes): ``k`` little-endian uint32 indices in increasing order, then the ``k``
 values as little-endian float32, in the same order. ``meta = {'type': 'topk', 'ratio': r, 'k': k}``.
@@ -58,9 +61,15 @@ class TopK(Compressor):
         else:
             xp.add(r, g, out=r)
             idx = select_xp(xp, r, k)
-        sent = r[idx].astype(np.float32)
+        held = r[idx]
+        sent = held.astype(np.float32)
+        # a non-finite value ranks first: when none is sent, there is none
+        bad = None if bool(xp.isfinite(held).all()) else ~xp.isfinite(r)
         # what the receiver will hold: float32 on the wire, then the gradient's dtype
-        r[idx] -= sent.astype(dtype).astype(r.dtype)
+        with np.errstate(invalid="ignore"):  # inf - inf
+            r[idx] -= sent.astype(dtype).astype(r.dtype)
+        if bad is not None:
+            r[bad] = 0
         payload = xp.concatenate([idx.astype("<u4").view(np.uint8), sent.astype("<f4").view(np.uint8)])
         return payload, {"ratio": self.ratio, "k": k}
 
@@ -84,6 +93,13 @@ class TopK(Compressor):
         return out
 
 
+def magnitude_keys(v: Any) -> Any:
+    """``|v|`` as unsigned ints (the bits with the sign cleared): ordered like the magnitudes, and
+    NaN above +-inf above every finite value."""
+    bits = np.dtype(f"uint{8 * v.dtype.itemsize}")
+    return v.view(bits) & bits.type(np.iinfo(bits).max >> 1)
+
+
 def select_xp(xp: Any, v: Any, k: int) -> Any:
     """Ascending indices of the ``k`` largest ``|v|``: all above the k-th largest magnitude ``T``,
     then the lowest-index ones equal to ``T``."""
@@ -92,7 +108,7 @@ def select_xp(xp: Any, v: Any, k: int) -> Any:
         return xp.arange(n)
     if k == 0:
         return xp.zeros(0, np.intp)
-    a = xp.abs(v)
+    a = magnitude_keys(v)
     t = xp.partition(a, n - k)[n - k]
     mask = a > t
     ties = xp.flatnonzero(a == t)[: k - int(mask.sum())]

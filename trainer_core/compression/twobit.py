@@ -1,11 +1,14 @@
 """``2bit``: MXNet's threshold quantizer with error feedback (``{'type': '2bit', 'threshold': 0.5}``).
 
 Per element, with ``v = grad + residual``: ``v >= t`` sends ``+t`` (``residual = v - t``),
-``v <= -t`` sends ``-t`` (``residual = v + t``), otherwise sends 0 (``residual = v``).
+``v <= -t`` sends ``-t`` (``residual = v + t``), otherwise sends 0 (``residual = v``). A
+non-finite ``v`` (NaN, +inf, -inf) sends code ``01``, which decodes as NaN, and its residual
+becomes 0: a NaN or an overflow reaches the receiver's sum, and the next step starts clean.
 
 Payload (the same bit layout as MXNet's ``quantize_2bit``): 2 bits per value, 4 values per byte,
 element ``i`` in bits ``7-2*(i%4)`` and ``6-2*(i%4)`` of byte ``i//4`` (first element in the high
-bits); ``11`` = +t, ``10`` = -t, ``00`` = 0 (``01`` is never written and reads as 0). The payload is
+bits); ``11`` = +t, ``10`` = -t, ``00`` = 0, ``01`` = NaN (MXNet never writes ``01``; it reads it
+as 0, so a finite gradient's payload is MXNet's, bit for bit). The payload is
 padded with zero bytes to whole 32-bit words, as MXNet does: ``4 * ceil(n / 16)`` bytes, 16x
 smaller than float32. ``meta = {'type': '2bit', 'threshold': t}`` where ``t`` is the threshold as
 the gradient's dtype holds it.
@@ -24,9 +27,9 @@ from trainer_core.xp import array_module
 from . import kernels
 from .base import Compressor, param_error, work_dtype
 
-#: byte -> its four decoded codes as multiples of t (+1, -1, 0), first element first.
+#: byte -> its four decoded codes as multiples of t (+1, -1, 0, NaN), first element first.
 _SIGNS = np.array(
-    [[{3: 1.0, 2: -1.0}.get((b >> (6 - 2 * j)) & 3, 0.0) for j in range(4)] for b in range(256)],
+    [[(0.0, math.nan, -1.0, 1.0)[(b >> (6 - 2 * j)) & 3] for j in range(4)] for b in range(256)],
     dtype=np.float64,
 )
 #: packs four code bytes c0..c3 read as one little-endian uint32 w into (c0<<6)|(c1<<4)|(c2<<2)|c3,
@@ -101,6 +104,10 @@ def encode_xp(xp: Any, g: Any, r: Any, t: Any) -> Any:
     c = codes[:n]
     xp.multiply(pos.view(np.uint8), np.uint8(3), out=c)
     c |= neg.view(np.uint8) << np.uint8(1)
+    bad = ~xp.isfinite(r)
+    if bad.any():  # NaN and +-inf: code 01 (decoded as NaN), residual 0
+        c[bad] = 1
+        r[bad] = 0
     if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
         q = codes.reshape(-1, 4)
         return (q[:, 0] << 6) | (q[:, 1] << 4) | (q[:, 2] << 2) | q[:, 3]

@@ -46,18 +46,26 @@ def check_key(key: Any) -> Key:
 
 
 def as_list(key: Key, value: Any) -> list[Any]:
+    """``value`` as a list of arrays (one array, or a list of them: one per device). A Python
+    number or list where an array belongs is a ``ValueTypeError`` (a ``TypeError`` and a
+    ``KVError``) saying what is accepted: ``init("w", [1, 2, 3])`` once held 1 element, the first."""
     if value is None:
         raise KVError(f"key {key!r}: its value is missing (None)")
-    if not isinstance(value, list | tuple):
-        return [value]
-    odd = next((v for v in value if not hasattr(v, "shape")), None)
-    if odd is not None or not value:  # init("w", [1, 2, 3]) held 1 element, the first
-        raise KVError(
-            f"key {key!r}: a list is one array per device (numpy or cupy), got "
-            + (f"a list holding {type(odd).__name__} {odd!r:.40}" if value else "an empty list")
-            + "; numpy.asarray(...) makes one array of a list of numbers"
+    out = list(value) if isinstance(value, list | tuple) else [value]
+    odd = next((v for v in out if not (hasattr(v, "dtype") and hasattr(v, "shape"))), None)
+    if odd is not None or not out:
+        what = f"{type(odd).__name__} {odd!r:.40}" if out else "an empty list"
+        if out and isinstance(value, list | tuple):
+            what = f"a {type(value).__name__} holding {what}"
+        raise ValueTypeError(
+            f"key {key!r}: a value is an array (numpy, or cupy on a GPU) or a list of arrays, one per "
+            f"device, not {what}; numpy.asarray(value, numpy.float32) makes one array of numbers"
         )
-    return list(value)
+    return out
+
+
+class ValueTypeError(KVError, TypeError):
+    """A value that is not an array nor a list of arrays (a Python number or list)."""
 
 
 def write_out(key: Key, value: Any, outs: list[Any]) -> None:
@@ -111,6 +119,16 @@ class KVStore:
 
     def barrier(self) -> None:
         """Wait until every worker reached the barrier (no-op in one process)."""
+
+    def initialized(self, key: Key) -> bool:
+        """Whether ``key`` was initialized through this store (a key is initialized once)."""
+        return False
+
+    def agree(self, at: str, value: Any) -> Any:
+        """Collective: the job-wide setting ``at`` that every worker gives as ``value`` (plain data);
+        returned when they agree, else ``KVError`` on every worker naming each value (one process:
+        ``value``)."""
+        return value
 
     def set_optimizer(self, optimizer: Any, **kwargs: Any) -> None:
         raise NotImplementedError

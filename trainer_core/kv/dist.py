@@ -20,9 +20,14 @@ from typing import Any
 import numpy as np
 
 import trainer_core.metrics as metrics
-from trainer_core.compression.codec import WorkerCodec, resolve_compression, validate_params
+from trainer_core.compression.codec import (
+    WorkerCodec,
+    agreed_compression,
+    resolve_compression,
+    validate_params,
+)
 from trainer_core.config import NodeConfig
-from trainer_core.errors import ConfigError, KVError
+from trainer_core.errors import ConfigError, KVError, NodeFailure
 from trainer_core.kv import dist_state
 from trainer_core.kv.api import _OPEN, KVStore, check_key, normalize
 from trainer_core.kv.excepthook import install_excepthook
@@ -74,38 +79,67 @@ class DistKVStore(KVStore):
         install_excepthook()
         self.client.before_exit = self._unlink_names
         try:
-            self._to_all_servers(protocol.SET_MODE, {"sync": self.sync})
+            self._agree("create()", {"sync": self.sync})
+            self._to_all_servers(protocol.SET_MODE, {"sync": self.sync}, "create()")
         except BaseException:
             self._cleanup()
             raise
 
     # -- control ------------------------------------------------------------------------------------
 
-    def _to_all_servers(self, op: str, body: dict[str, Any]) -> None:
+    def _to_all_servers(self, op: str, body: dict[str, Any], at: str) -> None:
         """Rank 0 sends a command to every server and waits for the acks; then every worker meets."""
         if self.rank == 0:
             self.client.wait([self.client.send(s, op, body=body) for s in range(self.num_servers)])
-        self.client.barrier()
+        self._meet(at)
+
+    def _meet(self, at: str) -> None:
+        """A barrier of API call ``at``: this worker's requests answered, the servers told that it
+        waits at the scheduler (a request waiting for its push then fails, naming both), then the
+        scheduler's barrier (an error naming who is where when another worker is in another call)."""
+        self.client.drain()
+        self.client.away(at)
+        self.client.barrier(at)
+
+    def _agree(self, at: str, value: Any) -> Any:
+        """A job-wide setting of API call ``at``, agreed with every other worker (as ``_meet``, at the
+        scheduler): returns it, or raises ``KVError`` on every worker, naming each worker's value."""
+        self.client.drain()
+        self.client.away(at)
+        return self.client.agree(at, value)
+
+    @serial()
+    def agree(self, at: str, value: Any) -> Any:
+        """Collective: every worker gives ``value`` (plain data: dicts, lists, strings, numbers,
+        booleans) for the job-wide setting named ``at``; returns it when every worker gave the same,
+        else raises ``KVError`` on every worker naming each value and the ranks that gave it."""
+        return self._agree(at, value)
 
     @serial()
     def barrier(self) -> None:
-        self.client.drain()
-        self.client.barrier()
+        self._meet("barrier()")
 
     @serial()
     def set_optimizer(self, optimizer: Any, **kwargs: Any) -> None:
-        """Server-side optimizer for every key (sent as a plain-data spec, see ``optim/server.py``)."""
-        self._to_all_servers(protocol.SET_OPTIMIZER, {"spec": to_spec(optimizer, **kwargs)})
+        """Server-side optimizer for every key (sent as a plain-data spec, see ``optim/server.py``);
+        every worker calls it with the same optimizer (agreed: else an error on every worker)."""
+        spec = to_spec(optimizer, **kwargs)
+        self._agree("set_optimizer()", spec)
+        self._to_all_servers(protocol.SET_OPTIMIZER, {"spec": spec}, "set_optimizer()")
 
     @serial()
     def set_gradient_compression(self, params: Any) -> None:
         """Validate, keep, and forward compression params (see ``compression/codec.py``); every worker
-        calls it at the same point (it ends with a barrier). Residuals start from zero."""
+        calls it at the same point with the same params (agreed: else an error on every worker; it
+        ends with a barrier). Residuals start from zero."""
         active = resolve_compression(params)
         self.compression = validate_params(params)
+        self._agree("set_gradient_compression()", agreed_compression(active))
         self.client.drain()
         self.codec.set_params(active)
-        self._to_all_servers(protocol.SET_COMPRESSION, {"params": self.compression})
+        self._to_all_servers(
+            protocol.SET_COMPRESSION, {"params": self.compression}, "set_gradient_compression()"
+        )
 
     def wire_stats(self) -> dict[str, int]:
         """Data bytes sent and received (payloads; raw parts at their size), ``raw_*`` (what 32-bit
@@ -134,26 +168,42 @@ class DistKVStore(KVStore):
 
     @serial()
     def init(self, key: Key | Sequence[Key], value: Any) -> None:
-        """Every worker calls it with the same keys and shapes; rank 0's values are stored."""
+        """Every worker calls it with the same keys and shapes; rank 0's values are stored. A key
+        that holds a value already may only be given the same values again: else the servers
+        refuse, and every worker raises that error."""
         pairs = normalize(key, value)
         per_server: dict[int, Outgoing] = {}
+        metas: dict[Key, KeyMeta] = {}
         for k, vals in pairs:
             host = to_host(vals[0])
             dtype = np.dtype(host.dtype)
             if dtype.str not in protocol.DTYPES:
                 raise KVError(f"key {k!r}: unsupported dtype {dtype}")
             parts = split(k, host.size, self.num_servers, self.cfg.bigarray_bound)
-            self.meta[k] = KeyMeta(host.shape, dtype, host.size, parts, [None] * len(parts), [0] * len(parts))
+            old = self.meta.get(k)
+            if old is not None and old.shape == host.shape and old.dtype == dtype:
+                metas[k] = old  # (its segments stay)
+            else:
+                metas[k] = KeyMeta(host.shape, dtype, host.size, parts, [None] * len(parts), [0] * len(parts))
             flat = np.ascontiguousarray(host).reshape(-1)
             for p in parts:
                 out = per_server.setdefault(p.server, Outgoing())
                 out.entries.append(protocol.Entry(k, p.index, p.size, dtype.str))
                 out.frames.append(flat[p.start : p.stop])
+        refused = None
         if self.rank == 0:
-            self.client.wait(
-                [self.client.send(s, protocol.INIT, o.entries, o.frames) for s, o in per_server.items()]
-            )
-        self.client.barrier()
+            try:
+                self.client.wait(
+                    [self.client.send(s, protocol.INIT, o.entries, o.frames) for s, o in per_server.items()]
+                )
+            except NodeFailure:
+                raise
+            except KVError as exc:  # every worker raises it (after the agreement below)
+                refused = {"error": str(exc)}
+        outcome = self._agree("init()", refused)
+        if isinstance(outcome, dict) and "error" in outcome:
+            raise KVError(str(outcome["error"]))
+        self.meta.update(metas)
 
     @serial(flush=False)
     def push(self, key: Key | Sequence[Key], value: Any) -> None:
@@ -171,6 +221,9 @@ class DistKVStore(KVStore):
         target = value if out is None else out
         self._exchange(protocol.PUSHPULL, normalize(key, value), normalize(key, target))
         return target
+
+    def initialized(self, key: Key) -> bool:
+        return key in self.meta
 
     def _meta(self, key: Key) -> KeyMeta:
         m = self.meta.get(key) if type(key) is str or type(key) is int else None

@@ -65,6 +65,9 @@ class LocalKVStore(KVStore):
             self._serve(protocol.INIT, k, flat, flat)
             self.shapes[k] = host.shape
 
+    def initialized(self, key: Key) -> bool:
+        return key in self.shapes
+
     def push(self, key: Key | Sequence[Key], value: Any) -> None:
         for k, vals in normalize(key, value):
             weight = self._weight(k)

@@ -13,16 +13,18 @@ requests). What runs above it (``ps``, ``collective``) adds its own channels and
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, NodeFailure
 from trainer_core.node import protocol
+from trainer_core.node.agree import canonical
 from trainer_core.node.book import ALL, Book, join, scheduler_endpoint
 from trainer_core.node.inflight import Requests
 from trainer_core.node.liveness import Health, Liveness
@@ -190,9 +192,24 @@ class Postoffice:
 
     # -- the scheduler -------------------------------------------------------------------------
 
-    def barrier(self, check: Callable[[], None] | None = None) -> None:
-        """Until every worker has called ``barrier`` (bounded by heartbeats)."""
-        self.scheduler_call(protocol.BARRIER, protocol.BARRIER_DONE, check)
+    def barrier(self, check: Callable[[], None] | None = None, at: str = "barrier()") -> None:
+        """Until every worker has called ``barrier`` (bounded by heartbeats). ``at`` names the call
+        of the API it is part of: when the workers are in different calls, every one of them gets a
+        ``KVError`` saying who is where (``node/agree.py``)."""
+        self.scheduler_call(protocol.BARRIER, protocol.BARRIER_DONE, check, {"at": at})
+
+    def agree(self, at: str, value: Any, check: Callable[[], None] | None = None) -> Any:
+        """Agree with every other worker on a job-wide setting of call ``at``: ``value`` (plain
+        data, sent as canonical JSON; ``None``: this worker gives none and takes the others') is
+        compared with every other worker's; returns the value agreed. ``KVError`` on every worker,
+        naming each value and its ranks, when they differ, or who is where when a worker is in
+        another call (``node/agree.py``)."""
+        body: dict[str, Any] = {"at": at}
+        if value is not None:
+            body["value"] = canonical(value)
+        reply = self.scheduler_call(protocol.AGREE, protocol.AGREED, check, body)
+        text = reply.get("value")
+        return json.loads(text) if isinstance(text, str) else None
 
     def finish(self, check: Callable[[], None] | None = None) -> None:
         """Until every worker has said it is done (MXNet's finalize)."""
@@ -206,13 +223,20 @@ class Postoffice:
             body = {"reason": reason, "node": node or self.book.name}
             self.sched.send(wire.Header(op=protocol.ABORT, src=self.book.name, body=body))
 
-    def scheduler_call(self, op: str, reply_op: str, check: Callable[[], None] | None = None) -> None:
+    def scheduler_call(
+        self,
+        op: str,
+        reply_op: str,
+        check: Callable[[], None] | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """Send ``op`` to the scheduler and wait for its ``reply_op``, calling ``check`` (default:
-        ``raise_failure``) between 0.1 s waits."""
+        ``raise_failure``) between 0.1 s waits; returns the reply's body (``KVError`` when it holds
+        an ``error``)."""
         check = check or self.raise_failure
         check()
         seq = self.requests.next()
-        self.sched.send(wire.Header(op=op, seq=seq, src=self.book.name))
+        self.sched.send(wire.Header(op=op, seq=seq, src=self.book.name, body=body or {}))
         done: list[Received] = []
 
         def take(msg: Received) -> None:
@@ -223,6 +247,11 @@ class Postoffice:
             check()
             if self.sched.wait(0.1):
                 self.sched.receive(take)
+        reply = done[0].header.body
+        error = reply.get("error")
+        if error is not None:
+            raise KVError(str(error))
+        return reply
 
     # -- the end -------------------------------------------------------------------------------
 

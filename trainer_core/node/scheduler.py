@@ -20,6 +20,7 @@ from trainer_core.config import NodeConfig
 from trainer_core.errors import WireError
 from trainer_core.log import get_logger
 from trainer_core.node import book, protocol
+from trainer_core.node.agree import MAX_VALUE, Meeting, Waiter, out_of_step
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Peer, Received, Source
 from trainer_core.transport.control import Transport
@@ -84,7 +85,7 @@ class Scheduler:
         self.pending: list[NodeRecord] = []
         self.registered = dict.fromkeys(self.expected, 0)  # per role (not a scan of pending each time)
         self.nodes: dict[str, NodeRecord] = {}
-        self.barrier_waiters: list[tuple[Peer, int]] = []
+        self.meeting = Meeting(cfg.env.num_workers)  # the workers in a barrier or an agreement
         self.finish_waiters: list[tuple[Peer, int]] = []
         self.exit_code: int | None = None
         #: set from another thread (worker 0's, ``rootserver.RootServer``): ``run`` returns soon
@@ -154,26 +155,44 @@ class Scheduler:
             if culprit is rec:
                 return self._abort(f"{rec.describe()} failed: {text}", rec.name)
             return self._abort(f"{culprit.describe()}: {text} (seen by {rec.name})", culprit.name)
-        elif h.op == protocol.BARRIER and rec.role == "worker":
-            self.barrier_waiters.append((peer, h.seq))
-            if len(self.barrier_waiters) == self.expected["worker"]:
-                for who, seq in self.barrier_waiters:
-                    who.send(wire.Header(op=protocol.BARRIER_DONE, seq=seq))
-                self.barrier_waiters.clear()
+        elif h.op in (protocol.BARRIER, protocol.AGREE) and rec.role == "worker":
+            self._meet(rec, h, peer)
         elif h.op == protocol.FINISH and rec.role == "worker" and not rec.finished:
             rec.finished = True
             self.finish_waiters.append((peer, h.seq))
             if len(self.finish_waiters) == self.expected["worker"]:
                 return self._finish()
-        if (
-            self.barrier_waiters
-            and len(self.barrier_waiters) + len(self.finish_waiters) == self.expected["worker"]
-        ):
+        waiting = self.meeting.waiting
+        if waiting and len(waiting) + len(self.finish_waiters) == self.expected["worker"]:
             done = sorted(r.name for r in self.nodes.values() if r.finished)
+            finished = sorted(r.rank for r in self.nodes.values() if r.finished and r.role == "worker")
             return self._abort(
-                f"{', '.join(done)} finished while the other workers wait in a barrier", done[0]
+                f"{', '.join(done)} finished while the other workers wait in a barrier or an agreement: "
+                + out_of_step(list(waiting.values()), finished),
+                done[0],
             )
         return None
+
+    def _meet(self, rec: NodeRecord, h: wire.Header, peer: Peer) -> None:
+        """A worker enters a barrier or an agreement (``node/agree.py``); when every worker is in
+        one, answer them all: the agreed value, or an error naming what differs or who is where."""
+        label = h.body.get("at", "barrier()")
+        if not isinstance(label, str) or not 0 < len(label) <= 64:
+            raise WireError("at must be a short string")
+        value = h.body.get("value")
+        if h.op == protocol.BARRIER or value is None:
+            value = None
+        elif not isinstance(value, str) or len(value) > MAX_VALUE:
+            raise WireError(f"value must be a JSON text of at most {MAX_VALUE} bytes")
+        self.meeting.add(Waiter(rec.rank, label, h.op, value, peer, h.seq))
+        if len(self.meeting.waiting) < self.expected["worker"]:
+            return
+        body, waiters = self.meeting.outcome()
+        if "error" in body:
+            self.log.error("trainer_core scheduler: %s", body["error"])
+        for w in waiters:
+            op = protocol.BARRIER_DONE if w.op == protocol.BARRIER else protocol.AGREED
+            w.peer.send(wire.Header(op=op, seq=w.seq, body=body))
 
     def _register(self, h: wire.Header, peer: Peer) -> int | None:
         role = wire.body_str(h, "role")

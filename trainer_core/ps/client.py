@@ -78,6 +78,7 @@ class WorkerClient:
         self._buffers: dict[tuple[int, int], MemBuffer] = {}  # (server, id): servers' shared key storage
         self._views: dict[tuple[int, str, np.dtype, int], np.ndarray] = {}  # views of them, made once
         self._closed = False
+        self.collectives = 0  # collective calls announced to the servers (``away``)
 
     @classmethod
     def join(cls, cfg: NodeConfig, log: logging.Logger, exit_on_failure: bool = True) -> WorkerClient:
@@ -237,7 +238,12 @@ class WorkerClient:
                 self._asked.pop(s, None)
         for msg in out.values():
             if msg.header.op == protocol.ERROR:
-                raise KVError(f"server refused the request: {msg.header.body.get('reason')}")
+                reason = msg.header.body.get("reason")
+                if msg.header.body.get("stuck") is True:
+                    # it waited for a worker that is in a collective call: no worker can go on
+                    self.abort(str(reason))
+                    raise KVError(str(reason))
+                raise KVError(f"server refused the request: {reason}")
         return out
 
     def _late(self, seqs: list[int], waited: float) -> None:
@@ -308,7 +314,9 @@ class WorkerClient:
 
     def _dropped(self, msg: Received) -> None:
         """A reply nobody waits for (a push's, or a forgotten one): only an error is kept, for later."""
-        if msg.header.op == protocol.ERROR and self._async_error is None:
+        body = msg.header.body
+        if msg.header.op == protocol.ERROR and self._async_error is None and body.get("stuck") is not True:
+            # (a stuck one: nobody waited for it, so nothing hung: its push joins the next round)
             self._async_error = KVError(f"server refused a push: {msg.header.body.get('reason')}")
 
     def _map_buffers(self, server: int, ch: Channel, announced: Any) -> None:
@@ -373,9 +381,22 @@ class WorkerClient:
 
     # -- the scheduler -------------------------------------------------------------------------
 
-    def barrier(self) -> None:
-        """Until every worker has called ``barrier`` (bounded by heartbeats)."""
-        self.node.barrier(self.check)
+    def barrier(self, at: str = "barrier()") -> None:
+        """Until every worker has called ``barrier`` (bounded by heartbeats); ``at``: the API call
+        it is part of (named when the workers are in different calls)."""
+        self.node.barrier(self.check, at)
+
+    def agree(self, at: str, value: Any) -> Any:
+        """The value of a job-wide setting agreed by every worker (``Postoffice.agree``)."""
+        return self.node.agree(at, value, self.check)
+
+    def away(self, at: str) -> None:
+        """Tell every server that this worker enters collective call ``at`` at the scheduler (after
+        ``drain``): a request of another worker waiting for this one's push then fails at once,
+        naming both, instead of waiting for ever (``Store.enter``)."""
+        self.collectives += 1
+        body = {"at": at, "n": self.collectives}
+        self.wait([self.send(s, protocol.AWAY, body=body) for s in range(len(self.routes))])
 
     def finish(self) -> None:
         """Tell the servers and the scheduler this worker is done; wait until every worker is (MXNet's finalize)."""

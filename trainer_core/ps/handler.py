@@ -74,6 +74,8 @@ class RequestHandler:
             if not 0 <= rank < self.num_workers:
                 raise WireError(f"bad worker rank {rank}")
             self.store.release(rank)
+            if h.op != protocol.AWAY:
+                self.store.back(rank)
             if h.op in protocol.DATA_OPS:
                 req = self._request(msg, rank)
                 for r in [req] if not h.entries else self.store.handle(req):
@@ -92,6 +94,17 @@ class RequestHandler:
         except (KVError, ValueError, TypeError) as exc:
             self.log.warning("%s: refused %s from worker: %s", self.name, h.op, exc)
             self._send(msg.reply, protocol.Header(op=protocol.ERROR, seq=h.seq, body={"reason": str(exc)}))
+        if self.store.failed:
+            self._fail_stuck()
+
+    def _fail_stuck(self) -> None:
+        """Answer the requests that can never complete (``Store.stuck``) with an error saying why,
+        marked ``stuck``: a worker waiting for one ends the job with it (``WorkerClient.wait``)."""
+        failed, self.store.failed = self.store.failed, []
+        for req, reason in failed:
+            self.log.error("%s: %s", self.name, reason)
+            body = {"reason": reason, "stuck": True}
+            self._send(req.ident, protocol.Header(op=protocol.ERROR, seq=req.header.seq, body=body))
 
     def _command(self, msg: Received, rank: int) -> None:
         """A request that changes the server's settings or state (answered with an empty reply)."""
@@ -114,6 +127,11 @@ class RequestHandler:
                 self._send(
                     req.ident, protocol.Header(op=protocol.ERROR, seq=req.header.seq, body={"reason": reason})
                 )
+        elif h.op == protocol.AWAY:
+            at = h.body.get("at")
+            if not isinstance(at, str) or not 0 < len(at) <= 64:
+                raise WireError("at must be a short string")
+            self.store.enter(rank, at, protocol.body_int(h, "n"))
         elif h.op == protocol.SET_COMPRESSION:
             params = h.body.get("params")
             if not isinstance(params, dict):
@@ -256,6 +274,8 @@ class RequestHandler:
             return
 
     def _reply(self, req: Request) -> None:
+        if req.failed:
+            return  # answered with an error already (``_fail_stuck``)
         if req.header.op == protocol.PUSH and not req.header.body.get("ack"):
             return  # pushes are not acknowledged (a later reply proves they were handled)
         if any(req.shared):

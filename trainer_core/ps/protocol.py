@@ -44,6 +44,9 @@ INIT, PUSH, PULL, PUSHPULL = "init", "push", "pull", "pushpull"
 SET_MODE, SET_OPTIMIZER, SET_COMPRESSION = "set_mode", "set_optimizer", "set_compression"
 GET_STATE, SET_STATE = "get_state", "set_state"  # servers' per-key state, for checkpoints
 REPLY, ERROR = "reply", "error"
+#: a worker enters a collective call at the scheduler (barrier, agreement): it pushes nothing until
+#: its next request, so a sync round that needs its push cannot complete meanwhile
+AWAY = "away"
 
 PS_OPS = frozenset(
     {
@@ -57,6 +60,7 @@ PS_OPS = frozenset(
         GET_STATE,
         SET_STATE,
         FINISH,
+        AWAY,
         REPLY,
         ERROR,
     }

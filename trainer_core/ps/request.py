@@ -17,6 +17,7 @@ class Request:
     as a frame); the results as they are made."""
 
     __slots__ = (
+        "failed",
         "header",
         "ident",
         "inputs",
@@ -54,6 +55,7 @@ class Request:
         self.results: list[np.ndarray | None] = [None] * n
         self.shared = [False] * n  # result i is the stored array itself, not a copy
         self.metas: list[dict[str, Any] | None] = [None] * n  # compressed results' metadata
+        self.failed = False  # answered with an error already (``Store.stuck``): no other answer
 
 
 @dataclass

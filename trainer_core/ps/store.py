@@ -30,6 +30,7 @@ from trainer_core.compression.codec import ServerCodec
 from trainer_core.errors import KVError
 from trainer_core.optim import server as optim
 from trainer_core.ps import protocol
+from trainer_core.ps.away import Away
 from trainer_core.ps.request import KeyState, Request
 
 #: the numpy dtype of each dtype name the wire allows, made once (requests name one per entry)
@@ -56,6 +57,9 @@ class Store:
         self.updater: optim.Updater | None = None
         self.keys: dict[tuple[protocol.Key, int], KeyState] = {}
         self.finished: set[int] = set()
+        self.away = Away()  # the workers in a collective call at the scheduler
+        #: requests that can never complete, with why (``stuck``): the handler answers them with an error
+        self.failed: list[tuple[Request, str]] = []
         self.codec = ServerCodec()
         self._versions = itertools.count(1)
         # by the lender's rank, by id: the states reading a push where it lies (``KeyState.lent``)
@@ -78,6 +82,36 @@ class Store:
                 st.waiting, st.deferred, st.pushed, st.queued = [], [], set(), set()
                 self._unlend(st)  # the round is abandoned: nothing of it is kept
         return list(failed.values())
+
+    def enter(self, rank: int, at: str, count: int) -> None:
+        """Worker ``rank`` entered collective call ``at``, its ``count``-th, at the scheduler: the
+        requests that wait for its push fail (``stuck``)."""
+        self.away.enter(rank, at, count)
+        self.stuck(self.keys.items())
+
+    def back(self, rank: int) -> None:
+        """Worker ``rank`` sent a request: its collective call is over (``away.Away.back``)."""
+        if self.away:
+            self.away.back(rank)
+
+    def stuck(self, states: Any) -> None:
+        """In sync mode, fail the waiting requests of ``states`` (``(key part, KeyState)`` pairs)
+        that can never complete (``away.Away.stuck``): added to ``failed``, taken off the rounds
+        (a queued pushpull keeps its push, which joins the next round), lending nothing more."""
+        found = self.away.stuck(states, self.num_workers) if self.sync and self.away else None
+        if not found:
+            return
+        for st in self.keys.values():
+            st.waiting = [(r, i) for r, i in st.waiting if id(r) not in found]
+            st.deferred = [
+                (r, i) for r, i in st.deferred if id(r) not in found or r.header.op != protocol.PULL
+            ]
+        for req, reason in found.values():
+            req.failed = True
+            for st in list(self._lent.get(req.rank, {}).values()):
+                if st.lender is req:
+                    self._copy_lent(st)
+            self.failed.append((req, reason))
 
     def set_optimizer(self, spec: dict[str, Any]) -> None:
         self.updater = optim.build(spec)
@@ -210,6 +244,8 @@ class Store:
         try:
             for i in range(len(req.header.entries)):
                 self._entry(req, i, done)
+            if self.away:
+                self.stuck([((e.key, e.part), self.keys[(e.key, e.part)]) for e in req.header.entries])
         except BaseException:  # ``req`` is answered with an error now: its worker may reuse its inputs
             for st in list(self._lent.get(req.rank, {}).values()):
                 if st.lender is req:
@@ -241,8 +277,9 @@ class Store:
         st.lent = st.lender = None
 
     def _check(self, req: Request) -> None:
-        for e in req.header.entries:
+        for n, e in enumerate(req.header.entries):
             if req.header.op == protocol.INIT:
+                self._check_init(e, req.inputs[n])
                 continue
             st = self.keys.get((e.key, e.part))
             if st is None:
@@ -252,12 +289,34 @@ class Store:
                     f"key {e.key!r}: {e.size} elements of {e.dtype} given, {st.weight.size} of {st.weight.dtype} stored"
                 )
 
+    def _check_init(self, e: protocol.Entry, data: np.ndarray | None) -> None:
+        """A key part initialized again must get the very values it holds (as MXNet, which refuses
+        any second init; equal values are allowed, e.g. a restarted script's same init)."""
+        st = self.keys.get((e.key, e.part))
+        if st is None or data is None:
+            return
+        w = st.weight
+        same = (
+            w.dtype == data.dtype
+            and w.size == data.size
+            and np.array_equal(w.view(np.uint8), np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        )
+        if not same:
+            raise StoreError(
+                f"key {e.key!r} (part {e.part}) was initialized already ({w.size} of {w.dtype}), and "
+                f"init gave it other values ({data.size} of {data.dtype}): a key is initialized once "
+                "(or again with the same values); push to change it"
+            )
+
     def _entry(self, req: Request, i: int, done: list[Request]) -> None:
         op, e = req.header.op, req.header.entries[i]
         kid = (e.key, e.part)
         if op == protocol.INIT:
             data = req.inputs[i]
             assert data is not None
+            if kid in self.keys:  # the same values again (``_check_init``): nothing changes
+                self._done(req, i, done)
+                return
             weight = self.alloc(data.dtype, data.size)
             np.copyto(weight, data)
             self.keys[kid] = KeyState(weight=weight, version=next(self._versions))

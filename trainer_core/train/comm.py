@@ -65,15 +65,18 @@ def decode_host(row: np.ndarray) -> str:
 def exchange_hosts(kv: Any, n: int, rank: int, row: np.ndarray) -> np.ndarray:
     """Every worker's ``row``, stacked by rank. Sync stores sum one ``(n, HOST_BYTES)`` key; in an
     async store a push replaces the value, so each worker writes its own key and all read them all."""
+    known = getattr(kv, "initialized", None)  # a second communicator on the store: init again no more
     if "async" not in str(kv.type):
         table = np.zeros((n, row.size), dtype=np.float32)
-        kv.init(HOSTS_KEY, table)
+        if known is None or not known(HOSTS_KEY):
+            kv.init(HOSTS_KEY, table)
         table[rank] = row
         out = np.empty_like(table)
         kv.pushpull(HOSTS_KEY, table, out)
         return out
     keys = [f"{HOSTS_KEY}{i}" for i in range(n)]
-    kv.init(keys, [np.zeros_like(row) for _ in keys])
+    if known is None or not known(keys[0]):
+        kv.init(keys, [np.zeros_like(row) for _ in keys])
     kv.pushpull(keys[rank], row, np.empty_like(row))  # answered: the server holds it
     kv.barrier()
     out = np.empty((n, row.size), dtype=np.float32)
@@ -192,3 +195,9 @@ class KVCommunicator(WorkerTable):
 
     def set_compression(self, params: dict[str, Any]) -> None:
         self.kv.set_gradient_compression(params)
+
+    def agree(self, at: str, value: Any) -> Any:
+        """The job-wide setting ``at``, the same ``value`` on every worker (``KVError`` on every
+        worker naming each value otherwise; see ``kv.agree``); a store without ``agree`` agrees."""
+        agree = getattr(self.kv, "agree", None)
+        return value if agree is None else agree(at, value)

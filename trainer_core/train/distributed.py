@@ -142,6 +142,9 @@ class DistributedLearner:
             self._comm.broadcast(self.keys, [self.params[n] for n in self.names])
         else:
             self._average(self.params)
+        agree = getattr(self._comm, "agree", None)
+        if agree is not None:  # 1 bit on one worker and 32 on another: an error on both, not a hang
+            agree("the distributed learner's compression", self.compression or {"type": "none"})
         if self.compression is not None:
             self._comm.set_compression(self.compression)
         self.distributed = True
