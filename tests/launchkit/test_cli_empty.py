@@ -98,6 +98,7 @@ def test_an_empty_option_says_to_leave_it_out(capsys: pytest.CaptureFixture[str]
     assert "Invalid value for '--log-dir': '' is empty: expected a value; leave the option out" in err
 
 
+@pytest.mark.proc  # the mpi backend's dry run asks mpirun --version
 @pytest.mark.parametrize("flag", sorted(EMPTY_IS_A_VALUE))
 def test_extra_engine_flags_may_be_empty(capsys: pytest.CaptureFixture[str], flag: str) -> None:
     """``--mpi-args "$EXTRA"`` with EXTRA empty: no extra flags, as the default."""
