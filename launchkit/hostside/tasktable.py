@@ -6,8 +6,10 @@ differ by a constant step in their numbers (plan index, task id, role rank, loca
 and the rows of one host differ from the next host's by a constant step too. So the table is
 written as *groups*: a group repeats ``rep`` times a period of *runs*; a run is ``n`` rows from
 a first row and a step per row (``di``, ``d``); each repeat of the period adds the run's repeat
-step (``rdi``, ``rd``) to its first row. A value with a step is a comma-separated list of decimal integers (``"7"``,
-``"2,3"``); any other value is the same in every row of its run. 5000 tasks over 625 hosts take
+step (``rdi``, ``rd``) to its first row. A value's step is one integer per number in it (a maximal
+run of digits written without a leading zero, under 19 digits: ``"7"``, ``"2,3"``,
+``"/tmp/launchkit-J-attempt0-worker3-error.json"``), its text between the numbers the same in
+every row of its run; a value without such numbers is the same in every row of its run. 5000 tasks over 625 hosts take
 a few hundred bytes where one row per task took about 100 bytes each (Linux refuses one
 environment string over 128 KiB, ``MAX_ARG_STRLEN``: about 1100 tasks)::
 
@@ -27,27 +29,38 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-_NUMBERS = re.compile(r"(0|[1-9][0-9]{0,17})(,(0|[1-9][0-9]{0,17}))*")
+_DIGITS = re.compile(r"([0-9]+)")
+_NUMBER = re.compile(r"0|[1-9][0-9]{0,17}")
 #: The longest period of runs a group repeats (a host's rows: a few roles and GPU layouts).
 MAX_PERIOD = 8
 Step = tuple[tuple[int, ...], ...]  # per field: the difference (empty: a value that never changes)
 
 
-def _numbers(value: str) -> tuple[int, ...] | None:
-    return tuple(int(p) for p in value.split(",")) if _NUMBERS.fullmatch(value) else None
+def _split(value: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The value's text between its numbers (one more piece than numbers) and its numbers. A run
+    of digits with a leading zero or too long is text: its step would not keep its form."""
+    parts = _DIGITS.split(value)  # text, digits, text, digits, ..., text
+    texts, numbers = [parts[0]], []
+    for digits, text in zip(parts[1::2], parts[2::2], strict=True):
+        if _NUMBER.fullmatch(digits):
+            numbers.append(int(digits))
+            texts.append(text)
+        else:
+            texts[-1] += digits + text
+    return tuple(texts), tuple(numbers)
 
 
 @dataclass(frozen=True)
 class _Row:
     keys: tuple[str, ...]  # "" first: the plan index; then the task's own variable names, sorted
     values: tuple[str, ...]
-    numbers: tuple[tuple[int, ...] | None, ...]
+    parts: tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]  # per value: _split
 
     @staticmethod
     def of(index: int, env: Mapping[str, str]) -> _Row:
         keys = ("", *sorted(env))
         values = tuple(str(index) if k == "" else str(env[k]) for k in keys)
-        return _Row(keys, values, tuple(_numbers(v) for v in values))
+        return _Row(keys, values, tuple(_split(v) for v in values))
 
 
 def _step(a: _Row, b: _Row) -> Step | None:
@@ -55,13 +68,10 @@ def _step(a: _Row, b: _Row) -> Step | None:
     if a.keys != b.keys:
         return None
     out: list[tuple[int, ...]] = []
-    for va, vb, na, nb in zip(a.values, b.values, a.numbers, b.numbers, strict=True):
-        if na is not None and nb is not None and len(na) == len(nb):
-            out.append(tuple(y - x for x, y in zip(na, nb, strict=True)))
-        elif va == vb:
-            out.append(())
-        else:
-            return None
+    for (ta, na), (tb, nb) in zip(a.parts, b.parts, strict=True):
+        if ta != tb or len(na) != len(nb):
+            return None  # different text: no step takes one value to the other
+        out.append(tuple(y - x for x, y in zip(na, nb, strict=True)) if na else ())
     return tuple(out)
 
 
@@ -156,10 +166,13 @@ def encode(rows: Sequence[tuple[int, Mapping[str, str]]]) -> str:
 
 
 def _add(value: str, step: list[int], times: int) -> str:
-    parts = value.split(",")
-    if len(parts) != len(step):
+    texts, numbers = _split(value)
+    if len(numbers) != len(step):
         raise ValueError(f"a step of {len(step)} numbers for the value {value!r}")
-    return ",".join(str(int(v) + s * times) for v, s in zip(parts, step, strict=True))
+    out = [texts[0]]
+    for n, s, text in zip(numbers, step, texts[1:], strict=True):
+        out += [str(n + s * times), text]
+    return "".join(out)
 
 
 def size(table: Mapping[str, Any]) -> int:
