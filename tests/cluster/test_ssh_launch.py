@@ -376,6 +376,12 @@ def test_unreachable_host_fails_fast_and_starts_nothing(netns_hosts, jobdir: Pat
 def test_hosts_check_with_one_host_down(netns_hosts, tmp_path: Path) -> None:
     group = netns_hosts(3)
     group[1].stop()
+    # node1 gets Debian's /etc/hosts line for its own name (in its own mount namespace); the
+    # namespace hosts otherwise share this machine's /etc/hosts, where their names do not resolve
+    group[0].run(
+        "printf '127.0.0.1 localhost\\n127.0.1.1 node1\\n' > /tmp/etc-hosts && mount --bind /tmp/etc-hosts /etc/hosts",
+        check=True,
+    )
     hostfile = group.write_hostfile(tmp_path / "hosts")
     res = run(["hosts", "check", "-H", str(hostfile), *ssh_flags(group), "--connect-timeout", "2", "--json"])
     assert res.returncode == 1
@@ -387,11 +393,12 @@ def test_hosts_check_with_one_host_down(netns_hosts, tmp_path: Path) -> None:
     assert not rows[group[1].hostfile_line()]["reachable"] and rows[group[1].hostfile_line()]["error"]
     table = run(["hosts", "check", "-H", str(hostfile), *ssh_flags(group), "--connect-timeout", "2"])
     assert "2 of 3 host(s) reachable" in table.stdout and "unreachable" in table.stdout
-    # the namespace hosts' names resolve to 127.0.0.1 there: flagged (issue 40)
-    assert f"{group[0].hostfile_line()}: its host name node1 resolves to 127.0.0.1 there" in " ".join(
-        table.stderr.split()
-    )
-    assert rows[group[0].hostfile_line()]["name_address"] == "127.0.0.1"
+    # node1's name resolves to 127.0.1.1 there: flagged; node3's does not resolve: not (issue 40)
+    said = " ".join(table.stderr.split())
+    assert f"{group[0].hostfile_line()}: its host name node1 resolves to 127.0.1.1 there" in said, said
+    assert "node3" not in said, said
+    assert rows[group[0].hostfile_line()]["name_address"] == "127.0.1.1"
+    assert rows[group[2].hostfile_line()]["name_address"] is None
 
 
 def test_loopback_sshd_launch_and_strict_host_keys(sshd_loopback, tmp_path: Path) -> None:
