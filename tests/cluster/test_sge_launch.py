@@ -183,7 +183,12 @@ def test_every_process_gets_sigterm_when_the_grace_period_starts(
     assert t.rc == {"fail": 3, "sigint": 130, "kill": 143}[how], t.stderr[-3000:]
     assert {"scheduler-0", "server-0", "worker-0"} <= set(t.term_s), (t.term_s, t.stderr[-3000:])
     assert max(t.term_s.values()) < 3.0, t.term_s
-    assert t.exit_s < 6.0, (t.exit_s, t.stderr[-3000:])
+    # The end is timed from the last SIGTERM, not from the cause: with "kill" the cause is the
+    # start of `launchkit kill`, whose own Python start took 2.3-2.8 s on a loaded 2-core machine
+    # (bounded above), and Grid Engine's end after the processes have left (qmaster's accounting,
+    # then three final reads of qstat and qacct 0.5 s apart) took 4.5-5.6 s there (load 9-17).
+    # Under 8 s from the SIGTERM still tells it from a launch that waits out the 10 s grace period.
+    assert t.exit_s - max(t.term_s.values()) < 8.0, (t.exit_s, t.term_s, t.stderr[-3000:])
     assert "leftover" not in t.stderr, t.stderr[-3000:]
 
 
