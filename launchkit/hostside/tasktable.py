@@ -16,7 +16,10 @@ environment string over 128 KiB, ``MAX_ARG_STRLEN``: about 1100 tasks)::
     {"v": 2, "n": 6, "groups": [{"rep": 2, "runs": [{"n": 3, "i": 1, "env": {"DMLC_TASK_ID": "0", ...},
       "di": 2, "d": {"DMLC_TASK_ID": [2]}, "rdi": 1, "rd": {"DMLC_TASK_ID": [1]}}]}]}
 
-Version 1 (``{"v": 1, "tasks": [{"i": .., "env": {..}}, ...]}``, one row per task) is still read.
+A table whose steps apply to a value other than a comma-separated list of numbers is version 3
+(a reader of version 2 knew only those); others are still written as version 2. Version 1
+(``{"v": 1, "tasks": [{"i": .., "env": {..}}, ...]}``, one row per task) is still read. A later
+version is refused, naming the launchkit versions apart.
 Slurm's batch job writes each srun step's placement the same way (``LAUNCHKIT_BATCH``: row k's
 index is the node of the step's task k, with no variables; ``rows`` decodes a whole table).
 """
@@ -31,6 +34,8 @@ from typing import Any
 
 _DIGITS = re.compile(r"([0-9]+)")
 _NUMBER = re.compile(r"0|[1-9][0-9]{0,17}")
+_LIST = re.compile(r"(0|[1-9][0-9]{0,17})(,(0|[1-9][0-9]{0,17}))*")  # all version 2 could step
+VERSIONS = (1, 2, 3)
 #: The longest period of runs a group repeats (a host's rows: a few roles and GPU layouts).
 MAX_PERIOD = 8
 Step = tuple[tuple[int, ...], ...]  # per field: the difference (empty: a value that never changes)
@@ -162,7 +167,24 @@ def encode(rows: Sequence[tuple[int, Mapping[str, str]]]) -> str:
             }
         )
         j += rep * p
-    return json.dumps({"v": 2, "n": len(rows), "groups": groups}, separators=(",", ":"))
+    text_steps = any(
+        not _LIST.fullmatch(run["env"][name])
+        for group in groups
+        for run in group["runs"]
+        for name in {*run.get("d", {}), *run.get("rd", {})}
+    )
+    version = 3 if text_steps else 2
+    return json.dumps({"v": version, "n": len(rows), "groups": groups}, separators=(",", ":"))
+
+
+def _version(table: Mapping[str, Any]) -> int:
+    version = table.get("v")
+    if version not in VERSIONS:
+        raise ValueError(
+            f"a task table of version {version}, and this launchkit reads versions 1 to {VERSIONS[-1]}: "
+            "the launcher's launchkit is newer than this host's (install the same version on both)"
+        )
+    return int(version)
 
 
 def _add(value: str, step: list[int], times: int) -> str:
@@ -177,7 +199,7 @@ def _add(value: str, step: list[int], times: int) -> str:
 
 def size(table: Mapping[str, Any]) -> int:
     """How many tasks the parsed table holds."""
-    if table.get("v") == 1:
+    if _version(table) == 1:
         return len(table["tasks"])
     return sum(int(g["rep"]) * sum(int(r["n"]) for r in g["runs"]) for g in table["groups"])
 
@@ -195,7 +217,7 @@ def _row_of(run: Mapping[str, Any], row: int, m: int) -> tuple[int, dict[str, st
 
 def rows(table: Mapping[str, Any]) -> Iterator[tuple[int, dict[str, str]]]:
     """Every row of the parsed table in order: what ``lookup`` gives row by row, in one pass."""
-    if table.get("v") == 1:
+    if _version(table) == 1:
         for found in table["tasks"]:
             yield int(found["i"]), {str(k): str(v) for k, v in found["env"].items()}
         return

@@ -144,6 +144,19 @@ def test_values_with_numbers_in_text_step_with_their_rows() -> None:
     assert len(raw) < 10_000, len(raw)
     assert [tasktable.lookup(raw, r) for r in range(len(rows))] == rows
     assert list(tasktable.rows(json.loads(raw))) == rows
+    assert json.loads(raw)["v"] == 3  # a reader of version 2 stepped only lists of numbers
+
+
+def test_tables_a_version_2_reader_could_read_stay_version_2_and_later_ones_are_refused() -> None:
+    raw = tasktable.encode(
+        [(1, {"A": "0,1", "B": "x"}), (2, {"A": "2,3", "B": "x"}), (3, {"A": "4,5", "B": "x"})]
+    )
+    assert json.loads(raw)["v"] == 2
+    later = json.dumps({"v": 4, "n": 1, "groups": []})
+    with pytest.raises(
+        ValueError, match="version 4, and this launchkit reads versions 1 to 3: the launcher's"
+    ):
+        tasktable.lookup(later, 0)
 
 
 def test_engine_env_of_workers_with_a_long_role_variable_stays_under_the_kernels_limit() -> None:
