@@ -6,6 +6,7 @@ anything."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -13,7 +14,7 @@ from launchkit.backends.base import Backend
 from launchkit.core.capabilities import Capabilities
 from launchkit.core.placement import assign_hosts
 from launchkit.core.plan import has_scheduler
-from launchkit.core.spec import LaunchSpec
+from launchkit.core.spec import Host, LaunchSpec
 from launchkit.errors import UsageError
 from launchkit.hostside.netif import is_loopback, route_to
 from launchkit.netutil import PortReservation, fallback_address, interface_address
@@ -69,13 +70,16 @@ def off_this_machine(name: str) -> bool:
     return not all(is_loopback(str(info[4][0])) for info in infos)
 
 
-def check_reachable(spec: LaunchSpec, master_addr: str) -> None:
+def check_reachable(
+    spec: LaunchSpec, master_addr: str, reached_name: Callable[[Host], str] = lambda h: h.name
+) -> None:
     """Refuse a loopback ``MASTER_ADDR`` (worker 0's address) in a job whose workers span
-    machines: the others would wait in ``init_process_group`` for a store they cannot reach."""
+    machines: the others would wait in ``init_process_group`` for a store they cannot reach.
+    ``reached_name`` gives the name a host is reached at (an ssh config alias's ``HostName``)."""
     if not is_loopback(master_addr):
         return
     workers = assign_hosts(spec.num_workers, spec.num_servers, spec.hosts)[spec.num_servers :]
-    other = next((h for h in workers if off_this_machine(h.name)), None)
+    other = next((h for h in workers if off_this_machine(reached_name(h))), None)
     if other is None:
         return
     named = "or --scheduler-ip ADDRESS (worker 0's address) " if spec.num_servers == 0 else ""
@@ -132,7 +136,7 @@ class Roots:
             if far is not None:  # (--scheduler-ip names worker 0's address where it serves the rendezvous)
                 named = spec.scheduler_ip if case != "scheduler" else None
                 master = (named or far[0], spec.master_port or far[2])
-                check_reachable(spec, master[0])
+                check_reachable(spec, master[0], backend.reached_name)
             elif caps.here:
                 master = (here, spec.master_port or reserve())
             else:  # worker 0's node: a --master-port reaches it in the plan

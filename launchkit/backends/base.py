@@ -77,6 +77,11 @@ class Backend:
         None when this machine is worker 0's (local) or worker 0's node picks them (an engine)."""
         return None
 
+    def reached_name(self, host: Host) -> str:
+        """The name or address the backend reaches ``host`` at: the hostfile's name, or for ssh
+        its ssh config's ``HostName`` (an alias's real host)."""
+        return host.name
+
     def node_hosts(self, spec: LaunchSpec) -> dict[Host, str] | None:
         """``DMLC_NODE_HOST`` per host when not the hostfile's names ("" : the node finds it)."""
         return None

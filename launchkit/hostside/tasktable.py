@@ -6,15 +6,20 @@ differ by a constant step in their numbers (plan index, task id, role rank, loca
 and the rows of one host differ from the next host's by a constant step too. So the table is
 written as *groups*: a group repeats ``rep`` times a period of *runs*; a run is ``n`` rows from
 a first row and a step per row (``di``, ``d``); each repeat of the period adds the run's repeat
-step (``rdi``, ``rd``) to its first row. A value with a step is a comma-separated list of decimal integers (``"7"``,
-``"2,3"``); any other value is the same in every row of its run. 5000 tasks over 625 hosts take
+step (``rdi``, ``rd``) to its first row. A value's step is one integer per number in it (a maximal
+run of digits written without a leading zero, under 19 digits: ``"7"``, ``"2,3"``,
+``"/tmp/launchkit-J-attempt0-worker3-error.json"``), its text between the numbers the same in
+every row of its run; a value without such numbers is the same in every row of its run. 5000 tasks over 625 hosts take
 a few hundred bytes where one row per task took about 100 bytes each (Linux refuses one
 environment string over 128 KiB, ``MAX_ARG_STRLEN``: about 1100 tasks)::
 
     {"v": 2, "n": 6, "groups": [{"rep": 2, "runs": [{"n": 3, "i": 1, "env": {"DMLC_TASK_ID": "0", ...},
       "di": 2, "d": {"DMLC_TASK_ID": [2]}, "rdi": 1, "rd": {"DMLC_TASK_ID": [1]}}]}]}
 
-Version 1 (``{"v": 1, "tasks": [{"i": .., "env": {..}}, ...]}``, one row per task) is still read.
+A table whose steps apply to a value other than a comma-separated list of numbers is version 3
+(a reader of version 2 knew only those); others are still written as version 2. Version 1
+(``{"v": 1, "tasks": [{"i": .., "env": {..}}, ...]}``, one row per task) is still read. A later
+version is refused, naming the launchkit versions apart.
 Slurm's batch job writes each srun step's placement the same way (``LAUNCHKIT_BATCH``: row k's
 index is the node of the step's task k, with no variables; ``rows`` decodes a whole table).
 """
@@ -27,27 +32,40 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-_NUMBERS = re.compile(r"(0|[1-9][0-9]{0,17})(,(0|[1-9][0-9]{0,17}))*")
+_DIGITS = re.compile(r"([0-9]+)")
+_NUMBER = re.compile(r"0|[1-9][0-9]{0,17}")
+_LIST = re.compile(r"(0|[1-9][0-9]{0,17})(,(0|[1-9][0-9]{0,17}))*")  # all version 2 could step
+VERSIONS = (1, 2, 3)
 #: The longest period of runs a group repeats (a host's rows: a few roles and GPU layouts).
 MAX_PERIOD = 8
 Step = tuple[tuple[int, ...], ...]  # per field: the difference (empty: a value that never changes)
 
 
-def _numbers(value: str) -> tuple[int, ...] | None:
-    return tuple(int(p) for p in value.split(",")) if _NUMBERS.fullmatch(value) else None
+def _split(value: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The value's text between its numbers (one more piece than numbers) and its numbers. A run
+    of digits with a leading zero or too long is text: its step would not keep its form."""
+    parts = _DIGITS.split(value)  # text, digits, text, digits, ..., text
+    texts, numbers = [parts[0]], []
+    for digits, text in zip(parts[1::2], parts[2::2], strict=True):
+        if _NUMBER.fullmatch(digits):
+            numbers.append(int(digits))
+            texts.append(text)
+        else:
+            texts[-1] += digits + text
+    return tuple(texts), tuple(numbers)
 
 
 @dataclass(frozen=True)
 class _Row:
     keys: tuple[str, ...]  # "" first: the plan index; then the task's own variable names, sorted
     values: tuple[str, ...]
-    numbers: tuple[tuple[int, ...] | None, ...]
+    parts: tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]  # per value: _split
 
     @staticmethod
     def of(index: int, env: Mapping[str, str]) -> _Row:
         keys = ("", *sorted(env))
         values = tuple(str(index) if k == "" else str(env[k]) for k in keys)
-        return _Row(keys, values, tuple(_numbers(v) for v in values))
+        return _Row(keys, values, tuple(_split(v) for v in values))
 
 
 def _step(a: _Row, b: _Row) -> Step | None:
@@ -55,13 +73,10 @@ def _step(a: _Row, b: _Row) -> Step | None:
     if a.keys != b.keys:
         return None
     out: list[tuple[int, ...]] = []
-    for va, vb, na, nb in zip(a.values, b.values, a.numbers, b.numbers, strict=True):
-        if na is not None and nb is not None and len(na) == len(nb):
-            out.append(tuple(y - x for x, y in zip(na, nb, strict=True)))
-        elif va == vb:
-            out.append(())
-        else:
-            return None
+    for (ta, na), (tb, nb) in zip(a.parts, b.parts, strict=True):
+        if ta != tb or len(na) != len(nb):
+            return None  # different text: no step takes one value to the other
+        out.append(tuple(y - x for x, y in zip(na, nb, strict=True)) if na else ())
     return tuple(out)
 
 
@@ -152,19 +167,39 @@ def encode(rows: Sequence[tuple[int, Mapping[str, str]]]) -> str:
             }
         )
         j += rep * p
-    return json.dumps({"v": 2, "n": len(rows), "groups": groups}, separators=(",", ":"))
+    text_steps = any(
+        not _LIST.fullmatch(run["env"][name])
+        for group in groups
+        for run in group["runs"]
+        for name in {*run.get("d", {}), *run.get("rd", {})}
+    )
+    version = 3 if text_steps else 2
+    return json.dumps({"v": version, "n": len(rows), "groups": groups}, separators=(",", ":"))
+
+
+def _version(table: Mapping[str, Any]) -> int:
+    version = table.get("v")
+    if version not in VERSIONS:
+        raise ValueError(
+            f"a task table of version {version}, and this launchkit reads versions 1 to {VERSIONS[-1]}: "
+            "the launcher's launchkit is newer than this host's (install the same version on both)"
+        )
+    return int(version)
 
 
 def _add(value: str, step: list[int], times: int) -> str:
-    parts = value.split(",")
-    if len(parts) != len(step):
+    texts, numbers = _split(value)
+    if len(numbers) != len(step):
         raise ValueError(f"a step of {len(step)} numbers for the value {value!r}")
-    return ",".join(str(int(v) + s * times) for v, s in zip(parts, step, strict=True))
+    out = [texts[0]]
+    for n, s, text in zip(numbers, step, texts[1:], strict=True):
+        out += [str(n + s * times), text]
+    return "".join(out)
 
 
 def size(table: Mapping[str, Any]) -> int:
     """How many tasks the parsed table holds."""
-    if table.get("v") == 1:
+    if _version(table) == 1:
         return len(table["tasks"])
     return sum(int(g["rep"]) * sum(int(r["n"]) for r in g["runs"]) for g in table["groups"])
 
@@ -182,7 +217,7 @@ def _row_of(run: Mapping[str, Any], row: int, m: int) -> tuple[int, dict[str, st
 
 def rows(table: Mapping[str, Any]) -> Iterator[tuple[int, dict[str, str]]]:
     """Every row of the parsed table in order: what ``lookup`` gives row by row, in one pass."""
-    if table.get("v") == 1:
+    if _version(table) == 1:
         for found in table["tasks"]:
             yield int(found["i"]), {str(k): str(v) for k, v in found["env"].items()}
         return

@@ -3,6 +3,7 @@ roles from the 1-based SGE_TASK_ID, failure, kill, Ctrl-C, the launcher's death 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import signal
@@ -32,6 +33,18 @@ from tests.launchkit.procs import (
 )
 
 pytestmark = pytest.mark.timeout(90)
+
+
+def shims_of(job: str) -> list[int]:
+    """The job's processes that run the rank shim: its tasks, once Grid Engine runs them. Not every
+    process with the job's id: the launcher's qsub and qstat (Debian's wrapper scripts and their
+    `arch` subshells) carry it too, before the job is listed or after it has left."""
+    out = []
+    for pid in pids_with_job(job):
+        with contextlib.suppress(OSError):
+            if b"launchkit.hostside.shim" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+    return out
 
 
 def launch(cluster, tmp_path: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -84,7 +97,7 @@ def test_secret_is_not_in_the_job_environment(sge_local, tmp_path: Path, launchk
     proc = start_waiting_job("sge", tmp_path, env)
     try:
         job = wait_for_job(launchkit_home)
-        assert wait_until(lambda: len(pids_with_job(job)) >= 6, 30)
+        assert wait_until(lambda: len(shims_of(job)) >= 4, 30)  # every task runs
         (sge_job,) = sge_local.job_ids()
         shown = sge_local.run(["qstat", "-j", sge_job]).stdout
         secret = next(
@@ -183,7 +196,12 @@ def test_every_process_gets_sigterm_when_the_grace_period_starts(
     assert t.rc == {"fail": 3, "sigint": 130, "kill": 143}[how], t.stderr[-3000:]
     assert {"scheduler-0", "server-0", "worker-0"} <= set(t.term_s), (t.term_s, t.stderr[-3000:])
     assert max(t.term_s.values()) < 3.0, t.term_s
-    assert t.exit_s < 6.0, (t.exit_s, t.stderr[-3000:])
+    # The end is timed from the last SIGTERM, not from the cause: with "kill" the cause is the
+    # start of `launchkit kill`, whose own Python start took 2.3-2.8 s on a loaded 2-core machine
+    # (bounded above), and Grid Engine's end after the processes have left (qmaster's accounting,
+    # then three final reads of qstat and qacct 0.5 s apart) took 4.5-5.6 s there (load 9-17).
+    # Under 8 s from the SIGTERM still tells it from a launch that waits out the 10 s grace period.
+    assert t.exit_s - max(t.term_s.values()) < 8.0, (t.exit_s, t.term_s, t.stderr[-3000:])
     assert "leftover" not in t.stderr, t.stderr[-3000:]
 
 

@@ -376,6 +376,12 @@ def test_unreachable_host_fails_fast_and_starts_nothing(netns_hosts, jobdir: Pat
 def test_hosts_check_with_one_host_down(netns_hosts, tmp_path: Path) -> None:
     group = netns_hosts(3)
     group[1].stop()
+    # node1 gets Debian's /etc/hosts line for its own name (in its own mount namespace); the
+    # namespace hosts otherwise share this machine's /etc/hosts, where their names do not resolve
+    group[0].run(
+        "printf '127.0.0.1 localhost\\n127.0.1.1 node1\\n' > /tmp/etc-hosts && mount --bind /tmp/etc-hosts /etc/hosts",
+        check=True,
+    )
     hostfile = group.write_hostfile(tmp_path / "hosts")
     res = run(["hosts", "check", "-H", str(hostfile), *ssh_flags(group), "--connect-timeout", "2", "--json"])
     assert res.returncode == 1
@@ -387,11 +393,12 @@ def test_hosts_check_with_one_host_down(netns_hosts, tmp_path: Path) -> None:
     assert not rows[group[1].hostfile_line()]["reachable"] and rows[group[1].hostfile_line()]["error"]
     table = run(["hosts", "check", "-H", str(hostfile), *ssh_flags(group), "--connect-timeout", "2"])
     assert "2 of 3 host(s) reachable" in table.stdout and "unreachable" in table.stdout
-    # the namespace hosts' names resolve to 127.0.0.1 there: flagged (issue 40)
-    assert f"{group[0].hostfile_line()}: its host name node1 resolves to 127.0.0.1 there" in " ".join(
-        table.stderr.split()
-    )
-    assert rows[group[0].hostfile_line()]["name_address"] == "127.0.0.1"
+    # node1's name resolves to 127.0.1.1 there: flagged; node3's does not resolve: not (issue 40)
+    said = " ".join(table.stderr.split())
+    assert f"{group[0].hostfile_line()}: its host name node1 resolves to 127.0.1.1 there" in said, said
+    assert "node3" not in said, said
+    assert rows[group[0].hostfile_line()]["name_address"] == "127.0.1.1"
+    assert rows[group[2].hostfile_line()]["name_address"] is None
 
 
 def test_loopback_sshd_launch_and_strict_host_keys(sshd_loopback, tmp_path: Path) -> None:
@@ -533,19 +540,22 @@ def test_ssh_agent_is_used(sshd_loopback, tmp_path: Path) -> None:
         agent.wait(timeout=5)
 
 
-@pytest.mark.parametrize("servers", ["1", "0"])  # the watchdog's start; with -s 0 worker 0's port probe first
+# worker 0's port probe runs first with or without servers (torch's MASTER_PORT is asked of worker
+# 0's host in every job); the watchdog's own message is tests/launchkit/test_ssh_start.py's
+@pytest.mark.parametrize("servers", ["1", "0"])
 def test_a_program_that_does_not_answer_within_the_start_timeout_is_named_with_the_wait(
-    netns_hosts, jobdir: Path, servers: str
+    netns_hosts, tmp_path: Path, servers: str
 ) -> None:
     """--start-timeout bounds the python3 the launcher runs on a host once its session is open
-    (issue 40); one that does not answer in time stops the launch naming the host and the wait."""
+    (issue 40); one that does not answer in time stops the launch naming the host and the wait.
+    Run from / : without --sync-dst-dir the host starts the command in the launcher's directory,
+    and the namespace hosts do not see this test's /tmp."""
     group = netns_hosts(1)
-    hostfile = group.write_hostfile(jobdir.parent / "hosts")
+    hostfile = group.write_hostfile(tmp_path / "hosts")
     args = ["launch", "-H", str(hostfile), *ssh_flags(group), "--start-timeout", "0.001"]
-    res = run([*args, "-n", "1", "-s", servers, "true"], cwd=jobdir, timeout=60)
+    res = run([*args, "-n", "1", "-s", servers, "true"], cwd="/", timeout=60)
     assert res.returncode != 0 and "Traceback" not in res.stderr
     said = " ".join(res.stderr.split())
-    what = "the watchdog did not start" if servers == "1" else "the port probe (python3 -c) did not answer"
-    assert f"{what} within 0.001 s (--start-timeout" in said, said
-    ok = run([*args[:-1], "30", "-n", "1", "-s", servers, "true"], cwd=jobdir, timeout=60)
+    assert "the port probe (python3 -c) did not answer within 0.001 s (--start-timeout" in said, said
+    ok = run([*args[:-1], "30", "-n", "1", "-s", servers, "true"], cwd="/", timeout=60)
     assert ok.returncode == 0, ok.stderr[-3000:]

@@ -40,7 +40,10 @@ def test_remote_rows_get_host_figures_and_process_usage(
     remote = model.hosts[str(host)].latest
     assert remote["mem_total"] > 0 and "load1" in remote and "net_rx_bytes" in remote
     busy = [cpu for (h, _), (cpu, rss) in model.procs.items() if h == str(host) and cpu and rss > 0]
-    assert busy and max(busy) > 20, model.procs
+    # A busy loop gets a core's share of the machine: 18.9 % at load 17 on 2 cores (about 2/17 of a
+    # core is its fair share there). Over 5 % still tells a busy process, in percent, from an idle
+    # one (under 1 %) and from a fraction of one (0.19).
+    assert busy and max(busy) > 5, model.procs
     assert "localhost" not in model.hosts  # -s 0: no scheduler process, nothing of the job runs here
 
 

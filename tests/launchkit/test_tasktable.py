@@ -122,3 +122,66 @@ def test_version_1_tables_are_still_read() -> None:
     assert list(tasktable.rows(json.loads(raw))) == [(5, {"A": "1"}), (6, {"A": "2"})]
     with pytest.raises(ValueError, match="outside the job's 2 tasks"):
         tasktable.lookup(raw, 2)
+
+
+def test_values_with_numbers_in_text_step_with_their_rows() -> None:
+    """torchrun's TORCHELASTIC_ERROR_FILE names the worker inside a path: its rows differ in a
+    number within text. Before, such a value broke every run, so each worker's row was written
+    whole, a long role variable with it (16 x 9000 bytes: over MAX_ARG_STRLEN, "Argument list too
+    long" at the engine's start). A run of digits with a leading zero stays text."""
+    rows = [
+        (i + 1, {"E": f"/tmp/launchkit-1201-225937-aab063-attempt0-worker{i}-error.json", "F": "f" * 9000})
+        for i in range(16)
+    ]
+    rows += [
+        (17, {"E": "x09"}),
+        (18, {"E": "x10"}),
+        (19, {"E": "x11"}),
+        (20, {"E": "v1.2"}),
+        (21, {"E": "v1.3"}),
+    ]
+    raw = tasktable.encode(rows)
+    assert len(raw) < 10_000, len(raw)
+    assert [tasktable.lookup(raw, r) for r in range(len(rows))] == rows
+    assert list(tasktable.rows(json.loads(raw))) == rows
+    assert json.loads(raw)["v"] == 3  # a reader of version 2 stepped only lists of numbers
+
+
+def test_tables_a_version_2_reader_could_read_stay_version_2_and_later_ones_are_refused() -> None:
+    raw = tasktable.encode(
+        [(1, {"A": "0,1", "B": "x"}), (2, {"A": "2,3", "B": "x"}), (3, {"A": "4,5", "B": "x"})]
+    )
+    assert json.loads(raw)["v"] == 2
+    later = json.dumps({"v": 4, "n": 1, "groups": []})
+    with pytest.raises(
+        ValueError, match="version 4, and this launchkit reads versions 1 to 3: the launcher's"
+    ):
+        tasktable.lookup(later, 0)
+
+
+def test_engine_env_of_workers_with_a_long_role_variable_stays_under_the_kernels_limit() -> None:
+    """The rows of tests/cluster/test_scale_engine.py: 16 workers with torchrun's variables and a
+    9000-byte --env-worker value, one server, on one host."""
+    spec = LaunchSpec(
+        num_workers=16,
+        num_servers=1,
+        command=("python3", "train.py"),
+        backend="mpi",
+        hosts=(Host("localhost"),),
+        env_worker=(("LK_FILLER", "f" * 9000),),
+    )
+    plan = make_plan(
+        spec,
+        job_id="1201-225937-aab063",
+        secret="s",
+        root_uri="127.0.0.1",
+        root_port=9000,
+        node_host_of={spec.hosts[0]: ""},
+    )
+    ordered = rank_order(plan)
+    env = engine_env(plan, ordered, 5.0)
+    assert len(env[shim.TASKS_VAR]) < 2 * 9000 + 4096, len(env[shim.TASKS_VAR])
+    for rank, task in enumerate(ordered):
+        index, own = shim.task_of({**env, "OMPI_COMM_WORLD_RANK": str(rank)})
+        assert plan.tasks[index] == task
+        assert {**own, **split_env(ordered)[0]} == dict(task.env)

@@ -176,3 +176,18 @@ def test_an_ssh_hosts_watchdog_gives_its_workers_the_interface_toward_master_add
         assert conn.chan.p is not None
         conn.chan.p.kill()
         conn.chan.p.wait()
+
+
+def test_an_ssh_config_alias_is_judged_by_the_host_it_names() -> None:
+    """A hostfile of ssh config aliases (trainer-box -> HostName 127.0.0.1): every worker is on
+    this machine, so a loopback worker 0 is no fault; the alias itself does not resolve here."""
+    spec = LaunchSpec(
+        num_workers=2,
+        num_servers=0,
+        command=("true",),
+        backend="ssh",
+        hosts=(Host("trainer-box.invalid"), Host("trainer-box.invalid", port=2223)),
+    )
+    with pytest.raises(UsageError):
+        check_reachable(spec, "127.0.0.1")  # by the alias alone: another machine, perhaps
+    check_reachable(spec, "127.0.0.1", lambda h: "127.0.0.1")

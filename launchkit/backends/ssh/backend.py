@@ -151,6 +151,11 @@ class SshBackend(Backend):
             return route_to(first.host) if ":" in reached and route_to(first.host) else reached
         return route_to(first.host)  # through a jump host or a ProxyCommand: no socket of ours
 
+    def reached_name(self, host: Host) -> str:
+        """The ssh config's ``HostName`` for ``host`` (fabric resolved it when connecting)."""
+        conn = self.conns.get(host_key(host))
+        return str(conn.host) if conn is not None and getattr(conn, "host", None) else host.name
+
     def worker0_ports(self, spec: LaunchSpec) -> tuple[str, int, int] | None:
         """Worker 0's address and two free ports on its host (``worker0.probe``)."""
         host = assign_hosts(spec.num_workers, spec.num_servers, spec.hosts)[spec.num_servers]
