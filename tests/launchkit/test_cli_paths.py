@@ -41,6 +41,7 @@ def cli(capsys: pytest.CaptureFixture[str], args: list[str]) -> tuple[int, str, 
     ],
     ids=["hosts list", "launch ssh", "launch mpi"],
 )
+@pytest.mark.proc  # launch mpi's dry run asks mpirun --version
 def test_a_quoted_tilde_hostfile_is_read_from_the_home(
     capsys: pytest.CaptureFixture[str], home: Path, args: list[str]
 ) -> None:
@@ -56,6 +57,7 @@ def test_hosts_add_writes_into_the_home(capsys: pytest.CaptureFixture[str], home
     assert not Path("~").exists()
 
 
+@pytest.mark.proc  # a local job runs (and its reaper)
 def test_a_quoted_tilde_log_dir_is_in_the_home(capsys: pytest.CaptureFixture[str], home: Path) -> None:
     code, _out, err = cli(
         capsys, ["launch", "-n", "1", "-s", "0", "--launcher", "local", "--log-dir", "~/logs", "echo", "hi"]

@@ -509,6 +509,7 @@ def test_the_watchdog_starts_without_the_hosts_site_packages(tmp_path) -> None:
         p.wait()
 
 
+@pytest.mark.proc  # the watchdog tries to start the program
 def test_a_program_not_found_on_a_host_says_the_path_it_was_looked_for_in() -> None:
     """ssh's "cannot start 'sh' on node1: No such file or directory: sh" said nothing of the PATH
     (a broken --env PATH, a venv not on the host), where local and the engines' shim say it."""
