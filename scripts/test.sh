@@ -20,10 +20,11 @@ if [ "${1:-}" = "--quick" ]; then
     shift
 fi
 
-DEBS=(procps iproute2 tmux util-linux openssh-client rsync libgomp1 libquadmath0 g++)
+# (openmpi-bin: the mpi backend's dry runs, proc tier, ask mpirun --version)
+DEBS=(procps iproute2 tmux util-linux openssh-client rsync libgomp1 libquadmath0 g++ openmpi-bin)
 EXTRAS=test
 if [ $quick -eq 0 ]; then
-    DEBS+=(openssh-server openmpi-bin mpich slurm-wlm munge)
+    DEBS+=(openssh-server mpich slurm-wlm munge)
     EXTRAS=test,fast,torch
 fi
 missing=()
