@@ -6,16 +6,15 @@ that (each host "unreachable", exit 1) instead of said at once (exit 2)."""
 from __future__ import annotations
 
 from launchkit.backends.ssh.options import SshOptions
-from launchkit.errors import UsageError
+from launchkit.cli.app import path_option
 
 
 def check_ssh_files(opts: SshOptions) -> None:
     """UsageError naming the flag when ``-i`` or ``--known-hosts`` is empty; exit 2 naming the file
     when the key file cannot be read (``connection.identity_file``, the check a launch makes too)
     or the known-hosts file or the ssh config cannot be read (``fabric_config``)."""
-    for flag, value in (("-i/--identity", opts.identity), ("--known-hosts", opts.known_hosts)):
-        if value is not None and not value.strip():
-            raise UsageError(f"{flag} is empty (expected a file name)")
+    path_option("-i/--identity", opts.identity)  # (the file options' rule for an empty one)
+    path_option("--known-hosts", opts.known_hosts)
     from launchkit.backends.ssh import connection as ssh
 
     if opts.identity is not None:

@@ -159,26 +159,31 @@ class Group:
         host = array if lent else np.array(to_host(array), copy=True, order="C")
         _check_out(host, out)
 
+        def destination() -> np.ndarray:
+            return host if out is array or not inplace else (np.empty_like(host) if out is None else out)
+
+        def result(dest: np.ndarray) -> Any:
+            return dest if inplace else (out if lent else _deliver(host, array, out))
+
         def run(seq: int) -> Any:
-            dest = host if out is array or not inplace else (np.empty_like(host) if out is None else out)
+            dest = destination()
             flat = dest.reshape(-1)
             self._allreduce_into(self._ctx(seq), host.reshape(-1), flat, spec)
             spec.finish(flat, self.size)
-            return dest if inplace else (out if lent else _deliver(host, array, out))
+            return result(dest)
 
         fast = None
         shm = self._exchange.local is not None and host.size and self.size > 1
         if shm and policy.choose(host.nbytes, self.topology, self.thresholds, True) == policy.SHM:
 
             def fast(seq: int, rec: bytes) -> tuple[list[bytes], Any]:
-                dest = host if out is array or not inplace else (np.empty_like(host) if out is None else out)
+                dest = destination()
                 flat = dest.reshape(-1)
                 shown: list[list[bytes]] = []
-                ok = self._shm(host.reshape(-1), flat, spec, rec, shown)
-                if not ok:
+                if not self._shm(host.reshape(-1), flat, spec, rec, shown):
                     return shown[0], NOT_RUN
                 spec.finish(flat, self.size)
-                return shown[0], dest if inplace else (out if lent else _deliver(host, array, out))
+                return shown[0], result(dest)
 
         return Op(desc, run, host.nbytes, fast)
 
