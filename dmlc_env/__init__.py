@@ -49,6 +49,9 @@ LAUNCHKIT_METRICS_ADDR = "LAUNCHKIT_METRICS_ADDR"
 # ROOT_IN_WORKER0, worker 0's own process (a job without servers: no scheduler process runs)
 LAUNCHKIT_ROOT_SERVER = "LAUNCHKIT_ROOT_SERVER"
 ROOT_IN_WORKER0 = "worker 0"
+# MIN:MAX, set only in an elastic job (``launchkit launch -n MIN:MAX``): the workers may change
+# while it runs, between MIN and MAX; DMLC_NUM_WORKER is then the count at this process's start
+LAUNCHKIT_ELASTIC = "LAUNCHKIT_ELASTIC"
 
 # --- torchrun's names (torch.distributed's env://), every worker, counted over the workers ---
 RANK = "RANK"
@@ -87,7 +90,7 @@ LAUNCHER_SET = frozenset(
         DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER,
         DMLC_NODE_HOST, DMLC_TASK_ID, DMLC_JOB_CLUSTER, DMLC_INTERFACE, LAUNCHKIT_JOB_ID,
         LAUNCHKIT_JOB_HOME, LAUNCHKIT_ROLE_RANK, LAUNCHKIT_LOCAL_RANK, LAUNCHKIT_JOB_SECRET, LAUNCHKIT_RESTART_COUNT,
-        LAUNCHKIT_METRICS_ADDR, LAUNCHKIT_ROOT_SERVER, *TORCH_VARS,
+        LAUNCHKIT_METRICS_ADDR, LAUNCHKIT_ROOT_SERVER, LAUNCHKIT_ELASTIC, *TORCH_VARS,
     }
 )  # fmt: skip
 LAUNCHER_SETTINGS = frozenset({"LAUNCHKIT_HOME", "LAUNCHKIT_DEBUG"})  # read by the launcher itself
@@ -122,6 +125,26 @@ class JobEnv:
     home: str = ""  # LAUNCHKIT_JOB_HOME: HOST:PATH of the job's record ("": not set)
     max_restarts: int = 0  # --max-restarts (TORCHELASTIC_MAX_RESTARTS)
     worker_hosts: int = 1  # the workers' hosts (GROUP_WORLD_SIZE)
+    elastic: tuple[int, int] | None = None  # (MIN, MAX) workers of an elastic job; None: fixed
+
+
+def format_elastic(bounds: tuple[int, int]) -> str:
+    """``LAUNCHKIT_ELASTIC``'s value for (MIN, MAX)."""
+    return f"{bounds[0]}:{bounds[1]}"
+
+
+def parse_elastic(value: str) -> tuple[int, int]:
+    """(MIN, MAX) from ``LAUNCHKIT_ELASTIC``'s ``MIN:MAX``; ValueError naming what was expected."""
+    lo, sep, hi = value.partition(":")
+    try:
+        bounds = (int(lo), int(hi))
+    except ValueError:
+        bounds = (0, 0)
+    if not sep or not 1 <= bounds[0] <= bounds[1]:
+        raise ValueError(
+            f"environment variable {LAUNCHKIT_ELASTIC}={value!r}: expected MIN:MAX with 1 <= MIN <= MAX"
+        )
+    return bounds
 
 
 @dataclass(frozen=True)
@@ -165,6 +188,8 @@ def build_env(job: JobEnv, task: TaskEnv) -> dict[str, str]:
         env[CUDA_VISIBLE_DEVICES] = task.cuda_visible_devices
     if job.root_in_worker0:
         env[LAUNCHKIT_ROOT_SERVER] = ROOT_IN_WORKER0
+    if job.elastic is not None:
+        env[LAUNCHKIT_ELASTIC] = format_elastic(job.elastic)
     if task.role == "worker":
         env.update(torch_env(job, task))
     return env
@@ -240,6 +265,7 @@ class NodeEnv:
     secret: str | None
     restart_count: int | None = None
     root_server: str | None = None  # LAUNCHKIT_ROOT_SERVER: None, a scheduler process
+    elastic: tuple[int, int] | None = None  # LAUNCHKIT_ELASTIC: (MIN, MAX) workers; None: fixed
 
     @property
     def root_in_worker0(self) -> bool:
@@ -288,6 +314,7 @@ class NodeEnv:
             secret=e.get(LAUNCHKIT_JOB_SECRET) or None,
             restart_count=as_int(LAUNCHKIT_RESTART_COUNT, e.get(LAUNCHKIT_RESTART_COUNT)),
             root_server=e.get(LAUNCHKIT_ROOT_SERVER) or None,
+            elastic=parse_elastic(e[LAUNCHKIT_ELASTIC]) if e.get(LAUNCHKIT_ELASTIC) else None,
         )
 
 

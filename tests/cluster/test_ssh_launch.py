@@ -477,7 +477,16 @@ def test_secret_never_on_a_command_line(netns_hosts, jobdir: Path, launchkit_hom
     try:
         job = wait_for_job(launchkit_home, timeout=30)
         assert wait_until(lambda: all(len(p) >= 1 for p in job_pids_on(group, job).values()), 15)
-        scheduler = next(p for p in record(launchkit_home, job)["processes"] if p["role"] == "scheduler")
+
+        def scheduler_entry() -> dict | None:
+            # the record lists each process once it is started: wait for the scheduler's entry
+            return next(
+                (p for p in record(launchkit_home, job)["processes"] if p["role"] == "scheduler"), None
+            )
+
+        assert wait_until(lambda: scheduler_entry() is not None, 15), record(launchkit_home, job)
+        scheduler = scheduler_entry()
+        assert scheduler is not None
         env = Path(f"/proc/{scheduler['pid']}/environ").read_bytes().split(b"\0")
         secret = next(e for e in env if e.startswith(b"LAUNCHKIT_JOB_SECRET=")).split(b"=", 1)[1].decode()
         assert len(secret) == 64

@@ -256,3 +256,20 @@ def test_every_process_names_the_home_of_its_record_which_cannot_be_overridden()
     assert dmlc_env.launcher_owned("LAUNCHKIT_JOB_HOME")
     unset = make_plan(spec(), job_id="j", secret="s", root_uri="h", root_port=1)
     assert all("LAUNCHKIT_JOB_HOME" not in t.env for t in unset.tasks)
+
+
+def test_elastic_bounds_travel_both_ways_and_only_in_an_elastic_job() -> None:
+    job = dmlc_env.JobEnv("j", "s", "local", "h", 1, 0, 3, elastic=(2, 4))
+    task = dmlc_env.TaskEnv("worker", 0, 0, 0, "h")
+    env = dmlc_env.build_env(job, task)
+    assert env["LAUNCHKIT_ELASTIC"] == "2:4"
+    assert dmlc_env.NodeEnv.from_environ(env).elastic == (2, 4)
+    fixed = dmlc_env.build_env(dmlc_env.JobEnv("j", "s", "local", "h", 1, 0, 3), task)
+    assert "LAUNCHKIT_ELASTIC" not in fixed and dmlc_env.NodeEnv.from_environ(fixed).elastic is None
+    assert dmlc_env.launcher_owned("LAUNCHKIT_ELASTIC")
+
+
+@pytest.mark.parametrize("value", ["4", "3:2", "0:2", "a:b", "2:"])
+def test_a_broken_elastic_value_is_named(value: str) -> None:
+    with pytest.raises(ValueError, match=r"LAUNCHKIT_ELASTIC=.*expected MIN:MAX"):
+        dmlc_env.parse_elastic(value)
