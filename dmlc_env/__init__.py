@@ -52,6 +52,11 @@ ROOT_IN_WORKER0 = "worker 0"
 # MIN:MAX, set only in an elastic job (``launchkit launch -n MIN:MAX``): the workers may change
 # while it runs, between MIN and MAX; DMLC_NUM_WORKER is then the count at this process's start
 LAUNCHKIT_ELASTIC = "LAUNCHKIT_ELASTIC"
+# The metrics figure (dmlc_env.telemetry) an elastic job's worker reports as 1 when it handles a
+# change of membership in its own process (trainer_core's elastic API); the launcher then keeps the
+# survivors running at a change. A worker that never reports it (a torch.distributed script) is
+# restarted with the others at each change, as under torchrun.
+ELASTIC_IN_PROCESS_FIGURE = "elastic.in_process"
 
 # --- torchrun's names (torch.distributed's env://), every worker, counted over the workers ---
 RANK = "RANK"
