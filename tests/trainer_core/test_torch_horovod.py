@@ -444,8 +444,9 @@ def test_refusals_name_what_is_not_supported() -> None:
         hvd.elastic.run(lambda state: None)
     with pytest.raises(NotImplementedError, match="timeline is not supported"):
         hvd.start_timeline("/tmp/t.json")
-    with pytest.raises(ValueError, match="Adasum is not supported"):
-        hvd.allreduce(torch.ones(2), op=hvd.Adasum, runtime=rt)
+    with pytest.raises(ValueError, match=r"op=Adasum reduces floating-point tensors, not torch\.int64"):
+        hvd.allreduce(torch.ones(2, dtype=torch.int64), op=hvd.Adasum, runtime=rt)
+    assert hvd.allreduce(torch.tensor([1.0, -2.0]), op=hvd.Adasum, runtime=rt).tolist() == [1.0, -2.0]
     with pytest.raises(ValueError, match="process sets other than the global one"):
         hvd.add_process_set([0])
     with pytest.raises(TypeError, match="path='ps'"):

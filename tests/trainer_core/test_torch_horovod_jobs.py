@@ -39,7 +39,22 @@ def block(rows: int, size: int, rank: int) -> slice:
     return slice(start, start + rows // size + (1 if rank < rows % size else 0))
 
 
-@pytest.mark.parametrize(("workers", "servers"), [(2, 0), (3, 0), (2, 1)])
+def adasum_reference(rows: list[list[float]]) -> list[float]:
+    """Adasum written out from its definition: pairs at distance 1, then 2, ..."""
+
+    def pair(a: list[float], b: list[float]) -> list[float]:
+        dot = sum(x * y for x, y in zip(a, b, strict=True))
+        na, nb = sum(x * x for x in a), sum(y * y for y in b)
+        ca = 1 - dot / (2 * na) if na >= 1e-8 else 1.0
+        cb = 1 - dot / (2 * nb) if nb >= 1e-8 else 1.0
+        return [ca * x + cb * y for x, y in zip(a, b, strict=True)]
+
+    while len(rows) > 1:
+        rows = [pair(rows[i], rows[i + 1]) for i in range(0, len(rows), 2)]
+    return rows[0]
+
+
+@pytest.mark.parametrize(("workers", "servers"), [(2, 0), (3, 0), (4, 0), (2, 1)])
 def test_horovods_operations_equal_numpy(workers: int, servers: int) -> None:
     got = launch(workers, servers)
     n = workers
@@ -64,6 +79,13 @@ def test_horovods_operations_equal_numpy(workers: int, servers: int) -> None:
         assert res["avg_scaled_int64"] == avg_scaled.tolist()
         assert res["sum_async"] == every.sum(0).astype(np.float64).tolist()
         assert res["product"] == np.prod(every, axis=0).tolist()
+        if n == 3:
+            assert "op=Adasum needs a power-of-two number of ranks" in res["adasum"]
+            assert "this job has 3" in res["adasum"]
+        else:
+            want_adasum = adasum_reference([values(s).astype(float).tolist() for s in range(n)])
+            np.testing.assert_allclose(res["adasum"], want_adasum, rtol=1e-12)
+            assert res["adasum"] == got[0]["adasum"]  # the same bits on every rank
         assert res["max_inplace"] == every.max(0).astype(np.float32).tolist()
         assert res["grouped"] == [every.sum(0).tolist(), every[:, :2].sum(0).tolist()]
         assert res["gather"] == np.concatenate([values(s)[: s + 1] for s in range(n)]).tolist()

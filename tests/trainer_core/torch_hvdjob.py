@@ -42,6 +42,10 @@ def main() -> None:
     ).tolist()
     out["sum_async"] = hvd.synchronize(hvd.allreduce_async(v.double(), None, "s", hvd.Sum)).tolist()
     out["product"] = hvd.allreduce(v, op=hvd.Product).tolist()
+    try:
+        out["adasum"] = hvd.allreduce(v.double(), op=hvd.Adasum).tolist()
+    except ValueError as e:  # a size that is not a power of two
+        out["adasum"] = str(e)
     out["max_inplace"] = hvd.allreduce_(v.float().clone(), op=hvd.Max).tolist()
     out["grouped"] = [t.tolist() for t in hvd.grouped_allreduce([v.float(), v[:2].double()], op=hvd.Sum)]
     out["gather"] = hvd.allgather(v[: r + 1]).tolist()

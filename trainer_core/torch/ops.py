@@ -6,7 +6,7 @@ for ``synchronize``/``poll``; ``allreduce`` and ``broadcast`` also in place, wit
 
 Every rank calls the same operations in the same order (as with Horovod). Results are fresh
 tensors (the in-place forms write into the argument). ``op``: ``Average`` (default), ``Sum``,
-``Min``, ``Max``, ``Product``; ``Adasum`` is refused at the call. As Horovod's: ``Average`` of an
+``Min``, ``Max``, ``Product``, ``Adasum`` (``folded``). As Horovod's: ``Average`` of an
 integer tensor is the sum times ``1/size`` truncated toward zero, ``prescale_factor`` and
 ``postscale_factor`` multiply before and after the reduction (integers truncated the same way),
 and the synchronous operations are differentiable with Horovod's gradients. Tensors are lent to
@@ -27,12 +27,13 @@ from trainer_core.collective import CollectiveClosed, LinkError
 
 from .backend import Backend, Waitable
 from .compression import Compression, check
+from .folded import adasum_of, check_adasum, product_of
 from .process_sets import check_global
 from .runtime import Runtime, default
 from .tensors import as_array, as_tensor, check_dense, kind_of
 
 Average, Sum, Min, Max, Product, Adasum = "mean", "sum", "min", "max", "product", "adasum"
-OPS = (Average, Sum, Min, Max, Product)
+OPS = (Average, Sum, Min, Max, Product, Adasum)
 
 
 class HorovodInternalError(RuntimeError):
@@ -45,12 +46,8 @@ def resolve_op(average: bool | None, op: str | None) -> str:
         raise ValueError("give op= or average=, not both (average is the deprecated spelling of op)")
     if op is None:
         return Sum if average is False else Average
-    if op == Adasum:
-        raise ValueError(
-            "op=Adasum is not supported by trainer_core.torch (Average, Sum, Min, Max and Product are)"
-        )
     if op not in OPS:
-        raise ValueError(f"op must be Average, Sum, Min, Max or Product, not {op!r}")
+        raise ValueError(f"op must be Average, Sum, Min, Max, Product or Adasum, not {op!r}")
     return op
 
 
@@ -134,18 +131,16 @@ def _allreduce_work(
         how, post = Sum, postscale / backend.size
     else:
         how, post = op, postscale
-    if how == Product:
-        rows = t.reshape(1, *t.shape)
-        work = backend.allgather_async(as_array(rows))
+    if how in (Product, Adasum):  # each rank folds every rank's tensor, in rank order
+        if how == Adasum:
+            check_adasum(t, backend.size)
+        work = backend.allgather_async(as_array(t.reshape(1, *t.shape)))
+        fold = product_of if how == Product else adasum_of
 
-        def product(r: Any) -> torch.Tensor:
-            every = as_tensor(r, t.dtype, (backend.size, *t.shape))
-            out = every[0].clone()
-            for i in range(1, backend.size):  # rank order: the same bits everywhere
-                out.mul_(every[i])
-            return scaled(out, post)
+        def folded(r: Any) -> torch.Tensor:
+            return scaled(fold(as_tensor(r, t.dtype, (backend.size, *t.shape))), post)
 
-        return Handle(work, product)
+        return Handle(work, folded)
     work = backend.allreduce_async(as_array(t), how, kind_of(t))
     return Handle(work, lambda r: scaled(as_tensor(r, t.dtype, t.shape), post))
 

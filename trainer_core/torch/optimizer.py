@@ -32,7 +32,7 @@ from trainer_core.train import samemodel
 from . import buckets as bucketing
 from .compression import Compression, Residual, check
 from .exchange import Exchange, Pending
-from .ops import Average, Product, Sum, resolve_op
+from .ops import Adasum, Average, Product, Sum, resolve_op
 from .process_sets import check_global
 from .runtime import Runtime, default
 from .tensors import FLOATS, check_dense
@@ -314,8 +314,15 @@ def DistributedOptimizer(  # Horovod's name
     if not isinstance(fusion_threshold, int) or fusion_threshold < 0:
         raise ValueError(f"fusion_threshold must be a number of bytes >= 0, not {fusion_threshold!r}")
     how = resolve_op(None, op)
-    if how == Product:
-        raise ValueError("DistributedOptimizer reduces with op=Average, Sum, Min or Max, not Product")
+    if how in (Product, Adasum):
+        raise ValueError(
+            f"DistributedOptimizer reduces with op=Average, Sum, Min or Max, not {how.capitalize()}"
+            + (
+                " (Horovod's Adasum optimizer, which reduces each step's update, is not supported)"
+                if how == Adasum
+                else ""
+            )
+        )
     check_global(process_set, "DistributedOptimizer", runtime)
     if isinstance(gradient_predivide_factor, bool) or not isinstance(gradient_predivide_factor, int | float):
         raise ValueError(f"gradient_predivide_factor must be a number, not {gradient_predivide_factor!r}")
