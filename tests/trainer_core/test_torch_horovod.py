@@ -651,3 +651,21 @@ def test_horovod_timeline_variable_is_said_to_be_ignored(monkeypatch: pytest.Mon
             hvd.init()
     finally:
         hvd.shutdown()
+
+
+def test_the_adasum_optimizer_alone_takes_the_plain_step() -> None:
+    rt = solo()
+    torch.manual_seed(1)
+    a, b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    b.load_state_dict(a.state_dict())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(a.parameters(), lr=0.1), op=hvd.Adasum, runtime=rt)
+    plain = torch.optim.SGD(b.parameters(), lr=0.1)
+    x = torch.arange(6.0).reshape(2, 3)
+    for model, o in ((a, opt), (b, plain)):
+        model(x).pow(2).sum().backward()
+        o.step()
+    assert isinstance(opt, torch.optim.SGD)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):  # start + (new - start): rounding
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    with opt.skip_synchronize():
+        opt.synchronize()

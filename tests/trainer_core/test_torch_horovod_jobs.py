@@ -17,7 +17,7 @@ torch = pytest.importorskip(
 )
 
 from tests.trainer_core.markedjob import run_marked  # noqa: E402
-from tests.trainer_core.torch_hvdjob import values  # noqa: E402
+from tests.trainer_core.torch_hvdjob import adasum_input, adasum_model, values  # noqa: E402
 
 
 def launch(workers: int, servers: int) -> list[dict[str, Any]]:
@@ -54,6 +54,19 @@ def adasum_reference(rows: list[list[float]]) -> list[float]:
     return rows[0]
 
 
+def adasum_step(n: int) -> np.ndarray:
+    """The parameters after one SGD step of Horovod's Adasum optimizer: each rank's own update
+    (lr 0.1 on its own input), combined with Adasum per parameter, added to the start."""
+    start = [p.detach().reshape(-1).numpy().copy() for p in adasum_model().parameters()]
+    updates: list[list[np.ndarray]] = []
+    for r in range(n):
+        model = adasum_model()
+        model(torch.from_numpy(adasum_input(r))).pow(2).sum().backward()
+        updates.append([-0.1 * p.grad.reshape(-1).numpy() for p in model.parameters()])
+    combined = [adasum_reference([u[i].tolist() for u in updates]) for i in range(len(start))]
+    return np.concatenate([s + np.array(c) for s, c in zip(start, combined, strict=True)])
+
+
 @pytest.mark.parametrize(("workers", "servers"), [(2, 0), (3, 0), (4, 0), (2, 1)])
 def test_horovods_operations_equal_numpy(workers: int, servers: int) -> None:
     got = launch(workers, servers)
@@ -82,7 +95,10 @@ def test_horovods_operations_equal_numpy(workers: int, servers: int) -> None:
         if n == 3:
             assert "op=Adasum needs a power-of-two number of ranks" in res["adasum"]
             assert "this job has 3" in res["adasum"]
+            assert "this job has 3" in res["adasum_step"]
         else:
+            np.testing.assert_allclose(np.concatenate(res["adasum_step"]), adasum_step(n), rtol=1e-12)
+            assert res["adasum_step"] == got[0]["adasum_step"]
             want_adasum = adasum_reference([values(s).astype(float).tolist() for s in range(n)])
             np.testing.assert_allclose(res["adasum"], want_adasum, rtol=1e-12)
             assert res["adasum"] == got[0]["adasum"]  # the same bits on every rank

@@ -196,7 +196,8 @@ def model() -> torch.nn.Module:
     ("kwargs", "match"),
     [
         ({"backward_passes_per_step": 0}, "backward_passes_per_step"),
-        ({"op": ops.Adasum}, "Adasum"),
+        ({"op": ops.Adasum, "compression": tcomp.Compression.onebit}, "Adasum"),
+        ({"op": ops.Product}, "not Product"),
         ({"op": "prod"}, "op must be"),
         ({"comm": "ps"}, "initialized with comm"),
         ({"compression": "1bit"}, "compression must be"),

@@ -19,6 +19,18 @@ def values(rank: int) -> np.ndarray:
     return np.array([7, -5, 3, 12, -1, 0], dtype=np.int64) * (rank + 1) + rank
 
 
+def adasum_model() -> Any:
+    """The same small model on every rank (and in the test's reference)."""
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Linear(3, 2).double()
+
+
+def adasum_input(rank: int) -> np.ndarray:
+    return values(rank)[:3].astype(np.float64).reshape(1, 3) / 10
+
+
 def main() -> None:
     import torch
 
@@ -62,6 +74,14 @@ def main() -> None:
     bn = hvd.SyncBatchNorm(2, momentum=None).double()
     xb = torch.from_numpy(values(r)[:4].reshape(2, 2).astype(np.float64))
     out["syncbn"] = [bn(xb).tolist(), bn.running_mean.tolist(), bn.running_var.tolist()]
+    lin = adasum_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), op=hvd.Adasum)
+    lin(torch.from_numpy(adasum_input(r))).pow(2).sum().backward()
+    try:
+        opt.step()
+        out["adasum_step"] = [p.detach().reshape(-1).tolist() for p in lin.parameters()]
+    except ValueError as e:  # a size that is not a power of two
+        out["adasum_step"] = str(e)
     try:
         hvd.broadcast_object(object(), root_rank=0)
     except (TypeError, ValueError) as e:

@@ -30,6 +30,7 @@ import torch
 from trainer_core.train import samemodel
 
 from . import buckets as bucketing
+from .adasum_optimizer import adasum_optimizer
 from .compression import Compression, Residual, check
 from .exchange import Exchange, Pending
 from .ops import Adasum, Average, Product, Sum, resolve_op
@@ -314,16 +315,16 @@ def DistributedOptimizer(  # Horovod's name
     if not isinstance(fusion_threshold, int) or fusion_threshold < 0:
         raise ValueError(f"fusion_threshold must be a number of bytes >= 0, not {fusion_threshold!r}")
     how = resolve_op(None, op)
-    if how in (Product, Adasum):
-        raise ValueError(
-            f"DistributedOptimizer reduces with op=Average, Sum, Min or Max, not {how.capitalize()}"
-            + (
-                " (Horovod's Adasum optimizer, which reduces each step's update, is not supported)"
-                if how == Adasum
-                else ""
-            )
-        )
+    if how == Product:
+        raise ValueError("DistributedOptimizer reduces with op=Average, Sum, Min, Max or Adasum, not Product")
     check_global(process_set, "DistributedOptimizer", runtime)
+    if how == Adasum:
+        if isinstance(check(compression), Residual):
+            raise ValueError(
+                "DistributedOptimizer(op=Adasum) sends the updates with Compression.none or .fp16, "
+                "not a trainer_core compressor"
+            )
+        return adasum_optimizer(optimizer, backward_passes_per_step, compression, runtime)
     if isinstance(gradient_predivide_factor, bool) or not isinstance(gradient_predivide_factor, int | float):
         raise ValueError(f"gradient_predivide_factor must be a number, not {gradient_predivide_factor!r}")
     if gradient_predivide_factor != 1.0 and how != Average:
