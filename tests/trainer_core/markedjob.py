@@ -31,7 +31,12 @@ def marked_processes(marker: str) -> list[int]:
 
 
 def run_marked(
-    launch_args: Sequence[str], command: Sequence[str], name: str, timeout: float, env: Sequence[str] = ()
+    launch_args: Sequence[str],
+    command: Sequence[str],
+    name: str,
+    timeout: float,
+    env: Sequence[str] = (),
+    launcher: str = "local",
 ) -> tuple[int, str]:
     """Launch ``command`` with ``launch_args`` (and ``--env`` each of ``env``) from the repository
     and a marker ``name=...``; its exit status and combined output, once nothing marked is left
@@ -44,7 +49,7 @@ def run_marked(
         "launch",
         *launch_args,
         "--launcher",
-        "local",
+        launcher,
         "--env",
         marker.replace("=", ":"),
         *[a for e in env for a in ("--env", e)],

@@ -1,11 +1,13 @@
-"""Horovod's API in real jobs: ``launchkit launch -n N -s S --launcher local`` runs
-``tests/trainer_core/torch_hvdjob.py`` (a Horovod script's calls) and the test checks every
-worker's results against numpy references computed here from the same inputs, on the collective
-path (``-s 0``, 2 and 3 workers) and through the parameter servers (``-s 1``)."""
+"""Horovod's API in real jobs: ``launchkit launch -n N -s S --launcher local`` (or ``mpi``, Open
+MPI's mpirun on this machine) runs ``tests/trainer_core/torch_hvdjob.py`` (a Horovod script's
+calls) and the test checks every worker's results against numpy references computed here from the
+same inputs, on the collective path (``-s 0``, 2, 3 and 4 workers) and through the parameter
+servers (``-s 1``)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from typing import Any
 
@@ -20,12 +22,13 @@ from tests.trainer_core.markedjob import run_marked  # noqa: E402
 from tests.trainer_core.torch_hvdjob import adasum_input, adasum_model, values  # noqa: E402
 
 
-def launch(workers: int, servers: int) -> list[dict[str, Any]]:
+def launch(workers: int, servers: int, launcher: str) -> list[dict[str, Any]]:
     rc, out = run_marked(
         ["-n", str(workers), "-s", str(servers)],
         [sys.executable, "tests/trainer_core/torch_hvdjob.py"],
         "TORCH_HVD_JOB_TEST",
         120,
+        launcher=launcher,
     )
     assert rc == 0, out
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
@@ -67,9 +70,14 @@ def adasum_step(n: int) -> np.ndarray:
     return np.concatenate([s + np.array(c) for s, c in zip(start, combined, strict=True)])
 
 
-@pytest.mark.parametrize(("workers", "servers"), [(2, 0), (3, 0), (4, 0), (2, 1)])
-def test_horovods_operations_equal_numpy(workers: int, servers: int) -> None:
-    got = launch(workers, servers)
+@pytest.mark.parametrize(
+    ("workers", "servers", "launcher"),
+    [(2, 0, "local"), (3, 0, "local"), (4, 0, "local"), (2, 1, "local"), (4, 0, "mpi"), (3, 1, "mpi")],
+)
+def test_horovods_operations_equal_numpy(workers: int, servers: int, launcher: str) -> None:
+    if launcher == "mpi" and not shutil.which("mpirun"):
+        pytest.skip("mpirun is not installed (scripts/test.sh installs Open MPI)")
+    got = launch(workers, servers, launcher)
     n = workers
     every = np.stack([values(r) for r in range(n)])
     i32 = every.astype(np.int32)
