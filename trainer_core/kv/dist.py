@@ -67,7 +67,7 @@ class DistKVStore(KVStore):
         self.num_workers = self.client.book.num_workers
         self.num_servers = self.client.book.num_servers
         self.meta: dict[Key, KeyMeta] = {}
-        self.segments = SegmentFactory(cfg.job_id, f"w{self.rank}")
+        self.segments = SegmentFactory(cfg.job_id, f"w{self.client.worker_id}")  # (never reused)
         self._unlink: list[tuple[Segment, int, int]] = []
         self._closed = False
         self.compression: dict[str, Any] | None = None

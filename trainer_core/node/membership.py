@@ -58,6 +58,14 @@ def newcomer_name(hint: int, used: set[str]) -> str:
     return f"worker {max(numbers, default=-1) + 1}"
 
 
+def worker_id(name: str) -> int:
+    """The number of a worker's name (``worker 3``: 3), stable for its life; its rank in a fixed job."""
+    role, _, number = name.partition(" ")
+    if role != "worker" or not number.isdigit():
+        raise ValueError(f"not a worker's name: {name!r}")
+    return int(number)
+
+
 def below_min(live: int, bounds: tuple[int, int] | None) -> bool:
     """Whether ``live`` workers are fewer than an elastic job's MIN (never in a fixed job)."""
     return bounds is not None and live < bounds[0]
