@@ -64,8 +64,11 @@ node.close_transport()
 """
 
 
-def late_worker(job: Job, index: int, workers: int, elastic: str, extra: dict[str, str]) -> Proc:
-    """Start worker ``index`` of ``job`` now, with the env of the first ones (the launcher's part)."""
+def late_worker(
+    job: Job, index: int, workers: int, elastic: str, extra: dict[str, str], code: str = WORKER
+) -> Proc:
+    """Start worker ``index`` of ``job`` now (running ``code``), with the env of the first ones (the
+    launcher's part)."""
     jenv = JobEnv(
         job_id=job.job_id, secret="test-secret", cluster="local", root_uri="127.0.0.1",
         root_port=job.port, num_servers=0, num_workers=workers,
@@ -78,7 +81,7 @@ def late_worker(job: Job, index: int, workers: int, elastic: str, extra: dict[st
     log = job.procs[0].log.parent / f"worker-{index}.log"
     with open(log, "wb") as out:
         popen = subprocess.Popen(
-            [sys.executable, "-c", WORKER], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO)
+            [sys.executable, "-c", code], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO)
         )
     return Proc("worker", index, popen, log)
 

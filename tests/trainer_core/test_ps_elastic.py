@@ -1,13 +1,17 @@
 """The parameter server in an elastic job, with real processes (a scheduler, a server, workers
 through ``kv.create("dist_sync")``): a worker killed mid-training is dropped, and the sync rounds
-then close with the pushes of the live workers; the survivors keep their processes and train on.
+then close with the pushes of the live workers; the survivors keep their processes and train on. Each worker's KV store tells the launcher that it
+handles the changes in its process (``dmlc_env.ELASTIC_IN_PROCESS_FIGURE``).
 """
 
 from __future__ import annotations
 
 import pytest
 
+import dmlc_env
+
 from .cluster import run_job, worker_script
+from .test_collective_elastic import Endpoint
 
 ELASTIC = {
     "PS_HEARTBEAT_INTERVAL": "0.2",
@@ -34,7 +38,9 @@ emit(seen=seen, pid=os.getpid(), epoch=kv.client.book.epoch, workers=kv.client.b
 
 @pytest.mark.proc
 def test_a_killed_worker_leaves_the_sync_rounds_and_the_others_train_on() -> None:
-    job = run_job(worker_script(BODY), 3, 1, extra_env=ELASTIC, timeout=60)
+    endpoint = Endpoint()
+    env = {**ELASTIC, "LAUNCHKIT_METRICS_ADDR": endpoint.addr}
+    job = run_job(worker_script(BODY), 3, 1, extra_env=env, timeout=60)
     out = job.outputs()
     codes = job.codes()
     assert codes == {"scheduler 0": 0, "server 0": 0, "worker 0": 0, "worker 1": 0, "worker 2": 3}, out
@@ -45,3 +51,5 @@ def test_a_killed_worker_leaves_the_sync_rounds_and_the_others_train_on() -> Non
         assert (r["pid"], r["epoch"], r["workers"]) == (w.popen.pid, 1, 2)
     assert "worker 2 (host 127.0.0.1" in job.of("scheduler")[0].output()
     assert job.leftover_shm == []
+    figures = endpoint.figure(job.job_id, dmlc_env.ELASTIC_IN_PROCESS_FIGURE)
+    assert {r: figures.get(r) for r in (0, 1)} == {0: 1.0, 1: 1.0}, figures  # (the KV store's)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+import dmlc_env
 import trainer_core.metrics as metrics
 from trainer_core.compression.codec import (
     WorkerCodec,
@@ -84,6 +85,8 @@ class DistKVStore(KVStore):
         except BaseException:
             self._cleanup()
             raise
+        if cfg.env.elastic is not None:  # for the launcher: the survivors of a change run on
+            metrics.report(**{dmlc_env.ELASTIC_IN_PROCESS_FIGURE: 1})
 
     # -- control ------------------------------------------------------------------------------------
 

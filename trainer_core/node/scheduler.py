@@ -199,6 +199,8 @@ class Scheduler:
         if not self.meeting.waiting or len(self.meeting.waiting) < self._workers():
             return
         body, waiters = self.meeting.outcome()
+        if self.elastic is not None:  # the epoch it completed in: a worker waits for that book
+            body["epoch"] = self.roster.epoch
         if "error" in body:
             self.log.error("trainer_core scheduler: %s", body["error"])
         for w in waiters:
