@@ -65,13 +65,19 @@ node.close_transport()
 
 
 def late_worker(
-    job: Job, index: int, workers: int, elastic: str, extra: dict[str, str], code: str = WORKER
+    job: Job,
+    index: int,
+    workers: int,
+    elastic: str,
+    extra: dict[str, str],
+    code: str = WORKER,
+    servers: int = 0,
 ) -> Proc:
     """Start worker ``index`` of ``job`` now (running ``code``), with the env of the first ones (the
     launcher's part)."""
     jenv = JobEnv(
         job_id=job.job_id, secret="test-secret", cluster="local", root_uri="127.0.0.1",
-        root_port=job.port, num_servers=0, num_workers=workers,
+        root_port=job.port, num_servers=servers, num_workers=workers,
     )  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "LAUNCHKIT_", "PS_"))}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")

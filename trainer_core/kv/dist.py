@@ -79,9 +79,12 @@ class DistKVStore(KVStore):
         _OPEN.add(self)
         install_excepthook()
         self.client.before_exit = self._unlink_names
+        #: it joined a running elastic job: the others set the mode and the keys already
+        self.late = self.client.node.joined_late
         try:
-            self._agree("create()", {"sync": self.sync})
-            self._to_all_servers(protocol.SET_MODE, {"sync": self.sync}, "create()")
+            if not self.late:
+                self._agree("create()", {"sync": self.sync})
+                self._to_all_servers(protocol.SET_MODE, {"sync": self.sync}, "create()")
         except BaseException:
             self._cleanup()
             raise
@@ -173,7 +176,8 @@ class DistKVStore(KVStore):
     def init(self, key: Key | Sequence[Key], value: Any) -> None:
         """Every worker calls it with the same keys and shapes; rank 0's values are stored. A key
         that holds a value already may only be given the same values again: else the servers
-        refuse, and every worker raises that error."""
+        refuse, and every worker raises that error. A worker that joined a running elastic job
+        calls it alone: its ``value`` arrays get the keys' current values (it pulls them)."""
         pairs = normalize(key, value)
         per_server: dict[int, Outgoing] = {}
         metas: dict[Key, KeyMeta] = {}
@@ -193,6 +197,10 @@ class DistKVStore(KVStore):
                 out = per_server.setdefault(p.server, Outgoing())
                 out.entries.append(protocol.Entry(k, p.index, p.size, dtype.str))
                 out.frames.append(flat[p.start : p.stop])
+        if self.late:  # the keys hold the job's values: this worker takes them before its first push
+            self.meta.update(metas)
+            self._exchange(protocol.PULL, [(k, []) for k, _ in pairs], pairs)
+            return
         refused = None
         if self.rank == 0:
             try:

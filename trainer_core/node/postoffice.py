@@ -75,6 +75,7 @@ class Postoffice:
         self, book: Book, sched: Channel, health: Health, log: logging.Logger, grace_s: float = 1.0
     ) -> None:
         self.book = book
+        self._first = book  # the book it joined with
         self.sched = sched
         self.live = health
         self.log = log
@@ -143,6 +144,14 @@ class Postoffice:
     @property
     def rank(self) -> int:
         return self.book.rank
+
+    @property
+    def joined_late(self) -> bool:
+        """Whether this node joined an elastic job after its start (the book it joined with is the
+        one that admitted it): the job-wide settings and keys exist; it takes them, it does not
+        agree on them."""
+        first = self._first
+        return first.epoch > 0 and first.name in first.joined
 
     @property
     def name(self) -> str:
