@@ -25,7 +25,7 @@ ELASTIC = {"PS_HEARTBEAT_INTERVAL": "0.2", "PS_HEARTBEAT_TIMEOUT": "1.5", "PS_ST
 #: three allreduces, a barrier, worker 2 dies; the others allreduce until the group has
 #: TEST_SIZE workers (re-forming at each change), then one of each collective
 WORKER = """
-import hashlib, json, os, time
+import hashlib, json, os, signal, time
 import numpy as np
 from trainer_core.collective.job import join, reform
 from trainer_core.errors import MembershipChanged
@@ -39,6 +39,8 @@ if g.epoch == 0:
         g.allreduce(np.full(1000, g.rank + 1, np.float32))
     g.barrier()
     if name == "worker 2":
+        if os.environ.get("TEST_STOP"):  # alive but silent: only its heartbeats' end tells
+            os.kill(os.getpid(), signal.SIGSTOP)
         os._exit(3)
 t0 = time.monotonic()
 while True:
@@ -122,3 +124,18 @@ def test_a_killed_worker_fails_the_operation_in_flight_and_the_group_reforms_the
     # each worker told the launcher that it handles the changes in its own process
     figures = endpoint.figure(job.job_id, dmlc_env.ELASTIC_IN_PROCESS_FIGURE)
     assert {r: figures.get(r) for r in (0, 1, 3)} == {0: 1.0, 1: 1.0, 3: 1.0}, figures
+
+
+@pytest.mark.proc
+def test_a_stopped_worker_is_dropped_after_the_heartbeat_timeout_and_the_group_reforms() -> None:
+    extra = {**ELASTIC, "LAUNCHKIT_ELASTIC": "2:3", "TEST_SIZE": "2", "TEST_STOP": "1"}
+    job = run_job(WORKER, 3, 0, extra_env=extra, timeout=60, not_awaited=("worker 2",))
+    out = job.outputs()
+    assert job.codes() == {"scheduler 0": 0, "worker 0": 0, "worker 1": 0, "worker 2": -9}, out
+    for w in job.workers[:2]:
+        (changed,) = [r for r in w.results() if r["at"] == "changed"]
+        assert changed["left"] == ["worker 2"] and changed["epoch"] == 1, out
+        assert changed["s"] < 1.5 + 2, out  # the heartbeat timeout, and a little
+        (done,) = [r for r in w.results() if r["at"] == "done"]
+        assert (done["rank"], done["size"], done["sum"]) == (w.rank, 2, 3.0), out
+    assert "sent no heartbeat for 1.5 s" in job.of("scheduler")[0].output(), out
