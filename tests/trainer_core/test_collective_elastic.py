@@ -3,7 +3,8 @@
 with ``MembershipChanged`` naming it, ``reform`` makes the group of the next epoch (dense ranks,
 the same-host segment made again) and the survivors keep their processes; a worker started
 later joins at the epoch after, and every collective then works at the new size, bit-identical
-across ranks. The worker reports ``dmlc_env.ELASTIC_IN_PROCESS_FIGURE`` to the launcher.
+across ranks. The worker reports ``dmlc_env.ELASTIC_IN_PROCESS_FIGURE`` to the launcher. A
+stopped worker (alive, silent) is dropped after the heartbeat timeout.
 """
 
 from __future__ import annotations
