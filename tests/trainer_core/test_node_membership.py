@@ -243,3 +243,14 @@ def test_a_job_that_is_not_elastic_refuses_a_late_worker_and_aborts_on_a_lost_on
         late.close()
     finally:
         j.close()
+
+
+def test_a_dropped_worker_that_beats_again_is_told_to_end(job: Elastic) -> None:
+    w0, w1, _ = job.workers
+    w0.call(wire.ABORT, reason="gone", node="worker 1")
+    w1.got(w1.hb)  # (the abort sent at the drop)
+    w1.heartbeat()  # it was stopped, not dead: it resumes
+    (abort,) = w1.got(w1.hb)
+    assert abort.op == wire.ABORT and abort.body["node"] == "worker 1"
+    assert abort.body["reason"] == "dropped from the elastic job: gone (seen by worker 0)"
+    assert "worker 1" not in job.sched.nodes and job.sched.roster.size == 2
