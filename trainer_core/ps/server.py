@@ -102,7 +102,7 @@ class Server:
             cfg.heartbeat_timeout,
             self.log,
         )
-        live.on_book = self.books.put  # (from the heartbeat thread: taken in the loop below)
+        live.on_book = self.books.put  # (from the heartbeat thread: taken by the loop's thread)
         live.start()
         metrics.add_source(self.figures)  # the first report says this server registered
         poller = Poller()
@@ -113,10 +113,7 @@ class Server:
         try:
             while not live.failed.is_set() and not live.terminated.is_set():
                 poller.serve(self._handle, 0.1)
-                while not self.books.empty():
-                    new = self.books.get()
-                    left, joined = {worker_id(n) for n in new.left}, {worker_id(n) for n in new.joined}
-                    self.handler.workers_changed(new.num_workers, left, joined)
+                self._take_books()
             return 1 if live.failed.is_set() else 0
         finally:
             poller.close()
@@ -125,9 +122,20 @@ class Server:
             live.stop()
             self._shut(flush_s=0.0 if live.failed.is_set() else 1.0)
 
+    def _take_books(self) -> None:
+        """Pass an elastic job's new books on to the handler (between messages and after each poll:
+        a newcomer's first request finds it a member)."""
+        assert self.handler is not None
+        while not self.books.empty():
+            new = self.books.get()
+            left, joined = {worker_id(n) for n in new.left}, {worker_id(n) for n in new.joined}
+            self.handler.workers_changed(new.num_workers, left, joined)
+
     def _handle(self, msg: Received) -> None:
         """Count the request (a few integer adds), then hand it to the handler."""
         assert self.handler is not None
+        if not self.books.empty():
+            self._take_books()
         self.requests += 1
         for f in msg.frames:
             self.bytes_received += f.buffer.nbytes
