@@ -26,6 +26,22 @@ class NodeFailure(KVError):
         self.node = node
 
 
+class MembershipChanged(KVError):
+    """The workers of an elastic job changed while an operation was in flight (Horovod's
+    ``HorovodInternalError`` in spirit): the operation failed on every survivor; the job goes on
+    at the new ``epoch``, where the group is formed again. ``node`` names a worker that left or
+    joined; ``left`` and ``joined`` name them all (since the epoch the operation began in)."""
+
+    def __init__(
+        self, message: str, epoch: int, left: tuple[str, ...] = (), joined: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.left = left
+        self.joined = joined
+        self.node = (left + joined)[0] if left or joined else None
+
+
 class StartupTimeout(KVError):
     """The job did not assemble (not every node registered) within ``PS_START_TIMEOUT``."""
 

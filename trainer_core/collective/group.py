@@ -101,10 +101,14 @@ class Group:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def starting(self) -> None:
+        """Before each operation: raise what keeps it from starting (``JobGroup``: a new epoch)."""
+
     def _op(self, kind: str, name: str | None, build: Callable[[str], Op]) -> Op:
         """The operation ``build(name)`` makes; where this rank's own checks refuse it (a
         ``TypeError`` or ``ValueError``), the others are told (it fails on every rank) and the
         error is raised here."""
+        self.starting()
         nm = self._negotiator.name(name)
         try:
             return build(nm)
@@ -213,6 +217,7 @@ class Group:
     ) -> Any:
         """``allreduce_async(...).wait()``; a C-contiguous numpy array is read (and ``out``
         written) in place, on the calling thread when nothing else is queued."""
+        self.starting()
         if self.nccl is None and type(array) is np.ndarray and array.flags.c_contiguous:
             lane = self._lane(array, op, out, kind)
             if lane is not None:

@@ -9,6 +9,17 @@ collectives' message kinds), links this worker to every other (``netlinks.NetLin
 returns a ``JobGroup``: rank = the worker's rank, size = the number of workers, the hosts of
 every rank (their machine identities, for the hierarchical path), and ``local_rank`` and
 ``local_size`` among the workers of this machine, all from the book.
+
+In an elastic job (``LAUNCHKIT_ELASTIC``) the group is that of one epoch: when a worker leaves
+or joins, every survivor's operation fails with ``MembershipChanged`` and ``reform(group)``
+returns the group of the new epoch (dense ranks, the same-host segment made again); a worker
+that joins later meets the survivors there. The worker tells the launcher that it handles the
+changes in its own process (``dmlc_env.ELASTIC_IN_PROCESS_FIGURE``).
+
+>>> try:
+...     total = group.allreduce(grad)
+... except MembershipChanged:
+...     group = reform(group)     # every survivor (and any newcomer, in its join)
 """
 
 from __future__ import annotations
@@ -16,7 +27,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from trainer_core.config import NodeConfig
+import dmlc_env
+import trainer_core.metrics as metrics
+from trainer_core.config import NodeConfig, StallPolicy
 from trainer_core.log import get_logger
 from trainer_core.node import protocol as node_protocol
 from trainer_core.node.postoffice import Postoffice
@@ -38,7 +51,8 @@ class JobGroup(Group):
     def __init__(
         self, node: Postoffice, links: NetLinks, thresholds: Thresholds | None = None, use_nccl: bool = True
     ) -> None:
-        workers = node.book.workers
+        workers = links.book.workers
+        self.use_nccl = use_nccl
         super().__init__(links, [w.host_key for w in workers], thresholds)
         self.node = node
         self.netlinks = links
@@ -51,17 +65,74 @@ class JobGroup(Group):
         # every rank asks at once (a collective): NCCL for device arrays when all can use it
         self.nccl = nccl.agree(self, nccl.load() if use_nccl else None, log=node.log)
 
-    def close(self, finish: bool = True) -> None:
+    def starting(self) -> None:
+        """An elastic job's membership changed since this group's epoch: ``MembershipChanged``
+        (a worker that joined waits for the survivors in ``reform``)."""
+        self.netlinks.changed()
+
+    @property
+    def epoch(self) -> int:
+        """The membership's epoch this group was formed in (0 but in an elastic job)."""
+        return self.netlinks.book.epoch
+
+    def close(self, finish: bool = True, leave: bool = True) -> None:
         """Finish the queued operations; then (``finish``, and the job has not failed) wait for every
-        worker to finish as well, say bye to the peers and leave the job."""
+        worker to finish as well, say bye to the peers and (``leave``) leave the job."""
         try:
             super().close()
-            if finish and self.node.failure is None:
+            if finish and leave and self.node.failure is None:
                 self.node.finish()
         finally:
             self.netlinks.close()
-            self.node.stop()
-            self.node.close_transport()
+            if leave:
+                self.node.stop()
+                self.node.close_transport()
+
+
+#: the scheduler barrier where an elastic job's members meet before they form a group
+REGROUP = "collective.reform()"
+
+
+def meet(node: Postoffice) -> None:
+    """Wait until every member of the current epoch is here (a barrier at the scheduler), then
+    until this node has the book of the epoch the barrier completed in (the two come on two
+    channels). Every member's links of an earlier epoch are closed by then: a connection made
+    after it reaches a group of the new epoch."""
+    reply = node.scheduler_call(node_protocol.BARRIER, node_protocol.BARRIER_DONE, body={"at": REGROUP})
+    epoch = reply.get("epoch")
+    if isinstance(epoch, int) and node.book.epoch < epoch:
+        node.wait_book(epoch - 1, node.grace_s)
+
+
+def reform(group: JobGroup, log: logging.Logger | None = None) -> JobGroup:
+    """The group of the current epoch, after an operation of ``group`` failed with
+    ``MembershipChanged`` (an elastic job): ``group``'s links are closed (not its node), every
+    member meets at the scheduler, and the links of the new epoch are made. Every survivor calls
+    it; a worker that joined later meets them in its ``join``. ``MembershipChanged`` again when
+    the membership changes once more meanwhile: call it again."""
+    node, old = group.node, group.netlinks
+    group.close(finish=False, leave=False)
+    return _form(node, old.cfg, old.timeout, log or old.log, old.stall, group.thresholds, group.use_nccl)
+
+
+def _form(
+    node: Postoffice,
+    cfg: NodeConfig,
+    timeout: float,
+    log: logging.Logger,
+    stall: StallPolicy,
+    thresholds: Thresholds | None,
+    use_nccl: bool,
+) -> JobGroup:
+    """The group of the node's current epoch (an elastic job's members meet first)."""
+    if cfg.env.elastic is not None:
+        meet(node)
+    links = NetLinks(node, cfg, timeout, log, stall)
+    try:
+        return JobGroup(node, links, thresholds, use_nccl)
+    except BaseException:  # its first collective (nccl.agree) failed: a peer is gone
+        links.close()
+        raise
 
 
 def join(
@@ -88,17 +159,13 @@ def join(
     log = log or get_logger(cfg.verbose)
     node = Postoffice.join(cfg, log, SCHEMA)
     try:
-        links = NetLinks(node, cfg, timeout, log, stall)
+        group = _form(node, cfg, timeout, log, stall, thresholds, use_nccl)
     except BaseException:
         node.stop()
         node.close_transport()
         raise
     if exit_on_failure:
         node.exit_on_failure()
-    try:
-        return JobGroup(node, links, thresholds, use_nccl)
-    except BaseException:  # its first collective (nccl.agree) failed: a peer is gone
-        links.close()
-        node.stop()
-        node.close_transport()
-        raise
+    if cfg.env.elastic is not None:  # for the launcher: the survivors of a change run on
+        metrics.report(**{dmlc_env.ELASTIC_IN_PROCESS_FIGURE: 1})
+    return group

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+import dmlc_env
 import trainer_core.metrics as metrics
 from trainer_core.compression.codec import (
     WorkerCodec,
@@ -67,7 +68,7 @@ class DistKVStore(KVStore):
         self.num_workers = self.client.book.num_workers
         self.num_servers = self.client.book.num_servers
         self.meta: dict[Key, KeyMeta] = {}
-        self.segments = SegmentFactory(cfg.job_id, f"w{self.rank}")
+        self.segments = SegmentFactory(cfg.job_id, f"w{self.client.worker_id}")  # (never reused)
         self._unlink: list[tuple[Segment, int, int]] = []
         self._closed = False
         self.compression: dict[str, Any] | None = None
@@ -78,12 +79,17 @@ class DistKVStore(KVStore):
         _OPEN.add(self)
         install_excepthook()
         self.client.before_exit = self._unlink_names
+        #: it joined a running elastic job: the others set the mode and the keys already
+        self.late = self.client.node.joined_late
         try:
-            self._agree("create()", {"sync": self.sync})
-            self._to_all_servers(protocol.SET_MODE, {"sync": self.sync}, "create()")
+            if not self.late:
+                self._agree("create()", {"sync": self.sync})
+                self._to_all_servers(protocol.SET_MODE, {"sync": self.sync}, "create()")
         except BaseException:
             self._cleanup()
             raise
+        if cfg.env.elastic is not None:  # for the launcher: the survivors of a change run on
+            metrics.report(**{dmlc_env.ELASTIC_IN_PROCESS_FIGURE: 1})
 
     # -- control ------------------------------------------------------------------------------------
 
@@ -170,7 +176,8 @@ class DistKVStore(KVStore):
     def init(self, key: Key | Sequence[Key], value: Any) -> None:
         """Every worker calls it with the same keys and shapes; rank 0's values are stored. A key
         that holds a value already may only be given the same values again: else the servers
-        refuse, and every worker raises that error."""
+        refuse, and every worker raises that error. A worker that joined a running elastic job
+        calls it alone: its ``value`` arrays get the keys' current values (it pulls them)."""
         pairs = normalize(key, value)
         per_server: dict[int, Outgoing] = {}
         metas: dict[Key, KeyMeta] = {}
@@ -190,6 +197,10 @@ class DistKVStore(KVStore):
                 out = per_server.setdefault(p.server, Outgoing())
                 out.entries.append(protocol.Entry(k, p.index, p.size, dtype.str))
                 out.frames.append(flat[p.start : p.stop])
+        if self.late:  # the keys hold the job's values: this worker takes them before its first push
+            self.meta.update(metas)
+            self._exchange(protocol.PULL, [(k, []) for k, _ in pairs], pairs)
+            return
         refused = None
         if self.rank == 0:
             try:

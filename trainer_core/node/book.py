@@ -39,6 +39,7 @@ class NodeInfo:
     host_key: str  # its ``machine_identity``: equal to another node's, they share memory
     local: str = ""  # its same-host channel (``transport/unix.py``), empty when it has none
     data: str = ""  # its TCP data channel (``transport/tcp.py``), empty with PS_ENCRYPT=1
+    name: str = ""  # its name (``worker 3``) in an elastic job's book, where it may differ from the rank
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,16 @@ class Book:
     num_servers: int
     servers: tuple[NodeInfo, ...]
     workers: tuple[NodeInfo, ...] = ()  # (empty for a node that asked for the servers only)
+    #: the membership's epoch (``node/membership.py``): 0 at the start, + 1 at each change of an
+    #: elastic job, with the names of the workers that ``left`` and ``joined`` at this change
+    epoch: int = 0
+    left: tuple[str, ...] = ()
+    joined: tuple[str, ...] = ()
+
+    def worker_name(self, rank: int) -> str:
+        """The name of the worker of ``rank`` in this book (``worker RANK`` unless the book says)."""
+        listed = self.workers[rank].name if 0 <= rank < len(self.workers) else ""
+        return listed or f"worker {rank}"
 
 
 def scheduler_endpoint(cfg: NodeConfig) -> str:
@@ -136,6 +147,7 @@ def _nodes(lists: dict[str, Any], field: str, required: bool) -> tuple[NodeInfo,
             host_key=str(s["host_key"]),
             local=str(s.get("local", "")),
             data=str(s.get("data", "")),
+            name=str(s.get("name", "")),
         )
         for i, s in enumerate(listed)
     )
@@ -152,6 +164,18 @@ def _lists(h: wire.Header, frames: list[Any]) -> dict[str, Any]:
     return lists
 
 
+def _names(h: wire.Header, field: str) -> tuple[str, ...]:
+    listed = h.body.get(field, [])
+    if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
+        raise WireError(f"{field} must be a list of node names")
+    return tuple(listed)
+
+
+def parse_book(h: wire.Header, frames: list[Any] | None = None) -> Book:
+    """The book of a ``BOOK`` message (``WireError`` and friends when it is malformed)."""
+    return _book(h, frames)
+
+
 def _book(h: wire.Header, frames: list[Any] | None = None) -> Book:
     lists = _lists(h, frames or [])
     return Book(
@@ -162,4 +186,7 @@ def _book(h: wire.Header, frames: list[Any] | None = None) -> Book:
         num_servers=wire.body_int(h, "num_servers"),
         servers=_nodes(lists, "servers", True),
         workers=_nodes(lists, "workers", False),
+        epoch=wire.body_int(h, "epoch", 0),
+        left=_names(h, "left"),
+        joined=_names(h, "joined"),
     )

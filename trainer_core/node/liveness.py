@@ -4,7 +4,8 @@ The thread owns its own channel to the scheduler (a ZeroMQ DEALER), sends a hear
 ``interval`` seconds and watches the replies. It sets ``failed`` (with ``failure``, a
 ``NodeFailure`` naming the dead node) when the scheduler reports an abort, or when the
 scheduler itself stays silent for ``timeout`` seconds; it sets ``terminated`` when the
-scheduler ends the job normally. It runs beside the user's code, so a long computation on a
+scheduler ends the job normally. In an elastic job the scheduler sends each new book (the next
+epoch's membership) here too: ``on_book`` gets it. It runs beside the user's code, so a long computation on a
 healthy node never misses a beat. With heartbeats off (interval 0) it still sends one
 heartbeat, so the scheduler can reach it, and relays aborts. What it learns is a ``Health``,
 which the roles read; in-process tests use a bare ``Health`` and set it by hand.
@@ -18,8 +19,9 @@ import time
 from collections.abc import Callable
 
 from dmlc_env.ending import say_peer_failed
-from trainer_core.errors import NodeFailure
+from trainer_core.errors import NodeFailure, WireError
 from trainer_core.node import protocol
+from trainer_core.node.book import Book, parse_book
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Received
 from trainer_core.transport.control import Transport
@@ -35,6 +37,7 @@ class Health:
         self.node = node
         self.log = log or logging.getLogger("trainer_core")
         self.on_failure: Callable[[NodeFailure], None] | None = None
+        self.on_book: Callable[[Book], None] | None = None  # a new epoch's book (an elastic job)
         self.failed = threading.Event()
         self.terminated = threading.Event()
         self.failure: NodeFailure | None = None
@@ -141,3 +144,10 @@ class Liveness(Health):
             )
         elif h.op == protocol.TERMINATE:
             self.terminated.set()
+        elif h.op == protocol.BOOK and self.on_book is not None:
+            try:
+                new = parse_book(h, msg.frames)
+            except (WireError, TypeError, KeyError, ValueError) as exc:
+                self.log.warning("trainer_core %s: dropped a bad book from the scheduler: %s", self.node, exc)
+                return
+            self.on_book(new)

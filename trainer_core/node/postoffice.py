@@ -6,7 +6,9 @@ nodes and starts the heartbeats. Then: ``barrier`` and ``finish`` (bounded by li
 a wall clock), ``abort`` (ends the job for every node, naming the culprit), ``check``/``failure``
 (the job's failure as this node knows it), ``peer_lost``/``peer_broke`` (the failure policy when
 a channel to another node closes or breaks its protocol: wait ``grace_s`` for the scheduler to
-name the cause, else blame that node), an exit watchdog (a failure the user's code does not meet
+name the cause, else blame that node), the books of an elastic job's epochs (``subscribe``: each
+customer, e.g. the collective links, is told of a new book; ``wait_book``, ``changed_since``:
+the ``MembershipChanged`` an operation begun in an earlier epoch fails with), an exit watchdog (a failure the user's code does not meet
 in a call soon ends the process), and ``requests`` (``node.inflight``: numbering and tracking
 requests). What runs above it (``ps``, ``collective``) adds its own channels and messages.
 """
@@ -17,12 +19,13 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
-from trainer_core.errors import KVError, NodeFailure
+from trainer_core.errors import KVError, MembershipChanged, NodeFailure
 from trainer_core.node import protocol
 from trainer_core.node.agree import canonical
 from trainer_core.node.book import ALL, Book, join, scheduler_endpoint
@@ -72,6 +75,7 @@ class Postoffice:
         self, book: Book, sched: Channel, health: Health, log: logging.Logger, grace_s: float = 1.0
     ) -> None:
         self.book = book
+        self._first = book  # the book it joined with
         self.sched = sched
         self.live = health
         self.log = log
@@ -85,6 +89,13 @@ class Postoffice:
         self.before_exit: Callable[[], None] | None = None  # e.g. unlink shared-memory names
         self._watchdog: threading.Thread | None = None
         self.root: RootServer | None = None  # the job's scheduler, when this node serves it
+        # the channel to the scheduler serves one thread at a time (``abort`` may come from any)
+        self._sched_lock = threading.RLock()
+        # an elastic job's books: the current one under ``_books``; who left or joined, by epoch
+        self._books = threading.Condition()
+        self._changes: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self._customers: list[Callable[[Book, Book], None]] = []
+        health.on_book = self.new_book
 
     @classmethod
     def join(
@@ -135,8 +146,79 @@ class Postoffice:
         return self.book.rank
 
     @property
+    def joined_late(self) -> bool:
+        """Whether this node joined an elastic job after its start (the book it joined with is the
+        one that admitted it): the job-wide settings and keys exist; it takes them, it does not
+        agree on them."""
+        first = self._first
+        return first.epoch > 0 and first.name in first.joined
+
+    @property
     def name(self) -> str:
         return self.book.name
+
+    # -- an elastic job's epochs --------------------------------------------------------------
+
+    def subscribe(self, customer: Callable[[Book, Book], None]) -> None:
+        """Call ``customer(old, new)`` at each new book (from the heartbeat thread: it must not block)."""
+        with self._books:
+            self._customers.append(customer)
+
+    def unsubscribe(self, customer: Callable[[Book, Book], None]) -> None:
+        with self._books:
+            if customer in self._customers:
+                self._customers.remove(customer)
+
+    def new_book(self, book: Book) -> None:
+        """The scheduler's book of a later epoch (thread-safe; an older or the same epoch is moot)."""
+        with self._books:
+            old = self.book
+            if book.epoch <= old.epoch:
+                return
+            self.book = book
+            self._changes[book.epoch] = (book.left, book.joined)
+            customers = list(self._customers)
+            self._books.notify_all()
+        if self.log.isEnabledFor(logging.INFO):
+            self.log.info("trainer_core %s: epoch %d, %d workers", book.name, book.epoch, book.num_workers)
+        for customer in customers:
+            try:
+                customer(old, book)
+            except Exception:  # one customer's bug must not keep the others from hearing it
+                self.log.exception("trainer_core %s: a customer failed on the new book", book.name)
+
+    def wait_book(self, after: int, timeout: float) -> Book | None:
+        """The book of an epoch later than ``after``, waited for at most ``timeout`` s (None: none
+        came); the job's failure, when it fails meanwhile."""
+        deadline = time.monotonic() + timeout
+        with self._books:
+            while self.book.epoch <= after:
+                self.raise_failure()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._books.wait(min(0.1, left))
+            return self.book
+
+    def changed_since(self, epoch: int) -> MembershipChanged | None:
+        """The error of an operation begun in ``epoch`` when the membership has changed since."""
+        with self._books:
+            now = self.book.epoch
+            if now <= epoch:
+                return None
+            changes = [self._changes.get(e, ((), ())) for e in range(epoch + 1, now + 1)]
+        left = tuple(n for lost, _ in changes for n in lost)
+        joined = tuple(n for _, came in changes for n in came)
+        said = [f"{', '.join(left)} left"] if left else []
+        said += [f"{', '.join(joined)} joined"] if joined else []
+        return MembershipChanged(
+            f"the job's workers changed ({'; '.join(said) or 'a new book'}; epoch {now}, "
+            f"{self.book.num_workers} workers): the operation begun in epoch {epoch} failed on every "
+            "worker; form the group again at the new epoch",
+            now,
+            left,
+            joined,
+        )
 
     # -- failures ------------------------------------------------------------------------------
 
@@ -216,12 +298,14 @@ class Postoffice:
         self.scheduler_call(protocol.FINISH, protocol.FINISHED, check)
 
     def abort(self, reason: str, node: str | None = None) -> None:
-        """Ask the scheduler to end the job now (``node`` failed, by default this one); does not wait."""
+        """Ask the scheduler to end the job now (``node`` failed, by default this one); does not wait.
+        From any thread. In an elastic job, a worker named so is dropped and the job goes on."""
         if node is not None:  # another node failed (a server): for the launcher, not this one
             say_peer_failed(node)
         if self.live.failure is None:
             body = {"reason": reason, "node": node or self.book.name}
-            self.sched.send(wire.Header(op=protocol.ABORT, src=self.book.name, body=body))
+            with self._sched_lock:
+                self.sched.send(wire.Header(op=protocol.ABORT, src=self.book.name, body=body))
 
     def scheduler_call(
         self,
@@ -236,7 +320,8 @@ class Postoffice:
         check = check or self.raise_failure
         check()
         seq = self.requests.next()
-        self.sched.send(wire.Header(op=op, seq=seq, src=self.book.name, body=body or {}))
+        with self._sched_lock:
+            self.sched.send(wire.Header(op=op, seq=seq, src=self.book.name, body=body or {}))
         done: list[Received] = []
 
         def take(msg: Received) -> None:
@@ -245,8 +330,9 @@ class Postoffice:
 
         while not done:
             check()
-            if self.sched.wait(0.1):
-                self.sched.receive(take)
+            with self._sched_lock:
+                if self.sched.wait(0.1):
+                    self.sched.receive(take)
         reply = done[0].header.body
         error = reply.get("error")
         if error is not None:

@@ -1,6 +1,10 @@
 """The scheduler: registers nodes, assigns ranks, hands out the book (servers and workers, with
 what each listens on; the servers only to a node that asked for no more), runs barriers, watches heartbeats and tells every node when
-the job ends (normally or by an abort). It knows nothing of what the nodes compute: a
+the job ends (normally or by an abort). In an elastic job (``LAUNCHKIT_ELASTIC=MIN:MAX``) it also
+admits a worker that registers after the start (up to MAX) and drops one whose heartbeats stop or
+that another node reports gone (down to MIN; below, the job aborts naming it): each change is the
+next epoch's book (``node/membership.py``), sent to every node, and barriers and finish count the
+members of the epoch. It knows nothing of what the nodes compute: a
 parameter-server job runs it with its protocol's ``schema`` (``ps/scheduler.py``, ``python -m
 trainer_core.ps.scheduler``, or importing trainer_core with ``DMLC_ROLE=scheduler``); a job
 without servers runs the same, as a thread of worker 0's process (``rootserver.py``). It binds ``DMLC_PS_ROOT_PORT`` with a plain ZeroMQ tcp bind (on
@@ -13,7 +17,6 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 from dmlc_env.ending import say_peer_failed
 from trainer_core.config import NodeConfig
@@ -21,38 +24,12 @@ from trainer_core.errors import WireError
 from trainer_core.log import get_logger
 from trainer_core.node import book, protocol
 from trainer_core.node.agree import MAX_VALUE, Meeting, Waiter, out_of_step
+from trainer_core.node.membership import Roster, below_min, describe, newcomer_name
+from trainer_core.node.records import NodeRecord, assign_ranks, missing_nodes, record_of
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Peer, Received, Source
 from trainer_core.transport.control import Transport
 from trainer_core.transport.host import interface_address
-
-
-@dataclass
-class NodeRecord:
-    """One registered node, as the scheduler sees it."""
-
-    role: str
-    rank_hint: int
-    host: str
-    endpoint: str
-    host_key: str
-    pid: int
-    local: str
-    data: str
-    peer: Peer  # where the registration came from (answered with the book)
-    needs: str = book.ALL  # the part of the book it asked for (``book.NEEDS``)
-    name: str = ""
-    rank: int = -1
-    ctl: Peer | None = None  # the node's heartbeat channel (aborts and terminate go there)
-    last_seen: float = 0.0
-    finished: bool = False
-
-    def describe(self) -> str:
-        return f"{self.name} (host {self.host}, pid {self.pid})"
-
-    def listens(self) -> dict[str, str]:
-        """Its entry in the book: where the other nodes reach it."""
-        return {"endpoint": self.endpoint, "host_key": self.host_key, "local": self.local, "data": self.data}
 
 
 class Scheduler:
@@ -86,7 +63,11 @@ class Scheduler:
         self.registered = dict.fromkeys(self.expected, 0)  # per role (not a scan of pending each time)
         self.nodes: dict[str, NodeRecord] = {}
         self.meeting = Meeting(cfg.env.num_workers)  # the workers in a barrier or an agreement
-        self.finish_waiters: list[tuple[Peer, int]] = []
+        self.finish_waiters: list[tuple[Peer, int, str]] = []  # (reply to, seq, worker's name)
+        #: (MIN, MAX) workers of an elastic job, None for a fixed one; its workers by epoch
+        self.elastic = cfg.env.elastic
+        self.roster = Roster(0, ())
+        self.dropped: dict[str, str] = {}  # the workers an elastic job dropped, with why
         self.exit_code: int | None = None
         #: set from another thread (worker 0's, ``rootserver.RootServer``): ``run`` returns soon
         self.stopping = threading.Event()
@@ -119,14 +100,24 @@ class Scheduler:
                 )
             if self.nodes and cfg.liveness_on and now >= next_check:
                 next_check = now + check_every
-                for rec in self.nodes.values():
-                    if now - rec.last_seen > cfg.heartbeat_timeout:
-                        return self._abort(
-                            f"{rec.describe()} sent no heartbeat for {cfg.heartbeat_timeout:g} s: "
-                            "it died or stopped",
-                            rec.name,
-                        )
+                self.exit_code = self.scan(now)
+                if self.exit_code is not None:
+                    return self.exit_code
         return self.exit_code if self.exit_code is not None else 0
+
+    def scan(self, now: float) -> int | None:
+        """The heartbeat scan: a node silent for longer than the timeout ends the job (an elastic
+        job's worker is dropped instead); returns the exit code when the job ends."""
+        timeout = self.cfg.heartbeat_timeout
+        for rec in list(self.nodes.values()):
+            if now - rec.last_seen > timeout:
+                why = f"sent no heartbeat for {timeout:g} s: it died or stopped"
+                if not self._elastic_worker(rec):
+                    return self._abort(f"{rec.describe()} {why}", rec.name)
+                code = self._drop(rec, why)
+                if code is not None:
+                    return code
+        return None
 
     def handle(self, msg: Received) -> None:
         """Serve one message; sets ``exit_code`` when it ends the job."""
@@ -143,15 +134,26 @@ class Scheduler:
             return self._register(h, peer)
         rec = self.nodes.get(h.src)
         if rec is None:
+            if h.src in self.dropped and h.op == protocol.HEARTBEAT:  # alive after all: it must end
+                body = {"reason": f"dropped from the elastic job: {self.dropped[h.src]}", "node": h.src}
+                peer.send(wire.Header(op=protocol.ABORT, body=body))
             return None  # not a registered node's message; ignore
         rec.last_seen = time.monotonic()
         if h.op == protocol.HEARTBEAT:
             rec.ctl = peer
             peer.send(wire.Header(op=protocol.HEARTBEAT_ACK))
+            if rec.epoch < self.roster.epoch:  # a book it has not had (its channel was not known yet)
+                self._send_book(rec, peer)
         elif h.op == protocol.ABORT:
             reason = h.body.get("reason")
-            culprit = self.nodes.get(str(h.body.get("node")), rec)
+            named = str(h.body.get("node"))
+            if named in self.dropped:
+                return None  # an elastic job's worker that another node reported gone first
+            culprit = self.nodes.get(named, rec)
             text = reason if isinstance(reason, str) else "?"
+            if self._elastic_worker(culprit):  # a worker left an elastic job: the others go on
+                seen = "" if culprit is rec else f" (seen by {rec.name})"
+                return self._drop(culprit, f"{text}{seen}")
             if culprit is rec:
                 return self._abort(f"{rec.describe()} failed: {text}", rec.name)
             return self._abort(f"{culprit.describe()}: {text} (seen by {rec.name})", culprit.name)
@@ -159,11 +161,16 @@ class Scheduler:
             self._meet(rec, h, peer)
         elif h.op == protocol.FINISH and rec.role == "worker" and not rec.finished:
             rec.finished = True
-            self.finish_waiters.append((peer, h.seq))
-            if len(self.finish_waiters) == self.expected["worker"]:
-                return self._finish()
+            self.finish_waiters.append((peer, h.seq, rec.name))
+        return self._settle()
+
+    def _settle(self) -> int | None:
+        """Whether every worker has finished (the job ends), or some finished while the others wait
+        in a barrier (it never completes: the job aborts)."""
+        if self.finish_waiters and len(self.finish_waiters) == self._workers():
+            return self._finish()
         waiting = self.meeting.waiting
-        if waiting and len(waiting) + len(self.finish_waiters) == self.expected["worker"]:
+        if waiting and len(waiting) + len(self.finish_waiters) == self._workers():
             done = sorted(r.name for r in self.nodes.values() if r.finished)
             finished = sorted(r.rank for r in self.nodes.values() if r.finished and r.role == "worker")
             return self._abort(
@@ -185,9 +192,15 @@ class Scheduler:
         elif not isinstance(value, str) or len(value) > MAX_VALUE:
             raise WireError(f"value must be a JSON text of at most {MAX_VALUE} bytes")
         self.meeting.add(Waiter(rec.rank, label, h.op, value, peer, h.seq))
-        if len(self.meeting.waiting) < self.expected["worker"]:
+        self._answer_meeting()
+
+    def _answer_meeting(self) -> None:
+        """Answer the meeting when every worker is in it."""
+        if not self.meeting.waiting or len(self.meeting.waiting) < self._workers():
             return
         body, waiters = self.meeting.outcome()
+        if self.elastic is not None:  # the epoch it completed in: a worker waits for that book
+            body["epoch"] = self.roster.epoch
         if "error" in body:
             self.log.error("trainer_core scheduler: %s", body["error"])
         for w in waiters:
@@ -196,21 +209,12 @@ class Scheduler:
 
     def _register(self, h: wire.Header, peer: Peer) -> int | None:
         role = wire.body_str(h, "role")
+        if self.nodes and self.elastic is not None and role == "worker":
+            return self._admit(h, peer)
         if role not in self.expected or self.nodes:
             peer.send(wire.Header(op=protocol.ERROR, body={"reason": "unexpected registration"}))
             return None
-        rec = NodeRecord(
-            role=role,
-            rank_hint=wire.body_int(h, "rank"),
-            host=wire.body_str(h, "host"),
-            endpoint=wire.body_str(h, "endpoint"),
-            host_key=wire.body_str(h, "host_key"),
-            pid=wire.body_int(h, "pid"),
-            local=wire.body_str(h, "local", ""),
-            data=wire.body_str(h, "data", ""),
-            peer=peer,
-            needs=wire.body_str(h, "book", book.ALL),
-        )
+        rec = record_of(h, peer)
         if rec.needs not in book.NEEDS:
             reason = f"book must be one of {', '.join(book.NEEDS)}, not {rec.needs!r}"
             peer.send(wire.Header(op=protocol.ERROR, body={"reason": reason}))
@@ -246,8 +250,10 @@ class Scheduler:
         # (in the header, each node's copy was encoded again, O(n^2) in all, and past ~6000 nodes
         # over MAX_HEADER_BYTES); the workers' list only to the nodes that reach workers
         parts: dict[str, bytes] = {}
+        self.roster = Roster(0, tuple(r.name for r in workers))
         for r in self.pending:
             r.last_seen = now
+            r.epoch = 0
             self.nodes[r.name] = r
             listed = parts.get(r.needs)
             if listed is None:
@@ -261,11 +267,95 @@ class Scheduler:
             self.log.info("job started: %d servers, %d workers", len(servers), self.expected["worker"])
         return None
 
+    # -- an elastic job ------------------------------------------------------------------------
+
+    def _workers(self) -> int:
+        """The workers that barriers and finish wait for: the members of the current epoch."""
+        return self.roster.size if self.elastic is not None else self.expected["worker"]
+
+    def _elastic_worker(self, rec: NodeRecord) -> bool:
+        return self.elastic is not None and rec.role == "worker" and rec.name in self.roster.workers
+
+    def _admit(self, h: wire.Header, peer: Peer) -> int | None:
+        """A worker registers after the start of an elastic job: the next epoch has it last."""
+        assert self.elastic is not None
+        if self.roster.size >= self.elastic[1]:
+            reason = f"the elastic job has its maximum of {self.elastic[1]} workers already"
+            peer.send(wire.Header(op=protocol.ERROR, body={"reason": reason}))
+            return None
+        rec = record_of(h, peer)
+        if rec.needs not in book.NEEDS:
+            reason = f"book must be one of {', '.join(book.NEEDS)}, not {rec.needs!r}"
+            peer.send(wire.Header(op=protocol.ERROR, body={"reason": reason}))
+            return None
+        rec.name = newcomer_name(rec.rank_hint, set(self.nodes) | set(self.dropped))
+        rec.last_seen = time.monotonic()
+        self.nodes[rec.name] = rec
+        self._change(self.roster.admit(rec.name))
+        self._send_book(rec, peer)  # its registration's answer; the others' go to their heartbeats
+        return None
+
+    def _drop(self, rec: NodeRecord, why: str) -> int | None:
+        """A worker of an elastic job died or left: the next epoch goes on without it, unless fewer
+        than MIN workers would remain (the job aborts, naming it)."""
+        assert self.elastic is not None
+        left = self.roster.size - 1
+        if below_min(left, self.elastic):
+            return self._abort(
+                f"{rec.describe()} {why}; {left} workers remain, fewer than the elastic job's "
+                f"minimum of {self.elastic[0]}",
+                rec.name,
+            )
+        self.log.warning("trainer_core scheduler: %s %s: the job goes on without it", rec.describe(), why)
+        self.dropped[rec.name] = why
+        del self.nodes[rec.name]
+        if rec.ctl is not None:  # if it is alive after all, it must end
+            body = {"reason": f"dropped from the elastic job: {why}", "node": rec.name}
+            rec.ctl.send(wire.Header(op=protocol.ABORT, body=body))
+        self.finish_waiters = [w for w in self.finish_waiters if w[2] != rec.name]
+        self._change(self.roster.drop(rec.name))
+        self._answer_meeting()
+        return self._settle()
+
+    def _change(self, roster: Roster) -> None:
+        """Make ``roster`` the current epoch: dense ranks again, and its book to every node."""
+        renumbered = roster.renumbered(self.roster)
+        self.meeting.waiting = {renumbered[r]: w for r, w in self.meeting.waiting.items() if r in renumbered}
+        for new, w in self.meeting.waiting.items():
+            w.rank = new
+        self.roster = roster
+        for rank, name in enumerate(roster.workers):
+            self.nodes[name].rank = rank
+        self.log.info("trainer_core scheduler: %s", describe(roster))
+        for rec in self.nodes.values():
+            if rec.ctl is not None:
+                self._send_book(rec, rec.ctl)
+
+    def _send_book(self, rec: NodeRecord, to: Peer) -> None:
+        """Rec's book of the current epoch, on ``to``."""
+        workers = [self.nodes[n] for n in self.roster.workers]
+        servers = sorted((r for r in self.nodes.values() if r.role == "server"), key=lambda r: r.rank)
+        lists = {"servers": [x.listens() for x in servers]}
+        if rec.needs == book.ALL:
+            lists["workers"] = [{**x.listens(), "name": x.name} for x in workers]
+        body = {
+            "num_workers": self.roster.size,
+            "num_servers": self.expected["server"],
+            "role": rec.role,
+            "rank": rec.rank,
+            "name": rec.name,
+            "epoch": self.roster.epoch,
+            "left": list(self.roster.left),
+            "joined": list(self.roster.joined),
+        }
+        rec.epoch = self.roster.epoch
+        to.send(wire.Header(op=protocol.BOOK, body=body), [json.dumps(lists, separators=(",", ":")).encode()])
+
     def _finish(self) -> int:
         for rec in self.nodes.values():
             if rec.role == "server" and rec.ctl is not None:
                 rec.ctl.send(wire.Header(op=protocol.TERMINATE))
-        for who, seq in self.finish_waiters:
+        for who, seq, _ in self.finish_waiters:
             who.send(wire.Header(op=protocol.FINISHED, seq=seq))
         if self.cfg.verbose:
             self.log.info("every worker finished: job done")
@@ -279,36 +369,3 @@ class Scheduler:
         for peer in targets + (extra or []):
             peer.send(wire.Header(op=protocol.ABORT, body=body))
         return 1
-
-
-def missing_nodes(pending: list[NodeRecord], expected: dict[str, int]) -> list[str]:
-    """The nodes that have not registered: by role and rank where every registered node of that
-    role named its rank (launchkit's ``LAUNCHKIT_ROLE_RANK``), else as a count (``1 of 2 workers``)."""
-    missing: list[str] = []
-    for role, count in expected.items():
-        recs = [r for r in pending if r.role == role]
-        if len(recs) >= count:
-            continue
-        hints = {r.rank_hint for r in recs}
-        if all(0 <= h < count for h in hints) and len(hints) == len(recs):
-            missing += [f"{role} {i}" for i in range(count) if i not in hints]
-        else:
-            missing.append(f"{count - len(recs)} of {count} {role}s")
-    return missing
-
-
-def assign_ranks(recs: list[NodeRecord], count: int) -> str | None:
-    """Give each record a rank in ``0..count-1``: its hint when set (the launcher's rank), else the
-    lowest free rank in registration order. Returns an error message for bad or duplicate hints."""
-    taken: set[int] = set()
-    for r in recs:
-        if r.rank_hint >= 0:
-            if r.rank_hint >= count or r.rank_hint in taken:
-                return f"rank {r.rank_hint} of pid {r.pid} on {r.host} is out of range or taken twice"
-            r.rank = r.rank_hint
-            taken.add(r.rank)
-    free = (i for i in range(count) if i not in taken)
-    for r in recs:
-        if r.rank_hint < 0:
-            r.rank = next(free)
-    return None

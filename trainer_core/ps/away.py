@@ -29,6 +29,11 @@ class Away:
     def enter(self, rank: int, at: str, count: int) -> None:
         self.calls[rank] = (at, count)
 
+    def forget(self, ranks: set[int]) -> None:
+        """The workers ``ranks`` left an elastic job: they are in no call any more."""
+        for r in ranks:
+            self.calls.pop(r, None)
+
     def back(self, rank: int) -> None:
         """Worker ``rank`` sent a request: its call completed for every worker, who all left that
         call or an earlier one (a worker already in its next call, whose notice came first, stays)."""
@@ -37,7 +42,7 @@ class Away:
             self.calls = {r: a for r, a in self.calls.items() if a[1] > mine[1]}
 
     def stuck(
-        self, states: Iterable[tuple[tuple[protocol.Key, int], KeyState]], num_workers: int
+        self, states: Iterable[tuple[tuple[protocol.Key, int], KeyState]]
     ) -> dict[int, tuple[Request, str]]:
         """The requests of ``states`` that wait for a round missing the push of a worker in a
         collective call, by ``id``, each with the message saying so (a push waits for nothing, and
@@ -46,7 +51,7 @@ class Away:
         for kid, st in states:
             if not st.pushed:
                 continue  # no open round: nothing waits
-            away = [r for r in range(num_workers) if r in self.calls and r not in st.pushed]
+            away = [r for r in sorted(self.calls) if r not in st.pushed]
             if not away:
                 continue
             for req, _ in st.waiting + st.deferred:

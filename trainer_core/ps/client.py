@@ -27,6 +27,7 @@ from trainer_core.config import NodeConfig, StallPolicy
 from trainer_core.errors import KVError, NodeFailure, WireError
 from trainer_core.node.book import SERVERS, Book
 from trainer_core.node.liveness import Health
+from trainer_core.node.membership import worker_id
 from trainer_core.node.postoffice import Postoffice
 from trainer_core.ps import protocol
 from trainer_core.ps.handler import SHARED_PREFIX
@@ -79,6 +80,12 @@ class WorkerClient:
         self._views: dict[tuple[int, str, np.dtype, int], np.ndarray] = {}  # views of them, made once
         self._closed = False
         self.collectives = 0  # collective calls announced to the servers (``away``)
+        #: who this worker is to the servers: the number of its name, stable for its life (an elastic
+        #: job renumbers the ranks at each epoch); its rank in a fixed job
+        try:
+            self.worker_id = worker_id(self.book.name)
+        except ValueError:  # (a node not named as a worker: in-process tests)
+            self.worker_id = self.book.rank
 
     @classmethod
     def join(cls, cfg: NodeConfig, log: logging.Logger, exit_on_failure: bool = True) -> WorkerClient:
@@ -174,7 +181,7 @@ class WorkerClient:
         (read there directly, see ``sends_directly``)."""
         self.check()
         seq = self.requests.next()
-        fields = {"rank": self.book.rank}
+        fields = {"rank": self.worker_id}
         if body:
             fields.update(body)
         header = protocol.Header(op, seq, self.book.name, tuple(entries), fields)

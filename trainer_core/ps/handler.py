@@ -40,9 +40,17 @@ class RequestHandler:
     """
 
     def __init__(
-        self, num_workers: int, prefix: str, log: logging.Logger, shared: bool = False, name: str = "server"
+        self,
+        num_workers: int,
+        prefix: str,
+        log: logging.Logger,
+        shared: bool = False,
+        name: str = "server",
+        elastic: bool = False,
     ) -> None:
         self.num_workers = num_workers
+        #: the workers that may send requests, by id (``membership.worker_id``: the rank in a fixed job)
+        self.members = set(range(num_workers))
         self.prefix = prefix
         self.log = log
         self.name = name
@@ -52,6 +60,7 @@ class RequestHandler:
         self._views: dict[tuple[str, str, int], np.ndarray] = {}  # segment views, by (name, dtype, size)
         self.data_seq: dict[int, int] = {}  # per worker rank: the last seq on ``fresh_seq`` channels
         self.store = Store(num_workers, alloc=self._alloc if shared else None)
+        self.store.elastic = elastic
 
     def close(self) -> None:
         self._views.clear()  # before the mappings under them
@@ -71,7 +80,7 @@ class RequestHandler:
         h = msg.header
         try:
             rank = protocol.body_int(h, "rank")
-            if not 0 <= rank < self.num_workers:
+            if rank not in self.members:
                 raise WireError(f"bad worker rank {rank}")
             self.store.release(rank)
             if h.op != protocol.AWAY:
@@ -96,6 +105,14 @@ class RequestHandler:
             self._send(msg.reply, protocol.Header(op=protocol.ERROR, seq=h.seq, body={"reason": str(exc)}))
         if self.store.failed:
             self._fail_stuck()
+
+    def workers_changed(self, num_workers: int, left: set[int], joined: set[int]) -> None:
+        """An elastic job's next epoch (workers by id): the rounds count its members, the pushes of
+        the workers that left are dropped from them, and the requests complete now are answered."""
+        self.members = (self.members - left) | joined
+        self.num_workers = num_workers
+        for req in self.store.workers_changed(num_workers, left):
+            self._reply(req)
 
     def _fail_stuck(self) -> None:
         """Answer the requests that can never complete (``Store.stuck``) with an error saying why,
@@ -143,7 +160,7 @@ class RequestHandler:
     def _fresh(self, msg: Received) -> bool:
         """Replay protection: each worker's sequence numbers must increase (a bad rank is dropped too)."""
         rank = msg.header.body.get("rank")
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.num_workers:
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank not in self.members:
             return False
         if msg.header.seq <= self.data_seq.get(rank, 0):
             self.log.warning(

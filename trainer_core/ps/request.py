@@ -74,3 +74,5 @@ class KeyState:
     # second push straight into ``acc`` instead of being copied there first; ``lender`` is its request.
     lent: np.ndarray | None = None
     lender: Request | None = None
+    # An elastic job's round: each worker's push apart, by its id (``ps/rounds.py``)
+    parts: dict[int, np.ndarray] = field(default_factory=dict)

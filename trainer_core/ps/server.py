@@ -4,21 +4,24 @@ Run it with ``python -m trainer_core.ps.server`` or by importing trainer_core wi
 ``DMLC_ROLE=server``. It binds a ROUTER on ``DMLC_INTERFACE``'s address (else ``DMLC_NODE_HOST``)
 on a free port, listens for same-host channels (unless ``PS_SHM=0``) and TCP data channels (unless
 ``PS_ENCRYPT=1``), registers with the scheduler, and serves until the scheduler ends the job
-(exit 0) or aborts it (exit 1). This module is the loop: it polls every channel and hands each
+(exit 0) or aborts it (exit 1). In an elastic job the heartbeat thread hands it each new book,
+which the loop passes on to the handler (the rounds count the new epoch's members). This module is the loop: it polls every channel and hands each
 message to ``handler.RequestHandler``, which holds the logic and never sees a transport.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import sys
 import time
 
 import trainer_core.metrics as metrics
 from trainer_core.config import NodeConfig
 from trainer_core.log import get_logger
-from trainer_core.node.book import SERVERS, join, scheduler_endpoint
+from trainer_core.node.book import SERVERS, Book, join, scheduler_endpoint
 from trainer_core.node.liveness import Liveness
+from trainer_core.node.membership import worker_id
 from trainer_core.node.postoffice import listen
 from trainer_core.ps import protocol
 from trainer_core.ps.handler import RequestHandler
@@ -47,6 +50,7 @@ class Server:
         self.listeners: list[Listener] = []
         self.accepted: list[Channel] = []
         self.live: Liveness | None = None
+        self.books: queue.SimpleQueue[Book] = queue.SimpleQueue()  # an elastic job's new books
         self.requests = 0  # requests handled and data bytes received, for the metrics reports
         self.bytes_received = 0
 
@@ -83,7 +87,12 @@ class Server:
             needs=SERVERS,  # a server reaches no other node: the counts are what it reads
         )
         self.handler = RequestHandler(
-            book.num_workers, job_prefix(cfg.job_id), self.log, shared=bool(local), name=book.name
+            book.num_workers,
+            job_prefix(cfg.job_id),
+            self.log,
+            shared=bool(local),
+            name=book.name,
+            elastic=cfg.env.elastic is not None,
         )
         live = self.live = Liveness(
             self.transport,
@@ -93,6 +102,7 @@ class Server:
             cfg.heartbeat_timeout,
             self.log,
         )
+        live.on_book = self.books.put  # (from the heartbeat thread: taken by the loop's thread)
         live.start()
         metrics.add_source(self.figures)  # the first report says this server registered
         poller = Poller()
@@ -103,6 +113,7 @@ class Server:
         try:
             while not live.failed.is_set() and not live.terminated.is_set():
                 poller.serve(self._handle, 0.1)
+                self._take_books()
             return 1 if live.failed.is_set() else 0
         finally:
             poller.close()
@@ -111,9 +122,20 @@ class Server:
             live.stop()
             self._shut(flush_s=0.0 if live.failed.is_set() else 1.0)
 
+    def _take_books(self) -> None:
+        """Pass an elastic job's new books on to the handler (between messages and after each poll:
+        a newcomer's first request finds it a member)."""
+        assert self.handler is not None
+        while not self.books.empty():
+            new = self.books.get()
+            left, joined = {worker_id(n) for n in new.left}, {worker_id(n) for n in new.joined}
+            self.handler.workers_changed(new.num_workers, left, joined)
+
     def _handle(self, msg: Received) -> None:
         """Count the request (a few integer adds), then hand it to the handler."""
         assert self.handler is not None
+        if not self.books.empty():
+            self._take_books()
         self.requests += 1
         for f in msg.frames:
             self.bytes_received += f.buffer.nbytes

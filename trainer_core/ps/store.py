@@ -10,7 +10,9 @@ One exception saves a copy: the first push of a round that comes in a same-host 
 all when that request is answered with an error first, and when any other message of the same
 worker comes first (``release``: its worker may write the segment again once that one is
 answered). Async: each push is applied at once (with no optimizer the pushed value replaces the
-stored one, as MXNet documents).
+stored one, as MXNet documents). In an elastic job (``elastic``) a round keeps each worker's push
+apart and closes when the members of the current epoch (``num_workers``) have pushed; a worker
+that leaves is taken out of the open rounds (``workers_changed``, ``ps/rounds.py``).
 
 A ``Request`` carries, per entry, the input data (a view of a shared-memory segment or of a
 received frame) and where the result goes (a shared-memory view, or ``None``: returned as a
@@ -29,7 +31,7 @@ from trainer_core.compression.base import work_dtype
 from trainer_core.compression.codec import ServerCodec
 from trainer_core.errors import KVError
 from trainer_core.optim import server as optim
-from trainer_core.ps import protocol
+from trainer_core.ps import protocol, rounds
 from trainer_core.ps.away import Away
 from trainer_core.ps.request import KeyState, Request
 
@@ -51,7 +53,8 @@ class Store:
     """The keys held by one server."""
 
     def __init__(self, num_workers: int, alloc: Callable[[np.dtype, int], np.ndarray] | None = None) -> None:
-        self.num_workers = num_workers
+        self.num_workers = num_workers  # (an elastic job's: the members of the current epoch)
+        self.elastic = False  # keep each push of a sync round apart (``ps/rounds.py``)
         self.alloc = alloc or (lambda dtype, n: np.empty(n, dtype=dtype))
         self.sync = True
         self.updater: optim.Updater | None = None
@@ -83,6 +86,18 @@ class Store:
                 self._unlend(st)  # the round is abandoned: nothing of it is kept
         return list(failed.values())
 
+    def workers_changed(self, num_workers: int, left: set[int]) -> list[Request]:
+        """An elastic job's next epoch: ``num_workers`` members, the workers ``left`` gone (their
+        pushes dropped from the open rounds); returns the requests complete now."""
+        self.num_workers = num_workers
+        self.finished -= left
+        self.away.forget(left)
+        done: list[Request] = []
+        if self.sync:
+            for st in rounds.drop(self.keys.values(), left, num_workers):
+                self._end_round(st, done)
+        return done
+
     def enter(self, rank: int, at: str, count: int) -> None:
         """Worker ``rank`` entered collective call ``at``, its ``count``-th, at the scheduler: the
         requests that wait for its push fail (``stuck``)."""
@@ -98,7 +113,7 @@ class Store:
         """In sync mode, fail the waiting requests of ``states`` (``(key part, KeyState)`` pairs)
         that can never complete (``away.Away.stuck``): added to ``failed``, taken off the rounds
         (a queued pushpull keeps its push, which joins the next round), lending nothing more."""
-        found = self.away.stuck(states, self.num_workers) if self.sync and self.away else None
+        found = self.away.stuck(states) if self.sync and self.away else None
         if not found:
             return
         for st in self.keys.values():
@@ -225,6 +240,7 @@ class Store:
         if (
             st is None
             or not self.sync
+            or self.elastic
             or st.acc is None
             or st.pushed
             or st.deferred
@@ -351,6 +367,20 @@ class Store:
             st.deferred.append((req, i))
             st.queued.add(req.rank)
             return
+        if self.elastic:  # kept apart until the round closes (a leaver's push can be dropped)
+            rounds.keep(st, req.rank, data)
+        else:
+            self._sum_in(st, req, data)
+        st.pushed.add(req.rank)
+        if op == protocol.PUSHPULL:
+            st.waiting.append((req, i))
+        else:
+            self._done(req, i, done)
+        if len(st.pushed) >= self.num_workers:
+            self._end_round(st, done)
+
+    def _sum_in(self, st: KeyState, req: Request, data: np.ndarray) -> None:
+        """Add a push to the open round's sum."""
         if st.acc is None:
             st.acc = self.alloc(st.weight.dtype, st.weight.size)
         if st.lent is not None:  # the round's first push, not copied: summed with this one at once
@@ -363,15 +393,10 @@ class Store:
             self._lent.setdefault(req.rank, {})[id(st)] = st
         elif data.ctypes.data != st.acc.ctypes.data:  # not received in place (``landing``)
             np.copyto(st.acc, data)
-        st.pushed.add(req.rank)
-        if op == protocol.PUSHPULL:
-            st.waiting.append((req, i))
-        else:
-            self._done(req, i, done)
-        if len(st.pushed) == self.num_workers:
-            self._end_round(st, done)
 
     def _end_round(self, st: KeyState, done: list[Request]) -> None:
+        if st.parts:
+            rounds.total(st, self.alloc)
         assert st.acc is not None
         if self.updater is not None:
             self._apply(st, st.acc)

@@ -7,7 +7,10 @@ place, or keeps a copy until it is posted. Sends never wait, so a ring cannot de
 whose channel ends without its ``coll_bye`` died: the group fails naming it, and the scheduler is
 told (``report_abort``). A live peer is waited for, with stall warnings (``handles.Recv``); the
 bound of a wait is the job's liveness (``bound_s`` only when the job has no heartbeats). A wait
-that ends in a failure naming another worker says so for the launcher (``failed``).
+that ends in a failure naming another worker says so for the launcher (``failed``). In an
+elastic job the links are those of one epoch: once the scheduler's next book comes (a worker left
+or joined), every operation fails with ``MembershipChanged`` (``changed``), and the group is
+formed again at the new epoch.
 docs/collectives.md, "Over sockets" and "Slow is not dead".
 """
 
@@ -27,7 +30,7 @@ from dmlc_env.ending import say_peer_failed, say_waited
 from trainer_core.config import NodeConfig, StallPolicy
 from trainer_core.errors import KVError, NodeFailure, WireError
 from trainer_core.node import protocol as node_protocol
-from trainer_core.node.book import scheduler_endpoint
+from trainer_core.node.book import Book, scheduler_endpoint
 from trainer_core.node.postoffice import Postoffice
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Received, Source
@@ -82,6 +85,8 @@ class NetLinks:
         self._said_waited = False
         self.log = log or node.log
         self._rank, self._size = book.rank, book.num_workers
+        self._book = book  # (the epoch's: the node's book may be a later one)
+        self.elastic = cfg.env.elastic is not None
         self._trace = node.transport.trace
         self._lock = threading.Condition()
         self._chan: dict[int, Channel] = {}  # peer -> its channel (once it said hello)
@@ -122,6 +127,11 @@ class NetLinks:
         return self._rank
 
     @property
+    def book(self) -> Book:
+        """The book of the epoch these links were made in."""
+        return self._book
+
+    @property
     def size(self) -> int:
         return self._size
 
@@ -131,6 +141,22 @@ class NetLinks:
             self.node.raise_failure()
         except NodeFailure as exc:
             raise self.failed(exc) from None
+        self.changed()
+
+    def changed(self) -> None:
+        """In an elastic job: ``MembershipChanged`` once the membership has changed since this
+        group's epoch. A group broken by a peer's end first waits (the heartbeat bound at most)
+        for the scheduler's next book, so that every survivor fails with that one error."""
+        if not self.elastic:
+            return
+        if self._broken is not None:
+            try:
+                self.node.wait_book(self._book.epoch, self.node.grace_s)
+            except NodeFailure as exc:
+                raise self.failed(exc) from None
+        changed = self.node.changed_since(self._book.epoch)
+        if changed is not None:
+            raise changed
 
     def health(self) -> None:
         """Raise the job's failure, or the error of the peer whose death broke the group."""
@@ -158,7 +184,7 @@ class NetLinks:
 
     def where(self, peer: int) -> str:
         """``worker 3 on hostname``."""
-        host = self.node.book.workers[peer].host_key.split("|")[0]
+        host = self._book.workers[peer].host_key.split("|")[0]
         return f"worker {peer} on {host or '?'}"
 
     # -- setting up ----------------------------------------------------------------------------
@@ -166,7 +192,7 @@ class NetLinks:
     def _connect(self, bound_s: float) -> None:
         """Connect to every higher rank, then wait (at most ``bound_s``) for every lower one."""
         for peer in range(self._rank + 1, self._size):
-            ch = channels.open_channel(self.node.book.workers[peer], self.cfg, self._trace, self.log)
+            ch = channels.open_channel(self._book.workers[peer], self.cfg, self._trace, self.log)
             self._accepted(ch)
             with self._lock:
                 self._chan[peer], self._who[ch] = ch, peer
@@ -180,6 +206,7 @@ class NetLinks:
                     return
                 self._lock.wait(SLICE_S)
             self.node.raise_failure()
+            self.changed()
             if time.monotonic() > deadline:
                 missing = [p for p in range(self._rank) if p not in self._chan]
                 raise KVError(
@@ -328,7 +355,8 @@ class NetLinks:
         """``err.peer`` died: tell the scheduler (so the launcher names it) and break the group."""
         self.log.error("%s", err)
         if self._broken is None:
-            report_abort(self.node, self.cfg, f"worker {err.peer}", str(err), REPORT_S)
+            name = self._book.worker_name(err.peer)  # (an elastic job's worker: dropped, not ended)
+            report_abort(self.node, self.cfg, name, str(err), REPORT_S, self._book.epoch)
         self._fail(err, op)
 
     def _fail(self, err: LinkError, op: Recv | None = None, everyone: bool = True) -> None:
@@ -358,6 +386,7 @@ class NetLinks:
         ch = self._chan.get(peer)
         if err is not None:
             self.node.raise_failure()
+            self.changed()
             raise err
         if ch is None:
             raise LinkError(f"collective: rank {self._rank} has no channel to rank {peer}", peer)
@@ -368,6 +397,7 @@ class NetLinks:
                 channels.send(ch, protocol.data(tag, len(view)), view)
         except (ChannelClosed, KVError, OSError) as exc:
             self.node.raise_failure()
+            self.changed()
             err, gone = self._gone.get(peer), isinstance(exc, ChannelClosed | OSError)
             if err is None:
                 tail = ": it died or stopped, and the group is broken" if gone else ""
@@ -377,6 +407,7 @@ class NetLinks:
                 if gone:  # before the receiving thread saw its channel close
                     self._peer_gone(err)
                     self.node.raise_failure()  # the job's failure naming the peer, once it came back
+                    self.changed()
             raise err from None
         return DONE
 
@@ -443,7 +474,9 @@ class NetLinks:
             self.local.close()
 
 
-def report_abort(node: Postoffice, cfg: NodeConfig, name: str, reason: str, wait_s: float) -> None:
+def report_abort(
+    node: Postoffice, cfg: NodeConfig, name: str, reason: str, wait_s: float, epoch: int = 0
+) -> None:
     """Tell the scheduler that node ``name`` died (unless the job failed already), so that it ends
     the job for every node naming it; wait (at most ``wait_s``) until its word comes back through
     the heartbeat thread, which the waits then raise first. On a channel of its own (the node's
@@ -454,7 +487,10 @@ def report_abort(node: Postoffice, cfg: NodeConfig, name: str, reason: str, wait
     ch = transport.connect(scheduler_endpoint(cfg))
     try:
         ch.send(wire.Header(op=node_protocol.ABORT, src=node.name, body={"reason": reason, "node": name}))
-        if not node.live.failed.wait(wait_s):
-            say_peer_failed(name)  # for the launcher (the heartbeat thread says it with the abort)
+        deadline = time.monotonic() + wait_s
+        while not node.live.failed.wait(0.05) and node.book.epoch == epoch:  # (or its next epoch)
+            if time.monotonic() > deadline:
+                say_peer_failed(name)
+                break  # for the launcher (the heartbeat thread says it with the abort)
     finally:
         ch.close(flush_s=0.0 if node.live.failed.is_set() else 1.0)

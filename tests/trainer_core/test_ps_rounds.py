@@ -1,0 +1,89 @@
+"""An elastic job's sync rounds (ps/rounds.py, through store.Store and handler.RequestHandler)
+without sockets: the round closes when the members of the current epoch have pushed; a worker
+that leaves mid-round has its push and its waiting requests dropped from that round, which then
+closes with the others' pushes; a newcomer's pushes count from the next round it pushes to; the
+sum is in worker order whatever the order of arrival.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from trainer_core.node.membership import worker_id
+from trainer_core.ps import protocol as wire
+from trainer_core.ps import rounds
+from trainer_core.ps.handler import RequestHandler
+from trainer_core.ps.request import KeyState
+from trainer_core.ps.store import Store
+
+from .test_store import ones, req
+
+
+def elastic(workers: int) -> Store:
+    s = Store(num_workers=workers)
+    s.elastic = True
+    s.handle(req(wire.INIT, 0, ones(0)))
+    return s
+
+
+def test_a_round_the_remaining_members_have_all_pushed_to_closes_when_the_leaver_goes() -> None:
+    s = elastic(3)
+    a, b = req(wire.PUSHPULL, 0, ones(1)), req(wire.PUSHPULL, 1, ones(2))
+    assert s.handle(a) == [] and s.handle(b) == []  # waits for worker 2, which never pushes
+    done = s.workers_changed(2, {2})
+    assert set(map(id, done)) == {id(a), id(b)}
+    assert a.results[0].tolist() == b.results[0].tolist() == [3.0] * 4
+    # the next round counts 2 members
+    c, d = req(wire.PUSHPULL, 0, ones(5)), req(wire.PUSHPULL, 1, ones(6))
+    assert s.handle(c) == [] and set(map(id, s.handle(d))) == {id(c), id(d)}
+    assert c.results[0].tolist() == [11.0] * 4
+
+
+def test_a_leaver_that_pushed_has_its_push_and_requests_dropped_from_the_round() -> None:
+    s = elastic(3)
+    gone = req(wire.PUSHPULL, 2, ones(100))
+    a = req(wire.PUSHPULL, 0, ones(1))
+    assert s.handle(gone) == [] and s.handle(a) == []
+    assert s.workers_changed(2, {2}) == []  # one of the 2 members pushed: the round stays open
+    b = req(wire.PUSHPULL, 1, ones(2))
+    done = s.handle(b)
+    assert set(map(id, done)) == {id(a), id(b)}  # the leaver's request is not answered
+    assert a.results[0].tolist() == [3.0] * 4  # its 100 is not in the sum
+    assert gone.results[0] is None
+
+
+def test_a_newcomer_counts_from_the_epoch_it_joins() -> None:
+    s = elastic(2)
+    a = req(wire.PUSHPULL, 0, ones(1))
+    assert s.handle(a) == []
+    assert s.workers_changed(3, set()) == []  # worker 5 joins: this round now waits for 3
+    new = req(wire.PULL, 5)
+    assert s.handle(new) == [new] and new.results[0].tolist() == [0.0] * 4  # the current value
+    b, c = req(wire.PUSHPULL, 1, ones(2)), req(wire.PUSHPULL, 5, ones(4))
+    assert s.handle(b) == []
+    assert set(map(id, s.handle(c))) == {id(a), id(b), id(c)} and c.results[0].tolist() == [7.0] * 4
+
+
+def test_the_round_sums_in_worker_order_whatever_the_order_of_arrival() -> None:
+    x = np.array([1e8, 1.0, -1e8, 0.5], np.float32)
+    y = np.array([1.0, 1e8, 3.0, -0.25], np.float32)
+    z = np.array([-1e8, -1e8, 1e8, 1e-3], np.float32)
+    results = []
+    for order in ([0, 1, 2], [2, 1, 0], [1, 2, 0]):
+        st = KeyState(weight=np.zeros(4, np.float32))
+        for w in order:
+            rounds.keep(st, w, [x, y, z][w])
+        results.append(rounds.total(st, lambda dt, n: np.empty(n, dt)).tobytes())
+    assert results[0] == results[1] == results[2]
+    expected = (x + y) + z
+    assert results[0] == expected.tobytes()
+
+
+def test_the_handler_takes_the_members_by_id_and_refuses_a_leaver() -> None:
+    h = RequestHandler(3, "test", logging.getLogger("test_ps_rounds"), elastic=True)
+    assert h.store.elastic and h.members == {0, 1, 2}
+    h.workers_changed(3, {worker_id("worker 1")}, {worker_id("worker 3")})
+    assert h.members == {0, 2, 3} and h.num_workers == 3 and h.store.num_workers == 3
+    h.close()
