@@ -44,16 +44,17 @@ def test_an_epoch_resized_from_four_workers_to_three_neither_skips_nor_repeats(s
     four = samplers(n, 4, shuffle=shuffle, seed=5)
     assert sorted(i for s in four for i in s) == list(range(n))  # 40 over 4: no padding
     assert all(len(s) == 10 for s in four)
-    for s in four:  # two batches of 3 each, committed
-        s.record_batch(0, 3)
-        s.record_batch(1, 3)
-    done = set().union(*(s.processed_indices for s in four))
-    assert len(done) == 24
-    three = samplers(n, 3, shuffle=shuffle, seed=5)
-    for s in three:  # what TorchState.sync does: the union, then a reset at the new size
-        s.load_state_dict({"epoch": 0, "processed_indices": sorted(done)})
+    done: list[int] = []
+    for b in range(2):  # two lockstep steps of 3 per worker
+        for s in four:
+            done += s.get_indices(b, 3)
+            s.record_batch(b, 3)
+    assert len(set(done)) == 24 and {s.processed_num for s in four} == {24}
+    three = samplers(n, 3, shuffle=shuffle, seed=5)  # worker 3 left: what TorchState.sync does
+    for s in three:
+        s.load_state_dict(four[0].state_dict())
     rest = [i for s in three for i in s]
-    assert set(rest) == set(range(n)) - done
+    assert set(rest) == set(range(n)) - set(done)  # whichever worker left
     assert len(rest) == 18 and len(set(rest)) == 16  # 16 left over 3 workers: 2 padded repeats
     assert all(len(s) == 6 for s in three)
 
@@ -62,7 +63,9 @@ def test_the_order_is_the_same_on_every_worker_and_changes_with_the_epoch() -> N
     a, b = samplers(12, 2, seed=1)
     first = a.remaining_indices
     assert first == b.remaining_indices and sorted(first) == list(range(12))
+    a.record_batch(0, 2)
     a.set_epoch(1)
+    assert a.processed_num == 0
     assert a.remaining_indices != first and sorted(a.remaining_indices) == list(range(12))
     assert samplers(5, 8, shuffle=False)[7].indices == [2]  # fewer indices than workers: around again
 

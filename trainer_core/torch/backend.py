@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from trainer_core.collective import ErrorFeedback, Group, spec_for
+from trainer_core.collective import job as collective_job
 from trainer_core.collective.executor import Executor
 from trainer_core.train.comm import KVCommunicator
 from trainer_core.xp import like, to_host
@@ -113,6 +114,18 @@ class Collective(Backend):
 
     def barrier(self) -> None:
         self.group.barrier()
+
+    def workers_waiting(self) -> bool:
+        """An elastic job's workers changed since this group formed (workers joined, or left
+        while no operation ran): ``hvd.elastic``'s state re-forms at its next commit."""
+        node, epoch = getattr(self.group, "node", None), getattr(self.group, "epoch", None)
+        return node is not None and epoch is not None and node.changed_since(epoch) is not None
+
+    def reform(self) -> Collective:
+        """The backend over the group of the job's current epoch (an elastic job; the node stays)."""
+        if not isinstance(self.group, collective_job.JobGroup):
+            raise ValueError("only a job's group re-forms (this one was made in process)")
+        return Collective(collective_job.reform(self.group))
 
     def close(self) -> None:
         self.group.close()
@@ -228,6 +241,14 @@ class KV(Backend):
 
     def barrier(self) -> None:
         self.submit("barrier", self.kv.barrier).wait()
+
+    def reform(self) -> KV:
+        """An elastic job's workers changed: the store goes on (the servers' rounds count the
+        members); this worker's rank and the size are the current epoch's."""
+        book = getattr(getattr(self.kv, "client", None), "book", None)
+        if book is not None:
+            self.rank, self.size = int(book.rank), int(book.num_workers)
+        return self
 
     def close(self) -> None:
         self._executor.close()

@@ -11,14 +11,14 @@ workers (docs/elastic.md).
 ``run`` calls the function with ``state`` synced from rank 0. When a collective fails because the
 group did (a worker lost: ``HorovodInternalError``), the state goes back to its last ``commit()``;
 when workers were added (``HostsUpdatedInterrupt``, raised by ``commit()`` on every rank at once),
-it keeps its values. Either way the worker leaves the group and joins the next one (``shutdown``,
-then ``init``, as Horovod's reset), the reset callbacks run, the state is synced from the new rank
-0, and the function is called again.
+it keeps its values. Either way the worker joins the group of the job's new epoch (the collectives'
+``reform``: dense ranks again, the same process, as Horovod's reset), the reset callbacks run, the
+state is synced from the new rank 0, and the function is called again.
 
 A state saves in memory, on the worker itself: ``commit()`` is ``save()`` plus the check for added
 workers. ``TorchState`` handles a model (its ``state_dict``), an optimizer (its ``state_dict``;
-synced with ``broadcast_optimizer_state``), ``ElasticSampler``s (their processed indices, merged
-over the workers at a sync) and any other value that ``broadcast_object`` carries.
+synced with ``broadcast_optimizer_state``), ``ElasticSampler``s (how far the epoch got) and any
+other value that ``broadcast_object`` carries.
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ from typing import Any
 
 import torch
 
+from trainer_core.errors import MembershipChanged
+
 from .elastic_sampler import ElasticSampler
-from .ops import HorovodInternalError
+from .ops import GROUP_FAILURES, HorovodInternalError
 from .runtime import Runtime, default
-from .state import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .state import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
 __all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "run"]
 
@@ -152,14 +154,14 @@ class TorchState(ObjectState):
             broadcast_parameters(self.model.state_dict(), 0, runtime=rt)
         if self.optimizer is not None:
             broadcast_optimizer_state(self.optimizer, 0, runtime=rt)
-        for s in self._samplers.values():
-            every = allgather_object(sorted(s.processed_indices), runtime=rt)
-            merged = s.state_dict()
-            merged["processed_indices"] = sorted({i for part in every for i in part})
-            s.load_state_dict(broadcast_object(merged, 0, runtime=rt))
+        for s in self._samplers.values():  # (every worker counted the same steps: rank 0's count)
+            s.load_state_dict(broadcast_object(s.state_dict(), 0, runtime=rt))
         super().sync()
 
     def reset(self) -> None:
+        rebind = getattr(self.optimizer, "_rebind", None)
+        if callable(rebind):  # a DistributedOptimizer: its buckets over the new group
+            rebind(self._runtime.backend())
         for s in self._samplers.values():
             s.reset()
 
@@ -175,11 +177,11 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             if reset:
                 _rejoin(state._runtime)
                 state.on_reset()
-            if not skip_sync:
-                state.sync()
             try:
+                if not skip_sync:
+                    state.sync()
                 return func(state, *args, **kwargs)
-            except HorovodInternalError:
+            except (HorovodInternalError, *GROUP_FAILURES):
                 state.restore()
                 skip_sync = False
             except HostsUpdatedInterrupt as e:
@@ -190,7 +192,11 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _rejoin(runtime: Runtime) -> None:
-    """Leave the group and join the next one on the same path (Horovod's reset)."""
-    comm = runtime.backend().comm
-    runtime.shutdown()
-    runtime.init(None if comm == "solo" else comm)
+    """Join the group of the job's new epoch (Horovod's reset; the worker stays in the job), again
+    while the workers change meanwhile."""
+    while True:
+        try:
+            runtime.reform()
+            return
+        except MembershipChanged:
+            continue

@@ -1,13 +1,17 @@
 """Horovod's ``hvd.elastic.ElasticSampler``: a dataset's indices for this worker, for an epoch that
 may see the workers change.
 
-The sampler remembers which indices were processed this epoch (``record_batch`` or
-``record_indices``, then ``state.commit()``); after a change of the workers (``reset``, which
-``TorchState`` calls) the indices not yet processed are dealt again over the new workers, so that
-an epoch neither skips nor repeats a committed sample across the change. As Horovod's (and torch's
-``DistributedSampler``), the remaining indices are padded with their own first ones up to a
-multiple of the workers (at most ``size - 1`` repeats), so that every worker takes the same number
-of steps; ``shuffle`` permutes them with ``seed + epoch`` (the same on every worker).
+The epoch's order (``shuffle``: permuted with ``seed + epoch``, the same on every worker) is dealt
+round the workers, worker ``r`` taking positions ``r``, ``r + size``, ... so that the workers'
+``k``-th batches together cover the next ``size * batch_size`` positions of the order. The sampler
+counts them (``record_batch``: every worker takes its steps in lockstep, so each knows how far all
+of them got), and after a change of the workers (``reset``, which ``TorchState`` calls) the
+positions not yet counted are dealt again over the new workers: an epoch neither skips nor repeats
+a committed sample across the change, whichever worker left. As Horovod's (and torch's
+``DistributedSampler``), the remaining order is padded with its own first indices up to a multiple
+of the workers (at most ``size - 1`` repeats), so that every worker takes the same number of steps.
+``set_epoch`` starts the next epoch: call it at the end of one (Horovod's rule), so that an epoch
+cut short resumes where it was.
 """
 
 from __future__ import annotations
@@ -28,36 +32,34 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         self.dataset, self.shuffle, self.seed = dataset, shuffle, seed
         self._runtime = runtime or default
         self.epoch = 0
-        self.processed_indices: set[int] = set()
+        self.processed_num = 0
         self.reset()
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch``: nothing processed yet."""
+        """Start epoch ``epoch`` (nothing of it processed yet)."""
         self.epoch = epoch
-        self.processed_indices = set()
+        self.processed_num = 0
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Batch ``batch_idx`` (of ``batch_size``) of this worker's indices was processed."""
-        self.record_indices(self.get_indices(batch_idx, batch_size))
-
-    def record_indices(self, indices: list[int]) -> None:
-        self.processed_indices.update(int(i) for i in indices)
+        """Every worker processed its batch ``batch_idx`` of ``batch_size`` (one lockstep step)."""
+        self.processed_num += batch_size * self.num_replicas
 
     def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
+        """This worker's batch ``batch_idx`` of ``batch_size`` (counted from the last reset)."""
         start = batch_idx * batch_size
         return self.indices[start : min(start + batch_size, len(self.indices))]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "processed_indices": sorted(self.processed_indices)}
+        return {"epoch": self.epoch, "processed_num": self.processed_num}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = int(state["epoch"])
-        self.processed_indices = {int(i) for i in state["processed_indices"]}
+        self.processed_num = int(state["processed_num"])
         self.reset()
 
     def reset(self) -> None:
-        """Deal the epoch's unprocessed indices over the workers there are now."""
+        """Deal the epoch's positions not yet processed over the workers there are now."""
         backend = self._runtime.backend()
         self.num_replicas, self.rank = backend.size, backend.rank
         order = list(range(len(self.dataset)))
@@ -65,7 +67,7 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
             g = torch.Generator()
             g.manual_seed(self.seed + self.epoch)
             order = torch.randperm(len(self.dataset), generator=g).tolist()
-        self.remaining_indices = [i for i in order if i not in self.processed_indices]
+        self.remaining_indices = order[self.processed_num :]
         self.num_samples = math.ceil(len(self.remaining_indices) / self.num_replicas)
         self.total_size = self.num_samples * self.num_replicas
         padded = list(self.remaining_indices)

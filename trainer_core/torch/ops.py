@@ -12,7 +12,8 @@ integer tensor is the sum times ``1/size`` truncated toward zero, ``prescale_fac
 and the synchronous operations are differentiable with Horovod's gradients. Tensors are lent to
 trainer_core without copies where their memory allows (``tensors``); sparse tensors are refused
 with a clear error (``sparse_allreduce_async`` takes them). A failure of the group under an
-operation (a peer lost, the group closed) is a ``HorovodInternalError``.
+operation (a peer lost, the group closed, an elastic job's workers changed) is a
+``HorovodInternalError``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from trainer_core.collective import CollectiveClosed, LinkError
+from trainer_core.errors import MembershipChanged
 
 from .backend import Backend, Waitable
 from .compression import Compression, check
@@ -38,6 +40,10 @@ OPS = (Average, Sum, Min, Max, Product, Adasum)
 
 class HorovodInternalError(RuntimeError):
     """An operation failed because the group did (Horovod's name: elastic training catches it)."""
+
+
+#: what a failure of the group under an operation is raised as below (a HorovodInternalError here)
+GROUP_FAILURES = (LinkError, CollectiveClosed, MembershipChanged)
 
 
 def resolve_op(average: bool | None, op: str | None) -> str:
@@ -71,7 +77,7 @@ class Handle:
         if not self._finished:
             try:
                 raw = self._work.wait(timeout)
-            except (LinkError, CollectiveClosed) as e:
+            except GROUP_FAILURES as e:
                 raise HorovodInternalError(f"the operation failed: {e}") from e
             self._result, self._finished = self._finish(raw), True
         return self._result

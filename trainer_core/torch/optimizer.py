@@ -33,7 +33,7 @@ from . import buckets as bucketing
 from .adasum_optimizer import adasum_optimizer
 from .compression import Compression, Residual, check
 from .exchange import Exchange, Pending
-from .ops import Adasum, Average, Product, Sum, resolve_op
+from .ops import GROUP_FAILURES, Adasum, Average, HorovodInternalError, Product, Sum, resolve_op
 from .process_sets import check_global
 from .runtime import Runtime, default
 from .tensors import FLOATS, check_dense
@@ -120,6 +120,21 @@ class _Distributed:
             p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self._params)
         ]
 
+    def _rebind(self, backend: Any) -> None:
+        """After an elastic job's workers changed (``hvd.elastic``'s reset): the same buckets over
+        ``backend``, the new group's, and nothing pending (the step the change cut short is
+        dropped: the state goes back to its last commit); the models are compared again."""
+        if backend is not self._backend:
+            ex = self._exchange
+            self._backend, self._agreed = backend, False
+            self._exchange = Exchange(
+                backend, ex.op, ex.compression, str(next(_ids)), self._params, ex.buckets, None
+            )
+        self._pending = []
+        self._tracker.reset()
+        self._delay = [self._bpps] * len(self._params)
+        self._passes, self._in_backward, self._synchronized = 0, False, False
+
     @property
     def backward_passes_per_step(self) -> int:
         return self._bpps
@@ -202,7 +217,10 @@ class _Distributed:
         pending, self._pending = self._pending, []
         try:
             for p in pending:
-                self._exchange.finish(p)
+                try:
+                    self._exchange.finish(p)
+                except GROUP_FAILURES as e:
+                    raise HorovodInternalError(f"the gradients' exchange failed: {e}") from e
             if self._predivide != 1.0:  # Horovod's: 1/f before the sum, f after the mean
                 with torch.no_grad():
                     for param in self._params:

@@ -135,6 +135,28 @@ class Runtime:
     def initialized(self) -> bool:
         return self._backend is not None
 
+    def reform(self) -> Backend:
+        """After an elastic job's workers changed: the backend over the group of the new epoch
+        (this process stays in the job; ``reform`` of a path without one leaves and joins again)."""
+        with self._lock:
+            b = self._backend
+        if b is None:
+            raise ValueError(
+                "trainer_core.torch has not been initialized; call trainer_core.torch.init() first"
+            )
+        remake = getattr(b, "reform", None)
+        if not callable(remake):
+            comm = b.comm
+            self.shutdown()
+            return self.init(None if comm == "solo" else comm)
+        new = remake()
+        with self._lock:
+            self._backend = new
+        if isinstance(b, Collective):  # the default group follows
+            old = collective.default.set(None)
+            collective.default.set(new.group if old is b.group else old)
+        return new
+
     def shutdown(self) -> None:
         """Leave the job (every worker, at the end); ``init`` may join again."""
         with self._lock:
