@@ -52,10 +52,12 @@ class JobGroup(Group):
         self.nccl = nccl.agree(self, nccl.load() if use_nccl else None, log=node.log)
 
     def close(self, finish: bool = True) -> None:
-        """Finish the queued operations; then (``finish``, and the job has not failed) wait for every
-        worker to finish as well, say bye to the peers and leave the job."""
+        """Finish the queued operations; say bye to the peers (a peer that waits for this rank in a
+        later operation fails at once, naming it: ``PeerShutDown``); then (``finish``, and the job
+        has not failed) wait for every worker to finish as well, and leave the job."""
         try:
             super().close()
+            self.netlinks.leave(self._negotiator.slots)
             if finish and self.node.failure is None:
                 self.node.finish()
         finally:

@@ -161,6 +161,12 @@ class Negotiator:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    @property
+    def slots(self) -> int:
+        """The slots this rank has taken part in (``0 .. slots - 1``; the same on every rank)."""
+        with self._cond:
+            return self._slot
+
     def name(self, name: str | None) -> str:
         """The operation's name: the caller's, or the next of this rank's unnamed ones."""
         if name is not None:

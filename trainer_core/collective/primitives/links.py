@@ -73,6 +73,10 @@ class PeerTimeout(LinkError):
     """A peer did not send (or take) a message within the timeout."""
 
 
+class PeerShutDown(LinkError):
+    """A peer closed its group (it shut down) before the operation this rank waits in."""
+
+
 def wait_all(handles: Sequence[Handle]) -> None:
     """Wait for every handle, in order (the first error is raised)."""
     for h in handles:

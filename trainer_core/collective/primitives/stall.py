@@ -51,6 +51,12 @@ def running_op() -> str | None:
     return f"{name} {label!r} (operation {seq})" if label else f"{name} (operation {seq})"
 
 
+def running_seq() -> int | None:
+    """The number of the operation this thread runs (None: it runs none)."""
+    op = getattr(_here, "op", None)
+    return None if op is None else op[1]
+
+
 class Due(Enum):
     NOTHING = 0
     WARN = 1  # a stall warning is due
