@@ -168,6 +168,7 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
     "agreement": frozenset(),
     "negotiator": frozenset({"agreement", "executor", "primitives"}),
     "lane": frozenset({"policy", "primitives"}),
+    "speculation": frozenset({"negotiator", "agreement", "primitives"}),
     "group": frozenset(
         {
             "compressed",
@@ -180,6 +181,7 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
             "agreement",
             "negotiator",
             "lane",
+            "speculation",
         }
     ),
     "fabric": frozenset({"primitives"}),

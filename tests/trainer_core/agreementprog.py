@@ -7,6 +7,8 @@ issue's cases), then a correct one; prints what each rank got as one JSON line.
     agreementprog.py torch      a Linear(4, 2 + rank): DistributedOptimizer's first step and
                                 broadcast_parameters, then a model alike on every rank
     agreementprog.py shutdown   an allreduce, then rank 1 shuts down while the others allreduce
+    agreementprog.py MODE ALGO  with the allreduce algorithm forced (``Thresholds(force=ALGO)``:
+                                ring, recursive_doubling, tree), off the host's segment
 """
 
 from __future__ import annotations
@@ -106,11 +108,13 @@ def torch_models() -> dict[str, Any]:
     return out
 
 
-def main(mode: str) -> int:
+def main(mode: str, force: str | None = None) -> int:
     if mode == "torch":
         print(json.dumps(torch_models()), flush=True)
         return 0
     g = collective.group()
+    if force is not None:
+        g.thresholds = collective.Thresholds(force=force)
     out = {"cases": cases, "threads": threads, "shutdown": shut_down}[mode](g)
     print(json.dumps({"rank": g.rank, "size": g.size, "host": g.hosts[g.rank], **out}), flush=True)
     collective.shutdown()
@@ -118,4 +122,4 @@ def main(mode: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:3]))

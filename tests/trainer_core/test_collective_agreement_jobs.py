@@ -16,9 +16,9 @@ from tests.launchkit.procs import parse_prefixed, run
 PROG = str(Path(__file__).with_name("agreementprog.py"))
 
 
-def launch(workers: int, mode: str, tmp_path: Path) -> dict[int, dict]:
+def launch(workers: int, mode: str, tmp_path: Path, *more: str) -> dict[int, dict]:
     res = run(
-        ["launch", "-n", str(workers), "-s", "0", "--launcher", "local", sys.executable, PROG, mode],
+        ["launch", "-n", str(workers), "-s", "0", "--launcher", "local", sys.executable, PROG, mode, *more],
         cwd=tmp_path,
         timeout=120,
     )
@@ -82,6 +82,23 @@ def test_every_mismatch_fails_on_every_rank_within_2_s_and_the_next_operation_is
     w: int, tmp_path: Path
 ) -> None:
     check_cases(launch(w, "cases", tmp_path), w)
+
+
+@pytest.mark.parametrize(("w", "force"), [(2, "ring"), (3, "recursive_doubling"), (4, "ring")])
+def test_every_mismatch_fails_on_every_rank_with_an_algorithm_forced_off_the_segment(
+    w: int, force: str, tmp_path: Path
+) -> None:
+    """A forced algorithm's allreduce moves its data while the ranks' records are compared
+    (collective/speculation.py): a difference found then is the same error on every rank, and
+    the next operation (in the same slot's tags' reach) is right."""
+    check_cases(launch(w, "cases", tmp_path, force), w)
+
+
+@pytest.mark.parametrize(("w", "force"), [(2, "ring"), (3, "ring")])
+def test_two_threads_per_rank_with_a_forced_algorithm_are_matched_by_name(
+    w: int, force: str, tmp_path: Path
+) -> None:
+    check_threads(launch(w, "threads", tmp_path, force), w)
 
 
 @pytest.mark.parametrize("w", [2, 3])

@@ -101,19 +101,39 @@ class Exchange:
         if self.local is not None:
             self.local.segment.ensure(max(record_nbytes(r) for r in records))
 
+    def show(self, rec: bytes) -> int:
+        """Through the segment: show ``rec`` as this rank's record of the next slot, once every rank
+        finished the previous one; the slot's first step (``shown``, ``records_at``)."""
+        loc = self.local
+        assert loc is not None
+        base = 3 * loc.ops
+        loc.ops += 1
+        loc.wait_all(base, "finish the previous operation")
+        self.put(rec)
+        loc.post(base + 1)
+        return base
+
+    def shown(self, base: int) -> list[bytes] | None:
+        """Every rank's record of the slot ``show`` began at ``base``, if every rank showed it yet
+        (None: not yet); does not wait."""
+        loc = self.local
+        assert loc is not None
+        return self.read() if loc.posted_all(base + 1) else None
+
+    def records_at(self, base: int) -> list[bytes]:
+        """Every rank's record of the slot ``show`` began at ``base`` (waits for them), and that
+        slot's end."""
+        loc = self.local
+        assert loc is not None
+        loc.wait_all(base + 1, "submit the next operation")
+        out = self.read()
+        loc.post(base + 3)
+        return out
+
     def records(self, seq: int, rec: bytes) -> list[bytes]:
         """Every rank's record for slot ``seq``."""
         if self.local is not None:
-            loc = self.local
-            base = 3 * loc.ops
-            loc.ops += 1
-            loc.wait_all(base, "finish the previous operation")
-            self.put(rec)
-            loc.post(base + 1)
-            loc.wait_all(base + 1, "submit the next operation")
-            out = self.read()
-            loc.post(base + 3)
-            return out
+            return self.records_at(self.show(rec))
         links, ctx = self.links, Ctx.for_op(self.links, seq)
         table = np.zeros(links.size * RECORD_BYTES, np.uint8)
         if links.rank == 0:
@@ -283,6 +303,9 @@ class Negotiator:
         try:
             self.exchange.resync(records)
             queues = [decode(b) for b in self.exchange.queues(seq, encode([o.desc for o in ops]))]
+            drop = getattr(self.exchange.links, "drop", None)
+            if drop is not None:  # data a speculating rank sent in this slot is void (``speculation``)
+                drop(seq)
         except BaseException as exc:
             self._break(exc)
             return 0.0
@@ -295,7 +318,11 @@ class Negotiator:
         if decision.error:
             self._done(op, error=CollectiveMismatch(decision.error))
             return 0.0
-        return self._finish(op, seq, NOT_RUN)
+        with self._cond:  # it runs in the next slot, at the head of every rank's queue (not in this
+            if op in self._queue:  # one, whose tags may carry a speculating rank's void data)
+                self._queue.remove(op)
+                self._queue.insert(0, op)
+        return 0.0
 
     def quick(
         self,

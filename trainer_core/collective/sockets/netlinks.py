@@ -36,7 +36,7 @@ from trainer_core.transport.unix import UnixListener
 
 from ..primitives import stall as stalls
 from ..primitives.hostsegment import Local
-from ..primitives.links import DEFAULT_TIMEOUT, LinkError, PeerShutDown
+from ..primitives.links import DEFAULT_TIMEOUT, LinkError, PeerShutDown, data_op, op_bits
 from . import channels, protocol, sharesegment
 from .handles import DONE, SLICE_S, Done, Recv, Wake, bytes_of
 
@@ -92,6 +92,7 @@ class NetLinks:
         self._left: set[int] = set()  # peers that said bye
         self._shut: dict[int, int] = {}  # peers that shut down -> the operations they took part in
         self._bye_sent = False
+        self._dropped: set[int] = set()  # operations whose data messages are discarded (``drop``)
         self._broken: LinkError | None = None  # a peer died: every operation fails
         self._placing: Recv | None = None  # the receive the message being read goes into
         self._adds: list[Channel] = []
@@ -136,6 +137,7 @@ class NetLinks:
             raise self.failed(exc) from None
         if self._shut:
             self._raise_shut_down()
+        stalls.watched()
 
     def _raise_shut_down(self) -> None:
         seq = stalls.running_seq()
@@ -315,8 +317,11 @@ class NetLinks:
             return op
 
     def _keep(self, key: tuple[int, int], data: bytes) -> None:
-        """A message that came before its receive: kept, unless the receive was posted meanwhile."""
+        """A message that came before its receive: kept, unless the receive was posted meanwhile
+        (or its operation was dropped: ``drop``)."""
         with self._lock:
+            if self._dropped and data_op(key[1]) in self._dropped:
+                return
             queue = self._posted.get(key)
             if not queue or self._early.get(key):
                 self._early.setdefault(key, deque()).append(data)
@@ -411,6 +416,8 @@ class NetLinks:
         op = Recv(self, peer, tag, bytes_of(out, writable=True))
         key = (peer, tag)
         with self._lock:
+            if self._dropped:  # a later operation with a dropped one's tag bits (2**20 later)
+                self._dropped.discard(data_op(tag))
             err = self._check(peer)
             if err is not None:
                 op.finish(err)
@@ -424,6 +431,18 @@ class NetLinks:
                 del self._early[key]
         op.fill(data)
         return op
+
+    def drop(self, seq: int) -> None:
+        """Forget the data messages of operation ``seq`` (not its control messages): its posted
+        receives are withdrawn, and what came or comes for it is discarded, until a receive of a
+        later operation with the same tag bits (``2**20`` operations later) is posted. The ranks
+        found they disagree on it, and no operation runs in its slot (``collective.speculation``)."""
+        bits = op_bits(seq)
+        with self._lock:
+            self._dropped.add(bits)
+            for table in (self._posted, self._early):
+                for key in [k for k in table if data_op(k[1]) == bits]:
+                    del table[key]
 
     def cancel(self, op: Recv) -> bool:
         """Withdraw a pending receive; ``False`` when it was matched meanwhile."""
