@@ -37,10 +37,11 @@ from .algorithms import doubling, hierarchical, ring, shmpipe, shmreduce, tree
 from .algorithms.hierarchical import Topology
 from .compressed import hierarchical as compressed_hierarchical
 from .compressed import lowrank, twostage
+from .exchange import Exchange
 from .executor import Work
 from .lane import LANES, Lane, check_array, dtype_name
 from .nccl import NcclPath
-from .negotiator import NOT_RUN, Exchange, Negotiator, Op
+from .negotiator import NOT_RUN, Negotiator, Op
 from .policy import Thresholds
 from .primitives.hostsegment import Local
 from .primitives.links import Ctx, Links, Scratch, SubLinks

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .agreement import agreed
-from .negotiator import Exchange
+from .exchange import Exchange
 from .primitives import stall
 from .primitives.links import LinkError, Links
 
