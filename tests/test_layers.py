@@ -166,8 +166,10 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
     "executor": frozenset({"primitives"}),
     "fusion": frozenset(),
     "agreement": frozenset(),
-    "negotiator": frozenset({"agreement", "executor", "primitives"}),
+    "exchange": frozenset({"agreement", "primitives"}),
+    "negotiator": frozenset({"agreement", "exchange", "executor", "primitives"}),
     "lane": frozenset({"policy", "primitives"}),
+    "speculation": frozenset({"exchange", "agreement", "primitives"}),
     "group": frozenset(
         {
             "compressed",
@@ -179,7 +181,9 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
             "fusion",
             "agreement",
             "negotiator",
+            "exchange",
             "lane",
+            "speculation",
         }
     ),
     "fabric": frozenset({"primitives"}),

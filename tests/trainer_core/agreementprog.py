@@ -6,6 +6,9 @@ issue's cases), then a correct one; prints what each rank got as one JSON line.
     agreementprog.py threads    two threads per rank submit named allreduces in opposite orders
     agreementprog.py torch      a Linear(4, 2 + rank): DistributedOptimizer's first step and
                                 broadcast_parameters, then a model alike on every rank
+    agreementprog.py shutdown   an allreduce, then rank 1 shuts down while the others allreduce
+    agreementprog.py MODE ALGO  with the allreduce algorithm forced (``Thresholds(force=ALGO)``:
+                                ring, recursive_doubling, tree), off the host's segment
 """
 
 from __future__ import annotations
@@ -65,6 +68,20 @@ def threads(g: Any, steps: int = 10) -> dict[str, Any]:
     return got
 
 
+def shut_down(g: Any) -> dict[str, Any]:
+    before = float(g.allreduce(np.full(3, g.rank + 1, np.float32), name="before")[0])
+    if g.rank == 1:
+        collective.shutdown()  # waits in the scheduler's finish for the others
+        return {"before": before}
+    start = time.monotonic()
+    try:
+        g.allreduce(np.ones(4, np.float32), name="grad.3")
+        error = ""
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return {"before": before, "error": error, "seconds": time.monotonic() - start}
+
+
 def torch_models() -> dict[str, Any]:
     import torch
 
@@ -91,16 +108,18 @@ def torch_models() -> dict[str, Any]:
     return out
 
 
-def main(mode: str) -> int:
+def main(mode: str, force: str | None = None) -> int:
     if mode == "torch":
         print(json.dumps(torch_models()), flush=True)
         return 0
     g = collective.group()
-    out = cases(g) if mode == "cases" else threads(g)
-    print(json.dumps({"rank": g.rank, "size": g.size, **out}), flush=True)
+    if force is not None:
+        g.thresholds = collective.Thresholds(force=force)
+    out = {"cases": cases, "threads": threads, "shutdown": shut_down}[mode](g)
+    print(json.dumps({"rank": g.rank, "size": g.size, "host": g.hosts[g.rank], **out}), flush=True)
     collective.shutdown()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:3]))

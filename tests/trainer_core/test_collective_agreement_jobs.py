@@ -16,9 +16,9 @@ from tests.launchkit.procs import parse_prefixed, run
 PROG = str(Path(__file__).with_name("agreementprog.py"))
 
 
-def launch(workers: int, mode: str, tmp_path: Path) -> dict[int, dict]:
+def launch(workers: int, mode: str, tmp_path: Path, *more: str) -> dict[int, dict]:
     res = run(
-        ["launch", "-n", str(workers), "-s", "0", "--launcher", "local", sys.executable, PROG, mode],
+        ["launch", "-n", str(workers), "-s", "0", "--launcher", "local", sys.executable, PROG, mode, *more],
         cwd=tmp_path,
         timeout=120,
     )
@@ -38,11 +38,8 @@ def _who(values: list[str]) -> str:
     )
 
 
-@pytest.mark.parametrize("w", [2, 3, 4])
-def test_every_mismatch_fails_on_every_rank_within_2_s_and_the_next_operation_is_right(
-    w: int, tmp_path: Path
-) -> None:
-    outs = launch(w, "cases", tmp_path)
+def check_cases(outs: dict[int, dict], w: int) -> None:
+    """What every rank of a ``cases`` run must have got (also across hosts: tests/cluster)."""
     rs = range(w)
     want = {
         "lengths": f"different shapes: {_who([f'({4 + r},)' for r in rs])}",
@@ -54,6 +51,7 @@ def test_every_mismatch_fails_on_every_rank_within_2_s_and_the_next_operation_is
         "list": "refused by rank 1 (rank 1: TypeError: collective allreduce takes a numpy or cupy array, not list",
     }
     total = float(sum(r + 1 for r in rs))
+    assert sorted(outs) == list(rs)
     for r, out in outs.items():
         for case, text in want.items():
             got = out[case]
@@ -71,12 +69,58 @@ def test_every_mismatch_fails_on_every_rank_within_2_s_and_the_next_operation_is
         assert out["agreed"]["result"] == [float(w)] * 4
 
 
+def check_threads(outs: dict[int, dict], w: int) -> None:
+    """What every rank of a ``threads`` run must have got."""
+    want = {f"{t}.{i}": w * (i + 1) * (1.0 if t == "a" else 100.0) for t in "ab" for i in range(10)}
+    assert sorted(outs) == list(range(w))
+    for out in outs.values():
+        assert {k: v for k, v in out.items() if k not in ("rank", "size", "host")} == want
+
+
+@pytest.mark.parametrize("w", [2, 3, 4])
+def test_every_mismatch_fails_on_every_rank_within_2_s_and_the_next_operation_is_right(
+    w: int, tmp_path: Path
+) -> None:
+    check_cases(launch(w, "cases", tmp_path), w)
+
+
+@pytest.mark.parametrize(("w", "force"), [(2, "ring"), (3, "recursive_doubling"), (4, "ring")])
+def test_every_mismatch_fails_on_every_rank_with_an_algorithm_forced_off_the_segment(
+    w: int, force: str, tmp_path: Path
+) -> None:
+    """A forced algorithm's allreduce moves its data while the ranks' records are compared
+    (collective/speculation.py): a difference found then is the same error on every rank, and
+    the next operation (in the same slot's tags' reach) is right."""
+    check_cases(launch(w, "cases", tmp_path, force), w)
+
+
+@pytest.mark.parametrize(("w", "force"), [(2, "ring"), (3, "ring")])
+def test_two_threads_per_rank_with_a_forced_algorithm_are_matched_by_name(
+    w: int, force: str, tmp_path: Path
+) -> None:
+    check_threads(launch(w, "threads", tmp_path, force), w)
+
+
 @pytest.mark.parametrize("w", [2, 3])
 def test_two_threads_per_rank_in_opposite_orders_are_matched_by_name(w: int, tmp_path: Path) -> None:
-    outs = launch(w, "threads", tmp_path)
-    want = {f"{t}.{i}": w * (i + 1) * (1.0 if t == "a" else 100.0) for t in "ab" for i in range(10)}
-    for out in outs.values():
-        assert {k: v for k, v in out.items() if k not in ("rank", "size")} == want
+    check_threads(launch(w, "threads", tmp_path), w)
+
+
+def check_shut_down(outs: dict[int, dict], w: int) -> None:
+    """What every rank of a ``shutdown`` run must have got: rank 1 shut down, the others' next
+    allreduce fails at once naming it."""
+    for r, out in outs.items():
+        assert out["before"] == sum(range(1, w + 1)), out
+        if r == 1:
+            continue
+        assert out["error"].startswith("PeerShutDown: collective: rank 1 (worker 1 on "), out
+        assert "shut down (closed its group) after its 2 operations" in out["error"], out
+        assert "allreduce 'grad.3'" in out["error"], out
+        assert out["seconds"] < 2.0, out
+
+
+def test_a_rank_that_shuts_down_fails_the_others_next_operation_naming_it(tmp_path: Path) -> None:
+    check_shut_down(launch(3, "shutdown", tmp_path), 3)
 
 
 @pytest.mark.parametrize("w", [2, 3])

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from trainer_core.collective import BFLOAT16, Group, Thresholds, bf16_to_f32, f32_to_bf16
+from trainer_core.collective.exchange import control_bytes
 from trainer_core.collective.fabric import Fabric, run_ranks
-from trainer_core.collective.negotiator import control_bytes
 from trainer_core.collective.primitives.reduce import FLOAT_DTYPES, INT_DTYPES
 
 HOSTS = ["h0", "h0", "h1", "h1", "h2", "h2"]  # 3 hosts x 2 ranks

@@ -12,8 +12,8 @@ import pytest
 from trainer_core import compression
 from trainer_core.collective import ErrorFeedback, Group, Thresholds
 from trainer_core.collective.algorithms.ring import blocks
+from trainer_core.collective.exchange import control_bytes
 from trainer_core.collective.fabric import Fabric, run_ranks
-from trainer_core.collective.negotiator import control_bytes
 
 PARAMS: list[dict[str, Any]] = [
     {"type": "1bit", "block_size": 64},

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from trainer_core.collective import ErrorFeedback, Group, Thresholds
+from trainer_core.collective.exchange import control_bytes
 from trainer_core.collective.fabric import Fabric, run_ranks
-from trainer_core.collective.negotiator import control_bytes
 from trainer_core.compression.powersgd import ratio
 
 PARAMS: dict[str, Any] = {"type": "powersgd", "rank": 2, "seed": 7}

@@ -44,7 +44,7 @@ from .executor import CollectiveClosed, Work
 from .group import Group
 from .job import JobGroup, join
 from .policy import ALGORITHMS, Thresholds, choose
-from .primitives.links import Ctx, Handle, LinkError, Links, PeerTimeout, SubLinks
+from .primitives.links import Ctx, Handle, LinkError, Links, PeerShutDown, PeerTimeout, SubLinks
 from .primitives.reduce import BFLOAT16, OPS, ReduceSpec, bf16_to_f32, f32_to_bf16, spec_for
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "JobGroup",
     "LinkError",
     "Links",
+    "PeerShutDown",
     "PeerTimeout",
     "ReduceSpec",
     "SubLinks",

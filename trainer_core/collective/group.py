@@ -31,16 +31,17 @@ import numpy as np
 from trainer_core.compression.powersgd import PowerSGD
 from trainer_core.xp import like, to_host
 
-from . import fusion, policy
+from . import fusion, policy, speculation
 from .agreement import Descriptor, agreed, body, record
 from .algorithms import doubling, hierarchical, ring, shmpipe, shmreduce, tree
 from .algorithms.hierarchical import Topology
 from .compressed import hierarchical as compressed_hierarchical
 from .compressed import lowrank, twostage
+from .exchange import Exchange
 from .executor import Work
 from .lane import LANES, Lane, check_array, dtype_name
 from .nccl import NcclPath
-from .negotiator import NOT_RUN, Exchange, Negotiator, Op
+from .negotiator import NOT_RUN, Negotiator, Op
 from .policy import Thresholds
 from .primitives.hostsegment import Local
 from .primitives.links import Ctx, Links, Scratch, SubLinks
@@ -285,10 +286,20 @@ class Group:
                     return shown[0], NOT_RUN
                 spec.finish(flat, self.size)
                 return shown[0], dest
-            records = self._exchange.records(seq, rec) if self.size > 1 else [rec]
+            if speculation.takes(self._exchange, self.links):  # data and records at once
+                records = speculation.run(
+                    self._exchange,
+                    self.links,
+                    seq,
+                    rec,
+                    lambda: self._allreduce_into(self._ctx(seq), x, flat, spec),
+                )
+            else:
+                records = self._exchange.records(seq, rec) if self.size > 1 else [rec]
+                if agreed(records):
+                    self._allreduce_into(self._ctx(seq), x, flat, spec)
             if not agreed(records):
                 return records, NOT_RUN
-            self._allreduce_into(self._ctx(seq), x, flat, spec)
             spec.finish(flat, self.size)
             return records, dest
 

@@ -76,10 +76,15 @@ class JobGroup(Group):
         return self.netlinks.book.epoch
 
     def close(self, finish: bool = True, leave: bool = True) -> None:
-        """Finish the queued operations; then (``finish``, and the job has not failed) wait for every
-        worker to finish as well, say bye to the peers and (``leave``) leave the job."""
+        """Finish the queued operations; then, leaving the job (``leave``), say bye to the peers (a
+        peer that waits for this rank in a later operation fails at once, naming it:
+        ``PeerShutDown``) and (``finish``, and the job has not failed) wait for every worker to
+        finish as well, and leave the job. ``leave=False`` (``reform``): the links close, the node
+        stays."""
         try:
             super().close()
+            if leave:
+                self.netlinks.leave(self._negotiator.slots)
             if finish and leave and self.node.failure is None:
                 self.node.finish()
         finally:

@@ -7,14 +7,12 @@ caller's own for a synchronous operation when nothing else is queued) drives the
 (the common case: every rank submits the same operations in the same order) that operation runs
 as the group's ``k``-th (``k`` its tag namespace). Otherwise every rank hands the others its whole
 queue and ``agreement.decide`` says what the slot does: run the operation of a name every rank
-holds (threads may submit in different orders), fail one on every rank
-(``CollectiveMismatch``: the group goes on), or wait for more submissions (then the slot is
-tried again, polling).
+holds (threads may submit in different orders; it goes to the head of every queue and runs in
+the next slot), fail one on every rank (``CollectiveMismatch``: the group goes on), or wait for
+more submissions (then the slot is tried again, polling).
 
-The records travel through the host's shared-memory segment where every rank is on one host
-(beside each rank's counter, in the header; an operation with ``fast`` shows its record in its
-own first step, so an agreed allreduce costs no extra step), else through rank 0 over the links
-(two small messages); the queues, on the slow path only, from every rank to every other. A failure
+The records and queues travel as ``exchange.Exchange`` says (an operation with ``fast`` shows
+its record in its own first step, so an agreed allreduce costs no extra step). A failure
 of the data path (a peer gone, a timeout) breaks the group: every later operation fails at once
 with the same error.
 """
@@ -26,39 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from .agreement import (
-    RECORD_BYTES,
-    CollectiveMismatch,
-    Descriptor,
-    agreed,
-    decide,
-    decode,
-    encode,
-    record_nbytes,
-)
+from .agreement import CollectiveMismatch, Descriptor, agreed, decide, decode, encode
+from .exchange import Exchange
 from .executor import CollectiveClosed, Work
 from .primitives import stall
-from .primitives.hostsegment import LINE, Local
-from .primitives.links import Ctx, Links, wait_all
 
 #: ``fast(seq, record)``: runs the operation with ``record`` shown in its first step; returns every
 #: rank's record and, where they agreed, the result (else ``NOT_RUN``)
 Fast = Callable[[int, bytes], tuple[list[bytes], Any]]
 NOT_RUN = object()
 _POLL_S = (0.001, 0.1)  # a slot that found no common operation is tried again after this (doubling)
-_WORDS = RECORD_BYTES // 4
-_SLOW = 0, 1, 2  # segments of the control step: record, every rank's records, a queue's length/bytes
-
-
-def control_bytes(rank: int, size: int) -> int:
-    """The bytes ``rank`` sends over the links to agree on one operation whose records match (where
-    the records do not travel through a host's segment): its record to rank 0, or rank 0's table
-    of every record to each other rank."""
-    if size < 2:
-        return 0
-    return (size - 1) * size * RECORD_BYTES if rank == 0 else RECORD_BYTES
 
 
 @dataclass
@@ -71,76 +46,6 @@ class Op:
     nbytes: int = 0
     fast: Fast | None = None
     works: list[Work] = field(default_factory=list)
-
-
-class Exchange:
-    """How the ranks of one group show each other their records and queues."""
-
-    def __init__(self, links: Links, local: Local | None) -> None:
-        self.links = links
-        #: the segment, where it holds every rank of the group
-        self.local = local if local is not None and local.size == links.size else None
-
-    def put(self, rec: bytes) -> None:
-        """Show ``rec`` in this rank's header line (before posting the step it rides with)."""
-        assert self.local is not None
-        at = self.local.rank * (LINE // 4) + 2
-        self.local.segment.counters[at : at + _WORDS] = memoryview(rec).cast("I")
-
-    def read(self) -> list[bytes]:
-        """Every rank's shown record (after waiting for the step each posted with it)."""
-        assert self.local is not None
-        c = self.local.segment.counters
-        return [
-            c[r * (LINE // 4) + 2 : r * (LINE // 4) + 2 + _WORDS].tobytes() for r in range(self.local.size)
-        ]
-
-    def resync(self, records: list[bytes]) -> None:
-        """After a disagreement: every rank's view of the slots as large as the largest asked for
-        (the segment's slots grow alike on every rank)."""
-        if self.local is not None:
-            self.local.segment.ensure(max(record_nbytes(r) for r in records))
-
-    def records(self, seq: int, rec: bytes) -> list[bytes]:
-        """Every rank's record for slot ``seq``."""
-        if self.local is not None:
-            loc = self.local
-            base = 3 * loc.ops
-            loc.ops += 1
-            loc.wait_all(base, "finish the previous operation")
-            self.put(rec)
-            loc.post(base + 1)
-            loc.wait_all(base + 1, "submit the next operation")
-            out = self.read()
-            loc.post(base + 3)
-            return out
-        links, ctx = self.links, Ctx.for_op(self.links, seq)
-        table = np.zeros(links.size * RECORD_BYTES, np.uint8)
-        if links.rank == 0:
-            table[:RECORD_BYTES] = np.frombuffer(rec, np.uint8)
-            rows = table.reshape(links.size, RECORD_BYTES)
-            wait_all([links.recv(p, ctx.control(_SLOW[0]), rows[p]) for p in range(1, links.size)])
-            wait_all([links.send(p, ctx.control(_SLOW[1]), table) for p in range(1, links.size)])
-        else:
-            mine = np.frombuffer(rec, np.uint8).copy()
-            h = links.send(0, ctx.control(_SLOW[0]), mine)
-            links.recv(0, ctx.control(_SLOW[1]), table).wait()
-            h.wait()
-        return [table[r * RECORD_BYTES : (r + 1) * RECORD_BYTES].tobytes() for r in range(links.size)]
-
-    def queues(self, seq: int, blob: bytes) -> list[bytes]:
-        """Every rank's ``blob`` (each to every other: the slow path only)."""
-        links, ctx = self.links, Ctx.for_op(self.links, seq)
-        peers = [p for p in range(links.size) if p != links.rank]
-        n = np.array([len(blob)], np.int64)
-        lens = {p: np.zeros(1, np.int64) for p in peers}
-        hs = [links.send(p, ctx.control(_SLOW[2]), n) for p in peers]
-        wait_all([links.recv(p, ctx.control(_SLOW[2]), lens[p]) for p in peers] + hs)
-        data = np.frombuffer(blob, np.uint8).copy()
-        got = {p: np.zeros(int(lens[p][0]), np.uint8) for p in peers}
-        hs = [links.send(p, ctx.control(_SLOW[2] + 1), data) for p in peers]
-        wait_all([links.recv(p, ctx.control(_SLOW[2] + 1), got[p]) for p in peers] + hs)
-        return [blob if r == links.rank else got[r].tobytes() for r in range(links.size)]
 
 
 class Negotiator:
@@ -160,6 +65,12 @@ class Negotiator:
         self._broken: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+
+    @property
+    def slots(self) -> int:
+        """The slots this rank has taken part in (``0 .. slots - 1``; the same on every rank)."""
+        with self._cond:
+            return self._slot
 
     def name(self, name: str | None) -> str:
         """The operation's name: the caller's, or the next of this rank's unnamed ones."""
@@ -277,6 +188,9 @@ class Negotiator:
         try:
             self.exchange.resync(records)
             queues = [decode(b) for b in self.exchange.queues(seq, encode([o.desc for o in ops]))]
+            drop = getattr(self.exchange.links, "drop", None)
+            if drop is not None:  # data a speculating rank sent in this slot is void (``speculation``)
+                drop(seq)
         except BaseException as exc:
             self._break(exc)
             return 0.0
@@ -289,7 +203,11 @@ class Negotiator:
         if decision.error:
             self._done(op, error=CollectiveMismatch(decision.error))
             return 0.0
-        return self._finish(op, seq, NOT_RUN)
+        with self._cond:  # it runs in the next slot, at the head of every rank's queue (not in this
+            if op in self._queue:  # one, whose tags may carry a speculating rank's void data)
+                self._queue.remove(op)
+                self._queue.insert(0, op)
+        return 0.0
 
     def quick(
         self,

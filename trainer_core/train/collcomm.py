@@ -11,6 +11,10 @@ residual, the reduced chunk compressed again with its owner's residual for the a
 error feedback kept here per key. ``declare`` moves nothing but checks that every worker declared
 the same keys, shapes and dtypes (``samemodel``); ``broadcast`` is rank 0's values.
 The hostnames come from an allgather of each worker's encoded name, as the KV path's exchange.
+``agree`` checks a job-wide setting (a learner's compression) as the KV communicator's does at the
+scheduler: every worker's canonical JSON of it in two allgathers (lengths, bytes), compared on
+every worker; a difference is a ``CollectiveMismatch`` on every worker naming each value and its
+workers (``node.agree``'s words), and the group goes on.
 
 ``compression_state()`` is this worker's error feedback as named arrays (the KV store's method of
 that name gives the same form): for each key, ``<key>/worker<c>`` holds the residual of the chunk
@@ -22,11 +26,13 @@ owns for the allgather (PowerSGD's ``q`` beside it); ``load_compression_state`` 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 
-from trainer_core.collective import ErrorFeedback, Group
+from trainer_core.collective import CollectiveMismatch, ErrorFeedback, Group
+from trainer_core.node.agree import MAX_VALUE, Waiter, canonical, differ, out_of_step
 from trainer_core.xp import to_host
 
 from . import samemodel
@@ -63,6 +69,34 @@ class CollectiveCommunicator(WorkerTable):
         keys, shapes and dtypes are checked to be the same (``samemodel``)."""
         g = self.group
         samemodel.check("the learner's parameters", samemodel.entries(keys, values), g.allgather, g.size)
+
+    def agree(self, at: str, value: Any) -> Any:
+        """Collective: the job-wide setting ``at`` that every worker gives as ``value`` (plain data;
+        ``None``: this worker gives none and takes the others'); returned when they agree, else
+        ``CollectiveMismatch`` on every worker naming each value and the workers that gave it (or
+        who is where, when the workers name different settings)."""
+        try:
+            text = canonical(value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"{at}: a setting to agree on is plain data (dicts, lists, numbers, text): {exc}"
+            ) from None
+        mine = canonical([at, None if value is None else text]).encode()
+        if len(mine) > MAX_VALUE:
+            raise ValueError(f"{at}: the setting is {len(mine)} bytes, more than {MAX_VALUE}")
+        g = self.group
+        lens = np.asarray(g.allgather(np.array([len(mine)], np.int64))).tolist()
+        blob = np.asarray(g.allgather(np.frombuffer(mine, np.uint8))).tobytes()
+        waiters, start = [], 0
+        for r, n in enumerate(lens):
+            label, given = json.loads(blob[start : start + n])
+            waiters.append(Waiter(r, label, "agree", given, None, 0))
+            start += n
+        error = out_of_step(waiters) if len({w.label for w in waiters}) > 1 else differ(at, waiters)
+        if error is not None:
+            raise CollectiveMismatch(error)
+        given = [w.value for w in waiters if w.value is not None]
+        return json.loads(given[0]) if given else None
 
     def broadcast(self, keys: list[str], values: list[Any]) -> None:
         works = [self.group.broadcast_async(v, 0) for v in values]

@@ -212,6 +212,11 @@ class Local:
         text = stalls.gave_up(late, f"did not {what}", clock.waited(now), op, self.stall, clock.bound_s)
         raise PeerTimeout(f"{text} (shared-memory allreduce)", g)
 
+    def posted_all(self, step: int) -> bool:
+        """Whether every local rank posted ``step`` (or later); does not wait."""
+        c = self.segment.counters
+        return not any(_behind(c[p * (LINE // 4)], step) for p in range(self.size) if p != self.rank)
+
     def wait_all(self, step: int, what: str) -> None:
         for p in range(self.size):
             if p != self.rank:

@@ -73,6 +73,10 @@ class PeerTimeout(LinkError):
     """A peer did not send (or take) a message within the timeout."""
 
 
+class PeerShutDown(LinkError):
+    """A peer closed its group (it shut down) before the operation this rank waits in."""
+
+
 def wait_all(handles: Sequence[Handle]) -> None:
     """Wait for every handle, in order (the first error is raised)."""
     for h in handles:
@@ -112,6 +116,20 @@ MAX_SEGMENTS = 1 << _SEG_BITS
 MAX_STEPS = 1 << _STEP_BITS
 #: the step no algorithm uses: the operation's control messages (the negotiation's, ``control``)
 CONTROL_STEP = MAX_STEPS - 1
+_CONTROL_BITS = CONTROL_STEP << _SEG_BITS
+
+
+def data_op(tag: int) -> int | None:
+    """The operation (its sequence bits) a data message's ``tag`` belongs to; None for the
+    operation's control messages (``Ctx.control``), which are not data."""
+    if ((tag & ~((1 << _SEQ_SHIFT) - 1)) | _CONTROL_BITS) == (tag & ~((1 << _SEG_BITS) - 1)):
+        return None
+    return tag >> _SEQ_SHIFT
+
+
+def op_bits(seq: int) -> int:
+    """The sequence bits the tags of the ``seq``-th operation carry (``data_op``)."""
+    return seq % (1 << (64 - _SEQ_SHIFT))
 
 
 class Scratch:
@@ -144,7 +162,7 @@ class Ctx:
     @classmethod
     def for_op(cls, links: Links, seq: int, scratch: Scratch | None = None) -> Ctx:
         """The context of the ``seq``-th operation of a group (every rank numbers them alike)."""
-        return cls(links, (seq % (1 << (64 - _SEQ_SHIFT))) << _SEQ_SHIFT, scratch=scratch)
+        return cls(links, op_bits(seq) << _SEQ_SHIFT, scratch=scratch)
 
     def buffer(self, key: str, dtype: np.dtype, n: int) -> np.ndarray:
         """A working array of ``n`` elements (see ``Scratch``; ``key`` names its use)."""

@@ -11,6 +11,7 @@ after ``bound_s``: the fixed limit of links whose peers' liveness is not known).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from enum import Enum
 
 from trainer_core.config import StallPolicy
@@ -37,6 +38,32 @@ class running:  # (lower case: used as a function, ``with running(name, seq):``)
         _here.op = self.before
 
 
+class watching:  # (lower case: used as a function, ``with watching(check):``)
+    """While the block runs, every long wait of this thread's links calls ``check`` between its
+    0.1 s slices (``watched``): it raises to end the wait (the operation's ranks turned out to
+    disagree while its data moved: ``Group``'s speculative allreduce)."""
+
+    __slots__ = ("before", "check")
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        self.check = check
+        self.before: Callable[[], None] | None = None
+
+    def __enter__(self) -> None:
+        self.before = getattr(_here, "watch", None)
+        _here.watch = self.check
+
+    def __exit__(self, *exc: object) -> None:
+        _here.watch = self.before
+
+
+def watched() -> None:
+    """Run this thread's ``watching`` check, if any (a long wait calls it between slices)."""
+    check = getattr(_here, "watch", None)
+    if check is not None:
+        check()
+
+
 def current() -> str:
     """The operation this thread runs, as ``running`` marked it (``an operation`` when none)."""
     return running_op() or "an operation"
@@ -49,6 +76,12 @@ def running_op() -> str | None:
         return None
     name, seq, label = op
     return f"{name} {label!r} (operation {seq})" if label else f"{name} (operation {seq})"
+
+
+def running_seq() -> int | None:
+    """The number of the operation this thread runs (None: it runs none)."""
+    op = getattr(_here, "op", None)
+    return None if op is None else op[1]
 
 
 class Due(Enum):

@@ -39,7 +39,7 @@ from trainer_core.transport.unix import UnixListener
 
 from ..primitives import stall as stalls
 from ..primitives.hostsegment import Local
-from ..primitives.links import DEFAULT_TIMEOUT, LinkError
+from ..primitives.links import DEFAULT_TIMEOUT, LinkError, PeerShutDown, data_op, op_bits
 from . import channels, protocol, sharesegment
 from .handles import DONE, SLICE_S, Done, Recv, Wake, bytes_of
 
@@ -95,6 +95,9 @@ class NetLinks:
         self._early: dict[tuple[int, int], deque[bytes]] = {}
         self._gone: dict[int, LinkError] = {}  # peers whose channel ended
         self._left: set[int] = set()  # peers that said bye
+        self._shut: dict[int, int] = {}  # peers that shut down -> the operations they took part in
+        self._bye_sent = False
+        self._dropped: set[int] = set()  # operations whose data messages are discarded (``drop``)
         self._broken: LinkError | None = None  # a peer died: every operation fails
         self._placing: Recv | None = None  # the receive the message being read goes into
         self._adds: list[Channel] = []
@@ -136,12 +139,16 @@ class NetLinks:
         return self._size
 
     def raise_failure(self) -> None:
-        """Raise the job's failure as the scheduler reported it, if any."""
+        """Raise the job's failure as the scheduler reported it, if any; else ``PeerShutDown`` when
+        this thread's operation is one that a peer which shut down takes no part in."""
         try:
             self.node.raise_failure()
         except NodeFailure as exc:
             raise self.failed(exc) from None
         self.changed()
+        if self._shut:
+            self._raise_shut_down()
+        stalls.watched()
 
     def changed(self) -> None:
         """In an elastic job: ``MembershipChanged`` once the membership has changed since this
@@ -157,6 +164,24 @@ class NetLinks:
         changed = self.node.changed_since(self._book.epoch)
         if changed is not None:
             raise changed
+
+    def _raise_shut_down(self) -> None:
+        seq = stalls.running_seq()
+        if seq is None:
+            return
+        with self._lock:
+            gone = sorted((p, n) for p, n in self._shut.items() if seq >= n)
+        if gone:
+            peer, n = gone[0]
+            ops = "its first operation" if n == 0 else f"its {n} operation{'s' if n > 1 else ''}"
+            raise self.failed(
+                PeerShutDown(
+                    f"collective: rank {peer} ({self.where(peer)}) shut down (closed its group) after "
+                    f"{ops}, while rank {self._rank} waits for it in {stalls.current()}: every rank "
+                    "makes the same operations before it shuts down",
+                    peer,
+                )
+            )
 
     def health(self) -> None:
         """Raise the job's failure, or the error of the peer whose death broke the group."""
@@ -263,8 +288,11 @@ class NetLinks:
                 self.log.warning("collective: closed the channel of rank %d: %s", peer, exc)
                 ch.close()
         elif h.op == protocol.BYE and peer is not None:
+            ops = protocol.ops_of(h)
             with self._lock:
                 self._left.add(peer)
+                if ops is not None:
+                    self._shut[peer] = ops
         else:
             self.log.warning("collective: closed a channel that sent %s out of turn", h.op)
             ch.close()
@@ -316,8 +344,11 @@ class NetLinks:
             return op
 
     def _keep(self, key: tuple[int, int], data: bytes) -> None:
-        """A message that came before its receive: kept, unless the receive was posted meanwhile."""
+        """A message that came before its receive: kept, unless the receive was posted meanwhile
+        (or its operation was dropped: ``drop``)."""
         with self._lock:
+            if self._dropped and data_op(key[1]) in self._dropped:
+                return
             queue = self._posted.get(key)
             if not queue or self._early.get(key):
                 self._early.setdefault(key, deque()).append(data)
@@ -416,6 +447,8 @@ class NetLinks:
         op = Recv(self, peer, tag, bytes_of(out, writable=True))
         key = (peer, tag)
         with self._lock:
+            if self._dropped:  # a later operation with a dropped one's tag bits (2**20 later)
+                self._dropped.discard(data_op(tag))
             err = self._check(peer)
             if err is not None:
                 op.finish(err)
@@ -429,6 +462,18 @@ class NetLinks:
                 del self._early[key]
         op.fill(data)
         return op
+
+    def drop(self, seq: int) -> None:
+        """Forget the data messages of operation ``seq`` (not its control messages): its posted
+        receives are withdrawn, and what came or comes for it is discarded, until a receive of a
+        later operation with the same tag bits (``2**20`` operations later) is posted. The ranks
+        found they disagree on it, and no operation runs in its slot (``collective.speculation``)."""
+        bits = op_bits(seq)
+        with self._lock:
+            self._dropped.add(bits)
+            for table in (self._posted, self._early):
+                for key in [k for k in table if data_op(k[1]) == bits]:
+                    del table[key]
 
     def cancel(self, op: Recv) -> bool:
         """Withdraw a pending receive; ``False`` when it was matched meanwhile."""
@@ -448,17 +493,29 @@ class NetLinks:
             op.peer,
         )
 
+    def leave(self, ops: int | None = None) -> None:
+        """Say bye to every peer (once): this rank took part in its group's operations ``0 .. ops -
+        1`` and will take part in no other (a peer waiting for it in a later one fails at once,
+        ``PeerShutDown``). The channels stay open (``close`` closes them)."""
+        with self._lock:
+            if self._bye_sent:
+                return
+            self._bye_sent = True
+            chans = list(self._chan.values())
+        for ch in chans:
+            with contextlib.suppress(ChannelClosed, KVError, OSError):
+                ch.post(protocol.bye(ops))
+
     def close(self) -> None:
-        """Say bye to every peer, stop the receiving thread and close the channels (what is queued
-        is given ``FLUSH_S`` to go out). Peers' channels ending after this are not failures."""
+        """Say bye to every peer (unless ``leave`` did), stop the receiving thread and close the
+        channels (what is queued is given ``FLUSH_S`` to go out). Peers' channels ending after this
+        are not failures."""
+        self.leave()
         with self._lock:
             if self._closing:
                 return
             self._closing = True
             chans = list(self._chan.values())
-        for ch in chans:
-            with contextlib.suppress(ChannelClosed, KVError, OSError):
-                ch.post(protocol.bye())
         self._stop = True
         self._wake.ring()
         if self._thread is not threading.current_thread():

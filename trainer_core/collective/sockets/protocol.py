@@ -14,7 +14,10 @@ like every channel:
   rank of the host, once, when the group is set up: the host's shared-memory segment
   (``primitives.hostsegment``); ``{"n": 0}`` and no descriptor where the host has none (a channel that is not the
   same-host one, or ``PS_SHM=0``);
-* ``coll_bye``: the sender closes the group normally; the channel's end is not a failure.
+* ``coll_bye`` (``{"ops": n}``): the sender closed its group normally (it shut down) after its
+  ``n`` operations (``n`` absent: not said); it takes part in none after them, so a rank that
+  waits for it in a later one fails at once (``PeerShutDown``), and the channel's end is not a
+  failure. Sent when the group is closed, before the scheduler's finish.
 
 They carry no entries. ``SCHEMA`` is to be combined with the node layer's (``node.protocol``)
 for the node's decoder.
@@ -44,8 +47,18 @@ def shm(local_size: int) -> wire.Header:
     return wire.Header(SHM, body={"n": local_size})
 
 
-def bye() -> wire.Header:
-    return wire.Header(BYE)
+def bye(ops: int | None = None) -> wire.Header:
+    """The sender closed its group after its ``ops`` operations (slots) ``0 .. ops - 1``."""
+    return wire.Header(BYE, body={} if ops is None else {"ops": ops})
+
+
+def ops_of(h: wire.Header) -> int | None:
+    """The operations a ``coll_bye`` says its sender took part in (None: not said, or not a count)."""
+    try:
+        n = wire.body_int(h, "ops")
+    except WireError:
+        return None
+    return n if n >= 0 else None
 
 
 def tag_of(h: wire.Header) -> int:
