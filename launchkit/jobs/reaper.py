@@ -5,6 +5,11 @@ read end is the reaper's stdin. When the launcher exits for any reason (includin
 kernel closes the pipe, the reaper reads EOF, runs the cleanup commands the launcher sent it
 (``Cleanups.add``: e.g. ``scancel JOB`` for a job a cluster engine runs), ends every process that
 still carries the job's id in its environment, then removes the job's shared-memory segments.
+A launcher that ends its job itself says so first (``Cleanups.close``); when it died instead
+(the pipe ended without that word) and its record still says ``running``, the reaper also sweeps
+the job's ssh hosts and, when every step is known to have succeeded (each cleanup command exited
+0, each host's sweep answered), records when (``reaped_at``): ``ps`` then shows the lost job as
+``ended (lost)`` on any backend.
 Usage: ``python -m launchkit.jobs.reaper JOB_ID GRACE_SECONDS``.
 """
 
@@ -17,8 +22,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from dataclasses import replace
 
 from launchkit.hostside.procscan import remove_shm, sweep_job
+from launchkit.jobs import records as jobs
+
+#: the line ``Cleanups.close`` writes: the launcher ends the job itself (it did not die)
+CLOSED = b'{"closed": true}'
 
 
 def start(job_id: str, grace: float) -> tuple[subprocess.Popen[bytes], int]:
@@ -60,18 +71,22 @@ class Cleanups:
         with self._lock:
             pipe, self._pipe = self._pipe, None
         if pipe is not None:
+            with contextlib.suppress(OSError):
+                os.write(pipe, CLOSED + b"\n")
             os.close(pipe)
 
 
-def run_cleanups(data: bytes, timeout: float = 20.0) -> None:
+def run_cleanups(data: bytes, timeout: float = 20.0) -> bool:
+    """Run each command in ``data`` (a JSON argv a line); True when each one exited 0."""
+    ok = True
     for line in data.splitlines():
         try:
             argv = json.loads(line)
         except ValueError:
             continue
         if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(
+            try:
+                done = subprocess.run(
                     argv,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
@@ -79,6 +94,33 @@ def run_cleanups(data: bytes, timeout: float = 20.0) -> None:
                     timeout=timeout,
                     check=False,
                 )
+            except (OSError, subprocess.SubprocessError):
+                ok = False
+            else:
+                ok = ok and done.returncode == 0
+    return ok
+
+
+def record_reaped(job_id: str, grace: float, cleaned: bool) -> jobs.JobRecord | None:
+    """After a launcher died: sweep the job's ssh hosts (those its record names, ``jobs.kill``'s
+    sweep), and when that and the cleanups before it (``cleaned``) all succeeded, record the time
+    in the record (``reaped_at``). Nothing when there is no record, or it is no longer ``running``
+    (a launcher recorded the end after all); returns the record written."""
+    record = jobs.load(job_id)
+    if record is None or record.state != "running":
+        return None
+    if (record.remote or {}).get("hosts"):
+        from launchkit.jobs.kill import sweep_hosts  # (paramiko: only for a lost ssh job)
+
+        cleaned = all(h.ok for h in sweep_hosts(record, grace, ended=False)) and cleaned
+    if not cleaned:
+        return None
+    now = jobs.load(job_id)  # (not finished meanwhile by another launcher's kill)
+    if now is None or now.state != "running":
+        return None
+    reaped = replace(now, reaped_at=time.time())
+    jobs.save(reaped)
+    return reaped
 
 
 def main(argv: list[str]) -> int:
@@ -96,9 +138,12 @@ def main(argv: list[str]) -> int:
         if not chunk:
             break
         received += chunk
-    run_cleanups(received)
+    cleaned = run_cleanups(received)
     sweep_job(job_id, grace)
     remove_shm(job_id)
+    if CLOSED not in received.splitlines():  # the launcher died: say what is known of the job's end
+        with contextlib.suppress(Exception):  # (an unreadable home, an ssh failure: nothing is claimed)
+            record_reaped(job_id, grace, cleaned)
     return 0
 
 
