@@ -18,6 +18,8 @@ def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else ""
 
 
+#: the states ``ps`` lists without ``--all``
+ACTIVE = ("running", "submitting", "lost")
 COLUMNS = ("job id", "name", "launcher", "state", "attempt", "procs", "hosts", "started", "exit")
 
 
@@ -58,7 +60,7 @@ def register(app: typer.Typer) -> None:
         records = [detached.refresh(r) for r in jobs.load_all(jobs.skipping(ui.warn))]
         here = set(procscan.scan()) if any(r.shown_state == "lost" for r in records) else set()
         states = {r.id: shown_state(r, here) for r in records}
-        records = [r for r in records if show_all or states[r.id] in ("running", "lost")]
+        records = [r for r in records if show_all or states[r.id] in ACTIVE]
         training = {r.id: live.step_loss(r.id) for r in records if states[r.id] == "running"}
         if as_json:
             none = (None, None)

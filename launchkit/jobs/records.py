@@ -155,8 +155,17 @@ class JobRecord:
         return start is not None and (self.launcher_start is None or start == self.launcher_start)
 
     @property
+    def submitting(self) -> bool:
+        """A detached job recorded before its submission, which has not returned yet: no engine
+        job id (``launchkit.submitting``)."""
+        return self.detached and self.state == "running" and not (self.remote or {}).get("engine_job")
+
+    @property
     def shown_state(self) -> str:
-        """``running`` only while the launcher lives; otherwise ``lost``."""
+        """``running`` only while the launcher lives; otherwise ``lost``; a detached job being
+        submitted: ``submitting`` while its launcher submits it (``lost`` if it died there)."""
+        if self.submitting:
+            return "submitting" if self.launcher_alive() else "lost"
         if self.state == "running" and not self.detached and not self.launcher_alive():
             return "lost"
         return self.state
