@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -27,9 +28,12 @@ def test_after_ctrl_c_the_launcher_exits_as_the_last_process_ends(
     sshd_loopback, tmp_path: Path, launchkit_home
 ) -> None:
     proc = _launch(sshd_loopback, tmp_path, "sleep", "300")
+    said: list[tuple[float, str]] = []  # the launcher's stderr lines, with when each came
+    reader = threading.Thread(target=lambda: said.extend((time.monotonic(), line) for line in proc.stderr))
     try:
         job = wait_for_job(launchkit_home, timeout=30)
         assert wait_until(lambda: len(pids_with_job(job)) >= 2, 30), pids_with_job(job)
+        reader.start()
         proc.send_signal(signal.SIGINT)
         gone = None  # when no process of the job is left (polled: at most one poll late)
         while proc.poll() is None:
@@ -37,13 +41,17 @@ def test_after_ctrl_c_the_launcher_exits_as_the_last_process_ends(
                 gone = time.monotonic()
             time.sleep(0.02)
         exited = time.monotonic()
-        _out, err = proc.communicate()
+        reader.join(10)
     finally:
         proc.kill()
+        proc.communicate()
+    err = "".join(line for _, line in said)
     assert proc.returncode == 130, err[-2000:]
-    assert "interrupted; every process ended (exit 130)" in err
-    # the exit follows the last process's end at once (a few tenths of a second here); it once
-    # came 3.3 s later. The bound is loose for a loaded machine.
+    [ended] = [t for t, line in said if "interrupted; every process ended (exit 130)" in line]
+    # the exit follows the last process's end, and the line saying so, at once: Python's teardown
+    # of the interpreter (0.3-1 s on a loaded 2-core machine, 3.3 s seen) is skipped (cli.run).
+    # The bound is loose for a loaded machine.
+    assert exited - ended < 1.5, f"exit {exited - ended:.2f} s after the last line"
     assert gone is None or exited - gone < 1.5, f"exit {exited - gone:.2f} s after the last process ended"
 
 
