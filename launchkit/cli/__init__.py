@@ -80,7 +80,8 @@ def run() -> NoReturn:
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except (OSError, ValueError):  # (said already where it mattered: main's write checks)
             code = code or EXIT_IO
     os._exit(code)
