@@ -8,8 +8,8 @@ still carries the job's id in its environment, then removes the job's shared-mem
 A launcher that ends its job itself says so first (``Cleanups.close``); when it died instead
 (the pipe ended without that word) and its record still says ``running``, the reaper also sweeps
 the job's ssh hosts and, when every step is known to have succeeded (each cleanup command exited
-0, each host's sweep answered), records when (``reaped_at``): ``ps`` then shows the lost job as
-``ended (lost)`` on any backend.
+0, each host's sweep answered, the engine's cancel of its job ran), records when (``reaped_at``):
+``ps`` then shows the lost job as ``ended (lost)`` on those backends too.
 Usage: ``python -m launchkit.jobs.reaper JOB_ID GRACE_SECONDS``.
 """
 
@@ -23,8 +23,9 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from launchkit import backends
 from launchkit.hostside.procscan import remove_shm, sweep_job
 from launchkit.jobs import records as jobs
 
@@ -59,12 +60,14 @@ class Cleanups:
         self._pipe: int | None = pipe
         self._lock = threading.Lock()
 
-    def add(self, argv: list[str]) -> None:
-        """Tell the reaper to run ``argv`` (no shell) when the launcher is gone."""
+    def add(self, argv: list[str], *, ends_job: bool = False) -> None:
+        """Tell the reaper to run ``argv`` (no shell) when the launcher is gone; ``ends_job``: it
+        ends the job's processes where they run (an engine's cancel: a line ``{"ends_job": argv}``)."""
+        line = json.dumps({"ends_job": argv} if ends_job else argv).encode() + b"\n"
         with self._lock:
             if self._pipe is not None:
                 with contextlib.suppress(OSError):
-                    os.write(self._pipe, json.dumps(argv).encode() + b"\n")
+                    os.write(self._pipe, line)
 
     def close(self) -> None:
         """The reaper sweeps once more and exits."""
@@ -76,14 +79,25 @@ class Cleanups:
             os.close(pipe)
 
 
-def run_cleanups(data: bytes, timeout: float = 20.0) -> bool:
-    """Run each command in ``data`` (a JSON argv a line); True when each one exited 0."""
-    ok = True
+@dataclass(frozen=True)
+class Cleaned:
+    """What the cleanup commands did: ``ok``, each one ran and exited 0; ``ended_job``, one of
+    them was the engine's own end of the job (``Cleanups.add(..., ends_job=True)``)."""
+
+    ok: bool = True
+    ended_job: bool = False
+
+
+def run_cleanups(data: bytes, timeout: float = 20.0) -> Cleaned:
+    """Run each command in ``data`` (a JSON argv a line, or ``{"ends_job": argv}``)."""
+    ok, ended = True, False
     for line in data.splitlines():
         try:
-            argv = json.loads(line)
+            item = json.loads(line)
         except ValueError:
             continue
+        ends = isinstance(item, dict) and "ends_job" in item
+        argv = item.get("ends_job") if isinstance(item, dict) else item
         if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
             try:
                 done = subprocess.run(
@@ -98,25 +112,33 @@ def run_cleanups(data: bytes, timeout: float = 20.0) -> bool:
                 ok = False
             else:
                 ok = ok and done.returncode == 0
-    return ok
+                ended = ended or (ends and done.returncode == 0)
+    return Cleaned(ok, ended)
 
 
-def record_reaped(job_id: str, grace: float, cleaned: bool) -> jobs.JobRecord | None:
-    """After a launcher died: sweep the job's ssh hosts (those its record names, ``jobs.kill``'s
-    sweep), and when that and the cleanups before it (``cleaned``) all succeeded, record the time
-    in the record (``reaped_at``). Nothing when there is no record, or it is no longer ``running``
-    (a launcher recorded the end after all); returns the record written."""
+def record_reaped(job_id: str, grace: float, cleaned: Cleaned) -> jobs.JobRecord | None:
+    """After a launcher died, with this machine swept: record the time in the job's record
+    (``reaped_at``) when the end of every process of it is known, by its backend: an ssh job's
+    hosts each answered the sweep the reaper asks of them (``jobs.kill``'s, as ``launchkit kill``
+    does), a job whose processes all ran here needs nothing more, and an engine's job needs the
+    engine's own end of it (its cancel) to have succeeded; in every case each cleanup command
+    must have exited 0. Nothing when there is no record, or it is no longer ``running`` (a
+    launcher recorded the end after all), or an end is not known (an mpirun's remote ranks,
+    which Open MPI's daemons end; an engine job whose id the launcher never learned); returns
+    the record written."""
     record = jobs.load(job_id)
-    if record is None or record.state != "running":
+    if record is None or record.state != "running" or not cleaned.ok:
         return None
     if (record.remote or {}).get("hosts"):
         from launchkit.jobs.kill import sweep_hosts  # (paramiko: only for a lost ssh job)
 
-        cleaned = all(h.ok for h in sweep_hosts(record, grace, ended=False)) and cleaned
-    if not cleaned:
-        return None
+        known = all(h.ok for h in sweep_hosts(record, grace, ended=False))
+    else:
+        known = cleaned.ended_job or (
+            record.backend in backends.names() and backends.capabilities(record.backend).here
+        )
     now = jobs.load(job_id)  # (not finished meanwhile by another launcher's kill)
-    if now is None or now.state != "running":
+    if not known or now is None or now.state != "running":
         return None
     reaped = replace(now, reaped_at=time.time())
     jobs.save(reaped)
