@@ -49,6 +49,8 @@ def test_a_job_being_submitted_is_listed_and_recorded_once_submitted(tmp_path: P
         job = job_ids(launchkit_home)[0]
         assert _shown(env)[job] == "submitting"
         assert job in run(["ps"], env=env).stdout  # listed without --all: it is under way
+        logs = run(["logs", job], env=env)  # (it said 'kept no output (a job of an older launchkit ...)')
+        assert logs.returncode == 0 and "is being submitted (slurm): it has no output yet" in logs.stderr
         release.touch()
         out, err = proc.communicate(timeout=30)
     finally:
