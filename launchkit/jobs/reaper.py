@@ -24,10 +24,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from launchkit import backends
 from launchkit.hostside.procscan import remove_shm, sweep_job
-from launchkit.jobs import records as jobs
+
+if TYPE_CHECKING:
+    from launchkit.jobs.records import JobRecord
 
 #: the line ``Cleanups.close`` writes: the launcher ends the job itself (it did not die)
 CLOSED = b'{"closed": true}'
@@ -116,7 +118,7 @@ def run_cleanups(data: bytes, timeout: float = 20.0) -> Cleaned:
     return Cleaned(ok, ended)
 
 
-def record_reaped(job_id: str, grace: float, cleaned: Cleaned) -> jobs.JobRecord | None:
+def record_reaped(job_id: str, grace: float, cleaned: Cleaned) -> JobRecord | None:
     """After a launcher died, with this machine swept: record the time in the job's record
     (``reaped_at``) when the end of every process of it is known, by its backend: an ssh job's
     hosts each answered the sweep the reaper asks of them (``jobs.kill``'s, as ``launchkit kill``
@@ -125,7 +127,11 @@ def record_reaped(job_id: str, grace: float, cleaned: Cleaned) -> jobs.JobRecord
     must have exited 0. Nothing when there is no record, or it is no longer ``running`` (a
     launcher recorded the end after all), or an end is not known (an mpirun's remote ranks,
     which Open MPI's daemons end; an engine job whose id the launcher never learned); returns
-    the record written."""
+    the record written. (Its imports are here: the reaper starts with each attempt, beside the
+    launch, and needs them only after a launcher died.)"""
+    from launchkit import backends
+    from launchkit.jobs import records as jobs
+
     record = jobs.load(job_id)
     if record is None or record.state != "running" or not cleaned.ok:
         return None
