@@ -1,3 +1,3 @@
-from launchkit.cli import main
+from launchkit.cli import run
 
-main()
+run()

@@ -3,8 +3,8 @@ command line has become a spec (``launchkit.cli.launch`` only turns flags into o
 
 ``run_job`` contacts the hosts, picks the scheduler's address and port, plans the job, prepares
 the backend, records the job and hands it to the ``Supervisor``; ``dry_run_plan`` builds the same
-plan without contacting anything; ``submit_detached`` submits a batch job that no launcher
-follows (``--detach``) and records it.
+plan without contacting anything (``launchkit.submitting`` submits a batch job that no launcher
+follows, ``--detach``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from launchkit.backends.base import Backend
 from launchkit.backends.ssh.agent import LOST_EXIT
@@ -27,7 +27,7 @@ from launchkit.console import Ui
 from launchkit.core.plan import has_scheduler, make_plan, new_job_id, new_secret, one_thread_note
 from launchkit.core.spec import JobResult, LaunchSpec, Plan
 from launchkit.dashboard import Dashboard
-from launchkit.errors import EXIT_INTERNAL, BackendError, UsageError
+from launchkit.errors import EXIT_INTERNAL, UsageError
 from launchkit.jobs import owner
 from launchkit.jobs import records as jobs
 from launchkit.jobs.kill import sweep_hosts
@@ -35,9 +35,6 @@ from launchkit.logdir import hold_log_dir
 from launchkit.roots import Roots
 from launchkit.supervisor import EXIT_TIMEOUT, HANDLED_SIGNALS, Supervisor
 from launchkit.telemetry.endpoint import Telemetry, serve
-
-if TYPE_CHECKING:
-    from launchkit.backends.batch import BatchBackend
 
 
 def dry_run_plan(spec: LaunchSpec, backend: Backend) -> Plan:
@@ -354,57 +351,3 @@ def _ended_between(job: _Job, last: JobResult | None, code: int, *, timed_out: b
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-@dataclass(frozen=True)
-class Submitted:
-    """A detached batch job: launchkit's job id, the engine's, and where its output goes."""
-
-    job_id: str
-    engine_job: str
-    output: str | None
-
-
-def submit_detached(
-    spec: LaunchSpec, backend: Backend, say: Callable[[str], None] | None = None
-) -> Submitted:
-    """``--detach``: submit the batch job and record it; the job runs on its own. ``say`` is
-    given what the launch says before it submits (``OMP_NUM_THREADS``)."""
-    if not backend.capabilities.detaches:
-        raise UsageError(f"--detach needs a batch engine, not --launcher {backend.name}")
-    backend = cast("BatchBackend", backend)  # what a backend that detaches is
-    if not backend.can_detach():
-        raise UsageError(f"--detach submits a batch job: {backend.detach_refusal()}")
-    plan = make_plan(
-        spec,
-        caps=backend.capabilities,
-        job_id=new_job_id(),
-        secret=new_secret(),
-        root_uri="",
-        root_port=0,
-        node_host_of=backend.node_hosts(spec),
-        job_home=owner.home_id(),
-        inherited=inherited(backend),
-    )
-    if say is not None and (note := one_thread_note(plan)) is not None:
-        say(note)
-    backend.prepare(plan)
-    try:
-        engine_job = backend.submit(plan)
-    except OSError as exc:
-        raise BackendError(backend.name, str(exc)) from None
-    output = backend.output_of(plan)
-    record = jobs.started_here(
-        id=plan.job_id,
-        name=plan.job_name,
-        backend=plan.backend,
-        hosts=(),
-        command=spec.command,
-        cwd=spec.cwd,
-        log_dir=spec.log_dir,
-        remote={"engine": backend.name, "engine_job": engine_job, "output": output},
-        detached=True,
-        processes=tuple(jobs.ProcessRecord(t.role, t.rank, str(t.host)) for t in plan.tasks),
-    )
-    jobs.save(record)
-    return Submitted(plan.job_id, engine_job, output)

@@ -395,8 +395,15 @@ class Merger:
         self._stop = True
         if self._started:
             self._thread.join(timeout=1.0)
-        if self._thread.is_alive():
-            return  # stuck writing to a reader that never reads: it is a daemon thread
+        if self._thread.is_alive():  # stuck writing to a reader that never reads: a daemon thread
+            # what the files of the streams left hold is written out now: the process ends
+            # without Python's teardown, which did it (launchkit.cli.run)
+            self._flush_logs()
+            with self._lock:
+                kept = [src.kept for src in self._sources.values() if src.kept is not None]
+            for k in kept:
+                k.flush()
+            return
         with self._lock:
             left = list(self._sources.values())
         for src in left:

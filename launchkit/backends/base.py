@@ -12,6 +12,14 @@ from launchkit.core.flags import fill
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 
 
+class CleanupSink(Protocol):
+    """Where a backend sends the commands its reaper must run if the launcher dies
+    (``jobs.reaper.Cleanups.add``); ``ends_job``: the command ends the job's processes where they
+    run (an engine's cancel), so that, once it has succeeded, their end is known."""
+
+    def __call__(self, argv: list[str], *, ends_job: bool = False) -> None: ...
+
+
 class ProcessHandle(Protocol):
     """One started process, as the supervisor sees it."""
 
@@ -95,7 +103,7 @@ class Backend:
         from a thread of its own (ssh) calls back from there, with no thread per process."""
         threading.Thread(target=lambda: ended(handle.wait()), daemon=True).start()
 
-    def set_cleanup_sink(self, sink: Callable[[list[str]], None]) -> None:
+    def set_cleanup_sink(self, sink: CleanupSink) -> None:
         """Where to send commands that must run if the launcher dies (the reaper runs them)."""
 
     def status(self) -> str:

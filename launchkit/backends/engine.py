@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
 import dmlc_env
-from launchkit.backends.base import Backend, ProcessHandle
+from launchkit.backends.base import Backend, CleanupSink, ProcessHandle
 from launchkit.backends.local import LocalBackend, spawn
 from launchkit.core.spec import LaunchSpec, Plan, Task
 from launchkit.hostside import shim, tasktable
@@ -252,7 +252,7 @@ class EngineBackend(Backend):
         self.engine_tail: deque[str] = deque(maxlen=ENGINE_TAIL)
         self._signalled: set[int] = set()
         self._lock = threading.Lock()
-        self._cleanup_sink: Callable[[list[str]], None] | None = None
+        self._cleanup_sink: CleanupSink | None = None
         self.engine_code: int | None = None  # the engine's own exit code, once it ended
         self._engine_ended = threading.Event()
         self.last_said = ""
@@ -278,7 +278,7 @@ class EngineBackend(Backend):
         self.plan = plan
         self._index = {t.task_id: i for i, t in enumerate(plan.tasks)}  # not tasks.index(): O(n) each
 
-    def set_cleanup_sink(self, sink: Callable[[list[str]], None]) -> None:
+    def set_cleanup_sink(self, sink: CleanupSink) -> None:
         """Where to send commands that end the engine's job should the launcher die (the reaper)."""
         self._cleanup_sink = sink
 
@@ -299,8 +299,8 @@ class EngineBackend(Backend):
 
     def _register_cleanup(self, run: EngineRun) -> None:
         if self._cleanup_sink is not None:
-            for argv in run.cleanup_commands():
-                self._cleanup_sink(argv)
+            for argv in run.cleanup_commands():  # (each ends the engine's job: EngineRun's rule)
+                self._cleanup_sink(argv, ends_job=True)
 
     def _feed(self, line: bytes) -> None:
         frame = shim.parse_frame(line)

@@ -381,7 +381,7 @@ class SlurmBackend(BatchBackend):
             if step not in self.steps:
                 self.steps.add(step)
                 if self.inside and self._cleanup_sink is not None:
-                    self._cleanup_sink(["scancel", step])
+                    self._cleanup_sink(["scancel", step], ends_job=True)
 
     def signal_engine(self, sig: int) -> None:
         super().signal_engine(sig)

@@ -32,6 +32,7 @@ from launchkit.dashboard import Dashboard
 from launchkit.fdlimit import raise_open_files
 from launchkit.hints import hint
 from launchkit.jobs import records
+from launchkit.submitting import submit_detached
 
 
 def launch(ctx: typer.Context, **flags: Any) -> None:
@@ -57,7 +58,7 @@ def launch(ctx: typer.Context, **flags: Any) -> None:
         return
     records.check_home()  # the job's record and kept output go there: before anything starts
     if run["detach"]:
-        done = launching.submit_detached(spec, backend, say=ui.info)
+        done = submit_detached(spec, backend, say=ui.info)
         ui.info(
             f"job {done.job_id} submitted as {backend.name} job {done.engine_job}; output in {done.output}"
         )

@@ -160,6 +160,9 @@ def register(app: typer.Typer) -> None:
         record = jobs.load(job_id, jobs.refuse)
         if record is None:
             raise UsageError(f"no job {job_id!r} here (see launchkit ps --all)")
+        if record.submitting:  # (--detach, before the engine has answered: no output anywhere yet)
+            ui.info(f"job {job_id} is being submitted ({record.backend}): it has no output yet")
+            return
         if (record.remote or {}).get("output"):
             if follow:
                 raise UsageError(

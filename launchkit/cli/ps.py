@@ -18,6 +18,8 @@ def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else ""
 
 
+#: the states ``ps`` lists without ``--all``
+ACTIVE = ("running", "submitting", "lost")
 COLUMNS = ("job id", "name", "launcher", "state", "attempt", "procs", "hosts", "started", "exit")
 
 
@@ -27,16 +29,20 @@ def shown_step_loss(figures: tuple[int | None, float | None] | None) -> tuple[st
     return ("" if step is None else str(step)), ("" if loss is None else f"{loss:.4g}")
 
 
-#: a lost job (its launcher died without recording the end) that ran only on this machine, of which
-#: no process is left here: its reaper ended what was left, so nothing of it runs any more
+#: a lost job (its launcher died without recording the end) of which nothing runs any more: its
+#: reaper recorded that it ended everything (``reaped_at``: the sweep here, on each ssh host, the
+#: engine's cancel), or it ran only on this machine and no process of it is left here
 ENDED_LOST = "ended (lost)"
 
 
 def shown_state(record: jobs.JobRecord, live: Collection[str]) -> str:
     """The state ``ps`` shows: the record's (``shown_state``), but ``ENDED_LOST`` for a lost job
-    whose processes all ran here (its backend's) when none carrying its id (``live``) is left."""
+    that its reaper recorded as cleaned up, or whose processes all ran here (its backend's) when
+    none carrying its id (``live``) is left."""
     state = record.shown_state
-    if state == "lost" and runs_here(record.backend) and record.id not in live:
+    if state == "lost" and (
+        record.reaped_at is not None or (runs_here(record.backend) and record.id not in live)
+    ):
         return ENDED_LOST
     return state
 
@@ -54,7 +60,7 @@ def register(app: typer.Typer) -> None:
         records = [detached.refresh(r) for r in jobs.load_all(jobs.skipping(ui.warn))]
         here = set(procscan.scan()) if any(r.shown_state == "lost" for r in records) else set()
         states = {r.id: shown_state(r, here) for r in records}
-        records = [r for r in records if show_all or states[r.id] in ("running", "lost")]
+        records = [r for r in records if show_all or states[r.id] in ACTIVE]
         training = {r.id: live.step_loss(r.id) for r in records if states[r.id] == "running"}
         if as_json:
             none = (None, None)

@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import shlex
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,17 @@ def engine_job(record: jobs.JobRecord) -> tuple[str, str] | None:
     if not record.detached and record.launcher_alive():
         return None
     return str(info["engine"]), str(info["engine_job"])
+
+
+def await_submission(record: jobs.JobRecord, timeout: float) -> jobs.JobRecord:
+    """The record once the submission it is in (``JobRecord.submitting``) has returned, its
+    launcher died, or ``timeout`` s passed: ``kill`` ends the engine's job, not the submitter
+    (which would leave the job the engine took running, with no record naming it)."""
+    deadline = time.monotonic() + timeout
+    while record.submitting and record.launcher_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+        record = jobs.load(record.id) or record
+    return record
 
 
 def _ended(record: jobs.JobRecord) -> None:

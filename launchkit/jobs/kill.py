@@ -9,6 +9,7 @@ import signal
 import time
 from dataclasses import dataclass
 
+from launchkit.backends.batch import SUBMIT_TIMEOUT
 from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.commands import HostResult
 from launchkit.backends.ssh.options import SshOptions
@@ -165,6 +166,8 @@ def _stop_launcher(record: jobs.JobRecord, grace: float) -> bool:
 def stop_job(job_id: str, grace: float = 3.0) -> StopResult:
     running = set(procscan.find_job_pids(job_id))
     record = jobs.load(job_id)
+    if record is not None and record.submitting:  # --detach, in its submission: wait for it
+        record = detached.await_submission(record, SUBMIT_TIMEOUT + 5.0)
     if record is not None and detached.engine_job(record) is not None:
         # a batch job no launcher follows: the engine ends it (harmless if it already ended)
         info = record.remote or {}

@@ -146,14 +146,26 @@ class JobRecord:
     detached: bool = False  # submitted to a batch engine with --detach: no launcher follows it
     attempt: int = 0  # LAUNCHKIT_RESTART_COUNT of the attempt running (or that ran last): 0 first
     max_restarts: int = 0  # --max-restarts: the job runs at most max_restarts + 1 attempts
+    # its launcher died, and its reaper then ended everything of it, known to have succeeded
+    # (the sweep here and on each ssh host, each cleanup command): when (``jobs.reaper``)
+    reaped_at: float | None = None
 
     def launcher_alive(self) -> bool:
         start = process_start_time(self.launcher_pid)
         return start is not None and (self.launcher_start is None or start == self.launcher_start)
 
     @property
+    def submitting(self) -> bool:
+        """A detached job recorded before its submission, which has not returned yet: no engine
+        job id (``launchkit.submitting``)."""
+        return self.detached and self.state == "running" and not (self.remote or {}).get("engine_job")
+
+    @property
     def shown_state(self) -> str:
-        """``running`` only while the launcher lives; otherwise ``lost``."""
+        """``running`` only while the launcher lives; otherwise ``lost``; a detached job being
+        submitted: ``submitting`` while its launcher submits it (``lost`` if it died there)."""
+        if self.submitting:
+            return "submitting" if self.launcher_alive() else "lost"
         if self.state == "running" and not self.detached and not self.launcher_alive():
             return "lost"
         return self.state
@@ -204,6 +216,7 @@ _FIELDS: dict[str, Any] = {
     "launcher_pid": int, "launcher_start": _OPT_INT, "started_at": _NUMBER, "state": str,
     "ended_at": (*_NUMBER, type(None)), "exit_code": _OPT_INT, "log_dir": _OPT_STR,
     "remote": (dict, type(None)), "detached": bool, "attempt": int, "max_restarts": int,
+    "reaped_at": (*_NUMBER, type(None)),
 }  # fmt: skip
 _REQUIRED = ("id", "name", "backend", "cwd", "launcher_pid", "started_at")
 _REMOTE: dict[str, Any] = {

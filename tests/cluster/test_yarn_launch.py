@@ -25,7 +25,7 @@ from tests.cluster.enginejobs import check_contract
 from tests.launchkit.plans import make_plan
 from tests.launchkit.procs import LAUNCHKIT, pids_with_job, record, wait_for_job, wait_until
 
-from .yarn_standin import StandinRM
+from .yarn_standin import TREE, StandinRM
 
 PROG = str(Path(__file__).with_name("yarnprog.py"))
 HOSTILE = "a b $HOME '\" `x` ${USER} {{y}} <LOG_DIR>\nsecond line\\"
@@ -137,6 +137,8 @@ def test_job_runs_with_roles_ranks_and_environment(
         assert env["COMPONENT_ID"] == str(rank) and env["CONTAINER_ID"].startswith("container_")
         assert env["DMLC_NODE_HOST"]  # found by the shim on the node
     assert all(r["argv"] == [HOSTILE, "it's"] for r in reports.values())
+    # the containers (and so each node's shim) run the tree under test, not the installed launchkit
+    assert {r["launchkit"] for r in reports.values()} == {str(TREE / "launchkit" / "__init__.py")}
     assert len({r["cwd"] for r in reports.values()}) == 5  # a working directory per container
     job = envs[("worker", 0)]["LAUNCHKIT_JOB_ID"]
     assert svc.name == service_name(job)

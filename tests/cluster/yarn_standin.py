@@ -35,7 +35,8 @@ from the enum, a dest_file that is one relative path element, unique, a src_file
 (``hdfs://HOST/PATH`` and ``hdfs:///PATH`` are read from ``hdfs_root``, ``file://`` from this
 machine); no ``state`` or ``containers`` on POST; environment names a shell can export.
 
-How a container runs (it really runs, locally): the service AM's substitutions
+How a container runs (it really runs, locally, with the tree under test first on PYTHONPATH: the
+nodes' admin environment, ``admin_env``): the service AM's substitutions
 (``${COMPONENT_ID}``, ``${COMPONENT_INSTANCE_NAME}``, ``${USER}``, ``${DOMAIN}``, ...,
 ``${SCHEDULER-0_HOST}`` for dependents) in the env values, then every variable's name as a token
 in the launch command (Java's replaceAll: a replacement holding ``$`` or ``\\`` fails the
@@ -75,6 +76,8 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_NAME = 63
 MAX_COMPONENT = 63 - len(str(2**63 - 1))  # ServiceApiUtil: 63 - length of Long.MAX_VALUE = 44
+#: the tree under test (this file is TREE/tests/cluster/yarn_standin.py): the nodes' launchkit
+TREE = Path(__file__).resolve().parents[2]
 
 SERVICE_FIELDS = {
     "name", "version", "description", "id", "artifact", "resource", "launch_time",
@@ -406,8 +409,14 @@ class StandinRM:
         max_memory_mb: int = 8192,
         max_vcores: int = 8,
         api_enabled: bool = True,
+        admin_env: dict[str, str] | None = None,
     ) -> None:
         self.root = Path(root)
+        # yarn.nodemanager.admin-env: what the nodes' administrator sets in every container (by
+        # default here: the tree under test first on PYTHONPATH, as on a cluster whose nodes have
+        # this launchkit installed; the shim was the machine's installed launchkit's, whatever tree
+        # the test ran from, and an older one could not read the current task tables)
+        self.admin_env = {"PYTHONPATH": str(TREE)} if admin_env is None else dict(admin_env)
         self.root.mkdir(parents=True, exist_ok=True)
         self.domain = domain
         self.hdfs_root = Path(hdfs_root) if hdfs_root else self.root / "hdfs"
@@ -774,6 +783,8 @@ class StandinRM:
                 "JVM_PID": "$$",
             }
         )
+        for k, v in self.admin_env.items():
+            env.setdefault(k, v)
         env = {k: nm_expand(v, str(c.logdir)) for k, v in env.items()}
         command = nm_expand(command, str(c.logdir))
         c.env, c.command = env, command

@@ -7,6 +7,7 @@ yarnprog.py wait OUTDIR [SECONDS]     write OUTDIR/ROLE-RANK.pid, then sleep
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -27,6 +28,7 @@ def main(argv: list[str]) -> int:
             "cwd": os.getcwd(),
             "files": sorted(os.listdir(".")),
             "shipped": {n: Path(n).read_text() for n in os.listdir(".") if n.endswith(".txt")},
+            "launchkit": getattr(importlib.util.find_spec("launchkit"), "origin", None),  # the node's
         }
         tmp = out / f".{ROLE}-{RANK}.tmp"
         tmp.write_text(json.dumps(data))

@@ -399,3 +399,57 @@ def test_a_log_file_that_cannot_be_opened_makes_the_job_exit_74(tmp_path: Path) 
     stderr = " ".join(res.stderr.split())
     assert stderr.count(f"cannot write to --log-dir {logs}") == 1 and "exit 74" in stderr
     assert "Traceback" not in res.stderr
+
+
+class _StuckConsole(io.BytesIO):
+    """A console whose reader never reads (a stopped pager): a write blocks until ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.stuck = threading.Event()
+
+    def write(self, data) -> int:  # type: ignore[override]
+        self.stuck.set()
+        self.release.wait()
+        return len(data)
+
+
+class _Kept:
+    """The launcher's own copy of a stream (a ``Kept``), noting what it was given."""
+
+    def __init__(self) -> None:
+        self.data, self.flushed = b"", b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def flush(self) -> None:
+        self.flushed = self.data
+
+    def create(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.flush()
+
+
+def test_a_console_that_never_reads_leaves_the_log_and_kept_files_written(tmp_path: Path) -> None:
+    """The merger's thread stuck writing to the console: close gives up on it, and the process
+    exits without Python's teardown (launchkit.cli.run), which had flushed the open files."""
+    console = _StuckConsole()
+    merger = Merger(OutputWriter(console, io.BytesIO()))
+    r, w = os.pipe()
+    log = open(tmp_path / "worker-0.stdout", "ab", buffering=1 << 18)  # noqa: SIM115 (the merger's)
+    kept = _Kept()
+    merger.add(os.fdopen(r, "rb"), "out", b"[worker 0] ", deque(maxlen=20), log, kept)
+    merger.start()
+    try:
+        os.write(w, b"a line the console never takes\n")
+        assert console.stuck.wait(10)
+        merger.close()
+        assert (tmp_path / "worker-0.stdout").read_bytes() == b"a line the console never takes\n"
+        assert kept.flushed == b"a line the console never takes\n"
+    finally:
+        console.release.set()
+        os.close(w)

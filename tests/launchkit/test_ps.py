@@ -31,3 +31,11 @@ def test_a_lost_local_job_with_nothing_left_has_ended() -> None:
 def test_what_cannot_be_told_here_stays_as_it_was() -> None:
     assert shown_state(replace(LOST, backend="ssh"), live=()) == "lost"  # its hosts are not looked at
     assert shown_state(replace(LOST, state="failed"), live=()) == "failed"
+
+
+def test_a_lost_job_its_reaper_recorded_as_cleaned_up_has_ended_on_any_backend() -> None:
+    for backend in ("ssh", "slurm", "local"):
+        reaped = replace(LOST, backend=backend, reaped_at=2.0e9)
+        assert shown_state(reaped, live=()) == ENDED_LOST
+    # a record that finished after all keeps its own state
+    assert shown_state(replace(LOST, state="failed", reaped_at=2.0e9), live=()) == "failed"
