@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import dmlc_env
+
 
 @dataclass(frozen=True)
 class Host:
@@ -57,6 +59,9 @@ class LaunchSpec:
     cwd: str = "."
     max_restarts: int = 0  # restarts of the whole job after a failure (--max-restarts)
     restart_backoff: float = 1.0  # seconds between a failed attempt and the next (--restart-backoff)
+    elastic: tuple[int, int] | None = None  # -n MIN:MAX: the workers may change while it runs
+    hostfile: str | None = None  # the hostfile, which an elastic job re-reads while it runs
+    host_discovery: str | None = None  # --host-discovery-script: prints host:slots lines
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,8 @@ class Plan:
     root_port: int
     tasks: tuple[Task, ...]  # the scheduler first (none without servers), then servers, then workers
     one_thread: int = 0  # the machines whose processes got OMP_NUM_THREADS=1 from the launcher
+    job_env: dmlc_env.JobEnv | None = None  # what every process's contract came from (a later worker's too)
+    elastic: tuple[int, int] | None = None  # -n MIN:MAX
 
     def by_role(self, role: str) -> list[Task]:
         return [t for t in self.tasks if t.role == role]

@@ -72,6 +72,7 @@ class SshBackend(Backend):
         needs_hostfile=True,
         connects=True,
         restarts=True,
+        elastic="resize",
         syncs=True,
         options=frozenset(
             {
