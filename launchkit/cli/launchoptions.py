@@ -108,6 +108,13 @@ def common() -> list[inspect.Parameter]:
             "--host-discovery-script",
             help="With -n MIN:MAX: a program printing host:slots lines, run every second.",
         ),
+        o(
+            "blacklist_cooldown",
+            float,
+            None,
+            "--blacklist-cooldown",
+            help="With -n MIN:MAX: seconds a host is not used after a worker failed there (default 10; doubling).",
+        ),
         o("restart_backoff", float, 1.0, "--restart-backoff", help="Seconds to wait before each restart."),
         o(
             "sync_timeout",

@@ -21,7 +21,7 @@ from launchkit.cli.launchargs import (
     working_directory,
 )
 from launchkit.console import Ui
-from launchkit.core.elastic import check_bounds, start_size
+from launchkit.core.elastic import COOL_DOWN, check_bounds, start_size
 from launchkit.core.hostfile import read_hostfile
 from launchkit.core.placement import assign_hosts
 from launchkit.core.plan import split_assignments
@@ -60,6 +60,7 @@ def build_spec(
     restart_backoff: float = 1.0,
     master_port: int | None = None,
     host_discovery_script: str | None = None,
+    blacklist_cooldown: float | None = None,
     ui: Ui,
 ) -> LaunchSpec:
     """The ``LaunchSpec`` that launch's common flags describe (``launchoptions.common``, by name);
@@ -87,6 +88,8 @@ def build_spec(
     if placed is not None:
         hosts = placed
     discovery = check_elastic(backend, bounds, max_restarts, host_discovery_script, hostfile)
+    if blacklist_cooldown is not None and bounds is None:
+        raise UsageError("--blacklist-cooldown needs an elastic job: -n MIN:MAX")
     if discovery is not None:  # the hosts it gives now (exit 2 if it fails at the start)
         hosts = tuple(first_hosts(discovery))
     if caps.needs_hostfile and not hostfile and discovery is None:
@@ -136,6 +139,7 @@ def build_spec(
         elastic=bounds,
         hostfile=str(hostfile) if hostfile and bounds is not None and caps.hosts == "hostfile" else None,
         host_discovery=discovery,
+        cool_down=COOL_DOWN if blacklist_cooldown is None else blacklist_cooldown,
     )
 
 

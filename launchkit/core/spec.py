@@ -62,6 +62,7 @@ class LaunchSpec:
     elastic: tuple[int, int] | None = None  # -n MIN:MAX: the workers may change while it runs
     hostfile: str | None = None  # the hostfile, which an elastic job re-reads while it runs
     host_discovery: str | None = None  # --host-discovery-script: prints host:slots lines
+    cool_down: float = 10.0  # --blacklist-cooldown: a host's first cool-down after a worker failed there
 
 
 @dataclass(frozen=True)
@@ -138,3 +139,4 @@ class JobResult:
     named_by: TaskResult | None = None  # the process whose output named the root cause as failed
     # who waited for the root cause in what, as their output says ("workers 0 and 2 ... in allreduce (operation 3)")
     waited_by: str = ""
+    changes: int = 0  # an elastic job's membership changes (its record has each)

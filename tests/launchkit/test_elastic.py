@@ -59,7 +59,7 @@ def test_start_size_is_max_within_what_the_hosts_offer() -> None:
 def test_a_backend_that_only_shrinks_starts_max_which_must_fit() -> None:
     assert start_size((2, 3), [Host("a", slots=2), Host("b")], "shrink", "mpi") == 3
     with pytest.raises(
-        UsageError, match="cannot add workers to a running job.*offers 3 slots: lower MAX to 3"
+        UsageError, match=r"cannot add workers to a running job.*offers 3 slots: lower MAX to 3"
     ):
         start_size((2, 4), [Host("a", slots=2), Host("b")], "shrink", "mpi")
 
@@ -102,7 +102,7 @@ def test_parse_discovered() -> None:
         Host("fe80::1", slots=4, line=4),
     ]
     for bad in ("node1:x", "node1:0", "a b:2", ":3"):
-        with pytest.raises(ValueError, match="line 1: .*expected host:slots"):
+        with pytest.raises(ValueError, match=r"line 1: .*expected host:slots"):
             parse_discovered(bad)
 
 
