@@ -11,16 +11,21 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+import dmlc_env
 from launchkit.core.capabilities import Elasticity
 from launchkit.core.elastic import COOL_DOWN, COOL_DOWN_CAP, Blacklist, blacklist, host_counts, new_workers
 from launchkit.core.placement import machine_key
 from launchkit.core.plan import Member, member_task
-from launchkit.core.spec import Host, Plan, Task, TaskResult
+from launchkit.core.spec import Host, LaunchSpec, Plan, Task, TaskResult
 from launchkit.hostdiscovery import DiscoveryError, HostSource
 from launchkit.jobs.history import Change
 from launchkit.membership import Act, Membership, grow, respawned, started, tick, worker_ended
+
+if TYPE_CHECKING:
+    from launchkit.backends.base import Backend
+    from launchkit.telemetry.endpoint import Telemetry
 
 POLL = 1.0  # seconds between two looks at the hosts
 
@@ -212,3 +217,44 @@ class Elastic:
         self._left = []
         self.changes.append(change)
         self.say(change.line())
+
+
+def for_job(
+    spec: LaunchSpec,
+    backend: Backend,
+    plan: Plan,
+    root_uri: str,
+    telemetry: Telemetry | None,
+    say: Callable[[str], None],
+) -> Elastic | None:
+    """An elastic job's controller (None for a fixed job): its hosts and where they are read
+    again, the workers' word on how they handle a change (the metrics endpoint's model), where
+    a new worker's node publishes itself (as the plan's workers do)."""
+    if spec.elastic is None:
+        return None
+    source = HostSource(spec.hostfile, spec.host_discovery) if spec.hostfile or spec.host_discovery else None
+    published = backend.node_hosts(spec) or {}
+    model = telemetry.model if telemetry is not None else None
+
+    def in_process(rank: int) -> bool:
+        """Worker ``rank`` said it handles a change itself (its metrics figure, docs/elastic.md)."""
+        if model is None:
+            return False
+        with model.lock:
+            series = model.nodes.get(("worker", rank))
+            return series is not None and series.latest.get(dmlc_env.ELASTIC_IN_PROCESS_FIGURE) == 1
+
+    def node_host(host: Host) -> str:
+        return root_uri if backend.capabilities.here else published.get(host, host.name)
+
+    return Elastic(
+        plan=plan,
+        elasticity=backend.capabilities.elastic,
+        hosts=spec.hosts,
+        source=source,
+        in_process=in_process,
+        say=say,  # (the supervisor shows it on its dashboard instead, when there is one)
+        grace=spec.grace_period,
+        node_host=node_host,
+        cool_down=spec.cool_down,
+    )

@@ -21,16 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import dmlc_env
 from launchkit.backends.base import Backend
 from launchkit.backends.ssh.agent import LOST_EXIT
 from launchkit.console import Ui
 from launchkit.core.plan import has_scheduler, make_plan, new_job_id, new_secret, one_thread_note
-from launchkit.core.spec import Host, JobResult, LaunchSpec, Plan
+from launchkit.core.spec import JobResult, LaunchSpec, Plan
 from launchkit.dashboard import Dashboard
-from launchkit.elastic import Elastic
+from launchkit.elastic import for_job
 from launchkit.errors import EXIT_INTERNAL, BackendError, UsageError
-from launchkit.hostdiscovery import HostSource
 from launchkit.jobs import owner
 from launchkit.jobs import records as jobs
 from launchkit.jobs.kill import sweep_hosts
@@ -296,7 +294,7 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
             dashboard=job.dashboard,
             telemetry=job.telemetry,
             restart_if=lambda r: restart_cause(r, attempt, spec.max_restarts) is not None,
-            elastic=_elastic(job, plan, root_uri),
+            elastic=for_job(spec, backend, plan, root_uri, job.telemetry, ui.info),
         )
         job.stop.forward = supervisor._on_signal  # a signal before it installs its own handlers
         try:
@@ -307,39 +305,6 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
         return dataclasses.replace(result, attempt=attempt), supervisor
     finally:
         roots.close()
-
-
-def _elastic(job: _Job, plan: Plan, root_uri: str) -> Elastic | None:
-    """An elastic job's membership controller (``launchkit.elastic``); None for a fixed job."""
-    spec, backend = job.spec, job.backend
-    if spec.elastic is None:
-        return None
-    source = HostSource(spec.hostfile, spec.host_discovery) if spec.hostfile or spec.host_discovery else None
-    published = backend.node_hosts(spec) or {}
-    model = job.telemetry.model if job.telemetry is not None else None
-
-    def in_process(rank: int) -> bool:
-        """Worker ``rank`` said it handles a change itself (its metrics figure, docs/elastic.md)."""
-        if model is None:
-            return False
-        with model.lock:
-            series = model.nodes.get(("worker", rank))
-            return series is not None and series.latest.get(dmlc_env.ELASTIC_IN_PROCESS_FIGURE) == 1
-
-    def node_host(host: Host) -> str:
-        return root_uri if backend.capabilities.here else published.get(host, host.name)
-
-    return Elastic(
-        plan=plan,
-        elasticity=backend.capabilities.elastic,
-        hosts=spec.hosts,
-        source=source,
-        in_process=in_process,
-        say=job.ui.info,  # (the supervisor shows it on its dashboard instead, when there is one)
-        grace=spec.grace_period,
-        node_host=node_host,
-        cool_down=spec.cool_down,
-    )
 
 
 def _watchdog_end(job: _Job) -> float | None:

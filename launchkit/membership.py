@@ -7,7 +7,8 @@ a worker fails  --live >= MIN--> next epoch: in-process mode keeps the survivors
                                  and, once every one has ended, RESPAWNs the group (dense ranks,
                                  the workers' restart count + 1)
                 --live < MIN---> FAIL: the job ends, this worker its root cause
-a worker exits 0 ----------------> the job is finishing: no worker starts any more
+a worker exits 0 ----------------> the job is finishing: no worker starts any more (it still
+                                 counts towards MIN; a later failure is not replaced)
 room and a host (``grow``) ------> next epoch: RESPAWN (in-process: only the new workers start;
                                  restart mode: the group is stopped and started again, larger)
 ```
@@ -41,6 +42,7 @@ class Membership:
     deadline: float | None = None  # when the stopping ones get SIGKILL
     regroup: bool = False  # restart mode: once ``stopping`` is empty, the whole group starts again
     finishing: bool = False  # a worker exited 0: no worker starts any more
+    finished: int = 0  # the workers that exited 0 (they count towards MIN: their work is done)
     carried: frozenset[int] = frozenset()  # restart mode: the survivors the new group replaces
 
 
@@ -61,8 +63,8 @@ def worker_ended(
         return m, ()
     m = dataclasses.replace(m, live=m.live - {index})
     if ok:
-        return dataclasses.replace(m, finishing=True), ()
-    if len(m.live) < m.bounds[0]:  # (the survivors being stopped for a restart count)
+        return dataclasses.replace(m, finishing=True, finished=m.finished + 1), ()
+    if len(m.live) + m.finished < m.bounds[0]:  # (the survivors being stopped for a restart count)
         return m, (Act.FAIL,)
     m = dataclasses.replace(m, epoch=m.epoch + 1)
     if in_process or m.finishing:
