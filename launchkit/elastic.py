@@ -39,6 +39,10 @@ class Hooks(Protocol):
 
     def signal_task(self, index: int, sig: int) -> None: ...
 
+    def reach_host(self, host: Host) -> str | None:
+        """Make ``host`` ready for workers (the backend's ``add_host``); what failed, or None."""
+        ...
+
 
 @dataclass
 class _Worker:
@@ -62,6 +66,7 @@ class Elastic:
     bad: Blacklist = field(default_factory=dict)
     workers: dict[int, _Worker] = field(default_factory=dict)  # supervisor index -> worker
     next_index: int = 0  # the launcher's next unused worker index (LAUNCHKIT_ROLE_RANK)
+    reached: set[tuple[str, int | None]] = field(default_factory=set)  # the machines ready for workers
     stopped: dict[int, int] = field(default_factory=dict)  # worker -> the restart it was stopped for
     _polled: float = 0.0
     _left: list[str] = field(default_factory=list)  # who left since the last change was said
@@ -74,6 +79,7 @@ class Elastic:
         """The first workers run (supervisor index, task)."""
         for index, task in first:
             self.workers[index] = _Worker(task, 0)
+            self.reached.add(machine_key(task.host))
             self.next_index = max(self.next_index, task.rank + 1)
         self.state = started(self.state, frozenset(i for i, _ in first))
 
@@ -168,6 +174,7 @@ class Elastic:
             if not self.state.finishing
             else []
         )
+        extra = [h for h in extra if self._reached(h, now, hooks)]
         hosts = [self.workers[i].task.host for i in keep] + extra
         world = len(hosts) if regroup else len(self.state.live) + len(extra)
         first_rank = 0 if regroup else len(self.state.live)
@@ -202,6 +209,19 @@ class Elastic:
         self.state = respawned(self.state, frozenset(started_now))
         how = f"restart {restart} of the workers (every one started again)" if regroup else "in process"
         self._said(joined=joined, how=how)
+
+    def _reached(self, host: Host, now: float, hooks: Hooks) -> bool:
+        """A host no worker used yet is made ready first; one that cannot be is blacklisted."""
+        key = machine_key(host)
+        if key in self.reached:
+            return True
+        failed = hooks.reach_host(host)
+        if failed is not None:
+            self.say(f"cannot use new host {host} (blacklisted for now): {failed}")
+            self.bad = blacklist(self.bad, host, now, self.cool_down, max(COOL_DOWN_CAP, self.cool_down))
+            return False
+        self.reached.add(key)
+        return True
 
     def history(self, index: int, result: TaskResult | None) -> tuple[int | None, str | None]:
         """Worker ``index``'s fields of the job record: the epoch it joined, how it ended."""

@@ -31,8 +31,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.console import OutputWriter, Ui
-from launchkit.core.spec import JobResult, Plan, Task, TaskResult
+from launchkit.core.spec import Host, JobResult, Plan, Task, TaskResult
 from launchkit.dashboard import Dashboard, DashboardState, LineSink, TailSink
+from launchkit.errors import LaunchkitError
 from launchkit.hostside import procscan
 from launchkit.jobs import keptoutput, reaper
 from launchkit.jobs import records as jobs
@@ -242,6 +243,13 @@ class Supervisor:
             self._events.put((index, code, time.time()))
         self._save_processes()
         return index
+
+    def reach_host(self, host: Host) -> str | None:
+        try:
+            self.backend.add_host(host)
+        except LaunchkitError as exc:
+            return exc.message
+        return None
 
     def signal_task(self, index: int, sig: int) -> None:
         run = self._procs[index]
