@@ -3,7 +3,8 @@ a worker that fails is a change of membership, not the job's end. Restart mode (
 not handle a change themselves: torchrun's behaviour) stops the survivors and starts the group
 again with dense RANK/WORLD_SIZE and TORCHELASTIC_RESTART_COUNT + 1; in-process mode (every worker
 reported dmlc_env.ELASTIC_IN_PROCESS_FIGURE) keeps the survivors running; after the host's
-cool-down the job grows back to MAX; fewer than MIN ends the job with its root cause, nothing left."""
+cool-down the job grows back to MAX; fewer than MIN, or a scheduler that dies, ends the job with
+its root cause, nothing left."""
 
 from __future__ import annotations
 
@@ -116,4 +117,13 @@ def test_fewer_than_min_fails_the_job_naming_the_worker(out: Path, launchkit_hom
     assert "failed: worker 1 on localhost exited with code 3" in res.stderr, res.stderr
     job = wait_for_job(launchkit_home)
     assert record(launchkit_home, job)["state"] == "failed"
+    assert not pids_with_job(job)
+
+
+def test_a_scheduler_that_dies_ends_the_job_with_nothing_left(out: Path, launchkit_home: Path) -> None:
+    res = run(launch_args(out, "1:2", "--env", "SCHEDULER_EXIT:5"), cwd=out.parent, timeout=WAIT)
+    assert res.returncode == 5, res.stderr
+    assert "failed: scheduler 0 on localhost exited with code 5" in res.stderr, res.stderr
+    job = wait_for_job(launchkit_home)
+    assert record(launchkit_home, job)["changes"] == []
     assert not pids_with_job(job)
