@@ -273,7 +273,7 @@ def for_job(
         hosts=spec.hosts,
         source=source,
         in_process=in_process,
-        say=say,  # (the supervisor shows it on its dashboard instead, when there is one)
+        say=say,  # (the supervisor's, once it has one: its log, the dashboard)
         grace=spec.grace_period,
         node_host=node_host,
         cool_down=spec.cool_down,

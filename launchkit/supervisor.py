@@ -101,8 +101,6 @@ class Supervisor:
         elastic: Elastic | None = None,
     ) -> None:
         self.elastic = elastic  # -n MIN:MAX: the workers' membership (launchkit.elastic)
-        if elastic is not None and dashboard is not None:
-            elastic.say = self._on_board  # a change goes to the dashboard's log, not under it
         self._pending = 0  # the processes whose end has not come yet
         self.kill_confirm = kill_confirm
         self.restart_if = restart_if  # True: the launcher restarts the job, its record stays running
@@ -143,6 +141,8 @@ class Supervisor:
         self._procs: list[_Running] = []
         self._left: set[int] = set()  # elastic: the workers whose end was a change of membership
         self.merger = Merger(self.writer, self._log_failed, TAIL_LINES)
+        if elastic is not None:
+            elastic.say = self._announce
 
     # -- signals -------------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -429,9 +429,12 @@ class Supervisor:
             return True
         return False
 
-    def _on_board(self, line: str) -> None:
-        if self.dashboard is not None:
-            self.dashboard.log.append(("launchkit", line))
+    def _announce(self, line: str) -> None:
+        """A membership change (or a word on the hosts): into the job's log, which the dashboard
+        and ``launchkit top`` show, and on the console when no dashboard covers it."""
+        self.publisher.log.append(("launchkit", line))
+        if self.dashboard is None:
+            self.ui.info(line)
 
     def snapshot(self) -> DashboardState:
         """The job as the dashboard shows it."""
