@@ -15,8 +15,10 @@ from tests.launchkit.procs import run
 def test_an_elastic_plan_starts_max_with_a_scheduler_even_without_servers(tmp_path: Path) -> None:
     res = run(["launch", "-n", "2:3", "-s", "0", "--dry-run", "--json", "true"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    tasks = json.loads(res.stdout)["tasks"]
+    plan = json.loads(res.stdout)
+    tasks = plan["tasks"]
     assert [t["role"] for t in tasks] == ["scheduler", "worker", "worker", "worker"]
+    assert any(n.startswith("elastic (2:3): 3 workers start") for n in plan["notes"]), plan["notes"]
     assert {t["env"]["LAUNCHKIT_ELASTIC"] for t in tasks} == {"2:3"}
     assert {t["env"]["DMLC_NUM_WORKER"] for t in tasks} == {"3"}
 
