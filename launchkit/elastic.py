@@ -7,6 +7,7 @@ and keeps the history of the membership (``changes``). docs/elastic.md, "In laun
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -175,20 +176,30 @@ class Elastic:
             else []
         )
         extra = [h for h in extra if self._reached(h, now, hooks)]
+        if not extra and not regroup:  # every new host failed to come up: no change after all
+            self.state = dataclasses.replace(self.state, epoch=self.state.epoch - 1)
+            return
         hosts = [self.workers[i].task.host for i in keep] + extra
-        world = len(hosts) if regroup else len(self.state.live) + len(extra)
-        first_rank = 0 if regroup else len(self.state.live)
+        # in process, the new workers take their places beside the live ones (local ranks free on
+        # their machine, the machines' order); a restarted group starts afresh
+        others = [] if regroup else sorted(self.state.live, key=lambda i: self.workers[i].task.rank)
+        around = [self.workers[i].task for i in others]
+        world = len(around) + len(hosts)
+        first_rank = len(around)
         restart = self.state.restarts + 1 if regroup else self.state.restarts
-        machines = list(dict.fromkeys(machine_key(h) for h in hosts))
-        per_machine = host_counts(hosts)
-        seen: dict[tuple[str, int | None], int] = {}
+        machines = list(dict.fromkeys(machine_key(h) for h in [*(t.host for t in around), *hosts]))
+        per_machine = host_counts([*(t.host for t in around), *hosts])
+        used: dict[tuple[str, int | None], set[int]] = {}
+        for t in around:
+            used.setdefault(machine_key(t.host), set()).add(t.local_rank)
         template = next(iter(self.workers.values())).task
         started_now: set[int] = set()
         joined: list[str] = []
         for n, host in enumerate(hosts):
             key = machine_key(host)
-            local = seen.get(key, 0)
-            seen[key] = local + 1
+            taken = used.setdefault(key, set())
+            local = next(r for r in range(len(taken) + 1) if r not in taken)
+            taken.add(local)
             member = Member(
                 index=self.next_index,
                 rank=first_rank + n,

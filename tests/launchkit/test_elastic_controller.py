@@ -157,3 +157,16 @@ def test_the_supervisor_puts_each_change_in_the_jobs_log() -> None:
     assert ("launchkit", "epoch 1; left: worker 1 on localhost (exit 3); in process") in deque(
         sup.publisher.log
     )
+
+
+def test_a_new_worker_in_process_takes_the_free_local_rank_beside_the_live_ones() -> None:
+    a, b = Host("a", slots=2), Host("b", slots=1)
+    e, hooks, _ = controller(hosts=(a, b), bounds=(1, 3), in_process=True)  # a: local 0, 1; b: 0
+    assert e.ended(1, 1, None, now=0.0, hooks=hooks)  # a's local rank 0 leaves
+    e.tick(10.0, hooks)
+    [late] = hooks.started
+    assert late.host == a and late.local_rank == 0
+    env = late.env
+    assert env[dmlc_env.LOCAL_RANK] == "0" and env[dmlc_env.LOCAL_WORLD_SIZE] == "2"
+    assert env[dmlc_env.GROUP_RANK] == "0" and env[dmlc_env.GROUP_WORLD_SIZE] == "2"
+    assert env[dmlc_env.RANK] == "2" and env[dmlc_env.WORLD_SIZE] == "3"
