@@ -475,7 +475,8 @@ class Supervisor:
             for i, run in enumerate(self._procs)
         )
         changes = tuple(self.elastic.changes) if self.elastic else ()
-        self.record = dataclasses.replace(self.record, processes=procs, changes=changes)
+        hosts = tuple(sorted({*self.record.hosts, *(p.host for p in procs)}))  # (a new host's too)
+        self.record = dataclasses.replace(self.record, processes=procs, changes=changes, hosts=hosts)
         jobs.save(self.record)
 
     def _history(self, index: int, run: _Running) -> tuple[int | None, str | None]:

@@ -127,3 +127,19 @@ def test_a_scheduler_that_dies_ends_the_job_with_nothing_left(out: Path, launchk
     job = wait_for_job(launchkit_home)
     assert record(launchkit_home, job)["changes"] == []
     assert not pids_with_job(job)
+
+
+def test_a_scheduler_that_ends_at_once_with_0_leaves_restart_mode_working(
+    out: Path, launchkit_home: Path
+) -> None:
+    """A torch.distributed script without trainer_core ends at once in the scheduler's role
+    (docs/elastic.md): the job goes on, and a lost worker still restarts the others."""
+    proc = start(launch_args(out, "2:3", "--env", "SCHEDULER_EXIT:0", "--env", "FAIL:1"), cwd=out.parent)
+    try:
+        assert wait_until(lambda: {3, 4} <= set(starts(out)), WAIT), starts(out)
+        job = wait_for_job(launchkit_home)
+    finally:
+        stderr = finish(proc, out)
+    assert proc.returncode == 0, stderr
+    assert "restart 1 of the workers" in stderr
+    assert not pids_with_job(job)
