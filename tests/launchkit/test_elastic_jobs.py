@@ -109,6 +109,11 @@ def test_in_process_mode_keeps_the_survivors_and_a_new_worker_joins(out: Path, l
     assert "epoch 1; left: worker 1 on localhost (exit 3); in process" in stderr, stderr
     assert "epoch 2; joined: worker 3 on localhost" in stderr
     assert not pids_with_job(job)
+    logs = run(["logs", job], cwd=out.parent)
+    assert logs.returncode == 0 and "[worker 1] worker 1 fails" in logs.stderr, logs
+    assert "[launchkit] epoch 1; left: worker 1 on localhost (exit 3); in process" in logs.stderr
+    listed = run(["ps", "--all"], cwd=out.parent)
+    assert "succeeded, epoch 2" in listed.stdout, listed.stdout
 
 
 def test_fewer_than_min_fails_the_job_naming_the_worker(out: Path, launchkit_home: Path) -> None:
