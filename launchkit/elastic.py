@@ -20,15 +20,13 @@ from launchkit.core.elastic import COOL_DOWN, COOL_DOWN_CAP, Blacklist, blacklis
 from launchkit.core.placement import machine_key
 from launchkit.core.plan import Member, member_task
 from launchkit.core.spec import Host, LaunchSpec, Plan, Task, TaskResult
-from launchkit.hostdiscovery import DiscoveryError, HostSource
+from launchkit.hostdiscovery import HostPoller, HostSource
 from launchkit.jobs.history import Change
 from launchkit.membership import Act, Membership, grow, respawned, started, tick, worker_ended
 
 if TYPE_CHECKING:
     from launchkit.backends.base import Backend
     from launchkit.telemetry.endpoint import Telemetry
-
-POLL = 1.0  # seconds between two looks at the hosts
 
 
 class Hooks(Protocol):
@@ -56,7 +54,7 @@ class Elastic:
     plan: Plan
     elasticity: Elasticity
     hosts: tuple[Host, ...]  # the hosts the job may use now
-    source: HostSource | None
+    source: HostPoller | None  # the hosts read again (a thread of its own), started by ``begin``
     in_process: Callable[[int], bool]  # whether the worker of that index reported the figure
     say: Callable[[str], None]  # a membership change, a discovery problem (console, dashboard, record)
     grace: float
@@ -69,7 +67,6 @@ class Elastic:
     next_index: int = 0  # the launcher's next unused worker index (LAUNCHKIT_ROLE_RANK)
     reached: set[tuple[str, int | None]] = field(default_factory=set)  # the machines ready for workers
     stopped: dict[int, int] = field(default_factory=dict)  # worker -> the restart it was stopped for
-    _polled: float = 0.0
     _left: list[str] = field(default_factory=list)  # who left since the last change was said
 
     def __post_init__(self) -> None:
@@ -83,6 +80,13 @@ class Elastic:
             self.reached.add(machine_key(task.host))
             self.next_index = max(self.next_index, task.rank + 1)
         self.state = started(self.state, frozenset(i for i, _ in first))
+        if self.source is not None:
+            self.source.start()
+
+    def close(self) -> None:
+        """The job ended: no more looks at the hosts."""
+        if self.source is not None:
+            self.source.close()
 
     def is_worker(self, index: int) -> bool:
         return index in self.workers
@@ -121,12 +125,10 @@ class Elastic:
         return True
 
     def tick(self, now: float, hooks: Hooks) -> None:
-        """Time passed: the grace period of a restart, the hosts (every ``POLL`` s), room to grow."""
+        """Time passed: the grace period of a restart, the hosts read again, room to grow."""
         self.state, acts = tick(self.state, now)
         self._act(acts, now, hooks)
-        if now - self._polled >= POLL:
-            self._polled = now
-            self._poll()
+        self._poll()
         if self.elasticity != "resize" or self.state.finishing or self.state.regroup:
             return
         if self._room(now):
@@ -134,16 +136,12 @@ class Elastic:
             self._act(acts, now, hooks)
 
     def _poll(self) -> None:
-        if self.source is None:
-            return
-        try:
-            hosts = self.source.poll()
-        except DiscoveryError as exc:
-            self.say(f"cannot read the job's hosts now (the last list stays): {exc.message}")
-            return
-        if hosts is not None and hosts != self.hosts:
-            self.say("the job's hosts now: " + ", ".join(f"{h}:{h.slots or 1}" for h in hosts))
-            self.hosts = hosts
+        for hosts, failed in self.source.take() if self.source is not None else []:
+            if failed is not None:
+                self.say(f"cannot read the job's hosts now (the last list stays): {failed}")
+            elif hosts is not None and hosts != self.hosts:
+                self.say("the job's hosts now: " + ", ".join(f"{h}:{h.slots or 1}" for h in hosts))
+                self.hosts = hosts
 
     def _live_hosts(self, indices: frozenset[int]) -> dict[tuple[str, int | None], int]:
         return host_counts(self.workers[i].task.host for i in indices)
@@ -263,7 +261,8 @@ def for_job(
     a new worker's node publishes itself (as the plan's workers do)."""
     if spec.elastic is None:
         return None
-    source = HostSource(spec.hostfile, spec.host_discovery) if spec.hostfile or spec.host_discovery else None
+    read = spec.hostfile or spec.host_discovery
+    source = HostPoller(HostSource(spec.hostfile, spec.host_discovery)) if read else None
     published = backend.node_hosts(spec) or {}
     model = telemetry.model if telemetry is not None else None
 

@@ -6,7 +6,9 @@ lines mean is ``launchkit.core.elastic``'s and ``core.hostfile``'s."""
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
+import threading
 from pathlib import Path
 
 from launchkit.core.elastic import parse_discovered
@@ -15,6 +17,7 @@ from launchkit.core.spec import Host
 from launchkit.errors import LaunchkitError, UsageError
 
 SCRIPT_TIMEOUT = 10.0  # seconds one run of the discovery script may take
+POLL = 1.0  # seconds between two looks at the hosts
 
 
 class DiscoveryError(LaunchkitError):
@@ -89,3 +92,40 @@ class HostSource:
             return None
         self._last = hosts
         return hosts
+
+
+class HostPoller:
+    """``source`` polled every ``every`` seconds on a thread of its own (a discovery script may
+    take seconds: the supervisor's loop never waits for it); ``take`` returns what came since:
+    each new list of hosts, or what went wrong (a DiscoveryError's message)."""
+
+    def __init__(self, source: HostSource, every: float = POLL) -> None:
+        self.source = source
+        self.every = every
+        self._found: queue.SimpleQueue[tuple[tuple[Host, ...] | None, str | None]] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="launchkit-hosts", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                hosts = self.source.poll()
+            except DiscoveryError as exc:
+                self._found.put((None, exc.message))
+                continue
+            if hosts is not None:
+                self._found.put((hosts, None))
+
+    def take(self) -> list[tuple[tuple[Host, ...] | None, str | None]]:
+        found = []
+        while not self._found.empty():
+            found.append(self._found.get_nowait())
+        return found
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(SCRIPT_TIMEOUT + 1.0)

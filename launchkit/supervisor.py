@@ -370,6 +370,8 @@ class Supervisor:
                 self._root, self._named_by = self._procs[index], None if by is None else self._procs[by]
                 self._waited_by = waited_by(index, self._procs)
         finally:
+            if self.elastic is not None:
+                self.elastic.close()
             self.merger.close()
             self.publisher.publish(self._procs, self._root, final=True)
             for sig, handler in old_handlers.items():

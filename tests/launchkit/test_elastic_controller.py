@@ -16,7 +16,8 @@ from launchkit.core.elastic import start_size
 from launchkit.core.plan import make_plan
 from launchkit.core.spec import LOCALHOST, Host, LaunchSpec, Task
 from launchkit.elastic import Elastic
-from launchkit.hostdiscovery import HostSource
+from launchkit.hostdiscovery import HostPoller, HostSource
+from tests.launchkit.procs import wait_until
 
 
 @dataclass
@@ -43,7 +44,7 @@ def controller(
     bounds: tuple[int, int] = (2, 3),
     elasticity: Elasticity = "resize",
     in_process: bool = False,
-    source: HostSource | None = None,
+    source: HostPoller | None = None,
 ) -> tuple[Elastic, FakeHooks, list[str]]:
     n = start_size(bounds, hosts, elasticity, "test")
     spec = LaunchSpec(num_workers=n, num_servers=0, command=("x",), hosts=hosts, elastic=bounds)
@@ -134,16 +135,18 @@ def test_below_min_is_the_jobs_end() -> None:
 def test_the_hostfile_read_again_is_said_and_a_broken_one_keeps_the_last_list(tmp_path: Path) -> None:
     hf = tmp_path / "hosts"
     hf.write_text("a slots=1\n")
-    e, hooks, said = controller(hosts=(Host("a", slots=1),), bounds=(1, 2), source=HostSource(str(hf), None))
-    hf.write_text("a slots=1\nb slots=1\n")
-    os.utime(hf, (1, 1))
-    e.tick(5.0, hooks)
-    assert "the job's hosts now: a:1, b:1" in said
-    hf.write_text("a slots=zero\n")
-    os.utime(hf, (2, 2))
-    e.tick(7.0, hooks)
-    assert "cannot read the job's hosts now (the last list stays)" in said[-1]
-    assert [h.name for h in e.hosts] == ["a", "b"]
+    poller = HostPoller(HostSource(str(hf), None), every=0.02)  # (its thread: started by begin)
+    e, hooks, said = controller(hosts=(Host("a", slots=1),), bounds=(1, 2), source=poller)
+    try:
+        hf.write_text("a slots=1\nb slots=1\n")
+        os.utime(hf, (1, 1))
+        assert wait_until(lambda: e.tick(5.0, hooks) or "the job's hosts now: a:1, b:1" in said, 10)
+        hf.write_text("a slots=zero\n")
+        os.utime(hf, (2, 2))
+        assert wait_until(lambda: e.tick(7.0, hooks) or "cannot read the job's hosts now" in said[-1], 10)
+        assert "(the last list stays)" in said[-1] and [h.name for h in e.hosts] == ["a", "b"]
+    finally:
+        e.close()
 
 
 def test_the_supervisor_puts_each_change_in_the_jobs_log() -> None:

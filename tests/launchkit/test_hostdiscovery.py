@@ -1,5 +1,6 @@
 """launchkit.hostdiscovery: an elastic job's hosts read again while it runs: the hostfile when its
-time changes, the discovery script every time (a failure is a DiscoveryError naming it)."""
+time changes, the discovery script every time (a failure is a DiscoveryError naming it), on a
+thread of their own (``HostPoller``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from launchkit.core.spec import Host
 from launchkit.errors import UsageError
-from launchkit.hostdiscovery import DiscoveryError, HostSource, first_hosts, run_script
+from launchkit.hostdiscovery import DiscoveryError, HostPoller, HostSource, first_hosts, run_script
+from tests.launchkit.procs import wait_until
 
 
 def script(tmp_path: Path, body: str) -> str:
@@ -54,3 +56,19 @@ def test_a_failing_script_names_itself_and_its_last_line(tmp_path: Path) -> None
         run_script(script(tmp_path, "sleep 5"), timeout=0.2)
     with pytest.raises(UsageError, match="printed no host"):
         first_hosts(script(tmp_path, "true"))
+
+
+@pytest.mark.proc
+def test_the_poller_runs_the_script_on_its_own_thread_and_hands_over_what_came(tmp_path: Path) -> None:
+    (tmp_path / "list").write_text("a:1\n")
+    poller = HostPoller(HostSource(None, script(tmp_path, f"cat {tmp_path}/list || exit 9")), every=0.02)
+    poller.start()
+    try:
+        got: list = []
+        assert wait_until(lambda: got.extend(poller.take()) or got, 10)
+        assert got[0] == ((Host("a", slots=1, line=1),), None)
+        (tmp_path / "list").unlink()
+        assert wait_until(lambda: any(err for _, err in poller.take()), 10)
+    finally:
+        poller.close()
+    assert not poller._thread.is_alive()
