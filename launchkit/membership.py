@@ -69,8 +69,6 @@ def worker_ended(
     m = dataclasses.replace(m, epoch=m.epoch + 1)
     if in_process or m.finishing:
         return m, ()
-    if m.regroup:  # already restarting: this one is one more that left
-        return m, ()
     return _stop_all(m, now, grace)
 
 
