@@ -241,6 +241,7 @@ class Supervisor:
             self._attach(index, run)
         else:
             self._events.put((index, code, time.time()))
+        self.backend.await_started()  # (ssh: its pid, for the record)
         self._save_processes()
         return index
 
