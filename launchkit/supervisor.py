@@ -478,7 +478,9 @@ class Supervisor:
             for i, run in enumerate(self._procs)
         )
         changes = tuple(self.elastic.changes) if self.elastic else ()
-        hosts = tuple(sorted({*self.record.hosts, *(p.host for p in procs)}))  # (a new host's too)
+        hosts = self.record.hosts
+        if self.elastic is not None:  # a host it gained while it ran too
+            hosts = tuple(sorted({*hosts, *(p.host for p in procs)}))
         self.record = dataclasses.replace(self.record, processes=procs, changes=changes, hosts=hosts)
         jobs.save(self.record)
 
