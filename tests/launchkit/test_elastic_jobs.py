@@ -21,9 +21,10 @@ PROG = str(Path(__file__).with_name("elasticprog.py"))
 WAIT = 60.0  # seconds for an event under a loaded machine (the tests wait for events, never sleep)
 
 
-def launch_args(out: Path, bounds: str, *flags: str) -> list[str]:
+def launch_args(out: Path, bounds: str, *flags: str, cool_down: float = 1) -> list[str]:
     launch = ["launch", "-n", bounds, "-s", "0", "--no-dashboard", "--grace-period", "2"]
-    return [*launch, "--blacklist-cooldown", "1", "--env", f"OUT:{out}", *flags, sys.executable, PROG]
+    cooling = ["--blacklist-cooldown", str(cool_down)]
+    return [*launch, *cooling, "--env", f"OUT:{out}", *flags, sys.executable, PROG]
 
 
 def starts(out: Path) -> dict[int, tuple[int, dict]]:
@@ -60,7 +61,8 @@ def finish(proc, out: Path) -> str:
 def test_restart_mode_restarts_every_worker_with_dense_ranks_then_grows_back(
     out: Path, launchkit_home: Path
 ) -> None:
-    proc = start(launch_args(out, "2:3", "--env", "FAIL:1"), cwd=out.parent)
+    # (a cool-down past the grace period: the first restart is done before the host is back)
+    proc = start(launch_args(out, "2:3", "--env", "FAIL:1", cool_down=5), cwd=out.parent)
     try:
         # worker 1 failed: workers 3 and 4 (new indices) replace 0 and 2, ranks 0 and 1 of 2
         assert wait_until(lambda: {3, 4} <= set(starts(out)), WAIT), starts(out)
