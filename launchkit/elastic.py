@@ -91,8 +91,9 @@ class Elastic:
     def is_worker(self, index: int) -> bool:
         return index in self.workers
 
-    def _every_live_in_process(self) -> bool:
-        return all(self.in_process(self.workers[i].task.rank) for i in self.state.live)
+    def _every_live_in_process(self, but: int | None = None) -> bool:
+        """Every live worker (``but`` the one that just ended) handles a change itself."""
+        return all(self.in_process(self.workers[i].task.rank) for i in self.state.live if i != but)
 
     def ended(self, index: int, exit_code: int, signum: int | None, now: float, hooks: Hooks) -> bool:
         """Worker ``index`` ended: True when the job goes on (a change of membership, a worker
@@ -101,7 +102,7 @@ class Elastic:
         stopping = index in self.state.stopping
         if stopping:
             self.stopped[index] = self.state.restarts + 1
-        in_process = self._every_live_in_process()
+        in_process = self._every_live_in_process(but=index)
         if exit_code != 0 and not stopping and not in_process and self.elasticity != "resize":
             # restart mode needs new processes, which this backend cannot add to its allocation
             self.say(

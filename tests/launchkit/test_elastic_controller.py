@@ -173,3 +173,18 @@ def test_a_new_worker_in_process_takes_the_free_local_rank_beside_the_live_ones(
     assert env[dmlc_env.LOCAL_RANK] == "0" and env[dmlc_env.LOCAL_WORLD_SIZE] == "2"
     assert env[dmlc_env.GROUP_RANK] == "0" and env[dmlc_env.GROUP_WORLD_SIZE] == "2"
     assert env[dmlc_env.RANK] == "2" and env[dmlc_env.WORLD_SIZE] == "3"
+
+
+def test_the_mode_asks_only_the_survivors() -> None:
+    """A worker that dies before it reported the figure does not make the others restart."""
+    spec = LaunchSpec(num_workers=3, num_servers=0, command=("x",), elastic=(2, 3))
+    plan = make_plan(
+        spec, caps=Capabilities(elastic="resize"), job_id="j", secret="s", root_uri="r", root_port=1
+    )
+    hooks = FakeHooks(len(plan.tasks))
+    e = Elastic(
+        plan, "resize", (LOCALHOST,), None, lambda rank: rank != 1, lambda _: None, 2.0, lambda h: h.name
+    )
+    e.begin([(i, t) for i, t in enumerate(plan.tasks) if t.role == "worker"])
+    assert e.ended(2, 1, None, now=0.0, hooks=hooks)  # worker 1, which never reported
+    assert not hooks.signals
