@@ -145,3 +145,7 @@ def test_member_task_rebuilds_the_contract_with_dense_torch_ranks() -> None:
     # the ids of the first plan: workers 0..2 are 0..2, the scheduler 3; index 5 comes after
     assert [t.task_id for t in plan.tasks] == [3, 0, 1, 2] and late.task_id == 6
     assert e[dmlc_env.DMLC_TASK_ID] == "6"
+    # what trainer_core reads back: the same contract as the first workers'
+    node = dmlc_env.NodeEnv.from_environ(e)
+    assert (node.role, node.role_rank, node.num_workers, node.elastic) == ("worker", 5, 2, (2, 3))
+    assert (node.task_id, node.secret, node.root_server) == (6, "s", None)
