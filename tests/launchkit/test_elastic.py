@@ -149,3 +149,19 @@ def test_member_task_rebuilds_the_contract_with_dense_torch_ranks() -> None:
     node = dmlc_env.NodeEnv.from_environ(e)
     assert (node.role, node.role_rank, node.num_workers, node.elastic) == ("worker", 5, 2, (2, 3))
     assert (node.task_id, node.secret, node.root_server) == (6, "s", None)
+
+
+def test_a_later_worker_gets_the_gpu_block_of_its_local_rank() -> None:
+    caps = Capabilities(here=True, elastic="resize")
+    plan = make_plan(
+        spec(elastic=(1, 2), num_workers=2, gpus_per_worker=2),
+        caps=caps,
+        job_id="j",
+        secret="s",
+        root_uri="r",
+        root_port=9,
+    )
+    first = plan.by_role("worker")[0]
+    assert first.env[dmlc_env.CUDA_VISIBLE_DEVICES] == "0,1"
+    late = member_task(plan, first, Member(index=2, rank=1, world=2, host=LOCALHOST, local_rank=1), "r")
+    assert late.env[dmlc_env.CUDA_VISIBLE_DEVICES] == "2,3" and late.env[dmlc_env.LOCAL_RANK] == "1"
