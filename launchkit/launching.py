@@ -27,6 +27,7 @@ from launchkit.console import Ui
 from launchkit.core.plan import has_scheduler, make_plan, new_job_id, new_secret, one_thread_note
 from launchkit.core.spec import JobResult, LaunchSpec, Plan
 from launchkit.dashboard import Dashboard
+from launchkit.elastic import for_job
 from launchkit.errors import EXIT_INTERNAL, UsageError
 from launchkit.jobs import owner
 from launchkit.jobs import records as jobs
@@ -290,6 +291,7 @@ def _start_attempt(job: _Job, attempt: int) -> tuple[JobResult, Supervisor | Non
             dashboard=job.dashboard,
             telemetry=job.telemetry,
             restart_if=lambda r: restart_cause(r, attempt, spec.max_restarts) is not None,
+            elastic=for_job(spec, backend, plan, root_uri, job.telemetry, ui.info),
         )
         job.stop.forward = supervisor._on_signal  # a signal before it installs its own handlers
         try:

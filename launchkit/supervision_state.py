@@ -13,6 +13,10 @@ ending; it stays None for a job whose processes all ended before anything ended 
 supervisor feeds ``step`` the events it sees, does what the returned actions say and reads the
 phase for the rest (``ending``: a process's end is the launcher's doing, its failure no longer
 a candidate for the root cause).
+
+An elastic job's workers (``-n MIN:MAX``) have a state of their own beside this one,
+``launchkit.membership`` (epochs, a restart of the workers, respawns): a worker's end there is a
+change of membership while at least MIN remain, and only a FAIL from it becomes this FAILURE.
 """
 
 from __future__ import annotations

@@ -31,8 +31,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.console import OutputWriter, Ui
-from launchkit.core.spec import JobResult, Plan, Task, TaskResult
+from launchkit.core.spec import Host, JobResult, Plan, Task, TaskResult
 from launchkit.dashboard import Dashboard, DashboardState, LineSink, TailSink
+from launchkit.errors import LaunchkitError
 from launchkit.hostside import procscan
 from launchkit.jobs import keptoutput, reaper
 from launchkit.jobs import records as jobs
@@ -43,6 +44,7 @@ from launchkit.supervision_state import Action, Cause, Event, State, Timing, ste
 from launchkit.watch import LOG_LINES, Publisher
 
 if TYPE_CHECKING:
+    from launchkit.elastic import Elastic
     from launchkit.telemetry.endpoint import Telemetry
 
 TAIL_LINES = 20
@@ -96,7 +98,10 @@ class Supervisor:
         kill_confirm: float = KILL_CONFIRM,
         restart_if: Callable[[JobResult], bool] | None = None,
         telemetry: Telemetry | None = None,
+        elastic: Elastic | None = None,
     ) -> None:
+        self.elastic = elastic  # -n MIN:MAX: the workers' membership (launchkit.elastic)
+        self._pending = 0  # the processes whose end has not come yet
         self.kill_confirm = kill_confirm
         self.restart_if = restart_if  # True: the launcher restarts the job, its record stays running
         self.reaper: subprocess.Popen[bytes] | None = None  # a restart waits for its last sweep
@@ -134,7 +139,10 @@ class Supervisor:
         self._events: queue.Queue[tuple[int, int, float]] = queue.Queue()
         self._signals: list[int] = []
         self._procs: list[_Running] = []
+        self._left: set[int] = set()  # elastic: the workers whose end was a change of membership
         self.merger = Merger(self.writer, self._log_failed, TAIL_LINES)
+        if elastic is not None:
+            elastic.say = self._announce
 
     # -- signals -------------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -178,30 +186,76 @@ class Supervisor:
         for index, task in enumerate(self.plan.tasks):
             run = _Running(task, None)
             self._procs.append(run)
-            try:
-                run.handle = self.backend.start(task)
-            except OSError as exc:
-                code = 127 if isinstance(exc, FileNotFoundError) else 126
-                # where a program without a '/' was looked for, as the engines' shim says it
-                path = task.env.get("PATH", os.environ.get("PATH", ""))
-                where = f" (PATH={path})" if code == 127 and "/" not in task.argv[0] else ""
-                run.tail.append(f"cannot start {task.argv[0]!r}: {exc.strerror or exc}{where}")
+            code = self._ask_start(run)
+            if code is not None:
                 failed = (index, code)
                 break  # no point starting the rest
         self.backend.send_starts()
         for index, run in enumerate(self._procs):
-            handle, task = run.handle, run.task
-            if handle is None:
+            if run.handle is None:
                 break
-            for stream, name in ((handle.stdout, "out"), (handle.stderr, "err")):
-                prefix = self.writer.prefix(task.role, task.rank, name)
-                kept = self.keeper.open(task.role, task.rank, name)
-                run.sources.append(
-                    self.merger.add(stream, name, prefix, run.tail, self._open_log(task, name), kept)
-                )
-            self.backend.watch(handle, functools.partial(self._ended, index))
+            self._attach(index, run)
         if failed is not None:
             self._events.put((*failed, time.time()))
+        if self.elastic is not None and failed is None:
+            self.elastic.begin(
+                [(i, run.task) for i, run in enumerate(self._procs) if run.task.role == "worker"]
+            )
+
+    def _ask_start(self, run: _Running) -> int | None:
+        """Ask the backend to start ``run``'s task: None, or the shell's code when it cannot (126, 127)."""
+        task = run.task
+        try:
+            run.handle = self.backend.start(task)
+        except OSError as exc:
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            # where a program without a '/' was looked for, as the engines' shim says it
+            path = task.env.get("PATH", os.environ.get("PATH", ""))
+            where = f" (PATH={path})" if code == 127 and "/" not in task.argv[0] else ""
+            run.tail.append(f"cannot start {task.argv[0]!r}: {exc.strerror or exc}{where}")
+            return code
+        return None
+
+    def _attach(self, index: int, run: _Running) -> None:
+        """``run``'s output into the merger (and the log files), its end into the event queue."""
+        handle, task = run.handle, run.task
+        assert handle is not None
+        for stream, name in ((handle.stdout, "out"), (handle.stderr, "err")):
+            prefix = self.writer.prefix(task.role, task.rank, name)
+            kept = self.keeper.open(task.role, task.rank, name)
+            run.sources.append(
+                self.merger.add(stream, name, prefix, run.tail, self._open_log(task, name), kept)
+            )
+        self.backend.watch(handle, functools.partial(self._ended, index))
+
+    # -- elastic jobs: the hooks launchkit.elastic uses ------------------------------------------
+    def start_task(self, task: Task) -> int:
+        """A worker that joins a running elastic job: started, attached, recorded."""
+        run = _Running(task, None)
+        self._procs.append(run)
+        index = len(self._procs) - 1
+        self._pending += 1
+        code = self._ask_start(run)
+        self.backend.send_starts()
+        if code is None:
+            self._attach(index, run)
+        else:
+            self._events.put((index, code, time.time()))
+        self.backend.await_started()  # (ssh: its pid, for the record)
+        self._save_processes()
+        return index
+
+    def reach_host(self, host: Host) -> str | None:
+        try:
+            self.backend.add_host(host)
+        except LaunchkitError as exc:
+            return exc.message
+        return None
+
+    def signal_task(self, index: int, sig: int) -> None:
+        run = self._procs[index]
+        if run.handle is not None and run.result is None:
+            run.handle.send_signal(sig)
 
     @property
     def timed_out(self) -> bool:
@@ -259,8 +313,8 @@ class Supervisor:
             self.merger.start()
             self._start_all()
             self._save_started()
-            pending = len(self._procs)
-            while pending:
+            self._pending += len(self._procs)
+            while self._pending:
                 settle()
                 while self._signals:
                     sig = self._signals.pop(0)
@@ -280,6 +334,8 @@ class Supervisor:
                     self.ui.warn("the job's time limit passed: ending the job")
                     self._step(Event.TIME_LIMIT)
                 self._step(Event.TICK)  # the grace period's end, the wait for the kills' confirmation
+                if self.elastic is not None and not self.state.ending:
+                    self.elastic.tick(time.monotonic(), self)
                 self.publisher.publish(self._procs, self._root)
                 try:
                     index, code, ended = self._events.get(timeout=0.1)
@@ -288,16 +344,19 @@ class Supervisor:
                 run = self._procs[index]
                 if run.result is not None:  # already settled (given up on, then it ended after all)
                     continue
-                pending -= 1
+                self._pending -= 1
                 exit_code, sig_no = exit_code_of(code)
+                stopped = self.elastic is not None and index in self.elastic.state.stopping
                 run.result = TaskResult(
                     run.task,
                     exit_code,
                     sig_no,
                     ended,
-                    killed_by_launcher=self.state.ending,
+                    killed_by_launcher=self.state.ending or stopped,
                 )
-                if exit_code != 0 and not self.state.ending:
+                if self._membership_change(index, exit_code, sig_no):
+                    self._save_processes()
+                elif exit_code != 0 and not self.state.ending:
                     blame.add(index, time.monotonic(), run.tail, run.output_ended)
             settle(force=True)  # every process ended before a root cause was named
             self._step(Event.ENDED)
@@ -312,6 +371,8 @@ class Supervisor:
                 self._root, self._named_by = self._procs[index], None if by is None else self._procs[by]
                 self._waited_by = waited_by(index, self._procs)
         finally:
+            if self.elastic is not None:
+                self.elastic.close()
             self.merger.close()
             self.publisher.publish(self._procs, self._root, final=True)
             for sig, handler in old_handlers.items():
@@ -327,8 +388,9 @@ class Supervisor:
         root = results[self._procs.index(self._root)] if self._root is not None else None
         named_by = results[self._procs.index(self._named_by)] if self._named_by is not None else None
         interrupted_by = self.state.signum if self.state.cause is Cause.SIGNAL else None
+        counted = [r for i, r in enumerate(results) if i not in self._left]  # (elastic: left, not failed)
         code = (
-            EXIT_TIMEOUT if self.timed_out and root is None else job_exit_code(root, interrupted_by, results)
+            EXIT_TIMEOUT if self.timed_out and root is None else job_exit_code(root, interrupted_by, counted)
         )
         if (
             named_by is not None
@@ -355,9 +417,27 @@ class Supervisor:
             timed_out=self.timed_out,
             named_by=named_by,
             waited_by=self._waited_by,
+            changes=len(self.elastic.changes) if self.elastic else 0,
         )
         self._save_finished(result)
         return result
+
+    def _membership_change(self, index: int, exit_code: int, signum: int | None) -> bool:
+        """An elastic job's worker ended and the job goes on (``launchkit.elastic``): True; its
+        failure is then no root cause and does not end the job."""
+        if self.elastic is None or self.state.ending or not self.elastic.is_worker(index):
+            return False
+        if self.elastic.ended(index, exit_code, signum, time.monotonic(), self):
+            self._left.add(index)
+            return True
+        return False
+
+    def _announce(self, line: str) -> None:
+        """A membership change (or a word on the hosts): into the job's log, which the dashboard
+        and ``launchkit top`` show, and on the console when no dashboard covers it."""
+        self.publisher.log.append(("launchkit", line))
+        if self.dashboard is None:
+            self.ui.info(line)
 
     def snapshot(self) -> DashboardState:
         """The job as the dashboard shows it."""
@@ -379,18 +459,41 @@ class Supervisor:
         # the ssh backend the pids of its processes once every host has started them
         self.backend.await_started()
         remote = self.backend.record_info() or self.record.remote
+        self.record = dataclasses.replace(self.record, remote=remote)
+        self._save_processes()
+
+    def _save_processes(self) -> None:
+        """The record's processes (an elastic job's every worker so far, with how each ended, and
+        its membership changes)."""
+        if self.record is None:
+            return
         procs = tuple(
             jobs.ProcessRecord(
-                run.task.role, run.task.rank, str(run.task.host), run.handle.pid if run.handle else None
+                run.task.role,
+                run.task.rank,
+                str(run.task.host),
+                run.handle.pid if run.handle else None,
+                *self._history(i, run),
             )
-            for run in self._procs
+            for i, run in enumerate(self._procs)
         )
-        self.record = dataclasses.replace(self.record, processes=procs, remote=remote)
+        changes = tuple(self.elastic.changes) if self.elastic else ()
+        hosts = self.record.hosts
+        if self.elastic is not None:  # a host it gained while it ran too
+            hosts = tuple(sorted({*hosts, *(p.host for p in procs)}))
+        self.record = dataclasses.replace(self.record, processes=procs, changes=changes, hosts=hosts)
         jobs.save(self.record)
+
+    def _history(self, index: int, run: _Running) -> tuple[int | None, str | None]:
+        if self.elastic is None or not self.elastic.is_worker(index):
+            return None, None
+        return self.elastic.history(index, run.result)
 
     def _save_finished(self, result: JobResult) -> None:
         if self.record is None:
             return
+        if self.elastic is not None:
+            self._save_processes()  # how the last workers ended
         remote = self.backend.record_info() or self.record.remote  # ssh: the watchdogs' sweeps, once closed
         self.record = dataclasses.replace(self.record, remote=remote)  # (jobs.kill.confirmed_sweeps)
         if self.restart_if is not None and self.restart_if(result):

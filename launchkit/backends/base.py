@@ -127,6 +127,11 @@ class Backend:
         """Start one process; raise OSError when the command cannot be started."""
         raise NotImplementedError
 
+    def add_host(self, host: Host) -> None:
+        """An elastic job may start workers on ``host``, which it did not use at its start: make
+        it ready as ``prepare`` did the others (ssh: connect, sync, start its watchdog);
+        LaunchkitError when it cannot. Default: nothing to do (local's one host)."""
+
     def send_starts(self) -> None:
         """After ``start`` was called for each task: a backend that queues its starts sends them
         now (ssh: one message per host). Default: nothing, ``start`` started the process."""

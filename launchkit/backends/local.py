@@ -43,6 +43,7 @@ class LocalBackend(Backend):
         here=True,
         inherits_env=True,
         restarts=True,
+        elastic="resize",
     )
 
     def start(self, task: Task) -> LocalProcess:

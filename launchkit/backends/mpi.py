@@ -234,6 +234,7 @@ class MpiBackend(EngineBackend):
         options=frozenset({"options", "mpirun", "mpi_args", "node_python", "console"}),
         flags=(*CONNECTION_FLAGS, *own_flags),
         gives_hosts="the MPI hostfile",
+        elastic="shrink",  # workers may leave; none can join a running allocation
     )
 
     @classmethod

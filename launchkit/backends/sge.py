@@ -313,6 +313,7 @@ class SgeBackend(BatchBackend):
         options=frozenset({"sge", "node_python", "console"}),
         flags=(*FLAGS, NODE_PYTHON),
         gives_hosts="PE_HOSTFILE",
+        elastic="shrink",  # workers may leave; none can join a running allocation
     )
 
     @classmethod

@@ -89,7 +89,8 @@ def end_code(state: str, exit_code: str) -> int:
 def _step_srun(plan: Plan, tasks: Sequence[Task], opts: SlurmOptions, role: str) -> list[str]:
     argv = ["srun", f"--job-name={plan.job_id}-{role}s", f"--ntasks={len(tasks)}"]
     argv += [f"--nodes={len({t.host for t in tasks})}", "--distribution=arbitrary", "--overlap"]
-    argv += ["--overcommit", "--kill-on-bad-exit=1", "--export=ALL", "--input=none"]
+    elastic = role == "worker" and any(dmlc_env.LAUNCHKIT_ELASTIC in t.env for t in tasks)  # one may leave
+    argv += ["--overcommit", f"--kill-on-bad-exit={0 if elastic else 1}", "--export=ALL", "--input=none"]
     cpus = opts.cpus_per_server if role == "server" else opts.cpus_per_worker
     mem = opts.mem_per_server if role == "server" else opts.mem_per_worker
     if cpus:
@@ -270,6 +271,7 @@ class SlurmBackend(BatchBackend):
         options=frozenset({"slurm", "node_python", "console"}),
         flags=(*FLAGS, *ROLE_RESOURCES, NODE_PYTHON),
         gives_hosts="the allocation",
+        elastic="shrink",  # workers may leave; none can join a running allocation
     )
 
     @classmethod

@@ -150,6 +150,12 @@ def report(ui: Ui, result: JobResult) -> None:
         ui.error(f"job {result.job_id} reached its time limit; every process ended (exit 124)")
     elif result.interrupted_by is not None:
         ui.error(f"job {result.job_id} interrupted; every process ended (exit {result.exit_code})")
+    elif result.exit_code == 0 and result.changes:  # an elastic job: some workers left on the way
+        last = [r for r in result.results if r.ok]
+        ui.info(
+            f"job {result.job_id} finished after {_count(result.changes, 'membership change')}: "
+            f"its last {len(last)} processes succeeded (each worker's end: launchkit ps {result.job_id})"
+        )
     elif result.exit_code == 0:
         ui.info(
             f"job {result.job_id} finished{_after(result)}: all {len(result.results)} processes succeeded"
@@ -158,6 +164,10 @@ def report(ui: Ui, result: JobResult) -> None:
 
 def _after(result: JobResult) -> str:
     return f" (attempt {result.attempt + 1}, after {_restarts(result.attempt)})" if result.attempt else ""
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _restarts(n: int) -> str:

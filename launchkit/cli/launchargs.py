@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 import dmlc_env
 from launchkit import backends
@@ -103,3 +104,52 @@ def check_restarts(backend: str, caps: Capabilities, max_restarts: int, restart_
             f"--max-restarts: --launcher {backend} does not restart jobs "
             f"(only {' and '.join(backends.taking(lambda c: c.restarts))} do)"
         )
+
+
+def _discovers(caps: Capabilities) -> bool:
+    return caps.elastic == "resize" and caps.hosts == "hostfile"
+
+
+def check_elastic(
+    backend: str,
+    bounds: tuple[int, int] | None,
+    max_restarts: int,
+    discovery: str | None,
+    hostfile: Path | None,
+) -> str | None:
+    """``-n MIN:MAX`` with the backend and the other flags; returns ``--host-discovery-script``
+    as an absolute path (it runs from the launcher's directory every second). Refused: a backend
+    that cannot (``Capabilities.elastic``); ``--max-restarts`` (an elastic job replaces lost
+    workers itself, and a scheduler's or server's failure ends it: there is no whole-job restart
+    to count); a discovery script without ``MIN:MAX``, with a hostfile, on a backend that cannot
+    add workers, or that is not an executable file."""
+    if bounds is None:
+        if discovery is not None:
+            raise UsageError("--host-discovery-script needs an elastic job: -n MIN:MAX")
+        return None
+    caps = backends.capabilities(backend)
+    if caps.elastic == "none":
+        able = ", ".join(backends.taking(lambda c: c.elastic != "none"))
+        raise UsageError(
+            f"-n {bounds[0]}:{bounds[1]}: --launcher {backend} does not run elastic jobs (only {able} do)"
+        )
+    if max_restarts:
+        raise UsageError(
+            f"--max-restarts with -n {bounds[0]}:{bounds[1]}: an elastic job replaces the workers it loses "
+            "itself and ends when a scheduler or server fails; there is no restart of the whole job to count"
+        )
+    if discovery is None:
+        return None
+    if caps.elastic != "resize" or caps.hosts != "hostfile":
+        raise UsageError(
+            f"--host-discovery-script: --launcher {backend} does not start workers on hosts it is given "
+            f"while the job runs (only {', '.join(backends.taking(_discovers))})"
+        )
+    if hostfile is not None:
+        raise UsageError(
+            "--host-discovery-script and -H: the script gives the hosts; expected one of the two"
+        )
+    path = Path(discovery).expanduser().absolute()
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise UsageError(f"--host-discovery-script {discovery}: expected an executable file")
+    return str(path)

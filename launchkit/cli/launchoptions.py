@@ -14,9 +14,10 @@ from typing import Any
 import typer
 
 from launchkit import backends
-from launchkit.cli.app import bound_numbers, refuse_empty
+from launchkit.cli.app import bound_numbers, check_number, refuse_empty
 from launchkit.cli.backendflags import groups
 from launchkit.cli.torchrunflags import TorchrunRefusals
+from launchkit.core.elastic import parse_workers
 
 #: launch's flags that say how to run the job, not what it is (no part of the spec)
 RUN_FLAGS = ("detach", "dashboard", "dry_run", "as_json")
@@ -25,6 +26,18 @@ RUN_FLAGS = ("detach", "dashboard", "dry_run", "as_json")
 def _option(name: str, annotation: Any, default: Any, *decls: str, **kw: Any) -> inspect.Parameter:
     option = typer.Option(default, *decls, **kw)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+
+
+def workers_option(ctx: Any, param: Any, value: str | None) -> int | tuple[int, int] | None:
+    """``-n``: N, or MIN:MAX (an elastic job); each number as every count on the command line."""
+    if value is None:
+        return None
+    try:
+        count, bounds = parse_workers(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    check_number(list(bounds or (count,)))
+    return count if bounds is None else bounds
 
 
 def _either(names: list[str]) -> str:
@@ -36,7 +49,16 @@ def common() -> list[inspect.Parameter]:
     ``declared_help``)."""
     o = _option
     return [
-        o("num_workers", int, ..., "-n", "--num-workers", help="Number of worker processes."),
+        o(
+            "num_workers",
+            str,
+            ...,
+            "-n",
+            "--num-workers",
+            metavar="N|MIN:MAX",
+            callback=workers_option,
+            help="Number of worker processes; MIN:MAX for an elastic job (docs/elastic.md).",
+        ),
         o("num_servers", int, None, "-s", "--num-servers", help="Number of servers (default: -n)."),
         o("hostfile", Path, None, "-H", "--hostfile", help="Hostfile: one host per line."),
         o(
@@ -78,6 +100,20 @@ def common() -> list[inspect.Parameter]:
             0,
             "--max-restarts",
             help=None,  # declared_help
+        ),
+        o(
+            "host_discovery_script",
+            str,
+            None,
+            "--host-discovery-script",
+            help="With -n MIN:MAX: a program printing host:slots lines, run every second.",
+        ),
+        o(
+            "blacklist_cooldown",
+            float,
+            None,
+            "--blacklist-cooldown",
+            help="With -n MIN:MAX: seconds a host is not used after a worker failed there (default 10; doubling).",
         ),
         o("restart_backoff", float, 1.0, "--restart-backoff", help="Seconds to wait before each restart."),
         o(

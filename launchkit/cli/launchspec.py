@@ -13,13 +13,21 @@ from typing import Any
 import dmlc_env
 from launchkit import backends
 from launchkit.cli.backendflags import refuse_unused
-from launchkit.cli.launchargs import check_not_owned, check_restarts, parse_env_items, working_directory
+from launchkit.cli.launchargs import (
+    check_elastic,
+    check_not_owned,
+    check_restarts,
+    parse_env_items,
+    working_directory,
+)
 from launchkit.console import Ui
+from launchkit.core.elastic import COOL_DOWN, check_bounds, start_size
 from launchkit.core.hostfile import read_hostfile
 from launchkit.core.placement import assign_hosts
 from launchkit.core.plan import split_assignments
 from launchkit.core.spec import LOCALHOST, Host, LaunchSpec
 from launchkit.errors import UsageError
+from launchkit.hostdiscovery import first_hosts
 from launchkit.netutil import check_address
 
 # launch.py's --p3: MXNet's P3 van (priority-based parameter propagation), for every process.
@@ -28,7 +36,7 @@ P3_ENV = (("DMLC_PS_VAN_TYPE", "p3"), ("DMLC_PS_WATER_MARK", "10"))
 
 def build_spec(
     *,
-    num_workers: int,
+    num_workers: int | tuple[int, int],
     num_servers: int | None,
     hostfile: Path | None,
     launcher: str | None,
@@ -51,10 +59,18 @@ def build_spec(
     max_restarts: int = 0,
     restart_backoff: float = 1.0,
     master_port: int | None = None,
+    host_discovery_script: str | None = None,
+    blacklist_cooldown: float | None = None,
     ui: Ui,
 ) -> LaunchSpec:
     """The ``LaunchSpec`` that launch's common flags describe (``launchoptions.common``, by name);
-    ``engine``: the engine flags' values, for a backend whose hosts are an allocation."""
+    ``engine``: the engine flags' values, for a backend whose hosts are an allocation.
+    ``num_workers``: N, or (MIN, MAX) for an elastic job (``launchoptions.workers_option``)."""
+    bounds = num_workers if isinstance(num_workers, tuple) else None
+    if bounds is not None:
+        check_bounds(bounds)
+        num_workers = bounds[1]
+    assert isinstance(num_workers, int)
     if not command:
         raise UsageError("no command given: expected `launchkit launch -n N [options] COMMAND [ARGS...]`")
     check_command(command)
@@ -71,7 +87,12 @@ def build_spec(
     placed = launch_hosts(backend, num_workers, num_servers, engine or {}, bool(hostfile), ui)
     if placed is not None:
         hosts = placed
-    if caps.needs_hostfile and not hostfile:
+    discovery = check_elastic(backend, bounds, max_restarts, host_discovery_script, hostfile)
+    if blacklist_cooldown is not None and bounds is None:
+        raise UsageError("--blacklist-cooldown needs an elastic job: -n MIN:MAX")
+    if discovery is not None:  # the hosts it gives now (exit 2 if it fails at the start)
+        hosts = tuple(first_hosts(discovery))
+    if caps.needs_hostfile and not hostfile and discovery is None:
         raise UsageError(f"--launcher {backend} needs a hostfile: -H FILE")
     if sync_dst_dir:
         refuse_unused(backend, ["sync_dst_dir"])
@@ -82,6 +103,8 @@ def build_spec(
     if sync_timeout <= 0:
         raise UsageError(f"--sync-timeout must be more than 0, got {sync_timeout:g}")
     check_restarts(backend, caps, max_restarts, restart_backoff)
+    if bounds is not None:
+        num_workers = start_size(bounds, hosts, caps.elastic, backend)
     if master_port is not None and master_port == scheduler_port:
         raise UsageError(f"--master-port {master_port} is --scheduler-port too: expected two ports")
     environ = dict(os.environ)
@@ -113,6 +136,10 @@ def build_spec(
         cwd=working_directory(),
         max_restarts=max_restarts,
         restart_backoff=restart_backoff,
+        elastic=bounds,
+        hostfile=str(hostfile) if hostfile and bounds is not None and caps.hosts == "hostfile" else None,
+        host_discovery=discovery,
+        cool_down=COOL_DOWN if blacklist_cooldown is None else blacklist_cooldown,
     )
 
 

@@ -85,6 +85,13 @@ def show_kept(
         time.sleep(POLL)
 
 
+def show_changes(ui: Ui, record: jobs.JobRecord) -> None:
+    """An elastic job's membership changes, after the output (on stderr, as the launch said them)."""
+    for change in record.changes:
+        ui.err.file.write(f"[launchkit] {change.line()}\n")
+    ui.err.file.flush()
+
+
 def gone(
     record: jobs.JobRecord, streams: list[keptoutput.Kept], pick: tuple[str | None, int | None]
 ) -> list[str]:
@@ -179,6 +186,8 @@ def register(app: typer.Typer) -> None:
                 which = " ".join(x for x in (role, None if rank is None else str(rank)) if x)
                 raise UsageError(f"job {job_id} has no process {which} (its processes: {have})")
             show_kept(ui, job_id, (role, rank), tail, follow)
+            if role in (None, "worker") and rank is None:
+                show_changes(ui, jobs.load(job_id) or record)
             if missing:  # not silence, as if the process had printed nothing
                 raise gone_error(job_id, missing)
             return

@@ -42,7 +42,10 @@ def plan_to_json(
         "scheduler": f"{plan.root_uri}:{plan.root_port if port_known else PORT_PLACEHOLDER}",
         "engine_commands": backend.describe_job(plan),
         "max_restarts": max_restarts,
-        "notes": backend.notes(plan) + _address_notes(plan) + _restart_notes(max_restarts, restart_backoff),
+        "notes": backend.notes(plan)
+        + _address_notes(plan)
+        + _restart_notes(max_restarts, restart_backoff)
+        + _elastic_notes(plan),
         "tasks": [
             {
                 "role": t.role,
@@ -67,6 +70,18 @@ def _restart_notes(max_restarts: int, backoff: float) -> list[str]:
     return [
         f"after a process fails on its own, the whole job starts again {times}, {backoff:g} s after "
         "the failed attempt ended (a new scheduler port, LAUNCHKIT_RESTART_COUNT=1, 2, ...)"
+    ]
+
+
+def _elastic_notes(plan: Plan) -> list[str]:
+    if plan.elastic is None:
+        return []
+    low, high = plan.elastic
+    started = len(plan.by_role("worker"))
+    return [
+        f"elastic ({low}:{high}): {started} workers start; the job goes on while at least {low} remain, "
+        f"a failed worker's host cools down before it takes another, and new workers start up to {high} "
+        "where the backend can add them (docs/elastic.md)"
     ]
 
 

@@ -9,6 +9,8 @@ import typer
 
 from launchkit.cli.app import get_app
 from launchkit.cli.top import runs_here
+from launchkit.console import Ui
+from launchkit.errors import UsageError
 from launchkit.hostside import procscan
 from launchkit.jobs import detached, live
 from launchkit.jobs import records as jobs
@@ -53,10 +55,16 @@ def register(app: typer.Typer) -> None:
     )
     def ps(
         ctx: typer.Context,
+        job_id: str = typer.Argument(
+            None, help="One job: its processes, and an elastic job's membership changes."
+        ),
         show_all: bool = typer.Option(False, "-a", "--all", help="Include finished jobs."),
         as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     ) -> None:
         ui = get_app(ctx).ui
+        if job_id is not None:
+            show_job(ui, job_id, as_json)
+            return
         records = [detached.refresh(r) for r in jobs.load_all(jobs.skipping(ui.warn))]
         here = set(procscan.scan()) if any(r.shown_state == "lost" for r in records) else set()
         states = {r.id: shown_state(r, here) for r in records}
@@ -86,7 +94,7 @@ def register(app: typer.Typer) -> None:
                     r.id,
                     r.name,
                     r.backend,
-                    states[r.id],
+                    states[r.id] + (f", epoch {r.changes[-1].epoch}" if r.changes else ""),
                     f"{r.attempt + 1}/{r.max_restarts + 1}",  # 1-based: attempt 0 is the first
                     len(r.processes),
                     ",".join(r.hosts),
@@ -97,3 +105,32 @@ def register(app: typer.Typer) -> None:
                 for r in records
             ],
         )
+
+
+def show_job(ui: Ui, job_id: str, as_json: bool) -> None:
+    """``ps JOB_ID``: every process the job ran (an elastic job's every worker, the epoch it
+    joined and how it ended), then each membership change (epoch, who left and why, who joined)."""
+    jobs.check_job_id(job_id)
+    record = jobs.load(job_id, jobs.refuse)
+    if record is None:
+        raise UsageError(f"no job {job_id!r} here (see launchkit ps --all)")
+    if as_json:
+        ui.json(record.to_json())
+        return
+    ui.table(
+        f"job {record.id} ({record.name}): {record.shown_state}",
+        ("role", "rank", "host", "pid", "epoch", "ended"),
+        [
+            (
+                p.role,
+                p.rank,
+                p.host,
+                "" if p.pid is None else p.pid,
+                "" if p.epoch is None else p.epoch,
+                p.ended or "",
+            )
+            for p in record.processes
+        ],
+    )
+    for change in record.changes:
+        ui.text(f"{_when(change.at)}  {change.line()}")

@@ -13,10 +13,11 @@ _RENDEZVOUS = (
     "MASTER_PORT (--master-port pins the port; the job id is TORCHELASTIC_RUN_ID)"
 )
 _HOSTS = "the hostfile (-H) lists the hosts, `slots=N` the workers on each; -n is the workers in all"
+_ELASTIC = _HOSTS + " (elastic: -n MIN:MAX, docs/elastic.md)"
 
 #: torchrun's flag (dashes) -> what launchkit does instead
 TORCHRUN: dict[str, str] = {
-    "--nnodes": _HOSTS,
+    "--nnodes": _ELASTIC,
     "--nproc-per-node": _HOSTS + " (on this machine: -n N alone)",
     "--standalone": "`launchkit launch -n N -s 0 -- python train.py` on this machine is one already",
     "--node-rank": "launchkit starts every host itself, once for the whole job; NODE_RANK is set per host",

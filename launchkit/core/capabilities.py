@@ -15,6 +15,11 @@ from launchkit.core.flags import EngineFlag
 #: process (the engine places each task); one placeholder for the whole job (the engine places it).
 HostSource = Literal["hostfile", "here", "allocation", "per task", "engine"]
 
+#: What a backend can do with a running job's workers (``-n MIN:MAX``, docs/elastic.md): nothing
+#: (an elastic job is refused), let them leave (an engine's allocation, to which no process can be
+#: added: the job starts MAX, which must fit), or let them leave and start new ones (local, ssh).
+Elasticity = Literal["none", "shrink", "resize"]
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -39,6 +44,8 @@ class Capabilities:
     root_in_worker0: bool = True
     #: --max-restarts: the launcher restarts the whole job after a failure
     restarts: bool = False
+    #: -n MIN:MAX: what it can do with a running job's workers
+    elastic: Elasticity = "none"
     #: --detach: the job is a batch job that can be submitted and left
     detaches: bool = False
     #: --sync-dst-dir, --sync-timeout, --sync-exclude: the launcher copies the directory over

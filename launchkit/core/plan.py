@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import PurePath
 
 import dmlc_env
@@ -63,8 +65,8 @@ def new_secret() -> str:
 def has_scheduler(spec: LaunchSpec, caps: Capabilities) -> bool:
     """Whether the job runs a scheduler process: with servers, or on a backend where worker 0
     does not serve the root of a job without servers (``caps.root_in_worker0``: YARN still runs
-    a scheduler, docs/backends.md)."""
-    return spec.num_servers > 0 or not caps.root_in_worker0
+    a scheduler, docs/backends.md), or in an elastic job (membership cannot depend on a worker)."""
+    return spec.num_servers > 0 or not caps.root_in_worker0 or spec.elastic is not None
 
 
 def worker_hosts(
@@ -144,6 +146,7 @@ def make_plan(
         max_restarts=spec.max_restarts,
         worker_hosts=len(node_rank),
         home=job_home,
+        elastic=spec.elastic,
     )
     assignments, words = split_assignments(spec.command)
     argv = render_argv(words)
@@ -205,7 +208,73 @@ def make_plan(
         root_port=root_port,
         tasks=tuple(tasks),
         one_thread=len(crowded),
+        job_env=job,
+        elastic=spec.elastic,
     )
+
+
+@dataclass(frozen=True)
+class Member:
+    """Where and as what one worker of an elastic job starts after the job began: the launcher's
+    index for it (``LAUNCHKIT_ROLE_RANK``, never reused), its dense rank among the workers
+    starting now (torch's ``RANK``) and their number, its host and the others' on it."""
+
+    index: int
+    rank: int
+    world: int
+    host: Host
+    local_rank: int = 0
+    local_size: int = 1
+    node_rank: int = 0
+    hosts: int = 1  # the workers' machines (GROUP_WORLD_SIZE)
+    restart: int = 0  # the workers' restarts so far (TORCHELASTIC_RESTART_COUNT)
+
+
+def member_task(plan: Plan, template: Task, member: Member, node_host: str) -> Task:
+    """A worker of ``plan`` (elastic) started later, as ``template`` (the first worker: the
+    user's variables, the command, the metrics address) but with ``member``'s place: the
+    contract rebuilt for it (``DMLC_NUM_WORKER`` the workers when it starts), torch's ranks dense.
+    Its task id follows every id of the first plan (the scheduler's included)."""
+    job = plan.job_env
+    if job is None:
+        raise ValueError("the plan has no contract to start a worker from (not made by make_plan)")
+    first = job.num_servers + job.num_workers  # the scheduler's id; later workers' come after it
+    task_id = (
+        member.index + job.num_servers
+        if member.index < job.num_workers
+        else first + 1 + member.index - job.num_workers
+    )
+    now = dataclasses.replace(job, num_workers=member.world, worker_hosts=member.hosts)
+    env = dict(template.env)
+    cuda = template.env.get(dmlc_env.CUDA_VISIBLE_DEVICES)
+    fresh = dmlc_env.build_env(
+        now,
+        dmlc_env.TaskEnv(
+            role="worker",
+            role_rank=member.index,
+            task_id=task_id,
+            local_rank=member.local_rank,
+            node_host=node_host,
+            cuda_visible_devices=_gpus(cuda, member.local_rank) if cuda is not None else None,
+            local_size=member.local_size,
+            node_rank=member.node_rank,
+        ),
+    )
+    env.update(fresh)
+    env[dmlc_env.RANK] = env[dmlc_env.ROLE_RANK] = str(member.rank)
+    env[dmlc_env.TORCHELASTIC_RESTART_COUNT] = str(member.restart)
+    env[dmlc_env.TORCHELASTIC_ERROR_FILE] = dmlc_env.error_file_of(
+        job, member.index
+    )  # (an index is never reused)
+    return dataclasses.replace(
+        template, rank=member.index, task_id=task_id, host=member.host, local_rank=member.local_rank, env=env
+    )
+
+
+def _gpus(template: str, local_rank: int) -> str:
+    """A later worker's ``CUDA_VISIBLE_DEVICES``: the first worker's block size, at its local rank."""
+    per = len(template.split(",")) if template else 0
+    return gpu_slice(local_rank, per) if per else template
 
 
 def one_thread_note(plan: Plan) -> str | None:

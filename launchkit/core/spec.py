@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import dmlc_env
+
 
 @dataclass(frozen=True)
 class Host:
@@ -57,6 +59,10 @@ class LaunchSpec:
     cwd: str = "."
     max_restarts: int = 0  # restarts of the whole job after a failure (--max-restarts)
     restart_backoff: float = 1.0  # seconds between a failed attempt and the next (--restart-backoff)
+    elastic: tuple[int, int] | None = None  # -n MIN:MAX: the workers may change while it runs
+    hostfile: str | None = None  # the hostfile, which an elastic job re-reads while it runs
+    host_discovery: str | None = None  # --host-discovery-script: prints host:slots lines
+    cool_down: float = 10.0  # --blacklist-cooldown: a host's first cool-down after a worker failed there
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,8 @@ class Plan:
     root_port: int
     tasks: tuple[Task, ...]  # the scheduler first (none without servers), then servers, then workers
     one_thread: int = 0  # the machines whose processes got OMP_NUM_THREADS=1 from the launcher
+    job_env: dmlc_env.JobEnv | None = None  # what every process's contract came from (a later worker's too)
+    elastic: tuple[int, int] | None = None  # -n MIN:MAX
 
     def by_role(self, role: str) -> list[Task]:
         return [t for t in self.tasks if t.role == role]
@@ -131,3 +139,4 @@ class JobResult:
     named_by: TaskResult | None = None  # the process whose output named the root cause as failed
     # who waited for the root cause in what, as their output says ("workers 0 and 2 ... in allreduce (operation 3)")
     waited_by: str = ""
+    changes: int = 0  # an elastic job's membership changes (its record has each)

@@ -27,6 +27,7 @@ from typing import Any
 
 from launchkit.core.hostfile import parse_host
 from launchkit.errors import UsageError
+from launchkit.jobs.history import Change, change_from_json
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -124,6 +125,8 @@ class ProcessRecord:
     rank: int
     host: str
     pid: int | None = None
+    epoch: int | None = None  # an elastic job's worker: the membership epoch it joined
+    ended: str | None = None  # an elastic job's worker: how it ended ("exit 137", "signal 15 (stopped ...)")
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,7 @@ class JobRecord:
     # its launcher died, and its reaper then ended everything of it, known to have succeeded
     # (the sweep here and on each ssh host, each cleanup command): when (``jobs.reaper``)
     reaped_at: float | None = None
+    changes: tuple[Change, ...] = ()  # an elastic job's membership changes (jobs.history)
 
     def launcher_alive(self) -> bool:
         start = process_start_time(self.launcher_pid)
@@ -204,7 +208,10 @@ class JobRecord:
         fields.setdefault("launcher_start", None)
         fields["hosts"] = tuple(fields.get("hosts", ()))
         fields["command"] = tuple(fields.get("command", ()))
-        return cls(**fields, processes=procs)
+        changes = tuple(
+            change_from_json(i, c) for i, c in enumerate(_field("changes", data.get("changes", []), list))
+        )
+        return cls(**fields, processes=procs, changes=changes)
 
 
 _NUMBER = (int, float)
@@ -227,7 +234,14 @@ _SSH: dict[str, Any] = {
     "port": _OPT_INT, "identity": _OPT_STR, "known_hosts": _OPT_STR, "strict_host_keys": bool,
     "connect_timeout": _NUMBER, "config_file": _OPT_STR,
 }  # fmt: skip
-_PROCESS: dict[str, Any] = {"role": str, "rank": int, "host": str, "pid": _OPT_INT}
+_PROCESS: dict[str, Any] = {
+    "role": str,
+    "rank": int,
+    "host": str,
+    "pid": _OPT_INT,
+    "epoch": _OPT_INT,
+    "ended": _OPT_STR,
+}
 _NAMES = {
     str: "a string",
     int: "a whole number",

@@ -180,3 +180,19 @@ def test_no_slurm_controller_is_a_clear_refusal_exit_2(tmp_path: Path) -> None:
         ) in res.stderr, res.stderr
         assert "\\n" not in res.stderr and "cannot start" not in res.stderr and "Traceback" not in res.stderr
         assert not marker.exists()
+
+
+def test_an_elastic_jobs_worker_step_keeps_its_tasks_when_one_fails() -> None:
+    """Slurm shrinks an elastic job: the workers' step runs without --kill-on-bad-exit (the launcher
+    decides whether a failure ends the job); the servers' step, and a fixed job's, keep it."""
+    hosts = (Host("n1"), Host("n2"))
+    fixed = batch_spec(plan_for(hosts), SlurmOptions(python="/py"), 5.0)
+    spec = LaunchSpec(
+        num_workers=2, num_servers=1, command=("t",), backend="slurm", hosts=hosts, elastic=(1, 2)
+    )
+    plan = make_plan(
+        spec, job_id="j1", secret="s", root_uri="", root_port=0, node_host_of=dict.fromkeys(hosts, "")
+    )
+    servers, workers = batch_spec(plan, SlurmOptions(python="/py"), 5.0)["steps"]
+    assert "--kill-on-bad-exit=0" in workers["srun"] and "--kill-on-bad-exit=1" in servers["srun"]
+    assert all("--kill-on-bad-exit=1" in step["srun"] for step in fixed["steps"])

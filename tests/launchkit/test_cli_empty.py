@@ -23,6 +23,7 @@ NEEDS: dict[str, tuple[list[str], list[str]]] = {
     "kill": (["--all"], []),
     "top": ([], ["x"]),
     "logs": ([], ["x"]),
+    "ps": ([], []),
     "hosts add": (["-H", "hf"], ["node9"]),
     "hosts remove": (["-H", "hf"], ["node9"]),
     "hosts check": (["-H", "hf"], []),
@@ -78,7 +79,7 @@ def test_every_command_and_text_option_is_covered() -> None:
     for expected in [("launch", "--sync-dst-dir"), ("launch", "--log-dir"), ("launch", "--launcher")]:
         assert expected in names
     assert ("kill", "job_id") in names and ("hosts add", "host") in names
-    assert {name for name, _, _ in CASES} == set(NEEDS)  # ps has no value to give
+    assert {name for name, _, _ in CASES} == set(NEEDS)
 
 
 @pytest.mark.parametrize(("name", "param", "args"), CASES, ids=[f"{c[0]} {c[1]}" for c in CASES])

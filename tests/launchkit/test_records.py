@@ -15,6 +15,7 @@ import pytest
 
 from launchkit.errors import UsageError
 from launchkit.jobs import records as jobs
+from launchkit.jobs.history import Change
 from tests.launchkit.procs import pids_with_job, run, wait_until
 
 GOOD = "1123-040000-aaaaaa"
@@ -184,3 +185,31 @@ def test_a_relative_home_is_refused(value: str, tmp_path: Path, monkeypatch: pyt
         with pytest.raises(UsageError, match=f"LAUNCHKIT_HOME {re.escape(value)}: a relative path"):
             check()
     assert list(tmp_path.iterdir()) == []  # nothing made here
+
+
+def test_an_elastic_jobs_history_round_trips_and_older_records_have_none() -> None:
+    rec = jobs.JobRecord(
+        id="j1",
+        name="n",
+        backend="local",
+        hosts=("localhost",),
+        command=("x",),
+        cwd="/",
+        launcher_pid=1,
+        launcher_start=None,
+        started_at=1.0,
+        processes=(jobs.ProcessRecord("worker", 3, "localhost", 9, epoch=1, ended="exit 0"),),
+        changes=(
+            Change(1, 2.0, ("worker 1 on localhost (exit 3)",), ("worker 3 on localhost",), "in process"),
+        ),
+    )
+    data = json.loads(json.dumps(dataclasses.asdict(rec)))
+    assert jobs.JobRecord.from_json(data) == rec
+    del data["changes"]
+    for p in data["processes"]:
+        del p["epoch"], p["ended"]
+    old = jobs.JobRecord.from_json(data)
+    assert old.changes == () and old.processes[0].epoch is None
+    data["changes"] = [{"epoch": "1", "at": 2.0}]
+    with pytest.raises(ValueError, match=r"changes\[0\]\.epoch"):
+        jobs.JobRecord.from_json(data)

@@ -72,6 +72,7 @@ class SshBackend(Backend):
         needs_hostfile=True,
         connects=True,
         restarts=True,
+        elastic="resize",
         syncs=True,
         options=frozenset(
             {
@@ -117,6 +118,8 @@ class SshBackend(Backend):
         self._spawned: list[RemoteProcess] = []  # asked to start, pid not yet awaited
         self._queued: dict[tuple[str, int | None, str | None], list[RemoteProcess]] = {}  # not yet sent
         self.spec: LaunchSpec | None = None
+        self.job_id = ""
+        self.added: list[Host] = []  # hosts an elastic job gained while it ran (``add_host``)
         self.usage_sink: UsageSink | None = None
         # after ``close``: the hosts whose watchdog confirmed its sweep of the job (its bye), each
         # with what that sweep ended; recorded, so that kill and a restart's check skip them
@@ -180,24 +183,36 @@ class SshBackend(Backend):
                 self.console or Console(stderr=True),
                 self.spec.sync_timeout,
             )
-        agents = {
-            host_key(h): HostAgent(
-                h,
-                self.conns[host_key(h)],
-                plan.job_id,
-                hb_interval=self.hb_interval,
-                hb_timeout=self.hb_timeout,
-                grace=self.spec.grace_period,
-                interface=self.spec.interface,
-                # the launcher ends the job at the limit; the watchdog's own deadline is the
-                # backstop when the launcher cannot (cut off), with the grace period added
-                time_limit=None
-                if self.spec.time_limit is None
-                else self.spec.time_limit + self.spec.grace_period + 5,
-                on_usage=self.usage_sink,
+        self.job_id = plan.job_id
+        agents = {host_key(h): self._agent(h) for h in hosts}
+        errors = self._start_agents(list(agents.values()))
+        self.agents = agents
+        if errors:
+            self.close()
+            raise BackendError(
+                "ssh", f"could not start on {len(errors)} host(s): {'; '.join(errors.values())}"
             )
-            for h in hosts
-        }
+
+    def _agent(self, h: Host) -> HostAgent:
+        assert self.spec is not None
+        return HostAgent(
+            h,
+            self.conns[host_key(h)],
+            self.job_id,
+            hb_interval=self.hb_interval,
+            hb_timeout=self.hb_timeout,
+            grace=self.spec.grace_period,
+            interface=self.spec.interface,
+            # the launcher ends the job at the limit; the watchdog's own deadline is the
+            # backstop when the launcher cannot (cut off), with the grace period added
+            time_limit=None
+            if self.spec.time_limit is None
+            else self.spec.time_limit + self.spec.grace_period + 5,
+            on_usage=self.usage_sink,
+        )
+
+    def _start_agents(self, agents: list[HostAgent]) -> dict[Host, str]:
+        """Each host's watchdog started, in parallel; what went wrong on each host where it did not."""
         errors: dict[Host, str] = {}
 
         def start(agent: HostAgent) -> None:
@@ -208,13 +223,39 @@ class SshBackend(Backend):
             except Exception as exc:
                 errors[agent.host] = f"{agent.host}: {exc}"
 
-        ssh.on_each(start, list(agents.values()))
-        self.agents = agents
+        ssh.on_each(start, agents)
+        return errors
+
+    def add_host(self, host: Host) -> None:
+        """A host that appeared while an elastic job runs: reached, synced (``--sync-dst-dir``)
+        and its watchdog started, as at the job's start; BackendError naming what failed."""
+        assert self.spec is not None, "prepare() first"
+        key = host_key(host)
+        if key in self.agents:
+            return
+        conns, errors = connect_all([host], self.options)
         if errors:
-            self.close()
-            raise BackendError(
-                "ssh", f"could not start on {len(errors)} host(s): {'; '.join(errors.values())}"
+            raise BackendError("ssh", errors[host])
+        self.conns[key] = conns[host]
+        if self.spec.sync_dst_dir:
+            from rich.console import Console
+
+            sync_all(
+                [host],
+                source_dir(),
+                self.spec.sync_dst_dir,
+                self.options,
+                self.sync_excludes,
+                self.console or Console(stderr=True),
+                self.spec.sync_timeout,
             )
+        agent = self._agent(host)
+        failed = self._start_agents([agent])
+        if failed:
+            ssh.close(self.conns.pop(key))
+            raise BackendError("ssh", failed[host])
+        self.agents[key] = agent
+        self.added.append(host)
 
     def await_started(self) -> None:
         """Every remote process asked to start has started (its pid known), ended, or its host was
@@ -226,7 +267,7 @@ class SshBackend(Backend):
         self._spawned = []
 
     def record_info(self) -> dict[str, Any] | None:
-        hosts = unique_hosts(self.spec.hosts) if self.spec else []
+        hosts = unique_hosts([*self.spec.hosts, *self.added]) if self.spec else []
         info = {"hosts": [format_host(h) for h in hosts], "ssh": dataclasses.asdict(self.options)}
         if self.swept is not None:  # closed: which watchdogs swept their host (jobs.kill.confirmed_sweeps)
             info["swept"] = self.swept
