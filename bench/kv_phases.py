@@ -21,7 +21,8 @@ round trips (µs):
 - **spread of the workers' replies in a round**: from the first worker's reply to the last one's
   (the replies leave the server together: what is more is the workers taking turns on the cores);
 - **CPU per round trip**: ``time.thread_time`` of a worker's main thread over the timed loop,
-  divided by the round trips (the mean of the workers).
+  divided by the round trips (the mean of the workers), and of the busiest server's main thread
+  from the first request of the timed loop to the last, divided by the rounds between them.
 
 The stamps cost about 1 µs each, so the round trip is slightly longer than ``bench.kv``'s. On a
 shared machine the wake-ups grow with the load (other processes take the cores); the CPU
@@ -95,10 +96,11 @@ role = os.environ.pop('DMLC_ROLE')  # (importing trainer_core would run the serv
 from trainer_core.config import NodeConfig
 from trainer_core.ps import server
 from trainer_core.transport import channel
-ev, pc = [], time.perf_counter
+ev, cpu, pc = [], [], time.perf_counter
 handle, wait = server.Server._handle, channel.Poller._wait
 def timed_handle(self, msg):
     ev.append(('handle', pc()))
+    cpu.append((pc(), time.thread_time()))
     handle(self, msg)
     ev.append(('handled', pc()))
 def timed_wait(self, timeout_s):
@@ -109,7 +111,7 @@ def timed_wait(self, timeout_s):
 server.Server._handle, channel.Poller._wait = timed_handle, timed_wait
 code = server.Server(NodeConfig.from_environ(dict(os.environ, DMLC_ROLE=role), role='server')).run()
 with open(os.path.join(os.environ['BENCH_DIR'], 'server%s.json' % os.environ['LAUNCHKIT_ROLE_RANK']), 'w') as f:
-    json.dump({'events': ev}, f)
+    json.dump({'events': ev, 'cpu': cpu}, f)
 sys.exit(code)
 """
 
@@ -170,6 +172,12 @@ def phases(workers: list[dict], servers: list[dict], iters: int) -> dict[str, fl
         (max(r) - min(r)) * 1e6 for r in zip(*replies, strict=True)
     ]
     out = {k: statistics.median(v) for k, v in rows.items() if v}
+    t1 = max(max(_times(w["events"], "done")) for w in workers)
+    busiest = max(servers, key=lambda s: len(s["events"]))
+    cpu = [c for t, c in busiest["cpu"] if t0 <= t <= t1]  # its main thread's, at each request
+    rounds = (len(cpu) - 1) / n
+    if rounds >= 1:
+        out["CPU per round trip, the server's main thread"] = (cpu[-1] - cpu[0]) / rounds * 1e6
     out["CPU per round trip, a worker's main thread"] = (
         statistics.mean(w["cpu"] for w in workers) / iters * 1e6
     )
