@@ -167,7 +167,8 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
     "fusion": frozenset(),
     "agreement": frozenset(),
     "exchange": frozenset({"agreement", "primitives"}),
-    "negotiator": frozenset({"agreement", "exchange", "executor", "primitives"}),
+    "timeline": frozenset(),
+    "negotiator": frozenset({"agreement", "exchange", "executor", "primitives", "timeline"}),
     "lane": frozenset({"policy", "primitives"}),
     "speculation": frozenset({"exchange", "agreement", "primitives"}),
     "group": frozenset(
@@ -184,11 +185,12 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
             "exchange",
             "lane",
             "speculation",
+            "timeline",
         }
     ),
     "fabric": frozenset({"primitives"}),
     "sockets": frozenset({"primitives"}),
-    "job": frozenset({"group", "sockets", "nccl", "policy", "primitives"}),
+    "job": frozenset({"group", "sockets", "nccl", "policy", "primitives", "timeline"}),
     "__init__": frozenset(
         {"job", "group", "compressed", "policy", "algorithms", "primitives", "executor", "agreement"}
     ),

@@ -40,6 +40,7 @@ from .policy import Thresholds
 from .primitives.links import DEFAULT_TIMEOUT
 from .sockets import protocol
 from .sockets.netlinks import NetLinks
+from .timeline import Timeline
 
 #: what a worker of a collective job decodes: the node layer's kinds and the collectives'
 SCHEMA = node_protocol.SCHEMA | protocol.SCHEMA
@@ -70,6 +71,17 @@ class JobGroup(Group):
         (a worker that joined waits for the survivors in ``reform``)."""
         self.netlinks.changed()
 
+    def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
+        """Write each operation's phases to ``path`` from now on (``timeline``; Horovod's
+        ``start_timeline``); a timeline already running is closed first."""
+        self.stop_timeline()
+        self._negotiator.timeline = Timeline(path, self.rank, mark_cycles)
+
+    def stop_timeline(self) -> None:
+        tl, self._negotiator.timeline = self._negotiator.timeline, None
+        if tl is not None:
+            tl.close()
+
     @property
     def epoch(self) -> int:
         """The membership's epoch this group was formed in (0 but in an elastic job)."""
@@ -83,6 +95,7 @@ class JobGroup(Group):
         stays."""
         try:
             super().close()
+            self.stop_timeline()
             if leave:
                 self.netlinks.leave(self._negotiator.slots)
             if finish and leave and self.node.failure is None:

@@ -20,6 +20,7 @@ with the same error.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ from .agreement import CollectiveMismatch, Descriptor, agreed, decide, decode, e
 from .exchange import Exchange
 from .executor import CollectiveClosed, Work
 from .primitives import stall
+from .timeline import Phases, Timeline
 
 #: ``fast(seq, record)``: runs the operation with ``record`` shown in its first step; returns every
 #: rank's record and, where they agreed, the result (else ``NOT_RUN``)
@@ -46,6 +48,10 @@ class Op:
     nbytes: int = 0
     fast: Fast | None = None
     works: list[Work] = field(default_factory=list)
+    #: its clock (``time.monotonic``) for a timeline: submitted, its first slot began, agreed
+    submitted: float = field(default_factory=time.monotonic)
+    started: float = 0.0
+    agreed: float = 0.0
 
 
 class Negotiator:
@@ -63,6 +69,8 @@ class Negotiator:
         self._wait_s = _POLL_S[0] / 2
         self._closed = False
         self._broken: BaseException | None = None
+        #: where each finished operation's phases go (``HOROVOD_TIMELINE``); None: nowhere
+        self.timeline: Timeline | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -166,7 +174,9 @@ class Negotiator:
             self._fail(ops, broken)
             return 0.0
         head = ops[0]
+        head.started = head.started or time.monotonic()
         if self.exchange.links.size == 1 and not head.desc.refused:
+            head.agreed = head.started
             return self._finish(head, seq, NOT_RUN)  # nobody to agree with
         try:
             rec = head.desc.record(head.nbytes)
@@ -183,7 +193,8 @@ class Negotiator:
     def _settle(self, ops: list[Op], seq: int, records: list[bytes], result: Any) -> float:
         """What slot ``seq`` does, once every rank's record for it (the head of ``ops``) is known."""
         head = ops[0]
-        if agreed(records):
+        if agreed(records):  # (a fast path moved its data while agreeing: the two are one span)
+            head.agreed = head.started if result is not NOT_RUN else time.monotonic()
             return self._finish(head, seq, result)
         try:
             self.exchange.resync(records)
@@ -232,6 +243,7 @@ class Negotiator:
             seq = self._slot
             self._slot += 1
             self._driving = True
+        t0 = time.monotonic()
         try:
             try:
                 with stall.running(kind, seq, name):
@@ -243,8 +255,11 @@ class Negotiator:
                 self._fail(ops, exc)
                 raise
             if result is not NOT_RUN and agreed(records):
+                if self.timeline is not None:
+                    self.timeline.operation(name, kind, seq, Phases(t0, t0, t0, time.monotonic()), 0, None)
                 return result
             op = make(name)
+            op.submitted = op.started = t0
             work = Work(op.desc.kind, -1)
             op.works.append(work)
             with self._cond:
@@ -286,6 +301,14 @@ class Negotiator:
             self._running.discard(op.desc.name)
             if op in self._queue:
                 self._queue.remove(op)
+        if self.timeline is not None:
+            now = time.monotonic()
+            started = op.started or now
+            phases = Phases(op.submitted, started, op.agreed or started, now)
+            why = None if error is None else f"{type(error).__name__}: {error}"
+            self.timeline.operation(
+                op.desc.name, op.desc.kind, op.works[0].seq if op.works else -1, phases, op.nbytes, why
+            )
         for w in op.works:
             w._finish(result, error)
 

@@ -1,7 +1,7 @@
 """trainer_core for PyTorch, under Horovod's names: every public name of ``horovod.torch``, with
 Horovod's signatures. A Horovod script runs by changing its import unless it uses what is refused at
 the call (Adasum on a size that is not a power of two, process sets other than the global one,
-``join`` with several workers, the timeline); docs/pytorch.md's table says, name by name, what is
+``join`` with several workers); docs/pytorch.md's table says, name by name, what is
 the same, what differs and how, and what is not supported and why.
 
 >>> import trainer_core.torch as hvd
@@ -206,9 +206,14 @@ def init(
             "workers (a subset of ranks is not supported)"
         )
     check_init_sets(process_sets)
-    if os.environ.get("HOROVOD_TIMELINE"):
+    if os.environ.get("HOROVOD_TIMELINE") and backend.comm == "allreduce":
+        mark = os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES", "0") not in ("", "0")
+        basics.start_timeline(os.environ["HOROVOD_TIMELINE"], mark)
+    elif os.environ.get("HOROVOD_TIMELINE"):
         warnings.warn(
-            f"HOROVOD_TIMELINE={os.environ['HOROVOD_TIMELINE']!r} is ignored: {basics.TIMELINE}", stacklevel=2
+            f"HOROVOD_TIMELINE={os.environ['HOROVOD_TIMELINE']!r} is ignored: the timeline records "
+            f"the collectives' operations (-s 0), and this worker's path is {backend.comm!r}",
+            stacklevel=2,
         )
 
 

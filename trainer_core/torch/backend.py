@@ -58,8 +58,11 @@ class Backend:
     #: the KV store of the ``ps`` path (None elsewhere)
     kv: Any = None
 
-    def allreduce_async(self, array: Any, op: str, kind: str | None = None, out: Any = None) -> Waitable:
-        """Start reducing ``array``; the result is a fresh array, or ``out`` (written into)."""
+    def allreduce_async(
+        self, array: Any, op: str, kind: str | None = None, out: Any = None, name: str | None = None
+    ) -> Waitable:
+        """Start reducing ``array``; the result is a fresh array, or ``out`` (written into);
+        ``name`` matches it across ranks where the path matches by name (the collectives')."""
         if op not in ("sum", "mean", "max", "min"):
             raise ValueError(f"allreduce op must be sum, mean, max or min, not {op!r}")
         if out is None:
@@ -70,11 +73,11 @@ class Backend:
     def compressed_allreduce_async(self, array: Any, feedback: ErrorFeedback, key: Any, op: str) -> Waitable:
         return Done(array.copy())
 
-    def broadcast_async(self, array: Any, root: int) -> Waitable:
+    def broadcast_async(self, array: Any, root: int, name: str | None = None) -> Waitable:
         _check_root(root, self.size)
         return Done(array.copy())
 
-    def allgather_async(self, array: Any) -> Waitable:
+    def allgather_async(self, array: Any, name: str | None = None) -> Waitable:
         return Done(array.reshape(1) if array.ndim == 0 else array.copy())
 
     def barrier(self) -> None:
@@ -100,17 +103,19 @@ class Collective(Backend):
         known = getattr(group, "hosts", None) or (group.topology.hosts if group.topology else None)
         self.hosts = tuple(str(h) for h in known) if known else ()
 
-    def allreduce_async(self, array: Any, op: str, kind: str | None = None, out: Any = None) -> Waitable:
-        return self.group.allreduce_async(array, op, out, kind)
+    def allreduce_async(
+        self, array: Any, op: str, kind: str | None = None, out: Any = None, name: str | None = None
+    ) -> Waitable:
+        return self.group.allreduce_async(array, op, out, kind, name=name)
 
     def compressed_allreduce_async(self, array: Any, feedback: ErrorFeedback, key: Any, op: str) -> Waitable:
         return self.group.compressed_allreduce_async(array, feedback, key, op)
 
-    def broadcast_async(self, array: Any, root: int) -> Waitable:
-        return self.group.broadcast_async(array, root)
+    def broadcast_async(self, array: Any, root: int, name: str | None = None) -> Waitable:
+        return self.group.broadcast_async(array, root, name=name)
 
-    def allgather_async(self, array: Any) -> Waitable:
-        return self.group.allgather_async(array)
+    def allgather_async(self, array: Any, name: str | None = None) -> Waitable:
+        return self.group.allgather_async(array, name=name)
 
     def barrier(self) -> None:
         self.group.barrier()
@@ -195,7 +200,9 @@ class KV(Backend):
         flat = self._sum_bytes("gather", table).view(host.dtype)
         return flat.reshape(-1, *host.shape[1:]), counts
 
-    def allreduce_async(self, array: Any, op: str, kind: str | None = None, out: Any = None) -> Waitable:
+    def allreduce_async(
+        self, array: Any, op: str, kind: str | None = None, out: Any = None, name: str | None = None
+    ) -> Waitable:
         spec = spec_for(array.dtype, op, kind)  # refuses what the collectives refuse
         host = np.array(to_host(array), copy=True, order="C")
 
@@ -216,7 +223,7 @@ class KV(Backend):
     def compressed_allreduce_async(self, array: Any, feedback: ErrorFeedback, key: Any, op: str) -> Waitable:
         raise ValueError("comm='ps' compresses through the KV store (set_gradient_compression), not here")
 
-    def broadcast_async(self, array: Any, root: int) -> Waitable:
+    def broadcast_async(self, array: Any, root: int, name: str | None = None) -> Waitable:
         _check_root(root, self.size)
         host = np.array(to_host(array), copy=True, order="C")
         data = host.reshape(-1).view(np.uint8)
@@ -234,7 +241,7 @@ class KV(Backend):
 
         return self.submit("broadcast", run)
 
-    def allgather_async(self, array: Any) -> Waitable:
+    def allgather_async(self, array: Any, name: str | None = None) -> Waitable:
         host = np.array(to_host(array), copy=True, order="C")
         host = host.reshape(1) if host.ndim == 0 else host
         return self.submit("allgather", lambda: like(self._gather_bytes(host)[0], array))

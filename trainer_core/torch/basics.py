@@ -8,7 +8,7 @@ The build: trainer_core has no MPI, Gloo, DDL or oneCCL of its own (``mpi_built`
 ``gloo_built``, ``ddl_built``, ``ccl_built`` are False even under ``--launcher mpi``: mpirun only
 starts the processes); ``cuda_built`` says whether cupy is usable here (trainer_core's device
 path), ``rocm_built`` whether that cupy is ROCm's, ``nccl_built`` whether cupy's NCCL loads.
-``start_timeline``/``stop_timeline`` are refused with a clear error (no timeline is written).
+``start_timeline``/``stop_timeline`` write Horovod's timeline (the collectives' path).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from trainer_core.collective.nccl import load as load_nccl
 from trainer_core.xp import cupy_module
 
 from .backend import Backend
+from .runtime import Runtime, default
 
 
 def hosts_of(backend: Backend) -> tuple[str, ...]:
@@ -82,15 +83,23 @@ def nccl_built() -> bool:
     return load_nccl() is not None
 
 
-TIMELINE = (
-    "the Horovod timeline is not supported by trainer_core.torch (no trace is written); "
-    "launchkit's dashboard and metrics show the job's progress"
-)
+def start_timeline(file_path: str, mark_cycles: bool = False, *, runtime: Runtime | None = None) -> None:
+    """Horovod's: write each collective operation's phases (queued, negotiated, communicated) to
+    ``file_path`` as a Chrome trace, from now on; rank 0 writes, as Horovod's coordinator does
+    (``trainer_core.collective.timeline``). The collectives' path only (``-s 0``)."""
+    backend = (runtime or default).backend()
+    group = getattr(backend, "group", None)
+    if not hasattr(group, "start_timeline"):
+        raise ValueError(
+            f"the timeline records the collectives' operations (a job without servers, -s 0); "
+            f"this worker's path is {backend.comm!r}"
+        )
+    if backend.rank == 0:
+        group.start_timeline(file_path, mark_cycles)  # type: ignore[union-attr]
 
 
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    raise NotImplementedError(f"start_timeline({file_path!r}): {TIMELINE}")
-
-
-def stop_timeline() -> None:
-    raise NotImplementedError(f"stop_timeline(): {TIMELINE}")
+def stop_timeline(*, runtime: Runtime | None = None) -> None:
+    """Horovod's: stop writing the timeline (the file is complete JSON from then on)."""
+    group = getattr((runtime or default).backend(), "group", None)
+    if hasattr(group, "stop_timeline"):
+        group.stop_timeline()  # type: ignore[union-attr]

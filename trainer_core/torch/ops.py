@@ -127,7 +127,12 @@ def _check_factors(prescale_factor: float, postscale_factor: float) -> None:
 
 # -- allreduce ------------------------------------------------------------------------------------
 def _allreduce_work(
-    backend: Backend, tensor: torch.Tensor, op: str, prescale: float, postscale: float
+    backend: Backend,
+    tensor: torch.Tensor,
+    op: str,
+    prescale: float,
+    postscale: float,
+    name: str | None = None,
 ) -> Handle:
     """Start the reduction of ``tensor`` (``op`` resolved); the handle gives a fresh tensor."""
     check_dense(tensor, "allreduce's tensor")
@@ -140,14 +145,14 @@ def _allreduce_work(
     if how in (Product, Adasum):  # each rank folds every rank's tensor, in rank order
         if how == Adasum:
             check_adasum(t, backend.size)
-        work = backend.allgather_async(as_array(t.reshape(1, *t.shape)))
+        work = backend.allgather_async(as_array(t.reshape(1, *t.shape)), name=name)
         fold = product_of if how == Product else adasum_of
 
         def folded(r: Any) -> torch.Tensor:
             return scaled(fold(as_tensor(r, t.dtype, (backend.size, *t.shape))), post)
 
         return Handle(work, folded)
-    work = backend.allreduce_async(as_array(t), how, kind_of(t))
+    work = backend.allreduce_async(as_array(t), how, kind_of(t), name=name)
     return Handle(work, lambda r: scaled(as_tensor(r, t.dtype, t.shape), post))
 
 
@@ -163,11 +168,11 @@ def allreduce_async(
     runtime: Runtime | None = None,
 ) -> Handle:
     """Start the reduction of ``tensor`` over every rank; ``synchronize`` gives a fresh tensor
-    (``name`` is accepted for Horovod's sake: operations are matched by their order)."""
+    (``name``: how the ranks match it, as Horovod's; unnamed ones are matched by their order)."""
     check_global(process_set, "allreduce", runtime)
     _check_factors(prescale_factor, postscale_factor)
     how = resolve_op(average, op)
-    return _allreduce_work(_backend(runtime), tensor, how, prescale_factor, postscale_factor)
+    return _allreduce_work(_backend(runtime), tensor, how, prescale_factor, postscale_factor, name)
 
 
 class _Allreduce(torch.autograd.Function):
@@ -175,15 +180,15 @@ class _Allreduce(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, tensor: torch.Tensor, op: str, pre: float, post: float, runtime: Any
+        ctx: Any, tensor: torch.Tensor, op: str, pre: float, post: float, runtime: Any, name: Any = None
     ) -> torch.Tensor:
         ctx.args = (op, pre, post, runtime)
-        return _allreduce_work(_backend(runtime), tensor, op, pre, post).wait()
+        return _allreduce_work(_backend(runtime), tensor, op, pre, post, name).wait()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         op, pre, post, runtime = ctx.args
-        return _Allreduce.apply(grad, op, pre, post, runtime), None, None, None, None
+        return _Allreduce.apply(grad, op, pre, post, runtime), None, None, None, None, None
 
 
 def allreduce(
@@ -205,7 +210,7 @@ def allreduce(
     comp = _horovod_compressor(compression, "allreduce")
     check_dense(tensor, "allreduce's tensor")
     sent, cctx = comp.compress(tensor)
-    out = _Allreduce.apply(sent, how, prescale_factor, postscale_factor, runtime)
+    out = _Allreduce.apply(sent, how, prescale_factor, postscale_factor, runtime, name)
     return comp.decompress(out, cctx)
 
 
@@ -403,10 +408,10 @@ def sparse_allreduce_async(
 
 
 # -- allgather ------------------------------------------------------------------------------------
-def _allgather_work(backend: Backend, tensor: torch.Tensor) -> Handle:
+def _allgather_work(backend: Backend, tensor: torch.Tensor, name: str | None = None) -> Handle:
     check_dense(tensor, "allgather's tensor")
     t = tensor.detach()
-    return Handle(backend.allgather_async(as_array(t)), lambda r: as_tensor(r, t.dtype))
+    return Handle(backend.allgather_async(as_array(t), name=name), lambda r: as_tensor(r, t.dtype))
 
 
 def allgather_async(
@@ -415,7 +420,7 @@ def allgather_async(
     """Start concatenating every rank's ``tensor`` along dimension 0, in rank order (the first
     dimension may differ between ranks; a 0-d tensor counts as one row)."""
     check_global(process_set, "allgather", runtime)
-    return _allgather_work(_backend(runtime), tensor)
+    return _allgather_work(_backend(runtime), tensor, name)
 
 
 class _Allgather(torch.autograd.Function):
@@ -482,10 +487,12 @@ def grouped_allgather(
 
 
 # -- broadcast ------------------------------------------------------------------------------------
-def _broadcast_work(backend: Backend, tensor: torch.Tensor, root_rank: int) -> Handle:
+def _broadcast_work(
+    backend: Backend, tensor: torch.Tensor, root_rank: int, name: str | None = None
+) -> Handle:
     check_dense(tensor, "broadcast's tensor")
     t = tensor.detach()
-    work = backend.broadcast_async(as_array(t), root_rank)
+    work = backend.broadcast_async(as_array(t), root_rank, name=name)
     return Handle(work, lambda r: as_tensor(r, t.dtype, t.shape))
 
 
@@ -499,7 +506,7 @@ def broadcast_async(
 ) -> Handle:
     """Start sending ``root_rank``'s ``tensor`` to every rank (a fresh tensor on each)."""
     check_global(process_set, "broadcast", runtime)
-    return _broadcast_work(_backend(runtime), tensor, root_rank)
+    return _broadcast_work(_backend(runtime), tensor, root_rank, name)
 
 
 class _Broadcast(torch.autograd.Function):
@@ -507,15 +514,17 @@ class _Broadcast(torch.autograd.Function):
     root, zeros elsewhere)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, runtime: Any) -> torch.Tensor:
+    def forward(
+        ctx: Any, tensor: torch.Tensor, root_rank: int, runtime: Any, name: Any = None
+    ) -> torch.Tensor:
         ctx.root, ctx.runtime = root_rank, runtime
-        return _broadcast_work(_backend(runtime), tensor, root_rank).wait()
+        return _broadcast_work(_backend(runtime), tensor, root_rank, name).wait()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         backend = _backend(ctx.runtime)
         g = _allreduce_work(backend, grad, Average, 1.0, 1.0).wait()
-        return (g if backend.rank == ctx.root else torch.zeros_like(g)), None, None
+        return (g if backend.rank == ctx.root else torch.zeros_like(g)), None, None, None
 
 
 def broadcast(
@@ -529,7 +538,7 @@ def broadcast(
     """``root_rank``'s ``tensor`` (a fresh tensor; differentiable)."""
     check_global(process_set, "broadcast", runtime)
     check_dense(tensor, "broadcast's tensor")
-    return _Broadcast.apply(tensor, root_rank, runtime)
+    return _Broadcast.apply(tensor, root_rank, runtime, name)
 
 
 def broadcast_async_(

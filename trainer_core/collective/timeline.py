@@ -1,0 +1,99 @@
+"""A group's timeline: each operation's phases as a Chrome trace (``chrome://tracing``, Perfetto),
+Horovod's ``HOROVOD_TIMELINE``.
+
+One row per operation name (a trace "process" named after it, as Horovod's one row per tensor);
+on it, each operation as three spans: ``QUEUED`` from its submission until its slot began,
+``NEGOTIATE_<KIND>`` while the ranks agreed on it, and ``<KIND>`` (``ALLREDUCE``, ``BROADCAST``,
+...) while its data moved, until it was done; the span carries the operation's number, its bytes
+and how it ended. Events are written as they end (one JSON object per line after the opening
+``[``), so a trace cut short by a crash still loads; ``close`` ends the array.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO
+
+
+@dataclass(frozen=True)
+class Phases:
+    """One operation's clock readings (``time.monotonic()``), in order."""
+
+    submitted: float
+    started: float  # its slot began: the ranks started agreeing on it
+    agreed: float  # every rank holds it: its data starts moving
+    done: float
+
+
+class Timeline:
+    """Writes one group's operations to ``path`` (thread-safe; ``rank`` is the trace's label)."""
+
+    def __init__(self, path: str, rank: int = 0, mark_cycles: bool = False) -> None:
+        self.path, self.rank, self.mark_cycles = path, rank, mark_cycles
+        self._file: IO[str] | None = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        self._file.write("[\n")
+        self._lock = threading.Lock()
+        self._rows: dict[str, int] = {}
+        self._origin = time.monotonic()
+        self._first = True
+
+    def _us(self, t: float) -> int:
+        return max(0, round((t - self._origin) * 1e6))
+
+    def _write(self, event: dict[str, object]) -> None:
+        assert self._file is not None
+        self._file.write(("" if self._first else ",\n") + json.dumps(event, separators=(",", ":")))
+        self._first = False
+
+    def _row(self, name: str) -> int:
+        row = self._rows.get(name)
+        if row is None:
+            row = self._rows[name] = len(self._rows) + 1
+            self._write({"name": "process_name", "ph": "M", "pid": row, "args": {"name": name}})
+            self._write({"name": "process_sort_index", "ph": "M", "pid": row, "args": {"sort_index": row}})
+        return row
+
+    def operation(
+        self, name: str, kind: str, seq: int, phases: Phases, nbytes: int, error: str | None
+    ) -> None:
+        """Record one finished operation (``error``: why it failed; None: it succeeded)."""
+        with self._lock:
+            if self._file is None:
+                return
+            row = self._row(name)
+            args: dict[str, object] = {"operation": seq, "bytes": nbytes, "rank": self.rank}
+            if error is not None:
+                args["error"] = error
+            spans = (
+                ("QUEUED", phases.submitted, phases.started),
+                (f"NEGOTIATE_{kind.upper()}", phases.started, phases.agreed),
+                (kind.upper(), phases.agreed, phases.done),
+            )
+            for label, start, end in spans:
+                self._write(
+                    {
+                        "name": label,
+                        "ph": "X",
+                        "pid": row,
+                        "tid": 0,
+                        "ts": self._us(start),
+                        "dur": max(0, self._us(end) - self._us(start)),
+                        "args": args,
+                    }
+                )
+            if self.mark_cycles:
+                self._write(
+                    {"name": "CYCLE_START", "ph": "i", "s": "g", "pid": row, "ts": self._us(phases.started)}
+                )
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is None:
+                return
+            self._file.write("\n]\n")
+            self._file.close()
+            self._file = None
