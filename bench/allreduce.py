@@ -58,7 +58,15 @@ def _run(argv_of: list[str], script: str, what: str, env: dict[str, str] | None 
     return _result(res, what)
 
 
-def launch(workers: int, servers: int, python: str, script: str, args: list[str], what: str) -> Result:
+def launch(
+    workers: int,
+    servers: int,
+    python: str,
+    script: str,
+    args: list[str],
+    what: str,
+    env: dict[str, str] | None = None,
+) -> Result:
     argv = [
         sys.executable,
         "-m",
@@ -74,7 +82,7 @@ def launch(workers: int, servers: int, python: str, script: str, args: list[str]
         "{script}",
         *args,
     ]
-    return _run(argv, script, what)
+    return _run(argv, script, what, env)
 
 
 def mpirun(workers: int, python: str, args: list[str]) -> Result:
@@ -186,14 +194,43 @@ def _rounds(ratios: object) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--protocol",
+        choices=("back-to-back", "alternated"),
+        default="back-to-back",
+        help="back-to-back: every peer's sizes in one job each (this module's docstring); alternated:"
+        " gloo and trainer_core jobs alternated, 2 warm-up then --reps (bench/allreduce_alternated.py)",
+    )
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--sizes", nargs="+", default=["1e3", "1e4", "1e5", "1e6", "1e7"])
-    ap.add_argument("--reps", type=int, default=30, help="timed operations per size (5x that up to 1e5)")
-    ap.add_argument("--rounds", type=int, default=1, help="run every peer this many times, alternating")
+    ap.add_argument("--sizes", nargs="+", help="default: 1e3 ... 1e7 (alternated: 1e5 1e6 1e7)")
+    ap.add_argument(
+        "--reps",
+        type=int,
+        help="timed operations per size (default 30, 5x that up to 1e5; alternated: 15, at every size)",
+    )
+    ap.add_argument(
+        "--rounds", type=int, help="run every peer this many times, alternating (default 1; alternated: 3)"
+    )
+    ap.add_argument(
+        "--trees",
+        nargs="+",
+        type=Path,
+        default=[ROOT],
+        help="alternated: the checkouts whose trainer_core is timed, alternated (default: this one)",
+    )
     ap.add_argument("--json", help="also write the rows as JSON here")
     args = ap.parse_args()
-    rows, library = run(args.workers, args.sizes, args.reps, args.rounds)
-    print(table(rows, library))
+    if args.protocol == "alternated":
+        from bench import allreduce_alternated as alt
+
+        trees = [t.resolve() for t in args.trees]
+        sizes = args.sizes or ["1e5", "1e6", "1e7"]
+        rows = alt.run(args.workers, sizes, args.reps or 15, args.rounds or 3, trees)
+        print(alt.table(rows, trees))
+    else:
+        sizes = args.sizes or ["1e3", "1e4", "1e5", "1e6", "1e7"]
+        rows, library = run(args.workers, sizes, args.reps or 30, args.rounds or 1)
+        print(table(rows, library))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
