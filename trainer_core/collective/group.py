@@ -37,6 +37,7 @@ from .algorithms import doubling, hierarchical, ring, shmpipe, shmreduce, tree
 from .algorithms.hierarchical import Topology
 from .compressed import hierarchical as compressed_hierarchical
 from .compressed import lowrank, twostage
+from .compressed.twostage import ErrorFeedback
 from .executor import Work
 from .lane import LANES, Lane, check_array, dtype_name
 from .nccl import NcclPath
@@ -393,26 +394,31 @@ class Group:
     def compressed_allreduce_async(
         self,
         array: Any,
-        state: twostage.ErrorFeedback,
+        state: ErrorFeedback,
         key: Any = 0,
         op: str = "mean",
         *,
         name: str | None = None,
+        out: Any = None,
     ) -> Work:
         """Reduce ``array`` compressed with ``state``'s compressor, with error feedback kept in
         ``state`` under ``key`` (one key per tensor; see ``compressed.twostage``, and ``lowrank`` for
-        ``powersgd``)."""
+        ``powersgd``). The result is a fresh array, or ``out`` (``array``'s shape and dtype; may be
+        ``array`` itself), which a C-contiguous numpy array receives directly: reused from one step
+        to the next, it spares the fresh result's page faults (about as costly as a copy of it)."""
         return self._submit(
             self._op(
-                "compressed_allreduce", name, lambda nm: self._compressed(nm, array, state, key, op, False)
+                "compressed_allreduce",
+                name,
+                lambda nm: self._compressed(nm, array, state, key, op, False, out),
             )
         )
 
     def _compressed(
-        self, name: str, array: Any, state: twostage.ErrorFeedback, key: Any, op: str, sync: bool
+        self, name: str, array: Any, state: ErrorFeedback, key: Any, op: str, sync: bool, out: Any
     ) -> Op:
         """The compressed allreduce of ``array`` (read in place where ``sync`` and a plain numpy
-        array, else copied, and never written)."""
+        array, else copied; written only where it is ``out``)."""
         check_array("compressed_allreduce", array)
         if np.dtype(array.dtype) not in FLOAT_DTYPES:
             raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {np.dtype(array.dtype)}")
@@ -420,6 +426,9 @@ class Group:
             raise ValueError(f"compressed allreduce sums or averages, not {op!r}")
         inplace = sync and self.nccl is None and _plain(array) and state.params.get("type") != "powersgd"
         host = array if inplace else np.array(to_host(array), copy=True, order="C")
+        _check_out(host, out)
+        # a plain ``out`` receives the result directly (after ``host`` is read: it may be ``array``)
+        direct = _plain(out) and out.dtype == host.dtype
         compressor = str(state.params.get("type", ""))
         desc = self._desc(name, "compressed_allreduce", array, op=f"{op} ({compressor or 'compressed'})")
         spec = spec_for(array.dtype, op)
@@ -430,28 +439,33 @@ class Group:
         def run(seq: int) -> Any:
             ctx = self._ctx(seq)
             if isinstance(st.server, PowerSGD):  # its own form: P and Q are allreduced
-                return like(lowrank.allreduce(ctx, host, spec, st.server, self._flat_allreduce), array)
+                res = lowrank.allreduce(ctx, host, spec, st.server, self._flat_allreduce)
+                return _deliver(np.ascontiguousarray(res).reshape(host.shape), array, out)
+            x, dest = host.reshape(-1), out.reshape(-1) if direct else None
             if hier and topo is not None:
-                x = host.reshape(-1)
-                flat = compressed_hierarchical.allreduce(ctx, x, spec, st, topo, self.local, self.thresholds)
+                th = self.thresholds
+                flat = compressed_hierarchical.allreduce(ctx, x, spec, st, topo, self.local, th, dest)
             else:
-                flat = twostage.allreduce(ctx, host.reshape(-1), spec, st)
-            return like(flat.reshape(host.shape), array)
+                flat = twostage.allreduce(ctx, x, spec, st, out=dest)
+            return out if direct else _deliver(flat.reshape(host.shape), array, out)
 
         return Op(desc, run, host.nbytes)
 
     def compressed_allreduce(
         self,
         array: Any,
-        state: twostage.ErrorFeedback,
+        state: ErrorFeedback,
         key: Any = 0,
         op: str = "mean",
         *,
         name: str | None = None,
+        out: Any = None,
     ) -> Any:
         return self._negotiator.call(
             self._op(
-                "compressed_allreduce", name, lambda nm: self._compressed(nm, array, state, key, op, True)
+                "compressed_allreduce",
+                name,
+                lambda nm: self._compressed(nm, array, state, key, op, True, out),
             )
         )
 
