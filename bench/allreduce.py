@@ -11,7 +11,7 @@ trainer_core and torch are launched with ``launchkit launch --launcher local`` (
 server with 2 servers), Open MPI with ``mpirun --allow-run-as-root --oversubscribe --bind-to none
 -n W``. torch and mpi4py run in their own virtual environment ``.venv-torch`` (``pip install
 torch==2.13.0``, the CPU wheel; ``pip install mpi4py``, built against the system's Open MPI:
-needs ``libopenmpi-dev``), created on first use; without ``mpirun`` or mpi4py the MPI column says
+needs ``libopenmpi-dev``), created on first use (torch: where this interpreter lacks it); without ``mpirun`` or mpi4py the MPI column says
 n/a. Every peer times the same thing alike (bench/allreduce_workers.py): warm-up operations,
 then the median of back-to-back operations on rank 0. Prints a Markdown table of median
 milliseconds per operation and the ratios trainer_core / gloo and trainer_core / MPI.
@@ -30,7 +30,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import allreduce_workers as programs
 from bench.mpi_peer import mpi_python, mpirun_argv
-from bench.peers import torch_python
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP = 10
@@ -99,7 +98,7 @@ def free_port() -> int:
 
 
 def run(
-    workers_list: list[int], sizes: list[str], reps: int, rounds: int = 1
+    workers_list: list[int], sizes: list[str], reps: int, rounds: int = 1, with_mpi: bool = True
 ) -> tuple[list[Result], str | None]:
     """The rows (one per W and size) and Open MPI's library version (None: not measured).
 
@@ -107,7 +106,9 @@ def run(
     is the median over the rounds; ``tc_mpi`` and ``tc_gloo`` keep every round's ratio (each
     taken between peers measured minutes apart at most: on a shared machine the load changes
     between them, so one round's ratio at a size is only indicative)."""
-    tpy, mpy = torch_python(), mpi_python()
+    from bench.allreduce_alternated import gloo_python
+
+    tpy, mpy = gloo_python(), mpi_python() if with_mpi else None
     spec = [",".join(sizes), str(reps), str(WARMUP)]
     rows: list[Result] = []
     library = None
@@ -218,6 +219,7 @@ def main() -> None:
         default=[ROOT],
         help="alternated: the checkouts whose trainer_core is timed, alternated (default: this one)",
     )
+    ap.add_argument("--no-mpi", action="store_true", help="back-to-back: leave Open MPI out (n/a)")
     ap.add_argument("--json", help="also write the rows as JSON here")
     args = ap.parse_args()
     if args.protocol == "alternated":
@@ -229,7 +231,7 @@ def main() -> None:
         print(alt.table(rows, trees))
     else:
         sizes = args.sizes or ["1e3", "1e4", "1e5", "1e6", "1e7"]
-        rows, library = run(args.workers, sizes, args.reps or 30, args.rounds or 1)
+        rows, library = run(args.workers, sizes, args.reps or 30, args.rounds or 1, not args.no_mpi)
         print(table(rows, library))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
