@@ -5,16 +5,20 @@ gloo backend on CPU (``all_reduce``), Open MPI's ``MPI_Allreduce`` through mpi4p
 trainer_core's parameter server (``pushpull``: push the array, pull the sum, one round trip).
 
     python bench/allreduce.py [--workers 2 4] [--sizes 1e3 1e4 1e5 1e6 1e7] [--reps 30] [--rounds 1]
-                              [--json OUT]
+                              [--no-mpi] [--json OUT]
+    python -m bench.allreduce --protocol alternated [--trees OLD NEW] ...
 
 trainer_core and torch are launched with ``launchkit launch --launcher local`` (the parameter
 server with 2 servers), Open MPI with ``mpirun --allow-run-as-root --oversubscribe --bind-to none
--n W``. torch and mpi4py run in their own virtual environment ``.venv-torch`` (``pip install
-torch==2.13.0``, the CPU wheel; ``pip install mpi4py``, built against the system's Open MPI:
-needs ``libopenmpi-dev``), created on first use (torch: where this interpreter lacks it); without ``mpirun`` or mpi4py the MPI column says
-n/a. Every peer times the same thing alike (bench/allreduce_workers.py): warm-up operations,
-then the median of back-to-back operations on rank 0. Prints a Markdown table of median
-milliseconds per operation and the ratios trainer_core / gloo and trainer_core / MPI.
+-n W``. torch runs in this interpreter where it imports, else in a virtual environment
+``.venv-torch`` (``pip install torch==2.13.0``, the CPU wheel), and mpi4py likewise (``pip install
+mpi4py``, built against the system's Open MPI: needs ``libopenmpi-dev``), created on first use;
+without ``mpirun`` or mpi4py, or with ``--no-mpi``, the MPI column says n/a. Every peer times the
+same thing alike (bench/allreduce_workers.py): warm-up operations, then the median of
+back-to-back operations on rank 0. Prints a Markdown table of median milliseconds per operation
+and the ratios trainer_core / gloo and trainer_core / MPI. ``--protocol alternated``: gloo and
+trainer_core jobs alternated round by round instead, the module-level call against gloo in place
+(bench/allreduce_alternated.py; docs/performance.md says where the two protocols differ).
 """
 
 from __future__ import annotations
