@@ -5,16 +5,20 @@ gloo backend on CPU (``all_reduce``), Open MPI's ``MPI_Allreduce`` through mpi4p
 trainer_core's parameter server (``pushpull``: push the array, pull the sum, one round trip).
 
     python bench/allreduce.py [--workers 2 4] [--sizes 1e3 1e4 1e5 1e6 1e7] [--reps 30] [--rounds 1]
-                              [--json OUT]
+                              [--no-mpi] [--json OUT]
+    python -m bench.allreduce --protocol alternated [--trees OLD NEW] ...
 
 trainer_core and torch are launched with ``launchkit launch --launcher local`` (the parameter
 server with 2 servers), Open MPI with ``mpirun --allow-run-as-root --oversubscribe --bind-to none
--n W``. torch and mpi4py run in their own virtual environment ``.venv-torch`` (``pip install
-torch==2.13.0``, the CPU wheel; ``pip install mpi4py``, built against the system's Open MPI:
-needs ``libopenmpi-dev``), created on first use; without ``mpirun`` or mpi4py the MPI column says
-n/a. Every peer times the same thing alike (bench/allreduce_workers.py): warm-up operations,
-then the median of back-to-back operations on rank 0. Prints a Markdown table of median
-milliseconds per operation and the ratios trainer_core / gloo and trainer_core / MPI.
+-n W``. torch runs in this interpreter where it imports, else in a virtual environment
+``.venv-torch`` (``pip install torch==2.13.0``, the CPU wheel), and mpi4py likewise (``pip install
+mpi4py``, built against the system's Open MPI: needs ``libopenmpi-dev``), created on first use;
+without ``mpirun`` or mpi4py, or with ``--no-mpi``, the MPI column says n/a. Every peer times the
+same thing alike (bench/allreduce_workers.py): warm-up operations, then the median of
+back-to-back operations on rank 0. Prints a Markdown table of median milliseconds per operation
+and the ratios trainer_core / gloo and trainer_core / MPI. ``--protocol alternated``: gloo and
+trainer_core jobs alternated round by round instead, the module-level call against gloo in place
+(bench/allreduce_alternated.py; docs/performance.md says where the two protocols differ).
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import allreduce_workers as programs
 from bench.mpi_peer import mpi_python, mpirun_argv
-from bench.peers import torch_python
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP = 10
@@ -58,7 +61,15 @@ def _run(argv_of: list[str], script: str, what: str, env: dict[str, str] | None 
     return _result(res, what)
 
 
-def launch(workers: int, servers: int, python: str, script: str, args: list[str], what: str) -> Result:
+def launch(
+    workers: int,
+    servers: int,
+    python: str,
+    script: str,
+    args: list[str],
+    what: str,
+    env: dict[str, str] | None = None,
+) -> Result:
     argv = [
         sys.executable,
         "-m",
@@ -74,7 +85,7 @@ def launch(workers: int, servers: int, python: str, script: str, args: list[str]
         "{script}",
         *args,
     ]
-    return _run(argv, script, what)
+    return _run(argv, script, what, env)
 
 
 def mpirun(workers: int, python: str, args: list[str]) -> Result:
@@ -91,7 +102,7 @@ def free_port() -> int:
 
 
 def run(
-    workers_list: list[int], sizes: list[str], reps: int, rounds: int = 1
+    workers_list: list[int], sizes: list[str], reps: int, rounds: int = 1, with_mpi: bool = True
 ) -> tuple[list[Result], str | None]:
     """The rows (one per W and size) and Open MPI's library version (None: not measured).
 
@@ -99,7 +110,9 @@ def run(
     is the median over the rounds; ``tc_mpi`` and ``tc_gloo`` keep every round's ratio (each
     taken between peers measured minutes apart at most: on a shared machine the load changes
     between them, so one round's ratio at a size is only indicative)."""
-    tpy, mpy = torch_python(), mpi_python()
+    from bench.allreduce_alternated import gloo_python
+
+    tpy, mpy = gloo_python(), mpi_python() if with_mpi else None
     spec = [",".join(sizes), str(reps), str(WARMUP)]
     rows: list[Result] = []
     library = None
@@ -186,14 +199,44 @@ def _rounds(ratios: object) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--protocol",
+        choices=("back-to-back", "alternated"),
+        default="back-to-back",
+        help="back-to-back: every peer's sizes in one job each (this module's docstring); alternated:"
+        " gloo and trainer_core jobs alternated, 2 warm-up then --reps (bench/allreduce_alternated.py)",
+    )
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--sizes", nargs="+", default=["1e3", "1e4", "1e5", "1e6", "1e7"])
-    ap.add_argument("--reps", type=int, default=30, help="timed operations per size (5x that up to 1e5)")
-    ap.add_argument("--rounds", type=int, default=1, help="run every peer this many times, alternating")
+    ap.add_argument("--sizes", nargs="+", help="default: 1e3 ... 1e7 (alternated: 1e5 1e6 1e7)")
+    ap.add_argument(
+        "--reps",
+        type=int,
+        help="timed operations per size (default 30, 5x that up to 1e5; alternated: 15, at every size)",
+    )
+    ap.add_argument(
+        "--rounds", type=int, help="run every peer this many times, alternating (default 1; alternated: 3)"
+    )
+    ap.add_argument(
+        "--trees",
+        nargs="+",
+        type=Path,
+        default=[ROOT],
+        help="alternated: the checkouts whose trainer_core is timed, alternated (default: this one)",
+    )
+    ap.add_argument("--no-mpi", action="store_true", help="back-to-back: leave Open MPI out (n/a)")
     ap.add_argument("--json", help="also write the rows as JSON here")
     args = ap.parse_args()
-    rows, library = run(args.workers, args.sizes, args.reps, args.rounds)
-    print(table(rows, library))
+    if args.protocol == "alternated":
+        from bench import allreduce_alternated as alt
+
+        trees = [t.resolve() for t in args.trees]
+        sizes = args.sizes or ["1e5", "1e6", "1e7"]
+        rows = alt.run(args.workers, sizes, args.reps or 15, args.rounds or 3, trees)
+        print(alt.table(rows, trees))
+    else:
+        sizes = args.sizes or ["1e3", "1e4", "1e5", "1e6", "1e7"]
+        rows, library = run(args.workers, sizes, args.reps or 30, args.rounds or 1, not args.no_mpi)
+        print(table(rows, library))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -41,14 +41,15 @@ def timed(op, n, before=None, key=None):
 """
 
 # trainer_core: 32-bit allreduce (the default choice: hierarchical with 2 workers per host), the
-# 1-bit compressed allreduce with error feedback (Group.compressed_allreduce), and, after both, the
-# local CPU costs that bound them: a float32 add of the whole array (the reduction's arithmetic),
+# 1-bit compressed allreduce with error feedback (Group.compressed_allreduce, into a reused out=
+# where the tree has it), and, after both, the local CPU costs that bound them: a float32 add of the whole array (the reduction's arithmetic),
 # and 1-bit encode + decode of the whole array (what a rank compresses and decodes per operation,
 # roughly), timed on every rank at once as in the job; and the CPU time every rank spent per
 # allreduce, summed over the ranks (an allgather): divided by the time, the cores the job kept busy.
 TC = (
     COMMON
     + r"""
+from inspect import signature
 from trainer_core import collective
 from trainer_core.collective import ErrorFeedback
 from trainer_core.compression import get_compressor
@@ -65,8 +66,11 @@ for n in sizes:
     out[f"algorithm/{n}"] = g.last_algorithm
     g.barrier()
     res = {}
+    # into a reused array where the tree's compressed_allreduce takes out= (as a training loop would)
+    into = {"out": np.empty_like(x)} if "out" in signature(g.compressed_allreduce).parameters else {}
+    out["tc1_out"] = bool(into)
     def one_bit():
-        res["y"] = g.compressed_allreduce(x, feedback, key=n, op="sum")
+        res["y"] = g.compressed_allreduce(x, feedback, key=n, op="sum", **into)
     out[f"tc1/{n}"], out[f"tc1_bytes/{n}"] = timed(one_bit, n, key=f"tc1/{n}")
     assert abs(float(res["y"][0]) - g.size) < 1e-3 * g.size, res["y"][:4]
     g.barrier()

@@ -124,3 +124,68 @@ if comm.Get_rank() == 0:
     print("RESULT " + json.dumps(out), flush=True)
 """
 )
+
+# The alternated protocol (bench/allreduce_alternated.py): exactly WARMUP untimed then REPS timed
+# operations at every size, no more for small ones.
+EXACT = r"""
+import json, os, sys, time
+import numpy as np
+sizes = [int(float(s)) for s in sys.argv[1].split(",")]
+reps, warmup = int(sys.argv[2]), int(sys.argv[3])
+def median(times):
+    times = sorted(times)
+    return times[len(times) // 2]
+def timed(op):
+    for _ in range(warmup):
+        op()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        op()
+        times.append(time.perf_counter() - t)
+    return median(times)
+"""
+
+# trainer_core's module-level allreduce (the job's default group, joined on first use) into ``out``.
+TC_MODULE = (
+    "import trainer_core\n"
+    + EXACT
+    + r"""
+if os.environ.get("DMLC_ROLE") != "worker":
+    sys.exit(0)
+from trainer_core import collective
+out = {}
+for n in sizes:
+    x = np.ones(n, np.float32)
+    y = np.empty_like(x)
+    out[f"tc/{n}"] = timed(lambda: collective.allreduce(x, out=y))
+    assert (y == int(os.environ["DMLC_NUM_WORKER"])).all(), (n, y[:4])
+    out[f"algorithm/{n}"] = collective.group().last_algorithm
+if collective.group().rank == 0:
+    print("RESULT " + json.dumps(out), flush=True)
+collective.shutdown()
+"""
+)
+
+# gloo's all_reduce in place, the array not refilled (it holds world ** ops at the end), one thread
+# (OMP_NUM_THREADS=1 in the environment too).
+TORCH_GLOO_INPLACE = (
+    EXACT
+    + r"""
+if os.environ.get("DMLC_ROLE") != "worker":
+    sys.exit(0)
+import torch, torch.distributed as dist
+port = sys.argv[4]
+rank, world = int(os.environ["LAUNCHKIT_ROLE_RANK"]), int(os.environ["DMLC_NUM_WORKER"])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+torch.set_num_threads(1)
+out = {}
+for n in sizes:
+    x = torch.ones(n, dtype=torch.float32)
+    out[f"gloo/{n}"] = timed(lambda: dist.all_reduce(x))
+    assert float(x[0]) == float(world) ** (warmup + reps), (n, float(x[0]))
+if rank == 0:
+    print("RESULT " + json.dumps(out), flush=True)
+dist.destroy_process_group()
+"""
+)

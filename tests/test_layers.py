@@ -171,6 +171,7 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
     "negotiator": frozenset({"agreement", "exchange", "executor", "primitives", "timeline"}),
     "lane": frozenset({"policy", "primitives"}),
     "speculation": frozenset({"exchange", "agreement", "primitives"}),
+    "moves": frozenset({"agreement", "algorithms", "lane", "nccl", "negotiator", "policy", "primitives"}),
     "group": frozenset(
         {
             "compressed",
@@ -186,6 +187,7 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
             "lane",
             "speculation",
             "timeline",
+            "moves",
         }
     ),
     "fabric": frozenset({"primitives"}),

@@ -145,3 +145,57 @@ def test_a_warm_operation_allocates_little_beyond_its_result() -> None:
         tracemalloc.stop()
     assert out.shape == x.shape
     assert peak < 1.3 * x.nbytes, f"{peak / x.nbytes:.2f}x the result's bytes"  # was 3.07x
+
+
+def test_out_receives_the_result_bit_identical_to_a_fresh_one() -> None:
+    """``out`` (a separate array, the input itself, or through the asynchronous call) gets the
+    same bits as the fresh result of an identical run; a wrong ``out`` is refused."""
+    w, n = 3, 1001
+    rng = np.random.default_rng(3)
+    steps = [[rng.standard_normal(n).astype(np.float32) for _ in range(w)] for _ in range(2)]
+    fresh, _ = run({"type": "1bit", "block_size": 64}, steps, "mean")
+    fabric = Fabric(w, timeout=10, eager=False)
+
+    def body(r: int) -> list[list[np.ndarray]]:
+        got: list[list[np.ndarray]] = [[], [], []]
+        for mode in range(3):  # out apart, out = the input, asynchronous
+            state = ErrorFeedback({"type": "1bit", "block_size": 64})
+            with Group(fabric.endpoint(r)) as g:
+                for xs in steps:
+                    x = xs[r].copy()
+                    y = x if mode == 1 else np.full(n, np.nan, np.float32)
+                    if mode == 2:
+                        res = g.compressed_allreduce_async(x, state, key="w", op="mean", out=y).wait()
+                    else:
+                        res = g.compressed_allreduce(x, state, key="w", op="mean", out=y)
+                    assert res is y
+                    got[mode].append(y)
+        return got
+
+    for r, modes in enumerate(run_ranks(w, body)):
+        for got in modes:
+            assert [y.tobytes() for y in got] == [y.tobytes() for y in fresh[r]]
+    g = Group(Fabric(1).endpoint(0))
+    with pytest.raises(ValueError, match=r"out must be a float32 array of shape \(4,\)"):
+        g.compressed_allreduce(
+            np.ones(4, np.float32), ErrorFeedback({"type": "1bit"}), out=np.ones(3, np.float32)
+        )
+
+
+def test_a_warm_operation_into_out_allocates_little() -> None:
+    """With ``out``, no result is allocated: what stays is the payloads' few bytes."""
+    import tracemalloc
+
+    n = 1_000_000
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    y = np.empty_like(x)
+    g = Group(Fabric(1).endpoint(0))
+    state = ErrorFeedback({"type": "1bit"})
+    g.compressed_allreduce(x, state, key="w", op="sum", out=y)
+    tracemalloc.start()
+    try:
+        g.compressed_allreduce(x, state, key="w", op="sum", out=y)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 0.3 * x.nbytes, f"{peak / x.nbytes:.2f}x the result's bytes"

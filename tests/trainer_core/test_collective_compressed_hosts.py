@@ -56,16 +56,31 @@ def reference(
 
 
 def run(
-    params: dict[str, Any], hosts: list[str], steps: list[list[np.ndarray]], op: str, shm: bool
+    params: dict[str, Any],
+    hosts: list[str],
+    steps: list[list[np.ndarray]],
+    op: str,
+    shm: bool,
+    into: str = "fresh",
 ) -> list[list[np.ndarray]]:
+    """Every rank's results; ``into``: ``fresh`` results, an ``out`` array apart, or ``inplace``
+    (``out`` = a copy of the input)."""
     w = len(hosts)
     fabric = Fabric(w, timeout=10, eager=False)
     locs = locals_for(hosts) if shm else [None] * w
 
+    def one(g: Group, x: np.ndarray, state: ErrorFeedback) -> np.ndarray:
+        if into == "fresh":
+            return np.asarray(g.compressed_allreduce(x, state, key="w", op=op))
+        y = x.copy() if into == "inplace" else np.full_like(x, np.nan)
+        src = y if into == "inplace" else x
+        assert g.compressed_allreduce(src, state, key="w", op=op, out=y) is y
+        return y
+
     def body(r: int) -> list[np.ndarray]:
         state = ErrorFeedback(params)
         with Group(fabric.endpoint(r), hosts=hosts, local=locs[r]) as g:
-            return [g.compressed_allreduce(xs[r], state, key="w", op=op) for xs in steps]
+            return [one(g, xs[r], state) for xs in steps]
 
     return run_closing(locs, body)
 
@@ -118,3 +133,26 @@ def test_hierarchical_keeps_one_residual_per_host_on_its_leader() -> None:
     got = run_closing(locs, body)
     assert [n for n, _ in got] == [2, 2, 2, 2]
     assert [used for _, used in got] == [True, False, True, False]
+
+
+@pytest.mark.parametrize("into", ["out", "inplace"])
+@pytest.mark.parametrize("hosts", HOSTS, ids=["3x2", "3-2-1"])
+def test_out_and_the_hosts_split_sum_match_the_reference(hosts: list[str], into: str) -> None:
+    """Large enough that a host of three ranks splits its sum by blocks (``shm_split``), the result
+    written into ``out`` (apart, or the input itself): the reference's, bit-identical everywhere."""
+    params = {"type": "1bit", "block_size": 64}
+    w, n = len(hosts), 300_001
+    rng = np.random.default_rng(11)
+    steps = [[rng.standard_normal(n).astype(np.float32) for _ in range(w)] for _ in range(2)]
+    before = [[x.copy() for x in xs] for xs in steps]
+    out = run(params, hosts, steps, "sum", True, into)
+    assert all(
+        np.array_equal(x, y)
+        for xs, ys in zip(steps, before, strict=True)
+        for x, y in zip(xs, ys, strict=True)
+    )
+    want = reference(params, hosts, steps, "sum")
+    for s in range(2):
+        for r in range(w):
+            assert out[r][s].tobytes() == out[0][s].tobytes()
+        np.testing.assert_allclose(out[0][s], want[s], rtol=1e-5, atol=1e-4)

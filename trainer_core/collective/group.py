@@ -31,12 +31,13 @@ import numpy as np
 from trainer_core.compression.powersgd import PowerSGD
 from trainer_core.xp import like, to_host
 
-from . import fusion, policy, speculation
+from . import fusion, moves, policy, speculation
 from .agreement import Descriptor, agreed, body, record
-from .algorithms import doubling, hierarchical, ring, shmpipe, shmreduce, tree
+from .algorithms import doubling, hierarchical, ring, shmpipe, shmreduce
 from .algorithms.hierarchical import Topology
 from .compressed import hierarchical as compressed_hierarchical
 from .compressed import lowrank, twostage
+from .compressed.twostage import ErrorFeedback
 from .exchange import Exchange
 from .executor import Work
 from .lane import LANES, Lane, check_array, dtype_name
@@ -158,7 +159,7 @@ class Group:
             desc = replace(desc, dtype=spec.kind)
         if self.nccl is not None and self.nccl.takes(array, spec):
             _check_out(array, out)
-            return Op(desc, _with_ctx(self, self.nccl.allreduce(array, spec, out)))
+            return Op(desc, moves.with_ctx(self, self.nccl.allreduce(array, spec, out)))
         inplace = sync and _plain(array) and (out is None or _plain(out))
         lent = inplace or (out is array and _plain(array))
         host = array if lent else np.array(to_host(array), copy=True, order="C")
@@ -383,7 +384,7 @@ class Group:
         buckets = fusion.plan(sizes, self.thresholds.fusion_bytes)
         nccl = self.nccl
         if arrays and nccl is not None and all(nccl.takes(a, s) for a, s in zip(arrays, specs, strict=True)):
-            return Op(desc, _with_ctx(self, nccl.grouped_allreduce(arrays, specs, buckets)))
+            return Op(desc, moves.with_ctx(self, nccl.grouped_allreduce(arrays, specs, buckets)))
         hosts = [to_host(a) for a in arrays]
         packed = [fusion.pack(hosts, b) for b in buckets]
 
@@ -409,26 +410,31 @@ class Group:
     def compressed_allreduce_async(
         self,
         array: Any,
-        state: twostage.ErrorFeedback,
+        state: ErrorFeedback,
         key: Any = 0,
         op: str = "mean",
         *,
         name: str | None = None,
+        out: Any = None,
     ) -> Work:
         """Reduce ``array`` compressed with ``state``'s compressor, with error feedback kept in
         ``state`` under ``key`` (one key per tensor; see ``compressed.twostage``, and ``lowrank`` for
-        ``powersgd``)."""
+        ``powersgd``). The result is a fresh array, or ``out`` (``array``'s shape and dtype; may be
+        ``array`` itself), which a C-contiguous numpy array receives directly: reused from one step
+        to the next, it spares the fresh result's page faults (about as costly as a copy of it)."""
         return self._submit(
             self._op(
-                "compressed_allreduce", name, lambda nm: self._compressed(nm, array, state, key, op, False)
+                "compressed_allreduce",
+                name,
+                lambda nm: self._compressed(nm, array, state, key, op, False, out),
             )
         )
 
     def _compressed(
-        self, name: str, array: Any, state: twostage.ErrorFeedback, key: Any, op: str, sync: bool
+        self, name: str, array: Any, state: ErrorFeedback, key: Any, op: str, sync: bool, out: Any
     ) -> Op:
         """The compressed allreduce of ``array`` (read in place where ``sync`` and a plain numpy
-        array, else copied, and never written)."""
+        array, else copied; written only where it is ``out``)."""
         check_array("compressed_allreduce", array)
         if np.dtype(array.dtype) not in FLOAT_DTYPES:
             raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {np.dtype(array.dtype)}")
@@ -436,6 +442,9 @@ class Group:
             raise ValueError(f"compressed allreduce sums or averages, not {op!r}")
         inplace = sync and self.nccl is None and _plain(array) and state.params.get("type") != "powersgd"
         host = array if inplace else np.array(to_host(array), copy=True, order="C")
+        _check_out(host, out)
+        # a plain ``out`` receives the result directly (after ``host`` is read: it may be ``array``)
+        direct = _plain(out) and out.dtype == host.dtype
         compressor = str(state.params.get("type", ""))
         desc = self._desc(name, "compressed_allreduce", array, op=f"{op} ({compressor or 'compressed'})")
         spec = spec_for(array.dtype, op)
@@ -446,140 +455,78 @@ class Group:
         def run(seq: int) -> Any:
             ctx = self._ctx(seq)
             if isinstance(st.server, PowerSGD):  # its own form: P and Q are allreduced
-                return like(lowrank.allreduce(ctx, host, spec, st.server, self._flat_allreduce), array)
+                res = lowrank.allreduce(ctx, host, spec, st.server, self._flat_allreduce)
+                return _deliver(np.ascontiguousarray(res).reshape(host.shape), array, out)
+            x, dest = host.reshape(-1), out.reshape(-1) if direct else None
             if hier and topo is not None:
-                x = host.reshape(-1)
-                flat = compressed_hierarchical.allreduce(ctx, x, spec, st, topo, self.local, self.thresholds)
+                th = self.thresholds
+                flat = compressed_hierarchical.allreduce(ctx, x, spec, st, topo, self.local, th, dest)
             else:
-                flat = twostage.allreduce(ctx, host.reshape(-1), spec, st)
-            return like(flat.reshape(host.shape), array)
+                flat = twostage.allreduce(ctx, x, spec, st, out=dest)
+            return out if direct else _deliver(flat.reshape(host.shape), array, out)
 
         return Op(desc, run, host.nbytes)
 
     def compressed_allreduce(
         self,
         array: Any,
-        state: twostage.ErrorFeedback,
+        state: ErrorFeedback,
         key: Any = 0,
         op: str = "mean",
         *,
         name: str | None = None,
+        out: Any = None,
     ) -> Any:
         return self._negotiator.call(
             self._op(
-                "compressed_allreduce", name, lambda nm: self._compressed(nm, array, state, key, op, True)
+                "compressed_allreduce",
+                name,
+                lambda nm: self._compressed(nm, array, state, key, op, True, out),
             )
         )
 
-    # -- the others -----------------------------------------------------------------------------
+    # -- the others (``moves``) -----------------------------------------------------------------
     def broadcast_async(self, array: Any, root: int = 0, *, name: str | None = None) -> Work:
         """Start sending ``root``'s ``array`` to every rank; the result is a fresh array."""
-        return self._submit(self._op("broadcast", name, lambda nm: self._broadcast(nm, array, root)))
-
-    def _broadcast(self, name: str, array: Any, root: int) -> Op:
-        check_array("broadcast", array)
-        if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
-            raise TypeError(f"broadcast root must be a rank (an int), not {type(root).__name__} {root!r}")
-        if not 0 <= root < self.size:
-            raise ValueError(f"broadcast root must be a rank of the group (0..{self.size - 1}), not {root!r}")
-        desc = self._desc(name, "broadcast", array, root=int(root))
-        if self.nccl is not None and self.nccl.takes(array):
-            return Op(desc, _with_ctx(self, self.nccl.broadcast(array, root)))
-        host = np.array(to_host(array), copy=True, order="C")
-
-        def run(seq: int) -> Any:
-            tree.broadcast(
-                self._ctx(seq), host.reshape(-1).view(np.uint8), root, self.thresholds.segment_bytes
-            )
-            return like(host, array)
-
-        return Op(desc, run, host.nbytes)
+        return self._submit(self._op("broadcast", name, lambda nm: moves.broadcast(self, nm, array, root)))
 
     def broadcast(self, array: Any, root: int = 0, *, name: str | None = None) -> Any:
-        return self._negotiator.call(self._op("broadcast", name, lambda nm: self._broadcast(nm, array, root)))
+        return self._negotiator.call(
+            self._op("broadcast", name, lambda nm: moves.broadcast(self, nm, array, root))
+        )
 
     def allgather_async(self, array: Any, *, name: str | None = None) -> Work:
         """Start concatenating every rank's ``array`` along the first axis, in rank order; the first
         dimension may differ between ranks (ragged)."""
-        return self._submit(self._op("allgather", name, lambda nm: self._allgather(nm, array)))
-
-    def _allgather(self, name: str, array: Any) -> Op:
-        check_array("allgather", array)
-        desc = self._desc(name, "allgather", array)
-        desc = replace(desc, shape=(-1, *desc.shape[1:]))  # the first axis is ragged
-        if self.nccl is not None and self.nccl.takes(array):
-            return Op(desc, _with_ctx(self, self.nccl.allgather(array)))
-        host = np.ascontiguousarray(to_host(array))
-        if host.ndim == 0:
-            host = host.reshape(1)
-
-        def run(seq: int) -> Any:
-            flat, _ = ring.ragged_allgather(
-                self._ctx(seq), host.view(np.uint8).reshape(-1), self.thresholds.segment_bytes
-            )
-            rows = flat.view(host.dtype).reshape(-1, *host.shape[1:])
-            return like(rows, array)
-
-        return Op(desc, run)
+        return self._submit(self._op("allgather", name, lambda nm: moves.allgather(self, nm, array)))
 
     def allgather(self, array: Any, *, name: str | None = None) -> Any:
-        return self._negotiator.call(self._op("allgather", name, lambda nm: self._allgather(nm, array)))
+        return self._negotiator.call(self._op("allgather", name, lambda nm: moves.allgather(self, nm, array)))
 
     def reduce_scatter_async(
         self, array: Any, op: str = "sum", kind: str | None = None, *, name: str | None = None
     ) -> Work:
         """Start reducing ``array`` and keep this rank's block of the first axis (the rows split as
         ``numpy.array_split`` does: the first ``rows % size`` ranks get one more)."""
-        return self._submit(
-            self._op("reduce_scatter", name, lambda nm: self._reduce_scatter(nm, array, op, kind))
-        )
-
-    def _reduce_scatter(self, name: str, array: Any, op: str, kind: str | None) -> Op:
-        check_array("reduce_scatter", array)
-        spec = spec_for(array.dtype, op, kind)
-        if array.ndim == 0:
-            raise ValueError("reduce_scatter needs an array with at least one axis")
-        desc = replace(self._desc(name, "reduce_scatter", array, op=op), dtype=spec.kind)
-        if self.nccl is not None and self.nccl.takes(array, spec):
-            return Op(desc, _with_ctx(self, self.nccl.reduce_scatter(array, spec)))
-        host = np.array(to_host(array), copy=True, order="C")
-
-        def run(seq: int) -> Any:
-            rows = ring.blocks(host.shape[0], self.size)
-            row = int(np.prod(host.shape[1:], dtype=np.int64))
-            flat = host.reshape(-1)
-            bounds = [(a * row, b * row) for a, b in rows]
-            ring.reduce_scatter(self._ctx(seq), flat, spec, self.thresholds.segment_bytes, bounds)
-            a, b = rows[self.rank]
-            mine = host[a:b].copy()
-            spec.finish(mine.reshape(-1), self.size)
-            return like(mine, array)
-
-        return Op(desc, run, host.nbytes)
+        return self._submit(self._op("reduce_scatter", name, self._reduce_scatter(array, op, kind)))
 
     def reduce_scatter(
         self, array: Any, op: str = "sum", kind: str | None = None, *, name: str | None = None
     ) -> Any:
-        return self._negotiator.call(
-            self._op("reduce_scatter", name, lambda nm: self._reduce_scatter(nm, array, op, kind))
-        )
+        return self._negotiator.call(self._op("reduce_scatter", name, self._reduce_scatter(array, op, kind)))
+
+    def _reduce_scatter(self, array: Any, op: str, kind: str | None) -> Callable[[str], Op]:
+        return lambda nm: moves.reduce_scatter(self, nm, array, op, kind)
 
     def barrier_async(self, *, name: str | None = None) -> Work:
-        return self._submit(self._op("barrier", name, self._barrier))
-
-    def _barrier(self, name: str) -> Op:
-        return Op(self._desc(name, "barrier"), lambda seq: doubling.barrier(self._ctx(seq)))
+        return self._submit(self._op("barrier", name, lambda nm: moves.barrier(self, nm)))
 
     def barrier(self, *, name: str | None = None) -> None:
-        self._negotiator.call(self._op("barrier", name, self._barrier))
+        self._negotiator.call(self._op("barrier", name, lambda nm: moves.barrier(self, nm)))
 
 
 def _nothing(seq: int) -> None:
     """The data path of an operation this rank refused (never run: it fails on every rank)."""
-
-
-def _with_ctx(group: Group, fn: Callable[[Ctx], Any]) -> Callable[[int], Any]:
-    return lambda seq: fn(group._ctx(seq))
 
 
 def _plain(a: Any) -> bool:

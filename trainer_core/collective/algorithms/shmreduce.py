@@ -21,7 +21,9 @@ result into its slot and posts ``3k+3``; the others wait for that and copy it ou
 returns the result in a smaller form (the compressed allreduce: its payloads) and ``expand`` turns
 that form into the result, the leader writes that form instead, notes its length (``Local.note``),
 and the others ``expand`` it: about 1 MB read and decoded instead of a 40 MB copy at 1e7 float32
-at 1 bit, the same bytes through the same code as the leader's, so bit-identical.
+at 1 bit, the same bytes through the same code as the leader's, so bit-identical. As only the
+leader reads the slots' blocks then, its own block is not copied into its slot; not ``split``,
+only the leader reduces, reading its own input in place (the others copy theirs to their slots).
 """
 
 from __future__ import annotations
@@ -59,10 +61,12 @@ def allreduce(
     # split, with ``out`` apart from ``x``: this rank's own block is read from ``x`` and reduced
     # straight into ``out`` (only the other blocks go through the slot on the way in or out)
     direct = split and not np.may_share_memory(x, out)
+    # with ``cross`` and not ``split``, only the leader reduces, reading its own ``x`` in place
+    alone = cross is not None and not split
     if direct:
         np.copyto(slots[me][:a], x[:a])
         np.copyto(slots[me][b:], x[b:])
-    else:
+    elif not (alone and me == 0):
         np.copyto(slots[me], x)
     if show is not None:
         show()
@@ -73,12 +77,13 @@ def allreduce(
         return False
     if not split:
         if cross is None or me == 0:
-            _reduce(spec, slots, out)
+            _reduce(spec, [x, *slots[1:]] if alone else slots, out)
     else:
         parts = [x[a:b] if direct and r == me else s[a:b] for r, s in enumerate(slots)]
         if direct:
             _reduce(spec, parts, out[a:b])
-            np.copyto(slots[me][a:b], out[a:b])
+            if cross is None or me != 0:  # (the leader's own block: only it assembles the sum)
+                np.copyto(slots[me][a:b], out[a:b])
         else:
             _reduce(spec, parts, slots[me][a:b], out[a:b])
         loc.post(base + 2)

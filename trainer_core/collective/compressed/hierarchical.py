@@ -40,9 +40,11 @@ def allreduce(
     topo: Topology,
     loc: Local | None,
     th: policy.Thresholds,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The compressed reduction of every rank's flat ``x`` (not modified): a fresh array."""
-    out = np.empty_like(x)
+    """The compressed reduction of every rank's flat ``x``: into ``out`` (flat, ``x``'s dtype and
+    size; may be ``x`` itself, else ``x`` is not modified), else a fresh array."""
+    out = np.empty_like(x) if out is None else out
     if x.size == 0:
         return out
     total = spec_for(x.dtype, "sum")
@@ -52,7 +54,10 @@ def allreduce(
 
     if loc is not None:
         leaders = topo.leaders()
-        split = policy.shm_split(x.nbytes, loc.size, th)
+        # two ranks: the leader sums the host alone (its input in place, the other's from its slot),
+        # which costs a third less CPU than splitting the sum (each rank's result block copied
+        # through the slots); with more, the split shares the additions out
+        split = loc.size > 2 and policy.shm_split(x.nbytes, loc.size, th)
 
         def on_leaders(buf: np.ndarray) -> np.ndarray:  # the host's other ranks decode the payloads
             keep: dict[int, np.ndarray] = {}
