@@ -1,12 +1,14 @@
-"""Two trees' compression kernels side by side: ``bench/compression.py`` of each, alternated.
+"""Two trees' compression kernels side by side, alternated: this tree's ``bench/compression.py``
+timing each tree's trainer_core (``--tree``).
 
     git worktree add --detach /tmp/old <commit>
     .venv/bin/python -m bench.compression_trees --old /tmp/old --n 1e6 1e7 --pairs 3
 
 Per size, the runs go old, new, old, new, ... (``--pairs`` of each), every run a fresh process
-running that tree's ``bench/compression.py --no-mxnet --json`` (so each tree compiles, or loads
-from its own cache, its own kernels; warm-up rounds are inside). From every run: the median time
-of each encoder, and its ratio to that run's memcpy median (``numpy.copyto`` of the same array;
+running ``bench/compression.py --no-mxnet --clock cpu --tree TREE --json`` (so each tree compiles,
+or loads from its own cache, its own kernels; warm-up rounds are inside; the process's CPU time,
+which the other work of a shared machine does not inflate). From every run: the median time of
+each encoder, and its ratio to that run's memcpy median (``numpy.copyto`` of the same array;
 higher is faster). The table gives, per tree, the median over the runs and, in brackets, the
 lowest and highest, and new / old of the median ratios. On a shared machine the spread says how
 far a difference can be trusted.
@@ -31,8 +33,9 @@ def run_tree(tree: Path, n: int, repeat: int) -> dict[str, Any]:
     """One run of ``tree``'s bench: ``{kernel: (encode median s, ratio to memcpy)}``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
-        cmd = [sys.executable, str(tree / "bench" / "compression.py"), "--no-mxnet", "--n", str(n)]
-        subprocess.run([*cmd, "--repeat", str(repeat), "--json", str(out)], check=True, capture_output=True)
+        cmd = [sys.executable, str(ROOT / "bench" / "compression.py"), "--no-mxnet", "--clock", "cpu"]
+        cmd += ["--tree", str(tree), "--n", str(n), "--repeat", str(repeat), "--json", str(out)]
+        subprocess.run(cmd, check=True, capture_output=True)
         ours = json.loads(out.read_text())["ours"]
     memcpy = ours["memcpy"]["copy"]["median_s"]
     return {k: (ours[k]["encode"]["median_s"], memcpy / ours[k]["encode"]["median_s"]) for k in KERNELS}
@@ -69,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=7, help="timed rounds inside each run")
     args = ap.parse_args(argv)
     for tree in (args.old, args.new):
-        if not (tree / "bench" / "compression.py").is_file():
-            print(f"error: {tree} holds no bench/compression.py (want a launchkit tree)", file=sys.stderr)
+        if not (tree / "trainer_core" / "compression").is_dir():
+            print(f"error: {tree} holds no trainer_core/compression (want a launchkit tree)", file=sys.stderr)
             return 2
     for n in (int(x) for x in args.n):
         runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
