@@ -21,6 +21,7 @@ IMPORT_ERROR: str | None = None
 CACHE_ERROR: str | None = None
 try:  # no wheel on some platforms: then the numpy kernels run
     import numba
+    import numba.extending
 except ImportError as exc:  # pragma: no cover - depends on the environment
     numba = None
     IMPORT_ERROR = str(exc)
@@ -95,21 +96,21 @@ def _add_lane_sums4_ir(context: Any, builder: Any, sig: Any, args: Any) -> Any:
     return context.get_dummy_value()
 
 
-if numba is not None:
-    from numba.extending import intrinsic
+def _add_lane_sums4_typer(typingctx: Any, g: Any, r: Any, start: Any, block: Any, sums: Any) -> Any:
+    """For the four blocks of ``block`` values from ``start`` (C-contiguous float32 or float64
+    ``g`` and ``r`` of one dtype, ``block`` a multiple of 4): r += g, and into ``sums[8 j :
+    8 j + 8]`` block j's four lane sums (lane l: elements 4 i + l, left to right from +0.0, in
+    float64) of its non-negative values, then of the others (NaN included)."""
+    arrays = (g, r, sums)
+    if not all(isinstance(a, numba.types.Array) and a.ndim == 1 and a.layout == "C" for a in arrays):
+        return None
+    if g.dtype != r.dtype or g.dtype not in (numba.float32, numba.float64) or sums.dtype != numba.float64:
+        return None
+    return numba.types.void(g, r, numba.intp, numba.intp, sums), _add_lane_sums4_ir
 
-    @intrinsic
-    def _add_lane_sums4(typingctx, g, r, start, block, sums):
-        """For the four blocks of ``block`` values from ``start`` (C-contiguous float32 or float64
-        ``g`` and ``r`` of one dtype, ``block`` a multiple of 4): r += g, and into ``sums[8 j :
-        8 j + 8]`` block j's four lane sums (lane l: elements 4 i + l, left to right from +0.0, in
-        float64) of its non-negative values, then of the others (NaN included)."""
-        arrays = (g, r, sums)
-        if not all(isinstance(a, numba.types.Array) and a.ndim == 1 and a.layout == "C" for a in arrays):
-            return None
-        if g.dtype != r.dtype or g.dtype not in (numba.float32, numba.float64) or sums.dtype != numba.float64:
-            return None
-        return numba.types.void(g, r, numba.intp, numba.intp, sums), _add_lane_sums4_ir
+
+#: called from the kernels as ``_add_lane_sums4(g, r, start, block, sums)``
+_add_lane_sums4: Any = None if numba is None else numba.extending.intrinsic(_add_lane_sums4_typer)
 
 
 @_jit
