@@ -3,6 +3,7 @@
     .venv/bin/python bench/compression.py              # 1e7 float32, MXNet included
     .venv/bin/python bench/compression.py --no-mxnet   # ours only
     .venv/bin/python bench/compression.py --n 1000000 --repeat 11 --json out.json
+    .venv/bin/python bench/compression.py --no-mxnet --clock cpu --tree /tmp/old   # another tree's kernels
 
 What is timed (all on one array of ``--n`` float32 values, input bytes = 4 n):
 
@@ -49,7 +50,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.peers import mxnet_python  # noqa: E402
-from trainer_core.compression import _fast, get_compressor  # noqa: E402
 
 MX_SCRIPT = r"""
 import json, sys
@@ -114,9 +114,11 @@ def summarize(times: list[float]) -> dict[str, float]:
     return {"min_s": min(times), "mean_s": statistics.fmean(times), "median_s": statistics.median(times)}
 
 
-def bench_ours(n: int, repeat: int, seed: int) -> dict[str, Any]:
+def bench_ours(n: int, repeat: int, seed: int, clock: Any = time.perf_counter) -> dict[str, Any]:
     """Every case once per round, ``repeat`` rounds (round-robin, so that a burst of load on the
     shared machine hits all cases alike), after one warm-up round."""
+    from trainer_core.compression import _fast, get_compressor
+
     g = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
     dst = np.empty_like(g)
     cases: dict[tuple[str, str], Any] = {("memcpy", "copy"): lambda: np.copyto(dst, g)}
@@ -149,10 +151,10 @@ def bench_ours(n: int, repeat: int, seed: int) -> dict[str, Any]:
     times: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     for rnd in range(repeat + 1):
         for key, fn in cases.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
             if rnd:
-                times[key].append(time.perf_counter() - t0)
+                times[key].append(clock() - t0)
     results: dict[str, Any] = {}
     for (name, what), ts in times.items():
         results.setdefault(name, {"wire_bytes": sizes[name]})[what] = summarize(ts)
@@ -161,6 +163,8 @@ def bench_ours(n: int, repeat: int, seed: int) -> dict[str, Any]:
 
 def check_agreement(mx: dict[str, Any]) -> bool:
     """Our 2bit decode(encode(g)) equals MXNet's pulled value at every step, exactly."""
+    from trainer_core.compression import get_compressor
+
     c = get_compressor({"type": "2bit", "threshold": 0.5})
     for g, want in zip(mx["agree_grads"], mx["agree_pulled"], strict=True):
         arr = np.asarray(g, dtype=np.float32)
@@ -212,7 +216,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-mxnet", action="store_true", help="skip the MXNet side")
     ap.add_argument("--json", type=Path, help="also write the raw timings here")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="time ours by the wall clock (default) or by this process's CPU time, which other "
+        "processes on a busy machine do not inflate (their share of memory bandwidth still shows)",
+    )
+    ap.add_argument("--tree", type=Path, help="time the trainer_core of this tree (default: this one)")
     args = ap.parse_args(argv)
+    if args.tree:
+        if not (args.tree / "trainer_core" / "compression").is_dir():
+            print(
+                f"error: --tree {args.tree} holds no trainer_core/compression (want a launchkit tree)",
+                file=sys.stderr,
+            )
+            return 2
+        sys.path.insert(0, str(args.tree.resolve()))
+    from trainer_core.compression import _fast
+
+    if args.tree and not Path(_fast.__file__).resolve().is_relative_to(args.tree.resolve()):
+        print(f"error: trainer_core was imported from {_fast.__file__}, not --tree", file=sys.stderr)
+        return 2
     n = int(args.n)
     mx: dict[str, dict[str, Any]] = {}
     agree = None
@@ -220,11 +245,15 @@ def main(argv: list[str] | None = None) -> int:
         mx["default threads"] = run_mxnet(n, args.repeat, args.seed, None)
         mx["OMP_NUM_THREADS=1"] = run_mxnet(n, args.repeat, args.seed, 1)
         agree = check_agreement(mx["default threads"])
-    ours = bench_ours(n, args.repeat, args.seed)
+    ours = bench_ours(
+        n, args.repeat, args.seed, time.process_time if args.clock == "cpu" else time.perf_counter
+    )
     print(
         f"# compression kernels, n = {n:.0e} float32 ({4 * n / 1e6:.0f} MB), best of {args.repeat} (GB/s of float32 input)"
     )
-    print(f"# numba: {'yes' if _fast.available() else 'no'}; cores: {os.cpu_count()}")
+    print(
+        f"# numba: {'yes' if _fast.available() else 'no'}; cores: {os.cpu_count()}; ours timed by {args.clock} clock"
+    )
     if agree is not None:
         print(f"# MXNet agreement (3 pushes, decoded values identical): {'yes' if agree else 'NO'}")
     print()
@@ -233,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# mean of {args.repeat}")
     print(table(n, ours, mx, "mean_s"))
     if args.json:
-        args.json.write_text(json.dumps({"n": n, "ours": ours, "mxnet": mx, "agree": agree}, indent=1))
+        args.json.write_text(
+            json.dumps({"n": n, "clock": args.clock, "ours": ours, "mxnet": mx, "agree": agree}, indent=1)
+        )
     return 0 if agree in (None, True) else 1
 
 

@@ -21,6 +21,7 @@ IMPORT_ERROR: str | None = None
 CACHE_ERROR: str | None = None
 try:  # no wheel on some platforms: then the numpy kernels run
     import numba
+    import numba.extending
 except ImportError as exc:  # pragma: no cover - depends on the environment
     numba = None
     IMPORT_ERROR = str(exc)
@@ -38,7 +39,7 @@ def kernels() -> list[Any]:
     return list(_KERNELS)
 
 
-def _jit(fn: Any) -> Any:
+def _jit(fn: Any, register: bool = True) -> Any:
     global CACHE_ERROR
     if numba is None:  # pragma: no cover - depends on the environment
         return fn
@@ -47,8 +48,69 @@ def _jit(fn: Any) -> Any:
     except RuntimeError as exc:  # no writable cache directory anywhere ("no locator available")
         CACHE_ERROR = str(exc)
         kernel = numba.njit(nogil=True, boundscheck=False)(fn)
-    _KERNELS.append(kernel)
+    if register:
+        _KERNELS.append(kernel)
     return kernel
+
+
+def _helper(fn: Any) -> Any:
+    """A function the kernels call (compiled into them; not a kernel of its own)."""
+    return _jit(fn, register=False)
+
+
+def _add_lane_sums4_ir(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+    """LLVM IR of ``_add_lane_sums4``: numba does not vectorize the four in-order lane sums
+    (its loop vectorizer leaves ordered float reductions alone, its SLP vectorizer is off), so the
+    row loop is written with 4-wide vector values: one row (elements 4 i .. 4 i + 3) is one vector,
+    and each block's non-negative and negative sums are one vector of its four lanes each."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    ga, ra, start, block, oa = args
+    elem = context.get_value_type(sig.args[0].dtype)
+    row_t = ir.VectorType(elem, 4)
+    acc_t = ir.VectorType(ir.DoubleType(), 4)
+    zero = ir.Constant(acc_t, [0.0] * 4)
+    data = [context.make_array(sig.args[i])(context, builder, a).data for i, a in ((0, ga), (1, ra), (4, oa))]
+    accs = [cgutils.alloca_once_value(builder, zero) for _ in range(8)]
+    firsts = [builder.add(start, builder.mul(block, ir.Constant(block.type, j))) for j in range(4)]
+    rows = builder.udiv(block, ir.Constant(block.type, 4))
+    with cgutils.for_range(builder, rows) as loop:
+        off = builder.mul(loop.index, ir.Constant(block.type, 4))
+        for j in range(4):
+            at = builder.add(firsts[j], off)
+            gp = builder.bitcast(builder.gep(data[0], [at]), row_t.as_pointer())
+            rp = builder.bitcast(builder.gep(data[1], [at]), row_t.as_pointer())
+            v = builder.fadd(builder.load(rp, align=4), builder.load(gp, align=4))
+            builder.store(v, rp, align=4)
+            x = builder.fpext(v, acc_t) if elem != ir.DoubleType() else v
+            nonneg = builder.fcmp_ordered(">=", x, zero)  # false for NaN, as in the scalar code
+            for acc, add in (
+                (accs[2 * j], builder.select(nonneg, x, zero)),
+                (accs[2 * j + 1], builder.select(nonneg, zero, x)),
+            ):
+                builder.store(builder.fadd(builder.load(acc), add), acc)
+    for i, acc in enumerate(accs):
+        dst = builder.bitcast(builder.gep(data[2], [ir.Constant(block.type, 4 * i)]), acc_t.as_pointer())
+        builder.store(builder.load(acc), dst, align=8)
+    return context.get_dummy_value()
+
+
+def _add_lane_sums4_typer(typingctx: Any, g: Any, r: Any, start: Any, block: Any, sums: Any) -> Any:
+    """For the four blocks of ``block`` values from ``start`` (C-contiguous float32 or float64
+    ``g`` and ``r`` of one dtype, ``block`` a multiple of 4): r += g, and into ``sums[8 j :
+    8 j + 8]`` block j's four lane sums (lane l: elements 4 i + l, left to right from +0.0, in
+    float64) of its non-negative values, then of the others (NaN included)."""
+    arrays = (g, r, sums)
+    if not all(isinstance(a, numba.types.Array) and a.ndim == 1 and a.layout == "C" for a in arrays):
+        return None
+    if g.dtype != r.dtype or g.dtype not in (numba.float32, numba.float64) or sums.dtype != numba.float64:
+        return None
+    return numba.types.void(g, r, numba.intp, numba.intp, sums), _add_lane_sums4_ir
+
+
+#: called from the kernels as ``_add_lane_sums4(g, r, start, block, sums)``
+_add_lane_sums4: Any = None if numba is None else numba.extending.intrinsic(_add_lane_sums4_typer)
 
 
 @_jit
@@ -120,14 +182,15 @@ def twobit_decode(p, t, out):
     return out
 
 
-@_jit
-def onebit_encode(g, r, block, vals, bits):
-    """1-bit: per block, v = r + g; bit = v >= 0 (MSB first); ``vals[2b]``/``vals[2b+1]`` = float32
-    means of the negative / non-negative entries (0 if none), summed in float64 over four lanes
-    as in ``onebit.lane_sums``; r = v - reconstruction. A block holding a NaN or +-inf sends NaN
-    for both values and keeps r = v (0 for the non-finite elements)."""
+@_helper
+def _onebit_blocks(g, r, block, vals, bits, first):
+    """1-bit, block by block from block ``first``: per block, v = r + g; bit = v >= 0 (MSB first);
+    ``vals[2b]``/``vals[2b+1]`` = float32 means of the negative / non-negative entries (0 if none),
+    summed in float64 over four lanes as in ``onebit.lane_sums``; r = v - reconstruction. A block
+    holding a NaN or +-inf sends NaN for both values and keeps r = v (0 for the non-finite
+    elements). ``onebit_encode`` runs the same steps four blocks at a time."""
     n = g.shape[0]
-    for blk in range(vals.shape[0] // 2):
+    for blk in range(first, vals.shape[0] // 2):
         s = blk * block
         e = min(s + block, n)
         gg = g[s:e]
@@ -215,7 +278,71 @@ def onebit_encode(g, r, block, vals, bits):
             for k in range(m):
                 if rr[k] - rr[k] != 0:
                     rr[k] = 0
+
+
+@_jit
+def onebit_encode(g, r, block, vals, bits):
+    """1-bit (see ``_onebit_blocks``, whose results these are, bit for bit): groups of four full
+    blocks take one pass over ``g`` and ``r`` (``_add_lane_sums4``: the add and the four lane sums
+    of each block as vector operations, the four blocks' sums interleaved), then pack the signs
+    eight to a byte, count them and update the residual, in cache; the rest block by block."""
+    nquads = g.shape[0] // block // 4
+    if nquads:
+        signs = np.empty(block // 8, np.uint64)  # one byte per element, eight to a word
+        sums = np.empty(32)
+        for c in range(nquads):
+            s = 4 * c * block
+            _add_lane_sums4(g, r, s, block, sums)
+            for j in range(4):
+                e = s + j * block
+                rr = r[e : e + block]
+                cp = _sign_bytes(rr, signs.view(np.uint8))
+                _pack_bytes(signs, bits[e >> 3 : (e + block) >> 3])
+                q = 8 * j
+                sp = (sums[q] + sums[q + 1]) + (sums[q + 2] + sums[q + 3])
+                sn = (sums[q + 4] + sums[q + 5]) + (sums[q + 6] + sums[q + 7])
+                cn = block - cp
+                hi = np.float32(sp / cp) if cp > 0 else np.float32(0.0)
+                lo = np.float32(sn / cn) if cn > 0 else np.float32(0.0)
+                bad = False
+                if sp - sp != 0 or sn - sn != 0:  # a NaN or +-inf in the block?
+                    for k in range(block):
+                        bad |= rr[k] - rr[k] != 0
+                if bad:  # NaN sent, r = v with its non-finite elements set to 0
+                    hi = lo = np.float32(np.nan)
+                    for k in range(block):
+                        if rr[k] - rr[k] != 0:
+                            rr[k] = 0
+                else:
+                    for k in range(block):
+                        v = rr[k]
+                        rr[k] = v - (hi if v >= 0 else lo)
+                vals[2 * (4 * c + j)] = lo
+                vals[2 * (4 * c + j) + 1] = hi
+    _onebit_blocks(g, r, block, vals, bits, 4 * nquads)
     return vals
+
+
+#: (x * PACK) >> 56 of eight 0/1 bytes x gathers them MSB first: byte j lands in bit 7 - j
+PACK = np.uint64(0x8040201008040201)
+
+
+@_helper
+def _sign_bytes(rr, out):
+    """out[k] = rr[k] >= 0 (0 or 1); returns how many are 1."""
+    count = 0
+    for k in range(rr.shape[0]):
+        p = rr[k] >= 0
+        out[k] = p
+        count += p
+    return count
+
+
+@_helper
+def _pack_bytes(words, out):
+    """Eight 0/1 bytes per word into one byte each, the first byte in the high bit."""
+    for i in range(out.shape[0]):
+        out[i] = (words[i] * PACK) >> np.uint64(56)
 
 
 @_jit
@@ -236,71 +363,4 @@ def onebit_decode(vals, bits, block, out):
                 oo[8 * i + j] = hi if (b >> (7 - j)) & 1 else lo
         for k in range(m & ~7, m):
             oo[k] = hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
-    return out
-
-
-@_jit
-def topk_encode(g, r, rbits, mask, k, shift, out):
-    """Top-k: r += g, then the ascending indices of the ``k`` largest ``|r|`` into ``out``: every
-    entry above the k-th largest magnitude, then the lowest-index entries equal to it.
-
-    ``rbits`` is ``r`` viewed as unsigned ints; ``rbits & mask`` (the sign bit cleared) orders
-    like the magnitudes. A radix select in two passes: a histogram of the top 15 magnitude bits
-    (``key >> shift``) finds the bucket of the k-th largest key; the second pass takes every index
-    of a higher bucket and collects that bucket's entries, whose sort gives the k-th key; the
-    taken ones of the bucket are then merged in index order. ``out`` needs room for k + 1."""
-    n = g.shape[0]
-    if k == 0:
-        for i in range(n):
-            r[i] += g[i]
-        return out
-    hist = np.zeros(1 << 15, np.int64)
-    for i in range(n):
-        r[i] += g[i]
-        hist[(rbits[i] & mask) >> shift] += 1
-    above = 0  # keys in buckets above the k-th key's bucket
-    b = (1 << 15) - 1
-    while above + hist[b] < k:
-        above += hist[b]
-        b -= 1
-    # branchless: each list has room for one index past its end
-    high = np.empty(above + 1, np.int64)
-    cidx = np.empty(hist[b] + 1, np.int64)
-    nh = 0
-    nc = 0
-    for i in range(n):
-        bucket = (rbits[i] & mask) >> shift
-        high[nh] = i
-        nh += bucket > b
-        cidx[nc] = i
-        nc += bucket == b
-    ckeys = np.empty(nc, rbits.dtype)
-    for j in range(nc):
-        ckeys[j] = rbits[cidx[j]] & mask
-    t = np.sort(ckeys)[nc - (k - above)]  # the k-th largest key
-    eq = k - above  # how many keys equal to t are taken
-    for j in range(nc):
-        if ckeys[j] > t:
-            eq -= 1
-    # merge the high-bucket indices with the taken bucket entries, both ascending
-    o = 0
-    h = 0
-    for j in range(nc):
-        x = ckeys[j]
-        take = x > t
-        if x == t and eq > 0:
-            take = True
-            eq -= 1
-        if take:
-            c = cidx[j]
-            while h < nh and high[h] < c:
-                out[o] = high[h]
-                o += 1
-                h += 1
-            out[o] = c
-            o += 1
-    while h < nh:
-        out[o] = high[h]
-        o += 1
-        h += 1
     return out

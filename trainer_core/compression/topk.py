@@ -53,11 +53,14 @@ class TopK(Compressor):
         if cuda is not None:
             return cuda.topk_encode(g, r, k), {"ratio": self.ratio, "k": k}
         if self.use_fast(r, dtype):
-            from . import _fast
+            from . import _fast_topk
 
             bits, shift = (np.uint64, 48) if r.dtype == np.float64 else (np.uint32, 16)
             mask = bits(np.iinfo(bits).max >> 1)  # clears the sign bit: |v| as ordered unsigned ints
-            idx = _fast.topk_encode(g, r, r.view(bits), mask, k, shift, np.empty(k + 1, np.intp))[:k]
+            idx = _fast_topk.topk_encode(g, r, r.view(bits), mask, k, shift, np.empty(k + 1, np.intp))[:k]
+            payload = np.empty(8 * k, np.uint8)
+            if _fast_topk.take(r, idx, payload[: 4 * k].view(np.uint32), payload[4 * k :].view(np.float32)):
+                return payload, {"ratio": self.ratio, "k": k}
         else:
             xp.add(r, g, out=r)
             idx = select_xp(xp, r, k)
