@@ -167,10 +167,9 @@ class SshBackend(Backend):
             conn, host, spec.interface, self.options.connect_timeout, start_timeout=self.start_timeout
         )
 
-    def prepare(self, plan: Plan) -> None:
-        assert self.spec is not None, "connect() first"
-        self.swept = None  # this attempt's watchdogs have confirmed nothing yet
-        hosts = unique_hosts(self.spec.hosts)
+    def _sync(self, hosts: list[Host]) -> None:
+        """The working directory to ``--sync-dst-dir`` on ``hosts`` (nothing without it)."""
+        assert self.spec is not None
         if self.spec.sync_dst_dir:
             from rich.console import Console
 
@@ -183,6 +182,12 @@ class SshBackend(Backend):
                 self.console or Console(stderr=True),
                 self.spec.sync_timeout,
             )
+
+    def prepare(self, plan: Plan) -> None:
+        assert self.spec is not None, "connect() first"
+        self.swept = None  # this attempt's watchdogs have confirmed nothing yet
+        hosts = unique_hosts(self.spec.hosts)
+        self._sync(hosts)
         self.job_id = plan.job_id
         agents = {host_key(h): self._agent(h) for h in hosts}
         errors = self._start_agents(list(agents.values()))
@@ -237,18 +242,7 @@ class SshBackend(Backend):
         if errors:
             raise BackendError("ssh", errors[host])
         self.conns[key] = conns[host]
-        if self.spec.sync_dst_dir:
-            from rich.console import Console
-
-            sync_all(
-                [host],
-                source_dir(),
-                self.spec.sync_dst_dir,
-                self.options,
-                self.sync_excludes,
-                self.console or Console(stderr=True),
-                self.spec.sync_timeout,
-            )
+        self._sync([host])
         agent = self._agent(host)
         failed = self._start_agents([agent])
         if failed:
