@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from launchkit.backends.base import Backend
-from launchkit.backends.ssh.agent import LOST_EXIT
+from launchkit.backends.ssh import LOST_EXIT
 from launchkit.console import Ui
 from launchkit.core.plan import has_scheduler, make_plan, new_job_id, new_secret, one_thread_note
 from launchkit.core.spec import JobResult, LaunchSpec, Plan

@@ -28,6 +28,30 @@ def gone(cluster, job: str) -> bool:
     return not cluster.job_ids() and not pids_with_job(job)
 
 
+SHIM = "launchkit.hostside.shim"
+
+
+def shims_of(job: str, cwd: Path) -> list[int]:
+    """This machine's rank shims (``pgrep -f launchkit.hostside.shim``) of job ``job``, or working
+    in ``cwd`` or below it (a shim that lost the job's environment still counts); never those of
+    another test's job, which may run beside this one (another pytest-xdist worker)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
+            if SHIM.encode() not in cmdline:
+                continue
+            environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+            workdir = Path(os.readlink(f"/proc/{name}/cwd"))
+        except OSError:  # ended meanwhile
+            continue
+        if f"LAUNCHKIT_JOB_ID={job}".encode() in environ or workdir.is_relative_to(cwd):
+            found.append(int(name))
+    return found
+
+
 def check_contract(envs: dict, servers: int, workers: int, cluster: str) -> None:
     """Every process once, with its role, ranks, task id, counts and one job id and secret."""
     assert sorted(envs) == sorted(

@@ -42,6 +42,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -243,13 +244,19 @@ def kill_stray_jobs(timeout: float = 5.0) -> list[int]:
     return shepherds
 
 
-def _acquire_lock(timeout: float) -> socket.socket:
-    """A machine-wide lock (abstract unix socket; the kernel frees it when the holder dies)."""
+def _acquire_lock(timeout: float, name: bytes = _LOCK_NAME) -> socket.socket:
+    """A machine-wide lock (abstract unix socket; the kernel frees it when the holder dies).
+
+    Its name is scoped to the network namespace, as are Grid Engine's ports 6444/6445 that it
+    guards: a chroot or container on the machine's network (scripts' fresh box) shares both with
+    the machine's own test runs. The holder listens on it, so that a run that waits can name it.
+    """
     deadline = time.monotonic() + timeout
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.bind(_LOCK_NAME)
+            sock.bind(name)
+            sock.listen(8)
             return sock
         except OSError as e:
             sock.close()
@@ -257,10 +264,36 @@ def _acquire_lock(timeout: float) -> socket.socket:
                 raise
             if time.monotonic() >= deadline:
                 raise ClusterSetupError(
-                    f"another test run holds the Grid Engine fixture for more than {timeout:g}s; "
-                    "only one can run per machine"
+                    f"another test run holds the Grid Engine fixture for more than {timeout:g}s "
+                    f"({lock_holder(name)}); only one can run per network namespace"
                 ) from None
             time.sleep(0.1)
+
+
+def lock_holder(name: bytes = _LOCK_NAME) -> str:
+    """Who holds the lock ``name``: its pid and command line where this PID namespace sees it (the
+    kernel's SO_PEERCRED of the listening socket), else what can be said."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(1.0)
+    try:
+        sock.connect(name)
+        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except OSError as e:
+        return f"its holder did not answer: {e}"
+    finally:
+        sock.close()
+    if pid == os.getpid():
+        return "held by this very process"
+    if pid == 0:
+        return (
+            "held by a process outside this PID namespace: another test run on this machine, or in "
+            "a chroot or container that shares its network"
+        )
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        cmdline = "?"
+    return f"held by pid {pid} (uid {uid}): {cmdline.strip()[:300]}"
 
 
 @dataclass

@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.cluster.enginejobs import check_contract, teardown
+from tests.cluster.enginejobs import check_contract, shims_of, teardown
 from tests.launchkit.procs import (
     PROG,
     job_ids,
@@ -93,7 +92,7 @@ def test_local_failing_worker_is_the_root_cause(tmp_path: Path, launchkit_home: 
     assert "worker 1 on localhost exited with code 3" in res.stderr
     job = wait_for_job(launchkit_home)
     assert wait_until(lambda: not pids_with_job(job), 5)
-    assert not subprocess.run(["pgrep", "-f", "launchkit.hostside.shim"], capture_output=True).stdout
+    assert not shims_of(job, tmp_path)
 
 
 def test_local_kill_ends_the_job(tmp_path: Path, launchkit_home: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.enginejobs import env_of, gone, program
+from tests.cluster.enginejobs import env_of, gone, program, shims_of
 from tests.launchkit.noserver import PROG, check_workers_only
 from tests.launchkit.procs import LAUNCHKIT, parse_prefixed, pids_with_job, run, wait_for_job, wait_until
 
@@ -49,22 +49,10 @@ def launch(
     return res, cluster
 
 
-def nothing_left(cluster: object, job: str) -> bool:
-    if cluster is None:  # mpirun: no rank, no shim (of this job, or of none: another test's may run)
-        found = subprocess.run(["pgrep", "-f", "launchkit.hostside.shim"], capture_output=True, text=True)
-        shims = [pid for pid in found.stdout.split() if _job_of(pid) in (job, None)]
-        return not pids_with_job(job) and not shims
+def nothing_left(cluster: object, job: str, cwd: Path) -> bool:
+    if cluster is None:  # mpirun: no rank, no shim of this job (another test's may run beside it)
+        return not pids_with_job(job) and not shims_of(job, cwd)
     return gone(cluster, job)
-
-
-def _job_of(pid: str) -> str | None:
-    """The LAUNCHKIT_JOB_ID in a process's environment ('' where it has ended), None without one."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return ""
-    ids = [e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"LAUNCHKIT_JOB_ID=")]
-    return ids[0] if ids else None
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -79,7 +67,7 @@ def test_only_workers_run_and_allreduce_at_worker_0(
     check_workers_only(outs, 3, engine.split("-")[0].replace("mpirun.mpich", "mpi").replace("mpirun", "mpi"))
     assert all(o["sum"] == [6] * 7 and o["size"] == 3 for o in outs.values())
     job = outs[("worker", 0)]["LAUNCHKIT_JOB_ID"]
-    assert wait_until(lambda: nothing_left(cluster, job), 20)
+    assert wait_until(lambda: nothing_left(cluster, job, tmp_path), 20)
     assert not list(tmp_path.rglob("*worker0*"))  # worker 0's published address is forgotten
 
 
@@ -106,7 +94,7 @@ def test_a_killed_worker_is_the_root_cause_and_nothing_is_left(
     assert res.returncode == 128 + signal.SIGKILL, res.stderr[-3000:]
     assert "failed: worker 1 on " in res.stderr and "was killed by signal 9" in res.stderr, res.stderr[-3000:]
     job = wait_for_job(launchkit_home)
-    assert wait_until(lambda: nothing_left(cluster, job), 20)
+    assert wait_until(lambda: nothing_left(cluster, job, tmp_path), 20)
 
 
 @pytest.mark.parametrize("engine", ["mpirun", "slurm-allocation", "sge"])
@@ -157,7 +145,7 @@ def test_kill_and_ctrl_c_end_a_job_without_servers(
         else:
             proc.send_signal(signal.SIGINT)
             assert proc.wait(30) == 128 + signal.SIGINT
-        assert wait_until(lambda: nothing_left(cluster, job), 20)
+        assert wait_until(lambda: nothing_left(cluster, job, tmp_path), 20)
     finally:
         proc.kill()
         proc.communicate()

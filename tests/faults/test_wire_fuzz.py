@@ -719,6 +719,7 @@ def test_a_same_host_peer_with_the_secret_cannot_break_the_server(live: LiveJob,
     live.check()
 
 
+@pytest.mark.slow
 def test_a_peer_with_the_secret_that_stops_mid_message_stalls_the_server_for_a_bounded_time(
     live: LiveJob,
 ) -> None:

@@ -1,11 +1,15 @@
 """The one registry of backends and what each declares (``Capabilities``), in-process: the
 declarations match the constructors, an option a backend does not declare is an error (never
 dropped), a backend the launcher has never heard of works from its own module and one registry
-line, and the dry run's root address comes from the same cases as the launch's (``Roots``)."""
+line, and the dry run's root address comes from the same cases as the launch's (``Roots``).
+Reading every backend's declarations (what every launch does) loads no heavy dependency: that is
+checked in a fresh Python, the way a user's command starts."""
 
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -155,3 +159,31 @@ def test_the_dry_run_root_comes_from_the_launchs_cases(
     with_ip = spec(backend, servers, scheduler_ip="10.0.0.7")
     if case == "worker 0":
         assert Roots.dry_run_root(with_ip, b) == "10.0.0.7"
+
+
+#: what only the ssh backend's run needs (fabric, with paramiko and invoke: about a third of the CPU
+#: a short ``launchkit`` command took while every command loaded them)
+HEAVY = ("fabric", "paramiko", "invoke")
+
+
+def loaded_after(code: str) -> list[str]:
+    """Which of HEAVY a fresh Python has imported after running ``code``."""
+    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.split()
+
+
+def test_the_cli_and_every_backends_declarations_load_no_fabric() -> None:
+    code = (
+        "import launchkit.cli, launchkit.launching\n"
+        "from launchkit import backends\n"
+        "backends.engine_flags()\n"
+        "[backends.capabilities(name) for name in backends.names()]\n"
+    )
+    assert loaded_after(code) == []
+
+
+def test_the_ssh_connection_loads_them() -> None:
+    """The probe sees an import of fabric where there is one."""
+    assert loaded_after("import launchkit.backends.ssh.connection") == list(HEAVY)

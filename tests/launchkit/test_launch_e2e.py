@@ -206,6 +206,7 @@ def test_scheduler_port_is_reserved_and_bindable_by_zeromq() -> None:
     assert "[scheduler 0] bound" in res.stdout
 
 
+@pytest.mark.slow
 def test_kill_ends_a_running_job(launchkit_home) -> None:
     proc = start(["launch", "-n", "2", "-s", "1", PY, PROG, "grandchild"])
     try:
@@ -224,6 +225,7 @@ def test_kill_ends_a_running_job(launchkit_home) -> None:
         proc.communicate()
 
 
+@pytest.mark.slow
 def test_kill_all_ends_every_job(launchkit_home) -> None:
     procs = [start(["launch", "-n", "1", "-s", "0", PY, PROG, "wait"]) for _ in range(2)]
     try:

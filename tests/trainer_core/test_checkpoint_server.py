@@ -71,6 +71,7 @@ def finals(job: Job) -> list[dict[str, Any]]:
     return [w.results()[-1]["final"] for w in job.workers]
 
 
+@pytest.mark.slow  # three jobs of five processes each
 @pytest.mark.parametrize(
     "spec",
     [

@@ -87,8 +87,11 @@ def test_mean_reduce_scatter_and_out() -> None:
     dest = [np.empty((2, 2), np.float32) for _ in range(2)]
     got = run_ranks(2, lambda r: gs[r].allreduce(np.ones((2, 2), np.float32), out=dest[r]))
     assert got[0] is dest[0] and (dest[1] == 2).all()
+    # refused on rank 0 alone: the refusal it sends waits for rank 1, which never comes, so its
+    # group's close waits out the links' timeout (1 s here, not the 10 s of the groups above)
+    refusing = groups(2, timeout=1)[0]
     with pytest.raises(ValueError, match=r"out must be a float32 array of shape \(2, 2\)"):
-        gs[0].allreduce(np.ones((2, 2), np.float32), out=np.empty(4, np.float32))
+        refusing.allreduce(np.ones((2, 2), np.float32), out=np.empty(4, np.float32))
 
 
 def test_barrier_waits_for_the_last_rank() -> None:
@@ -205,7 +208,8 @@ def test_closed_group_refuses_work() -> None:
 
 
 def test_bad_arguments_fail_in_the_caller() -> None:
-    g = groups(2)[0]
+    # rank 1 never joins the refusals rank 0 sends: the close waits out the links' timeout (1 s)
+    g = groups(2, timeout=1)[0]
     with pytest.raises(ValueError, match="root must be a rank of the group"):
         g.broadcast(np.ones(2), root=2)
     with pytest.raises(ValueError, match="hosts lists 3 ranks for a group of 2"):

@@ -115,6 +115,7 @@ WARNING = re.compile(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shm", ["1", "0"])
 def test_a_rank_busy_between_collectives_is_waited_for_with_stall_warnings(shm: str) -> None:
     """Rank 0 computes for 6 s between two allreduces, three times the links' fixed limit (2 s)

@@ -3,3 +3,7 @@ host agent that drives one host's watchdog (``agent``), a host's output into loc
 (``feed``), worker 0's host for a job without servers (``worker0``), working-directory sync
 (``sync``), one-shot commands over many hosts as a fabric group (``commands``) and the backend
 itself (``backend``)."""
+
+#: the exit code of a process whose host's connection was lost (as ssh reports it); here, not in
+#: ``agent``, so that the launcher reads it without importing fabric
+LOST_EXIT = 255

@@ -22,13 +22,13 @@ from typing import IO, Any
 
 import dmlc_env
 from dmlc_env.telemetry import finite_number, whole_number
+from launchkit.backends.ssh import LOST_EXIT
 from launchkit.backends.ssh import connection as ssh
 from launchkit.backends.ssh.feed import Feeder, Pipe
 from launchkit.core.spec import Host, Task
 from launchkit.errors import BackendError
 from launchkit.hostside import childio, hoststat, netif, procscan, watchdog
 
-LOST_EXIT = 255  # as ssh reports a connection lost
 WINDOW = 1 << 21  # bytes of one stream's output in flight (sent by the watchdog, not yet delivered)
 #: What the host runs, in import order: the watchdog last, after the hostside modules it imports
 #: (a test checks that nothing it imports is missing).

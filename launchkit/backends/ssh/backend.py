@@ -11,12 +11,10 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.backends.local import LocalBackend
-from launchkit.backends.ssh import connection as ssh
-from launchkit.backends.ssh.agent import HostAgent, RemoteProcess, UsageSink
 from launchkit.backends.ssh.options import CONNECTION_FLAGS, SshOptions, from_flags
 from launchkit.backends.ssh.sync import source_dir, sync_all
 from launchkit.backends.ssh.worker0 import probe
@@ -28,6 +26,11 @@ from launchkit.core.spec import Host, LaunchSpec, Plan, Task
 from launchkit.errors import BackendError
 from launchkit.hostside.netif import route_to
 
+# ``connection`` and ``agent`` import fabric: each method that needs them imports them, so that
+# the launches that only read this backend's flags (every launch, on any backend) do not load it
+if TYPE_CHECKING:
+    from launchkit.backends.ssh.agent import HostAgent, RemoteProcess, UsageSink
+
 #: how long ``await_started`` waits for the processes' pids once every one was asked to start
 SPAWN_WAIT = 10.0
 #: --start-timeout: how long a program the launcher runs on a host (the watchdog, the port
@@ -37,6 +40,8 @@ START_TIMEOUT = 30.0
 
 def connect_all(hosts: Sequence[Host], opts: SshOptions) -> tuple[dict[Host, Any], dict[Host, str]]:
     """Connect to every host in parallel (bounded). Returns open connections and per-host errors."""
+    from launchkit.backends.ssh import connection as ssh
+
     conns: dict[Host, Any] = {}
     errors: dict[Host, str] = {}
     config = ssh.fabric_config(opts)
@@ -139,6 +144,8 @@ class SshBackend(Backend):
         hosts = unique_hosts(spec.hosts)
         conns, errors = connect_all(hosts, self.options)
         if errors:
+            from launchkit.backends.ssh import connection as ssh
+
             for c in conns.values():
                 ssh.close(c)
             detail = "; ".join(errors[h] for h in hosts if h in errors)
@@ -199,6 +206,8 @@ class SshBackend(Backend):
             )
 
     def _agent(self, h: Host) -> HostAgent:
+        from launchkit.backends.ssh.agent import HostAgent
+
         assert self.spec is not None
         return HostAgent(
             h,
@@ -218,6 +227,8 @@ class SshBackend(Backend):
 
     def _start_agents(self, agents: list[HostAgent]) -> dict[Host, str]:
         """Each host's watchdog started, in parallel; what went wrong on each host where it did not."""
+        from launchkit.backends.ssh import connection as ssh
+
         errors: dict[Host, str] = {}
 
         def start(agent: HostAgent) -> None:
@@ -246,6 +257,8 @@ class SshBackend(Backend):
         agent = self._agent(host)
         failed = self._start_agents([agent])
         if failed:
+            from launchkit.backends.ssh import connection as ssh
+
             ssh.close(self.conns.pop(key))
             raise BackendError("ssh", failed[host])
         self.agents[key] = agent
@@ -283,6 +296,8 @@ class SshBackend(Backend):
         """Each host's queued processes in one ``spawns`` message, the hosts in parallel (1024
         messages at 128 hosts x 8, each a paramiko packet and a wake of the watchdog's reader,
         were 0.5 ms of the launcher's start a process: bench/scale_profile.py)."""
+        from launchkit.backends.ssh import connection as ssh
+
         queued, self._queued = self._queued, {}
         # in parallel: one after the other, each send waited for Python's interpreter lock while the
         # hosts already started answered (1.4 s for 128 hosts, profiled)
@@ -291,12 +306,16 @@ class SshBackend(Backend):
     def watch(self, handle: ProcessHandle, ended: Callable[[int], None]) -> None:
         # the host's reader learns of the end: no thread per process (1024 of them took 1.4 ms
         # each to start while the launch was busy: bench/scale.py at 128 hosts x 8)
+        from launchkit.backends.ssh.agent import RemoteProcess
+
         if isinstance(handle, RemoteProcess):
             handle.on_exit(ended)
         else:
             super().watch(handle, ended)  # the scheduler, here
 
     def close(self) -> None:
+        from launchkit.backends.ssh import connection as ssh
+
         agents = list(self.agents.values())
         if agents:
             timeout = (self.spec.grace_period if self.spec else 5.0) + 5.0

@@ -24,7 +24,6 @@ from typing import IO
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from launchkit.backends.ssh.connection import on_each
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.core.spec import Host
 from launchkit.errors import BackendError
@@ -256,6 +255,8 @@ def sync_all(
     """rsync ``src`` to ``dst`` on every host in parallel (at most MAX_PARALLEL at a time), each
     within ``timeout`` seconds; raises BackendError naming every host that failed. Interrupted
     (Ctrl-C), it ends every rsync under way before it raises."""
+    from launchkit.backends.ssh.connection import on_each  # fabric: only when a sync runs
+
     running = Running()
     with Progress(
         TextColumn("sync {task.description}"),
