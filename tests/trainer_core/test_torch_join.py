@@ -62,6 +62,20 @@ def test_average_and_sum_with_joined_ranks_match_a_reference(w: int) -> None:
             assert got[2 * s + 1] == pytest.approx([total] * 3)
 
 
+def test_product_and_adasum_see_the_joined_ranks_zeros() -> None:
+    def run(r: int, rt: Runtime) -> tuple[list[float], list[float], int]:
+        if r == 0:
+            return [], [], hvd.join(runtime=rt)
+        x = torch.tensor([2.0, 3.0])
+        prod = hvd.allreduce(x, op=hvd.Product, runtime=rt).tolist()
+        ada = hvd.allreduce(x, op=hvd.Adasum, runtime=rt).tolist()
+        return prod, ada, hvd.join(runtime=rt)
+
+    out = on_ranks(2, run)
+    assert out[1] == ([0.0, 0.0], [2.0, 3.0], 1)  # Adasum of x and zeros is x
+    assert out[0][2] == 1
+
+
 def reference(w: int) -> torch.Tensor:
     """One process's SGD over the same batches: each step's gradient is the sum of the ranks
     that still have data, divided by ``w`` (the joined ranks' zeros)."""

@@ -148,8 +148,12 @@ def _allreduce_work(
         work = backend.allgather_async(as_array(t.reshape(1, *t.shape)), name=name)
         fold = product_of if how == Product else adasum_of
 
-        def folded(r: Any) -> torch.Tensor:
-            return scaled(fold(as_tensor(r, t.dtype, (backend.size, *t.shape))), post)
+        def folded(r: Any) -> torch.Tensor:  # a rank that joined (hvd.join) sent no row: zeros
+            n = backend.size if t.numel() == 0 else int(r.size) // t.numel()
+            rows = as_tensor(r, t.dtype, (n, *t.shape))
+            if n < backend.size:
+                rows = torch.cat([rows, rows.new_zeros((backend.size - n, *t.shape))])
+            return scaled(fold(rows), post)
 
         return Handle(work, folded)
     work = backend.allreduce_async(as_array(t), how, kind_of(t), name=name)
