@@ -5,6 +5,7 @@ numpy reference. The same among real worker processes: test_collective_joining_j
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -165,3 +166,10 @@ def test_a_broadcast_from_a_joined_root_fails_on_every_rank_and_join_says_so() -
 
 def test_one_rank_joins_at_once() -> None:
     assert groups(1)[0].join() == 0
+
+
+def test_a_group_with_an_nccl_path_refuses_join_saying_why() -> None:
+    g = groups(1)[0]
+    g.nccl = SimpleNamespace(close=lambda: None)  # type: ignore[assignment]
+    with pytest.raises(NotImplementedError, match="NCCL path is not supported.*use_nccl=False"):
+        g.join()

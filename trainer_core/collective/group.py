@@ -531,7 +531,14 @@ class Group:
         part in every operation the others submit (``joining``: zeros for an allreduce, no rows
         for an allgather); then every rank's ``join`` returns the rank that joined last. An
         operation it could not take part in (a broadcast from a joined rank, a compressed
-        allreduce) fails on the ranks that submitted it, and this ``join`` raises its error."""
+        allreduce) fails on the ranks that submitted it, and this ``join`` raises its error. Not
+        with an NCCL path (a joined rank's parts are host arrays)."""
+        if self.nccl is not None:
+            raise NotImplementedError(
+                "join() on a group with an NCCL path is not supported: a joined rank's parts are host "
+                "arrays, which would not pair with the others' device operations; join the job with "
+                "use_nccl=False, or give every rank the same number of batches"
+            )
         self.starting()
         self._joins += 1
         last, errors = self._negotiator.call(joining.join_op(self, f"join.{self._joins - 1}"))
