@@ -171,5 +171,5 @@ def test_one_rank_joins_at_once() -> None:
 def test_a_group_with_an_nccl_path_refuses_join_saying_why() -> None:
     g = groups(1)[0]
     g.nccl = SimpleNamespace(close=lambda: None)  # type: ignore[assignment]
-    with pytest.raises(NotImplementedError, match="NCCL path is not supported.*use_nccl=False"):
+    with pytest.raises(NotImplementedError, match=r"NCCL path is not supported.*use_nccl=False"):
         g.join()
