@@ -8,6 +8,7 @@ got as one JSON line.
                                     (``ALGO``: the allreduce algorithm forced, off the host's segment)
     joinprog.py torch               a DistributedOptimizer loop over the uneven batches, ``join``,
                                     then ``broadcast_parameters`` from the rank that joined last
+    joinprog.py ps                  (a job with servers) what ``hvd.join()`` raises there
 """
 
 from __future__ import annotations
@@ -84,9 +85,22 @@ def run_torch() -> dict[str, Any]:
     return out
 
 
+def run_ps() -> dict[str, Any]:
+    import trainer_core.torch as hvd
+
+    hvd.init()
+    out: dict[str, Any] = {"rank": hvd.rank()}
+    try:
+        out["join"] = hvd.join()
+    except NotImplementedError as exc:
+        out["join"] = f"{type(exc).__name__}: {exc}"
+    hvd.shutdown()
+    return out
+
+
 def main(mode: str, force: str | None = None) -> int:
-    if mode == "torch":
-        print(json.dumps(run_torch()), flush=True)
+    if mode in ("torch", "ps"):
+        print(json.dumps(run_torch() if mode == "torch" else run_ps()), flush=True)
         return 0
     g = collective.group()
     if force is not None:

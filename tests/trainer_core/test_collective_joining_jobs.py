@@ -6,6 +6,7 @@ training loop ends with the same parameters on every rank. In-process: test_coll
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,24 @@ from tests.trainer_core import joinprog
 PROG = str(Path(__file__).with_name("joinprog.py"))
 
 
-def launch(workers: int, tmp_path: Path, *args: str) -> dict[int, dict]:
+def launch(
+    workers: int, tmp_path: Path, *args: str, launcher: str = "local", servers: int = 0
+) -> dict[int, dict]:
+    if launcher == "mpi" and not shutil.which("mpirun"):
+        pytest.skip("mpirun is not installed (scripts/test.sh installs Open MPI)")
     res = run(
-        ["launch", "-n", str(workers), "-s", "0", "--launcher", "local", sys.executable, PROG, *args],
+        [
+            "launch",
+            "-n",
+            str(workers),
+            "-s",
+            str(servers),
+            "--launcher",
+            launcher,
+            sys.executable,
+            PROG,
+            *args,
+        ],
         cwd=tmp_path,
         timeout=180,
     )
@@ -65,11 +81,11 @@ def check(outs: dict[int, dict], w: int) -> None:
     assert len({out["join2"] for out in outs.values()}) == 1
 
 
-@pytest.mark.parametrize("w", [2, 3, 4])
+@pytest.mark.parametrize(("w", "launcher"), [(2, "local"), (3, "local"), (4, "local"), (3, "mpi")])
 def test_uneven_batches_equal_a_numpy_reference_and_join_returns_the_last_rank(
-    w: int, tmp_path: Path
+    w: int, launcher: str, tmp_path: Path
 ) -> None:
-    check(launch(w, tmp_path, "collective"), w)
+    check(launch(w, tmp_path, "collective", launcher=launcher), w)
 
 
 @pytest.mark.parametrize(("w", "force"), [(3, "ring"), (4, "recursive_doubling")])
@@ -94,11 +110,22 @@ def reference(w: int) -> list[float]:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
 
 
-@pytest.mark.parametrize("w", [2, 3, 4])
-def test_a_torch_loop_with_uneven_data_ends_alike_on_every_rank(w: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("w", "launcher"), [(2, "local"), (3, "local"), (4, "local"), (4, "mpi")])
+def test_a_torch_loop_with_uneven_data_ends_alike_on_every_rank(
+    w: int, launcher: str, tmp_path: Path
+) -> None:
     pytest.importorskip("torch")
-    outs = launch(w, tmp_path, "torch")
+    outs = launch(w, tmp_path, "torch", launcher=launcher)
     want = reference(w)
     for out in outs.values():
         assert out["join"] == w - 1
         assert out["params"] == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+def test_the_parameter_server_path_refuses_join_naming_the_path(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    for out in launch(2, tmp_path, "ps", servers=1).values():
+        assert out["join"].startswith("NotImplementedError: hvd.join() with more than one worker runs on"), (
+            out
+        )
+        assert "not on the parameter-server path (comm='ps')" in out["join"], out
