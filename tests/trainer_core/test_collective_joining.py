@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from trainer_core.collective import CollectiveMismatch, Group, Thresholds
+from trainer_core.collective import CollectiveMismatch, Group, Thresholds, bf16_to_f32, f32_to_bf16
 from trainer_core.collective.agreement import JOIN, Descriptor, decide
 from trainer_core.collective.fabric import Fabric, run_ranks
 from trainer_core.collective.joining import last_joined, zeros
@@ -173,3 +173,23 @@ def test_a_group_with_an_nccl_path_refuses_join_saying_why() -> None:
     g.nccl = SimpleNamespace(close=lambda: None)  # type: ignore[assignment]
     with pytest.raises(NotImplementedError, match=r"NCCL path is not supported.*use_nccl=False"):
         g.join()
+
+
+def test_reduce_scatter_barrier_and_bfloat16_with_a_joined_rank() -> None:
+    gs = groups(3)
+    bits = f32_to_bf16(np, np.array([1.0, 2.0, 3.0, 4.0], np.float32))
+
+    def body(r: int) -> tuple[list[float], list[float], int]:
+        g = gs[r]
+        if r == 0:
+            return [], [], g.join()
+        mine = g.reduce_scatter(np.arange(6, dtype=np.int64).reshape(3, 2) * r).ravel().tolist()
+        g.barrier()
+        half = bf16_to_f32(np, g.allreduce(bits, kind="bfloat16")).tolist()
+        return mine, half, g.join()
+
+    out = run_ranks(3, body)
+    total = np.arange(6).reshape(3, 2) * 3  # ranks 1 and 2; rank 0 gave zeros
+    assert out[1][0] == total[1].tolist() and out[2][0] == total[2].tolist()
+    assert out[1][1] == out[2][1] == [2.0, 4.0, 6.0, 8.0]
+    assert {o[2] for o in out} in ({1}, {2})
