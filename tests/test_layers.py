@@ -172,6 +172,7 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
     "lane": frozenset({"policy", "primitives"}),
     "speculation": frozenset({"exchange", "agreement", "primitives"}),
     "moves": frozenset({"agreement", "algorithms", "lane", "nccl", "negotiator", "policy", "primitives"}),
+    "joining": frozenset({"agreement", "moves", "negotiator", "primitives"}),
     "group": frozenset(
         {
             "compressed",
@@ -188,6 +189,7 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
             "speculation",
             "timeline",
             "moves",
+            "joining",
         }
     ),
     "fabric": frozenset({"primitives"}),

@@ -12,6 +12,10 @@ whole queue of descriptors and ``decide`` (the same function of the same lists o
 says what the slot does: run the operation of one name that every rank has submitted (the heads'
 common name, else the first of rank 0's queue that every rank holds), fail it on every rank
 (``CollectiveMismatch``, naming which ranks passed what), or wait for more submissions.
+
+A rank whose queue's head is a ``join`` has joined (Horovod's ``hvd.join``): the slot runs what the
+other ranks agree on, and each joined rank stands in for it (``Decision.standin``: the descriptor
+it builds its part from, ``joining.standin``), until every rank's head is the join.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from typing import Any
 from trainer_core.errors import KVError
 
 RECORD_BYTES = 32
+JOIN = "join"
+#: the kinds a joined rank stands in for (zeros, no rows, or the root's value it discards)
+STANDS_IN = ("allreduce", "grouped_allreduce", "allgather", "broadcast", "reduce_scatter", "barrier")
 _REFUSED = 1
 _RECORD = struct.Struct("<16sIQ4x")
 
@@ -110,25 +117,54 @@ def decode(blob: bytes) -> list[Descriptor]:
 @dataclass(frozen=True)
 class Decision:
     """What one slot does: run ``name`` (its descriptors agreed), fail it with ``error`` on every
-    rank, or (``name`` None) wait for more submissions."""
+    rank, or (``name`` None) wait for more submissions. ``standin``: where some ranks have joined,
+    the descriptor of ``name`` the others submitted (a joined rank builds its part from it)."""
 
     name: str | None
     error: str = ""
+    standin: Descriptor | None = None
 
 
 def decide(queues: list[list[Descriptor]]) -> Decision:
     """The slot's decision from every rank's queue (head first), in rank order."""
+    joined = [r for r, q in enumerate(queues) if q and q[0].kind == JOIN]
+    if joined and len(joined) < len(queues):
+        return _with_joined(queues, joined)
     heads = {q[0].name for q in queues if q}
     name: str | None
     if len(heads) == 1 and all(queues):
         name = next(iter(heads))
-    else:
+    else:  # (a join waits for the operations queued before it: never chosen from behind)
         held = [{d.name for d in q} for q in queues]
-        name = next((d.name for d in queues[0] if all(d.name in h for h in held)), None)
+        name = next((d.name for d in queues[0] if d.kind != JOIN and all(d.name in h for h in held)), None)
         if name is None:
             return Decision(None)
     mine = [next(d for d in q if d.name == name) for q in queues]
     return Decision(name, mismatch(mine))
+
+
+def _with_joined(queues: list[list[Descriptor]], joined: list[int]) -> Decision:
+    """The decision where the ranks ``joined`` have joined: what the others agree on, which each
+    joined rank stands in for (or which fails on every rank where a joined rank cannot)."""
+    live = [q for r, q in enumerate(queues) if r not in joined]
+    sub = decide(live)
+    if sub.name is None:
+        return sub
+    desc = next(d for d in live[0] if d.name == sub.name)
+    return Decision(sub.name, sub.error or standin_error(desc, joined), desc)
+
+
+def standin_error(desc: Descriptor, joined: list[int]) -> str:
+    """Why the ranks ``joined`` cannot stand in for ``desc`` ('' where they can)."""
+    head = f"collective {desc.kind} {desc.name!r}"
+    if desc.kind not in STANDS_IN:
+        return (
+            f"{head} cannot run while {_ranks(joined)} joined (hvd.join): a joined rank takes part "
+            f"only in {', '.join(STANDS_IN)}; it fails on every rank"
+        )
+    if desc.kind == "broadcast" and desc.root in joined:
+        return f"{head}: its root, rank {desc.root}, has joined (hvd.join) and sends nothing; it fails on every rank"
+    return ""
 
 
 def mismatch(descs: list[Descriptor]) -> str:

@@ -31,8 +31,8 @@ import numpy as np
 from trainer_core.compression.powersgd import PowerSGD
 from trainer_core.xp import like, to_host
 
-from . import fusion, moves, policy, speculation
-from .agreement import Descriptor, agreed, body, record
+from . import fusion, joining, moves, policy, speculation
+from .agreement import CollectiveMismatch, Descriptor, agreed, body, record
 from .algorithms import doubling, hierarchical, ring, shmpipe, shmreduce
 from .algorithms.hierarchical import Topology
 from .compressed import hierarchical as compressed_hierarchical
@@ -76,6 +76,8 @@ class Group:
         self.nccl = nccl
         self._exchange = Exchange(links, self.local)
         self._negotiator = Negotiator(self._exchange, f"collective-{links.rank}")
+        self._negotiator.standin = lambda desc: joining.standin(self, desc)
+        self._joins = 0
         #: what every rank's descriptors say of the group (the same on every rank of one group)
         self._gid = f"{links.size} ranks"
         self._lanes: dict[tuple[Any, ...], Lane] = {}
@@ -523,6 +525,26 @@ class Group:
 
     def barrier(self, *, name: str | None = None) -> None:
         self._negotiator.call(self._op("barrier", name, lambda nm: moves.barrier(self, nm)))
+
+    def join(self) -> int:
+        """Horovod's ``join``: this rank has no more data. Until every rank has joined it takes
+        part in every operation the others submit (``joining``: zeros for an allreduce, no rows
+        for an allgather); then every rank's ``join`` returns the rank that joined last. An
+        operation it could not take part in (a broadcast from a joined rank, a compressed
+        allreduce) fails on the ranks that submitted it, and this ``join`` raises its error. Not
+        with an NCCL path (a joined rank's parts are host arrays)."""
+        if self.nccl is not None:
+            raise NotImplementedError(
+                "join() on a group with an NCCL path is not supported: a joined rank's parts are host "
+                "arrays, which would not pair with the others' device operations; join the job with "
+                "use_nccl=False, or give every rank the same number of batches"
+            )
+        self.starting()
+        self._joins += 1
+        last, errors = self._negotiator.call(joining.join_op(self, f"join.{self._joins - 1}"))
+        if errors:
+            raise CollectiveMismatch(errors[0])
+        return int(last)
 
 
 def _nothing(seq: int) -> None:

@@ -9,7 +9,9 @@ as the group's ``k``-th (``k`` its tag namespace). Otherwise every rank hands th
 queue and ``agreement.decide`` says what the slot does: run the operation of a name every rank
 holds (threads may submit in different orders; it goes to the head of every queue and runs in
 the next slot), fail one on every rank (``CollectiveMismatch``: the group goes on), or wait for
-more submissions (then the slot is tried again, polling).
+more submissions (then the slot is tried again, polling). A rank whose head is a ``join`` has
+joined: where the others run an operation it does not hold, it builds its stand-in
+(``standin``, from the others' descriptor) at the head of its queue, to run in the next slot.
 
 The records and queues travel as ``exchange.Exchange`` says (an operation with ``fast`` shows
 its record in its own first step, so an agreed allreduce costs no extra step). A failure
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .agreement import CollectiveMismatch, Descriptor, agreed, decide, decode, encode
+from .agreement import JOIN, CollectiveMismatch, Decision, Descriptor, agreed, decide, decode, encode
 from .exchange import Exchange
 from .executor import CollectiveClosed, Work
 from .primitives import stall
@@ -52,6 +54,10 @@ class Op:
     submitted: float = field(default_factory=time.monotonic)
     started: float = 0.0
     agreed: float = 0.0
+    #: the first slot it was at the head of this rank's queue (-1: not yet)
+    slot: int = -1
+    #: a join's: the errors of the operations it stood in for that failed on every rank
+    errors: list[str] = field(default_factory=list)
 
 
 class Negotiator:
@@ -71,6 +77,8 @@ class Negotiator:
         self._broken: BaseException | None = None
         #: where each finished operation's phases go (``HOROVOD_TIMELINE``); None: nowhere
         self.timeline: Timeline | None = None
+        #: builds this rank's part of an operation the others run while it has joined (``Group``)
+        self.standin: Callable[[Descriptor], Op] | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -87,6 +95,16 @@ class Negotiator:
         with self._cond:
             self._unnamed += 1
             return f"noname.{self._unnamed - 1}"
+
+    def unnamed(self) -> int:
+        """How many unnamed operations this rank has named."""
+        with self._cond:
+            return self._unnamed
+
+    def catch_up(self, unnamed: int) -> None:
+        """After a join: name the next unnamed operation as the rank that named the most does."""
+        with self._cond:
+            self._unnamed = max(self._unnamed, unnamed)
 
     def submit(self, op: Op) -> Work:
         """Queue ``op``; its ``Work`` at once."""
@@ -175,6 +193,7 @@ class Negotiator:
             return 0.0
         head = ops[0]
         head.started = head.started or time.monotonic()
+        head.slot = seq if head.slot < 0 else head.slot
         if self.exchange.links.size == 1 and not head.desc.refused:
             head.agreed = head.started
             return self._finish(head, seq, NOT_RUN)  # nobody to agree with
@@ -210,7 +229,9 @@ class Negotiator:
             self._wait_s = min(_POLL_S[1], 2 * self._wait_s)
             return self._wait_s
         self._wait_s = _POLL_S[0] / 2
-        op = next(o for o in ops if o.desc.name == decision.name)
+        op = next((o for o in ops if o.desc.name == decision.name), None)
+        if op is None:
+            return self._stand_in(ops[0], decision)
         if decision.error:
             self._done(op, error=CollectiveMismatch(decision.error))
             return 0.0
@@ -218,6 +239,25 @@ class Negotiator:
             if op in self._queue:  # one, whose tags may carry a speculating rank's void data)
                 self._queue.remove(op)
                 self._queue.insert(0, op)
+        return 0.0
+
+    def _stand_in(self, join: Op, decision: Decision) -> float:
+        """This rank has joined (``join``, its head): its part of what the others run goes to the
+        head of its queue, for the next slot; where it cannot take part, the join notes the error
+        (the others' operation fails on every rank that holds it)."""
+        try:
+            if join.desc.kind != JOIN or decision.standin is None or self.standin is None:
+                raise RuntimeError(f"collective {decision.name!r} chosen, which this rank does not hold")
+            if decision.error:
+                join.errors.append(decision.error)
+                return 0.0
+            op = self.standin(decision.standin)
+        except BaseException as exc:  # the others would wait for this rank's part forever
+            self._break(exc)
+            return 0.0
+        op.submitted = op.started = time.monotonic()
+        with self._cond:
+            self._queue.insert(0, op)
         return 0.0
 
     def quick(

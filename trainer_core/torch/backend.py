@@ -83,6 +83,10 @@ class Backend:
     def barrier(self) -> None:
         pass
 
+    def join(self) -> int:
+        """Horovod's ``join``: the rank that joined last (with one rank, this one)."""
+        return 0
+
     def close(self) -> None:
         pass
 
@@ -119,6 +123,9 @@ class Collective(Backend):
 
     def barrier(self) -> None:
         self.group.barrier()
+
+    def join(self) -> int:
+        return self.group.join()
 
     def workers_waiting(self) -> bool:
         """An elastic job's workers changed since this group formed (workers joined, or left
@@ -248,6 +255,15 @@ class KV(Backend):
 
     def barrier(self) -> None:
         self.submit("barrier", self.kv.barrier).wait()
+
+    def join(self) -> int:
+        if self.size == 1:
+            return 0
+        raise NotImplementedError(
+            "hvd.join() with more than one worker runs on the collectives path (comm='allreduce', a job "
+            "launched with -s 0), not on the parameter-server path (comm='ps'): there give every worker "
+            "the same number of batches"
+        )
 
     def reform(self) -> KV:
         """An elastic job's workers changed: the store goes on (the servers' rounds count the

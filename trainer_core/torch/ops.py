@@ -148,8 +148,12 @@ def _allreduce_work(
         work = backend.allgather_async(as_array(t.reshape(1, *t.shape)), name=name)
         fold = product_of if how == Product else adasum_of
 
-        def folded(r: Any) -> torch.Tensor:
-            return scaled(fold(as_tensor(r, t.dtype, (backend.size, *t.shape))), post)
+        def folded(r: Any) -> torch.Tensor:  # a rank that joined (hvd.join) sent no row: zeros
+            n = backend.size if t.numel() == 0 else int(r.size) // t.numel()
+            rows = as_tensor(r, t.dtype, (n, *t.shape))
+            if n < backend.size:
+                rows = torch.cat([rows, rows.new_zeros((backend.size - n, *t.shape))])
+            return scaled(fold(rows), post)
 
         return Handle(work, folded)
     work = backend.allreduce_async(as_array(t), how, kind_of(t), name=name)
@@ -566,16 +570,13 @@ def broadcast_(
 
 # -- join and barrier -----------------------------------------------------------------------------
 def join(device: int = -1, *, runtime: Runtime | None = None) -> int:
-    """Horovod's ``join``: with one rank, that rank (0). With more it is not supported: a rank that
-    joined would have to answer the others' operations with zeros, which needs the operations'
-    negotiation across ranks (Horovod's coordinator) that trainer_core.torch does not have yet."""
-    backend = _backend(runtime)
-    if backend.size == 1:
-        return 0
-    raise NotImplementedError(
-        "hvd.join() is not supported by trainer_core.torch with more than one rank: give every rank "
-        "the same number of batches (e.g. drop the last uneven one), or allreduce a 'still training' flag"
-    )
+    """Horovod's ``join``: this rank has no more data; until every rank has joined it takes part
+    in the others' operations (zeros for an allreduce, no rows for an allgather:
+    ``trainer_core.collective.joining``). Returns the rank that joined last, on every rank."""
+    try:
+        return _backend(runtime).join()
+    except GROUP_FAILURES as e:
+        raise HorovodInternalError(f"the operation failed: {e}") from e
 
 
 def barrier(process_set: Any = None, *, runtime: Runtime | None = None) -> None:
