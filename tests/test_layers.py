@@ -190,6 +190,7 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
             "moves",
         }
     ),
+    "subgroups": frozenset({"group", "primitives"}),
     "fabric": frozenset({"primitives"}),
     "sockets": frozenset({"primitives"}),
     "job": frozenset({"group", "sockets", "nccl", "policy", "primitives", "timeline"}),

@@ -52,7 +52,8 @@ from .primitives.reduce import FLOAT_DTYPES, ReduceSpec, spec_for
 class Group:
     """The collectives of ``links.size`` ranks; ``hosts`` (host of each rank) enables the
     hierarchical path; ``thresholds`` overrides the algorithm choice; ``local``: this rank's use of
-    its host's shared-memory segment (default: ``links.local`` where the links have one)."""
+    its host's shared-memory segment (default: ``links.local`` where the links have one); ``label``:
+    what every rank's descriptors say of the group (default: its size)."""
 
     def __init__(
         self,
@@ -61,6 +62,7 @@ class Group:
         thresholds: Thresholds | None = None,
         local: Local | None = None,
         nccl: NcclPath | None = None,
+        label: str | None = None,
     ) -> None:
         if hosts is not None and len(hosts) != links.size:
             raise ValueError(f"hosts lists {len(hosts)} ranks for a group of {links.size}")
@@ -77,7 +79,7 @@ class Group:
         self._exchange = Exchange(links, self.local)
         self._negotiator = Negotiator(self._exchange, f"collective-{links.rank}")
         #: what every rank's descriptors say of the group (the same on every rank of one group)
-        self._gid = f"{links.size} ranks"
+        self._gid = label or f"{links.size} ranks"
         self._lanes: dict[tuple[Any, ...], Lane] = {}
         self._scratch = Scratch()
         #: the algorithm of the last allreduce (for tests and logs)

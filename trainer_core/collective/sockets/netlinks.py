@@ -447,7 +447,7 @@ class NetLinks:
         op = Recv(self, peer, tag, bytes_of(out, writable=True))
         key = (peer, tag)
         with self._lock:
-            if self._dropped:  # a later operation with a dropped one's tag bits (2**20 later)
+            if self._dropped:  # a later operation with a dropped one's tag bits (SEQ_WRAP later)
                 self._dropped.discard(data_op(tag))
             err = self._check(peer)
             if err is not None:
@@ -463,12 +463,13 @@ class NetLinks:
         op.fill(data)
         return op
 
-    def drop(self, seq: int) -> None:
-        """Forget the data messages of operation ``seq`` (not its control messages): its posted
-        receives are withdrawn, and what came or comes for it is discarded, until a receive of a
-        later operation with the same tag bits (``2**20`` operations later) is posted. The ranks
-        found they disagree on it, and no operation runs in its slot (``collective.speculation``)."""
-        bits = op_bits(seq)
+    def drop(self, seq: int, space: int = 0) -> None:
+        """Forget the data messages of operation ``seq`` of tag space ``space`` (0: the whole
+        group's; a process set's: ``SubLinks``), not its control messages: its posted receives are
+        withdrawn, and what came or comes for it is discarded, until a receive of a later operation
+        with the same tag bits (``SEQ_WRAP`` operations later) is posted. The ranks found they
+        disagree on it, and no operation runs in its slot (``collective.speculation``)."""
+        bits = op_bits(seq, space)
         with self._lock:
             self._dropped.add(bits)
             for table in (self._posted, self._early):
