@@ -1,7 +1,7 @@
 """trainer_core for PyTorch, under Horovod's names: every public name of ``horovod.torch``, with
 Horovod's signatures. A Horovod script runs by changing its import unless it uses what is refused at
-the call (Adasum on a size that is not a power of two, process sets other than the global one,
-``join`` with several workers); docs/pytorch.md's table says, name by name, what is
+the call (Adasum on a size that is not a power of two, process sets on the parameter servers'
+path, ``join`` with several workers); docs/pytorch.md's table says, name by name, what is
 the same, what differs and how, and what is not supported and why.
 
 >>> import trainer_core.torch as hvd
