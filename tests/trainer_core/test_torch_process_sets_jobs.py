@@ -57,3 +57,4 @@ def test_two_disjoint_sets_reduce_concurrently_with_the_global_set(workers: int)
         else:
             assert "ends" not in res
         assert res["after"] == [float(workers)]
+        assert res.get("late") == ([float(len(members))] if r % 2 else None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,10 @@ def main() -> None:
         out["ends"] = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, process_set=ends).tolist()
     out["removed"] = hvd.remove_process_set(ends)
     out["after"] = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).tolist()
+    if r % 2 == 1:  # rank 0 shuts down meanwhile: the odd set's operations go on without it
+        if r == members[-1]:
+            time.sleep(1.0)  # (so that the set's other rank waits in it, past rank 0's goodbye)
+        out["late"] = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, process_set=mine).tolist()
     print("RESULT " + json.dumps(out), flush=True)
     hvd.shutdown()
 
