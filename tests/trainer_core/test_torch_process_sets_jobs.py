@@ -58,3 +58,8 @@ def test_two_disjoint_sets_reduce_concurrently_with_the_global_set(workers: int)
             assert "ends" not in res
         assert res["after"] == [float(workers)]
         assert res.get("late") == ([float(len(members))] if r % 2 else None)
+        if r % 2 and len(members) > 1 and r == members[-1]:  # told at once that rank 1 shut down
+            assert f"rank {members[0]} " in res["unmatched"] and "shut down" in res["unmatched"]
+            assert "operations of process set 2" in res["unmatched"], res["unmatched"]
+        else:
+            assert "unmatched" not in res

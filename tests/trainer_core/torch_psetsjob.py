@@ -73,6 +73,12 @@ def main() -> None:
         if r == members[-1]:
             time.sleep(1.0)  # (so that the set's other rank waits in it, past rank 0's goodbye)
         out["late"] = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, process_set=mine).tolist()
+    if r % 2 == 1 and len(members) > 1 and r == members[-1]:  # one its fellow member never makes
+        try:
+            hvd.allreduce(torch.ones(1), process_set=mine, name="unmatched")
+            out["unmatched"] = ""
+        except hvd.HorovodInternalError as e:
+            out["unmatched"] = str(e)
     print("RESULT " + json.dumps(out), flush=True)
     hvd.shutdown()
 

@@ -93,6 +93,11 @@ class Group:
     def size(self) -> int:
         return self.links.size
 
+    @property
+    def slots(self) -> int:
+        """The operations this rank has taken part in (``0 .. slots - 1``; the same on every rank)."""
+        return self._negotiator.slots
+
     def close(self) -> None:
         """Finish the queued operations and stop the background thread."""
         self._negotiator.close()

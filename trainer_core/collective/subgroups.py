@@ -112,7 +112,10 @@ class Subgroups:
     def ids(self) -> list[int]:
         return sorted(self._members)
 
-    def close(self) -> None:
-        """Stop every set's group (before the parent closes)."""
+    def close(self) -> dict[int, int]:
+        """Stop every set's group (before the parent closes); the operations this rank took part
+        in, by set it is in (what ``JobGroup.close`` tells the peers)."""
+        slots = {sid: sub.slots for sid, sub in self._groups.items()}
         for sid in list(self._members):
             self.remove(sid)
+        return slots

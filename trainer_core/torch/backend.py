@@ -171,8 +171,11 @@ class Collective(Backend):
         return Collective(collective_job.reform(self.group))
 
     def close(self) -> None:
-        self.sets.close()
-        self.group.close()
+        slots = self.sets.close()
+        if isinstance(self.group, collective_job.JobGroup):
+            self.group.close(sets=slots)
+        else:
+            self.group.close()
 
 
 class InSet(Collective):

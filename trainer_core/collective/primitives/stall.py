@@ -80,11 +80,11 @@ def running_op() -> str | None:
     return f"{name} {label!r} ({where})" if label else f"{name} ({where})"
 
 
-def running_seq() -> int | None:
-    """The number of the whole group's operation this thread runs (None: it runs none, or one of
-    a process set, numbered apart)."""
+def running_slot() -> tuple[int, int] | None:
+    """The number of the operation this thread runs and the tag space of the group that numbers it
+    (0: the whole group; a process set's id), or None."""
     op = getattr(_here, "op", None)
-    return None if op is None or op[3] else op[1]
+    return None if op is None else (op[1], op[3])
 
 
 class Due(Enum):
