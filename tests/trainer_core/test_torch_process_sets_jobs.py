@@ -1,10 +1,12 @@
-"""Horovod's process sets in real jobs: ``launchkit launch -n 3|4 -s 0 --launcher local`` runs
+"""Horovod's process sets in real jobs: ``launchkit launch -n 3|4 -s 0 --launcher local`` (and
+``mpi`` at 4, Open MPI's mpirun on this machine) runs
 ``tests/trainer_core/torch_psetsjob.py``; the even and the odd ranks' sets reduce concurrently with
 the global set (each its own group over the job's links), and every result equals numpy's."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from typing import Any
 
@@ -19,13 +21,14 @@ from tests.trainer_core.markedjob import run_marked  # noqa: E402
 from tests.trainer_core.torch_psetsjob import ROUNDS, big  # noqa: E402
 
 
-def launch(workers: int) -> list[dict[str, Any]]:
+def launch(workers: int, launcher: str) -> list[dict[str, Any]]:
     rc, out = run_marked(
         ["-n", str(workers), "-s", "0"],
         [sys.executable, "tests/trainer_core/torch_psetsjob.py"],
         "TORCH_PSETS_JOB_TEST",
         180,
         env=["HOROVOD_DYNAMIC_PROCESS_SETS:1"],
+        launcher=launcher,
     )
     assert rc == 0, out
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
@@ -33,9 +36,11 @@ def launch(workers: int) -> list[dict[str, Any]]:
     return sorted(results, key=lambda r: r["rank"])
 
 
-@pytest.mark.parametrize("workers", [3, 4])
-def test_two_disjoint_sets_reduce_concurrently_with_the_global_set(workers: int) -> None:
-    got = launch(workers)
+@pytest.mark.parametrize(("workers", "launcher"), [(3, "local"), (4, "local"), (4, "mpi")])
+def test_two_disjoint_sets_reduce_concurrently_with_the_global_set(workers: int, launcher: str) -> None:
+    if launcher == "mpi" and not shutil.which("mpirun"):
+        pytest.skip("mpirun is not installed (scripts/test.sh installs Open MPI)")
+    got = launch(workers, launcher)
     for r, res in enumerate(got):
         members = list(range(r % 2, workers, 2))
         assert res["ids"] == [1, 2]
