@@ -159,6 +159,27 @@ def test_distributed_optimizer_averages_the_gradients_of_its_sets_ranks() -> Non
     assert out[1] == out[3] == [1.0 - 2.0, 0.0]  # of [1, 1] and [3, 1]
 
 
+def test_gradients_flow_through_a_sets_operations() -> None:
+    def run(r: int, rt: Runtime) -> list[list[float]]:
+        sets = [hvd.ProcessSet([0, 2]), hvd.ProcessSet([1, 3])]
+        register_init_sets(sets, rt)
+        ps = sets[r % 2]
+        x = torch.full((2,), float(r), requires_grad=True)
+        (hvd.allreduce(x, op=hvd.Sum, process_set=ps, runtime=rt) * (r + 1)).sum().backward()
+        y = torch.full((1,), float(r), requires_grad=True)
+        (hvd.allgather(y, process_set=ps, runtime=rt) * torch.tensor([1.0, 3.0])).sum().backward()
+        z = torch.ones(1, requires_grad=True)
+        (hvd.broadcast(z, 2 + r % 2, process_set=ps, runtime=rt) * (r + 1)).sum().backward()
+        assert x.grad is not None and y.grad is not None and z.grad is not None
+        return [x.grad.tolist(), y.grad.tolist(), z.grad.tolist()]
+
+    out = on_ranks(4, run)
+    # allreduce: the sum over the set of each rank's (r + 1); allgather: the mean of the set's
+    # gradients, this rank's row; broadcast: the mean on the root (the set's last rank), else 0
+    assert out[0] == [[4.0, 4.0], [1.0], [0.0]] and out[2] == [[4.0, 4.0], [3.0], [2.0]]
+    assert out[1] == [[6.0, 6.0], [1.0], [0.0]] and out[3] == [[6.0, 6.0], [3.0], [3.0]]
+
+
 def test_process_set_queries_and_wrong_arguments() -> None:
     def run(r: int, rt: Runtime) -> tuple[int, int, bool]:
         ps = hvd.ProcessSet([1, 2])
