@@ -154,11 +154,30 @@ def test_ids_are_agreed_by_order_reused_after_removal_and_outsiders_are_refused(
 
 
 def test_the_whole_group_is_not_a_set_and_ids_run_out_at_the_tag_spaces() -> None:
-    s = sets_of(5)[0]  # registering moves nothing: one rank alone may do it here
-    with pytest.raises(ValueError, match="the global one"):
-        s.add(range(5))
+    sets = sets_of(5)
     some = [c for k in (1, 2) for c in itertools.combinations(range(5), k)]
     assert len(some) == MAX_SPACES - 1
-    assert [s.add(c) for c in some] == list(range(1, MAX_SPACES))
-    with pytest.raises(ValueError, match=f"at most {MAX_SPACES - 1} process sets"):
-        s.add([0, 1, 2])
+
+    def body(r: int) -> list[int]:
+        s = sets[r]
+        with pytest.raises(ValueError, match="the global one"):
+            s.add(range(5))
+        ids = [s.add(c) for c in some]
+        with pytest.raises(ValueError, match=f"at most {MAX_SPACES - 1} process sets"):
+            s.add([0, 1, 2])
+        return ids
+
+    assert run_ranks(5, body) == [list(range(1, MAX_SPACES))] * 5
+
+
+def test_ranks_that_register_different_sets_are_told_on_every_rank() -> None:
+    sets = sets_of(3)
+
+    def body(r: int) -> str:
+        with pytest.raises(ValueError, match=r"disagree on process set 1: ranks \[2\] registered") as err:
+            sets[r].add([0, 1] if r < 2 else [1, 2])
+        assert sets[r].ids() == []  # not registered anywhere
+        return str(err.value)
+
+    out = run_ranks(3, body)
+    assert "rank 2: ranks [1, 2]" in out[2] and "rank 0: ranks [0, 1]" in out[0]

@@ -11,13 +11,18 @@ own negotiator (its own operation numbering and background thread) and its own t
 set's id, in every tag it moves: ``primitives.links``), so that its operations run concurrently
 with the parent's and another set's without their messages ever matching. The id is the lowest
 free one; every rank adds and removes sets in the same order (as Horovod requires), so that every
-rank gives a set the same id without a word exchanged. A set's group is flat: no shared-memory
+rank gives a set the same id; ``add`` is a collective of the parent group (an allgather of a digest
+of the id and the ranks), so that ranks that disagree get a clear error rather than operations
+that never meet. A set's group is flat: no shared-memory
 segment, no hierarchical path and no NCCL (device arrays go through host memory).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
+
+import numpy as np
 
 from .group import Group
 from .primitives.links import MAX_SPACES, SubLinks
@@ -49,8 +54,9 @@ class Subgroups:
         self._groups: dict[int, Group] = {}
 
     def add(self, ranks: Iterable[int]) -> int:
-        """Register the set of ``ranks`` and return its id; this rank, where it is a member, gets
-        the set's group. ValueError for a set already registered, or when no id is left."""
+        """Register the set of ``ranks`` and return its id (every rank of the parent, in the same
+        order: a collective); this rank, where it is a member, gets the set's group. ValueError
+        for a set already registered, when no id is left, or when the ranks disagree on it."""
         members = members_of(ranks, self.parent.size)
         if members == tuple(range(self.parent.size)):
             raise ValueError("a set of every rank is the global one (id 0), not a process set to add")
@@ -63,12 +69,28 @@ class Subgroups:
                 f"at most {MAX_SPACES - 1} process sets besides the global one can be registered"
             )
         sid = free[0]
+        self._agree(sid, members)
         if self.parent.rank in members:
             links = SubLinks(self.parent.links, members, space=sid)
             label = f"process set {sid} of ranks {list(members)}"
             self._groups[sid] = Group(links, thresholds=self.parent.thresholds, label=label)
         self._members[sid] = members
         return sid
+
+    def _agree(self, sid: int, members: tuple[int, ...]) -> None:
+        """Every rank of the parent registers the same set as ``sid`` (else ValueError on every
+        rank, naming the ranks that differ from rank 0)."""
+        if self.parent.size == 1:
+            return
+        digest = hashlib.sha256(f"process set {sid}: {list(members)}".encode()).digest()
+        rows = self.parent.allgather(np.frombuffer(digest, np.uint8).copy()).reshape(self.parent.size, -1)
+        differ = [r for r in range(1, self.parent.size) if not np.array_equal(rows[r], rows[0])]
+        if differ:
+            raise ValueError(
+                f"the ranks disagree on process set {sid}: ranks {differ} registered another set as "
+                f"{sid} than rank 0 did (rank {self.parent.rank}: ranks {list(members)}); every rank "
+                "adds and removes the same process sets in the same order"
+            )
 
     def find(self, ranks: Iterable[int]) -> int | None:
         """The id of the registered set of ``ranks`` (0: every rank), or None."""
