@@ -192,6 +192,7 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
             "joining",
         }
     ),
+    "subgroups": frozenset({"group", "primitives"}),
     "fabric": frozenset({"primitives"}),
     "sockets": frozenset({"primitives"}),
     "job": frozenset({"group", "sockets", "nccl", "policy", "primitives", "timeline"}),

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.trainer_core.test_node import WORKERS, config, free_port, run_all
-from trainer_core.collective import LinkError, PeerTimeout
+from trainer_core.collective import Ctx, LinkError, PeerTimeout, SubLinks
 from trainer_core.collective.job import SCHEMA
 from trainer_core.collective.sockets import protocol as coll_protocol
 from trainer_core.collective.sockets.netlinks import NetLinks
@@ -22,6 +22,7 @@ from trainer_core.errors import NodeFailure
 from trainer_core.node import protocol
 from trainer_core.node.postoffice import Postoffice
 from trainer_core.node.scheduler import Scheduler
+from trainer_core.transport import wire
 from trainer_core.transport.channel import ChannelClosed, Trace
 from trainer_core.transport.tcp import TcpChannel
 
@@ -86,6 +87,36 @@ def test_messages_match_by_peer_and_tag_in_order_also_before_their_receive(net: 
     for h in handles:
         h.wait()
     assert big.sum() == 1 << 20 and all(h.done() for h in handles)
+
+
+def test_a_process_sets_tag_space_keeps_its_messages_apart_and_drops_only_its_own(net: Net) -> None:
+    a, b, _ = net.links
+    sa, sb = SubLinks(a, [0, 1], space=3), SubLinks(b, [0, 1], space=3)
+    tag = Ctx.for_op(sa, 7).tag(0)
+    a.send(1, tag, np.array([0], np.int64)).wait()  # the whole group's operation 7
+    sa.send(1, tag, np.array([3], np.int64)).wait()  # the set's operation 7, same tag in its space
+    mine, whole = np.empty(1, np.int64), np.empty(1, np.int64)
+    sb.recv(0, tag, mine).wait()
+    b.recv(0, tag, whole).wait()
+    assert (mine[0], whole[0]) == (3, 0)
+    # the set's operation 8 is dropped (the ranks disagreed on it), not the whole group's
+    tag8 = Ctx.for_op(sa, 8).tag(0)
+    sa.send(1, tag8, np.array([3], np.int64)).wait()
+    a.send(1, tag8, np.array([0], np.int64)).wait()
+    until(lambda: (0, tag8) in b._early, "the whole group's message arrived")
+    until(lambda: (0, tag8 | (3 << 60)) in b._early, "the set's message arrived")
+    sb.drop(8)
+    assert (0, tag8 | (3 << 60)) not in b._early and (0, tag8) in b._early
+    b.recv(0, tag8, whole).wait()
+
+
+def test_a_goodbye_says_the_operations_of_each_process_set() -> None:
+    h = coll_protocol.bye(5, {1: 3, 2: 0})
+    assert coll_protocol.ops_of(h) == 5 and coll_protocol.sets_of(h) == {1: 3, 2: 0}
+    assert coll_protocol.sets_of(coll_protocol.bye(5)) == {}
+    odd = wire.Header(coll_protocol.BYE, body={"ops": 1, "sets": {"1": 2, "x": 1, "2": -1, "3": "4"}})
+    assert coll_protocol.sets_of(odd) == {1: 2}
+    assert coll_protocol.sets_of(wire.Header(coll_protocol.BYE, body={"sets": [1]})) == {}
 
 
 def test_a_length_mismatch_and_a_silent_peer_fail_naming_the_peer(net: Net) -> None:

@@ -11,7 +11,7 @@ import pytest
 from trainer_core.collective import speculation
 from trainer_core.collective.agreement import record
 from trainer_core.collective.primitives import stall
-from trainer_core.collective.primitives.links import Ctx, LinkError, data_op, op_bits
+from trainer_core.collective.primitives.links import SEQ_WRAP, Ctx, LinkError, data_op, op_bits
 
 SAME, OTHER = record("grad.1", b"x" * 16, 64), record("grad.2", b"x" * 16, 64)
 
@@ -49,7 +49,7 @@ def test_data_tags_are_told_from_control_tags_by_operation() -> None:
     ctx = Ctx.for_op(FakeLinks(), 5)  # type: ignore[arg-type]
     assert data_op(ctx.tag(0)) == 5 and data_op(ctx.phase(2).phase(0).tag(9, 3)) == 5
     assert data_op(ctx.control(0)) is None and data_op(ctx.control(3)) is None
-    assert op_bits(5 + (1 << 20)) == 5 and data_op(Ctx.for_op(FakeLinks(), 5 + (1 << 20)).tag(1)) == 5  # type: ignore[arg-type]
+    assert op_bits(5 + SEQ_WRAP) == 5 and data_op(Ctx.for_op(FakeLinks(), 5 + SEQ_WRAP).tag(1)) == 5  # type: ignore[arg-type]
 
 
 def test_agreeing_records_keep_what_the_data_path_did() -> None:

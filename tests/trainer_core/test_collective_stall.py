@@ -67,6 +67,18 @@ def test_the_executor_marks_the_operation_its_thread_runs() -> None:
         ex.close()
 
 
+def test_a_process_sets_operation_is_named_with_its_set_and_numbered_apart() -> None:
+    """A peer that shut down after the whole group's n operations is missing from its operations n
+    and later (``NetLinks``: ``PeerShutDown``), not from a process set's, numbered apart."""
+    with stall.running("allreduce", 9, "grad", space=2):
+        assert stall.current() == "allreduce 'grad' (operation 9 of process set 2)"
+        assert stall.running_slot() == (9, 2)
+        with stall.running("barrier", 4):
+            assert stall.running_slot() == (4, 0)
+        assert stall.running_slot() == (9, 2)
+    assert stall.running_op() is None and stall.running_slot() is None
+
+
 def test_a_shared_memory_wait_warns_naming_the_ranks_behind_then_gives_up_when_asked() -> None:
     """Local rank 0 waits for ranks 1 and 2, which never write their input: warnings name both and
     the operation; the opt-in shutdown ends the wait naming the rank it waited on."""

@@ -52,7 +52,8 @@ from .primitives.reduce import FLOAT_DTYPES, ReduceSpec, spec_for
 class Group:
     """The collectives of ``links.size`` ranks; ``hosts`` (host of each rank) enables the
     hierarchical path; ``thresholds`` overrides the algorithm choice; ``local``: this rank's use of
-    its host's shared-memory segment (default: ``links.local`` where the links have one)."""
+    its host's shared-memory segment (default: ``links.local`` where the links have one); ``label``:
+    what every rank's descriptors say of the group (default: its size)."""
 
     def __init__(
         self,
@@ -61,6 +62,7 @@ class Group:
         thresholds: Thresholds | None = None,
         local: Local | None = None,
         nccl: NcclPath | None = None,
+        label: str | None = None,
     ) -> None:
         if hosts is not None and len(hosts) != links.size:
             raise ValueError(f"hosts lists {len(hosts)} ranks for a group of {links.size}")
@@ -79,7 +81,7 @@ class Group:
         self._negotiator.standin = lambda desc: joining.standin(self, desc)
         self._joins = 0
         #: what every rank's descriptors say of the group (the same on every rank of one group)
-        self._gid = f"{links.size} ranks"
+        self._gid = label or f"{links.size} ranks"
         self._lanes: dict[tuple[Any, ...], Lane] = {}
         self._scratch = Scratch()
         #: the algorithm of the last allreduce (for tests and logs)
@@ -92,6 +94,11 @@ class Group:
     @property
     def size(self) -> int:
         return self.links.size
+
+    @property
+    def slots(self) -> int:
+        """The operations this rank has taken part in (``0 .. slots - 1``; the same on every rank)."""
+        return self._negotiator.slots
 
     def close(self) -> None:
         """Finish the queued operations and stop the background thread."""

@@ -87,17 +87,19 @@ class JobGroup(Group):
         """The membership's epoch this group was formed in (0 but in an elastic job)."""
         return self.netlinks.book.epoch
 
-    def close(self, finish: bool = True, leave: bool = True) -> None:
+    def close(self, finish: bool = True, leave: bool = True, sets: Mapping[int, int] | None = None) -> None:
         """Finish the queued operations; then, leaving the job (``leave``), say bye to the peers (a
         peer that waits for this rank in a later operation fails at once, naming it:
         ``PeerShutDown``) and (``finish``, and the job has not failed) wait for every worker to
         finish as well, and leave the job. ``leave=False`` (``reform``): the links close, the node
-        stays."""
+        stays. ``sets``: the operations this rank took part in, by process set
+        (``subgroups.Subgroups.close``): a peer that waits for it in a later one of a set fails at
+        once as well."""
         try:
             super().close()
             self.stop_timeline()
             if leave:
-                self.netlinks.leave(self._negotiator.slots)
+                self.netlinks.leave(self._negotiator.slots, sets)
             if finish and leave and self.node.failure is None:
                 self.node.finish()
         finally:

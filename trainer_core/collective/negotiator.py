@@ -65,6 +65,8 @@ class Negotiator:
 
     def __init__(self, exchange: Exchange, name: str = "collective") -> None:
         self.exchange = exchange
+        #: the tag space of the group (a process set's id; 0: the whole group), for stall messages
+        self._space = int(getattr(exchange.links, "space", 0))
         self._cond = threading.Condition()
         self._queue: list[Op] = []
         self._driving = False  # a thread is driving a slot
@@ -199,7 +201,7 @@ class Negotiator:
             return self._finish(head, seq, NOT_RUN)  # nobody to agree with
         try:
             rec = head.desc.record(head.nbytes)
-            with stall.running(head.desc.kind, seq, head.desc.name):
+            with stall.running(head.desc.kind, seq, head.desc.name, self._space):
                 if head.fast is not None and self.exchange.local is not None and not head.desc.refused:
                     records, result = head.fast(seq, rec)
                 else:
@@ -286,7 +288,7 @@ class Negotiator:
         t0 = time.monotonic()
         try:
             try:
-                with stall.running(kind, seq, name):
+                with stall.running(kind, seq, name, self._space):
                     records, result = attempt(seq, record_of(name))
             except BaseException as exc:
                 with self._cond:
@@ -328,7 +330,7 @@ class Negotiator:
             self._queue.remove(op)
         try:
             if result is NOT_RUN:
-                with stall.running(op.desc.kind, seq, op.desc.name):
+                with stall.running(op.desc.kind, seq, op.desc.name, self._space):
                     result = op.run(seq)
         except BaseException as exc:
             self._break(exc, op)

@@ -1,7 +1,7 @@
 """trainer_core for PyTorch, under Horovod's names: every public name of ``horovod.torch``, with
 Horovod's signatures. A Horovod script runs by changing its import unless it uses what is refused at
-the call (Adasum on a size that is not a power of two, process sets other than the global one,
-``join`` with several workers on the parameter servers' path); docs/pytorch.md's table says, name by name, what is
+the call (Adasum on a size that is not a power of two, process sets and ``join`` with several
+workers on the parameter servers' path); docs/pytorch.md's table says, name by name, what is
 the same, what differs and how, and what is not supported and why.
 
 >>> import trainer_core.torch as hvd
@@ -79,8 +79,8 @@ from .optimizer import DistributedOptimizer
 from .process_sets import (
     ProcessSet,
     add_process_set,
-    check_init_sets,
     global_process_set,
+    register_init_sets,
     remove_process_set,
 )
 from .redistribute import (
@@ -183,8 +183,10 @@ def init(
 ) -> None:
     """Join the job (see ``runtime``): a scheduler or server process serves its role and exits.
 
-    Horovod's ``comm`` (a list of ranks; trainer_core has no MPI communicators) and
-    ``process_sets`` are accepted when they mean every worker, and refused clearly otherwise.
+    Horovod's ``comm`` (a list of ranks; trainer_core has no MPI communicators) is accepted when it
+    means every worker, and refused clearly otherwise. ``process_sets``: Horovod's, a list of
+    ``ProcessSet`` registered in order (every rank the same list), or ``"dynamic"`` (sets added and
+    removed later: ``add_process_set``); on the collectives' path (``process_sets``).
     ``path``: ``"allreduce"`` or ``"ps"`` (trainer_core's: which path to reduce over; by default the
     one the job has). ``stall_check_s``: a wait for a live but late rank warns after this long, and
     again every as long (0: never; default ``TRAINER_CORE_STALL_CHECK_SECONDS``, else 60);
@@ -205,7 +207,7 @@ def init(
             f"init(comm={list(comm)}): trainer_core.torch runs every operation among all {backend.size} "
             "workers (a subset of ranks is not supported)"
         )
-    check_init_sets(process_sets)
+    register_init_sets(process_sets)
     if os.environ.get("HOROVOD_TIMELINE") and backend.comm == "allreduce":
         mark = os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES", "0") not in ("", "0")
         basics.start_timeline(os.environ["HOROVOD_TIMELINE"], mark)

@@ -17,6 +17,7 @@ import numpy as np
 from trainer_core.collective import ErrorFeedback, Group, spec_for
 from trainer_core.collective import job as collective_job
 from trainer_core.collective.executor import Executor
+from trainer_core.collective.subgroups import Subgroups
 from trainer_core.train.comm import KVCommunicator
 from trainer_core.xp import like, to_host
 
@@ -87,6 +88,23 @@ class Backend:
         """Horovod's ``join``: the rank that joined last (with one rank, this one)."""
         return 0
 
+    def add_set(self, ranks: list[int]) -> int:
+        """Register a process set of ``ranks`` (not every rank): its id (``collective.subgroups``)."""
+        raise ValueError(self._no_sets("a process set of ranks " + str(list(ranks))))
+
+    def remove_set(self, sid: int) -> None:
+        raise ValueError(self._no_sets(f"process set {sid}"))
+
+    def subset(self, sid: int, what: str) -> Backend:
+        """The backend of process set ``sid`` (this rank must be a member)."""
+        raise ValueError(self._no_sets(what))
+
+    def _no_sets(self, what: str) -> str:
+        return (
+            f"{what}: process sets other than the global one run on the collectives' path (-s 0); "
+            f"this worker's path is {self.comm!r}"
+        )
+
     def close(self) -> None:
         pass
 
@@ -106,6 +124,24 @@ class Collective(Backend):
         self.local_size = int(getattr(group, "local_size", 1))
         known = getattr(group, "hosts", None) or (group.topology.hosts if group.topology else None)
         self.hosts = tuple(str(h) for h in known) if known else ()
+        #: the process sets of this group's ranks, and the backends of those this rank is in
+        self.sets = Subgroups(group)
+        self._subs: dict[int, InSet] = {}
+
+    def add_set(self, ranks: list[int]) -> int:
+        return self.sets.add(ranks)
+
+    def remove_set(self, sid: int) -> None:
+        self._subs.pop(sid, None)
+        self.sets.remove(sid)
+
+    def subset(self, sid: int, what: str) -> Backend:
+        if sid == 0:
+            return self
+        sub = self._subs.get(sid)
+        if sub is None:
+            sub = self._subs[sid] = InSet(self.sets.group(sid, what), self.sets.members(sid), self)
+        return sub
 
     def allreduce_async(
         self, array: Any, op: str, kind: str | None = None, out: Any = None, name: str | None = None
@@ -137,10 +173,41 @@ class Collective(Backend):
         """The backend over the group of the job's current epoch (an elastic job; the node stays)."""
         if not isinstance(self.group, collective_job.JobGroup):
             raise ValueError("only a job's group re-forms (this one was made in process)")
+        if self.sets.ids():
+            raise ValueError("an elastic job's group re-forms without process sets (remove them first)")
         return Collective(collective_job.reform(self.group))
 
     def close(self) -> None:
-        self.group.close()
+        slots = self.sets.close()
+        if isinstance(self.group, collective_job.JobGroup):
+            self.group.close(sets=slots)
+        else:
+            self.group.close()
+
+
+class InSet(Collective):
+    """The backend of a process set this rank is in: its ranks and size are the set's, a
+    broadcast's root is a global rank (as Horovod's), and its group belongs to the parent's
+    ``Subgroups`` (which closes it)."""
+
+    def __init__(self, group: Group, members: tuple[int, ...], parent: Collective) -> None:
+        super().__init__(group)
+        self.members = members
+        self.hosts = tuple(parent.hosts[m] for m in members) if parent.hosts else ()
+
+    def broadcast_async(self, array: Any, root: int, name: str | None = None) -> Waitable:
+        if root not in self.members:
+            raise ValueError(f"broadcast's root_rank {root} is not in the process set {list(self.members)}")
+        return self.group.broadcast_async(array, self.members.index(root), name=name)
+
+    def add_set(self, ranks: list[int]) -> int:
+        raise ValueError("process sets are registered with the global set (hvd.add_process_set)")
+
+    def reform(self) -> Collective:
+        raise ValueError("a process set does not re-form; the job's group does")
+
+    def close(self) -> None:
+        pass
 
 
 class KV(Backend):

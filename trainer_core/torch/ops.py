@@ -27,10 +27,10 @@ import torch
 from trainer_core.collective import CollectiveClosed, LinkError
 from trainer_core.errors import MembershipChanged
 
-from .backend import Backend, Waitable
+from .backend import Backend, InSet, Waitable
 from .compression import Compression, check
 from .folded import adasum_of, check_adasum, product_of
-from .process_sets import check_global
+from .process_sets import in_set
 from .runtime import Runtime, default
 from .tensors import as_array, as_tensor, check_dense, kind_of
 
@@ -57,8 +57,9 @@ def resolve_op(average: bool | None, op: str | None) -> str:
     return op
 
 
-def _backend(runtime: Runtime | None) -> Backend:
-    return (runtime or default).backend()
+def _backend(scope: Runtime | Backend | None) -> Backend:
+    """The backend an operation runs on: a process set's (``process_sets.in_set``) or the runtime's."""
+    return scope if isinstance(scope, Backend) else (scope or default).backend()
 
 
 class Handle:
@@ -173,10 +174,10 @@ def allreduce_async(
 ) -> Handle:
     """Start the reduction of ``tensor`` over every rank; ``synchronize`` gives a fresh tensor
     (``name``: how the ranks match it, as Horovod's; unnamed ones are matched by their order)."""
-    check_global(process_set, "allreduce", runtime)
+    scope = in_set(process_set, "allreduce", runtime)
     _check_factors(prescale_factor, postscale_factor)
     how = resolve_op(average, op)
-    return _allreduce_work(_backend(runtime), tensor, how, prescale_factor, postscale_factor, name)
+    return _allreduce_work(_backend(scope), tensor, how, prescale_factor, postscale_factor, name)
 
 
 class _Allreduce(torch.autograd.Function):
@@ -208,13 +209,13 @@ def allreduce(
     runtime: Runtime | None = None,
 ) -> torch.Tensor:
     """The reduction of ``tensor`` over every rank (a fresh tensor; differentiable)."""
-    check_global(process_set, "allreduce", runtime)
+    scope = in_set(process_set, "allreduce", runtime)
     _check_factors(prescale_factor, postscale_factor)
     how = resolve_op(average, op)
     comp = _horovod_compressor(compression, "allreduce")
     check_dense(tensor, "allreduce's tensor")
     sent, cctx = comp.compress(tensor)
-    out = _Allreduce.apply(sent, how, prescale_factor, postscale_factor, runtime, name)
+    out = _Allreduce.apply(sent, how, prescale_factor, postscale_factor, scope, name)
     return comp.decompress(out, cctx)
 
 
@@ -308,14 +309,14 @@ def grouped_allreduce(
 ) -> list[torch.Tensor]:
     """The reductions of ``tensors`` (a list; each differentiable)."""
     ts = _tensor_list(tensors, "grouped_allreduce")
-    check_global(process_set, "grouped_allreduce", runtime)
+    scope = in_set(process_set, "grouped_allreduce", runtime)
     _check_factors(prescale_factor, postscale_factor)
     how = resolve_op(average, op)
     comp = _horovod_compressor(compression, "grouped_allreduce")
     for t in ts:
         check_dense(t, "grouped_allreduce's tensor")
     sent = [comp.compress(t) for t in ts]
-    outs = _GroupedAllreduce.apply(how, prescale_factor, postscale_factor, runtime, *[s for s, _ in sent])
+    outs = _GroupedAllreduce.apply(how, prescale_factor, postscale_factor, scope, *[s for s, _ in sent])
     return [comp.decompress(o, c) for o, (_, c) in zip(outs, sent, strict=True)]
 
 
@@ -388,7 +389,7 @@ def sparse_allreduce_async(
 ) -> Callable[[], torch.Tensor]:
     """Horovod's reduction of a sparse (COO) tensor: every rank's indices and values gathered; the
     returned function waits and gives the sparse sum (``Average``: values divided by the size)."""
-    check_global(process_set, "sparse_allreduce_async", runtime)
+    scope = in_set(process_set, "sparse_allreduce_async", runtime)
     how = resolve_op(None, op)
     if how not in (Average, Sum):
         raise ValueError(f"sparse_allreduce_async sums or averages, not {how!r}")
@@ -397,7 +398,7 @@ def sparse_allreduce_async(
             "sparse_allreduce_async takes a sparse COO tensor (allreduce_async takes dense ones)"
         )
     t = tensor.coalesce()
-    backend = _backend(runtime)
+    backend = _backend(scope)
     indices = Handle(backend.allgather_async(as_array(t.indices().t().contiguous())), lambda r: r)
     values = Handle(backend.allgather_async(as_array(t.values())), lambda r: r)
 
@@ -423,8 +424,8 @@ def allgather_async(
 ) -> Handle:
     """Start concatenating every rank's ``tensor`` along dimension 0, in rank order (the first
     dimension may differ between ranks; a 0-d tensor counts as one row)."""
-    check_global(process_set, "allgather", runtime)
-    return _allgather_work(_backend(runtime), tensor, name)
+    scope = in_set(process_set, "allgather", runtime)
+    return _allgather_work(_backend(scope), tensor, name)
 
 
 class _Allgather(torch.autograd.Function):
@@ -458,9 +459,9 @@ def allgather(
     tensor: torch.Tensor, name: str | None = None, process_set: Any = None, *, runtime: Runtime | None = None
 ) -> torch.Tensor:
     """Every rank's ``tensor`` concatenated along dimension 0 (differentiable)."""
-    check_global(process_set, "allgather", runtime)
+    scope = in_set(process_set, "allgather", runtime)
     check_dense(tensor, "allgather's tensor")
-    return _Allgather.apply(runtime, tensor)[0]
+    return _Allgather.apply(scope, tensor)[0]
 
 
 def grouped_allgather_async(
@@ -470,8 +471,8 @@ def grouped_allgather_async(
     *,
     runtime: Runtime | None = None,
 ) -> _Many:
-    check_global(process_set, "grouped_allgather", runtime)
-    backend = _backend(runtime)
+    scope = in_set(process_set, "grouped_allgather", runtime)
+    backend = _backend(scope)
     return _Many([_allgather_work(backend, t) for t in _tensor_list(tensors, "grouped_allgather")])
 
 
@@ -483,11 +484,11 @@ def grouped_allgather(
     runtime: Runtime | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """``allgather`` of each tensor (a tuple, as Horovod's; differentiable)."""
-    check_global(process_set, "grouped_allgather", runtime)
+    scope = in_set(process_set, "grouped_allgather", runtime)
     ts = _tensor_list(tensors, "grouped_allgather")
     for t in ts:
         check_dense(t, "grouped_allgather's tensor")
-    return tuple(_Allgather.apply(runtime, *ts))
+    return tuple(_Allgather.apply(scope, *ts))
 
 
 # -- broadcast ------------------------------------------------------------------------------------
@@ -509,8 +510,8 @@ def broadcast_async(
     runtime: Runtime | None = None,
 ) -> Handle:
     """Start sending ``root_rank``'s ``tensor`` to every rank (a fresh tensor on each)."""
-    check_global(process_set, "broadcast", runtime)
-    return _broadcast_work(_backend(runtime), tensor, root_rank, name)
+    scope = in_set(process_set, "broadcast", runtime)
+    return _broadcast_work(_backend(scope), tensor, root_rank, name)
 
 
 class _Broadcast(torch.autograd.Function):
@@ -528,7 +529,8 @@ class _Broadcast(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         backend = _backend(ctx.runtime)
         g = _allreduce_work(backend, grad, Average, 1.0, 1.0).wait()
-        return (g if backend.rank == ctx.root else torch.zeros_like(g)), None, None, None
+        mine = backend.members[backend.rank] if isinstance(backend, InSet) else backend.rank
+        return (g if mine == ctx.root else torch.zeros_like(g)), None, None, None
 
 
 def broadcast(
@@ -540,9 +542,9 @@ def broadcast(
     runtime: Runtime | None = None,
 ) -> torch.Tensor:
     """``root_rank``'s ``tensor`` (a fresh tensor; differentiable)."""
-    check_global(process_set, "broadcast", runtime)
+    scope = in_set(process_set, "broadcast", runtime)
     check_dense(tensor, "broadcast's tensor")
-    return _Broadcast.apply(tensor, root_rank, runtime, name)
+    return _Broadcast.apply(tensor, root_rank, scope, name)
 
 
 def broadcast_async_(
@@ -581,5 +583,5 @@ def join(device: int = -1, *, runtime: Runtime | None = None) -> int:
 
 def barrier(process_set: Any = None, *, runtime: Runtime | None = None) -> None:
     """Wait until every worker reached this point."""
-    check_global(process_set, "barrier", runtime)
-    _backend(runtime).barrier()
+    scope = in_set(process_set, "barrier", runtime)
+    _backend(scope).barrier()

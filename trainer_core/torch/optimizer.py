@@ -31,10 +31,11 @@ from trainer_core.train import samemodel
 
 from . import buckets as bucketing
 from .adasum_optimizer import adasum_optimizer
+from .backend import Backend
 from .compression import Compression, Residual, check
 from .exchange import Exchange, Pending
 from .ops import GROUP_FAILURES, Adasum, Average, HorovodInternalError, Product, Sum, resolve_op
-from .process_sets import check_global
+from .process_sets import in_set
 from .runtime import Runtime, default
 from .tensors import FLOATS, check_dense
 
@@ -63,9 +64,9 @@ class _Distributed:
         server_optimizer: Any,
         sparse_as_dense: bool,
         average_aggregated_gradients: bool,
-        runtime: Runtime | None,
+        scope: Runtime | Backend | None,
     ) -> None:
-        backend = (runtime or default).backend()
+        backend = scope if isinstance(scope, Backend) else (scope or default).backend()
         if comm is not None and comm != backend.comm and backend.comm != "solo":
             raise ValueError(
                 f"comm={comm!r}, but trainer_core.torch was initialized with comm={backend.comm!r}"
@@ -319,7 +320,8 @@ def DistributedOptimizer(  # Horovod's name
     ``op=Average``) divides the gradients by it before the sum and multiplies the mean by it, as
     Horovod's; ``groups``/``num_groups`` are checked as Horovod checks them and kept (``groups``),
     but the gradients are fused by ``fusion_threshold``'s buckets (the results are the same);
-    ``process_set``: the global set only."""
+    ``process_set``: the gradients are reduced among the set's ranks (Horovod's; not with
+    ``op=Adasum``)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(
             f"DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}"
@@ -335,8 +337,10 @@ def DistributedOptimizer(  # Horovod's name
     how = resolve_op(None, op)
     if how == Product:
         raise ValueError("DistributedOptimizer reduces with op=Average, Sum, Min, Max or Adasum, not Product")
-    check_global(process_set, "DistributedOptimizer", runtime)
+    scope = in_set(process_set, "DistributedOptimizer", runtime)
     if how == Adasum:
+        if scope is not runtime:
+            raise ValueError("DistributedOptimizer(op=Adasum) runs over every worker, not a process set")
         if isinstance(check(compression), Residual):
             raise ValueError(
                 "DistributedOptimizer(op=Adasum) sends the updates with Compression.none or .fp16, "
@@ -374,7 +378,7 @@ def DistributedOptimizer(  # Horovod's name
         server_optimizer,
         sparse_as_dense,
         average_aggregated_gradients,
-        runtime,
+        scope,
     )
     dist.op = how
     dist.gradient_predivide_factor = gradient_predivide_factor

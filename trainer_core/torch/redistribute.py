@@ -34,7 +34,7 @@ from .ops import (
     _tensor_list,
     resolve_op,
 )
-from .process_sets import check_global
+from .process_sets import in_set
 from .runtime import Runtime
 from .tensors import as_array, as_tensor, check_dense
 
@@ -98,8 +98,8 @@ def alltoall_async(
     """Start sending ``splits[r]`` rows of ``tensor`` (in order) to each rank ``r`` (equal parts
     without ``splits``); ``synchronize`` gives the rows received, in rank order, and the received
     splits."""
-    check_global(process_set, "alltoall", runtime)
-    inner = _alltoall_work(_backend(runtime), tensor, splits)
+    scope = in_set(process_set, "alltoall", runtime)
+    inner = _alltoall_work(_backend(scope), tensor, splits)
     return Handle(inner, lambda r: (r[0], _received(splits, r[1])))
 
 
@@ -130,8 +130,8 @@ def alltoall(
 ) -> Any:
     """The rows every rank sent this one (differentiable); with ``splits``, also the received
     splits (as Horovod: a pair then)."""
-    check_global(process_set, "alltoall", runtime)
-    out, received = _Alltoall.apply(tensor, splits, runtime)
+    scope = in_set(process_set, "alltoall", runtime)
+    out, received = _Alltoall.apply(tensor, splits, scope)
     return out if splits is None else (out, received)
 
 
@@ -167,10 +167,10 @@ def reducescatter_async(
     runtime: Runtime | None = None,
 ) -> Handle:
     """Start reducing ``tensor`` and keeping this rank's block of the first dimension."""
-    check_global(process_set, "reducescatter", runtime)
+    scope = in_set(process_set, "reducescatter", runtime)
     _check_factors(prescale_factor, postscale_factor)
     how = _reducescatter_op(op)
-    return _reducescatter_work(_backend(runtime), tensor, how, prescale_factor, postscale_factor)
+    return _reducescatter_work(_backend(scope), tensor, how, prescale_factor, postscale_factor)
 
 
 class _Reducescatter(torch.autograd.Function):
@@ -240,7 +240,7 @@ def grouped_reducescatter(
     runtime: Runtime | None = None,
 ) -> list[torch.Tensor]:
     """``reducescatter`` of each tensor (a list; differentiable)."""
-    check_global(process_set, "reducescatter", runtime)
+    scope = in_set(process_set, "reducescatter", runtime)
     _check_factors(prescale_factor, postscale_factor)
     how = _reducescatter_op(op)
     comp = _horovod_compressor(compression, "reducescatter")
@@ -248,5 +248,5 @@ def grouped_reducescatter(
     for t in ts:
         check_dense(t, "reducescatter's tensor")
     sent = [comp.compress(t) for t in ts]
-    outs = _Reducescatter.apply(how, prescale_factor, postscale_factor, runtime, *[s for s, _ in sent])
+    outs = _Reducescatter.apply(how, prescale_factor, postscale_factor, scope, *[s for s, _ in sent])
     return [comp.decompress(o, c) for o, (_, c) in zip(outs, sent, strict=True)]

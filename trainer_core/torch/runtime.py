@@ -66,6 +66,8 @@ class Runtime:
     def __init__(self) -> None:
         self._backend: Backend | None = None
         self._lock = threading.Lock()
+        #: process sets may be added and removed after init (``init(process_sets="dynamic")``)
+        self.dynamic_sets = False
 
     def init(
         self,

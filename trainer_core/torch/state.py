@@ -58,9 +58,9 @@ def broadcast_object(
     """``root_rank``'s ``obj`` on every rank (Horovod's), in ``objects``' encoding, not pickled:
     an object it cannot carry is a ``TypeError`` on the root, and a ``ValueError`` naming the root
     on the other ranks (which do not wait for it)."""
-    from .process_sets import check_global
+    from .process_sets import in_set
 
-    check_global(process_set, "broadcast_object", runtime)
+    in_set(process_set, "broadcast_object", runtime)  # (registered, and this rank is in it)
     rt = runtime or default
     data, error = b"", None
     if rt.backend().rank == root_rank:
@@ -69,7 +69,7 @@ def broadcast_object(
         except TypeError as e:
             error = e
     length = torch.tensor([_REFUSED if error else len(data)], dtype=torch.int64)
-    n = int(broadcast(length, root_rank, runtime=rt).item())
+    n = int(broadcast(length, root_rank, process_set=process_set, runtime=rt).item())
     if error is not None:
         raise error
     if n == _REFUSED:
@@ -77,7 +77,7 @@ def broadcast_object(
             f"broadcast_object: rank {root_rank} (the root) could not encode its object (see its error)"
         )
     buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(n, dtype=torch.uint8)
-    got = broadcast(buf, root_rank, runtime=rt)
+    got = broadcast(buf, root_rank, process_set=process_set, runtime=rt)
     return obj if rt.backend().rank == root_rank else objects.decode(got.numpy().tobytes())
 
 
@@ -87,16 +87,20 @@ def allgather_object(
     """Every rank's ``obj``, in rank order, on every rank (Horovod's), in ``objects``' encoding:
     an object a rank cannot carry is a ``TypeError`` there and a ``ValueError`` naming it on the
     others."""
-    from .process_sets import check_global
+    from .process_sets import in_set
 
-    check_global(process_set, "allgather_object", runtime)
+    in_set(process_set, "allgather_object", runtime)  # (registered, and this rank is in it)
     rt = runtime or default
     error = None
     try:
         data = objects.encode(obj, "allgather_object's object")
     except TypeError as e:
         data, error = b"", e
-    lengths = allgather(torch.tensor([_REFUSED if error else len(data)], dtype=torch.int64), runtime=rt)
+    lengths = allgather(
+        torch.tensor([_REFUSED if error else len(data)], dtype=torch.int64),
+        process_set=process_set,
+        runtime=rt,
+    )
     if error is not None:
         raise error
     refused = [r for r, n in enumerate(lengths.tolist()) if n == _REFUSED]
@@ -105,7 +109,7 @@ def allgather_object(
             f"allgather_object: rank(s) {refused} could not encode their objects (see their errors)"
         )
     buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
-    flat = allgather(buf, runtime=rt).numpy().tobytes()
+    flat = allgather(buf, process_set=process_set, runtime=rt).numpy().tobytes()
     out, at = [], 0
     for n in lengths.tolist():
         out.append(objects.decode(flat[at : at + n]))

@@ -84,13 +84,21 @@ def wait_all(handles: Sequence[Handle]) -> None:
 
 
 class SubLinks:
-    """The links of a subgroup: ranks ``0..len(members)-1`` stand for the global ranks ``members``."""
+    """The links of a subgroup: ranks ``0..len(members)-1`` stand for the global ranks ``members``.
+    ``space`` (0..``MAX_SPACES - 1``): the tag namespace of a subgroup with its own operation
+    numbering (a process set's), set in every tag it sends or receives, so that its messages never
+    match those of the whole group (space 0) or of another subgroup; a subgroup that numbers its
+    operations with its parent's (the hierarchical path's leaders) keeps 0."""
 
-    def __init__(self, links: Links, members: Sequence[int]) -> None:
+    def __init__(self, links: Links, members: Sequence[int], space: int = 0) -> None:
         self.members = tuple(members)
         if links.rank not in self.members:
             raise ValueError(f"rank {links.rank} is not in the subgroup {self.members}")
+        if not 0 <= space < MAX_SPACES:
+            raise ValueError(f"tag space {space} out of 0..{MAX_SPACES - 1}")
         self.links = links
+        self.space = space
+        self._bits = space << _SPACE_SHIFT
         self._rank = self.members.index(links.rank)
 
     @property
@@ -102,34 +110,52 @@ class SubLinks:
         return len(self.members)
 
     def send(self, peer: int, tag: int, buffer: np.ndarray) -> Handle:
-        return self.links.send(self.members[peer], tag, buffer)
+        return self.links.send(self.members[peer], tag | self._bits, buffer)
 
     def recv(self, peer: int, tag: int, out: np.ndarray) -> Handle:
-        return self.links.recv(self.members[peer], tag, out)
+        return self.links.recv(self.members[peer], tag | self._bits, out)
+
+    def drop(self, seq: int, space: int = 0) -> None:
+        """Forget the data messages of this subgroup's operation ``seq`` (``NetLinks.drop``)."""
+        drop = getattr(self.links, "drop", None)
+        if drop is not None:
+            drop(seq, self.space or space)
 
 
-# tag layout (64 bits): operation sequence (20 bits) | 3 nested phases of 4 bits | step (12) | segment (20)
-_SEG_BITS, _STEP_BITS, _PHASE_BITS, _MAX_DEPTH = 20, 12, 4, 3
+# tag layout (64 bits): tag space (4 bits) | operation sequence (16) | 3 nested phases of 4 bits |
+# step (12) | segment (20). The space is a process set's (``SubLinks``; 0: the whole group).
+_SEG_BITS, _STEP_BITS, _PHASE_BITS, _MAX_DEPTH, _SEQ_BITS, _SPACE_BITS = 20, 12, 4, 3, 16, 4
 _PHASE_SHIFT = _SEG_BITS + _STEP_BITS
 _SEQ_SHIFT = _PHASE_SHIFT + _PHASE_BITS * _MAX_DEPTH
+_SPACE_SHIFT = _SEQ_SHIFT + _SEQ_BITS
 MAX_SEGMENTS = 1 << _SEG_BITS
 MAX_STEPS = 1 << _STEP_BITS
+#: tag spaces: the whole group's (0) and up to ``MAX_SPACES - 1`` process sets'
+MAX_SPACES = 1 << _SPACE_BITS
+#: operations a group numbers before its tags repeat
+SEQ_WRAP = 1 << _SEQ_BITS
 #: the step no algorithm uses: the operation's control messages (the negotiation's, ``control``)
 CONTROL_STEP = MAX_STEPS - 1
 _CONTROL_BITS = CONTROL_STEP << _SEG_BITS
 
 
 def data_op(tag: int) -> int | None:
-    """The operation (its sequence bits) a data message's ``tag`` belongs to; None for the
-    operation's control messages (``Ctx.control``), which are not data."""
+    """The operation (its space and sequence bits) a data message's ``tag`` belongs to; None for
+    the operation's control messages (``Ctx.control``), which are not data."""
     if ((tag & ~((1 << _SEQ_SHIFT) - 1)) | _CONTROL_BITS) == (tag & ~((1 << _SEG_BITS) - 1)):
         return None
     return tag >> _SEQ_SHIFT
 
 
-def op_bits(seq: int) -> int:
-    """The sequence bits the tags of the ``seq``-th operation carry (``data_op``)."""
-    return seq % (1 << (64 - _SEQ_SHIFT))
+def op_bits(seq: int, space: int = 0) -> int:
+    """The space and sequence bits the tags of the ``seq``-th operation of tag space ``space``
+    carry (``data_op``)."""
+    return (space << _SEQ_BITS) | (seq % SEQ_WRAP)
+
+
+def space_of(tag: int) -> int:
+    """The tag space (``SubLinks``) of ``tag``."""
+    return tag >> _SPACE_SHIFT
 
 
 class Scratch:

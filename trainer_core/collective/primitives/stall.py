@@ -21,14 +21,15 @@ _here = threading.local()
 
 class running:  # (lower case: used as a function, ``with running(name, seq):``)
     """Mark operation ``seq`` (``name``: allreduce, broadcast, ...; ``label``: the name the ranks
-    agreed it under, where there is one) as the one this thread runs (cheap: one attribute set and
-    reset per operation; the text is made only when asked)."""
+    agreed it under, where there is one; ``space``: the tag space of the group that numbers it, 0
+    for the whole group, a process set's id otherwise) as the one this thread runs (cheap: one
+    attribute set and reset per operation; the text is made only when asked)."""
 
     __slots__ = ("before", "op")
 
-    def __init__(self, name: str, seq: int, label: str | None = None) -> None:
-        self.op = (name, seq, label)
-        self.before: tuple[str, int, str | None] | None = None
+    def __init__(self, name: str, seq: int, label: str | None = None, space: int = 0) -> None:
+        self.op = (name, seq, label, space)
+        self.before: tuple[str, int, str | None, int] | None = None
 
     def __enter__(self) -> None:
         self.before = getattr(_here, "op", None)
@@ -74,14 +75,16 @@ def running_op() -> str | None:
     op = getattr(_here, "op", None)
     if op is None:
         return None
-    name, seq, label = op
-    return f"{name} {label!r} (operation {seq})" if label else f"{name} (operation {seq})"
+    name, seq, label, space = op
+    where = f"operation {seq} of process set {space}" if space else f"operation {seq}"
+    return f"{name} {label!r} ({where})" if label else f"{name} ({where})"
 
 
-def running_seq() -> int | None:
-    """The number of the operation this thread runs (None: it runs none)."""
+def running_slot() -> tuple[int, int] | None:
+    """The number of the operation this thread runs and the tag space of the group that numbers it
+    (0: the whole group; a process set's id), or None."""
     op = getattr(_here, "op", None)
-    return None if op is None else op[1]
+    return None if op is None else (op[1], op[3])
 
 
 class Due(Enum):

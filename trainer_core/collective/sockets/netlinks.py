@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -95,7 +95,9 @@ class NetLinks:
         self._early: dict[tuple[int, int], deque[bytes]] = {}
         self._gone: dict[int, LinkError] = {}  # peers whose channel ended
         self._left: set[int] = set()  # peers that said bye
-        self._shut: dict[int, int] = {}  # peers that shut down -> the operations they took part in
+        # peers that shut down -> the operations they took part in, by tag space (0: the whole
+        # group's; a process set's id)
+        self._shut: dict[int, dict[int, int]] = {}
         self._bye_sent = False
         self._dropped: set[int] = set()  # operations whose data messages are discarded (``drop``)
         self._broken: LinkError | None = None  # a peer died: every operation fails
@@ -166,14 +168,16 @@ class NetLinks:
             raise changed
 
     def _raise_shut_down(self) -> None:
-        seq = stalls.running_seq()
-        if seq is None:
+        at = stalls.running_slot()
+        if at is None:
             return
+        seq, space = at
         with self._lock:
-            gone = sorted((p, n) for p, n in self._shut.items() if seq >= n)
+            gone = sorted((p, s[space]) for p, s in self._shut.items() if space in s and seq >= s[space])
         if gone:
             peer, n = gone[0]
             ops = "its first operation" if n == 0 else f"its {n} operation{'s' if n > 1 else ''}"
+            ops += f" of process set {space}" if space else ""
             raise self.failed(
                 PeerShutDown(
                     f"collective: rank {peer} ({self.where(peer)}) shut down (closed its group) after "
@@ -288,11 +292,11 @@ class NetLinks:
                 self.log.warning("collective: closed the channel of rank %d: %s", peer, exc)
                 ch.close()
         elif h.op == protocol.BYE and peer is not None:
-            ops = protocol.ops_of(h)
+            ops, sets = protocol.ops_of(h), protocol.sets_of(h)
             with self._lock:
                 self._left.add(peer)
                 if ops is not None:
-                    self._shut[peer] = ops
+                    self._shut[peer] = {**sets, 0: ops}
         else:
             self.log.warning("collective: closed a channel that sent %s out of turn", h.op)
             ch.close()
@@ -447,7 +451,7 @@ class NetLinks:
         op = Recv(self, peer, tag, bytes_of(out, writable=True))
         key = (peer, tag)
         with self._lock:
-            if self._dropped:  # a later operation with a dropped one's tag bits (2**20 later)
+            if self._dropped:  # a later operation with a dropped one's tag bits (SEQ_WRAP later)
                 self._dropped.discard(data_op(tag))
             err = self._check(peer)
             if err is not None:
@@ -463,12 +467,13 @@ class NetLinks:
         op.fill(data)
         return op
 
-    def drop(self, seq: int) -> None:
-        """Forget the data messages of operation ``seq`` (not its control messages): its posted
-        receives are withdrawn, and what came or comes for it is discarded, until a receive of a
-        later operation with the same tag bits (``2**20`` operations later) is posted. The ranks
-        found they disagree on it, and no operation runs in its slot (``collective.speculation``)."""
-        bits = op_bits(seq)
+    def drop(self, seq: int, space: int = 0) -> None:
+        """Forget the data messages of operation ``seq`` of tag space ``space`` (0: the whole
+        group's; a process set's: ``SubLinks``), not its control messages: its posted receives are
+        withdrawn, and what came or comes for it is discarded, until a receive of a later operation
+        with the same tag bits (``SEQ_WRAP`` operations later) is posted. The ranks found they
+        disagree on it, and no operation runs in its slot (``collective.speculation``)."""
+        bits = op_bits(seq, space)
         with self._lock:
             self._dropped.add(bits)
             for table in (self._posted, self._early):
@@ -493,10 +498,11 @@ class NetLinks:
             op.peer,
         )
 
-    def leave(self, ops: int | None = None) -> None:
+    def leave(self, ops: int | None = None, sets: Mapping[int, int] | None = None) -> None:
         """Say bye to every peer (once): this rank took part in its group's operations ``0 .. ops -
-        1`` and will take part in no other (a peer waiting for it in a later one fails at once,
-        ``PeerShutDown``). The channels stay open (``close`` closes them)."""
+        1`` (and in those of the process sets ``sets`` lists: id -> operations) and will take part
+        in no other (a peer waiting for it in a later one fails at once, ``PeerShutDown``). The
+        channels stay open (``close`` closes them)."""
         with self._lock:
             if self._bye_sent:
                 return
@@ -504,7 +510,7 @@ class NetLinks:
             chans = list(self._chan.values())
         for ch in chans:
             with contextlib.suppress(ChannelClosed, KVError, OSError):
-                ch.post(protocol.bye(ops))
+                ch.post(protocol.bye(ops, sets))
 
     def close(self) -> None:
         """Say bye to every peer (unless ``leave`` did), stop the receiving thread and close the

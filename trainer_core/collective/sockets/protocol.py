@@ -25,6 +25,9 @@ for the node's decoder.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from trainer_core.errors import WireError
 from trainer_core.transport import wire
 
@@ -47,9 +50,26 @@ def shm(local_size: int) -> wire.Header:
     return wire.Header(SHM, body={"n": local_size})
 
 
-def bye(ops: int | None = None) -> wire.Header:
-    """The sender closed its group after its ``ops`` operations (slots) ``0 .. ops - 1``."""
-    return wire.Header(BYE, body={} if ops is None else {"ops": ops})
+def bye(ops: int | None = None, sets: Mapping[int, int] | None = None) -> wire.Header:
+    """The sender closed its group after its ``ops`` operations (slots) ``0 .. ops - 1``, and the
+    groups of the process sets it was in after theirs (``sets``: id -> operations)."""
+    body: dict[str, Any] = {} if ops is None else {"ops": ops}
+    if sets:
+        body["sets"] = {str(sid): n for sid, n in sets.items()}
+    return wire.Header(BYE, body=body)
+
+
+def sets_of(h: wire.Header) -> dict[int, int]:
+    """The operations of each process set a ``coll_bye`` says its sender took part in (entries
+    that are not a set's id and a count are left out)."""
+    raw = h.body.get("sets")
+    if not isinstance(raw, dict):
+        return {}
+    out = {}
+    for k, n in raw.items():
+        if isinstance(k, str) and k.isdigit() and wire.is_int(n) and n >= 0:
+            out[int(k)] = int(n)
+    return out
 
 
 def ops_of(h: wire.Header) -> int | None:
