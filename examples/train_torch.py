@@ -6,6 +6,7 @@ scikit-learn's bundled digits (8x8 images, no download).
     launchkit launch -n 2 -s 0 --launcher local python examples/train_torch.py --compression 1bit
     launchkit launch -n 2 -s 1 --launcher local python examples/train_torch.py                 # parameter server
     launchkit launch -n 2 -s 1 --launcher local python examples/train_torch.py --server-optimizer
+    launchkit launch -n 2:4 -s 0 --launcher local python examples/train_torch.py --elastic   # elastic
 
 The script is a Horovod script with its import changed (``import trainer_core.torch as hvd``):
 ``init()``, the learning rate scaled by ``size()``, ``DistributedOptimizer``, then
@@ -14,6 +15,9 @@ shard of the training set; rank 0 prints the mean loss, the test accuracy and sa
 With servers (``-s 1`` or more) gradients go through the parameter servers (``comm="ps"``);
 ``--server-optimizer`` makes the servers apply SGD (MXNet's ``update_on_kvstore``). Every process of
 the job runs this script: a scheduler or server serves its role on ``import trainer_core``.
+``--elastic`` trains with ``hvd.elastic`` (docs/elastic.md): an ``ElasticSampler`` over the whole
+training set, a ``TorchState`` committed after every step, the learning rate rescaled at each change
+of the workers; a worker that leaves or joins an ``-n MIN:MAX`` job does not stop the others.
 """
 
 from __future__ import annotations
@@ -93,7 +97,16 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
     p.add_argument("--server-optimizer", action="store_true", help="the servers apply SGD (-s 1 or more)")
+    p.add_argument(
+        "--elastic",
+        action="store_true",
+        help="hvd.elastic: train on when workers leave or join (launchkit launch -n MIN:MAX)",
+    )
     args = p.parse_args()
+    if args.elastic and (args.checkpoint or args.server_optimizer):
+        p.error(
+            "--elastic keeps its state in memory (hvd.elastic.TorchState): not with --checkpoint or --server-optimizer"
+        )
     if args.resume and not args.checkpoint:  # it trained from scratch, saying nothing
         p.error("--resume continues from --checkpoint PATH: give it too")
     if args.checkpoint:
@@ -126,6 +139,57 @@ def resume(
     return epoch
 
 
+def train_elastic(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    data: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+) -> None:
+    """``--elastic``: Horovod's elastic loop. A change of the workers goes back to the last commit
+    (after every step), re-forms the group and goes on; ``set_epoch`` at the end of an epoch."""
+    x_tr, y_tr, x_te, y_te = data
+    sampler = hvd.elastic.ElasticSampler(range(len(x_tr)), shuffle=True, seed=args.seed)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0)
+
+    def rescale() -> None:  # the learning rate follows the number of workers
+        for group in opt.param_groups:
+            group["lr"] = args.lr * hvd.size()
+
+    state.register_reset_callbacks([rescale])
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        while state.epoch < args.epochs:
+            start, total, steps = time.perf_counter(), 0.0, 0
+            model.train()
+            while state.batch * args.batch_size < len(sampler):
+                idx = torch.tensor(sampler.get_indices(state.batch, args.batch_size), dtype=torch.long)
+                loss = torch.nn.functional.cross_entropy(model(x_tr[idx]), y_tr[idx])
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                total, steps = total + float(loss.detach()), steps + 1
+                sampler.record_batch(state.batch, args.batch_size)
+                state.batch += 1
+                state.commit()
+            model.eval()
+            with torch.no_grad():
+                acc = float((model(x_te).argmax(1) == y_te).float().mean()) * 100
+            mean_loss = float(hvd.allreduce(torch.tensor([total / max(1, steps)])))
+            if hvd.rank() == 0:
+                rate = steps * args.batch_size * hvd.size() / (time.perf_counter() - start)
+                print(
+                    f"epoch {state.epoch + 1:3d}  loss {mean_loss:.4f}  test accuracy {acc:.2f}%  "
+                    f"{rate:.0f} samples/s  ({hvd.size()} workers)",
+                    flush=True,
+                )
+            state.epoch, state.batch = state.epoch + 1, 0
+            sampler.set_epoch(state.epoch)  # at the end of the epoch (Horovod's rule)
+            state.commit()
+
+    train(state)
+
+
 def main() -> None:
     args = parse_args()
     hvd.init()
@@ -151,6 +215,10 @@ def main() -> None:
         raise SystemExit(2) from None
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
+    if args.elastic:
+        train_elastic(args, model, opt, (x_tr, y_tr, x_te, y_te))
+        hvd.shutdown()
+        return
     mine = torch.arange(rank, len(x_tr), size)  # this worker's shard
     steps = len(mine) // args.batch_size
     gen = torch.Generator().manual_seed(args.seed + 1000 * rank)

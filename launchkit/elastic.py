@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from launchkit.backends.base import Backend
     from launchkit.telemetry.endpoint import Telemetry
 
+#: seconds an elastic job's scheduler may take to end by itself after the last worker ended
+SCHEDULER_WAIT = 2.0
+
 
 class Hooks(Protocol):
     """What the supervisor lends the controller."""
@@ -68,6 +71,7 @@ class Elastic:
     reached: set[tuple[str, int | None]] = field(default_factory=set)  # the machines ready for workers
     stopped: dict[int, int] = field(default_factory=dict)  # worker -> the restart it was stopped for
     _left: list[str] = field(default_factory=list)  # who left since the last change was said
+    done_at: float | None = None  # when the last worker of a finishing job ended
 
     def __post_init__(self) -> None:
         assert self.plan.elastic is not None
@@ -114,6 +118,8 @@ class Elastic:
         worker = self.workers[index]
         if Act.FAIL in acts:
             return False
+        if self.state.finishing and not self.state.live and self.done_at is None:
+            self.done_at = now
         if exit_code != 0 and not stopping:
             how = f"signal {signum}" if signum else f"exit {exit_code}"
             self._left.append(f"worker {worker.task.rank} on {worker.task.host} ({how})")
@@ -135,6 +141,12 @@ class Elastic:
         if self._room(now):
             self.state, acts = grow(self.state, self._every_live_in_process(), now, self.grace)
             self._act(acts, now, hooks)
+
+    def scheduler_idle(self, now: float) -> bool:
+        """Every worker has ended, the job finishing, ``SCHEDULER_WAIT`` seconds ago: the scheduler
+        process (trainer_core's; a torch.distributed script never joins it, and a trainer_core
+        one has ended it by now) is not needed any more, and the supervisor stops it."""
+        return self.done_at is not None and now - self.done_at >= SCHEDULER_WAIT
 
     def _poll(self) -> None:
         for hosts, failed in self.source.take() if self.source is not None else []:

@@ -140,6 +140,7 @@ class Supervisor:
         self._signals: list[int] = []
         self._procs: list[_Running] = []
         self._left: set[int] = set()  # elastic: the workers whose end was a change of membership
+        self._released: set[int] = set()  # elastic: the scheduler, stopped once every worker ended
         self.merger = Merger(self.writer, self._log_failed, TAIL_LINES)
         if elastic is not None:
             elastic.say = self._announce
@@ -336,6 +337,7 @@ class Supervisor:
                 self._step(Event.TICK)  # the grace period's end, the wait for the kills' confirmation
                 if self.elastic is not None and not self.state.ending:
                     self.elastic.tick(time.monotonic(), self)
+                    self._release_scheduler()
                 self.publisher.publish(self._procs, self._root)
                 try:
                     index, code, ended = self._events.get(timeout=0.1)
@@ -346,7 +348,7 @@ class Supervisor:
                     continue
                 self._pending -= 1
                 exit_code, sig_no = exit_code_of(code)
-                stopped = self.elastic is not None and index in self.elastic.state.stopping
+                stopped = self.elastic is not None and index in self.elastic.state.stopping | self._released
                 run.result = TaskResult(
                     run.task,
                     exit_code,
@@ -356,7 +358,7 @@ class Supervisor:
                 )
                 if self._membership_change(index, exit_code, sig_no):
                     self._save_processes()
-                elif exit_code != 0 and not self.state.ending:
+                elif exit_code != 0 and not self.state.ending and index not in self._released:
                     blame.add(index, time.monotonic(), run.tail, run.output_ended)
             settle(force=True)  # every process ended before a root cause was named
             self._step(Event.ENDED)
@@ -388,7 +390,8 @@ class Supervisor:
         root = results[self._procs.index(self._root)] if self._root is not None else None
         named_by = results[self._procs.index(self._named_by)] if self._named_by is not None else None
         interrupted_by = self.state.signum if self.state.cause is Cause.SIGNAL else None
-        counted = [r for i, r in enumerate(results) if i not in self._left]  # (elastic: left, not failed)
+        # (elastic: the workers that left and a scheduler stopped after the workers ended did not fail)
+        counted = [r for i, r in enumerate(results) if i not in self._left | self._released]
         code = (
             EXIT_TIMEOUT if self.timed_out and root is None else job_exit_code(root, interrupted_by, counted)
         )
@@ -431,6 +434,17 @@ class Supervisor:
             self._left.add(index)
             return True
         return False
+
+    def _release_scheduler(self) -> None:
+        """An elastic job whose workers have all ended: its scheduler, if it still runs, is stopped
+        (``Elastic.scheduler_idle``)."""
+        assert self.elastic is not None
+        if not self.elastic.scheduler_idle(time.monotonic()):
+            return
+        for index, run in enumerate(self._procs):
+            if run.task.role == "scheduler" and run.result is None and index not in self._released:
+                self._released.add(index)
+                self.signal_task(index, signal.SIGTERM)
 
     def _announce(self, line: str) -> None:
         """A membership change (or a word on the hosts): into the job's log, which the dashboard

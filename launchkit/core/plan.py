@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -62,6 +63,17 @@ def new_secret() -> str:
     return secrets.token_hex(32)
 
 
+#: the scheduler process of an elastic job runs trainer_core's scheduler, not the job's command:
+#: membership is served whatever the workers run (a torch.distributed script never sees
+#: ``DMLC_ROLE=scheduler``); launchkit names the module and does not import it (docs/elastic.md)
+ELASTIC_SCHEDULER_MODULE = "trainer_core.ps.scheduler"
+
+
+def elastic_scheduler_argv(python: str) -> tuple[str, ...]:
+    """The command of an elastic job's scheduler process, run by the interpreter ``python``."""
+    return (python, "-m", ELASTIC_SCHEDULER_MODULE)
+
+
 def has_scheduler(spec: LaunchSpec, caps: Capabilities) -> bool:
     """Whether the job runs a scheduler process: with servers, or on a backend where worker 0
     does not serve the root of a job without servers (``caps.root_in_worker0``: YARN still runs
@@ -116,6 +128,7 @@ def make_plan(
     master: tuple[str, int] = ("", 0),
     job_home: str = "",
     inherited: Mapping[str, str] | None = None,
+    python: str = sys.executable,
 ) -> Plan:
     """Every process of the job, on a backend that can do ``caps``. ``node_host_of`` maps a
     host to the address it publishes (``DMLC_NODE_HOST``); by default processes that all run here
@@ -126,7 +139,8 @@ def make_plan(
     ``root_uri:root_port`` (which must then be on worker 0's host). ``inherited``: the launcher's
     own environment where the processes get it (``caps.inherits_env``): a variable set there is
     the user's. Every process of a machine that runs more than one gets ``OMP_NUM_THREADS=1``
-    unless the user set it (as torchrun: each would otherwise run a thread per core)."""
+    unless the user set it (as torchrun: each would otherwise run a thread per core). An elastic job's
+    scheduler process runs ``python -m trainer_core.ps.scheduler`` (``elastic_scheduler_argv``)."""
     no_scheduler = not has_scheduler(spec, caps)
     slots = place(spec.num_workers, spec.num_servers, spec.hosts)
     local_size, node_rank = worker_hosts(slots)
@@ -189,7 +203,8 @@ def make_plan(
         env.update(user)
         if metrics_addr:  # the launcher's metrics endpoint (docs/metrics.md)
             env[dmlc_env.LAUNCHKIT_METRICS_ADDR] = metrics_addr
-        return Task(role, rank, task_id, host, local_rank, argv, env, cwd)
+        run = elastic_scheduler_argv(python) if role == "scheduler" and spec.elastic is not None else argv
+        return Task(role, rank, task_id, host, local_rank, run, env, cwd)
 
     remote_cwd = spec.sync_dst_dir or spec.cwd
     scheduler_host = spec.hosts[0] if caps.here else Host("localhost")

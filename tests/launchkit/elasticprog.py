@@ -2,8 +2,7 @@
 contract to ``$OUT/start-ROLE-INDEX-PID`` when it starts, then waits until ``$OUT/stop`` exists and
 exits 0. A worker whose ``LAUNCHKIT_ROLE_RANK`` is in ``$FAIL`` (comma-separated) exits 3 at
 once; with ``IN_PROCESS=1`` every worker reports ``dmlc_env.ELASTIC_IN_PROCESS_FIGURE`` = 1 to the
-launcher's metrics endpoint (as trainer_core's elastic API does) before anything else. With
-``SCHEDULER_EXIT=N`` the scheduler exits N once every first worker has started."""
+launcher's metrics endpoint (as trainer_core's elastic API does) before anything else."""
 
 import json
 import os
@@ -53,10 +52,6 @@ if role == "worker" and e.get("IN_PROCESS") == "1":
 if role == "worker" and str(index) in e.get("FAIL", "").split(","):
     print(f"worker {index} fails", file=sys.stderr, flush=True)
     sys.exit(3)
-if role == "scheduler" and e.get("SCHEDULER_EXIT"):
-    while len(list(out.glob("start-worker-*"))) < int(e["DMLC_NUM_WORKER"]):
-        time.sleep(0.05)
-    sys.exit(int(e["SCHEDULER_EXIT"]))
 seq = 2
 while not (out / "stop").exists():
     time.sleep(0.05)

@@ -4,6 +4,8 @@ blacklist's cool-down, where new workers go, a discovery script's lines; and cor
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import dmlc_env
@@ -111,6 +113,14 @@ def spec(**kw: object) -> LaunchSpec:
     return LaunchSpec(**{**base, **kw})  # type: ignore[arg-type]
 
 
+def fixed_argv(caps: Capabilities) -> tuple[str, ...]:
+    """The scheduler's command in a job that is not elastic (with a server: it has one)."""
+    plan = make_plan(
+        spec(num_servers=1), caps=caps, job_id="j", secret="s", root_uri="127.0.0.1", root_port=9
+    )
+    return next(t.argv for t in plan.tasks if t.role == "scheduler")
+
+
 def test_an_elastic_job_always_has_a_scheduler_and_its_bounds_in_every_process() -> None:
     caps = Capabilities(here=True, elastic="resize")
     assert not has_scheduler(spec(), caps) and has_scheduler(spec(elastic=(2, 3)), caps)
@@ -119,6 +129,10 @@ def test_an_elastic_job_always_has_a_scheduler_and_its_bounds_in_every_process()
     )
     assert [t.role for t in plan.tasks] == ["scheduler", "worker", "worker", "worker"]
     assert {t.env[dmlc_env.LAUNCHKIT_ELASTIC] for t in plan.tasks} == {"2:3"}
+    # the scheduler runs trainer_core's, not the job's command (which may not know the role)
+    assert plan.tasks[0].argv == (sys.executable, "-m", "trainer_core.ps.scheduler")
+    assert {t.argv for t in plan.tasks[1:]} == {("python", "t.py")}
+    assert fixed_argv(caps) == ("python", "t.py")
     assert all(dmlc_env.LAUNCHKIT_ROOT_SERVER not in t.env for t in plan.tasks)
     fixed = make_plan(spec(), caps=caps, job_id="j", secret="s", root_uri="127.0.0.1", root_port=9)
     assert all(dmlc_env.LAUNCHKIT_ELASTIC not in t.env for t in fixed.tasks)

@@ -4,18 +4,20 @@ not handle a change themselves: torchrun's behaviour) stops the survivors and st
 again with dense RANK/WORLD_SIZE and TORCHELASTIC_RESTART_COUNT + 1; in-process mode (every worker
 reported dmlc_env.ELASTIC_IN_PROCESS_FIGURE) keeps the survivors running; after the host's
 cool-down the job grows back to MAX; fewer than MIN, or a scheduler that dies, ends the job with
-its root cause, nothing left."""
+its root cause, nothing left. The scheduler process runs trainer_core's scheduler (the program
+never runs in that role), which launchkit stops once every worker has ended."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.launchkit.procs import pids_with_job, record, run, start, wait_for_job, wait_until
+from tests.launchkit.procs import pids_with_env, pids_with_job, record, run, start, wait_for_job, wait_until
 
 PROG = str(Path(__file__).with_name("elasticprog.py"))
 WAIT = 60.0  # seconds for an event under a loaded machine (the tests wait for events, never sleep)
@@ -128,25 +130,18 @@ def test_fewer_than_min_fails_the_job_naming_the_worker(out: Path, launchkit_hom
 
 
 def test_a_scheduler_that_dies_ends_the_job_with_nothing_left(out: Path, launchkit_home: Path) -> None:
-    res = run(launch_args(out, "1:2", "--env", "SCHEDULER_EXIT:5"), cwd=out.parent, timeout=WAIT)
-    assert res.returncode == 5, res.stderr
-    assert "failed: scheduler 0 on localhost exited with code 5" in res.stderr, res.stderr
-    job = wait_for_job(launchkit_home)
+    proc = start(launch_args(out, "1:2"), cwd=out.parent)
+    try:
+        assert wait_until(lambda: {0, 1} <= set(starts(out)), WAIT), starts(out)
+        job = wait_for_job(launchkit_home)
+        (scheduler,) = [p for p in pids_with_job(job) if p in pids_with_env("DMLC_ROLE=scheduler")]
+        os.kill(scheduler, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.returncode is None:
+            finish(proc, out)
+    assert proc.returncode == 137, stderr
+    assert "failed: scheduler 0 on localhost" in stderr and "signal 9" in stderr, stderr
     assert record(launchkit_home, job)["changes"] == []
     assert not pids_with_job(job)
-
-
-def test_a_scheduler_that_ends_at_once_with_0_leaves_restart_mode_working(
-    out: Path, launchkit_home: Path
-) -> None:
-    """A torch.distributed script without trainer_core ends at once in the scheduler's role
-    (docs/elastic.md): the job goes on, and a lost worker still restarts the others."""
-    proc = start(launch_args(out, "2:3", "--env", "SCHEDULER_EXIT:0", "--env", "FAIL:1"), cwd=out.parent)
-    try:
-        assert wait_until(lambda: {3, 4} <= set(starts(out)), WAIT), starts(out)
-        job = wait_for_job(launchkit_home)
-    finally:
-        stderr = finish(proc, out)
-    assert proc.returncode == 0, stderr
-    assert "restart 1 of the workers" in stderr
-    assert not pids_with_job(job)
+    assert not list(out.glob("start-scheduler-*"))  # the command never ran as the scheduler

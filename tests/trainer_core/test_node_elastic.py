@@ -212,3 +212,47 @@ def test_abort_from_another_thread_while_the_main_thread_waits_at_the_scheduler(
     stop.set()
     t.join(5)
     sched.close(), end.close()
+
+
+@pytest.mark.proc
+def test_an_elastic_scheduler_no_worker_joins_waits_past_the_start_timeout() -> None:
+    """A torch.distributed script's workers never join an elastic job's scheduler (launchkit
+    stops it when they have ended): it does not fail at PS_START_TIMEOUT as a fixed job's does."""
+    from dmlc_env import JobEnv
+
+    from .cluster import reserve_port
+
+    held = reserve_port()
+    port = held.getsockname()[1]
+    held.close()
+    codes = {}
+    for elastic in (None, (2, 3)):
+        jenv = JobEnv(
+            job_id="nojoin",
+            secret="s",
+            cluster="local",
+            root_uri="127.0.0.1",
+            root_port=port,
+            num_servers=0,
+            num_workers=2,
+            elastic=elastic,
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "LAUNCHKIT_", "PS_"))}
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        env.update(
+            build_env(
+                jenv, TaskEnv(role="scheduler", role_rank=0, task_id=2, local_rank=0, node_host="127.0.0.1")
+            )
+        )
+        env["PS_START_TIMEOUT"] = "1"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer_core.ps.scheduler"], env=env, stderr=subprocess.PIPE
+        )
+        try:
+            codes[elastic] = proc.wait(timeout=8)
+        except subprocess.TimeoutExpired:
+            codes[elastic] = None
+        finally:
+            proc.kill()
+            proc.communicate()
+    assert codes[None] not in (0, None) and codes[(2, 3)] is None, codes

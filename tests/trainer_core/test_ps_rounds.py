@@ -87,3 +87,25 @@ def test_the_handler_takes_the_members_by_id_and_refuses_a_leaver() -> None:
     h.workers_changed(3, {worker_id("worker 1")}, {worker_id("worker 3")})
     assert h.members == {0, 2, 3} and h.num_workers == 3 and h.store.num_workers == 3
     h.close()
+
+
+def test_a_round_does_not_wait_for_a_newcomer_that_pushes_to_another_key_first() -> None:
+    # keys k and k1 pushed in turn; worker 5 joins while the others wait in k1's round and
+    # pushes to k first: k1's round closes with the two, k's next round takes all three
+    s = elastic(2)
+    s.handle(req(wire.INIT, 0, ones(0), key="k1"))
+    for w in (0, 1):
+        assert len(s.handle(req(wire.PUSHPULL, w, ones(1)))) == 2 * w  # k's round closes
+    a = req(wire.PUSHPULL, 0, ones(1), key="k1")
+    assert s.handle(a) == []
+    assert s.workers_changed(3, set(), {5}) == []
+    new = req(wire.PUSHPULL, 5, ones(4))  # k, the next round
+    assert s.handle(new) == []
+    b = req(wire.PUSHPULL, 1, ones(2), key="k1")
+    assert set(map(id, s.handle(b))) == {id(a), id(b)} and a.results[0].tolist() == [3.0] * 4
+    c, d = req(wire.PUSHPULL, 0, ones(1)), req(wire.PUSHPULL, 1, ones(2))
+    assert s.handle(c) == []
+    assert set(map(id, s.handle(d))) == {id(new), id(c), id(d)} and new.results[0].tolist() == [7.0] * 4
+    # from now on k's rounds wait for worker 5 as well; k1's once it has pushed there
+    e, f = req(wire.PUSHPULL, 0, ones(1)), req(wire.PUSHPULL, 1, ones(1))
+    assert s.handle(e) == [] and s.handle(f) == []

@@ -90,7 +90,10 @@ class Scheduler:
                 if self.exit_code is not None:
                     return self.exit_code
             now = time.monotonic()
-            if not self.nodes and now - started > cfg.start_timeout:
+            # (an elastic job's workers may never join: a torch.distributed script's do not, and
+            # launchkit ends this process once they have all ended; docs/elastic.md)
+            waits = self.elastic is not None and not self.pending
+            if not self.nodes and not waits and now - started > cfg.start_timeout:
                 missing = missing_nodes(self.pending, self.expected)
                 return self._abort(
                     f"only {len(self.pending)} of {sum(self.expected.values())} nodes registered within "

@@ -111,7 +111,7 @@ class RequestHandler:
         the workers that left are dropped from them, and the requests complete now are answered."""
         self.members = (self.members - left) | joined
         self.num_workers = num_workers
-        for req in self.store.workers_changed(num_workers, left):
+        for req in self.store.workers_changed(num_workers, left, joined):
             self._reply(req)
 
     def _fail_stuck(self) -> None:

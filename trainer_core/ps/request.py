@@ -76,3 +76,4 @@ class KeyState:
     lender: Request | None = None
     # An elastic job's round: each worker's push apart, by its id (``ps/rounds.py``)
     parts: dict[int, np.ndarray] = field(default_factory=dict)
+    entered: set[int] = field(default_factory=set)  # the newcomers that have pushed to this key

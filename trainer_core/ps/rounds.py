@@ -3,7 +3,8 @@
 In a job that is not elastic a round sums the pushes as they arrive (``store.Store``). In an
 elastic job a worker may leave mid-round; its push must then be taken out of that round, which a
 running sum cannot do exactly. So the round keeps each worker's push (a copy, by the worker's
-stable id), closes when every *member of the current epoch* has pushed, and sums the pushes then,
+stable id), closes when every *member of the current epoch* has pushed (a worker that joined after the start
+counts in a key's rounds from its first push to that key), and sums the pushes then,
 in id order (the same order on every server, whatever the order of arrival). A worker that
 leaves is taken out of every open round: its push and its waiting requests are dropped, and a
 round that the remaining members have all pushed to closes at once.
@@ -36,15 +37,16 @@ def total(st: KeyState, alloc: Callable[[np.dtype, int], np.ndarray]) -> np.ndar
     return st.acc
 
 
-def drop(states: Iterable[KeyState], left: set[int], members: int) -> list[KeyState]:
+def drop(states: Iterable[KeyState], left: set[int], expected: Callable[[KeyState], int]) -> list[KeyState]:
     """Take the workers ``left`` out of every open round of ``states``: their pushes, queued pushes
-    and waiting requests; returns the states whose round is complete now (``members`` pushed)."""
+    and waiting requests; returns the states whose round is complete now (``expected(st)``
+    pushed)."""
     complete: list[KeyState] = []
     for st in states:
         if not (left & (st.pushed | st.queued)) and not any(
             req.rank in left for req, _ in st.waiting + st.deferred
         ):
-            if st.pushed and len(st.pushed) >= members:
+            if st.pushed and len(st.pushed) >= expected(st):
                 complete.append(st)
             continue
         for w in left:
@@ -53,6 +55,6 @@ def drop(states: Iterable[KeyState], left: set[int], members: int) -> list[KeySt
         st.queued -= left
         st.waiting = [(req, i) for req, i in st.waiting if req.rank not in left]
         st.deferred = [(req, i) for req, i in st.deferred if req.rank not in left]
-        if st.pushed and len(st.pushed) >= members:
+        if st.pushed and len(st.pushed) >= expected(st):
             complete.append(st)
     return complete

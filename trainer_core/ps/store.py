@@ -55,6 +55,9 @@ class Store:
     def __init__(self, num_workers: int, alloc: Callable[[np.dtype, int], np.ndarray] | None = None) -> None:
         self.num_workers = num_workers  # (an elastic job's: the members of the current epoch)
         self.elastic = False  # keep each push of a sync round apart (``ps/rounds.py``)
+        #: an elastic job's workers that joined after the start: a key's rounds count one of them
+        #: from its first push to that key (``expected``)
+        self.newcomers: set[int] = set()
         self.alloc = alloc or (lambda dtype, n: np.empty(n, dtype=dtype))
         self.sync = True
         self.updater: optim.Updater | None = None
@@ -86,17 +89,27 @@ class Store:
                 self._unlend(st)  # the round is abandoned: nothing of it is kept
         return list(failed.values())
 
-    def workers_changed(self, num_workers: int, left: set[int]) -> list[Request]:
+    def workers_changed(
+        self, num_workers: int, left: set[int], joined: frozenset[int] | set[int] = frozenset()
+    ) -> list[Request]:
         """An elastic job's next epoch: ``num_workers`` members, the workers ``left`` gone (their
-        pushes dropped from the open rounds); returns the requests complete now."""
+        pushes dropped from the open rounds), the workers ``joined`` new (counted in a key's rounds
+        from their first push to it: a round the others are in does not wait for a newcomer that
+        pushes to another key first); returns the requests complete now."""
         self.num_workers = num_workers
         self.finished -= left
+        self.newcomers = (self.newcomers - left) | set(joined)
         self.away.forget(left)
         done: list[Request] = []
         if self.sync:
-            for st in rounds.drop(self.keys.values(), left, num_workers):
+            for st in rounds.drop(self.keys.values(), left, self.expected):
                 self._end_round(st, done)
         return done
+
+    def expected(self, st: KeyState) -> int:
+        """The pushes that close a round of ``st``: the members, less the newcomers that have not
+        pushed to it yet."""
+        return self.num_workers - len(self.newcomers - st.entered)
 
     def enter(self, rank: int, at: str, count: int) -> None:
         """Worker ``rank`` entered collective call ``at``, its ``count``-th, at the scheduler: the
@@ -369,6 +382,8 @@ class Store:
             return
         if self.elastic:  # kept apart until the round closes (a leaver's push can be dropped)
             rounds.keep(st, req.rank, data)
+            if req.rank in self.newcomers:
+                st.entered.add(req.rank)
         else:
             self._sum_in(st, req, data)
         st.pushed.add(req.rank)
@@ -376,7 +391,7 @@ class Store:
             st.waiting.append((req, i))
         else:
             self._done(req, i, done)
-        if len(st.pushed) >= self.num_workers:
+        if len(st.pushed) >= (self.expected(st) if self.elastic else self.num_workers):
             self._end_round(st, done)
 
     def _sum_in(self, st: KeyState, req: Request, data: np.ndarray) -> None:

@@ -1,0 +1,152 @@
+"""Elastic jobs end to end: ``launchkit launch -n MIN:MAX`` running trainer_core workers
+(``tests/trainer_core/elastic_launchjob.py``: torch and ``hvd.elastic``). A worker SIGKILLed
+mid-training is a change of membership: the launcher keeps the survivors (they reported the
+in-process figure), trainer_core's scheduler drops the worker, and the others re-form and train on
+in their own processes from their last commit, with no step counted twice; the job ends with 0
+and ``launchkit ps JOB_ID`` shows the change. Through the parameter server
+(``tests/trainer_core/elastic_launchps.py``, ``-s 1``): the sync rounds close with the survivors'
+pushes, and the worker the launcher starts after the host's cool-down joins them, ending with the
+others' parameters."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="trainer_core.torch needs torch (the torch extra)")
+
+from tests.launchkit.procs import pids_with_job, record, run, start, wait_for_job, wait_until
+
+PROG = str(Path(__file__).with_name("elastic_launchjob.py"))
+WAIT = 120.0  # seconds for an event on a loaded machine (waits for events, never sleeps)
+TIMEOUT = 6.0  # PS_HEARTBEAT_TIMEOUT: a worker importing torch on a loaded machine is slow
+HEARTBEAT = ("PS_HEARTBEAT_INTERVAL:0.2", f"PS_HEARTBEAT_TIMEOUT:{TIMEOUT}", "PS_START_TIMEOUT:90")
+
+
+def steps(out: Path, index: int) -> list[dict]:
+    f = out / f"steps-{index}"
+    if not f.exists():
+        return []
+    return [json.loads(line) for line in f.read_text().splitlines() if line.endswith("}")]
+
+
+def reported(out: Path, indices: range) -> bool:
+    """Every worker trained for 2 s: its first metrics report (the in-process figure, sent when
+    its group or store was made, at most one report a second) has reached the launcher."""
+    return all((s := steps(out, i)) and s[-1]["t"] - s[0]["t"] > 2 for i in indices)
+
+
+def launch(out: Path, bounds: str, servers: int, *flags: str) -> list[str]:
+    envs = [a for e in (f"OUT:{out}", *HEARTBEAT) for a in ("--env", e)]
+    head = ["launch", "-n", bounds, "-s", str(servers), "--no-dashboard", "--grace-period", "2"]
+    return [*head, *envs, *flags, sys.executable, PROG]
+
+
+def finish(proc, out: Path) -> tuple[str, str]:
+    (out / "stop").write_text("")
+    try:
+        return proc.communicate(timeout=WAIT)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+
+
+@pytest.mark.timeout(400)
+def test_a_sigkilled_worker_leaves_and_the_others_train_on_in_their_processes(
+    tmp_path: Path, launchkit_home: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    # (a long cool-down: the job stays at 3 and nothing joins meanwhile)
+    proc = start(launch(out, "2:4", 0, "--blacklist-cooldown", "600"), cwd=tmp_path)
+    try:
+        assert wait_until(lambda: all(len(steps(out, i)) >= 3 for i in range(4)), WAIT), proc.pid
+        assert wait_until(lambda: reported(out, range(4)), WAIT)
+        pids = {i: int((out / f"pid-{i}").read_text()) for i in range(4)}
+        os.kill(pids[2], signal.SIGKILL)
+        killed_at = time.time()
+        survivors = (0, 1, 3)
+        assert wait_until(lambda: all(any(s["size"] == 3 for s in steps(out, i)) for i in survivors), WAIT)
+        at3 = {i: [s for s in steps(out, i) if s["size"] == 3] for i in survivors}
+        assert wait_until(
+            lambda: all(len([s for s in steps(out, i) if s["size"] == 3]) >= 3 for i in survivors), WAIT
+        )
+        job = wait_for_job(launchkit_home)
+    finally:
+        stdout, stderr = finish(proc, out)
+    assert proc.returncode == 0, stderr
+    first_after = min(s["t"] for i in survivors for s in at3[i])
+    assert first_after - killed_at < TIMEOUT + 2, (first_after - killed_at, stderr)
+    results = {
+        r["me"]: r
+        for r in (json.loads(x.split("RESULT ", 1)[1]) for x in stdout.splitlines() if "RESULT " in x)
+    }
+    assert set(results) == {"0", "1", "3"}, stdout
+    for i in survivors:
+        assert results[str(i)]["pid"] == pids[i]  # kept its process
+        assert results[str(i)]["size"] == 3
+        got = [s["step"] for s in steps(out, i)]
+        assert got == sorted(set(got)), got  # no step counted twice
+    assert results["0"]["params"] == results["1"]["params"] == results["3"]["params"]
+    assert results["0"]["steps"] == results["1"]["steps"] == results["3"]["steps"]
+    assert "epoch 1; left: worker 2 on localhost (signal 9); in process" in stderr, stderr
+    assert not pids_with_job(job)
+    shown = run(["ps", job], cwd=tmp_path)
+    assert shown.returncode == 0 and "left: worker 2 on localhost (signal 9)" in shown.stdout, shown
+    assert record(launchkit_home, job)["changes"][0]["epoch"] == 1
+
+
+PS_PROG = str(Path(__file__).with_name("elastic_launchps.py"))
+
+
+@pytest.mark.timeout(400)
+def test_the_parameter_server_path_drops_a_lost_worker_and_a_new_one_joins_the_rounds(
+    tmp_path: Path, launchkit_home: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    args = launch(out, "2:3", 1, "--blacklist-cooldown", "10")
+    args[-1] = PS_PROG
+    proc = start(args, cwd=tmp_path)
+    try:
+        assert wait_until(lambda: all(len(steps(out, i)) >= 3 for i in range(3)), WAIT), proc.pid
+        assert {s["n"] for s in steps(out, 0)[:3]} == {3}
+        # (the rounds take milliseconds: train on for 2 s, past the first metrics report, which
+        # tells the launcher that the workers handle a change in their processes)
+        assert wait_until(lambda: reported(out, range(3)), WAIT)
+        pids = {i: int((out / f"pid-{i}").read_text()) for i in range(3)}
+        os.kill(pids[2], signal.SIGKILL)
+        # the rounds close with the two survivors' pushes, then (the host's cool-down over) with
+        # the new worker 3's too (a cool-down past the heartbeat bound)
+        assert wait_until(lambda: any(s["n"] == 2 for s in steps(out, 0)), WAIT)
+        assert wait_until(lambda: len([s for s in steps(out, 3) if s["n"] == 3]) >= 3, WAIT)
+        assert wait_until(lambda: any(s["n"] == 3 and s["round"] > 3 for s in steps(out, 0)), WAIT)
+        (out / "stop").write_text("")
+        job = wait_for_job(launchkit_home)
+        stdout, stderr = proc.communicate(timeout=WAIT)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, stderr
+    results = {
+        r["me"]: r
+        for r in (json.loads(x.split("RESULT ", 1)[1]) for x in stdout.splitlines() if "RESULT " in x)
+    }
+    assert set(results) == {"0", "1", "3"}, stdout
+    assert results["0"]["pid"] == pids[0] and results["1"]["pid"] == pids[1]
+    counts = [s["n"] for s in steps(out, 0)]
+    assert counts[0] == 3 and 2 in counts and counts[-1] == 3, counts  # 3, then 2, then 3 again
+    # the newcomer took the server's values and then the same rounds: the same parameters at the end
+    assert results["0"]["w"] == results["1"]["w"] == results["3"]["w"], results
+    assert results["0"]["rounds"] == results["1"]["rounds"] > results["3"]["rounds"]
+    assert "left: worker 2 on localhost (signal 9); in process" in stderr, stderr
+    assert "joined: worker 3 on localhost" in stderr, stderr
+    assert not pids_with_job(job)
