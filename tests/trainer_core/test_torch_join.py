@@ -5,33 +5,15 @@ test_torch_join_jobs.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
 
 import trainer_core.torch as hvd
-from trainer_core.collective import Group
-from trainer_core.collective.fabric import Fabric, run_ranks
-from trainer_core.torch.backend import KV, Collective
+from tests.trainer_core.torchranks import on_ranks
+from trainer_core.torch.backend import KV
 from trainer_core.torch.runtime import Runtime
-
-
-def on_ranks(w: int, fn: Callable[[int, Runtime], Any]) -> list[Any]:
-    """``fn(rank, runtime)`` on ``w`` threads linked by an in-process fabric."""
-    fabric = Fabric(w, timeout=30)
-
-    def body(r: int) -> Any:
-        rt = Runtime()
-        rt.attach(Collective(Group(fabric.endpoint(r))))
-        try:
-            return fn(r, rt)
-        finally:
-            rt.shutdown()
-
-    return run_ranks(w, body, timeout=60)
 
 
 def steps(r: int) -> int:

@@ -5,7 +5,6 @@ process: each rank a thread with its own ``Runtime`` over an in-process collecti
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,27 +14,10 @@ torch = pytest.importorskip(
 )
 
 import trainer_core.torch as hvd  # noqa: E402
-from trainer_core.collective import Group  # noqa: E402
-from trainer_core.collective.fabric import Fabric, run_ranks  # noqa: E402
-from trainer_core.torch.backend import Collective  # noqa: E402
+from tests.trainer_core.torchranks import on_ranks  # noqa: E402
 from trainer_core.torch.runtime import Runtime  # noqa: E402
 
 W, B, STEPS = 3, 4, 3
-
-
-def on_ranks(w: int, fn: Callable[[int, Runtime], Any]) -> list[Any]:
-    """``fn(rank, runtime)`` on ``w`` threads linked by an in-process fabric."""
-    fabric = Fabric(w, timeout=30)
-
-    def body(r: int) -> Any:
-        rt = Runtime()
-        rt.attach(Collective(Group(fabric.endpoint(r))))
-        try:
-            return fn(r, rt)
-        finally:
-            rt.shutdown()
-
-    return run_ranks(w, body, timeout=60)
 
 
 _SEEDED = threading.Lock()  # torch's global generator is shared by the ranks' threads

@@ -5,7 +5,6 @@ registered, adding without dynamic sets, a path without sets)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,25 +15,10 @@ torch = pytest.importorskip(
 )
 
 import trainer_core.torch as hvd  # noqa: E402
-from trainer_core.collective import Group  # noqa: E402
-from trainer_core.collective.fabric import Fabric, run_ranks  # noqa: E402
-from trainer_core.torch.backend import KV, Collective  # noqa: E402
+from tests.trainer_core.torchranks import on_ranks  # noqa: E402
+from trainer_core.torch.backend import KV  # noqa: E402
 from trainer_core.torch.process_sets import register_init_sets  # noqa: E402
 from trainer_core.torch.runtime import Runtime  # noqa: E402
-
-
-def on_ranks(w: int, fn: Callable[[int, Runtime], Any]) -> list[Any]:
-    fabric = Fabric(w, timeout=30)
-
-    def body(r: int) -> Any:
-        rt = Runtime()
-        rt.attach(Collective(Group(fabric.endpoint(r))))
-        try:
-            return fn(r, rt)
-        finally:
-            rt.shutdown()
-
-    return run_ranks(w, body, timeout=60)
 
 
 def value(r: int, n: int = 5) -> np.ndarray:
