@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -106,23 +107,26 @@ def test_a_sigkilled_worker_leaves_and_the_others_train_on_in_their_processes(
 PS_PROG = str(Path(__file__).with_name("elastic_launchps.py"))
 
 
-@pytest.mark.timeout(400)
-def test_the_parameter_server_path_drops_a_lost_worker_and_trains_on(
-    tmp_path: Path, launchkit_home: Path
-) -> None:
+def ps_job_losing_worker_2(
+    tmp_path: Path, launchkit_home: Path, cooldown: str, after_kill: Callable[[Path], None]
+) -> tuple[dict[int, int], str, str, dict[str, dict], list[int], str]:
+    """A ``-s 1 -n 2:3`` job of ``PS_PROG`` whose worker 2 is SIGKILLed once every worker trained
+    2 s; ``after_kill(out)`` waits for what the test expects, then the job is stopped. The pids,
+    the job, its output, the workers' results and worker 0's count of pushes per round."""
     out = tmp_path / "out"
     out.mkdir()
-    args = launch(out, "2:3", 1, "--blacklist-cooldown", "600")  # (nothing joins meanwhile)
+    args = launch(out, "2:3", 1, "--blacklist-cooldown", cooldown)
     args[-1] = PS_PROG
     proc = start(args, cwd=tmp_path)
     try:
         assert wait_until(lambda: all(len(steps(out, i)) >= 3 for i in range(3)), WAIT), proc.pid
         assert {s["n"] for s in steps(out, 0)[:3]} == {3}
+        # (the rounds take milliseconds: train on for 2 s, past the first metrics report, which
+        # tells the launcher that the workers handle a change in their processes)
         assert wait_until(lambda: reported(out, range(3)), WAIT)
         pids = {i: int((out / f"pid-{i}").read_text()) for i in range(3)}
         os.kill(pids[2], signal.SIGKILL)
-        # the rounds close with the two survivors' pushes
-        assert wait_until(lambda: len([s for s in steps(out, 0) if s["n"] == 2]) >= 3, WAIT)
+        after_kill(out)
         (out / "stop").write_text("")
         job = wait_for_job(launchkit_home)
         stdout, stderr = proc.communicate(timeout=WAIT)
@@ -135,12 +139,25 @@ def test_the_parameter_server_path_drops_a_lost_worker_and_trains_on(
         r["me"]: r
         for r in (json.loads(x.split("RESULT ", 1)[1]) for x in stdout.splitlines() if "RESULT " in x)
     }
-    assert set(results) == {"0", "1"}, stdout
     assert results["0"]["pid"] == pids[0] and results["1"]["pid"] == pids[1]
-    counts = [s["n"] for s in steps(out, 0)]
+    assert "left: worker 2 on localhost (signal 9); in process" in stderr, stderr
+    return pids, job, stdout, results, [s["n"] for s in steps(out, 0)], stderr
+
+
+@pytest.mark.timeout(400)
+def test_the_parameter_server_path_drops_a_lost_worker_and_trains_on(
+    tmp_path: Path, launchkit_home: Path
+) -> None:
+    def survivors_go_on(out: Path) -> None:  # the rounds close with the two survivors' pushes
+        assert wait_until(lambda: len([s for s in steps(out, 0) if s["n"] == 2]) >= 3, WAIT)
+
+    # (a long cool-down: nothing joins meanwhile)
+    _, job, stdout, results, counts, _ = ps_job_losing_worker_2(
+        tmp_path, launchkit_home, "600", survivors_go_on
+    )
+    assert set(results) == {"0", "1"}, stdout
     assert counts[0] == 3 and counts[-1] == 2 and 3 not in counts[counts.index(2) :], counts
     assert results["0"]["w"] == results["1"]["w"], results
-    assert "left: worker 2 on localhost (signal 9); in process" in stderr, stderr
     assert not pids_with_job(job)
 
 
@@ -153,43 +170,20 @@ def test_the_parameter_server_path_drops_a_lost_worker_and_trains_on(
 def test_the_parameter_server_path_drops_a_lost_worker_and_a_new_one_joins_the_rounds(
     tmp_path: Path, launchkit_home: Path
 ) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
-    args = launch(out, "2:3", 1, "--blacklist-cooldown", "10")
-    args[-1] = PS_PROG
-    proc = start(args, cwd=tmp_path)
-    try:
-        assert wait_until(lambda: all(len(steps(out, i)) >= 3 for i in range(3)), WAIT), proc.pid
-        assert {s["n"] for s in steps(out, 0)[:3]} == {3}
-        # (the rounds take milliseconds: train on for 2 s, past the first metrics report, which
-        # tells the launcher that the workers handle a change in their processes)
-        assert wait_until(lambda: reported(out, range(3)), WAIT)
-        pids = {i: int((out / f"pid-{i}").read_text()) for i in range(3)}
-        os.kill(pids[2], signal.SIGKILL)
+    def a_new_worker_joins(out: Path) -> None:
         # the rounds close with the two survivors' pushes, then (the host's cool-down over) with
         # the new worker 3's too (a cool-down past the heartbeat bound)
         assert wait_until(lambda: any(s["n"] == 2 for s in steps(out, 0)), WAIT)
         assert wait_until(lambda: len([s for s in steps(out, 3) if s["n"] == 3]) >= 3, WAIT)
         assert wait_until(lambda: any(s["n"] == 3 and s["round"] > 3 for s in steps(out, 0)), WAIT)
-        (out / "stop").write_text("")
-        job = wait_for_job(launchkit_home)
-        stdout, stderr = proc.communicate(timeout=WAIT)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, stderr
-    results = {
-        r["me"]: r
-        for r in (json.loads(x.split("RESULT ", 1)[1]) for x in stdout.splitlines() if "RESULT " in x)
-    }
+
+    _, job, stdout, results, counts, stderr = ps_job_losing_worker_2(
+        tmp_path, launchkit_home, "10", a_new_worker_joins
+    )
     assert set(results) == {"0", "1", "3"}, stdout
-    assert results["0"]["pid"] == pids[0] and results["1"]["pid"] == pids[1]
-    counts = [s["n"] for s in steps(out, 0)]
     assert counts[0] == 3 and 2 in counts and counts[-1] == 3, counts  # 3, then 2, then 3 again
     # the newcomer took the server's values and then the same rounds: the same parameters at the end
     assert results["0"]["w"] == results["1"]["w"] == results["3"]["w"], results
     assert results["0"]["rounds"] == results["1"]["rounds"] > results["3"]["rounds"]
-    assert "left: worker 2 on localhost (signal 9); in process" in stderr, stderr
     assert "joined: worker 3 on localhost" in stderr, stderr
     assert not pids_with_job(job)
