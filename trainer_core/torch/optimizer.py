@@ -30,6 +30,7 @@ import torch
 from trainer_core.train import samemodel
 
 from . import buckets as bucketing
+from . import heap
 from .adasum_optimizer import adasum_optimizer
 from .backend import Backend
 from .compression import Compression, Residual, check
@@ -100,6 +101,7 @@ class _Distributed:
                 )
         residual = isinstance(compression, Residual)
         sizes = [(str(p.dtype), p.numel() * p.element_size()) for p in self._params]
+        heap.keep_in_heap(sum(n for _, n in sizes))  # (freed by zero_grad, allocated by backward)
         limit = 0 if residual and compression.per_parameter else fusion_threshold
         plan = bucketing.plan(sizes, limit, None if residual else bucketing.ALONE)
         self._tracker = bucketing.Tracker(plan)
