@@ -4,7 +4,8 @@ launcher keeps the other three (in process), they go back to their last commit, 
 finish the epochs at 3 workers; the job exits 0 with every epoch printed once. The final test
 accuracy, mean of 3 seeds, is within 1 point of unbroken runs of the same seeds (the six figures
 are printed); so does a periodic learner's (block momentum). Every process the test started is gone
-afterwards (a marker in their environment). What ``--elastic`` cannot do is refused (exit 2).
+afterwards (a marker in their environment). After a short cool-down the worker the launcher starts
+in worker 2's place joins the survivors. What ``--elastic`` cannot do is refused (exit 2).
 """
 
 from __future__ import annotations
@@ -64,15 +65,16 @@ def workers_with_index(marker: str, index: int) -> list[int]:
     return found
 
 
-def digits_job(seed: int, kill: bool, *flags: str) -> Run:
-    """One elastic job of the example (``--epochs EPOCHS --seed seed``); with ``kill``, worker 2
-    is SIGKILLed when rank 0's line of epoch ``KILL_AFTER`` comes out."""
+def digits_job(seed: int, kill: bool, *flags: str, epochs: int = EPOCHS, cool_down: int = 600) -> Run:
+    """One elastic job of the example (``--epochs epochs --seed seed``); with ``kill``, worker 2
+    is SIGKILLed when rank 0's line of epoch ``KILL_AFTER`` comes out. The host's cool-down is
+    ``cool_down`` seconds: after it, the launcher starts a new worker in its place."""
     marker = f"TRAIN_DIGITS_ELASTIC={uuid.uuid4().hex}"
     envs = [a for e in (marker.replace("=", ":"), *ENV) for a in ("--env", e)]
     cmd = [
         *(sys.executable, "-m", "launchkit", "launch", "-n", "2:4", "-s", "0", "--launcher", "local"),
-        *("--no-dashboard", "--grace-period", "2", "--blacklist-cooldown", "600", *envs),
-        *(sys.executable, "examples/train_digits.py", "--elastic", "--epochs", str(EPOCHS)),
+        *("--no-dashboard", "--grace-period", "2", "--blacklist-cooldown", str(cool_down), *envs),
+        *(sys.executable, "examples/train_digits.py", "--elastic", "--epochs", str(epochs)),
         *("--seed", str(seed), *flags),
     ]
     proc = subprocess.Popen(
@@ -112,8 +114,8 @@ def digits_job(seed: int, kill: bool, *flags: str) -> Run:
             proc.wait()
     out = "".join(lines)
     assert left == [], f"processes left behind:\n{out}"
-    epochs = [(int(m.group(1)), float(m.group(2)), int(m.group(3))) for m in EPOCH.finditer(out)]
-    return Run(seed, kill, proc.returncode, epochs, out, pids, later)
+    printed = [(int(m.group(1)), float(m.group(2)), int(m.group(3))) for m in EPOCH.finditer(out)]
+    return Run(seed, kill, proc.returncode, printed, out, pids, later)
 
 
 def check(run: Run) -> None:
@@ -184,3 +186,19 @@ def test_what_elastic_cannot_do_is_refused(flags: tuple[str, ...], said: str) ->
     )
     assert refused.returncode == 2, refused.stderr
     assert said in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_worker_started_after_the_cool_down_joins_the_survivors() -> None:
+    """Worker 2 is lost; after the host's cool-down (1 s) the launcher starts worker 4, which
+    joins the three survivors: the epochs go on at 4 workers again and the job exits 0."""
+    run = digits_job(0, True, epochs=60, cool_down=1)
+    assert run.returncode == 0, run.output
+    assert [e for e, _, _ in run.epochs] == list(range(1, 61)), run.output
+    sizes = [n for _, _, n in run.epochs]
+    # (the epochs at 3 workers in between are as many as fit in the newcomer's start: maybe none)
+    assert sizes[:KILL_AFTER] == [4] * KILL_AFTER and sizes[-1] == 4, run.output
+    assert "left: worker 2 on localhost (signal 9); in process" in run.output, run.output
+    assert "joined: worker 4 on localhost (rank 3 of 4); in process" in run.output, run.output
+    assert run.accuracy >= 90.0, run.output
