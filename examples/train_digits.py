@@ -5,6 +5,7 @@
     launchkit launch -n 4 -s 2 --launcher local python examples/train_digits.py --learner block_momentum
     launchkit launch -n 4 -s 2 --launcher local python examples/train_digits.py --learner async
     launchkit launch -n 4 -s 0 --launcher local python examples/train_digits.py --comm allreduce
+    launchkit launch -n 2:4 -s 0 --launcher local python examples/train_digits.py --elastic
 
 Every role runs this same script: with ``DMLC_ROLE=scheduler`` or ``server`` the
 ``import trainer_core`` below runs that role and exits when the job ends (as MXNet does).
@@ -32,6 +33,16 @@ residuals; with ``--comm allreduce`` also its local learner's state); with ``--r
 continues from the epoch after it, every worker with its own residuals (the parameter servers'
 state too with ``--comm ps``). ``launchkit launch --max-restarts N ... --resume`` thus resumes a
 job that failed from its last checkpoint (docs/reliability.md).
+
+``--elastic`` (an ``-n MIN:MAX`` job without servers; it implies ``--comm allreduce``) trains on
+when workers leave or join (docs/elastic.md): the loop runs under ``trainer_core.train.elastic.run``
+with a ``LearnerState`` committed after every step (the parameters, the learners' state, the epoch
+and how far it got). At a change every survivor goes back to the last commit, joins the group of
+the new epoch, builds its communicator and learner on it again and takes rank 0's state; a worker
+that joins later does the same in its own ``join``. Each epoch's order of the training set is
+taken in lockstep steps from a position (``train.data.lockstep_batch``) rather than split into
+fixed parts, so the epoch goes on at the new size: no sample skipped or trained twice. Rank 0's
+epoch line says how many workers finished the epoch.
 """
 
 from __future__ import annotations
@@ -51,7 +62,8 @@ from trainer_core.optim.local import get_learner
 from trainer_core.train import checkpoint
 from trainer_core.train.collcomm import CollectiveCommunicator
 from trainer_core.train.comm import Communicator, KVCommunicator
-from trainer_core.train.data import SplitSampler
+from trainer_core.train.data import SplitSampler, lockstep_batch
+from trainer_core.train.elastic import LearnerState, run
 from trainer_core.train.learners import (
     DistributedLearner,
     async_sgd_distributed_learner,
@@ -121,11 +133,25 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kvstore", default=None, help="dist_sync (dist_async for --learner async), or local")
     p.add_argument(
         "--comm",
-        default="ps",
+        default=None,
         choices=["ps", "allreduce"],
-        help="sum through the parameter servers, or allreduce among the workers (-s 0)",
+        help="sum through the parameter servers (the default), or allreduce among the workers (-s 0)",
+    )
+    p.add_argument(
+        "--elastic",
+        action="store_true",
+        help="train on when workers leave or join (launchkit launch -n MIN:MAX -s 0; --comm allreduce)",
     )
     args = p.parse_args()
+    if args.elastic:
+        if args.comm == "ps" or args.learner == "async" or args.kvstore:
+            p.error(
+                "--elastic trains on the workers' collective group: "
+                "not with --comm ps, --learner async or --kvstore"
+            )
+        if args.checkpoint:
+            p.error("--elastic keeps its state in memory (trainer_core.train.elastic): not with --checkpoint")
+    args.comm = args.comm or ("allreduce" if args.elastic else "ps")
     if args.resume and not args.checkpoint:  # it trained from scratch, saying nothing
         p.error("--resume continues from --checkpoint PATH: give it too")
     return args
@@ -296,8 +322,59 @@ def save_checkpoint(
         )
 
 
+def train_elastic(args: argparse.Namespace) -> None:
+    """``--elastic``: the epochs under ``elastic.run``; a change of the workers goes back to the
+    last commit (after every step), and the communicator and the learner are built again on the
+    group of the new epoch (see the module's text)."""
+    x_train, y_train, x_test, y_test = load_digits(args.seed)
+    model = MLP([x_train.shape[1], args.hidden, 10], seed=args.seed)
+    order = SplitSampler(len(x_train), 1, 0, seed=args.seed).order  # the epoch's order, every worker's
+    args.lr_used = args.lr if args.lr is not None else 0.03
+    warm_start = args.distributed_after
+    state = LearnerState(epoch=0, processed=0, step=0, loss_sum=0.0, loss_steps=0)
+
+    def train(group: Any) -> Communicator:
+        comm = CollectiveCommunicator(group)
+        size, rank, batch = comm.num_workers(), comm.rank(), args.batch_size
+        if warm_start is None:  # block momentum: one epoch's samples per worker at this size, locally
+            steps = len(x_train) // size // batch
+            args.distributed_after = steps * batch if args.learner == "block_momentum" else 0
+        learner = make_learner(args, None, comm, model)
+        state.sync(comm, learner)  # rank 0's last commit (a new state: read it again)
+        v = state.values
+        while v["epoch"] < args.epochs:
+            t0, epoch_order = time.monotonic(), order(v["epoch"])
+            while (idx := lockstep_batch(epoch_order, v["processed"], rank, size, batch)) is not None:
+                loss, grads = model.loss_and_grads(x_train[idx], y_train[idx])
+                learner.update(grads, len(idx))
+                v["processed"] += size * batch
+                v.update(step=v["step"] + 1, loss_sum=v["loss_sum"] + loss, loss_steps=v["loss_steps"] + 1)
+                state.commit(learner)
+                metrics.report(step=v["step"], loss=loss, samples=len(idx))
+            learner.flush()
+            mean_loss = v["loss_sum"] / max(1, v["loss_steps"])
+            v.update(epoch=v["epoch"] + 1, processed=0, loss_sum=0.0, loss_steps=0)
+            state.commit(learner)
+            if rank == 0:
+                acc = model.accuracy(x_test, y_test)
+                metrics.report(epoch=v["epoch"], accuracy=acc)
+                print(
+                    f"epoch {v['epoch']:3d}  loss {mean_loss:.4f}  test accuracy {acc * 100:.2f}%  "
+                    f"({time.monotonic() - t0:.2f}s, {size} workers)",
+                    flush=True,
+                )
+        comm.barrier()
+        return comm
+
+    comm = run(train, collective.join())
+    comm.finalize()  # closes the group: every worker leaves the job
+
+
 def main() -> None:
     args = parse_args()
+    if args.elastic:
+        train_elastic(args)
+        return
     kv, comm = connect(args)
     rank, workers = comm.rank(), comm.num_workers()
     args.lr_used = args.lr if args.lr is not None else 0.03 / (workers if args.learner == "async" else 1)

@@ -66,3 +66,23 @@ class SplitSampler:
         idx = self.indices(epoch)
         stop = len(idx) - len(idx) % batch_size if drop_last else len(idx)
         return [idx[i : i + batch_size] for i in range(0, stop, batch_size)]
+
+
+def lockstep_batch(
+    order: np.ndarray, processed: int, rank: int, size: int, batch_size: int
+) -> np.ndarray | None:
+    """Worker ``rank``'s next batch of an epoch whose ``order`` (``SplitSampler.order``) is taken
+    in lockstep steps from position ``processed`` on: the ``size`` workers' batches together are
+    the next ``size * batch_size`` positions, rank ``r`` the ``r``-th run of ``batch_size``; after
+    the step every worker adds ``size * batch_size`` to ``processed``. ``None`` when fewer than
+    that remain (the epoch is over; the tail is left out, as a fixed split leaves out what does not
+    fill a step). The position alone says what was trained, whatever the number of workers: an
+    elastic job's epoch goes on from it at a new size, no sample skipped or trained twice."""
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is not a rank of {size} workers")
+    if batch_size < 1 or processed < 0:
+        raise ValueError(f"batch_size must be >= 1 and processed >= 0, got {batch_size}, {processed}")
+    if processed + size * batch_size > len(order):
+        return None
+    start = processed + rank * batch_size
+    return order[start : start + batch_size]
