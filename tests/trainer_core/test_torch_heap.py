@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch", reason="trainer_core.torch needs torch (the torch extra)")
 
-from trainer_core.torch import heap  # noqa: E402
+from trainer_core.torch import heap
 
 # a step's gradients as the 4.2M-parameter MLP of bench/torch_step.py has them (8 MiB, 8 MiB and
 # small ones), allocated and written by "backward", freed by "zero_grad"; prints the page faults
