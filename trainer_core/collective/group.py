@@ -47,6 +47,7 @@ from .policy import Thresholds
 from .primitives.hostsegment import Local
 from .primitives.links import Ctx, Links, Scratch, SubLinks
 from .primitives.reduce import FLOAT_DTYPES, ReduceSpec, spec_for
+from .timeline import Recorder
 
 
 class Group:
@@ -99,6 +100,12 @@ class Group:
     def slots(self) -> int:
         """The operations this rank has taken part in (``0 .. slots - 1``; the same on every rank)."""
         return self._negotiator.slots
+
+    def record(self, timeline: Recorder | None) -> Recorder | None:
+        """Send each finished operation's phases to ``timeline`` from now on (None: nowhere);
+        returns the one it replaces."""
+        old, self._negotiator.timeline = self._negotiator.timeline, timeline
+        return old
 
     def close(self) -> None:
         """Finish the queued operations and stop the background thread."""

@@ -179,10 +179,13 @@ class Collective(Backend):
 
     def close(self) -> None:
         slots = self.sets.close()
-        if isinstance(self.group, collective_job.JobGroup):
-            self.group.close(sets=slots)
-        else:
-            self.group.close()
+        try:
+            if isinstance(self.group, collective_job.JobGroup):
+                self.group.close(sets=slots)
+            else:
+                self.group.close()
+        finally:  # after the queued operations: they are in the timeline
+            self.sets.stop_timeline()
 
 
 class InSet(Collective):
