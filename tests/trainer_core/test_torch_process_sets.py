@@ -15,6 +15,8 @@ torch = pytest.importorskip(
 )
 
 import trainer_core.torch as hvd  # noqa: E402
+from tests.trainer_core.adasumref import adasum_reference, adasum_step  # noqa: E402
+from tests.trainer_core.torch_hvdjob import adasum_input, adasum_model, values  # noqa: E402
 from tests.trainer_core.torchranks import on_ranks  # noqa: E402
 from trainer_core.torch.backend import KV  # noqa: E402
 from trainer_core.torch.process_sets import register_init_sets  # noqa: E402
@@ -129,18 +131,49 @@ def test_distributed_optimizer_averages_the_gradients_of_its_sets_ranks() -> Non
         )
         model(torch.tensor([[float(r), 1.0]])).sum().backward()  # gradient: [r, 1]
         opt.step()
-        with pytest.raises(ValueError, match="not a process set"):
-            hvd.DistributedOptimizer(
-                torch.optim.SGD(model.parameters(), lr=1.0),
-                op=hvd.Adasum,
-                process_set=sets[r % 2],
-                runtime=rt,
-            )
         return model.weight.detach().reshape(-1).tolist()
 
     out = on_ranks(4, run)
     assert out[0] == out[2] == [1.0 - 1.0, 0.0]  # the mean of [0, 1] and [2, 1]
     assert out[1] == out[3] == [1.0 - 2.0, 0.0]  # of [1, 1] and [3, 1]
+
+
+def test_adasum_runs_among_a_sets_ranks_and_a_size_not_a_power_of_two_is_refused() -> None:
+    """Sets [0, 2] and [1, 3] of 4 ranks: Adasum of the set's rows (and the Adasum optimizer's
+    step) equals the reference, the same bits on both members; a set of 3 is refused at the call,
+    naming it and its size."""
+
+    start = adasum_model().state_dict()  # (made here: the ranks' threads share torch's generator)
+
+    def run(r: int, rt: Runtime) -> tuple[list[float], list[float], list[float]]:
+        sets = [hvd.ProcessSet([0, 2]), hvd.ProcessSet([1, 3]), hvd.ProcessSet([0, 1, 2])]
+        register_init_sets(sets, rt)
+        x = torch.from_numpy(values(r)).double()
+        got = hvd.allreduce(x, op=hvd.Adasum, process_set=sets[r % 2], runtime=rt).tolist()
+        whole = hvd.allreduce(x, op=hvd.Adasum, runtime=rt).tolist()
+        if r != 3:
+            with pytest.raises(ValueError, match=r"power-of-two .*; process set \[0, 1, 2\] has 3"):
+                hvd.allreduce(x, op=hvd.Adasum, process_set=sets[2], runtime=rt)
+        lin = torch.nn.Linear(3, 2).double()
+        lin.load_state_dict(start)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(lin.parameters(), lr=0.1), op=hvd.Adasum, process_set=sets[r % 2], runtime=rt
+        )
+        lin(torch.from_numpy(adasum_input(r))).pow(2).sum().backward()
+        opt.step()
+        return got, whole, [x for p in lin.parameters() for x in p.detach().reshape(-1).tolist()]
+
+    out = on_ranks(4, run)
+    for r, (got, whole, step) in enumerate(out):
+        members = [r % 2, r % 2 + 2]
+        want = adasum_reference([values(m).astype(float).tolist() for m in members])
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+        assert got == out[members[0]][0]  # the same bits on every member
+        np.testing.assert_allclose(
+            whole, adasum_reference([values(m).astype(float).tolist() for m in range(4)])
+        )
+        np.testing.assert_allclose(step, adasum_step(members), rtol=1e-12)
+        assert step == out[members[0]][2]
 
 
 def test_gradients_flow_through_a_sets_operations() -> None:

@@ -511,13 +511,16 @@ class Group:
             self._op("broadcast", name, lambda nm: moves.broadcast(self, nm, array, root))
         )
 
-    def allgather_async(self, array: Any, *, name: str | None = None) -> Work:
+    def allgather_async(self, array: Any, *, name: str | None = None, counts: bool = False) -> Work:
         """Start concatenating every rank's ``array`` along the first axis, in rank order; the first
-        dimension may differ between ranks (ragged)."""
-        return self._submit(self._op("allgather", name, lambda nm: moves.allgather(self, nm, array)))
+        dimension may differ between ranks (ragged). ``counts``: the result is ``(rows, counts)``,
+        each rank's number of rows too (a joined rank gave none)."""
+        return self._submit(self._op("allgather", name, lambda nm: moves.allgather(self, nm, array, counts)))
 
-    def allgather(self, array: Any, *, name: str | None = None) -> Any:
-        return self._negotiator.call(self._op("allgather", name, lambda nm: moves.allgather(self, nm, array)))
+    def allgather(self, array: Any, *, name: str | None = None, counts: bool = False) -> Any:
+        return self._negotiator.call(
+            self._op("allgather", name, lambda nm: moves.allgather(self, nm, array, counts))
+        )
 
     def reduce_scatter_async(
         self, array: Any, op: str = "sum", kind: str | None = None, *, name: str | None = None

@@ -78,8 +78,11 @@ class Backend:
         _check_root(root, self.size)
         return Done(array.copy())
 
-    def allgather_async(self, array: Any, name: str | None = None) -> Waitable:
-        return Done(array.reshape(1) if array.ndim == 0 else array.copy())
+    def allgather_async(self, array: Any, name: str | None = None, counts: bool = False) -> Waitable:
+        """Start gathering every rank's rows of ``array`` in rank order; ``counts``: the result is
+        ``(rows, each rank's number of rows)`` (a rank that joined gave none)."""
+        rows = array.reshape(1) if array.ndim == 0 else array.copy()
+        return Done((rows, [rows.shape[0]]) if counts else rows)
 
     def barrier(self) -> None:
         pass
@@ -154,8 +157,8 @@ class Collective(Backend):
     def broadcast_async(self, array: Any, root: int, name: str | None = None) -> Waitable:
         return self.group.broadcast_async(array, root, name=name)
 
-    def allgather_async(self, array: Any, name: str | None = None) -> Waitable:
-        return self.group.allgather_async(array, name=name)
+    def allgather_async(self, array: Any, name: str | None = None, counts: bool = False) -> Waitable:
+        return self.group.allgather_async(array, name=name, counts=counts)
 
     def barrier(self) -> None:
         self.group.barrier()
@@ -318,10 +321,15 @@ class KV(Backend):
 
         return self.submit("broadcast", run)
 
-    def allgather_async(self, array: Any, name: str | None = None) -> Waitable:
+    def allgather_async(self, array: Any, name: str | None = None, counts: bool = False) -> Waitable:
         host = np.array(to_host(array), copy=True, order="C")
         host = host.reshape(1) if host.ndim == 0 else host
-        return self.submit("allgather", lambda: like(self._gather_bytes(host)[0], array))
+
+        def run() -> Any:
+            rows, each = self._gather_bytes(host)
+            return (like(rows, array), [int(c) for c in each]) if counts else like(rows, array)
+
+        return self.submit("allgather", run)
 
     def barrier(self) -> None:
         self.submit("barrier", self.kv.barrier).wait()

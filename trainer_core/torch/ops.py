@@ -29,7 +29,7 @@ from trainer_core.errors import MembershipChanged
 
 from .backend import Backend, InSet, Waitable
 from .compression import Compression, check
-from .folded import adasum_of, check_adasum, product_of
+from .folded import check_adasum, fold
 from .process_sets import in_set
 from .runtime import Runtime, default
 from .tensors import as_array, as_tensor, check_dense, kind_of
@@ -145,18 +145,9 @@ def _allreduce_work(
         how, post = op, postscale
     if how in (Product, Adasum):  # each rank folds every rank's tensor, in rank order
         if how == Adasum:
-            check_adasum(t, backend.size)
-        work = backend.allgather_async(as_array(t.reshape(1, *t.shape)), name=name)
-        fold = product_of if how == Product else adasum_of
-
-        def folded(r: Any) -> torch.Tensor:  # a rank that joined (hvd.join) sent no row: zeros
-            n = backend.size if t.numel() == 0 else int(r.size) // t.numel()
-            rows = as_tensor(r, t.dtype, (n, *t.shape))
-            if n < backend.size:
-                rows = torch.cat([rows, rows.new_zeros((backend.size - n, *t.shape))])
-            return scaled(fold(rows), post)
-
-        return Handle(work, folded)
+            check_adasum(t, backend.size, getattr(backend, "members", None))
+        work = backend.allgather_async(as_array(t.reshape(1, *t.shape)), name=name, counts=True)
+        return Handle(work, lambda got: scaled(fold(how, got, t, backend.size), post))
     work = backend.allreduce_async(as_array(t), how, kind_of(t), name=name)
     return Handle(work, lambda r: scaled(as_tensor(r, t.dtype, t.shape), post))
 
