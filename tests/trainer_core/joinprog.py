@@ -100,6 +100,17 @@ def run_ps() -> dict[str, Any]:
         out["join"] = hvd.join()
     except NotImplementedError as exc:
         out["join"] = f"{type(exc).__name__}: {exc}"
+    import torch
+
+    for what, call in (
+        ("allreduce", lambda: hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([0]))),
+        ("add_process_set", lambda: hvd.add_process_set([0])),
+    ):
+        try:
+            call()
+            out[what] = ""
+        except ValueError as exc:
+            out[what] = str(exc)
     hvd.shutdown()
     return out
 

@@ -142,3 +142,6 @@ def test_the_parameter_server_path_refuses_join_naming_the_path(tmp_path: Path) 
             out
         )
         assert "not on the parameter-server path (comm='ps')" in out["join"], out
+        for what in ("allreduce", "add_process_set"):
+            assert out[what].startswith(f"{what}: process sets other than the global one run on the"), out
+            assert "not on this worker's path ('ps'): the parameter servers sum each key" in out[what], out

@@ -616,7 +616,9 @@ def test_horovods_optimizer_attributes_and_groups_checks() -> None:
     w = m[0].weight
     with pytest.raises(ValueError, match="only appear once"):
         hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), groups=[[w], [w]], runtime=solo())
-    with pytest.raises(ValueError, match="is not registered"):
+    with pytest.raises(
+        ValueError, match="path \\('solo'\\): this process runs alone, and its only set is the global"
+    ):
         hvd.DistributedOptimizer(
             torch.optim.SGD(m.parameters(), lr=0.1), process_set=hvd.ProcessSet([0, 1]), runtime=solo()
         )

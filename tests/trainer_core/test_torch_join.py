@@ -131,5 +131,15 @@ def test_a_loop_with_uneven_data_ends_with_the_same_parameters_on_every_rank(w: 
 
 def test_the_parameter_server_path_refuses_join_naming_the_path() -> None:
     assert KV.join(SimpleNamespace(size=1)) == 0  # type: ignore[arg-type]
-    with pytest.raises(NotImplementedError, match=r"collectives path \(comm='allreduce'.*-s 0\)"):
+    rt = Runtime()
+    kv = KV.__new__(KV)  # (no store: the refusal asks nothing of it)
+    kv.rank, kv.size = 0, 2
+    rt.attach(kv)
+    with pytest.raises(NotImplementedError, match=r"hvd\.join\(\) with more than one worker .*comm='ps'"):
+        hvd.join(runtime=rt)
+    with pytest.raises(
+        NotImplementedError,
+        match=r"collectives path \(comm='allreduce'.*-s 0\), not on the parameter-server path \(comm='ps'\): "
+        r"there the workers' operations are paired by their order with no negotiation",
+    ):
         KV.join(SimpleNamespace(size=2))  # type: ignore[arg-type]
