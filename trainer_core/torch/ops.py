@@ -424,11 +424,11 @@ class _Allgather(torch.autograd.Function):
     gradient, this rank's rows of it)."""
 
     @staticmethod
-    def forward(ctx: Any, runtime: Any, *tensors: torch.Tensor) -> Any:
+    def forward(ctx: Any, runtime: Any, name: str | None, *tensors: torch.Tensor) -> Any:
         backend = _backend(runtime)
         ctx.runtime, ctx.rows = runtime, [1 if t.dim() == 0 else t.shape[0] for t in tensors]
         ctx.scalar = [t.dim() == 0 for t in tensors]
-        handles = [_allgather_work(backend, t) for t in tensors]
+        handles = [_allgather_work(backend, t, name if len(tensors) == 1 else None) for t in tensors]
         return tuple(h.wait() for h in handles)
 
     @staticmethod
@@ -443,7 +443,7 @@ class _Allgather(torch.autograd.Function):
             start = int(counts[: backend.rank, i].sum())
             mine = g.narrow(0, start, ctx.rows[i])
             out.append(mine.reshape(()) if ctx.scalar[i] else mine)
-        return (None, *out)
+        return (None, None, *out)
 
 
 def allgather(
@@ -452,7 +452,7 @@ def allgather(
     """Every rank's ``tensor`` concatenated along dimension 0 (differentiable)."""
     scope = in_set(process_set, "allgather", runtime)
     check_dense(tensor, "allgather's tensor")
-    return _Allgather.apply(scope, tensor)[0]
+    return _Allgather.apply(scope, name, tensor)[0]
 
 
 def grouped_allgather_async(
@@ -479,7 +479,7 @@ def grouped_allgather(
     ts = _tensor_list(tensors, "grouped_allgather")
     for t in ts:
         check_dense(t, "grouped_allgather's tensor")
-    return tuple(_Allgather.apply(scope, *ts))
+    return tuple(_Allgather.apply(scope, None, *ts))
 
 
 # -- broadcast ------------------------------------------------------------------------------------
