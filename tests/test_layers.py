@@ -192,7 +192,7 @@ COLLECTIVE_DEPS: dict[str, frozenset[str]] = {
             "joining",
         }
     ),
-    "subgroups": frozenset({"group", "primitives"}),
+    "subgroups": frozenset({"group", "primitives", "timeline"}),
     "fabric": frozenset({"primitives"}),
     "sockets": frozenset({"primitives"}),
     "job": frozenset({"group", "sockets", "nccl", "policy", "primitives", "timeline"}),

@@ -6,9 +6,11 @@ got as one JSON line.
                                     allreduce, ragged allgather, broadcast from the last rank;
                                     then ``join``, an unnamed allreduce and a second ``join``
                                     (``ALGO``: the allreduce algorithm forced, off the host's segment)
-    joinprog.py torch               a DistributedOptimizer loop over the uneven batches, ``join``,
+    joinprog.py torch               a DistributedOptimizer loop over the uneven batches (and an
+                                    Adasum allreduce per batch at a power-of-two size), ``join``,
                                     then ``broadcast_parameters`` from the rank that joined last
-    joinprog.py ps                  (a job with servers) what ``hvd.join()`` raises there
+    joinprog.py ps                  (a job with servers) what ``hvd.join()`` and a process set
+                                    raise there
 """
 
 from __future__ import annotations
@@ -72,15 +74,19 @@ def run_torch() -> dict[str, Any]:
     opt = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
     )
+    adasum = []
     for step in range(batches(r)):
         x, y = batch(r, step)
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+        if hvd.size() & (hvd.size() - 1) == 0:  # Adasum pairs a power of two of ranks
+            v = torch.from_numpy(value(r, step)).double()
+            adasum.append(hvd.allreduce(v, op=hvd.Adasum, name=f"adasum.{step}").tolist())
     last = hvd.join()
     hvd.broadcast_parameters(model.state_dict(), root_rank=last)
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
-    out = {"rank": r, "size": hvd.size(), "join": last, "params": params}
+    out = {"rank": r, "size": hvd.size(), "join": last, "params": params, "adasum": adasum}
     hvd.shutdown()
     return out
 
@@ -94,6 +100,17 @@ def run_ps() -> dict[str, Any]:
         out["join"] = hvd.join()
     except NotImplementedError as exc:
         out["join"] = f"{type(exc).__name__}: {exc}"
+    import torch
+
+    for what, call in (
+        ("allreduce", lambda: hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([0]))),
+        ("add_process_set", lambda: hvd.add_process_set([0])),
+    ):
+        try:
+            call()
+            out[what] = ""
+        except ValueError as exc:
+            out[what] = str(exc)
     hvd.shutdown()
     return out
 

@@ -2,7 +2,8 @@
 --launcher local`` (program: joinprog.py): rank r has ``1 + r`` batches, so the ranks join one
 after another while the others go on; every result equals a numpy reference (the joined ranks'
 zeros, no rows, the root's value), ``join`` returns the last rank on every rank, and a torch
-training loop ends with the same parameters on every rank. In-process: test_collective_joining.py."""
+training loop ends with the same parameters on every rank (its Adasum with the joined ranks' zeros
+in their own places). In-process: test_collective_joining.py."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 
 from tests.launchkit.procs import parse_prefixed, run
 from tests.trainer_core import joinprog
+from tests.trainer_core.adasumref import adasum_reference
 
 PROG = str(Path(__file__).with_name("joinprog.py"))
 
@@ -117,9 +119,20 @@ def test_a_torch_loop_with_uneven_data_ends_alike_on_every_rank(
     pytest.importorskip("torch")
     outs = launch(w, tmp_path, "torch", launcher=launcher)
     want = reference(w)
-    for out in outs.values():
+    for r, out in outs.items():
         assert out["join"] == w - 1
         assert out["params"] == pytest.approx(want, rel=1e-5, abs=1e-6)
+        if w & (w - 1) == 0:  # Adasum: a joined rank's zeros in its own place (Horovod's)
+            assert len(out["adasum"]) == joinprog.batches(r)
+            for step, got in enumerate(out["adasum"]):
+                rows = [
+                    joinprog.value(q, step).astype(np.float64).tolist()
+                    if step < joinprog.batches(q)
+                    else [0.0] * 5
+                    for q in range(w)
+                ]
+                np.testing.assert_allclose(got, adasum_reference(rows), rtol=1e-12)
+                assert got == outs[w - 1]["adasum"][step]  # the same bits on every rank
 
 
 def test_the_parameter_server_path_refuses_join_naming_the_path(tmp_path: Path) -> None:
@@ -129,3 +142,6 @@ def test_the_parameter_server_path_refuses_join_naming_the_path(tmp_path: Path) 
             out
         )
         assert "not on the parameter-server path (comm='ps')" in out["join"], out
+        for what in ("allreduce", "add_process_set"):
+            assert out[what].startswith(f"{what}: process sets other than the global one run on the"), out
+            assert "not on this worker's path ('ps'): the parameter servers sum each key" in out[what], out

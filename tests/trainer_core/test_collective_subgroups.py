@@ -4,7 +4,10 @@ in-memory group reducing concurrently with the whole group, their results equal 
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -181,3 +184,45 @@ def test_ranks_that_register_different_sets_are_told_on_every_rank() -> None:
 
     out = run_ranks(3, body)
     assert "rank 2: ranks [1, 2]" in out[2] and "rank 0: ranks [0, 1]" in out[0]
+
+
+# -- the timeline --------------------------------------------------------------------------------------
+def test_the_timeline_records_each_sets_operations_where_its_writer_is(tmp_path: Path) -> None:
+    """Rank 0 writes the whole group's operations and those of the sets it is in (one added after
+    the start too), on rows naming the set; the set without rank 0 is in its first member's file."""
+    sets = sets_of(3)
+    path = str(tmp_path / "t.json")
+
+    def body(r: int) -> None:
+        s = sets[r]
+        a, b = s.add([0, 1]), s.add([1, 2])
+        s.start_timeline(path)
+        s.parent.allreduce(np.ones(2), "sum", name="grad")
+        if r in (0, 1):
+            s.group(a).allreduce(np.ones(2), "sum", name="grad")
+        if r in (1, 2):
+            s.group(b).allreduce(np.ones(2), "sum", name="grad")
+            s.group(b).allgather(np.ones(1), name="rows")
+        c = s.add([0, 2])
+        if r in (0, 2):
+            s.group(c).broadcast(np.ones(1), root=1, name="w")
+        s.stop_timeline()
+        s.parent.allreduce(np.ones(2), "sum", name="after")  # not recorded
+
+    run_ranks(3, body)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "t.set-1-2.json"]
+
+    def rows(name: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
+        events = json.loads((tmp_path / name).read_text())
+        named = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
+        return named, [e for e in events if e["ph"] == "X"]
+
+    main, spans = rows("t.json")
+    named = {n for n in main if not n.startswith("noname.")}  # (noname.2: set 3's registration)
+    assert named == {"grad", "grad (process set 1 [0, 1])", "w (process set 3 [0, 2])"}, main
+    assert {e["args"]["rank"] for e in spans} == {0}
+    assert [e["name"] for e in spans if e["pid"] == main["w (process set 3 [0, 2])"]][-1] == "BROADCAST"
+    side, spans = rows("t.set-1-2.json")
+    assert set(side) == {"grad (process set 2 [1, 2])", "rows (process set 2 [1, 2])"}
+    assert {e["args"]["rank"] for e in spans} == {1}
+    assert {e["args"]["process_set"] for e in spans} == {"process set 2 [1, 2]"}

@@ -1,5 +1,5 @@
 """Adasum's arithmetic (trainer_core.torch.folded), in process: the pair rule's two limits, the
-order of the tree, the small-norm rule and the refusals."""
+order of the tree, the small-norm rule, the refusals, and a joined rank's zeros in its own place."""
 
 from __future__ import annotations
 
@@ -50,3 +50,24 @@ def test_the_tensor_keeps_its_dtype_and_shape() -> None:
     assert out.dtype == torch.bfloat16 and out.shape == (1, 2) and out.tolist() == [[1.0, 2.0]]
     with pytest.raises(ValueError, match=r"floating-point tensors, not torch\.int32"):
         folded.check_adasum(torch.ones(2, dtype=torch.int32), 2)
+
+
+def test_a_rank_that_gave_no_row_is_zeros_in_its_own_place() -> None:
+    """``fold`` puts each row at the rank that gave it (counts 1, 0, 1, 1: rank 1 joined)."""
+    x0, x2, x3 = [1.0, 2.0], [3.0, -1.0], [0.5, 4.0]
+    t = torch.zeros(2, dtype=torch.float64)
+    got = (np.array([x0, x2, x3]), [1, 0, 1, 1])
+    want = folded.adasum_rows(np.array([x0, [0.0, 0.0], x2, x3]))
+    assert folded.fold("adasum", got, t, 4).tolist() == want.tolist()
+    assert (
+        folded.fold("adasum", got, t, 4).tolist()
+        != folded.adasum_rows(np.array([x0, x2, x3, [0.0, 0.0]])).tolist()
+    )
+    assert folded.fold("product", got, t, 4).tolist() == [0.0, 0.0]
+    every = (np.array([x0, x2]), [1, 1])
+    assert folded.fold("product", every, t, 2).tolist() == [3.0, -2.0]
+
+
+def test_a_process_sets_size_is_named() -> None:
+    with pytest.raises(ValueError, match=r"process set \[0, 1, 2\] has 3"):
+        folded.check_adasum(torch.ones(2), 3, (0, 1, 2))

@@ -6,6 +6,7 @@ one process's ``BatchNorm``, and what is refused clearly."""
 from __future__ import annotations
 
 import inspect
+import json
 import pickle
 import threading
 import warnings
@@ -616,7 +617,9 @@ def test_horovods_optimizer_attributes_and_groups_checks() -> None:
     w = m[0].weight
     with pytest.raises(ValueError, match="only appear once"):
         hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), groups=[[w], [w]], runtime=solo())
-    with pytest.raises(ValueError, match="is not registered"):
+    with pytest.raises(
+        ValueError, match="path \\('solo'\\): this process runs alone, and its only set is the global"
+    ):
         hvd.DistributedOptimizer(
             torch.optim.SGD(m.parameters(), lr=0.1), process_set=hvd.ProcessSet([0, 1]), runtime=solo()
         )
@@ -657,3 +660,20 @@ def test_the_adasum_optimizer_alone_takes_the_plain_step() -> None:
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
     with opt.skip_synchronize():
         opt.synchronize()
+
+
+def test_a_synchronous_allgather_goes_by_its_name(tmp_path: Any) -> None:
+    """``allgather(name=...)`` matches by its name as the other operations do (it ran unnamed):
+    the timeline's row is the name."""
+    path = str(tmp_path / "t.json")
+
+    def run(r: int, rt: Runtime) -> list[float]:
+        hvd.start_timeline(path, runtime=rt)
+        got = hvd.allgather(torch.tensor([float(r)]), name="rows", runtime=rt).tolist()
+        hvd.stop_timeline(runtime=rt)
+        return got
+
+    assert on_ranks(2, run) == [[0.0, 1.0]] * 2
+    with open(path, encoding="utf-8") as f:
+        events = json.load(f)
+    assert {e["args"]["name"] for e in events if e["name"] == "process_name"} == {"rows"}

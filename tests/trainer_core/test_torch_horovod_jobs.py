@@ -18,8 +18,9 @@ torch = pytest.importorskip(
     "torch", reason="trainer_core.torch needs torch (the torch extra: pip install -e '.[torch]')"
 )
 
+from tests.trainer_core.adasumref import adasum_reference, adasum_step  # noqa: E402
 from tests.trainer_core.markedjob import run_marked  # noqa: E402
-from tests.trainer_core.torch_hvdjob import adasum_input, adasum_model, values  # noqa: E402
+from tests.trainer_core.torch_hvdjob import values  # noqa: E402
 
 
 def launch(workers: int, servers: int, launcher: str) -> list[dict[str, Any]]:
@@ -40,34 +41,6 @@ def block(rows: int, size: int, rank: int) -> slice:
     """Horovod's reducescatter split: the first ``rows % size`` ranks get one row more."""
     start = rank * (rows // size) + min(rank, rows % size)
     return slice(start, start + rows // size + (1 if rank < rows % size else 0))
-
-
-def adasum_reference(rows: list[list[float]]) -> list[float]:
-    """Adasum written out from its definition: pairs at distance 1, then 2, ..."""
-
-    def pair(a: list[float], b: list[float]) -> list[float]:
-        dot = sum(x * y for x, y in zip(a, b, strict=True))
-        na, nb = sum(x * x for x in a), sum(y * y for y in b)
-        ca = 1 - dot / (2 * na) if na >= 1e-8 else 1.0
-        cb = 1 - dot / (2 * nb) if nb >= 1e-8 else 1.0
-        return [ca * x + cb * y for x, y in zip(a, b, strict=True)]
-
-    while len(rows) > 1:
-        rows = [pair(rows[i], rows[i + 1]) for i in range(0, len(rows), 2)]
-    return rows[0]
-
-
-def adasum_step(n: int) -> np.ndarray:
-    """The parameters after one SGD step of Horovod's Adasum optimizer: each rank's own update
-    (lr 0.1 on its own input), combined with Adasum per parameter, added to the start."""
-    start = [p.detach().reshape(-1).numpy().copy() for p in adasum_model().parameters()]
-    updates: list[list[np.ndarray]] = []
-    for r in range(n):
-        model = adasum_model()
-        model(torch.from_numpy(adasum_input(r))).pow(2).sum().backward()
-        updates.append([-0.1 * p.grad.reshape(-1).numpy() for p in model.parameters()])
-    combined = [adasum_reference([u[i].tolist() for u in updates]) for i in range(len(start))]
-    return np.concatenate([s + np.array(c) for s, c in zip(start, combined, strict=True)])
 
 
 @pytest.mark.parametrize(
@@ -105,7 +78,7 @@ def test_horovods_operations_equal_numpy(workers: int, servers: int, launcher: s
             assert "this job has 3" in res["adasum"]
             assert "this job has 3" in res["adasum_step"]
         else:
-            np.testing.assert_allclose(np.concatenate(res["adasum_step"]), adasum_step(n), rtol=1e-12)
+            np.testing.assert_allclose(np.concatenate(res["adasum_step"]), adasum_step(range(n)), rtol=1e-12)
             assert res["adasum_step"] == got[0]["adasum_step"]
             want_adasum = adasum_reference([values(s).astype(float).tolist() for s in range(n)])
             np.testing.assert_allclose(res["adasum"], want_adasum, rtol=1e-12)

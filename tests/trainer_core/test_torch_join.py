@@ -1,16 +1,18 @@
 """``hvd.join()`` (trainer_core/torch/ops.py, backend.py) over in-process groups (one thread per
-rank): uneven batches against a torch reference, a training loop whose ranks run out of data at
-different steps, and the parameter-server path's refusal. Real processes:
-test_torch_join_jobs.py."""
+rank): uneven batches against a torch reference, a joined rank's zeros in its own place in Adasum,
+a training loop whose ranks run out of data at different steps, and the parameter-server path's
+refusal. Real processes: test_collective_joining_jobs.py."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 import trainer_core.torch as hvd
+from tests.trainer_core.adasumref import adasum_reference
 from tests.trainer_core.torchranks import on_ranks
 from trainer_core.torch.backend import KV
 from trainer_core.torch.runtime import Runtime
@@ -58,6 +60,32 @@ def test_product_and_adasum_see_the_joined_ranks_zeros() -> None:
     assert out[0][2] == 1
 
 
+def test_a_joined_ranks_zeros_take_its_own_place_in_adasum() -> None:
+    """4 ranks, rank 1 joined: Horovod's joined rank contributes zeros at its own rank, so the
+    pairs are (x0, 0) and (x2, x3), not (x0, x2) and (x3, 0) as zeros appended at the end would
+    give; Product sees the zeros too."""
+    xs = {r: [float(r + 1), float(2 - r), float(r * r)] for r in range(4)}
+
+    def run(r: int, rt: Runtime) -> tuple[list[float], list[float], int]:
+        if r == 1:
+            return [], [], hvd.join(runtime=rt)
+        x = torch.tensor(xs[r], dtype=torch.float64)
+        ada = hvd.allreduce(x, op=hvd.Adasum, runtime=rt).tolist()
+        prod = hvd.allreduce(x, op=hvd.Product, runtime=rt).tolist()
+        return ada, prod, hvd.join(runtime=rt)
+
+    out = on_ranks(4, run)
+    zero = [0.0, 0.0, 0.0]
+    want = adasum_reference([xs[0], zero, xs[2], xs[3]])
+    appended = adasum_reference([xs[0], xs[2], xs[3], zero])
+    assert want != pytest.approx(appended)  # (the inputs tell the two places apart)
+    for r in (0, 2, 3):
+        np.testing.assert_allclose(out[r][0], want, rtol=1e-12)
+        assert out[r][0] == out[0][0]  # the same bits on every rank
+        assert out[r][1] == zero
+    assert {last for _, _, last in out} == {3}  # rank 1 joined first; 0, 2 and 3 after it
+
+
 def reference(w: int) -> torch.Tensor:
     """One process's SGD over the same batches: each step's gradient is the sum of the ranks
     that still have data, divided by ``w`` (the joined ranks' zeros)."""
@@ -103,5 +131,15 @@ def test_a_loop_with_uneven_data_ends_with_the_same_parameters_on_every_rank(w: 
 
 def test_the_parameter_server_path_refuses_join_naming_the_path() -> None:
     assert KV.join(SimpleNamespace(size=1)) == 0  # type: ignore[arg-type]
-    with pytest.raises(NotImplementedError, match=r"collectives path \(comm='allreduce'.*-s 0\)"):
+    rt = Runtime()
+    kv = KV.__new__(KV)  # (no store: the refusal asks nothing of it)
+    kv.rank, kv.size = 0, 2
+    rt.attach(kv)
+    with pytest.raises(NotImplementedError, match=r"hvd\.join\(\) with more than one worker .*comm='ps'"):
+        hvd.join(runtime=rt)
+    with pytest.raises(
+        NotImplementedError,
+        match=r"collectives path \(comm='allreduce'.*-s 0\), not on the parameter-server path \(comm='ps'\): "
+        r"there the workers' operations are paired by their order with no negotiation",
+    ):
         KV.join(SimpleNamespace(size=2))  # type: ignore[arg-type]

@@ -15,6 +15,8 @@ torch = pytest.importorskip(
 )
 
 import trainer_core.torch as hvd  # noqa: E402
+from tests.trainer_core.adasumref import adasum_reference, adasum_step  # noqa: E402
+from tests.trainer_core.torch_hvdjob import adasum_input, adasum_model, values  # noqa: E402
 from tests.trainer_core.torchranks import on_ranks  # noqa: E402
 from trainer_core.torch.backend import KV  # noqa: E402
 from trainer_core.torch.process_sets import register_init_sets  # noqa: E402
@@ -129,18 +131,49 @@ def test_distributed_optimizer_averages_the_gradients_of_its_sets_ranks() -> Non
         )
         model(torch.tensor([[float(r), 1.0]])).sum().backward()  # gradient: [r, 1]
         opt.step()
-        with pytest.raises(ValueError, match="not a process set"):
-            hvd.DistributedOptimizer(
-                torch.optim.SGD(model.parameters(), lr=1.0),
-                op=hvd.Adasum,
-                process_set=sets[r % 2],
-                runtime=rt,
-            )
         return model.weight.detach().reshape(-1).tolist()
 
     out = on_ranks(4, run)
     assert out[0] == out[2] == [1.0 - 1.0, 0.0]  # the mean of [0, 1] and [2, 1]
     assert out[1] == out[3] == [1.0 - 2.0, 0.0]  # of [1, 1] and [3, 1]
+
+
+def test_adasum_runs_among_a_sets_ranks_and_a_size_not_a_power_of_two_is_refused() -> None:
+    """Sets [0, 2] and [1, 3] of 4 ranks: Adasum of the set's rows (and the Adasum optimizer's
+    step) equals the reference, the same bits on both members; a set of 3 is refused at the call,
+    naming it and its size."""
+
+    start = adasum_model().state_dict()  # (made here: the ranks' threads share torch's generator)
+
+    def run(r: int, rt: Runtime) -> tuple[list[float], list[float], list[float]]:
+        sets = [hvd.ProcessSet([0, 2]), hvd.ProcessSet([1, 3]), hvd.ProcessSet([0, 1, 2])]
+        register_init_sets(sets, rt)
+        x = torch.from_numpy(values(r)).double()
+        got = hvd.allreduce(x, op=hvd.Adasum, process_set=sets[r % 2], runtime=rt).tolist()
+        whole = hvd.allreduce(x, op=hvd.Adasum, runtime=rt).tolist()
+        if r != 3:
+            with pytest.raises(ValueError, match=r"power-of-two .*; process set \[0, 1, 2\] has 3"):
+                hvd.allreduce(x, op=hvd.Adasum, process_set=sets[2], runtime=rt)
+        lin = torch.nn.Linear(3, 2).double()
+        lin.load_state_dict(start)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(lin.parameters(), lr=0.1), op=hvd.Adasum, process_set=sets[r % 2], runtime=rt
+        )
+        lin(torch.from_numpy(adasum_input(r))).pow(2).sum().backward()
+        opt.step()
+        return got, whole, [x for p in lin.parameters() for x in p.detach().reshape(-1).tolist()]
+
+    out = on_ranks(4, run)
+    for r, (got, whole, step) in enumerate(out):
+        members = [r % 2, r % 2 + 2]
+        want = adasum_reference([values(m).astype(float).tolist() for m in members])
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+        assert got == out[members[0]][0]  # the same bits on every member
+        np.testing.assert_allclose(
+            whole, adasum_reference([values(m).astype(float).tolist() for m in range(4)])
+        )
+        np.testing.assert_allclose(step, adasum_step(members), rtol=1e-12)
+        assert step == out[members[0]][2]
 
 
 def test_gradients_flow_through_a_sets_operations() -> None:
@@ -178,12 +211,93 @@ def test_process_set_queries_and_wrong_arguments() -> None:
     assert on_ranks(3, run) == [(-1, 2, False), (0, 2, True), (1, 2, True)]
 
 
-def test_the_parameter_servers_path_has_only_the_global_set() -> None:
+def _ps_entry_points() -> dict[str, Any]:
+    """Every entry point that takes a process set, as ``call(ps, rt)``."""
+    t = torch.ones(2)
+
+    def sparse() -> torch.Tensor:
+        return torch.sparse_coo_tensor(torch.tensor([[0]]), torch.ones(1), (2,))
+
+    def optimizer(**more: Any) -> Any:
+        lin = torch.nn.Linear(2, 1)
+        return lambda ps, rt: hvd.DistributedOptimizer(
+            torch.optim.SGD(lin.parameters(), lr=0.1), process_set=ps, runtime=rt, **more
+        )
+
+    return {
+        "allreduce": lambda ps, rt: hvd.allreduce(t, process_set=ps, runtime=rt),
+        "allreduce_async": lambda ps, rt: hvd.allreduce_async(t, process_set=ps, runtime=rt),
+        "allreduce_": lambda ps, rt: hvd.allreduce_(t.clone(), process_set=ps, runtime=rt),
+        "allreduce_async_": lambda ps, rt: hvd.allreduce_async_(t.clone(), process_set=ps, runtime=rt),
+        "grouped_allreduce": lambda ps, rt: hvd.grouped_allreduce([t], process_set=ps, runtime=rt),
+        "grouped_allreduce_async": lambda ps, rt: hvd.grouped_allreduce_async(
+            [t], process_set=ps, runtime=rt
+        ),
+        "grouped_allreduce_": lambda ps, rt: hvd.grouped_allreduce_([t.clone()], process_set=ps, runtime=rt),
+        "grouped_allreduce_async_": lambda ps, rt: hvd.grouped_allreduce_async_(
+            [t.clone()], process_set=ps, runtime=rt
+        ),
+        "sparse_allreduce_async": lambda ps, rt: hvd.sparse_allreduce_async(
+            sparse(), "s", hvd.Sum, process_set=ps, runtime=rt
+        ),
+        "adasum": lambda ps, rt: hvd.allreduce(t, op=hvd.Adasum, process_set=ps, runtime=rt),
+        "allgather": lambda ps, rt: hvd.allgather(t, process_set=ps, runtime=rt),
+        "allgather_async": lambda ps, rt: hvd.allgather_async(t, process_set=ps, runtime=rt),
+        "grouped_allgather": lambda ps, rt: hvd.grouped_allgather([t], process_set=ps, runtime=rt),
+        "grouped_allgather_async": lambda ps, rt: hvd.grouped_allgather_async(
+            [t], process_set=ps, runtime=rt
+        ),
+        "broadcast": lambda ps, rt: hvd.broadcast(t, 0, process_set=ps, runtime=rt),
+        "broadcast_async": lambda ps, rt: hvd.broadcast_async(t, 0, process_set=ps, runtime=rt),
+        "broadcast_": lambda ps, rt: hvd.broadcast_(t.clone(), 0, process_set=ps, runtime=rt),
+        "broadcast_async_": lambda ps, rt: hvd.broadcast_async_(t.clone(), 0, process_set=ps, runtime=rt),
+        "alltoall": lambda ps, rt: hvd.alltoall(t, process_set=ps, runtime=rt),
+        "alltoall_async": lambda ps, rt: hvd.alltoall_async(t, process_set=ps, runtime=rt),
+        "reducescatter": lambda ps, rt: hvd.reducescatter(t, process_set=ps, runtime=rt),
+        "reducescatter_async": lambda ps, rt: hvd.reducescatter_async(t, process_set=ps, runtime=rt),
+        "grouped_reducescatter": lambda ps, rt: hvd.grouped_reducescatter([t], process_set=ps, runtime=rt),
+        "grouped_reducescatter_async": lambda ps, rt: hvd.grouped_reducescatter_async(
+            [t], process_set=ps, runtime=rt
+        ),
+        "barrier": lambda ps, rt: hvd.barrier(process_set=ps, runtime=rt),
+        "broadcast_object": lambda ps, rt: hvd.broadcast_object(1, 0, process_set=ps, runtime=rt),
+        "allgather_object": lambda ps, rt: hvd.allgather_object(1, process_set=ps, runtime=rt),
+        "DistributedOptimizer": optimizer(),
+        "DistributedOptimizer(op=Adasum)": optimizer(op=hvd.Adasum),
+        "init(process_sets=...)": lambda ps, rt: register_init_sets([ps], rt),
+        "add_process_set": lambda ps, rt: hvd.add_process_set(ps, runtime=rt),
+        "remove_process_set": lambda ps, rt: hvd.remove_process_set(ps, runtime=rt),
+    }
+
+
+def _ps_runtime(dynamic: bool = False) -> Runtime:
     rt = Runtime()
-    kv = KV.__new__(KV)  # (no store: registering a set asks nothing of it)
+    kv = KV.__new__(KV)  # (no store: every refusal comes before the store is asked anything)
     kv.rank, kv.size = 0, 2
     rt.attach(kv)
-    with pytest.raises(
-        ValueError, match=r"run on the collectives' path \(-s 0\); this worker's path is 'ps'"
-    ):
-        register_init_sets([hvd.ProcessSet([0])], rt)
+    rt.dynamic_sets = dynamic
+    return rt
+
+
+@pytest.mark.parametrize("entry", sorted(_ps_entry_points()))
+def test_the_parameter_servers_path_refuses_a_process_set_at_every_entry_point(entry: str) -> None:
+    call = _ps_entry_points()[entry]
+    for dynamic in (False, True):
+        with pytest.raises(ValueError, match=PS_REFUSAL) as err:
+            call(hvd.ProcessSet([0]), _ps_runtime(dynamic))
+        assert "not registered" not in str(err.value) and "dynamic" not in str(err.value)
+
+
+#: what the parameter servers' path says of a process set (the path, and why)
+PS_REFUSAL = (
+    r"process sets other than the global one run on the collectives' path \(-s 0\), not on this "
+    r"worker's path \('ps'\): the parameter servers sum each key over every worker"
+)
+
+
+def test_the_parameter_servers_path_takes_the_global_set() -> None:
+    rt = _ps_runtime(dynamic=True)
+    assert hvd.remove_process_set(hvd.global_process_set, runtime=rt) is False  # Horovod's answer
+    every = hvd.ProcessSet([0, 1])
+    register_init_sets([every], rt)  # a set of every rank is the global one, on any path
+    assert every.process_set_id == 0

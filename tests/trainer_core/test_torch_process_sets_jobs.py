@@ -1,7 +1,9 @@
 """Horovod's process sets in real jobs: ``launchkit launch -n 3|4 -s 0 --launcher local`` (and
 ``mpi`` at 4, Open MPI's mpirun on this machine) runs
 ``tests/trainer_core/torch_psetsjob.py``; the even and the odd ranks' sets reduce concurrently with
-the global set (each its own group over the job's links), and every result equals numpy's."""
+the global set (each its own group over the job's links), and every result equals numpy's; Adasum
+among a set's ranks (a set of 2) and among all 4 equals the reference (``adasumref``), the same bits
+on every member."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ torch = pytest.importorskip(
     "torch", reason="trainer_core.torch needs torch (the torch extra: pip install -e '.[torch]')"
 )
 
+from tests.trainer_core.adasumref import adasum_reference, adasum_step  # noqa: E402
 from tests.trainer_core.markedjob import run_marked  # noqa: E402
+from tests.trainer_core.torch_hvdjob import values  # noqa: E402
 from tests.trainer_core.torch_psetsjob import ROUNDS, big  # noqa: E402
 
 
@@ -55,6 +59,19 @@ def test_two_disjoint_sets_reduce_concurrently_with_the_global_set(workers: int,
         assert res["a2a"] == [100 * m + members.index(r) for m in members]
         assert res["rs"] == [[float(sum(m + 1 for m in members))] * 2]
         assert res["obj"] == {"root": members[0]}
+        want = adasum_reference([values(m).astype(float).tolist() for m in members])
+        np.testing.assert_allclose(res["adasum_set"], want, rtol=1e-12)
+        assert res["adasum_set"] == got[members[0]]["adasum_set"]  # the same bits on every member
+        np.testing.assert_allclose(res["adasum_step"], adasum_step(members), rtol=1e-12)
+        assert res["adasum_step"] == got[members[0]]["adasum_step"]
+        if workers == 4:
+            want = adasum_reference([values(m).astype(float).tolist() for m in range(workers)])
+            np.testing.assert_allclose(res["adasum_all"], want, rtol=1e-12)
+            assert res["adasum_all"] == got[0]["adasum_all"]
+        else:
+            assert (
+                "power-of-two number of ranks" in res["adasum_all"] and "this job has 3" in res["adasum_all"]
+            )
         assert f"rank {r} is not in process set {2 - r % 2}" in res["outsider"]
         assert res["added"] == 3 and res["removed"] is True
         if r in (0, 1):

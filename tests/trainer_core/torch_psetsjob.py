@@ -25,6 +25,26 @@ def big(rank: int, k: int) -> np.ndarray:
     return (np.arange(N, dtype=np.float64) % 1000) * (rank + 1) + rank * 7 + k
 
 
+def adasum(hvd: Any, r: int, mine: Any, out: dict[str, Any]) -> None:
+    """Adasum among the set's ranks and among every rank (refused where the size is not a power
+    of two), and one step of the Adasum optimizer among the set's ranks."""
+    import torch
+
+    from tests.trainer_core.torch_hvdjob import adasum_input, adasum_model, values
+
+    v = torch.from_numpy(values(r)).double()
+    out["adasum_set"] = hvd.allreduce(v, op=hvd.Adasum, name="adasum", process_set=mine).tolist()
+    try:
+        out["adasum_all"] = hvd.allreduce(v, op=hvd.Adasum, name="adasum").tolist()
+    except ValueError as e:
+        out["adasum_all"] = str(e)
+    lin = adasum_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), op=hvd.Adasum, process_set=mine)
+    lin(torch.from_numpy(adasum_input(r))).pow(2).sum().backward()
+    opt.step()
+    out["adasum_step"] = [x for p in lin.parameters() for x in p.detach().reshape(-1).tolist()]
+
+
 def main() -> None:
     import torch
 
@@ -57,6 +77,7 @@ def main() -> None:
         torch.ones(len(members), 2) * (r + 1), op=hvd.Sum, process_set=mine
     ).tolist()
     out["obj"] = hvd.broadcast_object({"root": r}, members[0], process_set=mine)
+    adasum(hvd, r, mine, out)
     hvd.barrier(process_set=mine)
     try:
         hvd.allreduce(torch.ones(1), process_set=other)

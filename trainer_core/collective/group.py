@@ -47,6 +47,7 @@ from .policy import Thresholds
 from .primitives.hostsegment import Local
 from .primitives.links import Ctx, Links, Scratch, SubLinks
 from .primitives.reduce import FLOAT_DTYPES, ReduceSpec, spec_for
+from .timeline import Recorder
 
 
 class Group:
@@ -99,6 +100,12 @@ class Group:
     def slots(self) -> int:
         """The operations this rank has taken part in (``0 .. slots - 1``; the same on every rank)."""
         return self._negotiator.slots
+
+    def record(self, timeline: Recorder | None) -> Recorder | None:
+        """Send each finished operation's phases to ``timeline`` from now on (None: nowhere);
+        returns the one it replaces."""
+        old, self._negotiator.timeline = self._negotiator.timeline, timeline
+        return old
 
     def close(self) -> None:
         """Finish the queued operations and stop the background thread."""
@@ -504,13 +511,16 @@ class Group:
             self._op("broadcast", name, lambda nm: moves.broadcast(self, nm, array, root))
         )
 
-    def allgather_async(self, array: Any, *, name: str | None = None) -> Work:
+    def allgather_async(self, array: Any, *, name: str | None = None, counts: bool = False) -> Work:
         """Start concatenating every rank's ``array`` along the first axis, in rank order; the first
-        dimension may differ between ranks (ragged)."""
-        return self._submit(self._op("allgather", name, lambda nm: moves.allgather(self, nm, array)))
+        dimension may differ between ranks (ragged). ``counts``: the result is ``(rows, counts)``,
+        each rank's number of rows too (a joined rank gave none)."""
+        return self._submit(self._op("allgather", name, lambda nm: moves.allgather(self, nm, array, counts)))
 
-    def allgather(self, array: Any, *, name: str | None = None) -> Any:
-        return self._negotiator.call(self._op("allgather", name, lambda nm: moves.allgather(self, nm, array)))
+    def allgather(self, array: Any, *, name: str | None = None, counts: bool = False) -> Any:
+        return self._negotiator.call(
+            self._op("allgather", name, lambda nm: moves.allgather(self, nm, array, counts))
+        )
 
     def reduce_scatter_async(
         self, array: Any, op: str = "sum", kind: str | None = None, *, name: str | None = None

@@ -75,11 +75,11 @@ class JobGroup(Group):
         """Write each operation's phases to ``path`` from now on (``timeline``; Horovod's
         ``start_timeline``); a timeline already running is closed first."""
         self.stop_timeline()
-        self._negotiator.timeline = Timeline(path, self.rank, mark_cycles)
+        self.record(Timeline(path, self.rank, mark_cycles))
 
     def stop_timeline(self) -> None:
-        tl, self._negotiator.timeline = self._negotiator.timeline, None
-        if tl is not None:
+        tl = self.record(None)
+        if isinstance(tl, Timeline):
             tl.close()
 
     @property

@@ -63,22 +63,25 @@ def broadcast(group: Host, name: str, array: Any, root: int) -> Op:
     return Op(desc, run, host.nbytes)
 
 
-def allgather(group: Host, name: str, array: Any) -> Op:
+def allgather(group: Host, name: str, array: Any, counts: bool = False) -> Op:
+    """Every rank's rows in rank order (``counts``: and how many each rank gave, a list; rows of
+    no bytes are counted as none)."""
     check_array("allgather", array)
     desc = group._desc(name, "allgather", array)
     desc = replace(desc, shape=(-1, *desc.shape[1:]))  # the first axis is ragged
     if group.nccl is not None and group.nccl.takes(array):
-        return Op(desc, with_ctx(group, group.nccl.allgather(array)))
+        return Op(desc, with_ctx(group, group.nccl.allgather(array, counts)))
     host = np.ascontiguousarray(to_host(array))
     if host.ndim == 0:
         host = host.reshape(1)
+    row = host.itemsize * int(np.prod(host.shape[1:], dtype=np.int64))  # bytes (0: counts are 0)
 
     def run(seq: int) -> Any:
-        flat, _ = ring.ragged_allgather(
+        flat, lengths = ring.ragged_allgather(
             group._ctx(seq), host.view(np.uint8).reshape(-1), group.thresholds.segment_bytes
         )
-        rows = flat.view(host.dtype).reshape(-1, *host.shape[1:])
-        return like(rows, array)
+        rows = like(flat.view(host.dtype).reshape(-1, *host.shape[1:]), array)
+        return (rows, [n // row if row else 0 for n in lengths]) if counts else rows
 
     return Op(desc, run)
 

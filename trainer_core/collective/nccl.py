@@ -252,9 +252,9 @@ class NcclPath:
 
         return self._run(array, body)
 
-    def allgather(self, array: Any) -> Callable[[Ctx], Any]:
+    def allgather(self, array: Any, counts: bool = False) -> Callable[[Ctx], Any]:
         """Every rank's ``array`` along axis 0 in rank order (the first axis may differ: the lengths
-        are exchanged first over the host path)."""
+        are exchanged first over the host path); ``counts``: ``(result, rows of each rank)``."""
         xp = array_module(array)
         local = self._copy(array)
         if local.ndim == 0:
@@ -263,17 +263,21 @@ class NcclPath:
         uint8 = self._constant("NCCL_UINT8")
 
         def body(comm: Any, stream: int, ctx: Ctx) -> Any:
-            counts = np.zeros(self.size, dtype=np.int64)
-            counts[self.rank] = local.shape[0]
-            ring.allgather(ctx.phase(0), counts, [(r, r + 1) for r in range(self.size)])
-            rows = [int(c) for c in counts]
+            result, rows = gather(comm, stream, ctx)
+            return (result, rows) if counts else result
+
+        def gather(comm: Any, stream: int, ctx: Ctx) -> tuple[Any, list[int]]:
+            lengths = np.zeros(self.size, dtype=np.int64)
+            lengths[self.rank] = local.shape[0]
+            ring.allgather(ctx.phase(0), lengths, [(r, r + 1) for r in range(self.size)])
+            rows = [int(c) for c in lengths]
             result = xp.empty((sum(rows), *local.shape[1:]), dtype=local.dtype)
             flat = result.reshape(-1).view(np.uint8)
             mine = local.reshape(-1).view(np.uint8)
             if len(set(rows)) == 1:
                 if mine.size:
                     comm.allGather(_pointer(mine), _pointer(flat), mine.size, uint8, stream)
-                return result
+                return result, rows
             self.nccl.groupStart()
             try:
                 start = 0
@@ -286,7 +290,7 @@ class NcclPath:
                     start += n * row_bytes
             finally:
                 self.nccl.groupEnd()
-            return result
+            return result, rows
 
         return self._run(array, body)
 

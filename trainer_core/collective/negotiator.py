@@ -31,7 +31,7 @@ from .agreement import JOIN, CollectiveMismatch, Decision, Descriptor, agreed, d
 from .exchange import Exchange
 from .executor import CollectiveClosed, Work
 from .primitives import stall
-from .timeline import Phases, Timeline
+from .timeline import Phases, Recorder
 
 #: ``fast(seq, record)``: runs the operation with ``record`` shown in its first step; returns every
 #: rank's record and, where they agreed, the result (else ``NOT_RUN``)
@@ -78,7 +78,7 @@ class Negotiator:
         self._closed = False
         self._broken: BaseException | None = None
         #: where each finished operation's phases go (``HOROVOD_TIMELINE``); None: nowhere
-        self.timeline: Timeline | None = None
+        self.timeline: Recorder | None = None
         #: builds this rank's part of an operation the others run while it has joined (``Group``)
         self.standin: Callable[[Descriptor], Op] | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)

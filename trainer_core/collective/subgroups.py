@@ -15,6 +15,10 @@ rank gives a set the same id; ``add`` is a collective of the parent group (an al
 of the id and the ranks), so that ranks that disagree get a clear error rather than operations
 that never meet. A set's group is flat: no shared-memory
 segment, no hierarchical path and no NCCL (device arrays go through host memory).
+
+``start_timeline(path)`` (every rank) records the parent's operations and the sets' in Horovod's
+timeline: rank 0 writes the parent's and those of every set it is in to ``path``; a set without
+rank 0 is written by its first member to a file of its own (``timeline.writer_of``, ``set_path``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 
 from .group import Group
 from .primitives.links import MAX_SPACES, SubLinks
+from .timeline import Timeline, set_path, writer_of
 
 
 def members_of(ranks: Iterable[int], size: int) -> tuple[int, ...]:
@@ -52,6 +57,9 @@ class Subgroups:
         self.parent = parent
         self._members: dict[int, tuple[int, ...]] = {}
         self._groups: dict[int, Group] = {}
+        #: the running timeline's path and mark_cycles (None: none), and the files this rank writes
+        self._timeline: tuple[str, bool] | None = None
+        self._files: dict[str, Timeline] = {}
 
     def add(self, ranks: Iterable[int]) -> int:
         """Register the set of ``ranks`` and return its id (every rank of the parent, in the same
@@ -75,6 +83,8 @@ class Subgroups:
             label = f"process set {sid} of ranks {list(members)}"
             self._groups[sid] = Group(links, thresholds=self.parent.thresholds, label=label)
         self._members[sid] = members
+        if sid in self._groups:
+            self._record(sid, self._groups[sid])
         return sid
 
     def _agree(self, sid: int, members: tuple[int, ...]) -> None:
@@ -131,12 +141,53 @@ class Subgroups:
         if sub is not None:
             sub.close()
 
+    def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
+        """Record operations to Horovod's timeline from now on (every rank of the parent; a
+        timeline already running is stopped first): rank 0 records the parent's and those of
+        every set it is in to ``path``, and a set without rank 0 is recorded by its first member
+        to ``set_path(path, members)``; sets added later are recorded as well."""
+        self.stop_timeline()
+        self._timeline = (path, mark_cycles)
+        if self.parent.rank == 0:
+            self.parent.record(self._file(path))
+        for sid, sub in self._groups.items():
+            self._record(sid, sub)
+
+    def stop_timeline(self) -> None:
+        """Stop recording and complete the files this rank wrote (every rank)."""
+        if self._timeline is not None and self.parent.rank == 0:
+            self.parent.record(None)
+        self._timeline = None
+        for sub in self._groups.values():
+            sub.record(None)
+        files, self._files = list(self._files.values()), {}
+        for tl in files:
+            tl.close()
+
+    def _file(self, path: str) -> Timeline:
+        tl = self._files.get(path)
+        if tl is None:
+            mark = self._timeline[1] if self._timeline is not None else False
+            tl = self._files[path] = Timeline(path, self.parent.rank, mark)
+        return tl
+
+    def _record(self, sid: int, sub: Group) -> None:
+        """Where set ``sid``'s group records, when a timeline runs and this rank writes the set."""
+        members = self._members[sid]
+        if self._timeline is None or writer_of(members) != self.parent.rank:
+            return
+        path = self._timeline[0]
+        sub.record(
+            self._file(path if self.parent.rank == 0 else set_path(path, members)).for_set(sid, members)
+        )
+
     def ids(self) -> list[int]:
         return sorted(self._members)
 
     def close(self) -> dict[int, int]:
-        """Stop every set's group (before the parent closes); the operations this rank took part
-        in, by set it is in (what ``JobGroup.close`` tells the peers)."""
+        """Stop every set's group (before the parent closes; a running timeline goes on until
+        ``stop_timeline``, after it); the operations this rank took part in, by set it is in (what
+        ``JobGroup.close`` tells the peers)."""
         slots = {sid: sub.slots for sid, sub in self._groups.items()}
         for sid in list(self._members):
             self.remove(sid)

@@ -7,6 +7,13 @@ on it, each operation as three spans: ``QUEUED`` from its submission until its s
 ...) while its data moved, until it was done; the span carries the operation's number, its bytes
 and how it ended. Events are written as they end (one JSON object per line after the opening
 ``[``), so a trace cut short by a crash still loads; ``close`` ends the array.
+
+A process set's operations go to rows of their own (``for_set``: the row's name and every span's
+``args`` name the set), so that an operation of a set and one of the global set with the same name
+never share a row. Which process writes which set is ``writer_of``'s rule: global rank 0 writes the
+global set and every set it is in (Horovod's coordinator writes the one file, and records what runs
+through its own process); a set without rank 0 is written by its first member, to a file of its own
+(``set_path``), since Horovod's file would not have it at all.
 """
 
 from __future__ import annotations
@@ -14,8 +21,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO
+from pathlib import PurePath
+from typing import IO, Protocol
 
 
 @dataclass(frozen=True)
@@ -26,6 +35,33 @@ class Phases:
     started: float  # its slot began: the ranks started agreeing on it
     agreed: float  # every rank holds it: its data starts moving
     done: float
+
+
+class Recorder(Protocol):
+    """Where a group's finished operations go (``Negotiator.timeline``)."""
+
+    def operation(
+        self, name: str, kind: str, seq: int, phases: Phases, nbytes: int, error: str | None
+    ) -> None: ...
+
+
+def writer_of(members: Sequence[int]) -> int:
+    """The global rank that records the operations of the process set of ``members``: rank 0 where
+    it is a member (Horovod's coordinator), else the set's first member."""
+    return 0 if 0 in members else min(members)
+
+
+def set_path(path: str, members: Sequence[int]) -> str:
+    """The file a set without rank 0 is recorded in: ``timeline.json`` -> ``timeline.set-1-2.json``
+    for the set of ranks 1 and 2."""
+    p = PurePath(path)
+    tag = "set-" + "-".join(str(m) for m in sorted(members))
+    return str(p.with_name(f"{p.stem}.{tag}{p.suffix}" if p.suffix else f"{p.name}.{tag}"))
+
+
+def set_label(sid: int, members: Sequence[int]) -> str:
+    """How a row names its process set."""
+    return f"process set {sid} {list(members)}"
 
 
 class Timeline:
@@ -57,14 +93,28 @@ class Timeline:
         return row
 
     def operation(
-        self, name: str, kind: str, seq: int, phases: Phases, nbytes: int, error: str | None
+        self,
+        name: str,
+        kind: str,
+        seq: int,
+        phases: Phases,
+        nbytes: int,
+        error: str | None,
+        process_set: tuple[int, Sequence[int]] | None = None,
     ) -> None:
-        """Record one finished operation (``error``: why it failed; None: it succeeded)."""
+        """Record one finished operation (``error``: why it failed; None: it succeeded;
+        ``process_set``: the id and global ranks of its set, None: the global set)."""
         with self._lock:
             if self._file is None:
                 return
-            row = self._row(name)
             args: dict[str, object] = {"operation": seq, "bytes": nbytes, "rank": self.rank}
+            if process_set is None:
+                row = self._row(name)
+            else:
+                sid, members = process_set
+                label = set_label(sid, members)
+                row = self._row(f"{name} ({label})")
+                args["process_set"] = label
             if error is not None:
                 args["error"] = error
             spans = (
@@ -90,6 +140,10 @@ class Timeline:
                 )
             self._file.flush()
 
+    def for_set(self, sid: int, members: Sequence[int]) -> SetRows:
+        """What a process set's group records through this timeline (its own rows)."""
+        return SetRows(self, sid, tuple(members))
+
     def close(self) -> None:
         with self._lock:
             if self._file is None:
@@ -97,3 +151,17 @@ class Timeline:
             self._file.write("\n]\n")
             self._file.close()
             self._file = None
+
+
+@dataclass(frozen=True)
+class SetRows:
+    """A process set's operations, on rows of their own in ``timeline`` (a ``Recorder``)."""
+
+    timeline: Timeline
+    sid: int
+    members: tuple[int, ...]
+
+    def operation(
+        self, name: str, kind: str, seq: int, phases: Phases, nbytes: int, error: str | None
+    ) -> None:
+        self.timeline.operation(name, kind, seq, phases, nbytes, error, (self.sid, self.members))

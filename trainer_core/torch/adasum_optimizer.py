@@ -29,10 +29,11 @@ from .runtime import Runtime
 class _AdasumDistributed:
     """The methods mixed into the user's optimizer class (see the module's text)."""
 
-    def _setup_adasum(self, bpps: int, compression: Any, runtime: Runtime | None) -> None:
+    def _setup_adasum(self, bpps: int, compression: Any, runtime: Runtime | None, process_set: Any) -> None:
         self.backward_passes_per_step = bpps
         self._adasum_compression = compression
         self._adasum_runtime = runtime
+        self.process_set = process_set
 
     def _params(self) -> list[torch.Tensor]:
         groups: list[dict[str, Any]] = self.param_groups  # type: ignore[attr-defined]
@@ -57,7 +58,11 @@ class _AdasumDistributed:
             deltas = [p.detach() - s for p, s in zip(params, starts, strict=True)]
             if deltas:
                 reduced = grouped_allreduce(
-                    deltas, compression=self._adasum_compression, op=Adasum, runtime=self._adasum_runtime
+                    deltas,
+                    compression=self._adasum_compression,
+                    op=Adasum,
+                    process_set=self.process_set,
+                    runtime=self._adasum_runtime,
                 )
                 for p, s, d in zip(params, starts, reduced, strict=True):
                     p.copy_(s + d)
@@ -65,11 +70,16 @@ class _AdasumDistributed:
 
 
 def adasum_optimizer(
-    optimizer: torch.optim.Optimizer, bpps: int, compression: Any, runtime: Runtime | None
+    optimizer: torch.optim.Optimizer,
+    bpps: int,
+    compression: Any,
+    runtime: Runtime | None,
+    process_set: Any = None,
 ) -> Any:
-    """``optimizer`` as Horovod's Adasum optimizer (its class subclassed on the fly; no copy)."""
+    """``optimizer`` as Horovod's Adasum optimizer (its class subclassed on the fly; no copy);
+    ``process_set``: the updates are combined among its ranks (None: every worker's)."""
     cls = type(optimizer.__class__.__name__, (_AdasumDistributed, optimizer.__class__), {})
     dist: Any = object.__new__(cls)
     dist.__dict__.update(optimizer.__dict__)
-    dist._setup_adasum(bpps, compression, runtime)
+    dist._setup_adasum(bpps, compression, runtime, process_set)
     return dist

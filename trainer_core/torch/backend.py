@@ -78,8 +78,11 @@ class Backend:
         _check_root(root, self.size)
         return Done(array.copy())
 
-    def allgather_async(self, array: Any, name: str | None = None) -> Waitable:
-        return Done(array.reshape(1) if array.ndim == 0 else array.copy())
+    def allgather_async(self, array: Any, name: str | None = None, counts: bool = False) -> Waitable:
+        """Start gathering every rank's rows of ``array`` in rank order; ``counts``: the result is
+        ``(rows, each rank's number of rows)`` (a rank that joined gave none)."""
+        rows = array.reshape(1) if array.ndim == 0 else array.copy()
+        return Done((rows, [rows.shape[0]]) if counts else rows)
 
     def barrier(self) -> None:
         pass
@@ -88,21 +91,31 @@ class Backend:
         """Horovod's ``join``: the rank that joined last (with one rank, this one)."""
         return 0
 
+    #: whether process sets other than the global one can run here (the collectives' path)
+    has_sets = False
+
     def add_set(self, ranks: list[int]) -> int:
         """Register a process set of ``ranks`` (not every rank): its id (``collective.subgroups``)."""
-        raise ValueError(self._no_sets("a process set of ranks " + str(list(ranks))))
+        raise ValueError(self.no_sets("a process set of ranks " + str(list(ranks))))
 
     def remove_set(self, sid: int) -> None:
-        raise ValueError(self._no_sets(f"process set {sid}"))
+        raise ValueError(self.no_sets(f"process set {sid}"))
 
     def subset(self, sid: int, what: str) -> Backend:
         """The backend of process set ``sid`` (this rank must be a member)."""
-        raise ValueError(self._no_sets(what))
+        raise ValueError(self.no_sets(what))
 
-    def _no_sets(self, what: str) -> str:
+    def no_sets(self, what: str) -> str:
+        """Why ``what`` (an operation in a process set, a registration) is refused on this path."""
+        why = (
+            "the parameter servers sum each key over every worker (a round waits for all of them), "
+            "so some of the workers cannot reduce among themselves there"
+            if self.comm == "ps"
+            else "this process runs alone, and its only set is the global one"
+        )
         return (
-            f"{what}: process sets other than the global one run on the collectives' path (-s 0); "
-            f"this worker's path is {self.comm!r}"
+            f"{what}: process sets other than the global one run on the collectives' path (-s 0), "
+            f"not on this worker's path ({self.comm!r}): {why}"
         )
 
     def close(self) -> None:
@@ -116,6 +129,7 @@ class Collective(Backend):
     """The workers' collective group (``trainer_core.collective``; jobs without servers)."""
 
     comm = "allreduce"
+    has_sets = True
 
     def __init__(self, group: Group) -> None:
         self.group = group
@@ -154,8 +168,8 @@ class Collective(Backend):
     def broadcast_async(self, array: Any, root: int, name: str | None = None) -> Waitable:
         return self.group.broadcast_async(array, root, name=name)
 
-    def allgather_async(self, array: Any, name: str | None = None) -> Waitable:
-        return self.group.allgather_async(array, name=name)
+    def allgather_async(self, array: Any, name: str | None = None, counts: bool = False) -> Waitable:
+        return self.group.allgather_async(array, name=name, counts=counts)
 
     def barrier(self) -> None:
         self.group.barrier()
@@ -179,10 +193,13 @@ class Collective(Backend):
 
     def close(self) -> None:
         slots = self.sets.close()
-        if isinstance(self.group, collective_job.JobGroup):
-            self.group.close(sets=slots)
-        else:
-            self.group.close()
+        try:
+            if isinstance(self.group, collective_job.JobGroup):
+                self.group.close(sets=slots)
+            else:
+                self.group.close()
+        finally:  # after the queued operations: they are in the timeline
+            self.sets.stop_timeline()
 
 
 class InSet(Collective):
@@ -315,10 +332,15 @@ class KV(Backend):
 
         return self.submit("broadcast", run)
 
-    def allgather_async(self, array: Any, name: str | None = None) -> Waitable:
+    def allgather_async(self, array: Any, name: str | None = None, counts: bool = False) -> Waitable:
         host = np.array(to_host(array), copy=True, order="C")
         host = host.reshape(1) if host.ndim == 0 else host
-        return self.submit("allgather", lambda: like(self._gather_bytes(host)[0], array))
+
+        def run() -> Any:
+            rows, each = self._gather_bytes(host)
+            return (like(rows, array), [int(c) for c in each]) if counts else like(rows, array)
+
+        return self.submit("allgather", run)
 
     def barrier(self) -> None:
         self.submit("barrier", self.kv.barrier).wait()
@@ -328,8 +350,10 @@ class KV(Backend):
             return 0
         raise NotImplementedError(
             "hvd.join() with more than one worker runs on the collectives path (comm='allreduce', a job "
-            "launched with -s 0), not on the parameter-server path (comm='ps'): there give every worker "
-            "the same number of batches"
+            "launched with -s 0), not on the parameter-server path (comm='ps'): there the workers' "
+            "operations are paired by their order with no negotiation, so a worker that joined cannot "
+            "learn what the others still submit to stand in for it; give every worker the same number "
+            "of batches"
         )
 
     def reform(self) -> KV:

@@ -85,21 +85,22 @@ def nccl_built() -> bool:
 
 def start_timeline(file_path: str, mark_cycles: bool = False, *, runtime: Runtime | None = None) -> None:
     """Horovod's: write each collective operation's phases (queued, negotiated, communicated) to
-    ``file_path`` as a Chrome trace, from now on; rank 0 writes, as Horovod's coordinator does
+    ``file_path`` as a Chrome trace, from now on (every rank calls it); rank 0 writes, as Horovod's
+    coordinator does, the global set's operations and those of the process sets it is in; a set
+    without rank 0 is written by its first member to a file of its own
     (``trainer_core.collective.timeline``). The collectives' path only (``-s 0``)."""
     backend = (runtime or default).backend()
-    group = getattr(backend, "group", None)
-    if not hasattr(group, "start_timeline"):
+    sets = getattr(backend, "sets", None)
+    if sets is None:
         raise ValueError(
             f"the timeline records the collectives' operations (a job without servers, -s 0); "
             f"this worker's path is {backend.comm!r}"
         )
-    if backend.rank == 0:
-        group.start_timeline(file_path, mark_cycles)  # type: ignore[union-attr]
+    sets.start_timeline(file_path, mark_cycles)
 
 
 def stop_timeline(*, runtime: Runtime | None = None) -> None:
-    """Horovod's: stop writing the timeline (the file is complete JSON from then on)."""
-    group = getattr((runtime or default).backend(), "group", None)
-    if hasattr(group, "stop_timeline"):
-        group.stop_timeline()  # type: ignore[union-attr]
+    """Horovod's: stop writing the timeline (the files are complete JSON from then on)."""
+    sets = getattr((runtime or default).backend(), "sets", None)
+    if sets is not None:
+        sets.stop_timeline()

@@ -11,12 +11,21 @@ order, pairs at distance 1, then 2, then 4 (rank ``r`` with ``r ^ d``), so the j
 power of two. Every rank gathers every rank's vector and computes the same tree in float64, so
 the result is bit-identical on every rank; what travels is an allgather (``size`` times a
 vector's bytes per rank, where Horovod's vector-halving exchange moves about two).
+
+In a process set the ranks are the set's (its size must be a power of two; Horovod refuses Adasum
+in a set other than the global one). A rank that joined (``hvd.join``) contributes zeros in its own
+place, as Horovod's joined ranks do (``ops``: the allgather says which ranks gave a row).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import torch
+
+from .tensors import as_tensor
 
 FLOOR = 1e-8  # below this squared norm a vector keeps its coefficient 1 (Horovod's rule)
 
@@ -56,11 +65,27 @@ def adasum_of(every: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(adasum_rows(flat)).to(every.dtype).reshape(every.shape[1:])
 
 
-def check_adasum(t: torch.Tensor, size: int) -> None:
+def fold(how: str, got: Any, t: torch.Tensor, size: int) -> torch.Tensor:
+    """``how`` (``"product"`` or ``"adasum"``) of the rows an allgather of ``t`` gave, ``got``:
+    ``(rows, each rank's number of rows)``; a rank that gave none (it joined: ``hvd.join``)
+    contributes zeros in its own place, as Horovod's joined ranks do."""
+    rows, counts = got
+    gave = [i for i, c in enumerate(counts) if c] if t.numel() else list(range(size))
+    every = as_tensor(rows, t.dtype, (len(gave), *t.shape))
+    if len(gave) < size:
+        placed = every.new_zeros((size, *t.shape))
+        placed[gave] = every
+        every = placed
+    return product_of(every) if how == "product" else adasum_of(every)
+
+
+def check_adasum(t: torch.Tensor, size: int, members: Sequence[int] | None = None) -> None:
+    """Refuse what Adasum does not combine (``members``: a process set's ranks, None: the job's)."""
     if not t.is_floating_point():
         raise ValueError(f"op=Adasum reduces floating-point tensors, not {t.dtype}")
     if not power_of_two(size):
+        ranks = "this job" if members is None else f"process set {list(members)}"
         raise ValueError(
             f"op=Adasum needs a power-of-two number of ranks (ranks pair at distance 1, 2, 4, ...); "
-            f"this job has {size}"
+            f"{ranks} has {size}"
         )

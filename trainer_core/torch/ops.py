@@ -29,7 +29,7 @@ from trainer_core.errors import MembershipChanged
 
 from .backend import Backend, InSet, Waitable
 from .compression import Compression, check
-from .folded import adasum_of, check_adasum, product_of
+from .folded import check_adasum, fold
 from .process_sets import in_set
 from .runtime import Runtime, default
 from .tensors import as_array, as_tensor, check_dense, kind_of
@@ -145,18 +145,9 @@ def _allreduce_work(
         how, post = op, postscale
     if how in (Product, Adasum):  # each rank folds every rank's tensor, in rank order
         if how == Adasum:
-            check_adasum(t, backend.size)
-        work = backend.allgather_async(as_array(t.reshape(1, *t.shape)), name=name)
-        fold = product_of if how == Product else adasum_of
-
-        def folded(r: Any) -> torch.Tensor:  # a rank that joined (hvd.join) sent no row: zeros
-            n = backend.size if t.numel() == 0 else int(r.size) // t.numel()
-            rows = as_tensor(r, t.dtype, (n, *t.shape))
-            if n < backend.size:
-                rows = torch.cat([rows, rows.new_zeros((backend.size - n, *t.shape))])
-            return scaled(fold(rows), post)
-
-        return Handle(work, folded)
+            check_adasum(t, backend.size, getattr(backend, "members", None))
+        work = backend.allgather_async(as_array(t.reshape(1, *t.shape)), name=name, counts=True)
+        return Handle(work, lambda got: scaled(fold(how, got, t, backend.size), post))
     work = backend.allreduce_async(as_array(t), how, kind_of(t), name=name)
     return Handle(work, lambda r: scaled(as_tensor(r, t.dtype, t.shape), post))
 
@@ -433,11 +424,11 @@ class _Allgather(torch.autograd.Function):
     gradient, this rank's rows of it)."""
 
     @staticmethod
-    def forward(ctx: Any, runtime: Any, *tensors: torch.Tensor) -> Any:
+    def forward(ctx: Any, runtime: Any, name: str | None, *tensors: torch.Tensor) -> Any:
         backend = _backend(runtime)
         ctx.runtime, ctx.rows = runtime, [1 if t.dim() == 0 else t.shape[0] for t in tensors]
         ctx.scalar = [t.dim() == 0 for t in tensors]
-        handles = [_allgather_work(backend, t) for t in tensors]
+        handles = [_allgather_work(backend, t, name if len(tensors) == 1 else None) for t in tensors]
         return tuple(h.wait() for h in handles)
 
     @staticmethod
@@ -452,7 +443,7 @@ class _Allgather(torch.autograd.Function):
             start = int(counts[: backend.rank, i].sum())
             mine = g.narrow(0, start, ctx.rows[i])
             out.append(mine.reshape(()) if ctx.scalar[i] else mine)
-        return (None, *out)
+        return (None, None, *out)
 
 
 def allgather(
@@ -461,7 +452,7 @@ def allgather(
     """Every rank's ``tensor`` concatenated along dimension 0 (differentiable)."""
     scope = in_set(process_set, "allgather", runtime)
     check_dense(tensor, "allgather's tensor")
-    return _Allgather.apply(scope, tensor)[0]
+    return _Allgather.apply(scope, name, tensor)[0]
 
 
 def grouped_allgather_async(
@@ -488,7 +479,7 @@ def grouped_allgather(
     ts = _tensor_list(tensors, "grouped_allgather")
     for t in ts:
         check_dense(t, "grouped_allgather's tensor")
-    return tuple(_Allgather.apply(scope, *ts))
+    return tuple(_Allgather.apply(scope, None, *ts))
 
 
 # -- broadcast ------------------------------------------------------------------------------------

@@ -322,8 +322,8 @@ def DistributedOptimizer(  # Horovod's name
     ``op=Average``) divides the gradients by it before the sum and multiplies the mean by it, as
     Horovod's; ``groups``/``num_groups`` are checked as Horovod checks them and kept (``groups``),
     but the gradients are fused by ``fusion_threshold``'s buckets (the results are the same);
-    ``process_set``: the gradients are reduced among the set's ranks (Horovod's; not with
-    ``op=Adasum``)."""
+    ``process_set``: the gradients are reduced among the set's ranks (Horovod's; with
+    ``op=Adasum`` the updates are combined among them, which Horovod refuses)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(
             f"DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}"
@@ -341,14 +341,12 @@ def DistributedOptimizer(  # Horovod's name
         raise ValueError("DistributedOptimizer reduces with op=Average, Sum, Min, Max or Adasum, not Product")
     scope = in_set(process_set, "DistributedOptimizer", runtime)
     if how == Adasum:
-        if scope is not runtime:
-            raise ValueError("DistributedOptimizer(op=Adasum) runs over every worker, not a process set")
         if isinstance(check(compression), Residual):
             raise ValueError(
                 "DistributedOptimizer(op=Adasum) sends the updates with Compression.none or .fp16, "
                 "not a trainer_core compressor"
             )
-        return adasum_optimizer(optimizer, backward_passes_per_step, compression, runtime)
+        return adasum_optimizer(optimizer, backward_passes_per_step, compression, runtime, process_set)
     if isinstance(gradient_predivide_factor, bool) or not isinstance(gradient_predivide_factor, int | float):
         raise ValueError(f"gradient_predivide_factor must be a number, not {gradient_predivide_factor!r}")
     if gradient_predivide_factor != 1.0 and how != Average:

@@ -74,6 +74,8 @@ def in_set(process_set: Any, what: str, runtime: Runtime | None = None) -> Runti
     sid = process_set.process_set_id
     if process_set.ranks == list(range(backend.size)):
         return runtime
+    if not backend.has_sets:  # the path's refusal, before "not registered" (it cannot be)
+        raise ValueError(backend.no_sets(what))
     if sid is None:
         raise ValueError(
             f"{what}: {process_set!r} is not registered: pass it to hvd.init(process_sets=[...]) "
@@ -107,6 +109,16 @@ def _register(ps: ProcessSet, rt: Runtime) -> ProcessSet:
     return ps
 
 
+def _refuse_on_path(ps: Any, what: str, rt: Runtime) -> None:
+    """Where this worker's path has no process sets (the parameter servers'), ``what`` of a set
+    other than the global one is refused first, naming the path and why."""
+    if not rt.initialized() or not isinstance(ps, ProcessSet) or ps.ranks is None:
+        return
+    backend = rt.backend()
+    if not backend.has_sets and ps.ranks != list(range(backend.size)):
+        raise ValueError(backend.no_sets(what))
+
+
 def _check_dynamic(what: str, rt: Runtime) -> None:
     if not (rt.dynamic_sets or os.environ.get(DYNAMIC, "0") not in ("", "0")):
         raise ValueError(
@@ -119,8 +131,9 @@ def add_process_set(process_set: Any, *, runtime: Runtime | None = None) -> Proc
     """Register a process set after init (every rank, in the same order) and return it:
     ``process_set`` is a ``ProcessSet`` or a list of ranks."""
     rt = runtime or default
-    _check_dynamic("add_process_set", rt)
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    _refuse_on_path(ps, "add_process_set", rt)
+    _check_dynamic("add_process_set", rt)
     if ps.process_set_id is not None and ps.ranks is not None:
         raise ValueError(f"{ps!r} is already registered")
     if ps.ranks is None or ps.ranks == list(range(rt.backend().size)):
@@ -131,6 +144,7 @@ def add_process_set(process_set: Any, *, runtime: Runtime | None = None) -> Proc
 def remove_process_set(process_set: Any, *, runtime: Runtime | None = None) -> bool:
     """Unregister ``process_set`` (every rank); False for the global set or one not registered."""
     rt = runtime or default
+    _refuse_on_path(process_set, "remove_process_set", rt)
     _check_dynamic("remove_process_set", rt)
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"remove_process_set takes a ProcessSet, not {type(process_set).__name__}")

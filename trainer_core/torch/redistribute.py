@@ -190,7 +190,7 @@ class _Reducescatter(torch.autograd.Function):
         size = _backend(runtime).size
         factor = (size if op == Sum else 1) * pre * post
         scaled_grads = [g * factor if factor != 1 else g for g in grads]
-        return (None, None, None, None, *_Allgather.apply(runtime, *scaled_grads))
+        return (None, None, None, None, *_Allgather.apply(runtime, None, *scaled_grads))
 
 
 def reducescatter(
