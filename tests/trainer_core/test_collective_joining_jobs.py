@@ -112,6 +112,7 @@ def reference(w: int) -> list[float]:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
 
 
+@pytest.mark.timeout(180)  # (the jobs' own bound: torch imported in w + 1 processes)
 @pytest.mark.parametrize(("w", "launcher"), [(2, "local"), (3, "local"), (4, "local"), (4, "mpi")])
 def test_a_torch_loop_with_uneven_data_ends_alike_on_every_rank(
     w: int, launcher: str, tmp_path: Path
