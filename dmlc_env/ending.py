@@ -13,9 +13,9 @@ failed on its own, and names ``node`` when every failed process only reports ano
 (a node that hangs: the others give up on it, it never exits by itself). The line is plain text
 for a person reading the log too; a launcher that does not read it loses nothing.
 
-A node that ends while it waited for another in a collective operation says so too, before the
-error that ends it, so that a launcher can tell what the node named did to the job (it may have
-exited 0, early):
+A node that ends while it waited for another (a collective operation, a barrier, a sync round)
+says so too, before the error that ends it, so that a launcher can tell what the node named did
+to the job (it may have exited 0, early); the line also reports that node's end, as the one above:
 
     dmlc_env: this node waited for worker 1 in allreduce (operation 3)
 

@@ -13,10 +13,16 @@ of its output (``dmlc_env.ending``: ``dmlc_env: this node ends because worker 1 
   ``PEER_WAIT`` for the node they name to end on its own (with its own exit code and traceback);
   when it has not, the teardown begins anyway, and the node named is still the root cause
   (ended by the launcher: a hung node), else the first process that failed;
+- a node that ends while it waited for another in an operation (collective, a sync round, a
+  barrier) says so in a line (``dmlc_env: this node waited for worker 1 in allreduce 'grad.3'
+  (operation 3)``): it reports that node's failure too (when it has no line naming another node;
+  a rank that failed waiting for a rank that shut down prints no other);
 - the node named may also have ended by itself with exit code 0, early, while the others still
-  waited for it in a collective operation (a line of theirs says so: ``dmlc_env: this node waited
-  for worker 1 in allreduce (operation 3)``): it is the root cause, and ``waited_by`` says who
-  waited in what. Without such a line a node that exited 0 is not blamed.
+  waited for it (their waited lines say so, whatever lines of its own say of the job's end): it
+  is the root cause, and ``waited_by`` says who waited in what (also when it failed on its own).
+  Without such a line a node that exited 0 is not blamed. So is a node the others waited for
+  that failed only by the job's end (its line names another) without waiting in an operation
+  itself (a rank that shut down, then failed in its finish when the scheduler went away).
 
 ``Tail`` and ``Blame`` hold no process and no clock of their own: the supervisor gives them its
 lines and times (``tests/launchkit/test_rootcause.py`` drives them by hand).
@@ -65,8 +71,15 @@ class Tail(deque[str]):
 
 
 def peer_of(lines: deque[str]) -> PeerFailure | None:
-    """The failure a process's lines say it ends by (a plain deque says none)."""
-    return lines.peer if isinstance(lines, Tail) else None
+    """The failure a process's lines say it ends by (a plain deque says none): its line saying
+    so, or, where that line names no node or is missing, the node its waited line names (a wait
+    in a collective operation that ended in the error that ends it: the node waited for is the
+    cause, e.g. a rank that shut down while this one waited for it)."""
+    if not isinstance(lines, Tail):
+        return None
+    if (lines.peer is None or lines.peer.role is None) and lines.waited is not None:
+        return PeerFailure(lines.waited.role, lines.waited.rank)
+    return lines.peer
 
 
 @dataclass
@@ -123,7 +136,9 @@ class Proc(Protocol):
 def named_root(root: int, procs: Sequence[Proc]) -> tuple[int, int | None]:
     """The final root cause, once every output is read: ``root`` when it failed on its own; when
     it only reported another's failure, the node it (or another reporter) names, if that is a
-    process of the job that failed on its own. Returns (root, the process that named it or None)."""
+    process of the job that failed on its own, or that exited 0 while others waited for it, or
+    that the reporter waited for in an operation and that failed only by the job's end without
+    waiting in one itself. Returns (root, the process that named it or None)."""
     if peer_of(procs[root].tail) is None:
         return root, None
     where = {(p.task.role, p.task.rank): i for i, p in enumerate(procs)}
@@ -142,10 +157,23 @@ def named_root(root: int, procs: Sequence[Proc]) -> tuple[int, int | None]:
         if peer is None or peer.role is None or not failed(by):
             continue
         named = where.get((peer.role, peer.rank))
-        own = named is not None and peer_of(procs[named].tail) is None
-        if named is not None and named != by and own and (failed(named) or left(named)):
+        if named is None or named == by:
+            continue
+        # (one that left may still have printed a line naming another: the job's end, told to it
+        # as it finished, is no failure of its own)
+        if left(named) or (failed(named) and peer_of(procs[named].tail) is None):
+            return named, by
+        # the node ``by`` waited for in an operation failed only by the job's end, waiting in no
+        # operation itself (a rank that shut down, then failed in its finish as the job ended)
+        if failed(named) and _waited(procs[by].tail) == peer and _waited(procs[named].tail) is None:
             return named, by
     return root, None
+
+
+def _waited(lines: deque[str]) -> PeerFailure | None:
+    """The node a process's waited line names (None: no such line)."""
+    w = lines.waited if isinstance(lines, Tail) else None
+    return None if w is None else PeerFailure(w.role, w.rank)
 
 
 def waited_by(root: int, procs: Sequence[Proc]) -> str:

@@ -135,6 +135,8 @@ def report(ui: Ui, result: JobResult) -> None:
             how = f"failed, as {by.task.role} {by.task.rank} reported (exit {by.exit_code}); {how}"
             if result.waited_by:
                 how += f"; {result.waited_by}"
+        elif result.waited_by:  # it failed on its own while others waited for it in an operation
+            how += f" while {result.waited_by}"
         ui.error(f"job {result.job_id} failed{_after(result)}: {t.role} {t.rank} on {root.where} {how}")
         for r in (root, by) if by is not None else (root,):
             if r.tail:

@@ -6,8 +6,11 @@ noserverprog.py allreduce [RANK]     join trainer_core's collective group, allre
                                      others wait in a barrier (the job must fail naming it);
                                      ``allreduce RANK once``: on the first attempt only;
                                      ``allreduce RANK stop``: SIGSTOP instead (it hangs)
-noserverprog.py early RANK           join, allreduce once; worker RANK then exits 0 (without leaving
-                                     the group) while the others wait in a second allreduce
+noserverprog.py early RANK [HOW]     join, allreduce once; worker RANK then ends while the others
+                                     wait in a second allreduce, named 'grad.3': HOW ``exit``
+                                     (the default) exits 0 without leaving the group, ``shutdown``
+                                     calls ``collective.shutdown()`` and exits 0, ``raise`` raises
+                                     a ValueError (exit 1)
 noserverprog.py torch                a plain torch.distributed script (gloo, env://): it never
                                      imports trainer_core; prints the all_reduce's sum as JSON
 """
@@ -78,9 +81,15 @@ def main(argv: list[str]) -> int:
 
         group = collective.group()
         collective.allreduce(np.ones(3))
+        how = argv[2] if len(argv) > 2 else "exit"
         if group.rank == int(argv[1]):
-            return 0  # early, without ``shutdown``: the others still wait for it
-        collective.allreduce(np.ones(3))
+            print(json.dumps({"rank": group.rank, "ends": how}), flush=True)
+            if how == "shutdown":
+                collective.shutdown()  # it leaves the group: the others' wait fails at once
+            elif how == "raise":
+                raise ValueError(f"boom from worker {group.rank}")
+            return 0  # (``exit``: early, without ``shutdown``: the others still wait for it)
+        collective.allreduce(np.ones(3), name="grad.3")
         collective.shutdown()
         return 0
     if mode == "torch":

@@ -3,11 +3,16 @@ are in test_launch_e2e.py's root-cause tests)."""
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 
+from rich.console import Console
+
 from dmlc_env.ending import PeerFailure, peer_failed_line, waited_line
-from launchkit.core.spec import LOCALHOST, Task, TaskResult
-from launchkit.rootcause import OUTPUT_WAIT, Blame, Tail, named_root, waited_by
+from launchkit.cli.launch import report
+from launchkit.console import Ui
+from launchkit.core.spec import LOCALHOST, JobResult, Task, TaskResult
+from launchkit.rootcause import OUTPUT_WAIT, Blame, Tail, named_root, peer_of, waited_by
 
 SAYS_W1 = peer_failed_line("worker 1")
 
@@ -116,3 +121,48 @@ def test_a_node_that_exited_0_while_others_waited_for_it_is_the_root() -> None:
     tails[2] = tail(SAYS_W1)  # nobody says it waited for worker 1: its exit 0 does not blame it
     assert named_root(0, procs(tails, {0, 2})) == (0, None)
     assert waited_by(3, procs(tails, {0, 2})) == ""
+
+
+def test_a_waited_line_reports_the_node_waited_for_without_a_line_naming_it() -> None:
+    """A rank that failed waiting for a rank that shut down prints its waited line and, at most,
+    a line naming no node (``another node``: its error names ``rank 1``): it reports worker 1's
+    end, it did not fail on its own; a line that names a node keeps its word."""
+    waited = str(waited_line("worker 1", "allreduce 'grad.3' (operation 2)"))
+    assert peer_of(tail(waited, "PeerShutDown: ...")) == PeerFailure("worker", 1)
+    assert peer_of(tail(waited, peer_failed_line(None))) == PeerFailure("worker", 1)
+    assert peer_of(tail(waited, peer_failed_line("worker 0"))) == PeerFailure("worker", 0)
+    b = Blame(peer_wait=3.0)
+    b.add(2, 10.0, tail(waited, "PeerShutDown: ..."), ended)
+    assert not b.decide(10.5)  # it waits for the node it names, as for any reporter
+    # worker 1 exited 0 (shut down): named, with who waited in what
+    tails = [tail("scheduler"), tail("serving"), tail(waited, "PeerShutDown: ..."), tail("bye")]
+    assert named_root(2, procs(tails, {2})) == (3, 2)
+    assert waited_by(3, procs(tails, {2})) == "worker 0 waited for it in allreduce 'grad.3' (operation 2)"
+    # it finished, and the job's end was told to it: its line naming worker 0 does not spare it
+    tails[3] = tail(peer_failed_line("worker 0"), "bye")
+    assert named_root(2, procs(tails, {2})) == (3, 2)
+    # it failed in its finish by the job's end (no scheduler left): still the one waited for
+    tails[3] = tail(peer_failed_line("scheduler"), "NodeFailure: scheduler closed its connection")
+    assert named_root(2, procs(tails, {2, 3})) == (3, 2)
+    # it waited in an operation itself, for worker 0: the two only report each other
+    tails[3] = tail(str(waited_line("worker 0", "allreduce 'grad.3' (operation 2)")), "LinkError")
+    assert named_root(2, procs(tails, {2, 3})) == (2, None)
+
+
+def test_the_report_says_who_waited_for_the_root_cause_in_what() -> None:
+    """It exited 0 (named by a waiting worker), or failed on its own, while others waited."""
+    w0, w1 = (Task("worker", r, r, LOCALHOST, 0, ("x",)) for r in range(2))
+    waits = "workers 0 and 2 waited for it in allreduce 'grad.3' (operation 2)"
+    left = TaskResult(w1, 0, None, 0.0, tail=("bye",))
+    by = TaskResult(w0, 1, None, 0.0, tail=("PeerShutDown: ...",))
+    raised = TaskResult(w1, 1, None, 0.0, tail=("ValueError: boom",))
+    for root, named_by, how in [
+        (left, by, "exited 0 while " + waits + " (as worker 0 reported, exit 1)"),
+        (raised, None, "exited with code 1 while " + waits),
+    ]:
+        err = io.StringIO()
+        result = JobResult(
+            "1201-000000-abcdef", 1, (by, root), root_cause=root, named_by=named_by, waited_by=waits
+        )
+        report(Ui(err=Console(file=err, width=400)), result)
+        assert f"failed: worker 1 on localhost {how}\n" in err.getvalue(), err.getvalue()

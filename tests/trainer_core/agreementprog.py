@@ -7,6 +7,9 @@ issue's cases), then a correct one; prints what each rank got as one JSON line.
     agreementprog.py torch      a Linear(4, 2 + rank): DistributedOptimizer's first step and
                                 broadcast_parameters, then a model alike on every rank
     agreementprog.py shutdown   an allreduce, then rank 1 shuts down while the others allreduce
+    agreementprog.py twice      rank 0 submits 'a', then 'x' twice while 'a' waits for the others
+                                (they submit 'a' and 'x' once it has: a file in the working
+                                directory says so), then a correct allreduce
     agreementprog.py MODE ALGO  with the allreduce algorithm forced (``Thresholds(force=ALGO)``:
                                 ring, recursive_doubling, tree), off the host's segment
 """
@@ -14,6 +17,7 @@ issue's cases), then a correct one; prints what each rank got as one JSON line.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -82,6 +86,30 @@ def shut_down(g: Any) -> dict[str, Any]:
     return {"before": before, "error": error, "seconds": time.monotonic() - start}
 
 
+def twice(g: Any) -> dict[str, Any]:
+    """The name 'x' submitted twice while in flight (on rank 0): both of rank 0's and every other
+    rank's 'x' fail, 'a' completes, and so does the next operation."""
+    x = np.ones(3)
+    if g.rank == 0:
+        works = {"a": g.allreduce_async(x, name="a")}  # the others come later: "a" waits
+        works["x1"], works["x2"] = g.allreduce_async(x, name="x"), g.allreduce_async(x, name="x")
+        with open("submitted.tmp", "w") as f:
+            f.write("x")
+        os.replace("submitted.tmp", "submitted")
+    else:
+        while not os.path.exists("submitted"):  # rank 0's three operations are in flight
+            time.sleep(0.02)
+        works = {n: g.allreduce_async(x, name=n) for n in ("a", "x")}
+    out: dict[str, Any] = {}
+    for key, work in works.items():
+        try:
+            out[key] = work.wait().tolist()
+        except Exception as exc:
+            out[key] = f"{type(exc).__name__}: {exc}"
+    out["next"] = g.allreduce(np.full(2, float(g.rank + 1))).tolist()
+    return out
+
+
 def torch_models() -> dict[str, Any]:
     import torch
 
@@ -115,7 +143,7 @@ def main(mode: str, force: str | None = None) -> int:
     g = collective.group()
     if force is not None:
         g.thresholds = collective.Thresholds(force=force)
-    out = {"cases": cases, "threads": threads, "shutdown": shut_down}[mode](g)
+    out = {"cases": cases, "threads": threads, "shutdown": shut_down, "twice": twice}[mode](g)
     print(json.dumps({"rank": g.rank, "size": g.size, "host": g.hosts[g.rank], **out}), flush=True)
     collective.shutdown()
     return 0

@@ -123,6 +123,18 @@ def test_a_rank_that_shuts_down_fails_the_others_next_operation_naming_it(tmp_pa
     check_shut_down(launch(3, "shutdown", tmp_path), 3)
 
 
+@pytest.mark.parametrize("w", [2, 3, 4])
+def test_a_name_submitted_twice_while_in_flight_fails_on_every_rank(w: int, tmp_path: Path) -> None:
+    """Rank 0 submits 'x' twice while its 'a' waits for the others: every 'x' fails, on every
+    rank, saying so; 'a' and the next operation are right."""
+    outs = launch(w, "twice", tmp_path)
+    for r, out in outs.items():
+        assert out["a"] == [float(w)] * 3 and out["next"] == [float(sum(range(1, w + 1)))] * 2, (r, out)
+        for key in ("x1", "x2") if r == 0 else ("x",):
+            assert out[key].startswith("CollectiveMismatch: collective "), (r, out)
+            assert "'x' submitted twice while in flight" in out[key], (r, out)
+
+
 @pytest.mark.parametrize("w", [2, 3])
 def test_models_that_differ_across_ranks_fail_on_every_rank_at_the_first_step(w: int, tmp_path: Path) -> None:
     pytest.importorskip("torch")

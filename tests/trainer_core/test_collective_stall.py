@@ -128,16 +128,16 @@ WARNING = re.compile(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shm", ["1", "0"])
-def test_a_rank_busy_between_collectives_is_waited_for_with_stall_warnings(shm: str) -> None:
+@pytest.mark.parametrize(("w", "shm"), [(3, "1"), (3, "0"), (2, "1"), (4, "0")])
+def test_a_rank_busy_between_collectives_is_waited_for_with_stall_warnings(w: int, shm: str) -> None:
     """Rank 0 computes for 6 s between two allreduces, three times the links' fixed limit (2 s)
     and six times the stall warning's time (1 s): the others warn (more than once) naming rank 0
     as the one whose part is missing and the operation they are in, then finish with it."""
     env = {"PS_SHM": shm, "TRAINER_CORE_STALL_CHECK_SECONDS": "1"}
-    job = run_job(SLOW_CODE % {"busy": BUSY_S}, 3, 0, env, timeout=60)
+    job = run_job(SLOW_CODE % {"busy": BUSY_S}, w, 0, env, timeout=60)
     for p in job.workers:
         (res,) = p.results()
-        assert p.popen.returncode == 0 and res["sum"] == 6.0, job.outputs()
+        assert p.popen.returncode == 0 and res["sum"] == float(sum(range(1, w + 1))), job.outputs()
         if p.rank == 0:
             assert "collective stall" not in p.output()
             continue
@@ -201,7 +201,7 @@ g = join(timeout=600.0)
 r = g.rank
 g.allreduce(np.ones(10, np.float32))
 print("READY", flush=True)
-if r == 2:
+if r == g.size - 1:
     time.sleep(600)  # stopped here
 try:
     g.allreduce(np.ones(1000, np.float32))
@@ -212,29 +212,30 @@ g.close(finish=False)
 """
 
 
-@pytest.mark.parametrize("shm", ["1", "0"])
-def test_a_stopped_rank_still_fails_every_wait_within_the_heartbeat_bound(shm: str) -> None:
-    """Worker 2 is SIGSTOPped while the others wait for it: however long the stall settings (a
-    warning after 1 s, no shutdown) and the fixed limit (600 s), its silence ends the job within
-    the heartbeat timeout (3 s) + 2 s, naming it."""
+@pytest.mark.parametrize(("w", "shm"), [(3, "1"), (3, "0"), (2, "0"), (4, "1")])
+def test_a_stopped_rank_still_fails_every_wait_within_the_heartbeat_bound(w: int, shm: str) -> None:
+    """The last worker is SIGSTOPped while the others wait for it: however long the stall
+    settings (a warning after 1 s, no shutdown) and the fixed limit (600 s), its silence ends the
+    job within the heartbeat timeout (3 s) + 2 s, naming it."""
     stopped: list[float] = []
+    last = w - 1
 
-    def stop_worker_2(job: Job) -> None:
+    def stop_the_last(job: Job) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not all("READY" in p.output() for p in job.workers):
             time.sleep(0.02)  # (waits for the workers' READY lines)
-        next(p for p in job.workers if p.rank == 2).popen.send_signal(signal.SIGSTOP)
+        next(p for p in job.workers if p.rank == last).popen.send_signal(signal.SIGSTOP)
         stopped.append(time.time())
 
     env = {"PS_SHM": shm, "TRAINER_CORE_STALL_CHECK_SECONDS": "1"}
-    job = run_job(STOPPED_CODE, 3, 0, env, timeout=30, during=stop_worker_2, not_awaited=("worker 2",))
+    job = run_job(STOPPED_CODE, w, 0, env, timeout=30, during=stop_the_last, not_awaited=(f"worker {last}",))
     assert stopped, job.outputs()
     bound = float(FAST_LIVENESS["PS_HEARTBEAT_TIMEOUT"]) + 2
     for p in job.workers:
-        if p.rank == 2:
+        if p.rank == last:
             continue
         (res,) = p.results()
-        assert res["node"] == "worker 2" and "sent no heartbeat" in res["error"], job.outputs()
+        assert res["node"] == f"worker {last}" and "sent no heartbeat" in res["error"], job.outputs()
         assert res["at"] - stopped[0] < bound, res
     assert job.codes()["scheduler 0"] == 1
 

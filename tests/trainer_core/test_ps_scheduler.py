@@ -177,14 +177,18 @@ def test_an_abort_is_relayed_to_every_other_node(job: tuple[Scheduler, list[Node
 def test_a_worker_that_finishes_while_others_wait_in_a_barrier_ends_the_job(
     job: tuple[Scheduler, list[Node], list[Node]],
 ) -> None:
+    """The job aborts naming worker 1; its finish is answered (it did its part and ends with 0, the
+    launcher names it as worker 0's line says it waited for it) and it is told no abort."""
     sched, _, (w1, w0) = job
     w0.call(wire.BARRIER)
-    w1.call(wire.FINISH)
+    w1.call(wire.FINISH, seq=5)
     assert sched.exit_code == 1
     (abort,) = w0.got(w0.hb)
     assert (
         abort.body["node"] == "worker 1" and "finished while the other workers wait" in abort.body["reason"]
     )
+    assert [(h.op, h.seq) for h in w1.got()] == [(wire.FINISHED, 5)]
+    assert w1.got(w1.hb) == []
 
 
 def test_messages_of_unknown_nodes_are_ignored(job: tuple[Scheduler, list[Node], list[Node]]) -> None:

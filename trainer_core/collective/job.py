@@ -30,6 +30,7 @@ from collections.abc import Mapping
 import dmlc_env
 import trainer_core.metrics as metrics
 from trainer_core.config import NodeConfig, StallPolicy
+from trainer_core.errors import NodeFailure
 from trainer_core.log import get_logger
 from trainer_core.node import protocol as node_protocol
 from trainer_core.node.postoffice import Postoffice
@@ -94,14 +95,26 @@ class JobGroup(Group):
         finish as well, and leave the job. ``leave=False`` (``reform``): the links close, the node
         stays. ``sets``: the operations this rank took part in, by process set
         (``subgroups.Subgroups.close``): a peer that waits for it in a later one of a set fails at
-        once as well."""
+        once as well. Once this rank has said bye, the job failing while it waits in the finish
+        (a peer died, the scheduler's abort) is the others' to report: it is logged and ``close``
+        returns, so that the rank that shut down ends with 0 and the launcher names it as the one
+        the others waited for (docs/collectives.md, "A rank that shut down")."""
         try:
             super().close()
             self.stop_timeline()
             if leave:
                 self.netlinks.leave(self._negotiator.slots, sets)
             if finish and leave and self.node.failure is None:
-                self.node.finish()
+                # (a peer's death ends the wait too; an elastic job's membership changes are not ends)
+                check = None if self.netlinks.elastic else self.netlinks.health
+                try:
+                    self.node.finish(check)
+                except NodeFailure as exc:
+                    self.node.log.warning(
+                        "collective: this rank closed its group; the job failed while it waited for "
+                        "the other workers to finish: %s",
+                        exc,
+                    )
         finally:
             self.netlinks.close()
             if leave:

@@ -15,15 +15,16 @@ requests). What runs above it (``ps``, ``collective``) adds its own channels and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
-from dmlc_env.ending import say_peer_failed
+from dmlc_env.ending import say_peer_failed, say_waited
 from trainer_core.config import NodeConfig
 from trainer_core.errors import KVError, MembershipChanged, NodeFailure
 from trainer_core.node import protocol
@@ -86,6 +87,7 @@ class Postoffice:
         self.local_failure: NodeFailure | None = None
         self.closed = False
         self.raised = threading.Event()  # the failure reached the user (or the node closed)
+        self._said_waited = False  # this node said which node it waited for (``_waiting_in``)
         self.before_exit: Callable[[], None] | None = None  # e.g. unlink shared-memory names
         self._watchdog: threading.Thread | None = None
         self.root: RootServer | None = None  # the job's scheduler, when this node serves it
@@ -278,7 +280,8 @@ class Postoffice:
         """Until every worker has called ``barrier`` (bounded by heartbeats). ``at`` names the call
         of the API it is part of: when the workers are in different calls, every one of them gets a
         ``KVError`` saying who is where (``node/agree.py``)."""
-        self.scheduler_call(protocol.BARRIER, protocol.BARRIER_DONE, check, {"at": at})
+        with self._waiting_in(at):
+            self.scheduler_call(protocol.BARRIER, protocol.BARRIER_DONE, check, {"at": at})
 
     def agree(self, at: str, value: Any, check: Callable[[], None] | None = None) -> Any:
         """Agree with every other worker on a job-wide setting of call ``at``: ``value`` (plain
@@ -289,9 +292,23 @@ class Postoffice:
         body: dict[str, Any] = {"at": at}
         if value is not None:
             body["value"] = canonical(value)
-        reply = self.scheduler_call(protocol.AGREE, protocol.AGREED, check, body)
+        with self._waiting_in(at):
+            reply = self.scheduler_call(protocol.AGREE, protocol.AGREED, check, body)
         text = reply.get("value")
         return json.loads(text) if isinstance(text, str) else None
+
+    @contextlib.contextmanager
+    def _waiting_in(self, at: str) -> Iterator[None]:
+        """A wait of every worker in call ``at``: when it ends in the failure of another node (one
+        that finished early, died), this node first says, once, that it waited for that node in
+        ``at`` (``dmlc_env.ending.say_waited``: the launcher tells what that node did)."""
+        try:
+            yield
+        except NodeFailure as exc:
+            if not self._said_waited and isinstance(exc.node, str) and exc.node != self.book.name:
+                self._said_waited = True
+                say_waited(exc.node, at)
+            raise
 
     def finish(self, check: Callable[[], None] | None = None) -> None:
         """Until every worker has said it is done (MXNet's finalize)."""

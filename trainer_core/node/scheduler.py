@@ -176,10 +176,16 @@ class Scheduler:
         if waiting and len(waiting) + len(self.finish_waiters) == self._workers():
             done = sorted(r.name for r in self.nodes.values() if r.finished)
             finished = sorted(r.rank for r in self.nodes.values() if r.finished and r.role == "worker")
+            # the workers that finished did their part: their finish is answered (they end with 0),
+            # and the launcher names the first, as the others' lines say they waited for it
+            for who, seq, _ in self.finish_waiters:
+                who.send(wire.Header(op=protocol.FINISHED, seq=seq))
+            self.finish_waiters = []
             return self._abort(
                 f"{', '.join(done)} finished while the other workers wait in a barrier or an agreement: "
                 + out_of_step(list(waiting.values()), finished),
                 done[0],
+                spare=set(done),
             )
         return None
 
@@ -364,11 +370,16 @@ class Scheduler:
             self.log.info("every worker finished: job done")
         return 0
 
-    def _abort(self, reason: str, node: str | None, extra: list[Peer] | None = None) -> int:
+    def _abort(
+        self, reason: str, node: str | None, extra: list[Peer] | None = None, spare: set[str] | None = None
+    ) -> int:
+        """End the job for every node but ``node`` and those ``spare`` names (their finish was
+        answered), naming ``node``; exit code 1."""
         self.log.error("trainer_core scheduler: aborting the job: %s", reason)
         say_peer_failed(node)  # for the launcher: the scheduler ends because of ``node``
         body = {"reason": reason, "node": node}
-        targets = [r.ctl for r in self.nodes.values() if r.ctl is not None and r.name != node]
+        skip = {node} | (spare or set())
+        targets = [r.ctl for r in self.nodes.values() if r.ctl is not None and r.name not in skip]
         for peer in targets + (extra or []):
             peer.send(wire.Header(op=protocol.ABORT, body=body))
         return 1

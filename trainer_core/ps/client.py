@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 import trainer_core.metrics as metrics
+from dmlc_env.ending import say_waited
 from trainer_core.config import NodeConfig, StallPolicy
 from trainer_core.errors import KVError, NodeFailure, WireError
 from trainer_core.node.book import SERVERS, Book
@@ -238,20 +239,32 @@ class WorkerClient:
                 warned = due
                 self._late(want, waited)
 
+        asked: dict[int, tuple[int, str]] = {}
         try:
             out = self.requests.wait(want, pump)
         finally:
             for s in want:
-                self._asked.pop(s, None)
-        for msg in out.values():
+                if (was := self._asked.pop(s, None)) is not None:
+                    asked[s] = was
+        for seq, msg in out.items():
             if msg.header.op == protocol.ERROR:
                 reason = msg.header.body.get("reason")
                 if msg.header.body.get("stuck") is True:
                     # it waited for a worker that is in a collective call: no worker can go on
                     self.abort(str(reason))
                     raise KVError(str(reason))
+                gone = msg.header.body.get("finished")
+                if isinstance(gone, int) and not isinstance(gone, bool) and seq in asked:
+                    self._finished_early(gone, asked[seq])
                 raise KVError(f"server refused the request: {reason}")
         return out
+
+    def _finished_early(self, rank: int, asked: tuple[int, str]) -> None:
+        """Worker ``rank`` finished while this worker's request ``asked`` (server, op) waited for its
+        push in a sync round: say so for the launcher (``dmlc_env.ending.say_waited``: it names
+        that worker and what it did, exited 0 early, rather than this one, whose error ends the job)."""
+        server, op = asked
+        say_waited(f"worker {rank}", f"a sync round ({op} request to server {server})")
 
     def _late(self, seqs: list[int], waited: float) -> None:
         """A wait for the replies of ``seqs`` is long: warn, naming the servers and the requests

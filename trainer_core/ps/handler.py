@@ -141,9 +141,8 @@ class RequestHandler:
         elif h.op == protocol.FINISH:
             for req in self.store.worker_finished(rank):
                 reason = f"worker {rank} finished while this request waited for its push (sync mode)"
-                self._send(
-                    req.ident, protocol.Header(op=protocol.ERROR, seq=req.header.seq, body={"reason": reason})
-                )
+                body = {"reason": reason, "finished": rank}  # (the waiting worker names it: ``client``)
+                self._send(req.ident, protocol.Header(op=protocol.ERROR, seq=req.header.seq, body=body))
         elif h.op == protocol.AWAY:
             at = h.body.get("at")
             if not isinstance(at, str) or not 0 < len(at) <= 64:

@@ -141,8 +141,13 @@ class NetLinks:
         return self._size
 
     def raise_failure(self) -> None:
-        """Raise the job's failure as the scheduler reported it, if any; else ``PeerShutDown`` when
-        this thread's operation is one that a peer which shut down takes no part in."""
+        """Raise ``PeerShutDown`` when this thread's operation is one that a peer which shut down
+        takes no part in; else the job's failure as the scheduler reported it, if any. (In that
+        order: another waiting rank that fails first on the same peer's shutdown ends the job,
+        and this rank's error, and its waited line for the launcher, still name that peer. In an
+        elastic job a membership change is told before a shutdown, as the group forms again.)"""
+        if self._shut and not self.elastic:
+            self._raise_shut_down()
         try:
             self.node.raise_failure()
         except NodeFailure as exc:
@@ -387,9 +392,11 @@ class NetLinks:
         self._peer_gone(err, op)
 
     def _peer_gone(self, err: LinkError, op: Recv | None = None) -> None:
-        """``err.peer`` died: tell the scheduler (so the launcher names it) and break the group."""
+        """``err.peer`` died: tell the scheduler (so the launcher names it; not once this rank said
+        bye: it only waits for the others to finish, and those that waited for the peer tell) and
+        break the group."""
         self.log.error("%s", err)
-        if self._broken is None:
+        if self._broken is None and not self._bye_sent:
             name = self._book.worker_name(err.peer)  # (an elastic job's worker: dropped, not ended)
             report_abort(self.node, self.cfg, name, str(err), REPORT_S, self._book.epoch)
         self._fail(err, op)
