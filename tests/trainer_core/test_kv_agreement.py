@@ -40,13 +40,13 @@ def attempt(body: str, prelude: str = "") -> str:
     return worker_script(prelude + TRY.format(body=inner))
 
 
-def outcomes(job: Job, workers: int) -> list[dict]:
-    """Each worker's one result, by rank (every worker reported within ``BOUND`` s)."""
+def outcomes(job: Job, workers: int, bounded: bool = True) -> list[dict]:
+    """Each worker's one result, by rank (``bounded``: every worker reported within ``BOUND`` s)."""
     out = []
     for w in sorted(job.workers, key=lambda p: p.rank):
         res = w.results()
         assert len(res) == 1, job.outputs()
-        assert res[0]["t"] < BOUND, res[0]
+        assert not bounded or res[0]["t"] < BOUND, res[0]
         out.append(res[0])
     assert len(out) == workers
     return out
@@ -82,7 +82,8 @@ stats = kv.wire_stats()
 assert out.tolist() == [0.5] * 8 and stats["sent"] < stats["raw_sent"], (out, stats)  # 2 bits each way
 """
     job = run_job(attempt(body), workers, 1)
-    assert all(r == {"ok": True, "t": r["t"]} for r in outcomes(job, workers))
+    # (no bound: the bound is on an error's arrival; this body also compiles the 2-bit kernels)
+    assert all(r == {"ok": True, "t": r["t"]} for r in outcomes(job, workers, bounded=False))
 
 
 @pytest.mark.parametrize("workers", [2, 3])
