@@ -116,12 +116,18 @@ class Elastic:
             return False
         self.state, acts = worker_ended(self.state, index, exit_code == 0, in_process, now, self.grace)
         worker = self.workers[index]
+        how = f"signal {signum}" if signum else f"exit {exit_code}"
         if Act.FAIL in acts:
+            n = len(self.state.live) + self.state.finished
+            remain = f"{n} worker remains" if n == 1 else f"{n} workers remain"
+            self.say(
+                f"worker {worker.task.rank} on {worker.task.host} ({how}) left; {remain}, "
+                f"fewer than MIN ({self.state.bounds[0]}): the job ends"
+            )
             return False
         if self.state.finishing and not self.state.live and self.done_at is None:
             self.done_at = now
         if exit_code != 0 and not stopping:
-            how = f"signal {signum}" if signum else f"exit {exit_code}"
             self._left.append(f"worker {worker.task.rank} on {worker.task.host} ({how})")
             self.bad = blacklist(
                 self.bad, worker.task.host, now, self.cool_down, max(COOL_DOWN_CAP, self.cool_down)

@@ -127,9 +127,12 @@ def test_a_backend_that_only_shrinks_ends_the_job_rather_than_restart() -> None:
     assert not hooks.started  # never grows
 
 
-def test_below_min_is_the_jobs_end() -> None:
-    e, hooks, _ = controller(bounds=(3, 3), in_process=True)
-    assert not e.ended(1, 1, None, now=0.0, hooks=hooks)
+def test_below_min_is_the_jobs_end_and_says_why() -> None:
+    e, hooks, said = controller(bounds=(3, 3), in_process=True)
+    assert not e.ended(1, 255, None, now=0.0, hooks=hooks)
+    assert said == [
+        "worker 0 on localhost (exit 255) left; 2 workers remain, fewer than MIN (3): the job ends"
+    ]
 
 
 def test_the_hostfile_read_again_is_said_and_a_broken_one_keeps_the_last_list(tmp_path: Path) -> None:
