@@ -239,13 +239,14 @@ class Elastic:
         self._said(joined=joined, how=how)
 
     def _reached(self, host: Host, now: float, hooks: Hooks) -> bool:
-        """A host no worker used yet is made ready first; one that cannot be is blacklisted."""
+        """The host is made ready before a worker starts there (the backend's ``add_host``: a host
+        no worker used yet, or one whose connection was lost, is reached again; any other, nothing
+        to do); one that cannot be is blacklisted."""
         key = machine_key(host)
-        if key in self.reached:
-            return True
         failed = hooks.reach_host(host)
         if failed is not None:
-            self.say(f"cannot use new host {host} (blacklisted for now): {failed}")
+            what = "host" if key in self.reached else "new host"
+            self.say(f"cannot use {what} {host} (blacklisted for now): {failed}")
             self.bad = blacklist(self.bad, host, now, self.cool_down, max(COOL_DOWN_CAP, self.cool_down))
             return False
         self.reached.add(key)

@@ -64,7 +64,9 @@ def job_dir(tmp_path: Path) -> Path:
     return job
 
 
-def launch_argv(group, tmp_path: Path, out: Path, python: str, site: Path, bounds: str) -> list[str]:
+def launch_argv(
+    group, tmp_path: Path, out: Path, python: str, site: Path, bounds: str, cool_down: str = "600"
+) -> list[str]:
     hostfile = tmp_path / "hosts"
     hostfile.write_text(
         "".join(f"{h.hostfile_line()} slots={n}\n" for h, n in zip(group, SLOTS, strict=True))
@@ -92,7 +94,7 @@ def launch_argv(group, tmp_path: Path, out: Path, python: str, site: Path, bound
         "--grace-period",
         "2",
         "--blacklist-cooldown",
-        "600",  # (nothing joins meanwhile: the cut host is the only one with a free slot)
+        cool_down,  # (600: nothing joins meanwhile; the cut host is the only one with a free slot)
         *envs,
         python,
         PROG.name,
@@ -220,4 +222,39 @@ def test_hosts_cut_off_below_min_fail_the_job_naming_the_root_cause(
     assert "fewer than MIN (3): the job ends" in stderr, stderr[-3000:]
     assert any(f"host {group[i].hostfile_line()} stopped answering" in stderr for i in (1, 2)), stderr[-3000:]
     assert record(launchkit_home, job_id)["state"] == "failed"
+    assert wait_until(lambda: nothing_left(group, job_id), 30), [left_on(h, job_id) for h in group]
+
+
+@pytest.mark.timeout(480)
+def test_a_cut_host_whose_link_returns_is_used_again_after_its_cool_down(
+    netns_hosts,  # noqa: F811
+    torch_python: str,  # noqa: F811
+    host_site: Path,  # noqa: F811
+    shared_out: Path,
+    tmp_path: Path,
+    launchkit_home: Path,
+) -> None:
+    """The launcher's connection to a host it lost is dead for good: a worker for that host after
+    its cool-down goes through a new connection and a new watchdog, and joins the training."""
+    group = netns_hosts(3)
+    out = shared_out
+    job = job_dir(tmp_path)
+    proc = start(launch_argv(group, tmp_path, out, torch_python, host_site, "2:4", "15"), cwd=job)
+    try:
+        assert wait_until(lambda: all(len(steps(out, i)) >= 3 for i in range(4)), WAIT), proc.pid
+        assert wait_until(lambda: reported(out, range(4)), WAIT)
+        job_id = wait_for_job(launchkit_home)
+        cut(group[1])
+        assert wait_until(lambda: record(launchkit_home, job_id)["changes"], WAIT)
+        subprocess.run(["ip", "link", "set", group[1].veth, "up"], check=True)
+        # after the cool-down: worker 4 on node2 trains with the others, the job at MAX again
+        assert wait_until(lambda: len([s for s in steps(out, 4) if s["size"] == 4]) >= 3, WAIT)
+    finally:
+        stdout, stderr = stop(proc, out)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert f"joined: worker 4 on {group[1].hostfile_line()}" in stderr, stderr[-3000:]
+    assert "left: worker 4" not in stderr, stderr[-3000:]
+    results = results_of(stdout)
+    assert set(results) == {"0", "1", "3", "4"}, stdout[-3000:]
+    assert len({json.dumps(r["params"]) for r in results.values()}) == 1
     assert wait_until(lambda: nothing_left(group, job_id), 30), [left_on(h, job_id) for h in group]
