@@ -116,12 +116,18 @@ class Elastic:
             return False
         self.state, acts = worker_ended(self.state, index, exit_code == 0, in_process, now, self.grace)
         worker = self.workers[index]
+        how = f"signal {signum}" if signum else f"exit {exit_code}"
         if Act.FAIL in acts:
+            n = len(self.state.live) + self.state.finished
+            remain = f"{n} worker remains" if n == 1 else f"{n} workers remain"
+            self.say(
+                f"worker {worker.task.rank} on {worker.task.host} ({how}) left; {remain}, "
+                f"fewer than MIN ({self.state.bounds[0]}): the job ends"
+            )
             return False
         if self.state.finishing and not self.state.live and self.done_at is None:
             self.done_at = now
         if exit_code != 0 and not stopping:
-            how = f"signal {signum}" if signum else f"exit {exit_code}"
             self._left.append(f"worker {worker.task.rank} on {worker.task.host} ({how})")
             self.bad = blacklist(
                 self.bad, worker.task.host, now, self.cool_down, max(COOL_DOWN_CAP, self.cool_down)
@@ -233,13 +239,14 @@ class Elastic:
         self._said(joined=joined, how=how)
 
     def _reached(self, host: Host, now: float, hooks: Hooks) -> bool:
-        """A host no worker used yet is made ready first; one that cannot be is blacklisted."""
+        """The host is made ready before a worker starts there (the backend's ``add_host``: a host
+        no worker used yet, or one whose connection was lost, is reached again; any other, nothing
+        to do); one that cannot be is blacklisted."""
         key = machine_key(host)
-        if key in self.reached:
-            return True
         failed = hooks.reach_host(host)
         if failed is not None:
-            self.say(f"cannot use new host {host} (blacklisted for now): {failed}")
+            what = "host" if key in self.reached else "new host"
+            self.say(f"cannot use {what} {host} (blacklisted for now): {failed}")
             self.bad = blacklist(self.bad, host, now, self.cool_down, max(COOL_DOWN_CAP, self.cool_down))
             return False
         self.reached.add(key)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from launchkit.backends.base import Backend
-from launchkit.backends.ssh import LOST_EXIT
+from launchkit.backends.ssh import LOST_EXIT, WATCHDOG_SWEEP
 from launchkit.console import Ui
 from launchkit.core.plan import has_scheduler, make_plan, new_job_id, new_secret, one_thread_note
 from launchkit.core.spec import JobResult, LaunchSpec, Plan
@@ -68,7 +68,6 @@ def inherited(backend: Backend) -> dict[str, str]:
 
 CANNOT_START = {126: "cannot be executed", 127: "was not found"}  # the shell's codes (exit-codes.md)
 REAPER_WAIT = 30.0  # seconds past the grace period for the last attempt's reaper to finish its sweep
-WATCHDOG_SWEEP = 2.0  # seconds a lost host's watchdog is given for its final sweep by job id
 
 
 def restart_cause(result: JobResult, attempt: int, max_restarts: int) -> str | None:

@@ -31,6 +31,10 @@ import time
 from launchkit.hostside.childio import ChildIO, encode
 from launchkit.hostside.hoststat import Latest
 
+#: seconds the watchdog's last words (``lost``, ``bye``) may take to be written before it gives up
+#: on them and ends (a cut link takes nothing more)
+SAY_WAIT = 5.0
+
 TYPE_CHECKING = False  # (``typing`` is not imported at the start: 2 ms of each host's CPU)
 if TYPE_CHECKING:
     from typing import IO, Any
@@ -99,11 +103,15 @@ class Watchdog:
             from launchkit.hostside.netif import socket_ifnames
 
             socket_ifnames(env, self.ifaces)
-        with self.table:
-            if self.stopping.is_set():
-                self.send({"ev": "error", "id": ident, "code": 126, "msg": "the job is ending"})
-                return None
-            return self._start(ident, msg, env)
+        started: subprocess.Popen[bytes] | None = None
+        error = {"ev": "error", "id": ident, "code": 126, "msg": "the job is ending"}
+        with self.table:  # (no write under it: the teardown takes it, and a write may wait)
+            if not self.stopping.is_set():
+                started, error = self._start(ident, msg, env)
+        if started is None:
+            self.send(error)
+            return None
+        return ident, started
 
     def _started(self, procs: list[tuple[int, subprocess.Popen[bytes]]]) -> None:
         """Their ``started`` in one write (before any of their output), then their output and end
@@ -128,7 +136,8 @@ class Watchdog:
 
     def _start(
         self, ident: int, msg: dict[str, Any], env: dict[str, str]
-    ) -> tuple[int, subprocess.Popen[bytes]] | None:
+    ) -> tuple[subprocess.Popen[bytes] | None, dict[str, Any]]:
+        """The process started (in ``children``), or None and the ``error`` to answer."""
         try:
             proc = subprocess.Popen(
                 [str(a) for a in msg["argv"]],
@@ -144,17 +153,10 @@ class Watchdog:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             program = str(msg["argv"][0]) if msg.get("argv") else ""
             where = f" (PATH={env.get('PATH', '')})" if code == 127 and "/" not in program else ""
-            self.send(
-                {
-                    "ev": "error",
-                    "id": ident,
-                    "code": code,
-                    "msg": f"{exc.strerror or exc}: {exc.filename or ''}{where}",
-                }
-            )
-            return None
+            why = f"{exc.strerror or exc}: {exc.filename or ''}{where}"
+            return None, {"ev": "error", "id": ident, "code": code, "msg": why}
         self.children[ident] = proc
-        return ident, proc
+        return proc, {}
 
     def signal(self, ident: int, sig: int) -> None:
         with self.table:
@@ -230,14 +232,39 @@ class Watchdog:
         return {"ev": "hb", "host": usage.figures, "procs": procs}
 
     def heartbeats(self) -> None:
+        """Send a heartbeat every interval (a write that may wait: see ``watch``)."""
         while not self.stopping.wait(self.hb_interval):
             self.send(self.beat())
-            if time.monotonic() - self.last_heard > self.hb_timeout:
-                self.send({"ev": "lost", "msg": f"no heartbeat from the launcher for {self.hb_timeout:g}s"})
+
+    def ending(self) -> str | None:
+        """Why the job must end here now: the launcher silent for ``hb_timeout`` s, or the job's
+        deadline passed; None while neither."""
+        if time.monotonic() - self.last_heard > self.hb_timeout:
+            return f"no heartbeat from the launcher for {self.hb_timeout:g}s"
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return "the job's time limit passed"
+        return None
+
+    def watch(self) -> None:
+        """Until the watchdog stops: every heartbeat interval, end the job if ``ending`` says so.
+
+        It never writes to the channel itself (``lost`` goes through ``say``): on a cut link the
+        channel stops taking output (the ssh window and the pipe to sshd fill up), a write of the
+        heartbeat or of a process's output then waits for good, and the check of the launcher's
+        silence must not wait behind it."""
+        while not self.stopping.wait(self.hb_interval):
+            why = self.ending()
+            if why is not None:
                 self.stopping.set()
-            if self.deadline is not None and time.monotonic() > self.deadline:
-                self.send({"ev": "lost", "msg": "the job's time limit passed"})
-                self.stopping.set()
+                self.say({"ev": "lost", "msg": why}, timeout=1.0)  # (the teardown waits for it)
+
+    def say(self, msg: dict[str, Any], timeout: float = SAY_WAIT) -> bool:
+        """``msg`` written within ``timeout`` s, or given up (a channel that takes nothing more);
+        the write goes on in a thread of its own, ended with the watchdog."""
+        writer = threading.Thread(target=self.send, args=(msg,), daemon=True)
+        writer.start()
+        writer.join(timeout)
+        return not writer.is_alive()
 
     def teardown(self) -> int:
         from launchkit.hostside.procscan import remove_shm, sweep_job  # (at the end: not at each start)
@@ -273,9 +300,9 @@ def main() -> None:
     dog = Watchdog(sys.stdout.buffer)
     threading.Thread(target=dog.reader, args=(sys.stdin.buffer,), daemon=True).start()
     threading.Thread(target=dog.heartbeats, daemon=True).start()
-    dog.stopping.wait()
+    dog.watch()
     swept = dog.teardown()
-    dog.send({"ev": "bye", "swept": swept})
+    dog.say({"ev": "bye", "swept": swept})
     os._exit(0)
 
 

@@ -117,6 +117,23 @@ def test_a_new_host_that_cannot_be_reached_is_said_and_blacklisted() -> None:
     assert [t.host for t in hooks.started] == [b]
 
 
+def test_a_host_used_before_is_reached_again_for_a_new_worker_and_blacklisted_if_it_cannot_be() -> None:
+    """A worker's host is asked again (ssh: its connection may have been lost, a cut link) before
+    a new worker starts there, after its cool-down."""
+    e, hooks, said = controller(in_process=True)
+    assert e.ended(3, 255, None, now=100.0, hooks=hooks)
+    hooks.unreachable = {"localhost"}  # (still cut off)
+    e.tick(110.0, hooks)
+    assert not hooks.started and said[-1] == (
+        "cannot use host localhost (blacklisted for now): connection refused"
+    )
+    hooks.unreachable = set()
+    e.tick(125.0, hooks)
+    assert not hooks.started  # a second cool-down, twice as long: until 130
+    e.tick(130.0, hooks)
+    assert [t.host for t in hooks.started] == [LOCALHOST]
+
+
 def test_a_backend_that_only_shrinks_ends_the_job_rather_than_restart() -> None:
     e, hooks, said = controller(elasticity="shrink")
     assert not e.ended(2, 1, None, now=0.0, hooks=hooks)
@@ -127,9 +144,12 @@ def test_a_backend_that_only_shrinks_ends_the_job_rather_than_restart() -> None:
     assert not hooks.started  # never grows
 
 
-def test_below_min_is_the_jobs_end() -> None:
-    e, hooks, _ = controller(bounds=(3, 3), in_process=True)
-    assert not e.ended(1, 1, None, now=0.0, hooks=hooks)
+def test_below_min_is_the_jobs_end_and_says_why() -> None:
+    e, hooks, said = controller(bounds=(3, 3), in_process=True)
+    assert not e.ended(1, 255, None, now=0.0, hooks=hooks)
+    assert said == [
+        "worker 0 on localhost (exit 255) left; 2 workers remain, fewer than MIN (3): the job ends"
+    ]
 
 
 def test_the_hostfile_read_again_is_said_and_a_broken_one_keeps_the_last_list(tmp_path: Path) -> None:

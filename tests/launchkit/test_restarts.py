@@ -601,7 +601,7 @@ def test_a_lost_host_is_restarted_after_its_watchdog_ended(
         subprocess.run(["ip", "link", "set", group[1].veth, "up"], check=True)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
-    assert "attempt 1 failed (worker 1 exit 255); restarting in 4 s (a host was lost" in err, err
+    assert "attempt 1 failed (worker 1 exit 255); restarting in 5 s (a host was lost" in err, err
     assert "[worker 1] survived worker" in out and "[worker 0] survived worker" in out, (out, err)
     assert pids_with_job(job) == [] and not group[1].pids_with_env(f"LAUNCHKIT_JOB_ID={job}")
 

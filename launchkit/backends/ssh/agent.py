@@ -217,6 +217,7 @@ class HostAgent:
         self.chan: Any = None
         self.info: dict[str, Any] = {}
         self.lost: str | None = None
+        self.lost_at: float | None = None  # (time.monotonic()) when it was lost
         self.swept = 0
         self._send_lock = threading.Lock()
         self._ready = threading.Event()
@@ -385,7 +386,7 @@ class HostAgent:
         if self._bye.is_set() or self._stop.is_set():
             return
         if self.lost is None:
-            self.lost = why
+            self.lost, self.lost_at = why, time.monotonic()
         with self._table:
             procs = list(self.procs.values())
         for proc in procs:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from launchkit.backends.base import Backend, ProcessHandle
 from launchkit.backends.local import LocalBackend
+from launchkit.backends.ssh import WATCHDOG_SWEEP
 from launchkit.backends.ssh.options import CONNECTION_FLAGS, SshOptions, from_flags
 from launchkit.backends.ssh.sync import source_dir, sync_all
 from launchkit.backends.ssh.worker0 import probe
@@ -243,12 +245,30 @@ class SshBackend(Backend):
         return errors
 
     def add_host(self, host: Host) -> None:
-        """A host that appeared while an elastic job runs: reached, synced (``--sync-dst-dir``)
-        and its watchdog started, as at the job's start; BackendError naming what failed."""
+        """A host that appeared while an elastic job runs, or one whose connection was lost (a cut
+        link: that connection and its watchdog are gone for good): reached, synced
+        (``--sync-dst-dir``) and its watchdog started, as at the job's start; nothing for a host
+        whose watchdog runs; BackendError naming what failed."""
         assert self.spec is not None, "prepare() first"
         key = host_key(host)
-        if key in self.agents:
+        old = self.agents.get(key)
+        if old is not None and old.lost is None:
             return
+        if old is not None:
+            from launchkit.backends.ssh import connection as ssh
+
+            # its watchdog, if it still runs there, ends the job's processes by job id when it
+            # stops hearing from the launcher: a new worker waits until it surely has
+            ends = (old.lost_at or 0.0) + self.hb_timeout + self.spec.grace_period + WATCHDOG_SWEEP
+            if time.monotonic() < ends:
+                raise BackendError(
+                    "ssh",
+                    f"{host}: its connection was lost ({old.lost}); its watchdog may still be ending "
+                    f"the job's processes there for up to {math.ceil(ends - time.monotonic())} s",
+                )
+            old.close(0)  # (lost: it closes its channel and connection, and waits for nothing)
+            del self.agents[key]
+            ssh.close(self.conns.pop(key))
         conns, errors = connect_all([host], self.options)
         if errors:
             raise BackendError("ssh", errors[host])
@@ -262,7 +282,8 @@ class SshBackend(Backend):
             ssh.close(self.conns.pop(key))
             raise BackendError("ssh", failed[host])
         self.agents[key] = agent
-        self.added.append(host)
+        if old is None:
+            self.added.append(host)
 
     def await_started(self) -> None:
         """Every remote process asked to start has started (its pid known), ended, or its host was
