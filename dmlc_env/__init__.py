@@ -271,6 +271,9 @@ class NodeEnv:
     restart_count: int | None = None
     root_server: str | None = None  # LAUNCHKIT_ROOT_SERVER: None, a scheduler process
     elastic: tuple[int, int] | None = None  # LAUNCHKIT_ELASTIC: (MIN, MAX) workers; None: fixed
+    #: TORCHELASTIC_RESTART_COUNT: a worker's restarts of the workers (an elastic job's restart
+    #: mode starts the whole group again with it one higher); None when unset
+    worker_restarts: int | None = None
 
     @property
     def root_in_worker0(self) -> bool:
@@ -320,6 +323,7 @@ class NodeEnv:
             restart_count=as_int(LAUNCHKIT_RESTART_COUNT, e.get(LAUNCHKIT_RESTART_COUNT)),
             root_server=e.get(LAUNCHKIT_ROOT_SERVER) or None,
             elastic=parse_elastic(e[LAUNCHKIT_ELASTIC]) if e.get(LAUNCHKIT_ELASTIC) else None,
+            worker_restarts=as_int(TORCHELASTIC_RESTART_COUNT, e.get(TORCHELASTIC_RESTART_COUNT)),
         )
 
 

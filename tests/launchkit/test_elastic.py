@@ -163,6 +163,8 @@ def test_member_task_rebuilds_the_contract_with_dense_torch_ranks() -> None:
     node = dmlc_env.NodeEnv.from_environ(e)
     assert (node.role, node.role_rank, node.num_workers, node.elastic) == ("worker", 5, 2, (2, 3))
     assert (node.task_id, node.secret, node.root_server) == (6, "s", None)
+    # (the workers' restart: the scheduler drops the members of an earlier one, docs/elastic.md)
+    assert node.worker_restarts == 2
 
 
 def test_a_later_worker_gets_the_gpu_block_of_its_local_rank() -> None:

@@ -5,7 +5,8 @@ pulled value over the learning rate: how many workers' pushes the round summed).
 ``$OUT/steps-INDEX`` (``INDEX``: its ``LAUNCHKIT_ROLE_RANK``), after writing its pid to
 ``$OUT/pid-INDEX``. A worker that sees ``$OUT/stop`` pushes 1 to ``stop``: every worker ends after
 the round that moved ``stop`` (the same round for all). Each round is one ``pushpull`` of the three keys. In the scheduler and server roles
-importing trainer_core serves them."""
+importing trainer_core serves them. With ``TEST_NO_REPORTS`` set a worker sends the launcher no
+metrics report (so no word that it handles a change in its process: the job is in restart mode)."""
 
 import json
 import os
@@ -14,7 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer_core import kv as kvstore
+if os.environ.get("TEST_NO_REPORTS"):
+    os.environ.pop("LAUNCHKIT_METRICS_ADDR", None)
+
+from trainer_core import kv as kvstore  # (after the variable above is gone)
 
 out = Path(os.environ["OUT"])
 me = os.environ["LAUNCHKIT_ROLE_RANK"]

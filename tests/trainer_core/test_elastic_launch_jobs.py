@@ -5,8 +5,10 @@ in-process figure), trainer_core's scheduler drops the worker, and the others re
 in their own processes from their last commit, with no step counted twice; the job ends with 0
 and ``launchkit ps JOB_ID`` shows the change. Through the parameter server
 (``tests/trainer_core/elastic_launchps.py``, ``-s 1``): the sync rounds close with the survivors'
-pushes, and the worker the launcher starts after the host's cool-down joins them, ending with the
-others' parameters."""
+pushes, and the worker the launcher starts after the host's cool-down joins them (also when it
+registers before the scheduler has dropped the lost one: it waits), ending with the others'
+parameters; in restart mode (workers that report nothing to the launcher) the group starts
+again and its workers take the server's values."""
 
 from __future__ import annotations
 
@@ -161,24 +163,17 @@ def test_the_parameter_server_path_drops_a_lost_worker_and_trains_on(
     assert not pids_with_job(job)
 
 
-@pytest.mark.skip(
-    reason="known race: a worker the launcher starts into a running -s 1 elastic job can miss the "
-    "sync rounds (passed here, failed once in a fresh full run under xdist); the join itself is "
-    "covered without the launcher by test_ps_elastic.py"
-)
-@pytest.mark.timeout(400)
-def test_the_parameter_server_path_drops_a_lost_worker_and_a_new_one_joins_the_rounds(
-    tmp_path: Path, launchkit_home: Path
-) -> None:
+def ps_job_where_a_new_worker_joins(tmp_path: Path, launchkit_home: Path, cooldown: str) -> None:
+    """Worker 2 SIGKILLed; the rounds close with the two survivors' pushes, then (the host's
+    cool-down over) with the new worker 3's too; all end with the same parameters."""
+
     def a_new_worker_joins(out: Path) -> None:
-        # the rounds close with the two survivors' pushes, then (the host's cool-down over) with
-        # the new worker 3's too (a cool-down past the heartbeat bound)
         assert wait_until(lambda: any(s["n"] == 2 for s in steps(out, 0)), WAIT)
         assert wait_until(lambda: len([s for s in steps(out, 3) if s["n"] == 3]) >= 3, WAIT)
         assert wait_until(lambda: any(s["n"] == 3 and s["round"] > 3 for s in steps(out, 0)), WAIT)
 
     _, job, stdout, results, counts, stderr = ps_job_losing_worker_2(
-        tmp_path, launchkit_home, "10", a_new_worker_joins
+        tmp_path, launchkit_home, cooldown, a_new_worker_joins
     )
     assert set(results) == {"0", "1", "3"}, stdout
     assert counts[0] == 3 and 2 in counts and counts[-1] == 3, counts  # 3, then 2, then 3 again
@@ -186,4 +181,60 @@ def test_the_parameter_server_path_drops_a_lost_worker_and_a_new_one_joins_the_r
     assert results["0"]["w"] == results["1"]["w"] == results["3"]["w"], results
     assert results["0"]["rounds"] == results["1"]["rounds"] > results["3"]["rounds"]
     assert "joined: worker 3 on localhost" in stderr, stderr
+    assert not pids_with_job(job)
+
+
+@pytest.mark.timeout(400)
+def test_the_parameter_server_path_drops_a_lost_worker_and_a_new_one_joins_the_rounds(
+    tmp_path: Path, launchkit_home: Path
+) -> None:
+    # (a cool-down past the heartbeat bound: the scheduler has dropped worker 2 when 3 comes)
+    ps_job_where_a_new_worker_joins(tmp_path, launchkit_home, "10")
+
+
+@pytest.mark.timeout(400)
+def test_the_parameter_server_path_a_replacement_that_comes_before_the_drop_waits_for_it(
+    tmp_path: Path, launchkit_home: Path
+) -> None:
+    # a cool-down (2 s) within the heartbeat bound (6 s): worker 3 registers while the scheduler
+    # still counts worker 2, at MAX; it waits there and takes worker 2's place when it is dropped
+    ps_job_where_a_new_worker_joins(tmp_path, launchkit_home, "2")
+
+
+@pytest.mark.timeout(400)
+def test_restart_mode_with_trainer_core_workers_starts_the_group_again_on_the_parameter_server(
+    tmp_path: Path, launchkit_home: Path
+) -> None:
+    """A worker lost before the launcher heard from every worker that it handles a change in its
+    process (here no worker reports at all) puts the job in restart mode: the survivors are stopped
+    and the group starts again (restart 1 of the workers, 2 workers: the host's cool-down keeps
+    the third slot). The first new worker's registration drops the stopped group at the scheduler
+    (it was refused above MAX while their heartbeats had not yet timed out); the new workers take
+    the server's values, train on, and the job ends with 0."""
+    out = tmp_path / "out"
+    out.mkdir()
+    # (a heartbeat timeout far longer than a restart: the stopped group is still a member when the
+    # new workers register)
+    args = launch(out, "2:3", 1, "--blacklist-cooldown", "600", "--env", "TEST_NO_REPORTS:1")
+    args = [a.replace(f"PS_HEARTBEAT_TIMEOUT:{TIMEOUT}", "PS_HEARTBEAT_TIMEOUT:30") for a in args]
+    args[-1] = PS_PROG
+    proc = start(args, cwd=tmp_path)
+    try:
+        assert wait_until(lambda: all(len(steps(out, i)) >= 3 for i in range(3)), WAIT), proc.pid
+        pids = {i: int((out / f"pid-{i}").read_text()) for i in range(3)}
+        os.kill(pids[2], signal.SIGKILL)
+        assert wait_until(
+            lambda: all(len([s for s in steps(out, i) if s["n"] == 2]) >= 3 for i in (3, 4)), WAIT
+        )
+        job = wait_for_job(launchkit_home)
+    finally:
+        stdout, stderr = finish(proc, out)
+    assert proc.returncode == 0, stderr
+    assert "restart 1 of the workers (every one started again)" in stderr, stderr
+    results = {
+        r["me"]: r
+        for r in (json.loads(x.split("RESULT ", 1)[1]) for x in stdout.splitlines() if "RESULT " in x)
+    }
+    assert set(results) == {"3", "4"}, stdout  # the first group was stopped (SIGTERM)
+    assert results["3"]["w"] == results["4"]["w"], results
     assert not pids_with_job(job)

@@ -6,7 +6,9 @@ Covered: admitting and dropping make the next epoch with dense ranks and stable 
 name; the scheduler of an elastic job admits a late worker up to MAX, drops one that another node
 reports gone or whose heartbeats stop (its book of the next epoch to every node, barriers and
 finish counting the members), aborts below MIN naming the root cause, and tells a dropped worker
-that is alive after all to end; a job that is not elastic still refuses a late registration.
+that is alive after all to end; a worker that registers at MAX waits for a dead member's drop; one
+of the workers' next restart drops the stopped group; a job that is not elastic still refuses a
+late registration.
 """
 
 from __future__ import annotations
@@ -180,8 +182,62 @@ def test_a_late_worker_is_admitted_as_the_last_rank_up_to_max(job: Elastic) -> N
     fifth = Node(job.sched, "worker", hint=4, pid=31)
     job.nodes.append(fifth)
     fifth.register()
+    assert fifth.got() == []  # at MAX it waits for a member to leave, within the heartbeat bound
+    job.sched._lobby_moves(time.monotonic() + 1.0)  # (0.2 + 2 x 0.05 s) and none left
     (refused,) = fifth.got()
     assert refused.op == wire.ERROR and "maximum of 4 workers" in refused.body["reason"]
+    assert "none left within 0.3 s" in refused.body["reason"] and job.sched.roster.size == 4
+
+
+def test_a_worker_that_registers_at_max_is_admitted_when_a_dead_member_is_dropped() -> None:
+    """The launcher's replacement of a dead worker may register before the scheduler has dropped
+    it (the heartbeat bound is about the launcher's cool-down): it waits, and takes the place."""
+    j = Elastic("2:3")
+    try:
+        late = Node(j.sched, "worker", hint=3, pid=30)
+        j.nodes.append(late)
+        late.register()
+        assert late.got() == [] and j.sched.roster.size == 3
+        now = time.monotonic()
+        for n in j.nodes[:-1]:
+            j.sched.nodes[n.name].last_seen = now
+        j.sched.nodes["worker 2"].last_seen = now - 1.0  # it died: its heartbeats stopped
+        assert j.sched.scan(now) is None
+        (b,) = [book._book(m.header, m.frames) for m in late.received()]
+        assert (b.epoch, b.rank, b.name, b.num_workers, b.joined) == (2, 2, "worker 3", 3, ("worker 3",))
+        assert [(x.epoch, x.left, x.joined) for x in books(j.server)] == [
+            (1, ("worker 2",), ()),
+            (2, (), ("worker 3",)),
+        ]
+    finally:
+        j.close()
+
+
+def test_a_worker_of_the_next_restart_drops_the_stopped_group_even_below_min() -> None:
+    """launchkit's restart mode stops every worker and, once all ended, starts the group again with
+    ``TORCHELASTIC_RESTART_COUNT`` one higher: the first of them to register drops the old group at
+    once (no wait for their heartbeats, no MIN abort: the launcher counted MIN) and is admitted."""
+    j = Elastic("2:3")
+    try:
+        new = [Node(j.sched, "worker", hint=3 + i, pid=30 + i) for i in range(3)]
+        j.nodes.extend(new)
+        new[0].register(restarts=1)
+        assert j.sched.exit_code is None
+        (b,) = [book._book(m.header, m.frames) for m in new[0].received()]
+        assert (b.epoch, b.rank, b.name, b.num_workers) == (4, 0, "worker 3", 1)
+        assert [x.left or x.joined for x in books(j.server)] == [
+            ("worker 0",),
+            ("worker 1",),
+            ("worker 2",),
+            ("worker 3",),
+        ]
+        assert "stopped for restart 1 of the workers" in j.sched.dropped["worker 0"]
+        for n in new[1:]:
+            n.register(restarts=1)
+        assert [n.got()[0].body["rank"] for n in new[1:]] == [1, 2]
+        assert j.sched.roster.workers == ("worker 3", "worker 4", "worker 5")
+    finally:
+        j.close()
 
 
 def test_a_newcomer_whose_heartbeat_channel_is_not_known_yet_gets_the_book_at_its_first_beat(

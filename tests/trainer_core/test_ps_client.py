@@ -8,7 +8,7 @@ Covered: requests and replies, pushes confirmed by later replies, replies read i
 buffers, error replies (synchronous and to a push), a server whose channel closes (the client
 blames it and aborts the job), a job failure seen between waits, and the whole KV API
 (``DistKVStore``) with sync rounds of two workers, split keys, the same-host path, compression
-and async mode.
+and async mode; ``kv.rank``/``kv.num_workers`` read from the current book.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -350,3 +351,17 @@ def test_dist_async_applies_each_push_at_once(job: Callable[..., InProcessJob]) 
         return kv.pull(0, np.empty(3, np.float32)).tolist()
 
     assert run_workers(job(2, 2), "dist_async", body) == [[7.0] * 3, [7.0] * 3]
+
+
+def test_kv_rank_and_num_workers_follow_the_current_book(job: Callable[..., InProcessJob]) -> None:
+    """As MXNet's properties, read each time: after an elastic job's change (the scheduler's next
+    book: worker 0 left, worker 1 is rank 0 of 1) they are the new book's, not the creation's."""
+
+    def body(kv: DistKVStore) -> tuple:
+        before = (kv.rank, kv.num_workers)
+        b = kv.client.book
+        if b.rank == 1:
+            kv.client.node.new_book(replace(b, rank=0, num_workers=1, epoch=1, left=("worker 0",)))
+        return before, (kv.rank, kv.num_workers)
+
+    assert run_workers(job(2, 1), "dist_sync", body) == [((0, 2), (0, 2)), ((1, 2), (0, 1))]

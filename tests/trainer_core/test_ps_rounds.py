@@ -2,21 +2,30 @@
 without sockets: the round closes when the members of the current epoch have pushed; a worker
 that leaves mid-round has its push and its waiting requests dropped from that round, which then
 closes with the others' pushes; a newcomer's pushes count from the next round it pushes to; the
-sum is in worker order whatever the order of arrival.
+sum is in worker order whatever the order of arrival. The server's loop (ps/server.py, its
+message step alone) holds a newcomer's request that comes before the book admitting it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 
+from trainer_core.config import NodeConfig
+from trainer_core.node.book import Book
+from trainer_core.node.liveness import Health
 from trainer_core.node.membership import worker_id
 from trainer_core.ps import protocol as wire
 from trainer_core.ps import rounds
 from trainer_core.ps.handler import RequestHandler
+from trainer_core.ps.protocol import SCHEMA
 from trainer_core.ps.request import KeyState
+from trainer_core.ps.server import Server
 from trainer_core.ps.store import Store
+from trainer_core.transport.channel import Received
+from trainer_core.transport.memory import MemoryChannel
 
 from .test_store import ones, req
 
@@ -109,3 +118,50 @@ def test_a_round_does_not_wait_for_a_newcomer_that_pushes_to_another_key_first()
     # from now on k's rounds wait for worker 5 as well; k1's once it has pushed there
     e, f = req(wire.PUSHPULL, 0, ones(1)), req(wire.PUSHPULL, 1, ones(1))
     assert s.handle(e) == [] and s.handle(f) == []
+
+
+def test_the_servers_loop_holds_a_newcomers_request_until_the_book_that_admits_it() -> None:
+    """The scheduler sends the book that admits a worker to the servers (on their heartbeat
+    channels) before it answers the worker, but the worker's first request comes on another
+    channel and may be first: it is served once the book is there, not refused."""
+    env = {
+        "DMLC_ROLE": "server",
+        "DMLC_PS_ROOT_URI": "127.0.0.1",
+        "DMLC_PS_ROOT_PORT": "9",
+        "DMLC_NUM_SERVER": "1",
+        "DMLC_NUM_WORKER": "2",
+        "LAUNCHKIT_JOB_SECRET": "s",
+        "LAUNCHKIT_ELASTIC": "1:3",
+        "PS_HEARTBEAT_TIMEOUT": "20",
+    }
+    log = logging.getLogger("test_ps_rounds")
+    srv = Server(NodeConfig.from_environ(env), log)
+    srv.handler = RequestHandler(2, "test", log, elastic=True)
+    srv.live = Health("server 0", log)
+    worker, server_end = MemoryChannel.pair(log=log, schema=SCHEMA)
+    try:
+        srv.handler.store.handle(req(wire.INIT, 0, ones(7)))
+        entry = wire.Entry("k", 0, 4, "<f4")
+        worker.send(wire.Header(op=wire.PULL, seq=1, src="worker 3", entries=(entry,), body={"rank": 3}))
+        got: list[Received] = []
+        server_end.receive(got.append)
+        admits = Book("server", 0, "server 0", 3, 1, (), epoch=1, joined=("worker 3",))
+        threading.Timer(0.3, srv.books.put, (admits,)).start()
+        srv._handle(got[0])  # waits for the book
+        replies: list[Received] = []
+        worker.receive(replies.append)
+        assert [m.header.op for m in replies] == [wire.REPLY], replies[0].header.body
+        assert np.frombuffer(replies[0].frames[0].buffer, np.float32).tolist() == [7.0] * 4
+        assert srv.handler.members == {0, 1, 3}
+        # a worker that left is refused at once (no book will name it again)
+        srv.books.put(Book("server", 0, "server 0", 2, 1, (), epoch=2, left=("worker 1",)))
+        worker.send(wire.Header(op=wire.PULL, seq=2, src="worker 1", entries=(entry,), body={"rank": 1}))
+        server_end.receive(got.append)
+        srv._handle(got[1])
+        worker.receive(replies.append)
+        assert replies[1].header.op == wire.ERROR and "bad worker rank 1" in replies[1].header.body["reason"]
+    finally:
+        worker.close()
+        server_end.close()
+        srv.handler.close()
+        srv.transport.close()

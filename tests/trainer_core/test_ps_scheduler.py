@@ -40,9 +40,9 @@ class Node:
         channel.send(h)
         end.receive(self.sched.handle)
 
-    def register(self) -> None:
+    def register(self, **extra: object) -> None:
         body = {"role": self.role, "rank": self.hint, "host": "h", "endpoint": f"tcp://h:{self.pid}"}
-        body.update({"host_key": "k", "pid": self.pid, "local": "", "data": ""})
+        body.update({"host_key": "k", "pid": self.pid, "local": "", "data": "", **extra})
         self._to_scheduler(self._ctl_end, self.ctl, wire.Header(op=wire.REGISTER, body=body))
 
     def call(self, op: str, seq: int = 1, **body: object) -> None:

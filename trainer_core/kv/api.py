@@ -102,8 +102,16 @@ class KVStore:
     """The API shared by every store type."""
 
     type: str
-    rank: int = 0
-    num_workers: int = 1
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank (0 in one process)."""
+        return 0
+
+    @property
+    def num_workers(self) -> int:
+        """The job's workers (1 in one process)."""
+        return 1
 
     def init(self, key: Key | Sequence[Key], value: Any) -> None:
         raise NotImplementedError

@@ -64,8 +64,6 @@ class DistKVStore(KVStore):
         self.cfg = cfg
         self.log = get_logger(cfg.verbose)
         self.client = client or WorkerClient.join(cfg, self.log, exit_on_failure=exit_on_failure)
-        self.rank = self.client.rank
-        self.num_workers = self.client.book.num_workers
         self.num_servers = self.client.book.num_servers
         self.meta: dict[Key, KeyMeta] = {}
         self.segments = SegmentFactory(cfg.job_id, f"w{self.client.worker_id}")  # (never reused)
@@ -90,6 +88,17 @@ class DistKVStore(KVStore):
             raise
         if cfg.env.elastic is not None:  # for the launcher: the survivors of a change run on
             metrics.report(**{dmlc_env.ELASTIC_IN_PROCESS_FIGURE: 1})
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank in the current book: in an elastic job it changes with the membership
+        (dense ranks at every epoch; a survivor's only goes down), read each time as MXNet's."""
+        return self.client.book.rank
+
+    @property
+    def num_workers(self) -> int:
+        """The job's workers in the current book (an elastic job's members of the current epoch)."""
+        return self.client.book.num_workers
 
     # -- control ------------------------------------------------------------------------------------
 

@@ -93,6 +93,8 @@ def join(
         "pid": os.getpid(),
         "book": needs,
     }
+    if cfg.env.elastic is not None and cfg.role == "worker":  # which restart of the workers it is
+        body["restarts"] = cfg.env.worker_restarts or 0
     sched.send(wire.Header(op=protocol.REGISTER, body=body))
     waited = cfg.start_timeout + scheduler_first(cfg.start_timeout)
     deadline = time.monotonic() + waited

@@ -12,7 +12,10 @@ never used, so that a name seen once always means the same process.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,31 @@ class Roster:
     def renumbered(self, before: Roster) -> dict[int, int]:
         """Old rank -> new rank of every worker in both ``before`` and this roster."""
         return {r: self.workers.index(w) for r, w in enumerate(before.workers) if w in self.workers}
+
+
+@dataclass
+class Lobby(Generic[T]):
+    """Registrations that wait for room (an elastic job at MAX), in arrival order, each until its
+    deadline: a member that died is dropped within the heartbeat bound, and a replacement that
+    registered first is then admitted instead of refused."""
+
+    waiting: list[tuple[T, float]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting)
+
+    def wait(self, item: T, deadline: float) -> None:
+        self.waiting.append((item, deadline))
+
+    def next(self) -> T:
+        """The first that waits (taken out)."""
+        return self.waiting.pop(0)[0]
+
+    def expired(self, now: float) -> list[T]:
+        """Those whose deadline passed (taken out)."""
+        gone = [item for item, deadline in self.waiting if deadline <= now]
+        self.waiting = [(item, deadline) for item, deadline in self.waiting if deadline > now]
+        return gone
 
 
 def newcomer_name(hint: int, used: set[str]) -> str:

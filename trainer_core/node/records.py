@@ -1,11 +1,13 @@
-"""The scheduler's record of one registered node, made from its registration, and the ranks it
-assigns at the start of a job (pure)."""
+"""The scheduler's record of one registered node, made from its registration, the ranks it
+assigns at the start of a job, and an elastic job's book of an epoch for one node (pure)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-from trainer_core.node import book
+from trainer_core.node import book, protocol
+from trainer_core.node.membership import Roster
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Peer
 
@@ -30,6 +32,8 @@ class NodeRecord:
     last_seen: float = 0.0
     finished: bool = False
     epoch: int = -1  # the epoch of the last book it was sent (an elastic job sends each new one)
+    #: an elastic job's worker: the restart of the workers it belongs to (``TORCHELASTIC_RESTART_COUNT``)
+    restarts: int = 0
 
     def describe(self) -> str:
         return f"{self.name} (host {self.host}, pid {self.pid})"
@@ -52,6 +56,7 @@ def record_of(h: wire.Header, peer: Peer) -> NodeRecord:
         data=wire.body_str(h, "data", ""),
         peer=peer,
         needs=wire.body_str(h, "book", book.ALL),
+        restarts=wire.body_int(h, "restarts", 0),
     )
 
 
@@ -86,3 +91,24 @@ def assign_ranks(recs: list[NodeRecord], count: int) -> str | None:
         if r.rank_hint < 0:
             r.rank = next(free)
     return None
+
+
+def epoch_book(
+    rec: NodeRecord, roster: Roster, servers: list[NodeRecord], workers: list[NodeRecord], num_servers: int
+) -> tuple[wire.Header, bytes]:
+    """``rec``'s ``book`` message of ``roster``'s epoch (``workers`` its members in rank order, each
+    named, for a node that needs them): the header and its frame."""
+    lists = {"servers": [x.listens() for x in servers]}
+    if rec.needs == book.ALL:
+        lists["workers"] = [{**x.listens(), "name": x.name} for x in workers]
+    body = {
+        "num_workers": roster.size,
+        "num_servers": num_servers,
+        "role": rec.role,
+        "rank": rec.rank,
+        "name": rec.name,
+        "epoch": roster.epoch,
+        "left": list(roster.left),
+        "joined": list(roster.joined),
+    }
+    return wire.Header(op=protocol.BOOK, body=body), json.dumps(lists, separators=(",", ":")).encode()

@@ -24,8 +24,8 @@ from trainer_core.errors import WireError
 from trainer_core.log import get_logger
 from trainer_core.node import book, protocol
 from trainer_core.node.agree import MAX_VALUE, Meeting, Waiter, out_of_step
-from trainer_core.node.membership import Roster, below_min, describe, newcomer_name
-from trainer_core.node.records import NodeRecord, assign_ranks, missing_nodes, record_of
+from trainer_core.node.membership import Lobby, Roster, below_min, describe, newcomer_name
+from trainer_core.node.records import NodeRecord, assign_ranks, epoch_book, missing_nodes, record_of
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Peer, Received, Source
 from trainer_core.transport.control import Transport
@@ -68,6 +68,10 @@ class Scheduler:
         self.elastic = cfg.env.elastic
         self.roster = Roster(0, ())
         self.dropped: dict[str, str] = {}  # the workers an elastic job dropped, with why
+        #: workers that registered at MAX, each waiting for a member to leave for ``_lobby_s`` at
+        #: most (a dead member is dropped within the heartbeat bound)
+        self.lobby: Lobby[NodeRecord] = Lobby()
+        self._lobby_s = cfg.heartbeat_timeout + 2 * cfg.heartbeat_interval
         self.exit_code: int | None = None
         #: set from another thread (worker 0's, ``rootserver.RootServer``): ``run`` returns soon
         self.stopping = threading.Event()
@@ -106,6 +110,8 @@ class Scheduler:
                 self.exit_code = self.scan(now)
                 if self.exit_code is not None:
                     return self.exit_code
+                if self.lobby:
+                    self._lobby_moves(now)
         return self.exit_code if self.exit_code is not None else 0
 
     def scan(self, now: float) -> int | None:
@@ -286,30 +292,55 @@ class Scheduler:
         return self.elastic is not None and rec.role == "worker" and rec.name in self.roster.workers
 
     def _admit(self, h: wire.Header, peer: Peer) -> int | None:
-        """A worker registers after the start of an elastic job: the next epoch has it last."""
+        """A worker registers after the start of an elastic job: the next epoch has it last. One of
+        a later restart of the workers (launchkit's restart mode starts the whole group again once
+        every old worker ended) first drops the members of the earlier ones. At MAX it waits in
+        ``lobby`` for a member to leave (a dead one is dropped within the heartbeat bound)."""
         assert self.elastic is not None
-        if self.roster.size >= self.elastic[1]:
-            reason = f"the elastic job has its maximum of {self.elastic[1]} workers already"
-            peer.send(wire.Header(op=protocol.ERROR, body={"reason": reason}))
-            return None
         rec = record_of(h, peer)
         if rec.needs not in book.NEEDS:
             reason = f"book must be one of {', '.join(book.NEEDS)}, not {rec.needs!r}"
             peer.send(wire.Header(op=protocol.ERROR, body={"reason": reason}))
             return None
+        for name in [n for n in self.roster.workers if self.nodes[n].restarts < rec.restarts]:
+            why = f"was stopped for restart {rec.restarts} of the workers (a worker of it registered)"
+            code = self._drop(self.nodes[name], why, restarted=True)
+            if code is not None:
+                return code
+        if self.roster.size < self.elastic[1]:
+            self._enter(rec)
+        elif self.cfg.liveness_on:
+            self.lobby.wait(rec, time.monotonic() + self._lobby_s)
+        else:
+            self._refuse_above_max(rec, "")
+        return None
+
+    def _enter(self, rec: NodeRecord) -> None:
         rec.name = newcomer_name(rec.rank_hint, set(self.nodes) | set(self.dropped))
         rec.last_seen = time.monotonic()
         self.nodes[rec.name] = rec
         self._change(self.roster.admit(rec.name))
-        self._send_book(rec, peer)  # its registration's answer; the others' go to their heartbeats
-        return None
+        self._send_book(rec, rec.peer)  # its registration's answer; the others' go to their heartbeats
 
-    def _drop(self, rec: NodeRecord, why: str) -> int | None:
+    def _refuse_above_max(self, rec: NodeRecord, waited: str) -> None:
+        reason = f"the elastic job has its maximum of {self.roster.size} workers already{waited}"
+        rec.peer.send(wire.Header(op=protocol.ERROR, body={"reason": reason}))
+
+    def _lobby_moves(self, now: float) -> None:
+        """Workers waiting at MAX: admitted while there is room, refused once their wait is over."""
+        assert self.elastic is not None
+        while self.lobby and self.roster.size < self.elastic[1]:
+            self._enter(self.lobby.next())
+        for rec in self.lobby.expired(now):
+            self._refuse_above_max(rec, f" (and none left within {self._lobby_s:g} s)")
+
+    def _drop(self, rec: NodeRecord, why: str, restarted: bool = False) -> int | None:
         """A worker of an elastic job died or left: the next epoch goes on without it, unless fewer
-        than MIN workers would remain (the job aborts, naming it)."""
+        than MIN workers would remain (the job aborts, naming it); ``restarted``: its whole group
+        was stopped for a restart and the next one is coming (the launcher counted MIN)."""
         assert self.elastic is not None
         left = self.roster.size - 1
-        if below_min(left, self.elastic):
+        if below_min(left, self.elastic) and not restarted:
             return self._abort(
                 f"{rec.describe()} {why}; {left} workers remain, fewer than the elastic job's "
                 f"minimum of {self.elastic[0]}",
@@ -324,7 +355,10 @@ class Scheduler:
         self.finish_waiters = [w for w in self.finish_waiters if w[2] != rec.name]
         self._change(self.roster.drop(rec.name))
         self._answer_meeting()
-        return self._settle()
+        code = self._settle()
+        if code is None and not restarted:
+            self._lobby_moves(time.monotonic())
+        return code
 
     def _change(self, roster: Roster) -> None:
         """Make ``roster`` the current epoch: dense ranks again, and its book to every node."""
@@ -342,23 +376,11 @@ class Scheduler:
 
     def _send_book(self, rec: NodeRecord, to: Peer) -> None:
         """Rec's book of the current epoch, on ``to``."""
-        workers = [self.nodes[n] for n in self.roster.workers]
         servers = sorted((r for r in self.nodes.values() if r.role == "server"), key=lambda r: r.rank)
-        lists = {"servers": [x.listens() for x in servers]}
-        if rec.needs == book.ALL:
-            lists["workers"] = [{**x.listens(), "name": x.name} for x in workers]
-        body = {
-            "num_workers": self.roster.size,
-            "num_servers": self.expected["server"],
-            "role": rec.role,
-            "rank": rec.rank,
-            "name": rec.name,
-            "epoch": self.roster.epoch,
-            "left": list(self.roster.left),
-            "joined": list(self.roster.joined),
-        }
+        workers = [self.nodes[n] for n in self.roster.workers]
+        header, frame = epoch_book(rec, self.roster, servers, workers, self.expected["server"])
         rec.epoch = self.roster.epoch
-        to.send(wire.Header(op=protocol.BOOK, body=body), [json.dumps(lists, separators=(",", ":")).encode()])
+        to.send(header, [frame])
 
     def _finish(self) -> int:
         for rec in self.nodes.values():

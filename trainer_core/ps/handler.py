@@ -51,6 +51,7 @@ class RequestHandler:
         self.num_workers = num_workers
         #: the workers that may send requests, by id (``membership.worker_id``: the rank in a fixed job)
         self.members = set(range(num_workers))
+        self.known = set(self.members)  # every worker id a book has named (members and leavers)
         self.prefix = prefix
         self.log = log
         self.name = name
@@ -110,9 +111,24 @@ class RequestHandler:
         """An elastic job's next epoch (workers by id): the rounds count its members, the pushes of
         the workers that left are dropped from them, and the requests complete now are answered."""
         self.members = (self.members - left) | joined
+        self.known |= joined
         self.num_workers = num_workers
         for req in self.store.workers_changed(num_workers, left, joined):
             self._reply(req)
+
+    def newcomer(self, msg: Received) -> int | None:
+        """In an elastic job, the worker id of a message from a worker no book has named yet: a
+        newcomer whose admission is still on its way here (the book comes on the heartbeat channel,
+        the newcomer's requests on others, in no set order); else ``None``."""
+        rank = msg.header.body.get("rank")
+        if (
+            not self.store.elastic
+            or not isinstance(rank, int)
+            or isinstance(rank, bool)
+            or rank in self.known
+        ):
+            return None
+        return rank
 
     def _fail_stuck(self) -> None:
         """Answer the requests that can never complete (``Store.stuck``) with an error saying why,

@@ -5,8 +5,10 @@ Run it with ``python -m trainer_core.ps.server`` or by importing trainer_core wi
 on a free port, listens for same-host channels (unless ``PS_SHM=0``) and TCP data channels (unless
 ``PS_ENCRYPT=1``), registers with the scheduler, and serves until the scheduler ends the job
 (exit 0) or aborts it (exit 1). In an elastic job the heartbeat thread hands it each new book,
-which the loop passes on to the handler (the rounds count the new epoch's members). This module is the loop: it polls every channel and hands each
-message to ``handler.RequestHandler``, which holds the logic and never sees a transport.
+which the loop passes on to the handler (the rounds count the new epoch's members); a newcomer's
+request that comes before the book admitting it waits for that book. This module is the loop: it
+polls every channel and hands each message to ``handler.RequestHandler``, which holds the logic and
+never sees a transport.
 """
 
 from __future__ import annotations
@@ -123,19 +125,41 @@ class Server:
             self._shut(flush_s=0.0 if live.failed.is_set() else 1.0)
 
     def _take_books(self) -> None:
-        """Pass an elastic job's new books on to the handler (between messages and after each poll:
-        a newcomer's first request finds it a member)."""
-        assert self.handler is not None
+        """Pass an elastic job's new books on to the handler (between messages and after each poll)."""
         while not self.books.empty():
-            new = self.books.get()
-            left, joined = {worker_id(n) for n in new.left}, {worker_id(n) for n in new.joined}
-            self.handler.workers_changed(new.num_workers, left, joined)
+            self._apply(self.books.get())
+
+    def _apply(self, new: Book) -> None:
+        assert self.handler is not None
+        left, joined = {worker_id(n) for n in new.left}, {worker_id(n) for n in new.joined}
+        self.handler.workers_changed(new.num_workers, left, joined)
+
+    def _await_book(self, rank: int) -> None:
+        """A newcomer's request came before the book that admits it (the scheduler sent that book
+        first, but on the heartbeat channel): wait for it, at most the heartbeat timeout (then the
+        handler refuses the request, naming the rank)."""
+        assert self.handler is not None
+        deadline = time.monotonic() + self.cfg.heartbeat_timeout
+        live = self.live
+        while rank not in self.handler.known:
+            if live is not None and (live.failed.is_set() or live.terminated.is_set()):
+                return
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                return
+            try:
+                self._apply(self.books.get(timeout=min(wait, 0.1)))
+            except queue.Empty:
+                continue
 
     def _handle(self, msg: Received) -> None:
         """Count the request (a few integer adds), then hand it to the handler."""
         assert self.handler is not None
         if not self.books.empty():
             self._take_books()
+        newcomer = self.handler.newcomer(msg)
+        if newcomer is not None:
+            self._await_book(newcomer)
         self.requests += 1
         for f in msg.frames:
             self.bytes_received += f.buffer.nbytes
