@@ -103,7 +103,10 @@ class RequestHandler:
                 self._send(msg.reply, protocol.Header(op=protocol.REPLY, seq=h.seq))
         except (KVError, ValueError, TypeError) as exc:
             self.log.warning("%s: refused %s from worker: %s", self.name, h.op, exc)
-            self._send(msg.reply, protocol.Header(op=protocol.ERROR, seq=h.seq, body={"reason": str(exc)}))
+            refused: dict[str, object] = {"reason": str(exc)}
+            if isinstance(exc, StoreError) and exc.finished is not None:
+                refused["finished"] = exc.finished  # (the refused worker names it: ``client``)
+            self._send(msg.reply, protocol.Header(op=protocol.ERROR, seq=h.seq, body=refused))
         if self.store.failed:
             self._fail_stuck()
 

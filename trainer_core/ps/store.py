@@ -46,7 +46,13 @@ def dtype_of(name: str) -> np.dtype:
 
 
 class StoreError(KVError):
-    """A request the store cannot serve (unknown key, size mismatch); answered with an error reply."""
+    """A request the store cannot serve (unknown key, size mismatch); answered with an error reply.
+    ``finished``: the worker whose finish makes it impossible (a sync round it can never push to),
+    which the reply names so that the refused worker can say whom it waited for."""
+
+    def __init__(self, message: str, finished: int | None = None) -> None:
+        super().__init__(message)
+        self.finished = finished
 
 
 class Store:
@@ -373,7 +379,8 @@ class Store:
         if missing:
             raise StoreError(
                 f"{', '.join(f'worker {r}' for r in sorted(missing))} finished already: "
-                f"a sync round of key {e.key!r} can never complete"
+                f"a sync round of key {e.key!r} can never complete",
+                finished=min(missing),
             )
         if req.rank in st.pushed:  # next round: keep a private copy (the push counts as consumed now)
             req.inputs[i] = np.array(data, copy=True)
