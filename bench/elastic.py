@@ -53,8 +53,10 @@ WORKERS, KILLED = 4, 2
 LAUNCHKIT = [sys.executable, "-m", "launchkit", "launch", "--no-dashboard", "--launcher", "local"]
 TRAINER_CORE = "trainer_core elastic (-n 2:4)"
 PEER = "torchrun --nnodes 1:4 --max-restarts 3"
+PEER_NO_WAIT = "the same, --rdzv-conf last_call_timeout=1"
 WHOLE_JOB = "launchkit --max-restarts 1"
-SYSTEMS = (TRAINER_CORE, PEER, WHOLE_JOB)
+SYSTEMS = (TRAINER_CORE, PEER, PEER_NO_WAIT, WHOLE_JOB)
+TORCHRUN = (PEER, PEER_NO_WAIT)
 
 
 def argv(name: str, out: Path) -> list[str]:
@@ -63,13 +65,15 @@ def argv(name: str, out: Path) -> list[str]:
         heartbeat = ["--env", "PS_HEARTBEAT_INTERVAL:0.2", "--env", "PS_HEARTBEAT_TIMEOUT:6"]
         flags = ["-n", "2:4", "-s", "0", "--blacklist-cooldown", "600", *heartbeat]
         return [*LAUNCHKIT, *flags, *env, sys.executable, WORKER, "hvd"]
-    if name == PEER:
+    if name in TORCHRUN:
         with socket.socket() as s:  # a free port for the c10d rendezvous store
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}"]
         rdzv += ["--rdzv-id", uuid.uuid4().hex]
         elastic = ["--nnodes", "1:4", "--nproc-per-node", str(WORKERS), "--max-restarts", "3"]
+        if name == PEER_NO_WAIT:
+            rdzv += ["--rdzv-conf", "last_call_timeout=1"]
         return [sys.executable, "-m", "torch.distributed.run", *rdzv, *elastic, WORKER, "ddp"]
     return [
         *LAUNCHKIT,
@@ -123,7 +127,7 @@ def one(name: str, warm: int, timeout: float) -> tuple[float, int]:
         out = Path(d)
         env = {**os.environ, "OUT": str(out), "LAUNCHKIT_HOME": str(out / "home")}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-        if name == PEER:
+        if name in TORCHRUN:
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         err = (out / "stderr").open("w+")
         proc = subprocess.Popen(

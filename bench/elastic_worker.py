@@ -23,7 +23,7 @@ e = os.environ
 out = Path(e["OUT"])
 mode = sys.argv[1]
 index = e.get("LAUNCHKIT_ROLE_RANK", e.get("LOCAL_RANK", "0"))
-attempt = int(e.get("TORCHELASTIC_RESTART_COUNT", "0")) + int(e.get("LAUNCHKIT_RESTART_COUNT", "0"))
+attempt = int(e.get("TORCHELASTIC_RESTART_COUNT", "0"))  # (launchkit sets it too: the attempt)
 if attempt == 0:
     (out / f"pid-{index}").write_text(str(os.getpid()))
 log = (out / f"steps-{index}-{attempt}").open("a")
