@@ -145,7 +145,7 @@ def one(name: str, warm: int, timeout: float) -> tuple[float, int]:
                 )
             at = len(first_of(out, KILLED))
             killed = time.time()
-            os.kill(int((out / f"pid-{KILLED}").read_text()), signal.SIGKILL)
+            os.kill(int((out / f"pid-{KILLED}-0").read_text()), signal.SIGKILL)
             if not wait(lambda: any(s["t"] > killed and after_change(s) for s in steps(out)), timeout):
                 raise RuntimeError(f"no step after the change within {timeout:g} s of the kill:\n{tail()}")
             first = min(s["t"] for s in steps(out) if s["t"] > killed and after_change(s))
@@ -162,7 +162,21 @@ def one(name: str, warm: int, timeout: float) -> tuple[float, int]:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+            end_workers(out)
             err.close()
+
+
+def end_workers(out: Path) -> None:
+    """SIGKILL every worker of the run still alive (a run that failed: torchrun's workers are
+    not in its process group), by the pids they wrote, where that pid still runs this bench's
+    worker."""
+    for f in out.glob("pid-*"):
+        pid = int(f.read_text())
+        try:
+            if WORKER.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
 
 
 def table(got: dict[str, list[float | None]], timeout: float) -> list[str]:
@@ -170,24 +184,26 @@ def table(got: dict[str, list[float | None]], timeout: float) -> list[str]:
         done = [x for x in xs if x is not None]
         return statistics.median(done) if done else None
 
-    peer = median(got[PEER])
+    peer, no_wait = median(got[PEER]), median(got[PEER_NO_WAIT])
     runs = len(got[PEER])
     head = " | ".join(f"run {r + 1} s" for r in range(runs))
     rows = [
-        f"| system | {head} | median s | range s | ratio to torchrun (median) | per-run ratios |",
-        "|---|" + "---|" * (runs + 4),
+        f"| system | {head} | median s | range s | ratio to torchrun (medians) | ratio to torchrun,"
+        " last_call_timeout=1 (medians) | per-run ratios to torchrun |",
+        "|---|" + "---|" * (runs + 5),
     ]
     for name, xs in got.items():
         med = median(xs)
         done = [x for x in xs if x is not None]
         cells = " | ".join("-" if x is None else f"{x:.2f}" for x in xs)
         spread = f"{min(done):.2f}-{max(done):.2f}" if done else "-"
-        ratio = f"{med / peer:.2f}x" if med is not None and peer else "-"
+        ratio = f"{med / peer:.3g}x" if med is not None and peer else "-"
+        ratio2 = f"{med / no_wait:.3g}x" if med is not None and no_wait else "-"
         per = ", ".join(
-            f"{x / p:.2f}" if x is not None and p else "-" for x, p in zip(xs, got[PEER], strict=True)
+            f"{x / p:.3g}" if x is not None and p else "-" for x, p in zip(xs, got[PEER], strict=True)
         )
         rows.append(
-            f"| {name} | {cells} | {'-' if med is None else f'{med:.2f}'} | {spread} | {ratio} | {per} |"
+            f"| {name} | {cells} | {'-' if med is None else f'{med:.2f}'} | {spread} | {ratio} | {ratio2} | {per} |"
         )
     rows.append(f"# -: no recovery within {timeout:g} s (said on stderr)")
     return rows

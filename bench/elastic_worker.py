@@ -4,8 +4,8 @@ lockstep steps, each completed step appended as ``{"t": time, "size": workers, "
 ``$OUT/steps-INDEX-ATTEMPT``.
 ``hvd``: trainer_core's ``hvd.elastic``, that module's own loop (a commit per step); ``ddp``: plain
 torch.distributed (gloo) in torchrun's snapshot-and-resume pattern (rank 0 saves
-``$OUT/snapshot.pt`` each step, every worker loads it at its start). The first attempt's workers
-write their pid to ``$OUT/pid-INDEX``. Training ends at the first step after ``$OUT/stop`` exists
+``$OUT/snapshot.pt`` each step, every worker loads it at its start). Every worker writes its pid
+to ``$OUT/pid-INDEX-ATTEMPT``. Training ends at the first step after ``$OUT/stop`` exists
 (``hvd``: rank 0 decides; ``ddp``: an allreduce of the workers' view). The ``ddp`` leg imports no
 trainer_core (its restart pays for torch alone)."""
 
@@ -24,8 +24,7 @@ out = Path(e["OUT"])
 mode = sys.argv[1]
 index = e.get("LAUNCHKIT_ROLE_RANK", e.get("LOCAL_RANK", "0"))
 attempt = int(e.get("TORCHELASTIC_RESTART_COUNT", "0"))  # (launchkit sets it too: the attempt)
-if attempt == 0:
-    (out / f"pid-{index}").write_text(str(os.getpid()))
+(out / f"pid-{index}-{attempt}").write_text(str(os.getpid()))
 log = (out / f"steps-{index}-{attempt}").open("a")
 
 
