@@ -8,6 +8,8 @@ machine:
   localhost:PORT --nnodes 1:4 --nproc-per-node 4 --max-restarts 3`` of a DDP (gloo) script that
   resumes from its snapshot (every worker restarts, at 4 again), with
   ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (below);
+* the same with ``--rdzv-conf last_call_timeout=1``: a lone node of ``--nnodes 1:4`` otherwise
+  waits the rendezvous' last call (30 s) for more nodes at every round, the restart's included;
 * ``launchkit --max-restarts``: ``launchkit launch -n 4 -s 0 --max-restarts 1`` of the same DDP
   script (the whole job restarts after its default 1 s backoff).
 
@@ -21,12 +23,13 @@ of 0.00 s. A run counts only if it recovered the way its system should (trainer_
 launcher says ``in process``; the others: steps of attempt 1).
 
 torchrun 2.13 shares its agent's TCPStore with the workers by default; the store outlives a
-restart, so the restarted workers' gloo rendezvous reads the dead workers' addresses (pytorch
-issue 135712) and ``connectFullMesh`` fails. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, the
-documented opt-out, gives every rendezvous round a new store.
+restart with the first attempt's keys in it (https://github.com/pytorch/pytorch/issues/135712),
+and the restarted workers never complete a step (gloo's ``connectFullMesh`` fails, or they
+wait). ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, torch's opt-out (read by its c10d rendezvous
+handler), has the workers' rank 0 serve a new store in each rendezvous round.
 
 The systems alternate run by run (forward, then reversed); the per-run figures, their median and
-range, and the ratios to torchrun's median are printed as a markdown table (docs/performance.md).
+range, and the ratios to both torchrun legs' medians are printed as a markdown table (docs/performance.md).
 
     python -m bench.elastic [--runs 3] [--warm 20]
 """
