@@ -20,6 +20,7 @@ the ``<!-- bench:NAME -->`` markers of docs/performance.md and the plots in docs
 | compressed_kv | compressed push+pull vs MXNet's 2-bit dist_sync | |
 | capped_links | 1/2-bit vs 32-bit training step on 1 Gbit/s namespace links (not in the default list) | root |
 | torch_step | trainer_core.torch step (allreduce, PS; 32/1-bit) vs torch DDP gloo, 4 workers, one host and 3 capped hosts (not in the default list) | root (hosts rows) |
+| elastic | a worker's SIGKILL to the first step after it: trainer_core elastic vs torchrun --max-restarts vs launchkit --max-restarts, alternated (not in the default list) | |
 
 Numbers on a shared machine are noisy: read the ratios, which come from one run.
 """
@@ -56,6 +57,7 @@ def bench_args(name: str, quick: bool, out: str) -> list[str] | None:
         "startup": ["--json", out],
         "output": ["--json", out] + ([] if os.geteuid() == 0 else ["--no-ssh"]),
         "torch_step": ["--json", out] + ([] if os.geteuid() == 0 else ["--no-hosts"]),
+        "elastic": ["--runs", "3"],
     }
     fast = {
         "kv": ["--json", out, "--sizes", "1e3,1e5,1e6"],
@@ -70,6 +72,7 @@ def bench_args(name: str, quick: bool, out: str) -> list[str] | None:
         "startup": ["--json", out, "--repeat", "1"],
         "output": ["--json", out, "--repeat", "1"] + ([] if os.geteuid() == 0 else ["--no-ssh"]),
         "torch_step": ["--json", out, "--steps", "5"] + ([] if os.geteuid() == 0 else ["--no-hosts"]),
+        "elastic": ["--runs", "1", "--warm", "5"],
     }
     return (fast if quick else full).get(name)
 

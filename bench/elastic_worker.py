@@ -1,11 +1,13 @@
-"""The training program of ``bench/elastic.py``: one small model (a linear layer on 64 samples),
+"""The training program of ``bench/elastic.py``: the model, data and step of the elastic tests'
+worker (``tests/trainer_core/elastic_launchjob.py``: a linear layer, 4 samples a worker a step),
 lockstep steps, each completed step appended as ``{"t": time, "size": workers, "attempt": n}`` to
 ``$OUT/steps-INDEX-ATTEMPT``.
-``hvd``: trainer_core's ``hvd.elastic`` (a commit per step); ``ddp``: plain torch.distributed (gloo)
-in torchrun's snapshot-and-resume pattern (rank 0 saves ``$OUT/snapshot.pt`` each step, every
-worker loads it at its start). The first attempt's workers write their pid to ``$OUT/pid-INDEX``.
-Training ends at the first step after ``$OUT/stop`` exists (``hvd``: rank 0 decides; ``ddp``: an
-allreduce of the workers' view)."""
+``hvd``: trainer_core's ``hvd.elastic``, that module's own loop (a commit per step); ``ddp``: plain
+torch.distributed (gloo) in torchrun's snapshot-and-resume pattern (rank 0 saves
+``$OUT/snapshot.pt`` each step, every worker loads it at its start). Every worker writes its pid
+to ``$OUT/pid-INDEX-ATTEMPT``. Training ends at the first step after ``$OUT/stop`` exists
+(``hvd``: rank 0 decides; ``ddp``: an allreduce of the workers' view). The ``ddp`` leg imports no
+trainer_core (its restart pays for torch alone)."""
 
 import json
 import os
@@ -15,18 +17,14 @@ from pathlib import Path
 
 import torch
 
+from tests.trainer_core.elastic_launchjob import loss, problem, train_elastic
+
 e = os.environ
 out = Path(e["OUT"])
 mode = sys.argv[1]
 index = e.get("LAUNCHKIT_ROLE_RANK", e.get("LOCAL_RANK", "0"))
-attempt = int(e.get("TORCHELASTIC_RESTART_COUNT", "0")) + int(e.get("LAUNCHKIT_RESTART_COUNT", "0"))
-if attempt == 0:
-    (out / f"pid-{index}").write_text(str(os.getpid()))
-torch.manual_seed(0)
-model = torch.nn.Linear(16, 1)
-g = torch.Generator().manual_seed(1)
-X = torch.randn(64, 16, generator=g)
-Y = X @ torch.arange(1.0, 17.0).reshape(16, 1)
+attempt = int(e.get("TORCHELASTIC_RESTART_COUNT", "0"))  # (launchkit sets it too: the attempt)
+(out / f"pid-{index}-{attempt}").write_text(str(os.getpid()))
 log = (out / f"steps-{index}-{attempt}").open("a")
 
 
@@ -38,24 +36,7 @@ def done_step(size: int) -> None:
 if mode == "hvd":
     import trainer_core.torch as hvd
 
-    hvd.init()
-    opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
-    )
-    state = hvd.elastic.TorchState(model, opt, done=False)
-
-    @hvd.elastic.run
-    def train(state: hvd.elastic.TorchState) -> None:
-        while not state.done:
-            idx = torch.arange(hvd.rank(), 64, hvd.size())[:4]
-            opt.zero_grad()
-            ((model(X[idx]) - Y[idx]) ** 2).mean().backward()
-            opt.step()
-            state.done = bool(hvd.broadcast_object((out / "stop").exists(), 0))
-            state.commit()
-            done_step(hvd.size())
-
-    train(state)
+    train_elastic(out, lambda state: done_step(hvd.size()))
     hvd.shutdown()
 else:
     import torch.distributed as dist
@@ -63,15 +44,15 @@ else:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    model, x, y = problem()
     snapshot = out / "snapshot.pt"
     if snapshot.exists():
         model.load_state_dict(torch.load(snapshot, weights_only=True))
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     while True:
-        idx = torch.arange(rank, 64, world)[:4]
         opt.zero_grad()
-        ((ddp(X[idx]) - Y[idx]) ** 2).mean().backward()
+        loss(ddp, x, y, rank, world).backward()
         opt.step()
         if rank == 0:
             torch.save(model.state_dict(), out / "snapshot.tmp")
