@@ -15,8 +15,10 @@ three packages there is no import cycle, and no module is longer than MAX_LINES 
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -108,7 +110,26 @@ def edges() -> dict[str, set[tuple[str, int]]]:
     return graph
 
 
-GRAPH = edges()
+class _Graph(Mapping[str, set[tuple[str, int]]]):
+    """``edges()``, read on first use: parsing every module is half a second of CPU, which each pytest
+    process that collects this file (each xdist worker) paid at import, whether or not it ran
+    these tests."""
+
+    @functools.cached_property
+    def _edges(self) -> dict[str, set[tuple[str, int]]]:
+        return edges()
+
+    def __getitem__(self, name: str) -> set[tuple[str, int]]:
+        return self._edges[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._edges)
+
+    def __len__(self) -> int:
+        return len(self._edges)
+
+
+GRAPH = _Graph()
 
 
 def where(name: str, line: int) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from launchkit import __version__
+from launchkit.cli.coercion import Group
 from launchkit.console import Ui
 from launchkit.errors import UsageError
 
@@ -148,6 +149,7 @@ def _naming(exc: typer.BadParameter, value: Any, param: Any) -> typer.BadParamet
 
 app = typer.Typer(
     name="launchkit",
+    cls=Group,
     help="Launch and supervise distributed training jobs (a drop-in for MXNet's tools/launch.py).",
     no_args_is_help=True,
     add_completion=False,

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from typer.core import TyperCommand
 
 from launchkit import backends
 from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app, path_option
+from launchkit.cli.coercion import Command, Group
 from launchkit.cli.sshargs import check_ssh_files
 from launchkit.core.hostfile import (
     format_host,
@@ -32,7 +32,7 @@ from launchkit.core.spec import Host
 from launchkit.errors import HostfileError, UsageError
 from launchkit.hostside.netif import is_loopback
 
-hosts_app = typer.Typer(help="Inspect and manage hostfiles.", no_args_is_help=True)
+hosts_app = typer.Typer(cls=Group, help="Inspect and manage hostfiles.", no_args_is_help=True)
 
 
 def listing() -> list[str]:
@@ -52,7 +52,7 @@ def _from_help() -> str:
     return ", ".join(found[:-1]) + f" or {found[-1]}." if len(found) > 1 else "".join(found)
 
 
-class ListCommand(TyperCommand):
+class ListCommand(Command):
     """``hosts list``: its help names the backends ``--from`` takes (their declarations) when it
     is printed, so that no other command imports every backend."""
 
@@ -100,7 +100,9 @@ def _gib(n: int | None) -> str:
     return "" if n is None else f"{n / 2**30:.1f} GiB"
 
 
-@hosts_app.command("check", help="Contact every host in parallel: reachability, latency, CPUs, memory, GPUs.")
+@hosts_app.command(
+    "check", cls=Command, help="Contact every host in parallel: reachability, latency, CPUs, memory, GPUs."
+)
 def check_hosts(
     ctx: typer.Context,
     hostfile_arg: str = typer.Option(..., "-H", "--hostfile", help="The hostfile."),
@@ -236,7 +238,9 @@ def _edit(path: Path, change: Callable[[list[str]], list[str]], *, create: bool 
         raise UsageError(f"{path}: cannot write{where}: {exc.strerror or exc}") from None
 
 
-@hosts_app.command("add", help="Add a host to a hostfile (created if missing), keeping its comments.")
+@hosts_app.command(
+    "add", cls=Command, help="Add a host to a hostfile (created if missing), keeping its comments."
+)
 def add_host(
     ctx: typer.Context,
     host: str = typer.Argument(..., help="host, host:port, user@host[:port] or [ipv6]:port"),
@@ -257,7 +261,9 @@ def add_host(
     ui.text(f"added {format_host(entry)} to {hostfile}")
 
 
-@hosts_app.command("remove", help="Remove a host (every line naming it) from a hostfile, keeping comments.")
+@hosts_app.command(
+    "remove", cls=Command, help="Remove a host (every line naming it) from a hostfile, keeping comments."
+)
 def remove_host(
     ctx: typer.Context,
     host: str = typer.Argument(..., help="The host as written in the file (host, host:port, user@host...)."),

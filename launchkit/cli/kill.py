@@ -13,6 +13,7 @@ from launchkit.backends.ssh import commands as ssh_commands
 from launchkit.backends.ssh.commands import HostResult
 from launchkit.backends.ssh.options import SshOptions
 from launchkit.cli.app import get_app, path_option
+from launchkit.cli.coercion import Command
 from launchkit.cli.sshargs import check_ssh_files
 from launchkit.console import Ui
 from launchkit.core.hostfile import read_hostfile
@@ -79,7 +80,8 @@ def _hosts_of(
 
 def register(app: typer.Typer) -> None:
     @app.command(
-        help="End every process of a job (by job id) on every host, or every job of this LAUNCHKIT_HOME with --all."
+        cls=Command,
+        help="End every process of a job (by job id) on every host, or every job of this LAUNCHKIT_HOME with --all.",
     )
     def kill(
         ctx: typer.Context,

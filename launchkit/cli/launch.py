@@ -19,7 +19,7 @@ from typing import Any
 
 import typer
 
-from launchkit import backends, launching
+from launchkit import backends
 from launchkit.cli.app import get_app, local_path
 from launchkit.cli.backendflags import check_detach, refuse_unused
 from launchkit.cli.launchoptions import ENGINE_FLAGS, RUN_FLAGS, LaunchCommand, given, signature
@@ -32,7 +32,6 @@ from launchkit.dashboard import Dashboard
 from launchkit.fdlimit import raise_open_files
 from launchkit.hints import hint
 from launchkit.jobs import records
-from launchkit.submitting import submit_detached
 
 
 def launch(ctx: typer.Context, **flags: Any) -> None:
@@ -58,6 +57,8 @@ def launch(ctx: typer.Context, **flags: Any) -> None:
         return
     records.check_home()  # the job's record and kept output go there: before anything starts
     if run["detach"]:
+        from launchkit.submitting import submit_detached  # (as launching, below)
+
         done = submit_detached(spec, backend, say=ui.info)
         ui.info(
             f"job {done.job_id} submitted as {backend.name} job {done.engine_job}; output in {done.output}"
@@ -88,6 +89,10 @@ def make_backend(spec: LaunchSpec, engine: Mapping[str, Any], ui: Ui) -> backend
 
 
 def show_dry_run(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, as_json: bool) -> None:
+    # launching (the supervisor, the metrics endpoint, elastic jobs) is imported where a launch
+    # uses it: every other command imports this module to register launch, and did not need it
+    from launchkit import launching
+
     data = plan_to_json(
         launching.dry_run_plan(spec, backend),
         backend,
@@ -111,6 +116,8 @@ def run_job(spec: LaunchSpec, backend: backends.Backend, ui: Ui, *, dashboard: b
         else:
             ui.warn(f"--dashboard {ui.why_no_view()}; showing the plain merged output instead")
     raise_open_files()  # several descriptors per process: a soft limit of 1024 held ~250
+    from launchkit import launching  # (as in show_dry_run)
+
     result = launching.run_job(spec, backend, ui, dashboard=board)
     report(ui, result)
     return result.exit_code

@@ -18,6 +18,7 @@ from pathlib import Path
 import typer
 
 from launchkit.cli.app import get_app
+from launchkit.cli.coercion import Command
 from launchkit.console import Ui
 from launchkit.errors import LaunchkitError, UsageError
 from launchkit.jobs import detached, keptoutput, live
@@ -147,7 +148,10 @@ def show_log_dir(ui: Ui, log_dir: str, role: str | None, rank: int | None, tail:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(help="Print a job's output: every process's, or one role's or rank's; --follow as it comes.")
+    @app.command(
+        cls=Command,
+        help="Print a job's output: every process's, or one role's or rank's; --follow as it comes.",
+    )
     def logs(
         ctx: typer.Context,
         job_id: str = typer.Argument(..., help="The job id (see launchkit ps)."),

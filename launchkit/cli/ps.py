@@ -8,6 +8,7 @@ from collections.abc import Collection
 import typer
 
 from launchkit.cli.app import get_app
+from launchkit.cli.coercion import Command
 from launchkit.cli.top import runs_here
 from launchkit.console import Ui
 from launchkit.errors import UsageError
@@ -51,7 +52,8 @@ def shown_state(record: jobs.JobRecord, live: Collection[str]) -> str:
 
 def register(app: typer.Typer) -> None:
     @app.command(
-        help="List launchkit jobs (a job whose launcher died shows as lost; as ended (lost) once nothing of it is left)."
+        cls=Command,
+        help="List launchkit jobs (a job whose launcher died shows as lost; as ended (lost) once nothing of it is left).",
     )
     def ps(
         ctx: typer.Context,

@@ -15,6 +15,7 @@ from rich.console import RenderableType
 
 from launchkit import backends
 from launchkit.cli.app import get_app
+from launchkit.cli.coercion import Command
 from launchkit.console import Ui
 from launchkit.dashboard import DashboardState, ProcRow, fit, render
 from launchkit.errors import UsageError
@@ -110,7 +111,7 @@ def frame(ui: Ui, state: DashboardState) -> RenderableType:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(help="Show the live dashboard of a job launched elsewhere on this machine.")
+    @app.command(cls=Command, help="Show the live dashboard of a job launched elsewhere on this machine.")
     def top(
         ctx: typer.Context,
         job_id: str = typer.Argument(..., help="The job id (see launchkit ps)."),

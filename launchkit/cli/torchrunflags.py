@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from typer.core import TyperCommand
+from launchkit.cli.coercion import Command
 
 _RENDEZVOUS = (
     "nothing to set up: launchkit starts every worker itself and gives each MASTER_ADDR and "
@@ -50,7 +50,7 @@ def torchrun_hint(option: str) -> str | None:
     return TORCHRUN.get(option if option == "-m" else option.replace("_", "-"))
 
 
-class TorchrunRefusals(TyperCommand):
+class TorchrunRefusals(Command):
     """``launch``: a torchrun flag is refused (exit 2, as any unknown flag) saying what does the same."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:

@@ -7,16 +7,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.available import skip_without
 from trainer_core.compression import get_compressor
 from trainer_core.optim.local import get_learner
 from trainer_core.train.data import SplitSampler
 from trainer_core.train.nn import MLP
 
-load_digits = pytest.importorskip("sklearn.datasets").load_digits
+skip_without("sklearn")
 
 
 @pytest.fixture(scope="module")
 def digits():
+    from sklearn.datasets import load_digits
+
     d = load_digits()
     x = (d.data / 16.0).astype(np.float32)
     perm = np.random.default_rng(0).permutation(len(d.target))

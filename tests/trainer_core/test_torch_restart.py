@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.available import skip_without
 from tests.faults.faultjob import Job, assert_nothing_left, launch_args
 from tests.trainer_core.markedjob import REPO
 from tests.trainer_core.test_train_digits import EPOCH
 
 pytest.importorskip("torch", reason="the torch extra: pip install -e '.[torch]'")
-pytest.importorskip("sklearn")
+skip_without("sklearn")
 
 EPOCHS = 6
 OPTS = ["--compression", "1bit", "--epochs", str(EPOCHS)]

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.available import skip_without
 from tests.trainer_core.markedjob import run_marked
 
 EPOCH = re.compile(r"epoch\s+(\d+)\s+loss (\S+)\s+test accuracy ([\d.]+)%")
 WIRE = re.compile(r"wire: (\d+) bytes per step per worker")
 
-pytest.importorskip("sklearn")
+skip_without("sklearn")
 
 
 def launch(*args: str, workers: int = 2, servers: int = 1, timeout: float = 60) -> str:

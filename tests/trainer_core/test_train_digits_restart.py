@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.available import skip_without
 from tests.faults.faultjob import Job, assert_nothing_left, launch_args
 from tests.trainer_core.markedjob import REPO
 from tests.trainer_core.test_train_digits import EPOCH, accuracies, launch
 
-pytest.importorskip("sklearn")
+skip_without("sklearn")
 
 EPOCHS = 12
 RESUMED = re.compile(r"resumed at epoch (\d+)")

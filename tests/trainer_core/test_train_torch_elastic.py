@@ -10,9 +10,11 @@ import sys
 import pytest
 
 pytest.importorskip("torch", reason="the torch extra")
-pytest.importorskip("sklearn", reason="the digits come from scikit-learn")
 
+from tests.available import skip_without
 from tests.trainer_core.markedjob import REPO, run_marked
+
+skip_without("sklearn", reason="the digits come from scikit-learn")
 
 SCRIPT = str(REPO / "examples" / "train_torch.py")
 
