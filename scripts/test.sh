@@ -70,15 +70,16 @@ parallel=(-n auto)
 if [ $quick -eq 1 ]; then
     exec .venv/bin/python -m pytest -q "${parallel[@]}" -m "(unit or proc) and not slow" "$@"
 fi
+# (--durations: each phase ends with its 25 slowest tests, where the run's time goes)
 rc=0
-.venv/bin/python -m pytest -q "${parallel[@]}" -m "not cluster and not compat" "$@" || rc=$?
+.venv/bin/python -m pytest -q "${parallel[@]}" --durations=25 -m "not cluster and not compat" "$@" || rc=$?
 [ $rc -eq 5 ] && rc=0  # (arguments that select no test of these tiers)
 # then the cluster and compat tiers, in this process alone: they share the engines, sshd, the
 # namespace hosts' subnet and the MXNet venv, and their bounds are set for a machine that runs
 # nothing else of the suite beside them
 echo "[test.sh] pytest: the cluster and compat tiers"
 rc2=0
-.venv/bin/python -m pytest -q -m "cluster or compat" "$@" || rc2=$?
+.venv/bin/python -m pytest -q --durations=25 -m "cluster or compat" "$@" || rc2=$?
 [ $rc2 -eq 5 ] && rc2=0
 [ $rc -ne 0 ] && exit $rc
 exit $rc2
