@@ -152,6 +152,43 @@ def test_a_rank_busy_between_collectives_is_waited_for_with_stall_warnings(w: in
     assert job.codes()["scheduler 0"] == 0
 
 
+DEFAULTS_CODE = """
+import json, time
+import numpy as np
+from trainer_core.collective import join
+g = join()
+r = g.rank
+g.allreduce(np.ones(10, np.float32))
+if r == 0:
+    time.sleep(90.0)  # an evaluation or a checkpoint: alive (heartbeats), in no collective
+started = time.monotonic()
+total = g.allreduce(np.full(1000, r + 1, np.float32))
+waited = time.monotonic() - started
+g.close()
+print("RESULT " + json.dumps({"rank": r, "sum": float(total[0]), "waited": waited}), flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_rank_busy_for_90_s_is_waited_for_with_the_default_settings() -> None:
+    """The issue's case at full length, nothing set: rank 0 is away 90 s, three times the 30 s
+    after which a rank used to be declared gone; rank 1 warns once, after the default 60 s, naming
+    rank 0, and the job succeeds with the right sum."""
+    job = run_job(DEFAULTS_CODE, 2, 0, {}, timeout=200)
+    for p in job.workers:
+        (res,) = p.results()
+        assert p.popen.returncode == 0 and res["sum"] == 3.0, job.outputs()
+        if p.rank == 0:
+            assert "collective stall" not in p.output()
+            continue
+        assert res["waited"] > 85, res
+        warnings = WARNING.findall(p.output())
+        assert len(warnings) == 1 and 60 <= float(warnings[0][1]) < 85, job.outputs()
+        assert "rank 0 (worker 0 on 127.0.0.1)" in warnings[0][2], warnings
+    assert job.codes()["scheduler 0"] == 0
+
+
 SHUTDOWN_CODE = """
 import json, time
 import numpy as np
