@@ -10,6 +10,10 @@ issue's cases), then a correct one; prints what each rank got as one JSON line.
     agreementprog.py twice      rank 0 submits 'a', then 'x' twice while 'a' waits for the others
                                 (they submit 'a' and 'x' once it has: a file in the working
                                 directory says so), then a correct allreduce
+    agreementprog.py busy       rank 0 computes 6 s between two allreduces (the others warn of the
+                                stall with TRAINER_CORE_STALL_CHECK_SECONDS=1, and wait)
+    agreementprog.py stopped    the last rank stops itself (SIGSTOP) after an allreduce while the
+                                others allreduce: they fail within the heartbeat bound, naming it
     agreementprog.py MODE ALGO  with the allreduce algorithm forced (``Thresholds(force=ALGO)``:
                                 ring, recursive_doubling, tree), off the host's segment
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -86,6 +91,34 @@ def shut_down(g: Any) -> dict[str, Any]:
     return {"before": before, "error": error, "seconds": time.monotonic() - start}
 
 
+BUSY_S = 6.0
+
+
+def busy(g: Any) -> dict[str, Any]:
+    g.allreduce(np.ones(10, np.float32), name="before")
+    if g.rank == 0:  # evaluating, saving: alive (its heartbeats go on), in no collective
+        time.sleep(BUSY_S)
+    start = time.monotonic()
+    total = float(g.allreduce(np.full(100, g.rank + 1, np.float32), name="after")[0])
+    return {"sum": total, "waited": time.monotonic() - start}
+
+
+def stopped(g: Any) -> dict[str, Any]:
+    g.allreduce(np.ones(10, np.float32), name="before")
+    if g.rank == g.size - 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # stopped: no heartbeat any more (the launcher kills it)
+    start = time.monotonic()
+    try:
+        g.allreduce(np.ones(100, np.float32), name="after")
+        return {"error": ""}
+    except Exception as exc:
+        return {
+            "error": f"{type(exc).__name__}: {exc}",
+            "node": getattr(exc, "node", None),
+            "seconds": time.monotonic() - start,
+        }
+
+
 def twice(g: Any) -> dict[str, Any]:
     """The name 'x' submitted twice while in flight (on rank 0): both of rank 0's and every other
     rank's 'x' fail, 'a' completes, and so does the next operation."""
@@ -143,8 +176,11 @@ def main(mode: str, force: str | None = None) -> int:
     g = collective.group()
     if force is not None:
         g.thresholds = collective.Thresholds(force=force)
-    out = {"cases": cases, "threads": threads, "shutdown": shut_down, "twice": twice}[mode](g)
+    modes = {"cases": cases, "threads": threads, "shutdown": shut_down, "twice": twice, "busy": busy}
+    out = {**modes, "stopped": stopped}[mode](g)
     print(json.dumps({"rank": g.rank, "size": g.size, "host": g.hosts[g.rank], **out}), flush=True)
+    if mode == "stopped":
+        os._exit(1)  # (the job has failed: its scheduler is gone with the stopped rank's)
     collective.shutdown()
     return 0
 
