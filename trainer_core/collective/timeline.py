@@ -5,8 +5,10 @@ One row per operation name (a trace "process" named after it, as Horovod's one r
 on it, each operation as three spans: ``QUEUED`` from its submission until its slot began,
 ``NEGOTIATE_<KIND>`` while the ranks agreed on it, and ``<KIND>`` (``ALLREDUCE``, ``BROADCAST``,
 ...) while its data moved, until it was done; the span carries the operation's number, its bytes
-and how it ended. Events are written as they end (one JSON object per line after the opening
-``[``), so a trace cut short by a crash still loads; ``close`` ends the array.
+and how it ended. A fused batch of allreduces (tensor fusion) adds a ``MEMCPY_IN_FUSION_BUFFER``
+span on a row of its own, naming the operations it carried. Events are written as they end (one
+JSON object per line after the opening ``[``), so a trace cut short by a crash still loads;
+``close`` ends the array.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import IO
+
+#: the row of the fused batches' spans
+FUSION_ROW = "fusion buffer"
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,27 @@ class Timeline:
                 self._write(
                     {"name": "CYCLE_START", "ph": "i", "s": "g", "pid": row, "ts": self._us(phases.started)}
                 )
+            self._file.flush()
+
+    def fused(self, names: list[str], seq: int, start: float, end: float, nbytes: int) -> None:
+        """Record one fused batch (tensor fusion, ``batching``): a ``MEMCPY_IN_FUSION_BUFFER`` span
+        while its inputs were copied into the fusion buffer, on the row ``FUSION_ROW``, naming the
+        operations it carried (each also has its own row, its ``<KIND>`` span the whole batch's)."""
+        with self._lock:
+            if self._file is None:
+                return
+            args = {"operation": seq, "bytes": nbytes, "rank": self.rank, "tensors": names}
+            self._write(
+                {
+                    "name": "MEMCPY_IN_FUSION_BUFFER",
+                    "ph": "X",
+                    "pid": self._row(FUSION_ROW),
+                    "tid": 0,
+                    "ts": self._us(start),
+                    "dur": max(0, self._us(end) - self._us(start)),
+                    "args": args,
+                }
+            )
             self._file.flush()
 
     def close(self) -> None:
