@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from trainer_core.collective import CollectiveMismatch, Group, Thresholds
-from trainer_core.collective.agreement import JOIN, Descriptor
+from trainer_core.collective.agreement import JOIN, Descriptor, agreed
 from trainer_core.collective.batching import batch_record, candidate, key, layout, together
 from trainer_core.collective.fabric import Fabric, run_ranks
 from trainer_core.collective.fusion import Part, fuser
@@ -67,6 +67,7 @@ def test_the_layout_and_record_do_not_depend_on_the_submission_order() -> None:
     assert batch_record([b, a]) == batch_record([b, a])
     assert batch_record([b, a]) != batch_record([b, d("a", 12)])  # another shape
     assert batch_record([b, a]) != batch_record([b, d("a", refused="no")])
+    assert not agreed([batch_record([b, d("a", refused="no")])] * 2)
     assert batch_record([b, a]) != batch_record([b, d("c")])
 
 

@@ -84,8 +84,10 @@ def layout(names: Sequence[str]) -> list[str]:
 
 def batch_record(descs: Sequence[Descriptor]) -> bytes:
     """The 32 bytes a rank shows for the batch ``descs`` (in ``layout`` order): equal on two ranks
-    only where both proposed the same operations with the same descriptors."""
+    only where both proposed the same operations with the same descriptors (and never agreed
+    where one of them was refused)."""
     h = hashlib.blake2b(digest_size=16)
     for d in descs:
         h.update(d.name.encode() + b"\0" + d.body() + d.fuse.to_bytes(8, "little"))
-    return record("fused:" + ",".join(d.name for d in descs), h.digest(), sum(d.fuse for d in descs))
+    names = "fused:" + ",".join(d.name for d in descs)
+    return record(names, h.digest(), sum(d.fuse for d in descs), any(d.refused for d in descs))
