@@ -55,7 +55,12 @@ def step():
     hs = [hvd.allreduce_async(t, name=f"g{i}", op=hvd.Sum) for i, t in enumerate(small)]
     got = [hvd.synchronize(h) for h in hs]
     assert float(got[7][0]) == 7.0 * hvd.size()
+from trainer_core.torch.runtime import default
+group = default.backend().group
+c0, s0 = group.collectives, group.slots
 out = {"small": median(step, reps)}
+out["small/collectives"] = (group.collectives - c0) / (reps + 3)
+out["small/slots"] = (group.slots - s0) / (reps + 3)
 for n in sizes:
     x = torch.ones(n)
     out[f"sync/{n}"] = median(lambda: hvd.allreduce(x, op=hvd.Sum, name="big"), reps)
@@ -97,6 +102,11 @@ def run(workers: list[int], sizes: list[str], reps: int, rounds: int, base: Path
             row: Result = {"workers": w, "what": what}
             for name, _ in cfgs:
                 row[name] = [float(res[what]) * 1e3 for res in got[name]]  # type: ignore[arg-type]
+                if what == "small":  # how many collectives and slots (agreements) a step took
+                    row[f"{name}/per_step"] = [
+                        f"{res.get('small/collectives', 0):.1f}/{res.get('small/slots', 0):.1f}"
+                        for res in got[name]
+                    ]
             rows.append(row)
     return rows
 
@@ -122,6 +132,13 @@ def table(rows: list[Result]) -> str:
                 pairs = zip(r["fused"], r[other], strict=True)  # type: ignore[call-overload]
                 cells.append(_span([a / b for a, b in pairs]))
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "collectives/slots per step of `small`, each round:"]
+    lines += [
+        f"- W={r['workers']} {n}: {', '.join(r[f'{n}/per_step'])}"
+        for r in rows
+        for n in names
+        if f"{n}/per_step" in r
+    ]  # type: ignore[arg-type]
     return "\n".join(lines)
 
 

@@ -185,3 +185,16 @@ def test_a_fusable_head_waits_for_the_cycle_unless_a_caller_waits() -> None:
         return first.wait().tolist()
 
     assert run_ranks(2, body) == [[2.0] * 3] * 2
+
+
+def test_a_batchs_names_may_be_submitted_again_once_their_results_are_in() -> None:
+    gs = groups(2, 1 << 20)
+
+    def body(r: int) -> list[float]:
+        sums = []
+        for step in range(5):  # the same names every step, as a training loop submits them
+            works = [gs[r].allreduce_async(np.full(10, float(step + i)), name=f"g{i}") for i in range(20)]
+            sums.append(sum(float(w.wait()[0]) for w in works))
+        return sums
+
+    assert run_ranks(2, body) == [[2.0 * sum(step + i for i in range(20)) for step in range(5)]] * 2

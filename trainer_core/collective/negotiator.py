@@ -195,14 +195,16 @@ class Negotiator:
 
     def _cycle_left(self) -> float:
         """(Under the lock.) How long a fusable head still waits for operations to fuse with: until
-        the cycle that began at its submission ends, or sooner once a caller waits for a queued
-        operation (it submits nothing more meanwhile) or the group closes."""
+        a cycle passed without a submission, or sooner once a caller waits for a queued operation
+        (it submits nothing more meanwhile), the queue holds a full buffer, or the group closes."""
         head = self._queue[0]
         if self.cycle_s <= 0 or head.desc.fuse <= 0 or self._closed or self._broken is not None:
             return 0.0
         if any(w.waiting for o in self._queue for w in o.works):
             return 0.0
-        return head.submitted + self.cycle_s - time.monotonic()
+        if sum(o.desc.fuse for o in self._queue) >= self.fusion_bytes:
+            return 0.0
+        return self._queue[-1].submitted + self.cycle_s - time.monotonic()
 
     def _wake(self) -> None:
         with self._cond:
@@ -267,6 +269,8 @@ class Negotiator:
             return 0.0
         if batch and agreed(records):  # every rank proposed this batch
             return self._finish_batch(batch, seq)
+        with self._cond:  # (before any result is delivered: a caller may submit its names again)
+            self._agreeing = set()
         return self._settle(ops, seq, records, result)
 
     def _settle(self, ops: list[Op], seq: int, records: list[bytes], result: Any) -> float:
@@ -317,6 +321,7 @@ class Negotiator:
                 w.seq = seq
         with self._cond:
             self._running.update(names)
+            self._agreeing = set()
             self._queue[:] = [o for o in self._queue if o not in batch]
         assert self.fuser is not None
         try:
