@@ -109,8 +109,8 @@ class Group:
     def fuse(self, threshold: int, cycle_s: float = 0.0) -> None:
         """Horovod's tensor fusion from now on: ``allreduce_async``s of one dtype and op that every
         rank has queued run as one collective of at most ``threshold`` bytes (``batching``), one at
-        the head of the queue waiting up to ``cycle_s`` for others; ``threshold`` 0: off (and
-        ``grouped_allreduce`` reduces each array alone)."""
+        the head of the queue waiting for others until ``cycle_s`` passes without a submission (or
+        a caller waits for a queued one); ``threshold`` 0: off (``grouped_allreduce``: each alone)."""
         if not isinstance(cycle_s, int | float) or cycle_s < 0:
             raise ValueError(f"the fusion cycle must be a non-negative number of seconds, not {cycle_s!r}")
         self.thresholds = replace(self.thresholds, fusion_bytes=threshold)

@@ -2,8 +2,10 @@
 
 * ``HOROVOD_FUSION_THRESHOLD``: the bytes of one fusion buffer (0: no fusion); default 128 MiB,
   Horovod's since 0.21 (64 MiB before);
-* ``HOROVOD_CYCLE_TIME``: milliseconds an allreduce at the head of the queue waits for others to
-  fuse with (Horovod's background cycle); default 1 ms, Horovod's since 0.21 (5 ms before).
+* ``HOROVOD_CYCLE_TIME``: an allreduce at the head of the queue waits for others to fuse with
+  until this many milliseconds pass without a submission (or the script waits for a queued
+  operation: Horovod's background cycle, ``negotiator``); default 1 ms, Horovod's since 0.21 (5 ms
+  before).
 
 On the collectives' path the group fuses the ``allreduce_async`` family with these
 (``trainer_core.collective.batching``); ``DistributedOptimizer`` takes the threshold, where it is
