@@ -175,15 +175,18 @@ class Group:
         *,
         name: str | None = None,
         fuse: bool = True,
+        waits: bool = False,
     ) -> Work:
         """Start reducing ``array`` over all ranks (``op``: sum, mean, max, min; ``kind="bfloat16"``
         for bfloat16 bits in a uint16 array). ``out=array`` (a C-contiguous numpy array) lends it:
         it is read and written in place when the operation runs, without a private copy, and is the
         operation's until ``wait()``. ``name``: matches the operation across ranks (default: the
-        next of this rank's unnamed operations). ``fuse=False``: never fused with others (``fuse``)."""
-        return self._submit(
-            self._op("allreduce", name, lambda nm: self._allreduce_op(nm, array, op, out, kind, fuse=fuse))
+        next of this rank's unnamed operations). ``fuse=False``: never fused with others (``fuse``);
+        ``waits``: the caller waits for it at once (a fusion cycle ends: it runs with what is queued)."""
+        op_of = self._op(
+            "allreduce", name, lambda nm: self._allreduce_op(nm, array, op, out, kind, fuse=fuse)
         )
+        return self._negotiator.submit(op_of, waits)
 
     def _allreduce_op(
         self,

@@ -124,9 +124,10 @@ class Negotiator:
         with self._cond:
             self._unnamed = max(self._unnamed, unnamed)
 
-    def submit(self, op: Op) -> Work:
-        """Queue ``op``; its ``Work`` at once."""
-        return self._enqueue(op, inline=False)[0]
+    def submit(self, op: Op, waits: bool = False) -> Work:
+        """Queue ``op``; its ``Work`` at once (``waits``: the caller waits for it at once, which
+        ends a fusion cycle as its ``wait()`` would, without waking the thread twice)."""
+        return self._enqueue(op, inline=False, waits=waits)[0]
 
     def call(self, op: Op) -> Any:
         """Run ``op`` and return its result (on this thread when nothing else is queued)."""
@@ -144,10 +145,11 @@ class Negotiator:
                         self._cond.notify_all()
         return work.wait()
 
-    def _enqueue(self, op: Op, inline: bool) -> tuple[Work, bool]:
+    def _enqueue(self, op: Op, inline: bool, waits: bool = False) -> tuple[Work, bool]:
         """Queue ``op``; its ``Work``, and whether this thread is to drive (nothing else queued or
         driving)."""
         work = Work(op.desc.kind, -1)
+        work.waiting = waits
         with self._cond:
             if self._closed:
                 raise CollectiveClosed(f"collective {op.desc.kind}: the group is closed")

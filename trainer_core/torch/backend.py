@@ -76,10 +76,12 @@ class Backend:
         out: Any = None,
         name: str | None = None,
         fuse: bool = True,
+        waits: bool = False,
     ) -> Waitable:
         """Start reducing ``array``; the result is a fresh array, or ``out`` (written into);
         ``name`` matches it across ranks where the path matches by name (the collectives');
-        ``fuse=False``: never fused with others (where the path fuses: the collectives')."""
+        ``fuse=False``: never fused with others (where the path fuses: the collectives');
+        ``waits``: the caller waits for it at once (it ends a fusion cycle)."""
         if op not in ("sum", "mean", "max", "min"):
             raise ValueError(f"allreduce op must be sum, mean, max or min, not {op!r}")
         if out is None:
@@ -176,8 +178,9 @@ class Collective(Backend):
         out: Any = None,
         name: str | None = None,
         fuse: bool = True,
+        waits: bool = False,
     ) -> Waitable:
-        return self.group.allreduce_async(array, op, out, kind, name=name, fuse=fuse)
+        return self.group.allreduce_async(array, op, out, kind, name=name, fuse=fuse, waits=waits)
 
     def compressed_allreduce_async(self, array: Any, feedback: ErrorFeedback, key: Any, op: str) -> Waitable:
         return self.group.compressed_allreduce_async(array, feedback, key, op)
@@ -316,6 +319,7 @@ class KV(Backend):
         out: Any = None,
         name: str | None = None,
         fuse: bool = True,
+        waits: bool = False,
     ) -> Waitable:
         spec = spec_for(array.dtype, op, kind)  # refuses what the collectives refuse
         host = np.array(to_host(array), copy=True, order="C")
