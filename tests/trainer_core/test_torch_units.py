@@ -75,7 +75,16 @@ class Recording(Solo):
     def __init__(self) -> None:
         self.lent: list[np.ndarray] = []
 
-    def allreduce_async(self, array: Any, op: str, kind: str | None = None, out: Any = None) -> Any:
+    def allreduce_async(
+        self,
+        array: Any,
+        op: str,
+        kind: str | None = None,
+        out: Any = None,
+        name: Any = None,
+        fuse: bool = True,
+    ) -> Any:
+        assert not fuse  # the optimizer's buckets are its fusion: never fused again
         self.lent.append(array)
         return super().allreduce_async(array, op, kind, out)
 

@@ -60,10 +60,12 @@ class Descriptor:
     root: int = -1
     group: str = ""
     refused: str = ""
+    #: the bytes it adds to a fusion buffer (``batching``; 0: it runs alone)
+    fuse: int = 0
 
     def body(self) -> bytes:
-        """The digest of everything but the name and ``refused`` (cached: a repeated step hashes
-        only its name)."""
+        """The digest of everything but the name, ``refused`` and ``fuse`` (cached: a repeated step
+        hashes only its name)."""
         return body(self.kind, self.shape, self.dtype, self.op, self.root, self.group)
 
     def record(self, nbytes: int = 0) -> bytes:

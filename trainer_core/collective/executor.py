@@ -33,6 +33,10 @@ class Work:
         self._event = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
+        #: called when a caller starts waiting for the unfinished operation (``negotiator``: a
+        #: fusion cycle ends early then)
+        self.on_wait: Callable[[], None] | None = None
+        self.waiting = False  # a caller waits (or waited) for it
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self._result, self._error = result, error
@@ -45,6 +49,10 @@ class Work:
     def wait(self, timeout: float | None = None) -> Any:
         """The operation's result, once it finished; its error raised if it failed. ``timeout``:
         seconds to wait at most (``TimeoutError`` then; the operation goes on)."""
+        if not self._event.is_set():
+            self.waiting = True
+            if self.on_wait is not None:
+                self.on_wait()
         if not self._event.wait(timeout):
             raise TimeoutError(f"collective {self.name} (op {self.seq}) still running after {timeout:g} s")
         if self._error is not None:

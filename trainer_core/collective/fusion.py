@@ -5,11 +5,16 @@ bfloat16) in list order, a bucket closed when the next array would take it past 
 (an array larger than ``limit`` gets a bucket of its own). The plan depends only on the arrays'
 dtypes and sizes, so every rank that passes the same list makes the same buckets (Horovod's
 ``HOROVOD_FUSION_THRESHOLD`` idea, without its cycle-time negotiation: the caller names the group).
+A ``limit`` of 0 gives every array a bucket of its own.
+
+``Part`` and ``fuser``: the data path of a batch of separately submitted allreduces that the ranks
+agreed to run as one collective (``batching``, the negotiator's cycle).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,3 +48,35 @@ def unpack(buf: np.ndarray, arrays: Sequence[Any], bucket: Sequence[int], out: l
         n = int(np.prod(arrays[i].shape, dtype=np.int64))
         out[i] = buf[start : start + n].reshape(arrays[i].shape)
         start += n
+
+
+@dataclass
+class Part:
+    """One allreduce's share of a fusion buffer (tensor fusion across operations, ``batching``):
+    its input as a flat host array, its reduction (``spec``, the same for the whole batch) and
+    ``deliver(piece)``, which makes the operation's result from its piece of the reduced buffer."""
+
+    host: np.ndarray
+    spec: Any
+    deliver: Callable[[np.ndarray], Any]
+
+
+def fuser(
+    parts: Sequence[Part], reduce: Callable[[int, np.ndarray], None]
+) -> tuple[Callable[[], None], Callable[[int], list[Any]]]:
+    """A batch's data path as ``(pack, run)`` (``negotiator.Fuser``): ``pack()`` copies every
+    part's input into one buffer, in order; ``run(seq)`` reduces the buffer in place
+    (``reduce(seq, buffer)``, one collective) and gives each part's result."""
+    ends = np.cumsum([p.host.size for p in parts])
+    starts = ends - np.array([p.host.size for p in parts])
+    buf = np.empty(int(ends[-1]) if len(parts) else 0, parts[0].host.dtype if parts else np.float32)
+
+    def pack() -> None:
+        for p, a, b in zip(parts, starts, ends, strict=True):
+            buf[a:b] = p.host.reshape(-1)
+
+    def run(seq: int) -> list[Any]:
+        reduce(seq, buf)
+        return [p.deliver(buf[a:b]) for p, a, b in zip(parts, starts, ends, strict=True)]
+
+    return pack, run

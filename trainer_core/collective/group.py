@@ -32,7 +32,7 @@ from trainer_core.compression.powersgd import PowerSGD
 from trainer_core.xp import like, to_host
 
 from . import fusion, joining, moves, policy, speculation
-from .agreement import CollectiveMismatch, Descriptor, agreed, body, record
+from .agreement import Descriptor, agreed, body, record
 from .algorithms import doubling, hierarchical, ring, shmpipe, shmreduce
 from .algorithms.hierarchical import Topology
 from .compressed import hierarchical as compressed_hierarchical
@@ -40,7 +40,7 @@ from .compressed import lowrank, twostage
 from .compressed.twostage import ErrorFeedback
 from .exchange import Exchange
 from .executor import Work
-from .lane import LANES, Lane, check_array, dtype_name
+from .lane import LANES, Lane, check_array, check_out, deliver, dtype_name, plain
 from .nccl import NcclPath
 from .negotiator import NOT_RUN, Negotiator, Op
 from .policy import Thresholds
@@ -80,6 +80,7 @@ class Group:
         self._exchange = Exchange(links, self.local)
         self._negotiator = Negotiator(self._exchange, f"collective-{links.rank}")
         self._negotiator.standin = lambda desc: joining.standin(self, desc)
+        self._negotiator.fuser = self._fused
         self._joins = 0
         #: what every rank's descriptors say of the group (the same on every rank of one group)
         self._gid = label or f"{links.size} ranks"
@@ -106,6 +107,31 @@ class Group:
         returns the one it replaces."""
         old, self._negotiator.timeline = self._negotiator.timeline, timeline
         return old
+
+    @property
+    def collectives(self) -> int:
+        """The collectives this rank ran (a fused batch counts once)."""
+        return self._negotiator.collectives
+
+    def fuse(self, threshold: int, cycle_s: float = 0.0) -> None:
+        """Horovod's tensor fusion from now on: ``allreduce_async``s of one dtype and op that every
+        rank has queued run as one collective of at most ``threshold`` bytes (``batching``), one at
+        the head of the queue waiting for others until ``cycle_s`` passes without a submission (or
+        a caller waits for a queued one); ``threshold`` 0: off (``grouped_allreduce``: each alone)."""
+        if not isinstance(cycle_s, int | float) or cycle_s < 0:
+            raise ValueError(f"the fusion cycle must be a non-negative number of seconds, not {cycle_s!r}")
+        self.thresholds = replace(self.thresholds, fusion_bytes=threshold)
+        self._negotiator.fusion_bytes, self._negotiator.cycle_s = threshold, float(cycle_s)
+
+    def _fused(self, batch: list[Op]) -> tuple[Callable[[], None], Callable[[int], list[Any]]]:
+        """The data path of ``batch``, allreduces the ranks agreed to run as one (``fusion.fuser``)."""
+        spec = batch[0].part.spec
+
+        def reduce(seq: int, buf: np.ndarray) -> None:
+            self._allreduce_into(self._ctx(seq), buf, buf, spec)
+            spec.finish(buf, self.size)
+
+        return fusion.fuser([o.part for o in batch], reduce)
 
     def close(self) -> None:
         """Finish the queued operations and stop the background thread."""
@@ -155,18 +181,29 @@ class Group:
         kind: str | None = None,
         *,
         name: str | None = None,
+        fuse: bool = True,
+        waits: bool = False,
     ) -> Work:
         """Start reducing ``array`` over all ranks (``op``: sum, mean, max, min; ``kind="bfloat16"``
         for bfloat16 bits in a uint16 array). ``out=array`` (a C-contiguous numpy array) lends it:
         it is read and written in place when the operation runs, without a private copy, and is the
         operation's until ``wait()``. ``name``: matches the operation across ranks (default: the
-        next of this rank's unnamed operations)."""
-        return self._submit(
-            self._op("allreduce", name, lambda nm: self._allreduce_op(nm, array, op, out, kind))
+        next of this rank's unnamed operations). ``fuse=False``: never fused with others (``fuse``);
+        ``waits``: the caller waits for it at once (a fusion cycle ends: it runs with what is queued)."""
+        op_of = self._op(
+            "allreduce", name, lambda nm: self._allreduce_op(nm, array, op, out, kind, fuse=fuse)
         )
+        return self._negotiator.submit(op_of, waits)
 
     def _allreduce_op(
-        self, name: str, array: Any, op: str, out: Any, kind: str | None, sync: bool = False
+        self,
+        name: str,
+        array: Any,
+        op: str,
+        out: Any,
+        kind: str | None,
+        sync: bool = False,
+        fuse: bool = False,
     ) -> Op:
         check_array("allreduce", array)
         spec = spec_for(array.dtype, op, kind)
@@ -174,18 +211,18 @@ class Group:
         if spec.kind != desc.dtype:
             desc = replace(desc, dtype=spec.kind)
         if self.nccl is not None and self.nccl.takes(array, spec):
-            _check_out(array, out)
+            check_out(array, out)
             return Op(desc, moves.with_ctx(self, self.nccl.allreduce(array, spec, out)))
-        inplace = sync and _plain(array) and (out is None or _plain(out))
-        lent = inplace or (out is array and _plain(array))
+        inplace = sync and plain(array) and (out is None or plain(out))
+        lent = inplace or (out is array and plain(array))
         host = array if lent else np.array(to_host(array), copy=True, order="C")
-        _check_out(host, out)
+        check_out(host, out)
 
         def destination() -> np.ndarray:
             return host if out is array or not inplace else (np.empty_like(host) if out is None else out)
 
         def result(dest: np.ndarray) -> Any:
-            return dest if inplace else (out if lent else _deliver(host, array, out))
+            return dest if inplace else (out if lent else deliver(host, array, out))
 
         def run(seq: int) -> Any:
             dest = destination()
@@ -207,7 +244,17 @@ class Group:
                 spec.finish(flat, self.size)
                 return shown[0], result(dest)
 
-        return Op(desc, run, host.nbytes, fast)
+        if not fuse or not 0 < host.nbytes <= self._negotiator.fusion_bytes:
+            return Op(desc, run, host.nbytes, fast)
+
+        def from_piece(piece: np.ndarray) -> Any:  # its piece of a fused batch's buffer
+            dest = destination()
+            dest.reshape(-1)[...] = piece
+            return result(dest)
+
+        return Op(
+            replace(desc, fuse=host.nbytes), run, host.nbytes, fast, part=fusion.Part(host, spec, from_piece)
+        )
 
     def _shm(
         self, x: np.ndarray, out: np.ndarray, spec: ReduceSpec, rec: bytes, shown: list[list[bytes]]
@@ -456,11 +503,11 @@ class Group:
             raise TypeError(f"compressed allreduce takes float16/32/64 arrays, not {np.dtype(array.dtype)}")
         if op not in twostage.OPS:
             raise ValueError(f"compressed allreduce sums or averages, not {op!r}")
-        inplace = sync and self.nccl is None and _plain(array) and state.params.get("type") != "powersgd"
+        inplace = sync and self.nccl is None and plain(array) and state.params.get("type") != "powersgd"
         host = array if inplace else np.array(to_host(array), copy=True, order="C")
-        _check_out(host, out)
+        check_out(host, out)
         # a plain ``out`` receives the result directly (after ``host`` is read: it may be ``array``)
-        direct = _plain(out) and out.dtype == host.dtype
+        direct = plain(out) and out.dtype == host.dtype
         compressor = str(state.params.get("type", ""))
         desc = self._desc(name, "compressed_allreduce", array, op=f"{op} ({compressor or 'compressed'})")
         spec = spec_for(array.dtype, op)
@@ -472,14 +519,14 @@ class Group:
             ctx = self._ctx(seq)
             if isinstance(st.server, PowerSGD):  # its own form: P and Q are allreduced
                 res = lowrank.allreduce(ctx, host, spec, st.server, self._flat_allreduce)
-                return _deliver(np.ascontiguousarray(res).reshape(host.shape), array, out)
+                return deliver(np.ascontiguousarray(res).reshape(host.shape), array, out)
             x, dest = host.reshape(-1), out.reshape(-1) if direct else None
             if hier and topo is not None:
                 th = self.thresholds
                 flat = compressed_hierarchical.allreduce(ctx, x, spec, st, topo, self.local, th, dest)
             else:
                 flat = twostage.allreduce(ctx, x, spec, st, out=dest)
-            return out if direct else _deliver(flat.reshape(host.shape), array, out)
+            return out if direct else deliver(flat.reshape(host.shape), array, out)
 
         return Op(desc, run, host.nbytes)
 
@@ -544,42 +591,9 @@ class Group:
         self._negotiator.call(self._op("barrier", name, lambda nm: moves.barrier(self, nm)))
 
     def join(self) -> int:
-        """Horovod's ``join``: this rank has no more data. Until every rank has joined it takes
-        part in every operation the others submit (``joining``: zeros for an allreduce, no rows
-        for an allgather); then every rank's ``join`` returns the rank that joined last. An
-        operation it could not take part in (a broadcast from a joined rank, a compressed
-        allreduce) fails on the ranks that submitted it, and this ``join`` raises its error. Not
-        with an NCCL path (a joined rank's parts are host arrays)."""
-        if self.nccl is not None:
-            raise NotImplementedError(
-                "join() on a group with an NCCL path is not supported: a joined rank's parts are host "
-                "arrays, which would not pair with the others' device operations; join the job with "
-                "use_nccl=False, or give every rank the same number of batches"
-            )
-        self.starting()
-        self._joins += 1
-        last, errors = self._negotiator.call(joining.join_op(self, f"join.{self._joins - 1}"))
-        if errors:
-            raise CollectiveMismatch(errors[0])
-        return int(last)
+        """Horovod's ``join``: this rank has no more data (``joining.join``)."""
+        return joining.join(self)
 
 
 def _nothing(seq: int) -> None:
     """The data path of an operation this rank refused (never run: it fails on every rank)."""
-
-
-def _plain(a: Any) -> bool:
-    """A C-contiguous numpy array (the synchronous allreduce uses it in place)."""
-    return isinstance(a, np.ndarray) and a.flags.c_contiguous
-
-
-def _check_out(host: Any, out: Any) -> None:
-    if out is not None and (tuple(out.shape) != host.shape or out.dtype != host.dtype):
-        raise ValueError(f"out must be a {host.dtype} array of shape {host.shape}")
-
-
-def _deliver(host: np.ndarray, template: Any, out: Any) -> Any:
-    if out is None:
-        return like(host, template)
-    out[...] = like(host, out)
-    return out

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import moves
-from .agreement import JOIN, Descriptor
+from .agreement import JOIN, CollectiveMismatch, Descriptor
 from .negotiator import Negotiator, Op
 from .primitives.links import Ctx
 from .primitives.reduce import BFLOAT16, ReduceSpec, spec_for
@@ -28,6 +28,9 @@ class Host(moves.Host, Protocol):
     """What a join uses of its group (``Group``)."""
 
     _negotiator: Negotiator
+    _joins: int
+
+    def starting(self) -> None: ...
 
     def _flat_allreduce(
         self, ctx: Ctx, flat: np.ndarray, spec: ReduceSpec, algo: str | None = None
@@ -38,6 +41,27 @@ class Host(moves.Host, Protocol):
     ) -> Op: ...
 
     def _grouped(self, name: str, arrays: Any, op: str, kind: str | None) -> Op: ...
+
+
+def join(group: Host) -> int:
+    """Horovod's ``join`` on ``group``: this rank has no more data. Until every rank has joined it
+    takes part in every operation the others submit (zeros for an allreduce, no rows for an
+    allgather); then every rank's ``join`` returns the rank that joined last. An operation it
+    could not take part in (a broadcast from a joined rank, a compressed allreduce) fails on the
+    ranks that submitted it, and this ``join`` raises its error. Not with an NCCL path (a joined
+    rank's parts are host arrays)."""
+    if group.nccl is not None:
+        raise NotImplementedError(
+            "join() on a group with an NCCL path is not supported: a joined rank's parts are host "
+            "arrays, which would not pair with the others' device operations; join the job with "
+            "use_nccl=False, or give every rank the same number of batches"
+        )
+    group.starting()
+    group._joins += 1
+    last, errors = group._negotiator.call(join_op(group, f"join.{group._joins - 1}"))
+    if errors:
+        raise CollectiveMismatch(errors[0])
+    return int(last)
 
 
 def join_op(group: Host, name: str) -> Op:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .agreement import JOIN, CollectiveMismatch, Decision, Descriptor, agreed, decide, decode, encode
+from .batching import batch_record, candidate, layout, together
 from .exchange import Exchange
 from .executor import CollectiveClosed, Work
 from .primitives import stall
@@ -36,6 +37,9 @@ from .timeline import Phases, Recorder
 #: ``fast(seq, record)``: runs the operation with ``record`` shown in its first step; returns every
 #: rank's record and, where they agreed, the result (else ``NOT_RUN``)
 Fast = Callable[[int, bytes], tuple[list[bytes], Any]]
+#: ``fuser(batch)``: a batch's data path as ``(pack, run)``: ``pack()`` copies the operations'
+#: inputs into one buffer, ``run(seq)`` reduces it and returns each operation's result, in order
+Fuser = Callable[[list["Op"]], tuple[Callable[[], None], Callable[[int], list[Any]]]]
 NOT_RUN = object()
 _POLL_S = (0.001, 0.1)  # a slot that found no common operation is tried again after this (doubling)
 
@@ -58,6 +62,8 @@ class Op:
     slot: int = -1
     #: a join's: the errors of the operations it stood in for that failed on every rank
     errors: list[str] = field(default_factory=list)
+    #: what the group's ``fuser`` needs to run it in a batch (where ``desc.fuse`` > 0)
+    part: Any = None
 
 
 class Negotiator:
@@ -81,6 +87,16 @@ class Negotiator:
         self.timeline: Recorder | None = None
         #: builds this rank's part of an operation the others run while it has joined (``Group``)
         self.standin: Callable[[Descriptor], Op] | None = None
+        #: tensor fusion (``batching``): a batch's bytes at most (0: off), how long a fusable
+        #: operation at the head waits for others (seconds: Horovod's cycle), the batch's data path
+        self.fusion_bytes = 0
+        self.cycle_s = 0.0
+        self.fuser: Fuser | None = None
+        #: what the next slot runs, as every rank decided in a slow slot (names; one: alone)
+        self._pinned: list[str] = []
+        self._agreeing: set[str] = set()  # the batch whose record a slot in progress showed
+        #: the collectives this rank ran (a fused batch counts once)
+        self.collectives = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -108,9 +124,10 @@ class Negotiator:
         with self._cond:
             self._unnamed = max(self._unnamed, unnamed)
 
-    def submit(self, op: Op) -> Work:
-        """Queue ``op``; its ``Work`` at once."""
-        return self._enqueue(op, inline=False)[0]
+    def submit(self, op: Op, waits: bool = False) -> Work:
+        """Queue ``op``; its ``Work`` at once (``waits``: the caller waits for it at once, which
+        ends a fusion cycle as its ``wait()`` would, without waking the thread twice)."""
+        return self._enqueue(op, inline=False, waits=waits)[0]
 
     def call(self, op: Op) -> Any:
         """Run ``op`` and return its result (on this thread when nothing else is queued)."""
@@ -128,15 +145,17 @@ class Negotiator:
                         self._cond.notify_all()
         return work.wait()
 
-    def _enqueue(self, op: Op, inline: bool) -> tuple[Work, bool]:
+    def _enqueue(self, op: Op, inline: bool, waits: bool = False) -> tuple[Work, bool]:
         """Queue ``op``; its ``Work``, and whether this thread is to drive (nothing else queued or
         driving)."""
         work = Work(op.desc.kind, -1)
+        work.waiting = waits
         with self._cond:
             if self._closed:
                 raise CollectiveClosed(f"collective {op.desc.kind}: the group is closed")
             twin = next((o for o in self._queue if o.desc.name == op.desc.name), None)
-            if op.desc.name in self._running or (twin is not None and twin is self._head):
+            running = op.desc.name in self._running or op.desc.name in self._agreeing
+            if running or (twin is not None and twin is self._head):
                 raise CollectiveMismatch(
                     f"collective {op.desc.kind} {op.desc.name!r} submitted again while it runs"
                 )
@@ -146,6 +165,8 @@ class Negotiator:
                 twin.works.append(work)
                 return work, False
             op.works.append(work)
+            if self.cycle_s > 0:
+                work.on_wait = self._wake
             self._queue.append(op)
             drive = inline and len(self._queue) == 1 and not self._driving and self._broken is None
             if drive:
@@ -161,6 +182,10 @@ class Negotiator:
                     self._cond.wait()
                 if not self._queue:
                     return
+                delay = self._cycle_left()
+                if delay > 0:
+                    self._cond.wait(delay)
+                    continue
                 self._driving = True
             try:
                 waited = self._drive()
@@ -169,6 +194,23 @@ class Negotiator:
                     self._driving = False
             if waited:
                 self._poll(waited)
+
+    def _cycle_left(self) -> float:
+        """(Under the lock.) How long a fusable head still waits for operations to fuse with: until
+        a cycle passed without a submission, or sooner once a caller waits for a queued operation
+        (it submits nothing more meanwhile), the queue holds a full buffer, or the group closes."""
+        head = self._queue[0]
+        if self.cycle_s <= 0 or head.desc.fuse <= 0 or self._closed or self._broken is not None:
+            return 0.0
+        if any(w.waiting for o in self._queue for w in o.works):
+            return 0.0
+        if sum(o.desc.fuse for o in self._queue) >= self.fusion_bytes:
+            return 0.0
+        return self._queue[-1].submitted + self.cycle_s - time.monotonic()
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def _poll(self, delay: float) -> None:
         """After a slot with no common operation: wait for a submission (at most ``delay`` s)."""
@@ -183,6 +225,19 @@ class Negotiator:
         finally:
             with self._cond:
                 self._head = None
+                self._agreeing = set()
+
+    def _batch(self, ops: list[Op]) -> list[Op]:
+        """(Under the lock.) The operations this slot proposes to run as one collective, in
+        ``layout`` order (``[]``: the head alone): what the last slow slot decided, else this
+        rank's ``candidate``."""
+        pinned, self._pinned = self._pinned, []
+        if self.fusion_bytes <= 0 or self.fuser is None or self.exchange.links.size == 1:
+            return []
+        by = {o.desc.name: o for o in ops}
+        if pinned and all(n in by for n in pinned):
+            return [by[n] for n in layout(pinned)] if len(pinned) > 1 else []
+        return sorted((ops[i] for i in candidate([o.desc for o in ops], self.fusion_bytes)), key=_name)
 
     def _slot_once(self) -> float:
         with self._cond:
@@ -190,25 +245,34 @@ class Negotiator:
             self._slot += 1
             self._head = ops[0]
             broken = self._broken
+            batch = self._batch(ops) if broken is None else []
+            self._agreeing = {o.desc.name for o in batch}
         if broken is not None:
             self._fail(ops, broken)
             return 0.0
         head = ops[0]
-        head.started = head.started or time.monotonic()
-        head.slot = seq if head.slot < 0 else head.slot
+        now = time.monotonic()
+        for o in batch or [head]:
+            o.started = o.started or now
+            o.slot = seq if o.slot < 0 else o.slot
         if self.exchange.links.size == 1 and not head.desc.refused:
             head.agreed = head.started
             return self._finish(head, seq, NOT_RUN)  # nobody to agree with
         try:
-            rec = head.desc.record(head.nbytes)
+            rec = batch_record([o.desc for o in batch]) if batch else head.desc.record(head.nbytes)
             with stall.running(head.desc.kind, seq, head.desc.name, self._space):
-                if head.fast is not None and self.exchange.local is not None and not head.desc.refused:
+                fast = head.fast is not None and self.exchange.local is not None and not batch
+                if fast and head.fast is not None and not head.desc.refused:
                     records, result = head.fast(seq, rec)
                 else:
                     records, result = self.exchange.records(seq, rec), NOT_RUN
         except BaseException as exc:
             self._break(exc)
             return 0.0
+        if batch and agreed(records):  # every rank proposed this batch
+            return self._finish_batch(batch, seq)
+        with self._cond:  # (before any result is delivered: a caller may submit its names again)
+            self._agreeing = set()
         return self._settle(ops, seq, records, result)
 
     def _settle(self, ops: list[Op], seq: int, records: list[bytes], result: Any) -> float:
@@ -237,10 +301,45 @@ class Negotiator:
         if decision.error:
             self._done(op, error=CollectiveMismatch(decision.error))
             return 0.0
-        with self._cond:  # it runs in the next slot, at the head of every rank's queue (not in this
-            if op in self._queue:  # one, whose tags may carry a speculating rank's void data)
-                self._queue.remove(op)
-                self._queue.insert(0, op)
+        # it runs in the next slot, at the head of every rank's queue (not in this one, whose tags
+        # may carry a speculating rank's void data), with what every rank holds to fuse with it
+        names = (
+            together(queues, op.desc.name, self.fusion_bytes) if self.fuser is not None else [op.desc.name]
+        )
+        with self._cond:
+            moved = [o for n in names for o in self._queue if o.desc.name == n]
+            self._queue[:] = moved + [o for o in self._queue if o not in moved]
+            self._pinned = names
+        return 0.0
+
+    def _finish_batch(self, batch: list[Op], seq: int) -> float:
+        """Run the operations ``batch`` (agreed on every rank) as one collective: their inputs
+        packed into one buffer, reduced once, each result delivered."""
+        now = time.monotonic()
+        names = [o.desc.name for o in batch]
+        for o in batch:
+            o.agreed = now
+            for w in o.works:
+                w.seq = seq
+        with self._cond:
+            self._running.update(names)
+            self._agreeing = set()
+            self._queue[:] = [o for o in self._queue if o not in batch]
+        assert self.fuser is not None
+        try:
+            with stall.running(batch[0].desc.kind, seq, f"{names[0]} (+{len(names) - 1} fused)", self._space):
+                pack, run = self.fuser(batch)
+                pack()
+                packed = time.monotonic()
+                results = run(seq)
+        except BaseException as exc:
+            self._break(exc, *batch)
+            return 0.0
+        self.collectives += 1
+        if self.timeline is not None:
+            self.timeline.fused(names, seq, now, packed, sum(o.nbytes for o in batch))
+        for o, r in zip(batch, results, strict=True):
+            self._done(o, r)
         return 0.0
 
     def _stand_in(self, join: Op, decision: Decision) -> float:
@@ -297,6 +396,7 @@ class Negotiator:
                 self._fail(ops, exc)
                 raise
             if result is not NOT_RUN and agreed(records):
+                self.collectives += 1
                 if self.timeline is not None:
                     self.timeline.operation(name, kind, seq, Phases(t0, t0, t0, time.monotonic()), 0, None)
                 return result
@@ -335,6 +435,7 @@ class Negotiator:
         except BaseException as exc:
             self._break(exc, op)
             return 0.0
+        self.collectives += 1
         self._done(op, result)
         return 0.0
 
@@ -354,13 +455,14 @@ class Negotiator:
         for w in op.works:
             w._finish(result, error)
 
-    def _break(self, exc: BaseException, op: Op | None = None) -> None:
+    def _break(self, exc: BaseException, *running: Op) -> None:
         with self._cond:
             self._broken = exc
             ops = list(self._queue)
-            if op is not None:
+            self._pinned = []
+            for op in running:
                 self._running.discard(op.desc.name)
-        self._fail(ops + ([op] if op is not None else []), exc)
+        self._fail(ops + list(running), exc)
 
     def _fail(self, ops: list[Op], exc: BaseException) -> None:
         for o in ops:
@@ -373,3 +475,7 @@ class Negotiator:
             self._cond.notify_all()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+
+
+def _name(op: Op) -> str:
+    return op.desc.name

@@ -40,7 +40,7 @@ class Thresholds:
     #: ring and broadcast segments (the pipelining unit).
     segment_bytes: int = SEGMENT_BYTES
     #: ``grouped_allreduce`` packs arrays of one dtype into buckets of at most this many bytes
-    #: (Horovod's HOROVOD_FUSION_THRESHOLD is 64 MiB).
+    #: (0: each alone; ``Group.fuse`` sets it, with Horovod's HOROVOD_FUSION_THRESHOLD).
     fusion_bytes: int = 64 * 1024 * 1024
     #: force one algorithm (one of ``ALGORITHMS``), or None to choose by size and topology.
     force: str | None = None
@@ -59,7 +59,7 @@ class Thresholds:
         for name in names:
             value = getattr(self, name)
             if not isinstance(value, int) or value < (
-                1 if name in ("segment_bytes", "fusion_bytes", "pipeline_piece_bytes") else 0
+                1 if name in ("segment_bytes", "pipeline_piece_bytes") else 0
             ):
                 raise ValueError(f"threshold {name} must be a non-negative integer of bytes, not {value!r}")
 

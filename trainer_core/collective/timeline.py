@@ -5,7 +5,8 @@ One row per operation name (a trace "process" named after it, as Horovod's one r
 on it, each operation as three spans: ``QUEUED`` from its submission until its slot began,
 ``NEGOTIATE_<KIND>`` while the ranks agreed on it, and ``<KIND>`` (``ALLREDUCE``, ``BROADCAST``,
 ...) while its data moved, until it was done; the span carries the operation's number, its bytes
-and how it ended. Events are written as they end (one JSON object per line after the opening
+and how it ended. A fused batch of allreduces (tensor fusion) adds a ``MEMCPY_IN_FUSION_BUFFER``
+span on a row of its own, naming the operations it carried. Events are written as they end (one JSON object per line after the opening
 ``[``), so a trace cut short by a crash still loads; ``close`` ends the array.
 
 A process set's operations go to rows of their own (``for_set``: the row's name and every span's
@@ -26,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import IO, Protocol
 
+#: the row of the fused batches' spans
+FUSION_ROW = "fusion buffer"
+
 
 @dataclass(frozen=True)
 class Phases:
@@ -43,6 +47,8 @@ class Recorder(Protocol):
     def operation(
         self, name: str, kind: str, seq: int, phases: Phases, nbytes: int, error: str | None
     ) -> None: ...
+
+    def fused(self, names: list[str], seq: int, start: float, end: float, nbytes: int) -> None: ...
 
 
 def writer_of(members: Sequence[int]) -> int:
@@ -144,6 +150,27 @@ class Timeline:
         """What a process set's group records through this timeline (its own rows)."""
         return SetRows(self, sid, tuple(members))
 
+    def fused(self, names: list[str], seq: int, start: float, end: float, nbytes: int) -> None:
+        """Record one fused batch (tensor fusion, ``batching``): a ``MEMCPY_IN_FUSION_BUFFER`` span
+        while its inputs were copied into the fusion buffer, on the row ``FUSION_ROW``, naming the
+        operations it carried (each also has its own row, its ``<KIND>`` span the whole batch's)."""
+        with self._lock:
+            if self._file is None:
+                return
+            args = {"operation": seq, "bytes": nbytes, "rank": self.rank, "tensors": names}
+            self._write(
+                {
+                    "name": "MEMCPY_IN_FUSION_BUFFER",
+                    "ph": "X",
+                    "pid": self._row(FUSION_ROW),
+                    "tid": 0,
+                    "ts": self._us(start),
+                    "dur": max(0, self._us(end) - self._us(start)),
+                    "args": args,
+                }
+            )
+            self._file.flush()
+
     def close(self) -> None:
         with self._lock:
             if self._file is None:
@@ -165,3 +192,7 @@ class SetRows:
         self, name: str, kind: str, seq: int, phases: Phases, nbytes: int, error: str | None
     ) -> None:
         self.timeline.operation(name, kind, seq, phases, nbytes, error, (self.sid, self.members))
+
+    def fused(self, names: list[str], seq: int, start: float, end: float, nbytes: int) -> None:
+        """A fused batch of the set's operations (on the timeline's fusion row, as the global set's)."""
+        self.timeline.fused(names, seq, start, end, nbytes)

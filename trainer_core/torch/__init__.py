@@ -187,6 +187,8 @@ def init(
     means every worker, and refused clearly otherwise. ``process_sets``: Horovod's, a list of
     ``ProcessSet`` registered in order (every rank the same list), or ``"dynamic"`` (sets added and
     removed later: ``add_process_set``); on the collectives' path (``process_sets``).
+    ``HOROVOD_FUSION_THRESHOLD`` and ``HOROVOD_CYCLE_TIME`` are read here, as Horovod reads them
+    (``fusion``: the collectives' path fuses small allreduces with them).
     ``path``: ``"allreduce"`` or ``"ps"`` (trainer_core's: which path to reduce over; by default the
     one the job has). ``stall_check_s``: a wait for a live but late rank warns after this long, and
     again every as long (0: never; default ``TRAINER_CORE_STALL_CHECK_SECONDS``, else 60);

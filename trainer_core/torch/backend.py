@@ -21,6 +21,8 @@ from trainer_core.collective.subgroups import Subgroups
 from trainer_core.train.comm import KVCommunicator
 from trainer_core.xp import like, to_host
 
+from .fusion import Fusion
+
 
 class Waitable(Protocol):
     def wait(self, timeout: float | None = None) -> Any: ...
@@ -58,12 +60,28 @@ class Backend:
     hosts: tuple[str, ...] = ()
     #: the KV store of the ``ps`` path (None elsewhere)
     kv: Any = None
+    #: Horovod's tensor fusion settings (``fuse``; None: the defaults)
+    fusion: Fusion | None = None
+
+    def fuse(self, fusion: Fusion) -> None:
+        """Use ``fusion`` (``init()`` reads it from the environment): the collectives' path fuses
+        allreduces with it; on every path ``DistributedOptimizer`` sizes its buckets by it."""
+        self.fusion = fusion
 
     def allreduce_async(
-        self, array: Any, op: str, kind: str | None = None, out: Any = None, name: str | None = None
+        self,
+        array: Any,
+        op: str,
+        kind: str | None = None,
+        out: Any = None,
+        name: str | None = None,
+        fuse: bool = True,
+        waits: bool = False,
     ) -> Waitable:
         """Start reducing ``array``; the result is a fresh array, or ``out`` (written into);
-        ``name`` matches it across ranks where the path matches by name (the collectives')."""
+        ``name`` matches it across ranks where the path matches by name (the collectives');
+        ``fuse=False``: never fused with others (where the path fuses: the collectives');
+        ``waits``: the caller waits for it at once (it ends a fusion cycle)."""
         if op not in ("sum", "mean", "max", "min"):
             raise ValueError(f"allreduce op must be sum, mean, max or min, not {op!r}")
         if out is None:
@@ -155,12 +173,28 @@ class Collective(Backend):
         sub = self._subs.get(sid)
         if sub is None:
             sub = self._subs[sid] = InSet(self.sets.group(sid, what), self.sets.members(sid), self)
+            if self.fusion is not None:
+                sub.fuse(self.fusion)
         return sub
 
+    def fuse(self, fusion: Fusion) -> None:
+        """Horovod's tensor fusion in this group (``Group.fuse``) and its process sets' groups."""
+        self.fusion = fusion
+        self.group.fuse(fusion.threshold, fusion.cycle_s)
+        for sub in self._subs.values():
+            sub.fuse(fusion)
+
     def allreduce_async(
-        self, array: Any, op: str, kind: str | None = None, out: Any = None, name: str | None = None
+        self,
+        array: Any,
+        op: str,
+        kind: str | None = None,
+        out: Any = None,
+        name: str | None = None,
+        fuse: bool = True,
+        waits: bool = False,
     ) -> Waitable:
-        return self.group.allreduce_async(array, op, out, kind, name=name)
+        return self.group.allreduce_async(array, op, out, kind, name=name, fuse=fuse, waits=waits)
 
     def compressed_allreduce_async(self, array: Any, feedback: ErrorFeedback, key: Any, op: str) -> Waitable:
         return self.group.compressed_allreduce_async(array, feedback, key, op)
@@ -189,7 +223,10 @@ class Collective(Backend):
             raise ValueError("only a job's group re-forms (this one was made in process)")
         if self.sets.ids():
             raise ValueError("an elastic job's group re-forms without process sets (remove them first)")
-        return Collective(collective_job.reform(self.group))
+        new = Collective(collective_job.reform(self.group))
+        if self.fusion is not None:
+            new.fuse(self.fusion)
+        return new
 
     def close(self) -> None:
         slots = self.sets.close()
@@ -292,7 +329,14 @@ class KV(Backend):
         return flat.reshape(-1, *host.shape[1:]), counts
 
     def allreduce_async(
-        self, array: Any, op: str, kind: str | None = None, out: Any = None, name: str | None = None
+        self,
+        array: Any,
+        op: str,
+        kind: str | None = None,
+        out: Any = None,
+        name: str | None = None,
+        fuse: bool = True,
+        waits: bool = False,
     ) -> Waitable:
         spec = spec_for(array.dtype, op, kind)  # refuses what the collectives refuse
         host = np.array(to_host(array), copy=True, order="C")

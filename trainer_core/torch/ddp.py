@@ -110,7 +110,7 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
         return state.fulfil([work], lambda r: buf.copy_(as_tensor(r[0], flat.dtype)))
     sent, ctx = state.compression.compress(buf) if state.feedback is None else (buf, None)
     lent = as_array(sent)
-    work = b.allreduce_async(lent, state.op, kind_of(sent), out=lent)
+    work = b.allreduce_async(lent, state.op, kind_of(sent), out=lent, fuse=False)  # DDP fused it
 
     def finish(results: list[Any]) -> torch.Tensor:
         out = (

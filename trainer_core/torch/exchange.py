@@ -149,7 +149,8 @@ class Exchange:
             return Pending(b, grads, work)
         sent, ctx = self.compression.compress(self.fused.gather(b, grads))
         lent = as_array(sent)  # the result comes back into it: a lone gradient's own memory
-        work = self.backend.allreduce_async(lent, self.op, kind_of(sent), out=lent)
+        # its own fusion (the optimizer's buckets): not fused again, nor waiting for a cycle
+        work = self.backend.allreduce_async(lent, self.op, kind_of(sent), out=lent, fuse=False)
         return Pending(b, grads, work, ctx, sent)
 
     def _start_ps(self, b: int, grads: list[torch.Tensor]) -> Pending:

@@ -134,8 +134,10 @@ def _allreduce_work(
     prescale: float,
     postscale: float,
     name: str | None = None,
+    waits: bool = False,
 ) -> Handle:
-    """Start the reduction of ``tensor`` (``op`` resolved); the handle gives a fresh tensor."""
+    """Start the reduction of ``tensor`` (``op`` resolved); the handle gives a fresh tensor
+    (``waits``: the caller waits for it at once: a synchronous operation ends a fusion cycle)."""
     check_dense(tensor, "allreduce's tensor")
     t = scaled(tensor.detach(), prescale)
     floating = t.is_floating_point()
@@ -148,7 +150,7 @@ def _allreduce_work(
             check_adasum(t, backend.size, getattr(backend, "members", None))
         work = backend.allgather_async(as_array(t.reshape(1, *t.shape)), name=name, counts=True)
         return Handle(work, lambda got: scaled(fold(how, got, t, backend.size), post))
-    work = backend.allreduce_async(as_array(t), how, kind_of(t), name=name)
+    work = backend.allreduce_async(as_array(t), how, kind_of(t), name=name, waits=waits)
     return Handle(work, lambda r: scaled(as_tensor(r, t.dtype, t.shape), post))
 
 
@@ -179,7 +181,7 @@ class _Allreduce(torch.autograd.Function):
         ctx: Any, tensor: torch.Tensor, op: str, pre: float, post: float, runtime: Any, name: Any = None
     ) -> torch.Tensor:
         ctx.args = (op, pre, post, runtime)
-        return _allreduce_work(_backend(runtime), tensor, op, pre, post, name).wait()
+        return _allreduce_work(_backend(runtime), tensor, op, pre, post, name, waits=True).wait()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -316,7 +318,8 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx: Any, op: str, pre: float, post: float, runtime: Any, *tensors: torch.Tensor) -> Any:
         ctx.args = (op, pre, post, runtime)
         backend = _backend(runtime)
-        handles = [_allreduce_work(backend, t, op, pre, post) for t in tensors]
+        last = len(tensors) - 1  # (the others queued before it: one batch)
+        handles = [_allreduce_work(backend, t, op, pre, post, waits=i == last) for i, t in enumerate(tensors)]
         return tuple(h.wait() for h in handles)
 
     @staticmethod
@@ -519,7 +522,7 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         backend = _backend(ctx.runtime)
-        g = _allreduce_work(backend, grad, Average, 1.0, 1.0).wait()
+        g = _allreduce_work(backend, grad, Average, 1.0, 1.0, waits=True).wait()
         mine = backend.members[backend.rank] if isinstance(backend, InSet) else backend.rank
         return (g if mine == ctx.root else torch.zeros_like(g)), None, None, None
 

@@ -60,7 +60,7 @@ class _Distributed:
         bpps: int,
         op: str,
         predivide: float,
-        fusion_threshold: int,
+        fusion_threshold: int | None,
         comm: str | None,
         server_optimizer: Any,
         sparse_as_dense: bool,
@@ -102,6 +102,9 @@ class _Distributed:
         residual = isinstance(compression, Residual)
         sizes = [(str(p.dtype), p.numel() * p.element_size()) for p in self._params]
         heap.keep_in_heap(sum(n for _, n in sizes))  # (freed by zero_grad, allocated by backward)
+        if fusion_threshold is None:  # Horovod's HOROVOD_FUSION_THRESHOLD, where it was set
+            given = backend.fusion
+            fusion_threshold = given.threshold if given is not None and given.explicit else FUSION_THRESHOLD
         limit = 0 if residual and compression.per_parameter else fusion_threshold
         plan = bucketing.plan(sizes, limit, None if residual else bucketing.ALONE)
         self._tracker = bucketing.Tracker(plan)
@@ -309,7 +312,7 @@ def DistributedOptimizer(  # Horovod's name
     sparse_as_dense: bool = False,
     process_set: Any = None,
     *,
-    fusion_threshold: int = FUSION_THRESHOLD,
+    fusion_threshold: int | None = None,
     comm: str | None = None,
     server_optimizer: Any = None,
     average_aggregated_gradients: bool = False,
@@ -318,7 +321,8 @@ def DistributedOptimizer(  # Horovod's name
     """Wrap ``optimizer`` so that its ``step`` applies the gradients reduced over every worker
     (see the module's text). ``comm``: ``"allreduce"`` or ``"ps"``, as ``init`` chose (a check);
     ``server_optimizer`` (``comm="ps"``): a ``trainer_core.optim.server.SGD``/``Adam`` or a spec the
-    servers apply; ``fusion_threshold``: bytes per bucket. ``gradient_predivide_factor`` (with
+    servers apply; ``fusion_threshold``: bytes per bucket (default: ``HOROVOD_FUSION_THRESHOLD`` where
+    it was set at ``init()``, else ``FUSION_THRESHOLD``). ``gradient_predivide_factor`` (with
     ``op=Average``) divides the gradients by it before the sum and multiplies the mean by it, as
     Horovod's; ``groups``/``num_groups`` are checked as Horovod checks them and kept (``groups``),
     but the gradients are fused by ``fusion_threshold``'s buckets (the results are the same);
@@ -334,7 +338,7 @@ def DistributedOptimizer(  # Horovod's name
         raise ValueError("LBFGS is not supported (its step runs the closure many times)")
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be an int >= 1, not {backward_passes_per_step!r}")
-    if not isinstance(fusion_threshold, int) or fusion_threshold < 0:
+    if fusion_threshold is not None and (not isinstance(fusion_threshold, int) or fusion_threshold < 0):
         raise ValueError(f"fusion_threshold must be a number of bytes >= 0, not {fusion_threshold!r}")
     how = resolve_op(None, op)
     if how == Product:

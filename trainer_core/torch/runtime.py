@@ -8,6 +8,9 @@
   (``comm="ps"``: ``kv.create("dist_sync")``). ``init(path=...)`` asks for one; a path the job
   cannot give is a clear error.
 
+``HOROVOD_FUSION_THRESHOLD`` and ``HOROVOD_CYCLE_TIME`` are read here (``fusion``: Horovod's
+tensor fusion on the collectives' path, and the optimizer's bucket size).
+
 ``init(stall_check_s=..., stall_shutdown_s=...)`` sets how a wait for a live but late rank (or
 sync round) warns and whether it gives up (over ``TRAINER_CORE_STALL_*``; docs/collectives.md,
 "Slow is not dead"), on either path.
@@ -30,6 +33,7 @@ from trainer_core.config import (
 )
 from trainer_core.errors import ConfigError
 
+from . import fusion
 from .backend import KV, Backend, Collective, Solo
 
 COMMS = ("allreduce", "ps")
@@ -87,6 +91,7 @@ class Runtime:
                 TRAINER_CORE_STALL_CHECK_SECONDS: repr(stall.check_s),
                 TRAINER_CORE_STALL_SHUTDOWN_SECONDS: repr(stall.shutdown_s),
             }
+        fusing = fusion.from_environ(env)  # (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME)
         role = env.get("DMLC_ROLE")
         if role in ("scheduler", "server"):
             from trainer_core.ps.roles import run_role_and_exit
@@ -116,6 +121,7 @@ class Runtime:
                 import trainer_core.kv as kv
 
                 self._backend = KV(kv.create("dist_sync", None if environ is None else dict(environ)))
+            self._backend.fuse(fusing)
             return self._backend
 
     def attach(self, backend: Backend) -> Backend:
