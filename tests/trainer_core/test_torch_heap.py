@@ -47,6 +47,8 @@ def _faults(mode: str) -> int:
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the thresholds are glibc's malloc's")
 def test_gradients_freed_each_step_are_not_faulted_in_again() -> None:
-    pages = 2 * 8 * 2**20 // 4096  # the two 8 MiB gradients' pages, per step
-    assert _faults("plain") > 5 * pages // 2  # glibc alone: unmapped and faulted in, step by step
-    assert _faults("keep") < 5 * pages // 20
+    gradient = 8 * 2**20 // 4096  # the pages of one 8 MiB gradient
+    # glibc alone: unmapped and faulted in again (every step both, 20,320 pages in 5 steps, or,
+    # where the interpreter's start had freed a large block, one of them once: 2,048)
+    assert _faults("plain") >= gradient
+    assert _faults("keep") < gradient // 10
