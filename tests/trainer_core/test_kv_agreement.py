@@ -1,5 +1,5 @@
 """Job-wide settings are agreed, and collective calls out of step fail on every worker (real
-processes: scheduler, server, 2 or 3 workers on this host; kv/dist.py, node/agree.py,
+processes: scheduler, server, 2, 3 or 4 workers on this host; kv/dist.py, node/agree.py,
 node/scheduler.py, ps/store.py).
 
 Each case had every worker hang with no message, or silently mix or keep one setting: now every
@@ -52,7 +52,7 @@ def outcomes(job: Job, workers: int, bounded: bool = True) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [2, 3, 4])
 def test_different_compression_types_are_an_error_on_every_worker_naming_both(workers: int) -> None:
     body = """
 params = {'type': '1bit'} if kv.rank == 0 else {'type': '2bit', 'threshold': 0.5}
@@ -68,7 +68,7 @@ kv.set_gradient_compression(params)
         assert f'{word} {others}: {{"threshold":0.5,"type":"2bit"}}' in err, err
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [2, 3, 4])
 def test_the_same_compression_written_two_ways_is_agreed(workers: int) -> None:
     """Defaults filled in: ``{'type': '2bit'}`` is ``{'type': '2bit', 'threshold': 0.5}``; the
     kernel is each machine's own; then pushes and pulls run compressed."""
@@ -86,7 +86,7 @@ assert out.tolist() == [0.5] * 8 and stats["sent"] < stats["raw_sent"], (out, st
     assert all(r == {"ok": True, "t": r["t"]} for r in outcomes(job, workers, bounded=False))
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [2, 3, 4])
 def test_different_server_optimizers_are_an_error_on_every_worker_naming_both(workers: int) -> None:
     body = """
 kv.set_optimizer('sgd', learning_rate=0.1 if kv.rank == 0 else 10.0)
@@ -99,7 +99,7 @@ kv.set_optimizer('sgd', learning_rate=0.1 if kv.rank == 0 else 10.0)
         assert "worker 0: " in err, err
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [2, 3, 4])
 def test_compression_set_on_one_worker_only_says_who_is_where(workers: int) -> None:
     """Worker 0 sets compression, the others go on to init: both calls wait at the scheduler and
     neither can complete (before: 'key w (part 0) was not initialized', which was false)."""
@@ -118,7 +118,7 @@ kv.push('w', np.ones(4, np.float32))
         assert f"worker 0 in set_gradient_compression(); {word} {others} in init()" in err, err
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [2, 3, 4])
 def test_a_key_initialized_again_with_other_values_is_an_error_on_every_worker(workers: int) -> None:
     body = """
 kv.init('w', np.zeros(4, np.float32))
@@ -135,7 +135,7 @@ kv.init('w', np.full(4, 7.0, np.float32))
         assert "init gave it other values" in err, err
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [2, 3, 4])
 def test_a_pull_waiting_for_a_worker_in_a_barrier_fails_on_every_worker_naming_both(workers: int) -> None:
     """Worker 0 pushes and pulls a key while the others go to ``barrier()``: worker 0's pull waits
     for their pushes, they wait for worker 0 (before: a hang with no message at all)."""
@@ -156,7 +156,7 @@ else:
             assert err.startswith("NodeFailure: job aborted by the scheduler: worker 0"), err
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [2, 3, 4])
 def test_a_pull_sent_after_the_other_worker_entered_a_barrier_fails_too(workers: int) -> None:
     """The other order: the barrier's notice reaches the server first, then the pull would wait."""
     body = """
@@ -174,7 +174,7 @@ else:
         assert "is in barrier()" in err, err
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [2, 3, 4])
 def test_a_push_before_a_barrier_that_the_others_push_after_it_is_no_error(workers: int) -> None:
     """Only a request that waits can hang: worker 0 pushes (no pull) and meets the others in the
     barrier; they push after it, and the round completes."""
@@ -202,7 +202,7 @@ params = {'w': np.zeros(16, np.float32)}
 """
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [2, 3, 4])
 def test_a_learner_with_1_bit_on_one_worker_and_32_on_another_is_an_error_on_every_worker(
     workers: int,
 ) -> None:
