@@ -52,20 +52,25 @@ def outcomes(job: Job, workers: int, bounded: bool = True) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("workers", [2, 3, 4])
-def test_different_compression_types_are_an_error_on_every_worker_naming_both(workers: int) -> None:
-    body = """
+COMPRESSION_TYPES = """
 params = {'type': '1bit'} if kv.rank == 0 else {'type': '2bit', 'threshold': 0.5}
 kv.set_gradient_compression(params)
 """
-    job = run_job(attempt(body), workers, 1)
+
+
+def check_compression_types(results: list[dict], workers: int) -> None:
     others = ", ".join(str(r) for r in range(1, workers))
-    for r in outcomes(job, workers):
+    for r in results:
         err = r.get("error", "")
         assert err.startswith("KVError: set_gradient_compression(): the workers gave different settings"), r
         assert 'worker 0: {"block_size":2048,"type":"1bit"}' in err, err
         word = "worker" if workers == 2 else "workers"
         assert f'{word} {others}: {{"threshold":0.5,"type":"2bit"}}' in err, err
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_different_compression_types_are_an_error_on_every_worker_naming_both(workers: int) -> None:
+    check_compression_types(outcomes(run_job(attempt(COMPRESSION_TYPES), workers, 1), workers), workers)
 
 
 @pytest.mark.parametrize("workers", [2, 3, 4])
@@ -86,17 +91,22 @@ assert out.tolist() == [0.5] * 8 and stats["sent"] < stats["raw_sent"], (out, st
     assert all(r == {"ok": True, "t": r["t"]} for r in outcomes(job, workers, bounded=False))
 
 
-@pytest.mark.parametrize("workers", [2, 3, 4])
-def test_different_server_optimizers_are_an_error_on_every_worker_naming_both(workers: int) -> None:
-    body = """
+OPTIMIZERS = """
 kv.set_optimizer('sgd', learning_rate=0.1 if kv.rank == 0 else 10.0)
 """
-    job = run_job(attempt(body), workers, 1)
-    for r in outcomes(job, workers):
+
+
+def check_optimizers(results: list[dict], workers: int) -> None:
+    for r in results:
         err = r.get("error", "")
         assert err.startswith("KVError: set_optimizer(): the workers gave different settings"), r
         assert '"learning_rate":0.1' in err and '"learning_rate":10.0' in err, err
         assert "worker 0: " in err, err
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_different_server_optimizers_are_an_error_on_every_worker_naming_both(workers: int) -> None:
+    check_optimizers(outcomes(run_job(attempt(OPTIMIZERS), workers, 1), workers), workers)
 
 
 @pytest.mark.parametrize("workers", [2, 3, 4])
@@ -118,9 +128,7 @@ kv.push('w', np.ones(4, np.float32))
         assert f"worker 0 in set_gradient_compression(); {word} {others} in init()" in err, err
 
 
-@pytest.mark.parametrize("workers", [2, 3, 4])
-def test_a_key_initialized_again_with_other_values_is_an_error_on_every_worker(workers: int) -> None:
-    body = """
+INIT_AGAIN = """
 kv.init('w', np.zeros(4, np.float32))
 kv.init('w', np.zeros(4, np.float32))  # the same values again: allowed
 out = np.empty(4, np.float32)
@@ -128,18 +136,21 @@ kv.pull('w', out)
 assert out.tolist() == [0.0] * 4
 kv.init('w', np.full(4, 7.0, np.float32))
 """
-    job = run_job(attempt(body), workers, 2)
-    for r in outcomes(job, workers):
+
+
+def check_init_again(results: list[dict], workers: int) -> None:
+    for r in results:
         err = r.get("error", "")
         assert "key 'w' (part 0) was initialized already (4 of float32)" in err, r
         assert "init gave it other values" in err, err
 
 
 @pytest.mark.parametrize("workers", [2, 3, 4])
-def test_a_pull_waiting_for_a_worker_in_a_barrier_fails_on_every_worker_naming_both(workers: int) -> None:
-    """Worker 0 pushes and pulls a key while the others go to ``barrier()``: worker 0's pull waits
-    for their pushes, they wait for worker 0 (before: a hang with no message at all)."""
-    body = """
+def test_a_key_initialized_again_with_other_values_is_an_error_on_every_worker(workers: int) -> None:
+    check_init_again(outcomes(run_job(attempt(INIT_AGAIN), workers, 2), workers), workers)
+
+
+PULL_IN_BARRIER = """
 kv.init('w', np.zeros(4, np.float32))
 if kv.rank == 0:
     kv.push('w', np.ones(4, np.float32))
@@ -147,13 +158,22 @@ if kv.rank == 0:
 else:
     kv.barrier()
 """
-    job = run_job(attempt(body), workers, 1)
-    for rank, r in enumerate(outcomes(job, workers)):
+
+
+def check_pull_in_barrier(results: list[dict], workers: int) -> None:
+    for rank, r in enumerate(results):
         err = r.get("error", "")
         assert "worker 0 waits for key 'w' (part 0) to be pushed by worker" in err, r
         assert "is in barrier()" in err, err
         if rank > 0:  # told by the scheduler: worker 0 ended the job with it
             assert err.startswith("NodeFailure: job aborted by the scheduler: worker 0"), err
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_a_pull_waiting_for_a_worker_in_a_barrier_fails_on_every_worker_naming_both(workers: int) -> None:
+    """Worker 0 pushes and pulls a key while the others go to ``barrier()``: worker 0's pull waits
+    for their pushes, they wait for worker 0 (before: a hang with no message at all)."""
+    check_pull_in_barrier(outcomes(run_job(attempt(PULL_IN_BARRIER), workers, 1), workers), workers)
 
 
 @pytest.mark.parametrize("workers", [2, 3, 4])
