@@ -16,7 +16,8 @@ import pytest
 from launchkit.backends.mpi import MpirunRun
 
 # the engine: every handled signal is noted; SIGWINCH (numbered after the stops, so handled after
-# one sent before it) prints the notes. It reads nothing and ends only by SIGKILL.
+# one sent before it) prints the notes. It reads nothing and ends only by SIGKILL. Its "ready" line
+# lists the signals that were blocked when it started (it unblocks them).
 ENGINE = """
 import signal, sys
 seen = []
@@ -27,7 +28,9 @@ def report(_sig, _frame):
 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
     signal.signal(sig, note)
 signal.signal(signal.SIGWINCH, report)
-print("ready", flush=True)
+# (a signal mask is inherited: one blocked in the process that started this one would never come)
+blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2, signal.SIGWINCH])
+print("ready", *sorted(int(s) for s in blocked), flush=True)
 while True:
     signal.pause()
 """
@@ -59,7 +62,7 @@ class Lines:
 
     def wait_for(self, word: str) -> str:
         with self.cond:
-            assert self.cond.wait_for(lambda: any(x.split()[0] == word for x in self.lines), 20)
+            assert self.cond.wait_for(lambda: any(x.split()[0] == word for x in self.lines), 20), self.lines
             return next(x for x in self.lines if x.split()[0] == word)
 
 
