@@ -29,7 +29,7 @@ MINE = machine_identity(HOST)
 
 
 @dataclass(frozen=True)
-class Peer:
+class Entry:
     """An entry of the book as the factory reads it (``node.book.NodeInfo``'s addresses)."""
 
     endpoint: str = ""
@@ -58,13 +58,13 @@ def config(shm: bool = True) -> NodeConfig:
 
 
 def test_a_peer_is_tried_on_its_same_host_channel_only_on_this_machine_with_shm_on() -> None:
-    assert same_host(Peer(local="u"), True, MINE)
-    assert not same_host(Peer(local="u"), False, MINE)  # PS_SHM=0
-    assert not same_host(Peer(local="u", host_key="other|boot"), True, MINE)
-    assert not same_host(Peer(), True, MINE)  # it publishes none
+    assert same_host(Entry(local="u"), True, MINE)
+    assert not same_host(Entry(local="u"), False, MINE)  # PS_SHM=0
+    assert not same_host(Entry(local="u", host_key="other|boot"), True, MINE)
+    assert not same_host(Entry(), True, MINE)  # it publishes none
 
 
-def _links_rule(p: Peer, shared: bool) -> str | None:
+def _links_rule(p: Entry, shared: bool) -> str | None:
     """How the node layer's links chose before the factory (a worker's channels to the servers)."""
     if p.data and (not shared or not p.endpoint):
         return "tcp"
@@ -73,7 +73,7 @@ def _links_rule(p: Peer, shared: bool) -> str | None:
     return "local" if shared else None
 
 
-def _collective_rule(p: Peer, shared: bool) -> str | None:
+def _collective_rule(p: Entry, shared: bool) -> str | None:
     """How the collectives chose the channel between two workers before the factory."""
     if shared:
         return "local"
@@ -81,27 +81,27 @@ def _collective_rule(p: Peer, shared: bool) -> str | None:
 
 
 CASES = [
-    (Peer(endpoint=e, local="u" if shared else "", data=d), shared)
+    (Entry(endpoint=e, local="u" if shared else "", data=d), shared)
     for e, d, shared in itertools.product(["", "tcp://h:1"], ["", "tcp://h:2"], [False, True])
 ]
 
 
 @pytest.mark.parametrize(("peer", "shared"), CASES)
-def test_the_choice_is_the_one_both_callers_made_before(peer: Peer, shared: bool) -> None:
+def test_the_choice_is_the_one_both_callers_made_before(peer: Entry, shared: bool) -> None:
     assert choose(peer, shared) == _links_rule(peer, shared)
     assert choose(peer, shared, frames=False, zmq=False) == _collective_rule(peer, shared)
 
 
 def test_what_carries_data_frames() -> None:
-    both = Peer(endpoint="tcp://h:1", local="u", data="tcp://h:2")
+    both = Entry(endpoint="tcp://h:1", local="u", data="tcp://h:2")
     assert choose(both, shared=False) == "tcp"  # another host: the data stream
     assert choose(both, shared=True) == "zmq"  # this host: headers go on the same-host channel
-    assert choose(Peer(local="u", data="tcp://h:2"), shared=True) == "tcp"  # a worker: no endpoint
-    assert choose(Peer(endpoint="tcp://h:1"), shared=False) == "zmq"  # PS_ENCRYPT=1: CURVE only
-    assert choose(Peer(endpoint="tcp://h:1"), shared=False, zmq=False) is None
-    assert choose(Peer(local="u"), shared=True) == "local"  # headers only
-    assert choose(Peer(local="u", data="tcp://h:2"), shared=True, frames=False) == "local"
-    assert choose(Peer(), shared=False) is None
+    assert choose(Entry(local="u", data="tcp://h:2"), shared=True) == "tcp"  # a worker: no endpoint
+    assert choose(Entry(endpoint="tcp://h:1"), shared=False) == "zmq"  # PS_ENCRYPT=1: CURVE only
+    assert choose(Entry(endpoint="tcp://h:1"), shared=False, zmq=False) is None
+    assert choose(Entry(local="u"), shared=True) == "local"  # headers only
+    assert choose(Entry(local="u", data="tcp://h:2"), shared=True, frames=False) == "local"
+    assert choose(Entry(), shared=False) is None
 
 
 # -- opening -------------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ def test_a_peer_on_this_host_gets_its_same_host_channel_and_its_data_stream(
     listeners: tuple[UnixListener, TcpListener],
 ) -> None:
     ul, tl = listeners
-    peer = Peer(local=ul.name, data=f"tcp://{HOST}:{tl.port}")
+    peer = Entry(local=ul.name, data=f"tcp://{HOST}:{tl.port}")
     link, accepted = _served([ul, tl], lambda: open_link(peer, config(), "worker 1", LOG, Trace(LOG)))
     try:
         assert isinstance(link.fast, UnixChannel) and isinstance(link.framed, TcpChannel)
@@ -170,7 +170,7 @@ def test_with_shm_off_or_no_frames_needed_one_channel_is_opened(
     listeners: tuple[UnixListener, TcpListener],
 ) -> None:
     ul, tl = listeners
-    peer = Peer(local=ul.name, data=f"tcp://{HOST}:{tl.port}")
+    peer = Entry(local=ul.name, data=f"tcp://{HOST}:{tl.port}")
     link, accepted = _served([ul, tl], lambda: open_link(peer, config(shm=False), "w", LOG, Trace(LOG)))
     try:
         assert isinstance(link.fast, TcpChannel) and link.channels() == [link.framed]
@@ -188,7 +188,7 @@ def test_a_same_host_channel_that_cannot_connect_falls_back_to_tcp(
     listeners: tuple[UnixListener, TcpListener], caplog: pytest.LogCaptureFixture
 ) -> None:
     _, tl = listeners
-    peer = Peer(local="launchkit-dial-nobody", data=f"tcp://{HOST}:{tl.port}")
+    peer = Entry(local="launchkit-dial-nobody", data=f"tcp://{HOST}:{tl.port}")
     with caplog.at_level(logging.WARNING, LOG.name):
         link, accepted = _served([tl], lambda: open_link(peer, config(), "worker 1", LOG, Trace(LOG)))
     try:
@@ -204,7 +204,7 @@ def test_the_zeromq_endpoint_carries_frames_beside_a_same_host_channel(
     ul, _ = listeners
     transport = Transport(SECRET, LOG)
     try:
-        peer = Peer(endpoint=f"tcp://{HOST}:9", local=ul.name, data="tcp://h:2")
+        peer = Entry(endpoint=f"tcp://{HOST}:9", local=ul.name, data="tcp://h:2")
         link, accepted = _served(
             [ul], lambda: open_link(peer, config(), "server 0", LOG, transport.trace, transport)
         )
@@ -216,7 +216,7 @@ def test_the_zeromq_endpoint_carries_frames_beside_a_same_host_channel(
 
 def test_a_peer_with_nothing_to_reach_it_on_is_a_clear_error() -> None:
     with pytest.raises(KVError, match=r"^server 0 publishes no channel to reach it on \(the TCP data"):
-        open_link(Peer(endpoint="tcp://h:1"), config(), "server 0", LOG, Trace(LOG))  # no ZeroMQ
+        open_link(Entry(endpoint="tcp://h:1"), config(), "server 0", LOG, Trace(LOG))  # no ZeroMQ
 
 
 def test_what_was_opened_is_closed_when_the_data_stream_fails(
@@ -239,7 +239,7 @@ def test_what_was_opened_is_closed_when_the_data_stream_fails(
 
     monkeypatch.setattr(UnixChannel, "connect", connect)
     monkeypatch.setattr(UnixChannel, "close", close)
-    peer = Peer(local=ul.name, data=f"tcp://{HOST}:{port}")
+    peer = Entry(local=ul.name, data=f"tcp://{HOST}:{port}")
     with pytest.raises(KVError):
         _served([ul], lambda: open_link(peer, config(), "worker 1", LOG, Trace(LOG)))
     assert len(opened) == 1 and opened[0] in closed  # the same-host channel it had connected

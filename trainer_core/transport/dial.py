@@ -30,8 +30,9 @@ from trainer_core.transport.unix import UnixChannel
 Kind = Literal["tcp", "zmq", "local"]
 
 
-class Peer(Protocol):
-    """Where a peer listens (``node.book.NodeInfo`` is one): an address is empty when it has none."""
+class BookEntry(Protocol):
+    """A peer's entry of the book, where it listens (``node.book.NodeInfo`` is one); an address
+    is empty when it has none."""
 
     @property
     def endpoint(self) -> str: ...  # its ZeroMQ endpoint
@@ -62,12 +63,12 @@ class Link:
         return [self.fast] if self.fast is self.framed else [self.fast, self.framed]
 
 
-def same_host(peer: Peer, use_shm: bool, mine: str) -> bool:
+def same_host(peer: BookEntry, use_shm: bool, mine: str) -> bool:
     """Whether to try ``peer``'s same-host channel first (``mine``: this machine's identity)."""
     return use_shm and bool(peer.local) and peer.host_key == mine
 
 
-def choose(peer: Peer, shared: bool, frames: bool = True, zmq: bool = True) -> Kind | None:
+def choose(peer: BookEntry, shared: bool, frames: bool = True, zmq: bool = True) -> Kind | None:
     """The channel for ``peer``'s data frames, once its same-host channel is open (``shared``) or
     not; ``zmq``: a ZeroMQ transport is at hand; None: ``peer`` publishes nothing to reach it on."""
     if shared and not frames:
@@ -80,7 +81,7 @@ def choose(peer: Peer, shared: bool, frames: bool = True, zmq: bool = True) -> K
 
 
 def open_link(
-    peer: Peer,
+    peer: BookEntry,
     cfg: NodeConfig,
     name: str,
     log: logging.Logger,
