@@ -7,8 +7,9 @@ import logging
 
 from trainer_core.config import NodeConfig
 from trainer_core.node.book import Book
-from trainer_core.node.reach import Link, open_links
+from trainer_core.node.reach import open_links
 from trainer_core.transport.control import Transport
+from trainer_core.transport.dial import Link
 
 Route = Link
 

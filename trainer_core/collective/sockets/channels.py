@@ -17,31 +17,19 @@ import os
 from collections.abc import Callable
 
 from trainer_core.config import NodeConfig
-from trainer_core.errors import KVError
 from trainer_core.node.book import NodeInfo
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Channel, Trace
-from trainer_core.transport.host import machine_identity
-from trainer_core.transport.tcp import TcpChannel
-from trainer_core.transport.unix import UnixChannel
+from trainer_core.transport.dial import open_link
 
 from .handles import Recv
 
 
 def open_channel(info: NodeInfo, cfg: NodeConfig, trace: Trace, log: logging.Logger) -> Channel:
-    """A channel to worker ``info``: the same-host channel where it shares this machine (and
-    ``PS_SHM`` is not 0), else (or if that cannot be connected) its TCP data channel."""
-    if cfg.use_shm and info.local and info.host_key == machine_identity(cfg.env.node_host):
-        try:
-            return UnixChannel.connect(info.local, cfg.secret, trace)
-        except KVError as exc:
-            log.warning("collective: no same-host channel to worker %d (%s); using TCP", info.rank, exc)
-    if not info.data:
-        raise KVError(
-            f"collective: worker {info.rank} publishes no channel to reach it on "
-            "(the TCP data channel is off with PS_ENCRYPT=1)"
-        )
-    return TcpChannel.connect(info.data, cfg.secret, trace)
+    """A channel to worker ``info`` from the transport's factory (``transport/dial.py``): the
+    same-host channel where it shares this machine (and ``PS_SHM`` is not 0), else (or if that
+    cannot be connected) its TCP data channel."""
+    return open_link(info, cfg, f"collective: worker {info.rank}", log, trace, frames=False).fast
 
 
 def send(ch: Channel, header: wire.Header, data: memoryview) -> None:
