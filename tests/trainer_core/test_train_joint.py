@@ -1,0 +1,64 @@
+"""A worker of a job with servers that uses the KV store and the collectives in one process, over
+one registration (``train.joint``): real processes (scheduler, server, workers)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.trainer_core.cluster import run_job
+from trainer_core.errors import ConfigError
+from trainer_core.train.joint import Joint
+
+BOTH = """
+import json
+import numpy as np
+from trainer_core.train.joint import Joint
+
+both = Joint.join()
+rank = both.group.rank
+both.kv.init(3, np.zeros(6, np.float32))
+out = np.zeros(6, np.float32)
+both.kv.pushpull(3, np.full(6, rank + 1.0, np.float32), out)
+total = both.group.allreduce(np.arange(5, dtype=np.float64) * (rank + 1))
+out2 = np.zeros(6, np.float32)
+both.kv.pushpull(3, out.copy(), out2)  # after a collective: the store goes on
+both.group.barrier()
+book = both.node.book
+print("RESULT " + json.dumps({
+    "rank": rank, "size": both.group.size, "kv_workers": both.kv.num_workers,
+    "pushpull": out.tolist(), "again": out2.tolist(), "allreduce": total.tolist(),
+    "servers": book.num_servers, "workers": len(book.workers),
+}), flush=True)
+both.close()
+"""
+
+
+def test_workers_pushpull_and_allreduce_over_one_registration() -> None:
+    job = run_job(BOTH, num_workers=2, num_servers=1, extra_env={"PS_VERBOSE": "1"})
+    assert job.codes() == {"scheduler 0": 0, "server 0": 0, "worker 0": 0, "worker 1": 0}, job.outputs()
+    results = sorted((r for p in job.workers for r in p.results()), key=lambda r: r["rank"])
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        assert r["size"] == 2 and r["kv_workers"] == 2 and r["workers"] == 2 and r["servers"] == 1
+        assert r["pushpull"] == [3.0] * 6  # 1 + 2 (sync round of both workers)
+        assert r["again"] == [6.0] * 6
+        assert r["allreduce"] == [0.0, 3.0, 6.0, 9.0, 12.0]  # the workers only: the server is no member
+    sched = job.of("scheduler")[0].text or ""
+    pids = sorted(int(p) for p in re.findall(r"registered a worker on \S+ \(pid (\d+)\)", sched))
+    assert pids == sorted(p.popen.pid for p in job.workers), sched  # one registration per worker
+    assert "every worker finished: job done" in sched
+
+
+def test_a_job_without_servers_is_refused() -> None:
+    env = {
+        "DMLC_ROLE": "worker",
+        "DMLC_NUM_SERVER": "0",
+        "DMLC_NUM_WORKER": "2",
+        "DMLC_PS_ROOT_URI": "127.0.0.1",
+        "DMLC_PS_ROOT_PORT": "9",
+        "LAUNCHKIT_JOB_SECRET": "s",
+    }
+    with pytest.raises(ConfigError, match="needs parameter servers: launch with -s 1"):
+        Joint.join(env)
