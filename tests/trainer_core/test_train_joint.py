@@ -3,13 +3,28 @@ one registration (``train.joint``): real processes (scheduler, server, workers).
 
 from __future__ import annotations
 
+import logging
 import re
+from types import SimpleNamespace
 
 import pytest
 
+import trainer_core.kv as kv
 from tests.trainer_core.cluster import run_job
+from trainer_core.config import NodeConfig
 from trainer_core.errors import ConfigError
-from trainer_core.train.joint import Joint
+from trainer_core.ps import protocol as ps_protocol
+from trainer_core.ps.client import WorkerClient
+from trainer_core.train.joint import SCHEMA, Joint
+
+ENV = {
+    "DMLC_ROLE": "worker",
+    "DMLC_NUM_SERVER": "0",
+    "DMLC_NUM_WORKER": "2",
+    "DMLC_PS_ROOT_URI": "127.0.0.1",
+    "DMLC_PS_ROOT_PORT": "9",
+    "LAUNCHKIT_JOB_SECRET": "s",
+}
 
 BOTH = """
 import json
@@ -25,6 +40,7 @@ total = both.group.allreduce(np.arange(5, dtype=np.float64) * (rank + 1))
 out2 = np.zeros(6, np.float32)
 both.kv.pushpull(3, out.copy(), out2)  # after a collective: the store goes on
 both.group.barrier()
+both.kv.barrier()  # the scheduler's barrier: each worker counted once
 book = both.node.book
 print("RESULT " + json.dumps({
     "rank": rank, "size": both.group.size, "kv_workers": both.kv.num_workers,
@@ -52,13 +68,29 @@ def test_workers_pushpull_and_allreduce_over_one_registration() -> None:
 
 
 def test_a_job_without_servers_is_refused() -> None:
-    env = {
-        "DMLC_ROLE": "worker",
-        "DMLC_NUM_SERVER": "0",
-        "DMLC_NUM_WORKER": "2",
-        "DMLC_PS_ROOT_URI": "127.0.0.1",
-        "DMLC_PS_ROOT_PORT": "9",
-        "LAUNCHKIT_JOB_SECRET": "s",
-    }
     with pytest.raises(ConfigError, match="needs parameter servers: launch with -s 1"):
-        Joint.join(env)
+        Joint.join(ENV)
+
+
+def _node(kinds: frozenset[str] | None, num_servers: int = 1) -> SimpleNamespace:
+    """What the customers read of a joined node: its transport's kinds and its book."""
+    schema = SimpleNamespace(kinds=kinds)
+    transport = SimpleNamespace(trace=SimpleNamespace(headers=SimpleNamespace(schema=schema)))
+    return SimpleNamespace(transport=transport, book=SimpleNamespace(num_servers=num_servers), log=None)
+
+
+def test_the_parameter_server_client_refuses_a_node_without_its_kinds() -> None:
+    from trainer_core.collective.job import SCHEMA as COLLECTIVE_ONLY
+
+    cfg = NodeConfig.from_environ({**ENV, "DMLC_NUM_SERVER": "1"}, role="worker")
+    with pytest.raises(ValueError, match="without the parameter server's message kinds"):
+        WorkerClient.on(_node(COLLECTIVE_ONLY.kinds), cfg, logging.getLogger("t"))  # type: ignore[arg-type]
+    closed = _node(ps_protocol.OPS)
+    closed.transport = None
+    with pytest.raises(ValueError, match="needs a joined node"):
+        WorkerClient.on(closed, cfg, logging.getLogger("t"))  # type: ignore[arg-type]
+
+
+def test_a_store_on_a_node_of_a_job_without_servers_is_refused() -> None:
+    with pytest.raises(ConfigError, match="needs at least one parameter server"):
+        kv.create("dist_sync", ENV, node=_node(SCHEMA.kinds, num_servers=0))  # type: ignore[arg-type]
