@@ -78,6 +78,18 @@ def test_allreduce_path_equals_one_process_on_the_concatenated_batch() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+def test_allreduce_path_in_a_job_with_servers_keeps_the_kv_store_beside_it() -> None:
+    """-n 2 -s 1, init(path="allreduce"): the optimizer's operations go through the collectives
+    (one process's parameters after the steps) and kv.create("dist_sync") in the same process is
+    the store on the worker's one registration (a second would be refused by the scheduler)."""
+    results = launch("optimizer", "--path", "allreduce", "--kv-too", workers=2, servers=1)
+    assert [r["comm"] for r in results] == ["allreduce"] * 2
+    assert [r["kv_too"] for r in results] == [[3.0, 3.0, 3.0]] * 2  # 1 + 2: both workers' pushes
+    torch.testing.assert_close(same_everywhere(results), reference(2), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_accumulated_backward_passes_equal_one_process() -> None:
     results = launch("optimizer", "--accum", "2")
     torch.testing.assert_close(same_everywhere(results), reference(2), rtol=1e-5, atol=1e-6)

@@ -135,9 +135,21 @@ def main() -> None:
     p.add_argument("--server-optimizer", action="store_true")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--device", default="cpu", help="where the model and the batches live (cpu, cuda)")
+    p.add_argument("--path", default=None, help="init's path (allreduce, ps; default: the job's)")
+    p.add_argument("--kv-too", action="store_true", help="after training, pushpull a key of the KV store")
     args = p.parse_args()
-    hvd.init()
+    hvd.init(path=args.path)
     out = optimizer_run(args, hvd) if args.mode == "optimizer" else ddp_run(args, hvd)
+    if args.kv_too:  # the store of this process's one registration (a job with servers)
+        import numpy as np
+
+        import trainer_core.kv as kv
+
+        store = kv.create("dist_sync")
+        store.init("kv-too", np.zeros(3))
+        got = np.zeros(3)
+        store.pushpull("kv-too", np.full(3, hvd.rank() + 1.0), got)
+        out["kv_too"] = got.tolist()
     out.update(rank=hvd.rank(), size=hvd.size(), comm=hvd.comm(), local=[hvd.local_rank(), hvd.local_size()])
     out["role_env"] = os.environ.get("DMLC_ROLE")
     print("RESULT " + json.dumps(out), flush=True)

@@ -51,10 +51,18 @@ class JobGroup(Group):
     """The group of every worker of the job; owns its node and links (``close`` ends both)."""
 
     def __init__(
-        self, node: Postoffice, links: NetLinks, thresholds: Thresholds | None = None, use_nccl: bool = True
+        self,
+        node: Postoffice,
+        links: NetLinks,
+        thresholds: Thresholds | None = None,
+        use_nccl: bool = True,
+        owns_node: bool = True,
     ) -> None:
         workers = links.book.workers
         self.use_nccl = use_nccl
+        #: ``close`` finishes the job and stops the node; False: the node is shared with another
+        #: customer (the parameter server's client, ``join(node=...)``), whose owner finishes it
+        self.owns_node = owns_node
         super().__init__(links, [w.host_key for w in workers], thresholds)
         self.node = node
         self.netlinks = links
@@ -104,7 +112,7 @@ class JobGroup(Group):
             self.stop_timeline()
             if leave:
                 self.netlinks.leave(self._negotiator.slots, sets)
-            if finish and leave and self.node.failure is None:
+            if finish and leave and self.owns_node and self.node.failure is None:
                 # (a peer's death ends the wait too; an elastic job's membership changes are not ends)
                 check = None if self.netlinks.elastic else self.netlinks.health
                 try:
@@ -117,7 +125,7 @@ class JobGroup(Group):
                     )
         finally:
             self.netlinks.close()
-            if leave:
+            if leave and self.owns_node:
                 self.node.stop()
                 self.node.close_transport()
 
@@ -145,7 +153,16 @@ def reform(group: JobGroup, log: logging.Logger | None = None) -> JobGroup:
     the membership changes once more meanwhile: call it again."""
     node, old = group.node, group.netlinks
     group.close(finish=False, leave=False)
-    return _form(node, old.cfg, old.timeout, log or old.log, old.stall, group.thresholds, group.use_nccl)
+    return _form(
+        node,
+        old.cfg,
+        old.timeout,
+        log or old.log,
+        old.stall,
+        group.thresholds,
+        group.use_nccl,
+        group.owns_node,
+    )
 
 
 def _form(
@@ -156,13 +173,14 @@ def _form(
     stall: StallPolicy,
     thresholds: Thresholds | None,
     use_nccl: bool,
+    owns_node: bool = True,
 ) -> JobGroup:
     """The group of the node's current epoch (an elastic job's members meet first)."""
     if cfg.env.elastic is not None:
         meet(node)
     links = NetLinks(node, cfg, timeout, log, stall)
     try:
-        return JobGroup(node, links, thresholds, use_nccl)
+        return JobGroup(node, links, thresholds, use_nccl, owns_node)
     except BaseException:  # its first collective (nccl.agree) failed: a peer is gone
         links.close()
         raise
@@ -177,6 +195,7 @@ def join(
     use_nccl: bool = True,
     stall_check_s: float | None = None,
     stall_shutdown_s: float | None = None,
+    node: Postoffice | None = None,
 ) -> JobGroup:
     """Join the job of ``environ`` (default: this process's) as a worker and return its group;
     ``timeout``: seconds one point-to-point wait lasts at most in a job without heartbeats (with
@@ -186,10 +205,16 @@ def join(
     after this long (default ``TRAINER_CORE_STALL_SHUTDOWN_SECONDS``, else 0: never); ``exit_on_failure``: a failure of
     the job that the caller's code does not meet in a collective soon (a long computation) ends
     the process, as the parameter server's workers do (``Postoffice.exit_on_failure``);
-    ``use_nccl``: cupy arrays go through NCCL when every worker can use it (``nccl.agree``)."""
+    ``use_nccl``: cupy arrays go through NCCL when every worker can use it (``nccl.agree``).
+    ``node``: this worker's node, joined already by another customer of it in this process (the
+    parameter server's client in a job with servers: one registration for both, with
+    ``SCHEMA`` among its transport's kinds); the group's ``close`` then leaves the other workers'
+    links only, and the node's owner finishes the job (``exit_on_failure`` is the owner's too)."""
     cfg = NodeConfig.from_environ(environ)
     stall = cfg.stall.replace(stall_check_s, stall_shutdown_s)
     log = log or get_logger(cfg.verbose)
+    if node is not None:
+        return _form(node, cfg, timeout, log, stall, thresholds, use_nccl, owns_node=False)
     node = Postoffice.join(cfg, log, SCHEMA)
     try:
         group = _form(node, cfg, timeout, log, stall, thresholds, use_nccl)

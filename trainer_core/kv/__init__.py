@@ -13,22 +13,31 @@ summed on push, all filled on pull.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from trainer_core.config import NodeConfig
 from trainer_core.errors import ConfigError
 from trainer_core.kv.api import KVStore
 from trainer_core.kv.local import LocalKVStore
 
+if TYPE_CHECKING:
+    from trainer_core.node.postoffice import Postoffice
+
 TYPES = ("local", "device", "dist_sync", "dist_async", "dist_sync_device", "dist_async_device", "dist")
 
 __all__ = ["TYPES", "KVStore", "LocalKVStore", "create"]
 
 
-def create(name: str = "local", environ: dict[str, str] | None = None) -> KVStore:
+def create(
+    name: str = "local", environ: dict[str, str] | None = None, node: Postoffice | None = None
+) -> KVStore:
     """A KV store of type ``name``. With ``DMLC_ROLE`` set to ``scheduler`` or ``server`` this runs that
     role instead and exits the process when the job ends (as MXNet). A process is one worker of a
     job: creating the same dist type again returns the open store; another type, or any after
-    ``close()``, is a ``ConfigError``."""
+    ``close()``, is a ``ConfigError``. ``node``: this worker's node, joined already in this process
+    (with the parameter server's kinds, ``ps.protocol.SCHEMA``, among its transport's, and the
+    servers in its book), which another customer uses too (the collectives: one registration
+    for both); the store's ``close`` finishes the job and stops it."""
     if name not in TYPES:
         raise ConfigError(f"unknown KV store type {name!r}; known: {', '.join(TYPES)}")
     if name in ("local", "device"):
@@ -46,7 +55,18 @@ def create(name: str = "local", environ: dict[str, str] | None = None) -> KVStor
     before = _JOINED.get(job)
     if before is not None:
         return _again(before, name)
-    store = DistKVStore(name, cfg)
+    if node is None:
+        store = DistKVStore(name, cfg)
+    else:
+        from trainer_core.ps.client import WorkerClient
+
+        if node.book.num_servers < 1:
+            raise ConfigError(
+                f"kvstore {name!r} needs at least one parameter server, and this job has none "
+                "(launched with -s 0): start it with -s 1 or more"
+            )
+
+        store = DistKVStore(name, cfg, client=WorkerClient.on(node, cfg, node.log))
     _JOINED[job] = store
     return store
 

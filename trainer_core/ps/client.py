@@ -94,16 +94,29 @@ class WorkerClient:
         node = Postoffice.join(cfg, log, protocol.SCHEMA, needs=SERVERS)  # it reaches the servers only
         try:
             metrics.report(registered=1)  # the first report says this worker registered
-            assert node.transport is not None
-            routes = open_routes(cfg, node.book, node.transport, log)
+            client = cls.on(node, cfg, log)
         except BaseException:
             node.stop()
             node.close_transport()
             raise
-        client = cls(node.book, routes, node.sched, node.live, log, node.grace_s, node=node, stall=cfg.stall)
         if exit_on_failure:
             node.exit_on_failure()
         return client
+
+    @classmethod
+    def on(cls, node: Postoffice, cfg: NodeConfig, log: logging.Logger) -> WorkerClient:
+        """The client of a worker already joined (``node``, whose transport reads the parameter
+        server's kinds, ``protocol.SCHEMA``): connect to every server. The client's ``close``
+        stops the node; the caller closes the node if this fails."""
+        if node.transport is None:
+            raise ValueError("the parameter server's client needs a joined node (its transport is closed)")
+        kinds = node.transport.trace.headers.schema.kinds
+        if kinds is not None and protocol.OPS is not None and not kinds.issuperset(protocol.OPS):
+            raise ValueError(
+                "the node was joined without the parameter server's message kinds (protocol.SCHEMA)"
+            )
+        routes = open_routes(cfg, node.book, node.transport, log)
+        return cls(node.book, routes, node.sched, node.live, log, node.grace_s, node=node, stall=cfg.stall)
 
     # what the node holds, as this client's own (the KV store and the tests read them here)
 

@@ -144,13 +144,15 @@ Solo = Backend
 
 
 class Collective(Backend):
-    """The workers' collective group (``trainer_core.collective``; jobs without servers)."""
+    """The workers' collective group (``trainer_core.collective``); in a job with servers, ``kv``:
+    the KV store on the same node (``train.joint``), closed after the group (it finishes the job)."""
 
     comm = "allreduce"
     has_sets = True
 
-    def __init__(self, group: Group) -> None:
+    def __init__(self, group: Group, kv: Any = None) -> None:
         self.group = group
+        self.kv = kv
         self.rank, self.size = group.rank, group.size
         self.local_rank = int(getattr(group, "local_rank", 0))
         self.local_size = int(getattr(group, "local_size", 1))
@@ -223,7 +225,7 @@ class Collective(Backend):
             raise ValueError("only a job's group re-forms (this one was made in process)")
         if self.sets.ids():
             raise ValueError("an elastic job's group re-forms without process sets (remove them first)")
-        new = Collective(collective_job.reform(self.group))
+        new = Collective(collective_job.reform(self.group), self.kv)
         if self.fusion is not None:
             new.fuse(self.fusion)
         return new
@@ -237,6 +239,8 @@ class Collective(Backend):
                 self.group.close()
         finally:  # after the queued operations: they are in the timeline
             self.sets.stop_timeline()
+            if self.kv is not None:  # the node's owner: finishes the job once, stops the node
+                self.kv.close()
 
 
 class InSet(Collective):

@@ -6,7 +6,9 @@
 * ``DMLC_ROLE=worker``: without servers (``-s 0``) the workers' collective group
   (``comm="allreduce"``: ``trainer_core.collective.group()``), with servers the KV store
   (``comm="ps"``: ``kv.create("dist_sync")``). ``init(path=...)`` asks for one; a path the job
-  cannot give is a clear error.
+  cannot give is a clear error. ``comm="allreduce"`` in a job with servers: the collectives among
+  the workers carry the allreduce operations and the KV store is open beside them, both over the
+  worker's one registration (``train.joint.Joint``; ``kv.create("dist_sync")`` returns that store).
 
 ``HOROVOD_FUSION_THRESHOLD`` and ``HOROVOD_CYCLE_TIME`` are read here (``fusion``: Horovod's
 tensor fusion on the collectives' path, and the optimizer's bucket size).
@@ -57,11 +59,12 @@ def choose(environ: Mapping[str, str], comm: str | None) -> str:
         raise ConfigError(
             "path='ps' needs parameter servers: launch with -s 1 or more (or use path='allreduce')"
         )
-    if comm == "allreduce" and servers > 0:
-        raise ConfigError(
-            f"path='allreduce' is for jobs without servers: launch with -s 0 (this job has {servers}), or use path='ps'"
-        )
     return comm
+
+
+def num_servers(environ: Mapping[str, str]) -> int:
+    """The job's number of parameter servers (``choose`` has read it)."""
+    return int(environ.get("DMLC_NUM_SERVER", "0"))
 
 
 class Runtime:
@@ -109,6 +112,13 @@ class Runtime:
             path = choose(env, comm)
             if path == "solo":
                 self._backend = Solo()
+            elif path == "allreduce" and num_servers(env) > 0:
+                from trainer_core.train.joint import Joint
+
+                both = Joint.join(environ)  # one registration: the group and the KV store on it
+                if own:  # collective's module functions (and kv.create) use them too
+                    collective.default.set(both.group)
+                self._backend = Collective(both.group, kv=both.kv)
             elif path == "allreduce":
                 if environ is None:
                     group = collective.group()
