@@ -164,4 +164,3 @@ def test_the_servers_loop_holds_a_newcomers_request_until_the_book_that_admits_i
         worker.close()
         server_end.close()
         srv.handler.close()
-        srv.transport.close()
