@@ -28,7 +28,7 @@ from trainer_core.node.membership import worker_id
 from trainer_core.node.postoffice import Postoffice
 from trainer_core.ps import protocol
 from trainer_core.ps.handler import RequestHandler
-from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Received
+from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Received, Source
 from trainer_core.transport.devshm import job_prefix
 
 _PUSHING = frozenset({protocol.INIT, protocol.PUSH, protocol.PUSHPULL})
@@ -88,7 +88,7 @@ class Server:
             poller.add(listener)
         try:
             while not live.failed.is_set() and not live.terminated.is_set():
-                poller.serve(self._handle, 0.1)
+                poller.serve(self._handle, 0.1, self._closed)
                 self._take_books()
             return 1 if live.failed.is_set() else 0
         finally:
@@ -159,6 +159,11 @@ class Server:
         channel.alive = self._alive
         self.accepted = [c for c in self.accepted if not c.closed]
         self.accepted.append(channel)
+
+    def _closed(self, source: Source) -> None:
+        """A channel closed (its peer left): the handler forgets what it sent on it."""
+        if self.handler is not None and isinstance(source, Channel):
+            self.handler.channel_closed(source)
 
     def _alive(self) -> None:
         live = self.live
