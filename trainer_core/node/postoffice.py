@@ -31,40 +31,13 @@ from trainer_core.node import protocol
 from trainer_core.node.agree import canonical
 from trainer_core.node.book import ALL, Book, join, scheduler_endpoint
 from trainer_core.node.inflight import Requests
+from trainer_core.node.listen import listen
 from trainer_core.node.liveness import Health, Liveness
 from trainer_core.node.rootserver import RootServer, root_name, serves_root
 from trainer_core.transport import wire
-from trainer_core.transport.channel import Channel, Listener, Received, Trace
+from trainer_core.transport.channel import Channel, Listener, Received
 from trainer_core.transport.control import Router, Transport
 from trainer_core.transport.host import bind_and_publish_hosts
-from trainer_core.transport.tcp import TcpListener
-from trainer_core.transport.unix import UnixListener
-
-
-def listen(cfg: NodeConfig, trace: Trace, into: list[Listener]) -> tuple[str, str]:
-    """Open this node's listeners for the other nodes (same-host unless ``PS_SHM=0``, TCP data
-    unless ``PS_ENCRYPT=1``), each added to ``into`` as it is made (the caller closes them, also
-    when a later one fails: ``KVError``); returns what to publish: ``(local name, data endpoint)``.
-    Every node of the job may be in its handshake with one at once: they connect as the book
-    reaches them, all at the same moment (a listener that held 64 failed jobs of 256 workers)."""
-    bind_host, publish_host = bind_and_publish_hosts(cfg.env.interface, cfg.env.node_host)
-    peers = cfg.env.num_workers + cfg.env.num_servers
-    local = data = ""
-    if cfg.use_shm:
-        try:
-            unix = UnixListener(cfg.job_id, cfg.secret, trace, peers)
-        except OSError as exc:
-            raise KVError(f"cannot listen for same-host channels: {exc}") from None
-        into.append(unix)
-        local = unix.name
-    if not cfg.encrypt:
-        try:
-            tcp = TcpListener(bind_host, cfg.secret, trace, peers)
-        except OSError as exc:
-            raise KVError(f"cannot listen for the data channel on {bind_host}: {exc}") from None
-        into.append(tcp)
-        data = f"tcp://{publish_host}:{tcp.port}"
-    return local, data
 
 
 class Postoffice:
