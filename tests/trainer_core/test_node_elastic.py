@@ -161,6 +161,22 @@ def test_every_customer_hears_of_a_new_book_and_an_old_one_is_moot() -> None:
     sched.close(), end.close()
 
 
+def test_a_customer_that_subscribes_late_with_replay_hears_every_book_since_the_join_first() -> None:
+    """A server subscribes after its join: the books that came in between are not lost."""
+    node, sched, end = office()
+    node.new_book(book(1, 2, left=("worker 2",)))
+    node.new_book(book(2, 3, joined=("worker 3",)))
+    heard: list[tuple[int, int, tuple[str, ...], tuple[str, ...]]] = []
+    node.subscribe(lambda old, new: heard.append((old.epoch, new.epoch, new.left, new.joined)), replay=True)
+    assert heard == [(0, 1, ("worker 2",), ()), (1, 2, (), ("worker 3",))]
+    node.new_book(book(3, 2, left=("worker 0",)))
+    assert heard[2:] == [(2, 3, ("worker 0",), ())]
+    late: list[int] = []
+    node.subscribe(lambda old, new: late.append(new.epoch))  # no replay: from now on only
+    assert late == []
+    sched.close(), end.close()
+
+
 def test_wait_book_returns_the_next_book_from_another_thread() -> None:
     node, sched, end = office()
     threading.Timer(0.1, lambda: node.new_book(book(1, 4, joined=("worker 3",)))).start()

@@ -2,7 +2,8 @@
 without sockets: the round closes when the members of the current epoch have pushed; a worker
 that leaves mid-round has its push and its waiting requests dropped from that round, which then
 closes with the others' pushes; a newcomer's pushes count from the next round it pushes to; the
-sum is in worker order whatever the order of arrival. The server's loop (ps/server.py, its
+sum is in worker order whatever the order of arrival; the servers' state saved after a change
+restores on another membership. The server's loop (ps/server.py, its
 message step alone) holds a newcomer's request that comes before the book admitting it.
 """
 
@@ -12,6 +13,7 @@ import logging
 import threading
 
 import numpy as np
+import pytest
 
 from trainer_core.config import NodeConfig
 from trainer_core.node.book import Book
@@ -164,4 +166,49 @@ def test_the_servers_loop_holds_a_newcomers_request_until_the_book_that_admits_i
         worker.close()
         server_end.close()
         srv.handler.close()
-        srv.transport.close()
+
+
+def _momentum(workers: int) -> Store:
+    s = Store(num_workers=workers)
+    s.elastic = True
+    s.set_optimizer({"type": "sgd", "learning_rate": 0.1, "momentum": 0.9})
+    s.handle(req(wire.INIT, 0, ones(0)))
+    return s
+
+
+def _round(s: Store, pushes: dict[int, float]) -> list[float]:
+    """One sync round of ``pushes`` (rank -> value); every pull's result, which must agree."""
+    reqs = [req(wire.PUSHPULL, rank, ones(v)) for rank, v in pushes.items()]
+    done = [d for r in reqs for d in s.handle(r)]
+    assert set(map(id, done)) == set(map(id, reqs))
+    results = {tuple(r.results[0].tolist()) for r in reqs}
+    assert len(results) == 1
+    return list(results.pop())
+
+
+@pytest.mark.parametrize("later", [1, 4])
+def test_a_checkpoint_of_the_servers_state_taken_after_a_change_restores_on_another_membership(
+    later: int,
+) -> None:
+    """The servers' state (value, optimizer slots) saved after a worker left and another joined
+    restores in a job of any other number of workers: the next round there, with the same sum of
+    pushes, gives bit-identical values."""
+    s = _momentum(3)
+    _round(s, {0: 1.0, 1: 2.0, 2: 3.0})
+    gone = req(wire.PUSHPULL, 2, ones(50.0))
+    assert s.handle(gone) == []
+    assert s.workers_changed(2, {2}) == []  # worker 2 leaves mid-round: its push is dropped
+    _round(s, {0: 0.5, 1: 0.25})
+    assert s.workers_changed(3, set(), {7}) == []  # worker 7 joins
+    _round(s, {7: -4.0, 0: 1.0, 1: 1.0})  # (a newcomer counts from its first push)
+    entries, arrays, slots, scalars = s.get_state()
+    assert sorted(slots) == ["opt/mom", "value"]
+    t = _momentum(later)
+    t.set_state(tuple(entries), arrays, slots, [(k, p, n, v) for k, p, n, v in scalars])
+    restored = t.get_state()
+    assert [a.tolist() for a in restored[1]] == [a.tolist() for a in arrays]
+    # the next round: the same sum of pushes, spread over the other membership
+    expected = _round(s, {0: 1.5, 1: 2.0, 7: 0.5})
+    spread = {r: 0.0 for r in range(later)}
+    spread[0] = 4.0
+    assert _round(t, spread) == expected

@@ -13,6 +13,7 @@ worker that finished, and a peer that is gone.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -375,6 +376,14 @@ def test_same_host_workers_share_segments_and_read_the_servers_buffers() -> None
         ws[0].send(wire.PULL, (entry(shm=segs[0].name),))
         again = ws[0].reply()
         assert again.header.entries[0].shm is not None and "fds" not in again.header.body  # sent once
+        # the record is the handler's, by channel, and goes with the channel
+        assert set(handler.mapped) == {w.server_end for w in ws}
+        handler.channel_closed(ws[0].server_end)
+        assert set(handler.mapped) == {ws[1].server_end}
+        ws[0].send(wire.PULL, (entry(shm=segs[0].name),))
+        resent = ws[0].reply()
+        assert [i for i, _ in resent.header.body["fds"]] == [ident]
+        os.close(ws[0].end.take_fds(1)[0])
     finally:
         for seg in segs:
             seg.close()

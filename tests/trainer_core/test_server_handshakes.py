@@ -15,7 +15,7 @@ import time
 import pytest
 
 from trainer_core.config import NodeConfig
-from trainer_core.node.postoffice import listen
+from trainer_core.node.listen import listen
 from trainer_core.ps.protocol import SCHEMA
 from trainer_core.transport.channel import MAX_PENDING, Channel, Listener, Poller, Trace
 from trainer_core.transport.tcp import TcpListener

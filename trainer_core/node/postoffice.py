@@ -31,40 +31,13 @@ from trainer_core.node import protocol
 from trainer_core.node.agree import canonical
 from trainer_core.node.book import ALL, Book, join, scheduler_endpoint
 from trainer_core.node.inflight import Requests
+from trainer_core.node.listen import listen
 from trainer_core.node.liveness import Health, Liveness
 from trainer_core.node.rootserver import RootServer, root_name, serves_root
 from trainer_core.transport import wire
-from trainer_core.transport.channel import Channel, Listener, Received, Trace
-from trainer_core.transport.control import Transport
+from trainer_core.transport.channel import Channel, Listener, Received
+from trainer_core.transport.control import Router, Transport
 from trainer_core.transport.host import bind_and_publish_hosts
-from trainer_core.transport.tcp import TcpListener
-from trainer_core.transport.unix import UnixListener
-
-
-def listen(cfg: NodeConfig, trace: Trace, into: list[Listener]) -> tuple[str, str]:
-    """Open this node's listeners for the other nodes (same-host unless ``PS_SHM=0``, TCP data
-    unless ``PS_ENCRYPT=1``), each added to ``into`` as it is made (the caller closes them, also
-    when a later one fails: ``KVError``); returns what to publish: ``(local name, data endpoint)``.
-    Every node of the job may be in its handshake with one at once: they connect as the book
-    reaches them, all at the same moment (a listener that held 64 failed jobs of 256 workers)."""
-    bind_host, publish_host = bind_and_publish_hosts(cfg.env.interface, cfg.env.node_host)
-    peers = cfg.env.num_workers + cfg.env.num_servers
-    local = data = ""
-    if cfg.use_shm:
-        try:
-            unix = UnixListener(cfg.job_id, cfg.secret, trace, peers)
-        except OSError as exc:
-            raise KVError(f"cannot listen for same-host channels: {exc}") from None
-        into.append(unix)
-        local = unix.name
-    if not cfg.encrypt:
-        try:
-            tcp = TcpListener(bind_host, cfg.secret, trace, peers)
-        except OSError as exc:
-            raise KVError(f"cannot listen for the data channel on {bind_host}: {exc}") from None
-        into.append(tcp)
-        data = f"tcp://{publish_host}:{tcp.port}"
-    return local, data
 
 
 class Postoffice:
@@ -91,32 +64,45 @@ class Postoffice:
         self.before_exit: Callable[[], None] | None = None  # e.g. unlink shared-memory names
         self._watchdog: threading.Thread | None = None
         self.root: RootServer | None = None  # the job's scheduler, when this node serves it
+        self.router: Router | None = None  # a server's ROUTER (``join(router=True)``)
         # the channel to the scheduler serves one thread at a time (``abort`` may come from any)
         self._sched_lock = threading.RLock()
         # an elastic job's books: the current one under ``_books``; who left or joined, by epoch
         self._books = threading.Condition()
         self._changes: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self._later: list[Book] = []  # every book after the first, in order (``subscribe(replay=)``)
         self._customers: list[Callable[[Book, Book], None]] = []
         health.on_book = self.new_book
 
     @classmethod
     def join(
-        cls, cfg: NodeConfig, log: logging.Logger, schema: wire.Schema = protocol.SCHEMA, needs: str = ALL
+        cls,
+        cfg: NodeConfig,
+        log: logging.Logger,
+        schema: wire.Schema = protocol.SCHEMA,
+        needs: str = ALL,
+        router: bool = False,
     ) -> Postoffice:
-        """Join the job of ``cfg`` as a worker: listen, register, wait for the book (the part it
-        ``needs``: ``book.ALL`` or ``book.SERVERS``), start the heartbeats. Everything opened is
-        closed again if one of them fails."""
+        """Join the job of ``cfg``: listen, register, wait for the book (the part it ``needs``:
+        ``book.ALL`` or ``book.SERVERS``), start the heartbeats. ``router`` (a server): first bind a
+        ROUTER on ``DMLC_INTERFACE``'s address (else ``DMLC_NODE_HOST``) on a free port, kept as
+        ``router`` and registered as this node's endpoint. Everything opened is closed again if
+        one of them fails."""
         transport = Transport(cfg.secret, log, cfg.verbose, schema)
         listeners: list[Listener] = []
         live: Liveness | None = None
         root: RootServer | None = None
+        sock: Router | None = None
+        host, endpoint = cfg.env.node_host or "", None
         try:
             if serves_root(cfg):  # a job without a scheduler process: worker 0 serves the root
                 root = RootServer(cfg, log, schema)
+            if router:
+                bind_host, host = bind_and_publish_hosts(cfg.env.interface, cfg.env.node_host)
+                sock, bound = transport.bind_router(bind_host)
+                endpoint = f"tcp://{host}:{bound.rsplit(':', 1)[1]}"
             local, data = listen(cfg, transport.trace, listeners)
-            sched, book = join(
-                transport, cfg, cfg.env.node_host or "", None, log, local=local, data=data, needs=needs
-            )
+            sched, book = join(transport, cfg, host, endpoint, log, local=local, data=data, needs=needs)
             live = Liveness(
                 transport,
                 scheduler_endpoint(cfg),
@@ -126,6 +112,12 @@ class Postoffice:
                 log,
                 root=root_name(cfg),
             )
+            grace = cfg.heartbeat_timeout + cfg.heartbeat_interval if cfg.liveness_on else 1.0
+            node = cls(book, sched, live, log, grace_s=grace)  # takes the books before the first beat
+            node.transport = transport
+            node.listeners = listeners
+            node.root = root
+            node.router = sock
             live.start()
         except BaseException:
             if live is not None:
@@ -136,11 +128,6 @@ class Postoffice:
                 listener.close()
             transport.close()
             raise
-        grace = cfg.heartbeat_timeout + cfg.heartbeat_interval if cfg.liveness_on else 1.0
-        node = cls(book, sched, live, log, grace_s=grace)
-        node.transport = transport
-        node.listeners = listeners
-        node.root = root
         return node
 
     @property
@@ -161,10 +148,16 @@ class Postoffice:
 
     # -- an elastic job's epochs --------------------------------------------------------------
 
-    def subscribe(self, customer: Callable[[Book, Book], None]) -> None:
-        """Call ``customer(old, new)`` at each new book (from the heartbeat thread: it must not block)."""
+    def subscribe(self, customer: Callable[[Book, Book], None], replay: bool = False) -> None:
+        """Call ``customer(old, new)`` at each new book (from the heartbeat thread: it must not block).
+        ``replay``: first call it, here, with each book that came since the one this node joined with."""
         with self._books:
             self._customers.append(customer)
+            if replay:
+                old = self._first
+                for book in self._later:
+                    customer(old, book)
+                    old = book
 
     def unsubscribe(self, customer: Callable[[Book, Book], None]) -> None:
         with self._books:
@@ -179,6 +172,7 @@ class Postoffice:
                 return
             self.book = book
             self._changes[book.epoch] = (book.left, book.joined)
+            self._later.append(book)
             customers = list(self._customers)
             self._books.notify_all()
         if self.log.isEnabledFor(logging.INFO):
@@ -370,11 +364,14 @@ class Postoffice:
         if self.root is not None:  # after finish it has ended by itself; else it ends now
             self.root.stop()
 
-    def close_transport(self) -> None:
-        """Close the listeners and the transport (after ``stop`` and the channels above)."""
+    def close_transport(self, linger_ms: int | None = None) -> None:
+        """Close the listeners and the transport (after ``stop`` and the channels above), letting
+        queued messages go out for ``linger_ms`` (default: 1000, 0 when the job failed)."""
         for listener in self.listeners:
             listener.close()
         self.listeners = []
         if self.transport is not None:
-            self.transport.close(linger_ms=0 if self.live.failure else 1000)
+            if linger_ms is None:
+                linger_ms = 0 if self.live.failure else 1000
+            self.transport.close(linger_ms=linger_ms)
             self.transport = None

@@ -6,7 +6,8 @@ touches a socket or a poller, so tests drive it in one process with ``transport.
 channels. What differs between channels is read from their ``caps``: replies with data frames
 are refused on a channel that carries headers only; a worker whose channel shares this host's
 memory (``caps.shared_memory``) gets pushed data and results through its shared-memory segments,
-and in sync mode is pointed at this server's own buffers (descriptors passed once per channel);
+and in sync mode is pointed at this server's own buffers (descriptors passed once per channel:
+``mapped`` records which, until ``channel_closed``);
 on channels with ``caps.fresh_seq`` each worker's ``seq`` must increase (replays are dropped);
 ``place`` tells a ``caps.direct`` channel where a push's frames can land without a copy.
 """
@@ -59,11 +60,18 @@ class RequestHandler:
         # this server's shared key storage, by ``id`` of the array over each buffer (kept alive here)
         self.buffers: dict[int, tuple[MemBuffer, np.ndarray]] = {}
         self._views: dict[tuple[str, str, int], np.ndarray] = {}  # segment views, by (name, dtype, size)
+        #: per same-host channel: the ids of this server's buffers whose descriptors it was sent
+        self.mapped: dict[Peer, set[int]] = {}
         self.data_seq: dict[int, int] = {}  # per worker rank: the last seq on ``fresh_seq`` channels
         self.store = Store(num_workers, alloc=self._alloc if shared else None)
         self.store.elastic = elastic
 
+    def channel_closed(self, channel: Peer) -> None:
+        """A channel closed: forget which buffers it was sent (a new one is sent them again)."""
+        self.mapped.pop(channel, None)
+
     def close(self) -> None:
+        self.mapped.clear()
         self._views.clear()  # before the mappings under them
         for seg in self.segments.values():
             seg.close()
@@ -333,18 +341,19 @@ class RequestHandler:
         passing the descriptors of buffers this channel has not received yet."""
         channel = req.ident  # a channel with ``caps.shared_memory`` (``Request.share``)
         entries, fds, announced = [], [], []
+        mapped = self.mapped.setdefault(channel, set())
         for e, result, shared in zip(req.header.entries, req.results, req.shared, strict=True):
             if not shared or result is None:
                 entries.append(protocol.Entry(e.key, e.part, e.size, e.dtype))
                 continue
             buf = self.buffers[id(result)][0]
             entries.append(protocol.Entry(e.key, e.part, e.size, e.dtype, SHARED_PREFIX + str(buf.id)))
-            if buf.id not in channel.sent_buffers and buf.fd is not None:
-                channel.sent_buffers.add(buf.id)
+            if buf.id not in mapped and buf.fd is not None:
+                mapped.add(buf.id)
                 fds.append(buf.fd)
                 announced.append([buf.id, buf.nbytes])
         body = {"fds": announced} if announced else {}
         try:
             channel.post(protocol.Header(protocol.REPLY, req.header.seq, "", tuple(entries), body), fds=fds)
         except ChannelClosed:
-            return  # a gone peer is no error: its channel closes (a context manager costs more)
+            self.mapped.pop(channel, None)  # a gone peer is no error: its channel closes

@@ -3,9 +3,10 @@
 Run it with ``python -m trainer_core.ps.server`` or by importing trainer_core with
 ``DMLC_ROLE=server``. It binds a ROUTER on ``DMLC_INTERFACE``'s address (else ``DMLC_NODE_HOST``)
 on a free port, listens for same-host channels (unless ``PS_SHM=0``) and TCP data channels (unless
-``PS_ENCRYPT=1``), registers with the scheduler, and serves until the scheduler ends the job
-(exit 0) or aborts it (exit 1). In an elastic job the heartbeat thread hands it each new book,
-which the loop passes on to the handler (the rounds count the new epoch's members); a newcomer's
+``PS_ENCRYPT=1``), registers with the scheduler (all three through ``Postoffice.join``, as every
+node joins), and serves until the scheduler ends the job (exit 0) or aborts it (exit 1). In an
+elastic job the server is a customer of its ``Postoffice``: each new book goes to the loop, which
+passes it on to the handler (the rounds count the new epoch's members); a newcomer's
 request that comes before the book admitting it waits for that book. This module is the loop: it
 polls every channel and hands each message to ``handler.RequestHandler``, which holds the logic and
 never sees a transport.
@@ -21,22 +22,14 @@ import time
 import trainer_core.metrics as metrics
 from trainer_core.config import NodeConfig
 from trainer_core.log import get_logger
-from trainer_core.node.book import SERVERS, Book, join, scheduler_endpoint
-from trainer_core.node.liveness import Liveness
+from trainer_core.node.book import SERVERS, Book
+from trainer_core.node.liveness import Health
 from trainer_core.node.membership import worker_id
-from trainer_core.node.postoffice import listen
+from trainer_core.node.postoffice import Postoffice
 from trainer_core.ps import protocol
 from trainer_core.ps.handler import RequestHandler
-from trainer_core.transport.channel import (
-    Channel,
-    ChannelClosed,
-    Listener,
-    Poller,
-    Received,
-)
-from trainer_core.transport.control import Transport
+from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Received, Source
 from trainer_core.transport.devshm import job_prefix
-from trainer_core.transport.host import bind_and_publish_hosts
 
 _PUSHING = frozenset({protocol.INIT, protocol.PUSH, protocol.PUSHPULL})
 
@@ -47,11 +40,10 @@ class Server:
     def __init__(self, cfg: NodeConfig, log: logging.Logger | None = None) -> None:
         self.cfg = cfg
         self.log = log or get_logger(cfg.verbose)
-        self.transport = Transport(cfg.secret, self.log, cfg.verbose, protocol.SCHEMA)
+        self.node: Postoffice | None = None
         self.handler: RequestHandler | None = None
-        self.listeners: list[Listener] = []
         self.accepted: list[Channel] = []
-        self.live: Liveness | None = None
+        self.live: Health | None = None  # the node's (``node.live``); tests set a bare ``Health``
         self.books: queue.SimpleQueue[Book] = queue.SimpleQueue()  # an elastic job's new books
         self.requests = 0  # requests handled and data bytes received, for the metrics reports
         self.bytes_received = 0
@@ -63,65 +55,47 @@ class Server:
         try:
             return self._run()
         finally:
-            if self.live is not None:
-                self.live.stop()
-            for listener in self.listeners:
-                listener.close()
+            node = self.node
+            if node is not None:
+                node.stop()
             if self.handler is not None:
                 self.handler.close()
-            # before the book (no heartbeats yet) there is nothing to flush
-            self.transport.close(linger_ms=0 if self.live is None else 1000)
+            if node is not None:  # (a failed join closed what it opened: no heartbeats to flush)
+                node.close_transport(linger_ms=1000)
 
     def _run(self) -> int:
         cfg = self.cfg
-        trace = self.transport.trace
-        bind_host, publish_host = bind_and_publish_hosts(cfg.env.interface, cfg.env.node_host)
-        router, endpoint = self.transport.bind_router(bind_host)
-        local, data = listen(cfg, trace, self.listeners)
-        _, book = join(
-            self.transport,
-            cfg,
-            publish_host,
-            f"tcp://{publish_host}:{endpoint.rsplit(':', 1)[1]}",
-            self.log,
-            local=local,
-            data=data,
-            needs=SERVERS,  # a server reaches no other node: the counts are what it reads
-        )
+        # a server reaches no other node: the counts are what it reads
+        node = self.node = Postoffice.join(cfg, self.log, protocol.SCHEMA, needs=SERVERS, router=True)
+        assert node.router is not None
+        book = node.book
         self.handler = RequestHandler(
             book.num_workers,
             job_prefix(cfg.job_id),
             self.log,
-            shared=bool(local),
+            shared=cfg.use_shm,  # (``listen`` opened a same-host listener)
             name=book.name,
             elastic=cfg.env.elastic is not None,
         )
-        live = self.live = Liveness(
-            self.transport,
-            scheduler_endpoint(cfg),
-            book.name,
-            cfg.heartbeat_interval,
-            cfg.heartbeat_timeout,
-            self.log,
-        )
-        live.on_book = self.books.put  # (from the heartbeat thread: taken by the loop's thread)
-        live.start()
+        live = self.live = node.live
+        # (from the heartbeat thread: taken by the loop's thread; the books that came since the join first)
+        node.subscribe(lambda _old, new: self.books.put(new), replay=True)
         metrics.add_source(self.figures)  # the first report says this server registered
         poller = Poller()
-        poller.add(router)
-        for listener in self.listeners:
+        poller.add(node.router)
+        for listener in node.listeners:
             listener.on_accept = self._accepted
             poller.add(listener)
         try:
             while not live.failed.is_set() and not live.terminated.is_set():
-                poller.serve(self._handle, 0.1)
+                poller.serve(self._handle, 0.1, self._closed)
                 self._take_books()
             return 1 if live.failed.is_set() else 0
         finally:
             poller.close()
             metrics.remove_source(self.figures)
             metrics.send_now()
-            live.stop()
+            node.stop()
             self._shut(flush_s=0.0 if live.failed.is_set() else 1.0)
 
     def _take_books(self) -> None:
@@ -186,6 +160,11 @@ class Server:
         self.accepted = [c for c in self.accepted if not c.closed]
         self.accepted.append(channel)
 
+    def _closed(self, source: Source) -> None:
+        """A channel closed (its peer left): the handler forgets what it sent on it."""
+        if self.handler is not None and isinstance(source, Channel):
+            self.handler.channel_closed(source)
+
     def _alive(self) -> None:
         live = self.live
         if live is not None and (live.failed.is_set() or live.terminated.is_set()):
@@ -198,8 +177,9 @@ class Server:
         deadline = time.monotonic() + flush_s
         for ch in self.accepted:
             ch.close(flush_s=max(0.0, deadline - time.monotonic()))
-        for listener in self.listeners:
-            listener.close()
+        if self.node is not None:
+            for listener in self.node.listeners:
+                listener.close()
 
 
 def main(environ: dict[str, str] | None = None) -> int:

@@ -153,8 +153,8 @@ class Channel(Peer, Source):
 
     The role sets ``place`` (where frames go, for ``caps.direct``) and ``alive`` (called between the
     0.1 s slices of a wait inside one message; raising there gives up, closing a stream channel).
-    ``sent_buffers`` records, where ``caps.shared_memory``, which of a server's buffers this peer
-    has received the descriptors of.
+    What a role records per channel (a server: the buffers a same-host peer has mapped) it keeps
+    itself, keyed by the channel.
     """
 
     def __init__(self, caps: Caps, trace: Trace) -> None:
@@ -162,7 +162,6 @@ class Channel(Peer, Source):
         self.trace = trace
         self.place: Place | None = None
         self.alive: Callable[[], None] = _noop
-        self.sent_buffers: set[int] = set()
 
     def take_fds(self, n: int) -> list[int]:
         """The next ``n`` descriptors received (the caller owns them); ``KVError`` if they did not come."""
