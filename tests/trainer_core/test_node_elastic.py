@@ -76,9 +76,14 @@ def late_worker(
     """Start worker ``index`` of ``job`` now (running ``code``), with the env of the first ones (the
     launcher's part)."""
     jenv = JobEnv(
-        job_id=job.job_id, secret="test-secret", cluster="local", root_uri="127.0.0.1",
-        root_port=job.port, num_servers=servers, num_workers=workers,
-    )  # fmt: skip
+        job_id=job.job_id,
+        secret="test-secret",
+        cluster="local",
+        root_uri="127.0.0.1",
+        root_port=job.port,
+        num_servers=servers,
+        num_workers=workers,
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "LAUNCHKIT_", "PS_"))}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
