@@ -97,17 +97,18 @@ def reaches(item: pytest.Item) -> set[str]:
     return found
 
 
-_seen: dict[int, set[str]] = {}
+#: what each function scanned reaches, keyed by the function itself (it hashes by identity, and
+#: the key keeps it alive: an ``id`` of a function a pytester run has freed came back for another)
+_seen: dict[Any, set[str]] = {}
 
 
 def _reaches(obj: Any) -> set[str]:
     func = _function(obj)
     if func is None:
         return set()
-    key = id(func.__code__)
-    if key in _seen:
-        return _seen[key]
-    _seen[key] = found = set()  # a cycle of helpers ends here
+    if func in _seen:
+        return _seen[func]
+    _seen[func] = found = set()  # a cycle of helpers ends here
     names, consts = _names(func.__code__)
     scope = func.__globals__
     if "importorskip" in names and "cupy" in consts:
