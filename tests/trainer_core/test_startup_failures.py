@@ -27,6 +27,7 @@ import pytest
 from trainer_core.config import NodeConfig
 from trainer_core.errors import ConfigError, KVError, NodeFailure, StartupTimeout
 from trainer_core.kv.dist import DistKVStore
+from trainer_core.node import listen as listening
 from trainer_core.node import postoffice
 from trainer_core.node.liveness import Liveness
 from trainer_core.ps import protocol as wire
@@ -288,19 +289,35 @@ def test_heartbeat_stop_waits_for_the_thread_before_its_transport_is_closed() ->
 # -- the server ------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The listeners a node opens as it joins (``postoffice.listen``'s list), for a test to find
+    after the join failed (the server then holds no node, and the Postoffice closed them)."""
+    made: list = []
+    real = postoffice.listen
+
+    def spy(cfg: NodeConfig, trace: object, into: list) -> tuple[str, str]:
+        made.append(into)
+        return real(cfg, trace, into)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(postoffice, "listen", spy)
+    return made
+
+
 @pytest.mark.parametrize("encrypt", ["0", "1"])
-def test_server_that_times_out_at_startup_closes_its_listeners(job: str, encrypt: str) -> None:
+def test_server_that_times_out_at_startup_closes_its_listeners(job: str, encrypt: str, opened: list) -> None:
     before = Held.now()
     srv = Server(config("server", free_port(), job, PS_START_TIMEOUT="0.5", PS_ENCRYPT=encrypt), LOG)
     with pytest.raises(StartupTimeout, match="PS_START_TIMEOUT"):
         srv.run()
-    assert srv.listeners, "the server made no listener: nothing was tested"
-    for listener in srv.listeners:
+    listeners = [listener for made in opened for listener in made]
+    assert listeners, "the server made no listener: nothing was tested"
+    for listener in listeners:
         assert listener.pollable() == -1, f"{type(listener).__name__} left open"  # type: ignore[attr-defined]
     released(before, job)
 
 
-def test_server_refused_by_the_scheduler_closes_its_listeners(job: str) -> None:
+def test_server_refused_by_the_scheduler_closes_its_listeners(job: str, opened: list) -> None:
     """A scheduler that answers the registration with an error (e.g. one server too many)."""
     transport = Transport(SECRET, LOG)
     router, endpoint = transport.bind_router("127.0.0.1")
@@ -322,7 +339,9 @@ def test_server_refused_by_the_scheduler_closes_its_listeners(job: str) -> None:
         srv = Server(config("server", port, job), LOG)
         with pytest.raises(NodeFailure, match="refused to start the job: more than 1 servers"):
             srv.run()
-        for listener in srv.listeners:
+        listeners = [listener for made in opened for listener in made]
+        assert listeners, "the server made no listener: nothing was tested"
+        for listener in listeners:
             assert listener.pollable() == -1  # type: ignore[attr-defined]
         released(before, job)
     finally:
@@ -332,17 +351,18 @@ def test_server_refused_by_the_scheduler_closes_its_listeners(job: str) -> None:
 
 
 def test_server_whose_data_listener_cannot_bind_closes_the_same_host_one(
-    job: str, monkeypatch: pytest.MonkeyPatch
+    job: str, monkeypatch: pytest.MonkeyPatch, opened: list
 ) -> None:
     def no_port(*_args: object) -> None:
         raise OSError(98, "Address already in use")
 
-    monkeypatch.setattr(postoffice, "TcpListener", no_port)  # (the node layer opens a node's listeners)
+    monkeypatch.setattr(listening, "TcpListener", no_port)  # (the node layer opens a node's listeners)
     before = Held.now()
     srv = Server(config("server", free_port(), job), LOG)
     with pytest.raises(KVError, match="cannot listen for the data channel"):
         srv.run()
-    assert len(srv.listeners) == 1 and srv.listeners[0].pollable() == -1  # type: ignore[attr-defined]
+    (listeners,) = opened
+    assert len(listeners) == 1 and listeners[0].pollable() == -1  # type: ignore[attr-defined]
     released(before, job)
 
 
