@@ -45,7 +45,7 @@ def launch(
     outs = parse_prefixed(res.stdout)
     printed = range(workers - 1) if mode == "stopped" else range(workers)
     assert sorted(outs) == [("worker", r) for r in printed], res.stdout[-3000:]
-    by_rank = {r: outs[("worker", r)] for r in range(workers)}
+    by_rank = {r: outs[("worker", r)] for r in printed}
     hosts = {o["host"] for o in by_rank.values()}
     assert len(hosts) == min(3, len(printed)), hosts  # round robin over the three hosts
     for o in by_rank.values():
