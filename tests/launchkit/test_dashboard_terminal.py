@@ -114,7 +114,8 @@ def test_digits_with_the_dashboard_and_top_from_a_second_window() -> None:
     rates = {float(s["samples/s"].replace(",", "")) for s in seen if s["samples/s"] != "-"}
     accuracies = {float(s["accuracy"]) for s in seen if s["accuracy"] != "-"}
     assert len(losses) >= 2 and min(losses) > 0, seen
-    assert len(rates) >= 2 and min(rates) > 0, seen
+    # (a steady rate can show the same rounded figure in every frame captured: a number is enough)
+    assert rates and min(rates) > 0, seen
     assert accuracies and max(accuracies) <= 1.0, seen
     assert 0.5 < float(figures(final)["accuracy"]) <= 1.0  # the example's test accuracy at the end
     # top shows the same final panel as the launching terminal (the same live state)
