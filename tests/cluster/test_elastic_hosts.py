@@ -101,6 +101,22 @@ def launch_argv(
     ]
 
 
+def start_training(
+    group, tmp_path: Path, out: Path, python: str, site: Path, bounds: str, home: Path, cool_down: str = "600"
+) -> tuple[subprocess.Popen[str], str]:
+    """Start the job and wait until each of its 4 workers trained 3 steps and reported to the
+    launcher: (the launcher's process, the job id); the job is killed if it gets no further."""
+    proc = start(launch_argv(group, tmp_path, out, python, site, bounds, cool_down), cwd=job_dir(tmp_path))
+    try:
+        assert wait_until(lambda: all(len(steps(out, i)) >= 3 for i in range(4)), WAIT), proc.pid
+        assert wait_until(lambda: reported(out, range(4)), WAIT)
+        return proc, wait_for_job(home)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+
+
 def cut(host) -> float:
     """Take the host's link down (its root-side veth): no packet passes either way, nothing closes."""
     subprocess.run(["ip", "link", "set", host.veth, "down"], check=True)
@@ -152,12 +168,8 @@ def test_a_host_cut_off_leaves_and_the_workers_on_the_others_train_on(
 ) -> None:
     group = netns_hosts(3)
     out = shared_out
-    job = job_dir(tmp_path)
-    proc = start(launch_argv(group, tmp_path, out, torch_python, host_site, "2:4"), cwd=job)
+    proc, job_id = start_training(group, tmp_path, out, torch_python, host_site, "2:4", launchkit_home)
     try:
-        assert wait_until(lambda: all(len(steps(out, i)) >= 3 for i in range(4)), WAIT), proc.pid
-        assert wait_until(lambda: reported(out, range(4)), WAIT)
-        job_id = wait_for_job(launchkit_home)
         hosts = worker_hosts(launchkit_home, job_id)
         where = [h.hostfile_line() for h in group]
         assert hosts == {0: where[0], 1: where[0], 2: where[1], 3: where[2]}, hosts
@@ -202,12 +214,8 @@ def test_hosts_cut_off_below_min_fail_the_job_naming_the_root_cause(
 ) -> None:
     group = netns_hosts(3)
     out = shared_out
-    job = job_dir(tmp_path)
-    proc = start(launch_argv(group, tmp_path, out, torch_python, host_site, "3:4"), cwd=job)
+    proc, job_id = start_training(group, tmp_path, out, torch_python, host_site, "3:4", launchkit_home)
     try:
-        assert wait_until(lambda: all(len(steps(out, i)) >= 3 for i in range(4)), WAIT), proc.pid
-        assert wait_until(lambda: reported(out, range(4)), WAIT)
-        job_id = wait_for_job(launchkit_home)
         cut(group[1])
         cut(group[2])  # workers 2 and 3: two of four left, fewer than MIN (3)
         _, stderr = proc.communicate(timeout=WAIT)
@@ -238,12 +246,8 @@ def test_a_cut_host_whose_link_returns_is_used_again_after_its_cool_down(
     its cool-down goes through a new connection and a new watchdog, and joins the training."""
     group = netns_hosts(3)
     out = shared_out
-    job = job_dir(tmp_path)
-    proc = start(launch_argv(group, tmp_path, out, torch_python, host_site, "2:4", "15"), cwd=job)
+    proc, job_id = start_training(group, tmp_path, out, torch_python, host_site, "2:4", launchkit_home, "15")
     try:
-        assert wait_until(lambda: all(len(steps(out, i)) >= 3 for i in range(4)), WAIT), proc.pid
-        assert wait_until(lambda: reported(out, range(4)), WAIT)
-        job_id = wait_for_job(launchkit_home)
         cut(group[1])
         assert wait_until(lambda: record(launchkit_home, job_id)["changes"], WAIT)
         subprocess.run(["ip", "link", "set", group[1].veth, "up"], check=True)
