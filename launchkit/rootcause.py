@@ -77,8 +77,9 @@ def peer_of(lines: deque[str]) -> PeerFailure | None:
     cause, e.g. a rank that shut down while this one waited for it)."""
     if not isinstance(lines, Tail):
         return None
-    if (lines.peer is None or lines.peer.role is None) and lines.waited is not None:
-        return PeerFailure(lines.waited.role, lines.waited.rank)
+    waited = _waited(lines)
+    if (lines.peer is None or lines.peer.role is None) and waited is not None:
+        return waited
     return lines.peer
 
 
