@@ -1,4 +1,4 @@
-"""Horovod's fusion settings in trainer_core.torch (torch/fusion.py), in one process: the
+"""Horovod's fusion settings in trainer_core.torch (torch/fusion_settings.py), in one process: the
 environment read at ``init()``, the group's fusion it turns on, the optimizer's buckets, and the
 ops of several ranks on in-process links fused. Real jobs: test_torch_fusion_jobs.py."""
 
@@ -14,7 +14,7 @@ import trainer_core.torch as hvd  # noqa: E402
 from tests.trainer_core.torchranks import on_ranks  # noqa: E402
 from trainer_core.errors import ConfigError  # noqa: E402
 from trainer_core.torch.backend import Collective, Solo  # noqa: E402
-from trainer_core.torch.fusion import DEFAULT_THRESHOLD, Fusion, from_environ  # noqa: E402
+from trainer_core.torch.fusion_settings import DEFAULT_THRESHOLD, Fusion, from_environ  # noqa: E402
 from trainer_core.torch.runtime import Runtime  # noqa: E402
 
 

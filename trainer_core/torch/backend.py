@@ -21,7 +21,7 @@ from trainer_core.collective.subgroups import Subgroups
 from trainer_core.train.comm import KVCommunicator
 from trainer_core.xp import like, to_host
 
-from .fusion import Fusion
+from .fusion_settings import Fusion
 
 
 class Waitable(Protocol):

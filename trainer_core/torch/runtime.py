@@ -35,7 +35,7 @@ from trainer_core.config import (
 )
 from trainer_core.errors import ConfigError
 
-from . import fusion
+from . import fusion_settings
 from .backend import KV, Backend, Collective, Solo
 
 COMMS = ("allreduce", "ps")
@@ -94,7 +94,7 @@ class Runtime:
                 TRAINER_CORE_STALL_CHECK_SECONDS: repr(stall.check_s),
                 TRAINER_CORE_STALL_SHUTDOWN_SECONDS: repr(stall.shutdown_s),
             }
-        fusing = fusion.from_environ(env)  # (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME)
+        fusing = fusion_settings.from_environ(env)  # (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME)
         role = env.get("DMLC_ROLE")
         if role in ("scheduler", "server"):
             from trainer_core.ps.roles import run_role_and_exit
