@@ -39,13 +39,19 @@ both.kv.pushpull(3, np.full(6, rank + 1.0, np.float32), out)
 total = both.group.allreduce(np.arange(5, dtype=np.float64) * (rank + 1))
 out2 = np.zeros(6, np.float32)
 both.kv.pushpull(3, out.copy(), out2)  # after a collective: the store goes on
+try:  # lengths that differ across the ranks: an error on each, never a silent sum
+    both.group.allreduce(np.ones(4 + rank, np.float32))
+    mismatch = ""
+except Exception as exc:
+    mismatch = f"{type(exc).__name__}: {exc}"
+after = both.group.allreduce(np.ones(3, np.float32)).tolist()
 both.group.barrier()
 both.kv.barrier()  # the scheduler's barrier: each worker counted once
 book = both.node.book
 print("RESULT " + json.dumps({
     "rank": rank, "size": both.group.size, "kv_workers": both.kv.num_workers,
     "pushpull": out.tolist(), "again": out2.tolist(), "allreduce": total.tolist(),
-    "servers": book.num_servers, "workers": len(book.workers),
+    "servers": book.num_servers, "workers": len(book.workers), "mismatch": mismatch, "after": after,
 }), flush=True)
 both.close()
 """
@@ -61,6 +67,8 @@ def test_workers_pushpull_and_allreduce_over_one_registration() -> None:
         assert r["pushpull"] == [3.0] * 6  # 1 + 2 (sync round of both workers)
         assert r["again"] == [6.0] * 6
         assert r["allreduce"] == [0.0, 3.0, 6.0, 9.0, 12.0]  # the workers only: the server is no member
+        assert r["mismatch"].startswith("CollectiveMismatch"), r  # on every rank
+        assert r["after"] == [2.0] * 3  # and the group goes on
     sched = job.of("scheduler")[0].text or ""
     pids = sorted(int(p) for p in re.findall(r"registered a worker on \S+ \(pid (\d+)\)", sched))
     assert pids == sorted(p.popen.pid for p in job.workers), sched  # one registration per worker
