@@ -163,12 +163,26 @@ def named_root(root: int, procs: Sequence[Proc]) -> tuple[int, int | None]:
         # (one that left may still have printed a line naming another: the job's end, told to it
         # as it finished, is no failure of its own)
         if left(named) or (failed(named) and peer_of(procs[named].tail) is None):
-            return named, by
+            return named, _detector(named, by, procs)
         # the node ``by`` waited for in an operation failed only by the job's end, waiting in no
         # operation itself (a rank that shut down, then failed in its finish as the job ended)
         if failed(named) and _waited(procs[by].tail) == peer and _waited(procs[named].tail) is None:
             return named, by
     return root, None
+
+
+def _detector(named: int, by: int, procs: Sequence[Proc]) -> int:
+    """Who to say reported ``procs[named]``'s failure: a failed scheduler that names it too, where
+    there is one (it judges the nodes' liveness and the others only relay its abort, whichever of
+    them happened to exit first), else ``by``."""
+    task = procs[named].task
+    for i, p in enumerate(procs):
+        peer = peer_of(p.tail)
+        result = p.result
+        if p.task.role == "scheduler" and result is not None and not result.ok and peer is not None:
+            if (peer.role, peer.rank) == (task.role, task.rank):
+                return i
+    return by
 
 
 def _waited(lines: deque[str]) -> PeerFailure | None:

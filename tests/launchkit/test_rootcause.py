@@ -106,6 +106,19 @@ def test_named_root_names_the_node_a_reporter_names() -> None:
     assert named_root(0, procs(alone, {0, 2, 3})) == (0, None)
 
 
+def test_the_scheduler_is_named_as_the_reporter_whichever_relay_exited_first() -> None:
+    """A hung worker: the scheduler gives up on its heartbeats and aborts the job; a server may exit
+    before the scheduler does (and so be the first failure), but the scheduler judged the worker,
+    so it is the one said to have reported it (the CI run of stop 42 named the server)."""
+    tails = [tail(SAYS_W1), tail(SAYS_W1), tail(SAYS_W1), tail("worker 1 stops")]
+    assert named_root(1, procs(tails, {0, 1, 2, 3})) == (3, 0)
+    assert named_root(2, procs(tails, {0, 1, 2, 3})) == (3, 0)
+    # a scheduler that exited 0 or names no node is not said to have reported it
+    assert named_root(1, procs(tails, {1, 2, 3})) == (3, 1)
+    other = [tail("bye"), tail(SAYS_W1), tail(SAYS_W1), tail("worker 1 stops")]
+    assert named_root(2, procs(other, {0, 1, 2, 3})) == (3, 2)
+
+
 def test_a_node_that_exited_0_while_others_waited_for_it_is_the_root() -> None:
     """Worker 1 exited 0 early: the reporters that say they waited for it in an operation name it
     (its exit 0 alone would not blame it), and ``waited_by`` says who waited in what."""
