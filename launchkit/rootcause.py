@@ -178,10 +178,14 @@ def _detector(named: int, by: int, procs: Sequence[Proc]) -> int:
     task = procs[named].task
     for i, p in enumerate(procs):
         peer = peer_of(p.tail)
-        result = p.result
-        if p.task.role == "scheduler" and result is not None and not result.ok and peer is not None:
-            if (peer.role, peer.rank) == (task.role, task.rank):
-                return i
+        failed = p.result is not None and not p.result.ok
+        if (
+            p.task.role == "scheduler"
+            and failed
+            and peer is not None
+            and peer == PeerFailure(task.role, task.rank)
+        ):
+            return i
     return by
 
 
