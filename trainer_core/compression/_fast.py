@@ -364,3 +364,37 @@ def onebit_decode(vals, bits, block, out):
         for k in range(m & ~7, m):
             oo[k] = hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
     return out
+
+
+@_jit
+def onebit_decode_sum(vals, bits, block, out):
+    """``out`` = the sum of ``k`` payloads decoded, added in order in ``out``'s dtype: ``((d0 + d1)
+    + d2) ...``, the same bits as ``onebit_decode`` of each and numpy's adds. Payload ``j`` is
+    ``vals[j]`` and ``bits[j]`` (rows of one shape, ``onebit_decode``'s two arguments). Block by
+    block: a block of ``out`` is written from the first payload and added to from the others while
+    it is in cache, one pass over ``out`` instead of a decode and an add per payload."""
+    n = out.shape[0]
+    for blk in range(vals.shape[1] // 2):
+        s = blk * block
+        e = min(s + block, n)
+        oo = out[s:e]
+        m = e - s
+        for j in range(vals.shape[0]):
+            bb = bits[j, s >> 3 : (e + 7) >> 3]
+            lo = vals[j, 2 * blk]
+            hi = vals[j, 2 * blk + 1]
+            if j == 0:
+                for i in range(m >> 3):
+                    b = bb[i]
+                    for q in range(8):
+                        oo[8 * i + q] = hi if (b >> (7 - q)) & 1 else lo
+                for k in range(m & ~7, m):
+                    oo[k] = hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
+            else:
+                for i in range(m >> 3):
+                    b = bb[i]
+                    for q in range(8):
+                        oo[8 * i + q] += hi if (b >> (7 - q)) & 1 else lo
+                for k in range(m & ~7, m):
+                    oo[k] += hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
+    return out

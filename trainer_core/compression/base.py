@@ -17,6 +17,7 @@ Invariant (tested): ``decode(encode(g)) + new_residual == g + old_residual`` to 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -150,6 +151,41 @@ class Compressor:
             flat[...] = result
         return out.reshape(shape)
 
+    def decode_sum(
+        self,
+        payloads: Sequence[tuple[Any, dict[str, Any]]],
+        n: int,
+        dtype: Any,
+        out: Any,
+        scratch: Any = None,
+    ) -> Any:
+        """``out`` (a flat C-contiguous array of ``n`` values of ``dtype``) becomes the sum of the
+        decoded ``payloads`` (pairs of payload and metadata, at least one), added in their order in
+        ``dtype``: ``((d0 + d1) + d2) ...``, the same bits as decoding each and adding them with the
+        array module's ``add``. A kernel may do it in one pass (``_decode_sum``); else every payload
+        after the first is decoded into ``scratch`` (like ``out``; a fresh array when None) and
+        added."""
+        if not payloads:
+            raise ValueError("decode_sum needs at least one payload")
+        metas = [meta for _, meta in payloads]
+        for meta in metas:
+            if meta.get("type") != self.name:
+                raise ValueError(f"{self.name} cannot decode a payload of type {meta.get('type')!r}")
+        dt = check_dtype(dtype)
+        if out.size != n or out.dtype != dt or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous {dt} array of {n} values")
+        flat = out.reshape(-1)
+        bufs = [as_payload(p) for p, _ in payloads]
+        if len(bufs) > 1 and self._decode_sum(bufs, metas, n, dt, flat):
+            return out
+        self.decode(bufs[0], metas[0], n, dt, flat)
+        if len(bufs) > 1:
+            xp = array_module(flat)
+            tmp = xp.empty_like(flat) if scratch is None else scratch
+            for buf, meta in zip(bufs[1:], metas[1:], strict=True):
+                xp.add(flat, self.decode(buf, meta, n, dt, tmp), out=flat)
+        return out
+
     # -- hooks ------------------------------------------------------------------------------
     def use_fast(self, x: Any, dtype: np.dtype) -> bool:
         """True when the numba kernel should run: host arrays of float32/float64 with numba present."""
@@ -167,6 +203,13 @@ class Compressor:
     def _decode(self, xp: Any, buf: Any, meta: dict[str, Any], n: int, dtype: np.dtype, out: Any) -> Any:
         """Return the n values; a kernel may write them straight into ``out`` when it is not None."""
         raise NotImplementedError
+
+    def _decode_sum(
+        self, bufs: list[Any], metas: list[dict[str, Any]], n: int, dtype: np.dtype, out: Any
+    ) -> bool:
+        """Write into ``out`` the sum of the decoded ``bufs`` (see ``decode_sum``) in one pass and
+        return True, or return False where there is no such kernel for them."""
+        return False
 
 
 def param_error(name: str, key: str, value: Any, want: str) -> ValueError:

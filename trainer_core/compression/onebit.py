@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from trainer_core.xp import array_module
+from trainer_core.xp import array_module, is_device_array
 
 from . import kernels
 from .base import Compressor, param_error
@@ -93,6 +93,29 @@ class OneBit(Compressor):
 
             return _fast.onebit_decode(vals, bits, b, np.empty(n, dtype=dtype) if out is None else out)
         return decode_xp(xp, vals, bits, b, n, dtype)
+
+    def _decode_sum(
+        self, bufs: list[Any], metas: list[dict[str, Any]], n: int, dtype: np.dtype, out: Any
+    ) -> bool:
+        """The compiled kernel (host arrays, one block size): the payloads' values and bits as the
+        rows of two arrays (a few bytes per block), then one pass over ``out``."""
+        b = int(metas[0]["block_size"])
+        if any(int(m["block_size"]) != b for m in metas) or not self.use_fast(out, dtype):
+            return False
+        if any(is_device_array(buf) for buf in bufs):
+            return False
+        want, nblocks = wire_bytes(n, b), math.ceil(n / b)
+        vals = np.empty((len(bufs), 2 * nblocks), dtype=np.float32)
+        bits = np.empty((len(bufs), want - 8 * nblocks), dtype=np.uint8)
+        for j, buf in enumerate(bufs):
+            if buf.size != want:
+                raise ValueError(f"1bit payload of {buf.size} bytes does not hold {n} values (want {want})")
+            vals[j] = buf[: 8 * nblocks].view(np.float32)
+            bits[j] = buf[8 * nblocks :]
+        from . import _fast
+
+        _fast.onebit_decode_sum(vals, bits, b, out)
+        return True
 
 
 def _blocks(x: Any, b: int) -> list[Any]:

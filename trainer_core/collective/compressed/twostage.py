@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from trainer_core.compression import Compressor, get_compressor
-from trainer_core.compression.codec import check_meta, decode
+from trainer_core.compression.codec import check_meta, decode, decode_sum
 
 from ..algorithms import ring
 from ..primitives.links import Ctx, Handle, wait_all
@@ -48,12 +48,25 @@ def pack(payload: Any, meta: dict[str, Any]) -> np.ndarray:
     return out
 
 
+def split(msg: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """A ``pack``ed message's payload bytes and metadata (checked)."""
+    hl = int(msg[: _LEN.itemsize].view(_LEN)[0])
+    meta = check_meta(json.loads(bytes(msg[_LEN.itemsize : _LEN.itemsize + hl]).decode()))
+    return msg[_LEN.itemsize + hl :], meta
+
+
 def unpack(msg: np.ndarray, n: int, dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
     """Decode a ``pack``ed message into ``n`` values of ``dtype`` (into ``out`` where given: flat,
     C-contiguous)."""
-    hl = int(msg[: _LEN.itemsize].view(_LEN)[0])
-    meta = check_meta(json.loads(bytes(msg[_LEN.itemsize : _LEN.itemsize + hl]).decode()))
-    return np.asarray(decode(msg[_LEN.itemsize + hl :], meta, n, dtype, out)).reshape(-1)
+    body, meta = split(msg)
+    return np.asarray(decode(body, meta, n, dtype, out)).reshape(-1)
+
+
+def unpack_sum(msgs: list[np.ndarray], n: int, dtype: np.dtype, out: np.ndarray, scratch: np.ndarray) -> None:
+    """``out`` (flat, ``n`` values of ``dtype``) becomes the sum of the ``pack``ed ``msgs`` decoded,
+    added in their order: the bits of ``unpack`` of each and numpy's adds, in one pass over ``out``
+    where the compressor has a kernel for it (``scratch``, like ``out``, serves the others)."""
+    decode_sum([split(m) for m in msgs], n, dtype, out, scratch)
 
 
 @dataclass
@@ -101,18 +114,15 @@ def allreduce(
     result from them).
 
     Pipelined: a rank encodes the chunk of one peer and posts it before encoding the next (its own
-    chunk last), so the wire carries chunk ``k`` while chunk ``k+1`` is encoded; it decodes each
-    peer's payload as it arrives (in the order they are sent: from ``rank-1`` first), and in the
+    chunk last), so the wire carries chunk ``k`` while chunk ``k+1`` is encoded; once every
+    peer's payload is in, it decodes and sums them all in one pass (``unpack_sum``), and in the
     second stage each owner sends its encoded reduced chunk straight to every peer (the ring's
     allgather bytes, without its ``size-1`` forwarding hops), decoded into the result on arrival."""
     size = ctx.size
     if spec.op not in OPS:
         raise ValueError(f"compressed allreduce sums or averages, not {spec.op!r}")
     bounds = ring.blocks(flat.size, size)
-    parts = _reduce_scatter(ctx.phase(0), flat, bounds, state)
-    reduced = parts[0]  # summed in place, in rank order (the parts are the group's scratch)
-    for r in range(1, size):
-        spec.combine(reduced, parts[r], reduced)
+    reduced = _reduce_scatter(ctx.phase(0), flat, bounds, state)
     spec.finish(reduced, size if count is None else count)
     out = np.empty_like(flat) if out is None else out
     _allgather(ctx.phase(1), _encode(state.server, reduced), bounds, out, keep)
@@ -175,27 +185,26 @@ def _bodies(
         yield p, msg
 
 
-def _reduce_scatter(
-    ctx: Ctx, flat: np.ndarray, bounds: list[tuple[int, int]], state: KeyState
-) -> list[np.ndarray]:
+def _reduce_scatter(ctx: Ctx, flat: np.ndarray, bounds: list[tuple[int, int]], state: KeyState) -> np.ndarray:
     """Stage 1: chunk ``c`` encoded with ``state.workers[c]`` goes to rank ``c``; returns this
-    rank's chunk as every rank sent it, decoded, by rank: rows of one working array (the group's
-    scratch, kept between operations: decoding into fresh arrays faulted in their pages every
-    time, about as costly as the decoding itself)."""
+    rank's chunk as every rank sent it, decoded and summed in rank order (``unpack_sum``: one pass
+    where the compressor has a kernel for it, instead of a decode and an add per rank), in a row of
+    the group's scratch (kept between operations: fresh arrays faulted in their pages every time,
+    about as costly as the decoding itself)."""
     rank = ctx.rank
     to, frm = _order(ctx)
     a, b = bounds[rank]
     got = _receive(ctx, frm)
     sends: list[Handle] = []
-    parts = ctx.buffer("compressed", flat.dtype, ctx.size * (b - a)).reshape(ctx.size, b - a)
     for p in to:
         lo, hi = bounds[p]
         sends += _post(ctx, p, _encode(state.workers[p], flat[lo:hi]))
-    unpack(_encode(state.workers[rank], flat[a:b]), b - a, flat.dtype, parts[rank])
-    for p, msg in got:
-        unpack(msg, b - a, flat.dtype, parts[p])
+    msgs = {rank: _encode(state.workers[rank], flat[a:b])}
+    msgs.update(got)
+    work = ctx.buffer("compressed", flat.dtype, 2 * (b - a)).reshape(2, b - a)
+    unpack_sum([msgs[r] for r in range(ctx.size)], b - a, flat.dtype, work[0], work[1])
     wait_all(sends)
-    return list(parts)
+    return work[0]
 
 
 def _allgather(
