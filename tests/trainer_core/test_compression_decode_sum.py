@@ -1,6 +1,6 @@
 """Decoding several payloads into their sum (``Compressor.decode_sum``, the module-level
 ``compression.decode_sum`` and ``codec.decode_sum``; the compiled 1-bit kernel
-``_fast.onebit_decode_sum``): the same bits as decoding each payload and adding them with numpy in
+``_fast_onebit.onebit_decode_sum``): the same bits as decoding each payload and adding them with numpy in
 their order, which is what the compressed allreduce's first stage did before it took one pass."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from trainer_core import compression
-from trainer_core.compression import _fast, codec, get_compressor
+from trainer_core.compression import _fast, _fast_onebit, codec, get_compressor
 from trainer_core.errors import CompressionError
 
 needs_numba = pytest.mark.skipif(not _fast.available(), reason="numba not installed")
@@ -80,7 +80,7 @@ def test_the_1bit_kernel_takes_one_pass_and_no_scratch(monkeypatch: pytest.Monke
     pairs = payloads({"type": "1bit"}, gradients("random", n, np.float32, k, rng))
     want = reference(pairs, n, np.float32)
     calls = {"sum": 0}
-    kernel = _fast.onebit_decode_sum
+    kernel = _fast_onebit.onebit_decode_sum
 
     def counted(*a: Any) -> Any:
         calls["sum"] += 1
@@ -89,8 +89,8 @@ def test_the_1bit_kernel_takes_one_pass_and_no_scratch(monkeypatch: pytest.Monke
     def refused(*a: Any) -> Any:
         raise AssertionError("decoded one payload alone")
 
-    monkeypatch.setattr(_fast, "onebit_decode_sum", counted)
-    monkeypatch.setattr(_fast, "onebit_decode", refused)
+    monkeypatch.setattr(_fast_onebit, "onebit_decode_sum", counted)
+    monkeypatch.setattr(_fast_onebit, "onebit_decode", refused)
     out = compression.decode_sum(pairs, n, np.float32, np.empty(n, np.float32), scratch=None)
     assert calls["sum"] == 1 and out.tobytes() == want.tobytes()
 

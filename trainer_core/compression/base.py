@@ -101,11 +101,26 @@ class Compressor:
         if "residual" in state:
             self.load_residual(state["residual"])
 
-    def encode(self, grad: Any) -> tuple[Any, dict[str, Any]]:
-        """Compress ``grad`` (with the residual added in), keep what was lost as the new residual."""
+    def encode(self, grad: Any, plus: Any = None) -> tuple[Any, dict[str, Any]]:
+        """Compress ``grad`` (with the residual added in), keep what was lost as the new residual.
+
+        ``plus`` (an array of ``grad``'s size and dtype, on its device) is added to ``grad`` first,
+        in their dtype: the payload and residual are those of encoding ``grad + plus``. Where
+        ``encodes_sum(grad)``, a kernel reads both and never forms the sum; else it is formed first
+        (a fresh array)."""
         xp = array_module(grad)
         dtype = check_dtype(grad.dtype)
         flat = xp.ascontiguousarray(grad).reshape(-1)
+        more = None
+        if plus is not None:
+            more = xp.ascontiguousarray(plus).reshape(-1)
+            if more.dtype != flat.dtype or more.size != flat.size or array_module(more) is not xp:
+                raise ValueError(
+                    f"{self.name}: plus ({more.size} x {more.dtype}) must be like the gradient "
+                    f"({flat.size} x {flat.dtype}, on its device)"
+                )
+            if not self.stateful or not self.encodes_sum(flat):
+                flat, more = xp.add(flat, more), None
         wdt = work_dtype(dtype)
         if not self.stateful:
             payload, meta = self._encode(xp, flat, None, dtype)
@@ -122,9 +137,17 @@ class Compressor:
                 f"{self.name}: gradient of {flat.size} x {dtype} does not match the residual of "
                 f"{res.size} x {res.dtype}; use one compressor per key (or reset())"
             )
-        payload, meta = self._encode(xp, flat, res, dtype)
+        if more is None:
+            payload, meta = self._encode(xp, flat, res, dtype)
+        else:
+            payload, meta = self._encode_sum(flat, more, res, dtype)
         self.last_wire_bytes = int(payload.nbytes)
         return payload, {"type": self.name, **meta}
+
+    def encodes_sum(self, grad: Any) -> bool:
+        """Whether ``encode(grad, plus)`` runs a kernel that reads ``grad`` and ``plus`` without
+        forming their sum (False: the sum is formed first, in a fresh array)."""
+        return False
 
     def decode(self, payload: Any, meta: dict[str, Any], shape: Any, dtype: Any, out: Any = None) -> Any:
         """Rebuild an array of ``shape`` and ``dtype`` from ``payload`` and ``meta``.
@@ -198,6 +221,10 @@ class Compressor:
         return _fast.available()
 
     def _encode(self, xp: Any, g: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
+        raise NotImplementedError
+
+    def _encode_sum(self, g: Any, g2: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
+        """``_encode`` of ``g + g2``, for a subclass whose ``encodes_sum`` says it can."""
         raise NotImplementedError
 
     def _decode(self, xp: Any, buf: Any, meta: dict[str, Any], n: int, dtype: np.dtype, out: Any) -> Any:

@@ -66,13 +66,26 @@ class OneBit(Compressor):
         if cuda is not None:
             return cuda.onebit_encode(g, r, b), meta
         if self.use_fast(g, dtype):
-            from . import _fast
+            from . import _fast_onebit
 
             out = np.empty(wire_bytes(n, b), dtype=np.uint8)
             vals = out[: 8 * nblocks].view(np.float32)
-            _fast.onebit_encode(g, r, b, vals, out[8 * nblocks :])
+            _fast_onebit.onebit_encode(g, r, b, vals, out[8 * nblocks :])
             return out, meta
         return encode_xp(xp, g, r, b, dtype), meta
+
+    def encodes_sum(self, grad: Any) -> bool:
+        """The compiled kernel does (host float32/float64 arrays)."""
+        return self.use_fast(grad, grad.dtype)
+
+    def _encode_sum(self, g: Any, g2: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
+        from . import _fast_onebit
+
+        n, b = g.size, self.block_size
+        out = np.empty(wire_bytes(n, b), dtype=np.uint8)
+        nblocks = math.ceil(n / b)
+        _fast_onebit.onebit_encode_sum(g, g2, r, b, out[: 8 * nblocks].view(np.float32), out[8 * nblocks :])
+        return out, {"block_size": b}
 
     def _decode(self, xp: Any, buf: Any, meta: dict[str, Any], n: int, dtype: np.dtype, out: Any) -> Any:
         b = int(meta["block_size"])
@@ -89,9 +102,9 @@ class OneBit(Compressor):
         vals = buf[: 8 * nblocks].view(np.float32)
         bits = buf[8 * nblocks :]
         if self.use_fast(buf, dtype):
-            from . import _fast
+            from . import _fast_onebit
 
-            return _fast.onebit_decode(vals, bits, b, np.empty(n, dtype=dtype) if out is None else out)
+            return _fast_onebit.onebit_decode(vals, bits, b, np.empty(n, dtype=dtype) if out is None else out)
         return decode_xp(xp, vals, bits, b, n, dtype)
 
     def _decode_sum(
@@ -112,9 +125,9 @@ class OneBit(Compressor):
                 raise ValueError(f"1bit payload of {buf.size} bytes does not hold {n} values (want {want})")
             vals[j] = buf[: 8 * nblocks].view(np.float32)
             bits[j] = buf[8 * nblocks :]
-        from . import _fast
+        from . import _fast_onebit
 
-        _fast.onebit_decode_sum(vals, bits, b, out)
+        _fast_onebit.onebit_decode_sum(vals, bits, b, out)
         return True
 
 

@@ -105,13 +105,16 @@ def allreduce(
     count: int | None = None,
     out: np.ndarray | None = None,
     keep: dict[int, np.ndarray] | None = None,
+    plus: np.ndarray | None = None,
 ) -> np.ndarray:
     """The compressed reduction of every rank's ``flat`` (float16/32/64; op sum or mean): a fresh
     array, bit-identical on every rank. ``mean`` divides by ``count`` (default: the ranks here; the
     hierarchical path passes the whole group's, each leader's ``flat`` being its host's sum);
     ``out`` (may be ``flat``, which is read before ``out`` is written) receives the result;
     ``keep`` (a dict) receives every chunk's stage-two payload by rank (``expand`` rebuilds the
-    result from them).
+    result from them); ``plus`` (like ``flat``, read before ``out`` is written): this rank's
+    input is ``flat + plus``, added in their dtype as each chunk is encoded (``Compressor.encode``'s
+    ``plus``: never formed where the compressor ``encodes_sum``).
 
     Pipelined: a rank encodes the chunk of one peer and posts it before encoding the next (its own
     chunk last), so the wire carries chunk ``k`` while chunk ``k+1`` is encoded; once every
@@ -122,7 +125,7 @@ def allreduce(
     if spec.op not in OPS:
         raise ValueError(f"compressed allreduce sums or averages, not {spec.op!r}")
     bounds = ring.blocks(flat.size, size)
-    reduced = _reduce_scatter(ctx.phase(0), flat, bounds, state)
+    reduced = _reduce_scatter(ctx.phase(0), flat, bounds, state, plus)
     spec.finish(reduced, size if count is None else count)
     out = np.empty_like(flat) if out is None else out
     _allgather(ctx.phase(1), _encode(state.server, reduced), bounds, out, keep)
@@ -148,8 +151,8 @@ def expand(form: np.ndarray, out: np.ndarray, size: int) -> None:
         at += n
 
 
-def _encode(comp: Compressor, chunk: np.ndarray) -> np.ndarray:
-    payload, meta = comp.encode(chunk)
+def _encode(comp: Compressor, chunk: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
+    payload, meta = comp.encode(chunk, plus)
     return pack(np.asarray(payload), meta)
 
 
@@ -185,12 +188,15 @@ def _bodies(
         yield p, msg
 
 
-def _reduce_scatter(ctx: Ctx, flat: np.ndarray, bounds: list[tuple[int, int]], state: KeyState) -> np.ndarray:
-    """Stage 1: chunk ``c`` encoded with ``state.workers[c]`` goes to rank ``c``; returns this
-    rank's chunk as every rank sent it, decoded and summed in rank order (``unpack_sum``: one pass
-    where the compressor has a kernel for it, instead of a decode and an add per rank), in a row of
-    the group's scratch (kept between operations: fresh arrays faulted in their pages every time,
-    about as costly as the decoding itself)."""
+def _reduce_scatter(
+    ctx: Ctx, flat: np.ndarray, bounds: list[tuple[int, int]], state: KeyState, plus: np.ndarray | None
+) -> np.ndarray:
+    """Stage 1: chunk ``c`` encoded with ``state.workers[c]`` (of ``flat + plus``, where ``plus``
+    is given) goes to rank ``c``; returns this rank's chunk as every rank sent it, decoded and
+    summed in rank order (``unpack_sum``: one pass where the compressor has a kernel for it,
+    instead of a decode and an add per rank), in a row of the group's scratch (kept between
+    operations: fresh arrays faulted in their pages every time, about as costly as the decoding
+    itself)."""
     rank = ctx.rank
     to, frm = _order(ctx)
     a, b = bounds[rank]
@@ -198,8 +204,8 @@ def _reduce_scatter(ctx: Ctx, flat: np.ndarray, bounds: list[tuple[int, int]], s
     sends: list[Handle] = []
     for p in to:
         lo, hi = bounds[p]
-        sends += _post(ctx, p, _encode(state.workers[p], flat[lo:hi]))
-    msgs = {rank: _encode(state.workers[rank], flat[a:b])}
+        sends += _post(ctx, p, _encode(state.workers[p], flat[lo:hi], None if plus is None else plus[lo:hi]))
+    msgs = {rank: _encode(state.workers[rank], flat[a:b], None if plus is None else plus[a:b])}
     msgs.update(got)
     work = ctx.buffer("compressed", flat.dtype, 2 * (b - a)).reshape(2, b - a)
     unpack_sum([msgs[r] for r in range(ctx.size)], b - a, flat.dtype, work[0], work[1])
