@@ -20,8 +20,9 @@ leader) assembles the host's reduction, runs ``cross`` on it (the leaders' allre
 result into its slot and posts ``3k+3``; the others wait for that and copy it out. Where ``cross``
 returns the result in a smaller form (the compressed allreduce: its payloads) and ``expand`` turns
 that form into the result, the leader writes that form instead, notes its length (``Local.note``),
-and the others ``expand`` it: about 1 MB read and decoded instead of a 40 MB copy at 1e7 float32
-at 1 bit, the same bytes through the same code as the leader's, so bit-identical. As only the
+posts ``3k+3`` and only then ``expand``s it into its own output, while the others do the same:
+about 1 MB read and decoded instead of a 40 MB copy at 1e7 float32 at 1 bit, the same bytes
+through the same code on every rank, so bit-identical. As only the
 leader reads the slots' blocks then, its own block is not copied into its slot; not ``split``,
 only the leader reduces, reading its own input in place (the others copy theirs to their slots).
 With two ranks and ``cross_sum`` (the compressed allreduce, whose 1-bit encoder reads a sum of two
@@ -55,7 +56,8 @@ def allreduce(
     """``out`` (flat, ``x``'s dtype and size; may be ``x`` itself) becomes the reduction of every
     local rank's flat ``x``, then (``cross``) over the hosts; ``expand(form, out)``: writes into
     ``out`` the result from the uint8 ``form`` that ``cross`` returned (None: the result itself
-    goes through the slot). ``show`` runs before this rank posts its first step (it shows the
+    goes through the slot; with ``expand``, ``cross`` leaves ``out`` alone and the leader
+    expands the form too, after it shared it). ``show`` runs before this rank posts its first step (it shows the
     operation's record beside its counter) and ``agreed`` once every rank posted it: False ends the
     operation there (every rank sees the same records, so every rank ends it) and returns False.
     ``cross_sum(x, other, out)``, with two local ranks and not ``split``: the leader leaves the
@@ -104,12 +106,16 @@ def allreduce(
     if cross is not None:
         if me == 0:
             form = cross_sum(x, slots[1], out) if fused and cross_sum is not None else cross(out)
-            if form is not None and expand is not None and 0 < form.nbytes <= x.nbytes:
-                np.copyto(loc.segment.slot(0, form.dtype, form.size), form)
-                loc.note(form.nbytes)
-            else:
-                np.copyto(slots[0], out)
-                loc.note(0)
+            if form is not None and expand is not None:
+                if 0 < form.nbytes <= x.nbytes:  # shared first: the host's ranks expand it at once
+                    np.copyto(loc.segment.slot(0, form.dtype, form.size), form)
+                    loc.note(form.nbytes)
+                    loc.post(base + 3)
+                    expand(form, out)
+                    return True
+                expand(form, out)
+            np.copyto(slots[0], out)
+            loc.note(0)
         else:
             loc.wait_for(0, base + 3, "bring the other hosts' result")
             n = loc.noted(0)

@@ -10,8 +10,8 @@ topology where some host has several ranks and there are several hosts).
    chunk: the residual is of the host's sum, the other ranks' state is never used); ``mean``
    divides by the whole group's size before the second stage;
 3. the leader's result goes back to its host's ranks: through shared memory as the leaders'
-   stage-two payloads, which each rank decodes as the leader did (about 1/32 of the bytes of the
-   result at 1 bit; bit-identical everywhere), else copied.
+   stage-two payloads, which every rank decodes, the leader too, once it has shared them (about
+   1/32 of the bytes of the result at 1 bit; bit-identical everywhere), else copied.
 
 Only the leaders encode and decode, and one compressed payload per host crosses the links.
 """
@@ -66,12 +66,14 @@ def allreduce(
 
         def on_leaders(buf: np.ndarray) -> np.ndarray:  # the host's other ranks decode the payloads
             keep: dict[int, np.ndarray] = {}
-            cross(on(), buf, total, keep)
+            twostage.allreduce(on(), buf, spec, st, count=ctx.size, out=buf, keep=keep, decode=False)
             return twostage.publish(keep)
 
         def on_leaders_sum(mine: np.ndarray, other: np.ndarray, buf: np.ndarray) -> np.ndarray:
             keep: dict[int, np.ndarray] = {}
-            twostage.allreduce(on(), mine, spec, st, count=ctx.size, out=buf, keep=keep, plus=other)
+            twostage.allreduce(
+                on(), mine, spec, st, count=ctx.size, out=buf, keep=keep, plus=other, decode=False
+            )
             return twostage.publish(keep)
 
         nhosts = len(leaders)

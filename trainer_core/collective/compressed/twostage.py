@@ -106,6 +106,7 @@ def allreduce(
     out: np.ndarray | None = None,
     keep: dict[int, np.ndarray] | None = None,
     plus: np.ndarray | None = None,
+    decode: bool = True,
 ) -> np.ndarray:
     """The compressed reduction of every rank's ``flat`` (float16/32/64; op sum or mean): a fresh
     array, bit-identical on every rank. ``mean`` divides by ``count`` (default: the ranks here; the
@@ -114,7 +115,9 @@ def allreduce(
     ``keep`` (a dict) receives every chunk's stage-two payload by rank (``expand`` rebuilds the
     result from them); ``plus`` (like ``flat``, read before ``out`` is written): this rank's
     input is ``flat + plus``, added in their dtype as each chunk is encoded (``Compressor.encode``'s
-    ``plus``: never formed where the compressor ``encodes_sum``).
+    ``plus``: never formed where the compressor ``encodes_sum``); ``decode=False`` (with
+    ``keep``): stage two's payloads are only kept, ``out`` is not written (the caller ``expand``s
+    them, as the hierarchical path's leader does once it has shared them with its host).
 
     Pipelined: a rank encodes the chunk of one peer and posts it before encoding the next (its own
     chunk last), so the wire carries chunk ``k`` while chunk ``k+1`` is encoded; once every
@@ -128,7 +131,9 @@ def allreduce(
     reduced = _reduce_scatter(ctx.phase(0), flat, bounds, state, plus)
     spec.finish(reduced, size if count is None else count)
     out = np.empty_like(flat) if out is None else out
-    _allgather(ctx.phase(1), _encode(state.server, reduced), bounds, out, keep)
+    if not decode and keep is None:
+        raise ValueError("decode=False keeps stage two's payloads: give keep")
+    _allgather(ctx.phase(1), _encode(state.server, reduced), bounds, out if decode else None, keep)
     return out
 
 
@@ -217,21 +222,23 @@ def _allgather(
     ctx: Ctx,
     mine: np.ndarray,
     bounds: list[tuple[int, int]],
-    out: np.ndarray,
+    out: np.ndarray | None,
     keep: dict[int, np.ndarray] | None = None,
 ) -> None:
     """Stage 2: this rank's encoded reduced chunk to every peer; every chunk (its own included)
-    decoded into ``out`` (and kept, by rank, in ``keep``)."""
+    decoded into ``out`` (None: not decoded) and kept, by rank, in ``keep``."""
     to, frm = _order(ctx)
     got = _receive(ctx, frm)
     sends = [h for p in to for h in _post(ctx, p, mine)]
     a, b = bounds[ctx.rank]
-    unpack(mine, b - a, out.dtype, out[a:b])
+    if out is not None:
+        unpack(mine, b - a, out.dtype, out[a:b])
     if keep is not None:
         keep[ctx.rank] = mine
     for p, msg in got:
         lo, hi = bounds[p]
-        unpack(msg, hi - lo, out.dtype, out[lo:hi])
+        if out is not None:
+            unpack(msg, hi - lo, out.dtype, out[lo:hi])
         if keep is not None:
             keep[p] = msg
     wait_all(sends)
