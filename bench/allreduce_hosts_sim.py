@@ -15,7 +15,9 @@ over TCP on loopback. No link is capped: the times are CPU- and memory-bound, no
 time (``PYTHONPATH``), alternated within each round (order reversed every other round).
 ``--where``: instead, where each rank's CPU goes in the 1-bit operation (``WHERE``: the thread CPU
 of the compressed path's encoding, decoding, host sum and stages, per operation, by wrapping
-those functions), every rank's row.
+those functions), every rank's row. Where a leader of two ranks encodes its input plus the other
+rank's slot without forming their sum (``Compressor.encodes_sum``), the host sum is inside its
+encoding.
 """
 
 from __future__ import annotations
@@ -65,9 +67,10 @@ def wrap(mod, name, label):
             spent[label] += time.thread_time() - t
     setattr(mod, name, timed)
 for mod, name, label in ((twostage, "_encode", "encode"), (twostage, "unpack", "decode"),
-                         (shmreduce, "_reduce", "host sum"), (twostage, "_reduce_scatter", "stage 1"),
-                         (twostage, "_allgather", "stage 2")):
-    wrap(mod, name, label)
+                         (twostage, "unpack_sum", "decode"), (shmreduce, "_reduce", "host sum"),
+                         (twostage, "_reduce_scatter", "stage 1"), (twostage, "_allgather", "stage 2")):
+    if hasattr(mod, name):  # (a tree without unpack_sum decodes stage one with unpack)
+        wrap(mod, name, label)
 g = collective.group()
 x = np.ones(n, np.float32)
 state = ErrorFeedback({"type": "1bit"})

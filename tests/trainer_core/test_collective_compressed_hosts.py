@@ -156,3 +156,35 @@ def test_out_and_the_hosts_split_sum_match_the_reference(hosts: list[str], into:
         for r in range(w):
             assert out[r][s].tobytes() == out[0][s].tobytes()
         np.testing.assert_allclose(out[0][s], want[s], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("into", ["fresh", "out", "inplace"])
+def test_a_leader_of_two_encodes_its_hosts_sum_without_forming_it_with_the_same_bits(
+    into: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With two ranks on a host, a leader whose compressor ``encodes_sum`` hands its input and the
+    other rank's slot to the encoder instead of writing their sum first: every rank's result, over
+    three steps (the residuals carry over), is what the path that forms the sum gives, bit for bit."""
+    from trainer_core.compression import _fast, _fast_onebit
+    from trainer_core.compression.onebit import OneBit
+
+    params = {"type": "1bit", "block_size": 64}
+    hosts = HOSTS[0]
+    w, n = len(hosts), 64 * 4 * 3 * 3 + 64 * 2 + 17  # each leader's chunk: quads, blocks, a short one
+    rng = np.random.default_rng(13)
+    steps = [[rng.standard_normal(n).astype(np.float32) for _ in range(w)] for _ in range(3)]
+    calls = {"sum": 0}
+    if _fast.available():
+        kernel = _fast_onebit.onebit_encode_sum
+
+        def counted(*a: Any) -> Any:
+            calls["sum"] += 1
+            return kernel(*a)
+
+        monkeypatch.setattr(_fast_onebit, "onebit_encode_sum", counted)
+    fused = run(params, hosts, steps, "mean", True, into)
+    assert calls["sum"] == (3 * 3 * 3 if _fast.available() else 0)  # 3 leaders x 3 chunks x 3 steps
+    monkeypatch.setattr(OneBit, "encodes_sum", lambda self, grad: False)
+    formed = run(params, hosts, steps, "mean", True, into)
+    for r in range(w):
+        assert [y.tobytes() for y in fused[r]] == [y.tobytes() for y in formed[r]]

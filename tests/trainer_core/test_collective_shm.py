@@ -239,7 +239,8 @@ def test_futex_sleeps_until_woken_or_the_word_changes() -> None:
 def test_the_leader_publishes_a_smaller_form_of_the_result_that_the_others_expand() -> None:
     """With ``cross`` returning the result in a smaller form and an ``expand``, the host's other
     ranks rebuild the result from that form in the segment (as the compressed allreduce's payloads
-    are decoded) instead of copying it; a form larger than the buffer goes the old way."""
+    are decoded) instead of copying it, and the leader from its own copy once it shared it; a form
+    larger than the buffer goes the old way (the leader expands it and shares the result)."""
     from trainer_core.collective.algorithms import shmreduce
     from trainer_core.collective.primitives.reduce import spec_for
 
@@ -251,11 +252,11 @@ def test_the_leader_publishes_a_smaller_form_of_the_result_that_the_others_expan
     def cross(buf: np.ndarray, big: bool) -> np.ndarray:  # the other hosts: x3, as float16 bits
         buf *= 3
         form = buf.astype(np.float16).view(np.uint8)
-        return np.concatenate([form, form, form]) if big else form
+        return np.concatenate([form, np.zeros(2 * form.size, np.uint8)]) if big else form
 
     def expand(form: np.ndarray, out: np.ndarray) -> None:
         expanded.append(form.size)
-        np.copyto(out, form.view(np.float16))
+        np.copyto(out, form[: 2 * n].view(np.float16))
 
     def body(r: int) -> list[np.ndarray]:
         loc = locs[r]
@@ -272,4 +273,4 @@ def test_the_leader_publishes_a_smaller_form_of_the_result_that_the_others_expan
     got = run_closing(locs, body)
     for out in (*got[0], *got[1]):
         assert (out == 9).all()
-    assert expanded == [2 * n]  # rank 1, the first operation only
+    assert sorted(expanded) == [2 * n, 2 * n, 6 * n]  # both ranks the small form, the leader the big

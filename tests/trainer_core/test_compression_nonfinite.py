@@ -1,5 +1,5 @@
 """Non-finite gradients through every compressor (compression/twobit.py, onebit.py, topk.py and
-their numba kernels in _fast.py; the CUDA kernels: test_compression_cuda.py).
+their numba kernels in _fast*.py; the CUDA kernels: test_compression_cuda.py).
 
 The rule: a NaN or +-inf reaches the receiver as a non-finite value (2bit: NaN; 1bit: its whole
 block NaN; topk: itself), so a sum over workers, a divergence check or an AMP overflow check sees

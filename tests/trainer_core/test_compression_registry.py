@@ -197,3 +197,23 @@ def test_codec_decode_with_a_parameter_missing_from_the_metadata_is_a_compressio
 
     with pytest.raises(CompressionError, match=f"lacks '{missing}'"):
         decode(bytes(64), {"type": name}, 10, "float32")
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_encode_with_plus_is_encoding_the_sum(dtype):
+    """``encode(g, plus=g2)``: the payload and residual of ``encode(g + g2)``, for every compressor
+    (a kernel that reads both, or the sum formed first); a ``plus`` unlike ``g`` is refused."""
+    rng = np.random.default_rng(4)
+    for name in compression.available():
+        if name == "powersgd":
+            continue  # a matrix's factors: the collectives allreduce them, never a sum of two
+        one, two = get_compressor({"type": name}), get_compressor({"type": name})
+        for _ in range(2):
+            g, g2 = (rng.standard_normal(3000).astype(dtype) for _ in range(2))
+            p1, m1 = one.encode(g + g2)
+            p2, m2 = two.encode(g, plus=g2)
+            assert (bytes(np.asarray(p1)), m1) == (bytes(np.asarray(p2)), m2), name
+            if one.stateful:
+                assert one.residual.tobytes() == two.residual.tobytes(), name
+        with pytest.raises(ValueError, match=r"plus \(2999 x .*\) must be like the gradient"):
+            two.encode(g, plus=g2[1:])

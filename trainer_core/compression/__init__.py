@@ -15,6 +15,7 @@ A new compressor is one module with a ``Compressor`` subclass plus one line in `
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ from .powersgd import PowerSGD
 from .topk import TopK
 from .twobit import TwoBit
 
-__all__ = ["REGISTRY", "Compressor", "available", "decode", "get_compressor", "ratio"]
+__all__ = ["REGISTRY", "Compressor", "available", "decode", "decode_sum", "get_compressor", "ratio"]
 
 REGISTRY: dict[str, type[Compressor]] = {
     Identity.name: Identity,
@@ -77,6 +78,20 @@ def decode(payload: Any, meta: dict[str, Any], shape: Any, dtype: Any, out: Any 
     if cls is None:
         raise ValueError(f"unknown compression type {name!r} in payload metadata")
     return _decoders(cls).decode(payload, meta, shape, dtype, out)
+
+
+def decode_sum(
+    payloads: Sequence[tuple[Any, dict[str, Any]]], n: int, dtype: Any, out: Any, scratch: Any = None
+) -> Any:
+    """Decode ``payloads`` (pairs of payload and metadata, all of one type) and add them in their
+    order into ``out`` (flat, ``n`` values of ``dtype``): ``Compressor.decode_sum``."""
+    names = sorted({str(meta.get("type")) for _, meta in payloads})
+    if len(names) != 1:
+        raise ValueError(f"decode_sum adds one or more payloads of one type, not of {names}")
+    cls = REGISTRY.get(names[0])
+    if cls is None:
+        raise ValueError(f"unknown compression type {names[0]!r} in payload metadata")
+    return _decoders(cls).decode_sum(payloads, n, dtype, out, scratch)
 
 
 _DECODERS: dict[type[Compressor], Compressor] = {}

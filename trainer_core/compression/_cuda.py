@@ -1,5 +1,5 @@
 """CUDA kernels for cupy arrays: the 1-bit, 2-bit and top-k encoders and decoders, byte-identical
-to the host kernels (``_fast.py`` and the numpy twins in each compressor module).
+to the host kernels (``_fast*.py`` and the numpy twins in each compressor module).
 
 The CUDA C source is one template (``BODY``) filled in per gradient dtype (``render``): ``G`` the
 gradient's storage type (float16 as raw ``unsigned short``), ``W`` the residual's work type and

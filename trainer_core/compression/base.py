@@ -17,6 +17,7 @@ Invariant (tested): ``decode(encode(g)) + new_residual == g + old_residual`` to 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -100,11 +101,26 @@ class Compressor:
         if "residual" in state:
             self.load_residual(state["residual"])
 
-    def encode(self, grad: Any) -> tuple[Any, dict[str, Any]]:
-        """Compress ``grad`` (with the residual added in), keep what was lost as the new residual."""
+    def encode(self, grad: Any, plus: Any = None) -> tuple[Any, dict[str, Any]]:
+        """Compress ``grad`` (with the residual added in), keep what was lost as the new residual.
+
+        ``plus`` (an array of ``grad``'s size and dtype, on its device) is added to ``grad`` first,
+        in their dtype: the payload and residual are those of encoding ``grad + plus``. Where
+        ``encodes_sum(grad)``, a kernel reads both and never forms the sum; else it is formed first
+        (a fresh array)."""
         xp = array_module(grad)
         dtype = check_dtype(grad.dtype)
         flat = xp.ascontiguousarray(grad).reshape(-1)
+        more = None
+        if plus is not None:
+            more = xp.ascontiguousarray(plus).reshape(-1)
+            if more.dtype != flat.dtype or more.size != flat.size or array_module(more) is not xp:
+                raise ValueError(
+                    f"{self.name}: plus ({more.size} x {more.dtype}) must be like the gradient "
+                    f"({flat.size} x {flat.dtype}, on its device)"
+                )
+            if not self.stateful or not self.encodes_sum(flat):
+                flat, more = xp.add(flat, more), None
         wdt = work_dtype(dtype)
         if not self.stateful:
             payload, meta = self._encode(xp, flat, None, dtype)
@@ -121,9 +137,17 @@ class Compressor:
                 f"{self.name}: gradient of {flat.size} x {dtype} does not match the residual of "
                 f"{res.size} x {res.dtype}; use one compressor per key (or reset())"
             )
-        payload, meta = self._encode(xp, flat, res, dtype)
+        if more is None:
+            payload, meta = self._encode(xp, flat, res, dtype)
+        else:
+            payload, meta = self._encode_sum(flat, more, res, dtype)
         self.last_wire_bytes = int(payload.nbytes)
         return payload, {"type": self.name, **meta}
+
+    def encodes_sum(self, grad: Any) -> bool:
+        """Whether ``encode(grad, plus)`` runs a kernel that reads ``grad`` and ``plus`` without
+        forming their sum (False: the sum is formed first, in a fresh array)."""
+        return False
 
     def decode(self, payload: Any, meta: dict[str, Any], shape: Any, dtype: Any, out: Any = None) -> Any:
         """Rebuild an array of ``shape`` and ``dtype`` from ``payload`` and ``meta``.
@@ -150,6 +174,41 @@ class Compressor:
             flat[...] = result
         return out.reshape(shape)
 
+    def decode_sum(
+        self,
+        payloads: Sequence[tuple[Any, dict[str, Any]]],
+        n: int,
+        dtype: Any,
+        out: Any,
+        scratch: Any = None,
+    ) -> Any:
+        """``out`` (a flat C-contiguous array of ``n`` values of ``dtype``) becomes the sum of the
+        decoded ``payloads`` (pairs of payload and metadata, at least one), added in their order in
+        ``dtype``: ``((d0 + d1) + d2) ...``, the same bits as decoding each and adding them with the
+        array module's ``add``. A kernel may do it in one pass (``_decode_sum``); else every payload
+        after the first is decoded into ``scratch`` (like ``out``; a fresh array when None) and
+        added."""
+        if not payloads:
+            raise ValueError("decode_sum needs at least one payload")
+        metas = [meta for _, meta in payloads]
+        for meta in metas:
+            if meta.get("type") != self.name:
+                raise ValueError(f"{self.name} cannot decode a payload of type {meta.get('type')!r}")
+        dt = check_dtype(dtype)
+        if out.size != n or out.dtype != dt or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous {dt} array of {n} values")
+        flat = out.reshape(-1)
+        bufs = [as_payload(p) for p, _ in payloads]
+        if len(bufs) > 1 and self._decode_sum(bufs, metas, n, dt, flat):
+            return out
+        self.decode(bufs[0], metas[0], n, dt, flat)
+        if len(bufs) > 1:
+            xp = array_module(flat)
+            tmp = xp.empty_like(flat) if scratch is None else scratch
+            for buf, meta in zip(bufs[1:], metas[1:], strict=True):
+                xp.add(flat, self.decode(buf, meta, n, dt, tmp), out=flat)
+        return out
+
     # -- hooks ------------------------------------------------------------------------------
     def use_fast(self, x: Any, dtype: np.dtype) -> bool:
         """True when the numba kernel should run: host arrays of float32/float64 with numba present."""
@@ -164,9 +223,20 @@ class Compressor:
     def _encode(self, xp: Any, g: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
         raise NotImplementedError
 
+    def _encode_sum(self, g: Any, g2: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
+        """``_encode`` of ``g + g2``, for a subclass whose ``encodes_sum`` says it can."""
+        raise NotImplementedError
+
     def _decode(self, xp: Any, buf: Any, meta: dict[str, Any], n: int, dtype: np.dtype, out: Any) -> Any:
         """Return the n values; a kernel may write them straight into ``out`` when it is not None."""
         raise NotImplementedError
+
+    def _decode_sum(
+        self, bufs: list[Any], metas: list[dict[str, Any]], n: int, dtype: np.dtype, out: Any
+    ) -> bool:
+        """Write into ``out`` the sum of the decoded ``bufs`` (see ``decode_sum``) in one pass and
+        return True, or return False where there is no such kernel for them."""
+        return False
 
 
 def param_error(name: str, key: str, value: Any, want: str) -> ValueError:

@@ -28,7 +28,7 @@ is what ``DistKVStore.wire_stats()`` reports.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +123,22 @@ def decode(payload: Any, meta: Any, size: int, dtype: Any, out: Any = None) -> A
         raise CompressionError(f"cannot decode a {m['type']} payload: its metadata lacks {exc}") from None
     except (ValueError, TypeError, IndexError) as exc:
         raise CompressionError(f"cannot decode a {m['type']} payload: {exc}") from None
+    return out.reshape(-1)
+
+
+def decode_sum(items: Sequence[tuple[Any, Any]], size: int, dtype: Any, out: Any, scratch: Any = None) -> Any:
+    """``out`` (flat, ``size`` values of ``dtype``) becomes the sum of the received payloads
+    ``items`` (pairs of payload and metadata, of one type), decoded and added in their order
+    (``Compressor.decode_sum``: the bits of ``decode`` of each and the array module's adds);
+    ``CompressionError`` as ``decode``."""
+    pairs = [(np.frombuffer(p, dtype=np.uint8), check_meta(m)) for p, m in items]
+    kind = pairs[0][1]["type"] if pairs else "none"
+    try:
+        out = _registry().decode_sum(pairs, size, np.dtype(dtype), out, scratch)
+    except KeyError as exc:  # a parameter the compressor needs is not in the metadata
+        raise CompressionError(f"cannot decode a {kind} payload: its metadata lacks {exc}") from None
+    except (ValueError, TypeError, IndexError) as exc:
+        raise CompressionError(f"cannot decode {kind} payloads: {exc}") from None
     return out.reshape(-1)
 
 

@@ -149,6 +149,9 @@ def warm(params: Mapping[str, Any] | None) -> None:
             t = time.perf_counter()
             payload, meta = comp.encode(g)
             comp.decode(payload, meta, g.shape, g.dtype, out=np.empty_like(g))
+            comp.decode_sum([(payload, meta)] * 2, g.size, g.dtype, np.empty_like(g))
+            if comp.encodes_sum(g):
+                comp.encode(g, plus=g)
             took = time.perf_counter() - t
     finally:
         _warming -= 1

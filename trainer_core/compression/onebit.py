@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from trainer_core.xp import array_module
+from trainer_core.xp import array_module, is_device_array
 
 from . import kernels
 from .base import Compressor, param_error
@@ -66,13 +66,26 @@ class OneBit(Compressor):
         if cuda is not None:
             return cuda.onebit_encode(g, r, b), meta
         if self.use_fast(g, dtype):
-            from . import _fast
+            from . import _fast_onebit
 
             out = np.empty(wire_bytes(n, b), dtype=np.uint8)
             vals = out[: 8 * nblocks].view(np.float32)
-            _fast.onebit_encode(g, r, b, vals, out[8 * nblocks :])
+            _fast_onebit.onebit_encode(g, r, b, vals, out[8 * nblocks :])
             return out, meta
         return encode_xp(xp, g, r, b, dtype), meta
+
+    def encodes_sum(self, grad: Any) -> bool:
+        """The compiled kernel does (host float32/float64 arrays)."""
+        return self.use_fast(grad, grad.dtype)
+
+    def _encode_sum(self, g: Any, g2: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
+        from . import _fast_onebit
+
+        n, b = g.size, self.block_size
+        out = np.empty(wire_bytes(n, b), dtype=np.uint8)
+        nblocks = math.ceil(n / b)
+        _fast_onebit.onebit_encode_sum(g, g2, r, b, out[: 8 * nblocks].view(np.float32), out[8 * nblocks :])
+        return out, {"block_size": b}
 
     def _decode(self, xp: Any, buf: Any, meta: dict[str, Any], n: int, dtype: np.dtype, out: Any) -> Any:
         b = int(meta["block_size"])
@@ -89,10 +102,33 @@ class OneBit(Compressor):
         vals = buf[: 8 * nblocks].view(np.float32)
         bits = buf[8 * nblocks :]
         if self.use_fast(buf, dtype):
-            from . import _fast
+            from . import _fast_onebit
 
-            return _fast.onebit_decode(vals, bits, b, np.empty(n, dtype=dtype) if out is None else out)
+            return _fast_onebit.onebit_decode(vals, bits, b, np.empty(n, dtype=dtype) if out is None else out)
         return decode_xp(xp, vals, bits, b, n, dtype)
+
+    def _decode_sum(
+        self, bufs: list[Any], metas: list[dict[str, Any]], n: int, dtype: np.dtype, out: Any
+    ) -> bool:
+        """The compiled kernel (host arrays, one block size): the payloads' values and bits as the
+        rows of two arrays (a few bytes per block), then one pass over ``out``."""
+        b = int(metas[0]["block_size"])
+        if any(int(m["block_size"]) != b for m in metas) or not self.use_fast(out, dtype):
+            return False
+        if any(is_device_array(buf) for buf in bufs):
+            return False
+        want, nblocks = wire_bytes(n, b), math.ceil(n / b)
+        vals = np.empty((len(bufs), 2 * nblocks), dtype=np.float32)
+        bits = np.empty((len(bufs), want - 8 * nblocks), dtype=np.uint8)
+        for j, buf in enumerate(bufs):
+            if buf.size != want:
+                raise ValueError(f"1bit payload of {buf.size} bytes does not hold {n} values (want {want})")
+            vals[j] = buf[: 8 * nblocks].view(np.float32)
+            bits[j] = buf[8 * nblocks :]
+        from . import _fast_onebit
+
+        _fast_onebit.onebit_decode_sum(vals, bits, b, out)
+        return True
 
 
 def _blocks(x: Any, b: int) -> list[Any]:

@@ -20,10 +20,14 @@ leader) assembles the host's reduction, runs ``cross`` on it (the leaders' allre
 result into its slot and posts ``3k+3``; the others wait for that and copy it out. Where ``cross``
 returns the result in a smaller form (the compressed allreduce: its payloads) and ``expand`` turns
 that form into the result, the leader writes that form instead, notes its length (``Local.note``),
-and the others ``expand`` it: about 1 MB read and decoded instead of a 40 MB copy at 1e7 float32
-at 1 bit, the same bytes through the same code as the leader's, so bit-identical. As only the
+posts ``3k+3`` and only then ``expand``s it into its own output, while the others do the same:
+about 1 MB read and decoded instead of a 40 MB copy at 1e7 float32 at 1 bit, the same bytes
+through the same code on every rank, so bit-identical. As only the
 leader reads the slots' blocks then, its own block is not copied into its slot; not ``split``,
 only the leader reduces, reading its own input in place (the others copy theirs to their slots).
+With two ranks and ``cross_sum`` (the compressed allreduce, whose 1-bit encoder reads a sum of two
+without writing it), the leader does not form the host's sum at all: ``cross_sum`` gets its input
+and the other rank's slot.
 """
 
 from __future__ import annotations
@@ -47,13 +51,18 @@ def allreduce(
     expand: Callable[[np.ndarray, np.ndarray], None] | None = None,
     show: Callable[[], None] | None = None,
     agreed: Callable[[], bool] | None = None,
+    cross_sum: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray | None] | None = None,
 ) -> bool:
     """``out`` (flat, ``x``'s dtype and size; may be ``x`` itself) becomes the reduction of every
     local rank's flat ``x``, then (``cross``) over the hosts; ``expand(form, out)``: writes into
     ``out`` the result from the uint8 ``form`` that ``cross`` returned (None: the result itself
-    goes through the slot). ``show`` runs before this rank posts its first step (it shows the
+    goes through the slot; with ``expand``, ``cross`` leaves ``out`` alone and the leader
+    expands the form too, after it shared it). ``show`` runs before this rank posts its first step (it shows the
     operation's record beside its counter) and ``agreed`` once every rank posted it: False ends the
-    operation there (every rank sees the same records, so every rank ends it) and returns False."""
+    operation there (every rank sees the same records, so every rank ends it) and returns False.
+    ``cross_sum(x, other, out)``, with two local ranks and not ``split``: the leader leaves the
+    host's sum to it (``x + other``, ``other`` the other rank's slot, ``spec``'s sum of two), and
+    it does what ``cross`` would on that sum, into ``out``, never writing the sum itself."""
     base, slots = loc.begin(x, 1)
     me, size = loc.rank, loc.size
     bounds = blocks(x.size, size)
@@ -63,6 +72,8 @@ def allreduce(
     direct = split and not np.may_share_memory(x, out)
     # with ``cross`` and not ``split``, only the leader reduces, reading its own ``x`` in place
     alone = cross is not None and not split
+    # ... and with two, ``cross_sum`` takes the two inputs instead of their sum
+    fused = alone and size == 2 and cross_sum is not None
     if direct:
         np.copyto(slots[me][:a], x[:a])
         np.copyto(slots[me][b:], x[b:])
@@ -76,7 +87,7 @@ def allreduce(
         loc.post(base + 3)
         return False
     if not split:
-        if cross is None or me == 0:
+        if (cross is None or me == 0) and not fused:
             _reduce(spec, [x, *slots[1:]] if alone else slots, out)
     else:
         parts = [x[a:b] if direct and r == me else s[a:b] for r, s in enumerate(slots)]
@@ -94,13 +105,17 @@ def allreduce(
                     np.copyto(out[ra:rb], slots[r][ra:rb])
     if cross is not None:
         if me == 0:
-            form = cross(out)
-            if form is not None and expand is not None and 0 < form.nbytes <= x.nbytes:
-                np.copyto(loc.segment.slot(0, form.dtype, form.size), form)
-                loc.note(form.nbytes)
-            else:
-                np.copyto(slots[0], out)
-                loc.note(0)
+            form = cross_sum(x, slots[1], out) if fused and cross_sum is not None else cross(out)
+            if form is not None and expand is not None:
+                if 0 < form.nbytes <= x.nbytes:  # shared first: the host's ranks expand it at once
+                    np.copyto(loc.segment.slot(0, form.dtype, form.size), form)
+                    loc.note(form.nbytes)
+                    loc.post(base + 3)
+                    expand(form, out)
+                    return True
+                expand(form, out)
+            np.copyto(slots[0], out)
+            loc.note(0)
         else:
             loc.wait_for(0, base + 3, "bring the other hosts' result")
             n = loc.noted(0)

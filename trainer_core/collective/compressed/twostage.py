@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from trainer_core.compression import Compressor, get_compressor
-from trainer_core.compression.codec import check_meta, decode
+from trainer_core.compression.codec import check_meta, decode, decode_sum
 
 from ..algorithms import ring
 from ..primitives.links import Ctx, Handle, wait_all
@@ -48,12 +48,25 @@ def pack(payload: Any, meta: dict[str, Any]) -> np.ndarray:
     return out
 
 
+def split(msg: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """A ``pack``ed message's payload bytes and metadata (checked)."""
+    hl = int(msg[: _LEN.itemsize].view(_LEN)[0])
+    meta = check_meta(json.loads(bytes(msg[_LEN.itemsize : _LEN.itemsize + hl]).decode()))
+    return msg[_LEN.itemsize + hl :], meta
+
+
 def unpack(msg: np.ndarray, n: int, dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
     """Decode a ``pack``ed message into ``n`` values of ``dtype`` (into ``out`` where given: flat,
     C-contiguous)."""
-    hl = int(msg[: _LEN.itemsize].view(_LEN)[0])
-    meta = check_meta(json.loads(bytes(msg[_LEN.itemsize : _LEN.itemsize + hl]).decode()))
-    return np.asarray(decode(msg[_LEN.itemsize + hl :], meta, n, dtype, out)).reshape(-1)
+    body, meta = split(msg)
+    return np.asarray(decode(body, meta, n, dtype, out)).reshape(-1)
+
+
+def unpack_sum(msgs: list[np.ndarray], n: int, dtype: np.dtype, out: np.ndarray, scratch: np.ndarray) -> None:
+    """``out`` (flat, ``n`` values of ``dtype``) becomes the sum of the ``pack``ed ``msgs`` decoded,
+    added in their order: the bits of ``unpack`` of each and numpy's adds, in one pass over ``out``
+    where the compressor has a kernel for it (``scratch``, like ``out``, serves the others)."""
+    decode_sum([split(m) for m in msgs], n, dtype, out, scratch)
 
 
 @dataclass
@@ -92,30 +105,35 @@ def allreduce(
     count: int | None = None,
     out: np.ndarray | None = None,
     keep: dict[int, np.ndarray] | None = None,
+    plus: np.ndarray | None = None,
+    decode: bool = True,
 ) -> np.ndarray:
     """The compressed reduction of every rank's ``flat`` (float16/32/64; op sum or mean): a fresh
     array, bit-identical on every rank. ``mean`` divides by ``count`` (default: the ranks here; the
     hierarchical path passes the whole group's, each leader's ``flat`` being its host's sum);
     ``out`` (may be ``flat``, which is read before ``out`` is written) receives the result;
     ``keep`` (a dict) receives every chunk's stage-two payload by rank (``expand`` rebuilds the
-    result from them).
+    result from them); ``plus`` (like ``flat``, read before ``out`` is written): this rank's
+    input is ``flat + plus``, added in their dtype as each chunk is encoded (``Compressor.encode``'s
+    ``plus``: never formed where the compressor ``encodes_sum``); ``decode=False`` (with
+    ``keep``): stage two's payloads are only kept, ``out`` is not written (the caller ``expand``s
+    them, as the hierarchical path's leader does once it has shared them with its host).
 
     Pipelined: a rank encodes the chunk of one peer and posts it before encoding the next (its own
-    chunk last), so the wire carries chunk ``k`` while chunk ``k+1`` is encoded; it decodes each
-    peer's payload as it arrives (in the order they are sent: from ``rank-1`` first), and in the
+    chunk last), so the wire carries chunk ``k`` while chunk ``k+1`` is encoded; once every
+    peer's payload is in, it decodes and sums them all in one pass (``unpack_sum``), and in the
     second stage each owner sends its encoded reduced chunk straight to every peer (the ring's
     allgather bytes, without its ``size-1`` forwarding hops), decoded into the result on arrival."""
     size = ctx.size
     if spec.op not in OPS:
         raise ValueError(f"compressed allreduce sums or averages, not {spec.op!r}")
     bounds = ring.blocks(flat.size, size)
-    parts = _reduce_scatter(ctx.phase(0), flat, bounds, state)
-    reduced = parts[0]  # summed in place, in rank order (the parts are the group's scratch)
-    for r in range(1, size):
-        spec.combine(reduced, parts[r], reduced)
+    reduced = _reduce_scatter(ctx.phase(0), flat, bounds, state, plus)
     spec.finish(reduced, size if count is None else count)
     out = np.empty_like(flat) if out is None else out
-    _allgather(ctx.phase(1), _encode(state.server, reduced), bounds, out, keep)
+    if not decode and keep is None:
+        raise ValueError("decode=False keeps stage two's payloads: give keep")
+    _allgather(ctx.phase(1), _encode(state.server, reduced), bounds, out if decode else None, keep)
     return out
 
 
@@ -138,8 +156,8 @@ def expand(form: np.ndarray, out: np.ndarray, size: int) -> None:
         at += n
 
 
-def _encode(comp: Compressor, chunk: np.ndarray) -> np.ndarray:
-    payload, meta = comp.encode(chunk)
+def _encode(comp: Compressor, chunk: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
+    payload, meta = comp.encode(chunk, plus)
     return pack(np.asarray(payload), meta)
 
 
@@ -176,47 +194,51 @@ def _bodies(
 
 
 def _reduce_scatter(
-    ctx: Ctx, flat: np.ndarray, bounds: list[tuple[int, int]], state: KeyState
-) -> list[np.ndarray]:
-    """Stage 1: chunk ``c`` encoded with ``state.workers[c]`` goes to rank ``c``; returns this
-    rank's chunk as every rank sent it, decoded, by rank: rows of one working array (the group's
-    scratch, kept between operations: decoding into fresh arrays faulted in their pages every
-    time, about as costly as the decoding itself)."""
+    ctx: Ctx, flat: np.ndarray, bounds: list[tuple[int, int]], state: KeyState, plus: np.ndarray | None
+) -> np.ndarray:
+    """Stage 1: chunk ``c`` encoded with ``state.workers[c]`` (of ``flat + plus``, where ``plus``
+    is given) goes to rank ``c``; returns this rank's chunk as every rank sent it, decoded and
+    summed in rank order (``unpack_sum``: one pass where the compressor has a kernel for it,
+    instead of a decode and an add per rank), in a row of the group's scratch (kept between
+    operations: fresh arrays faulted in their pages every time, about as costly as the decoding
+    itself)."""
     rank = ctx.rank
     to, frm = _order(ctx)
     a, b = bounds[rank]
     got = _receive(ctx, frm)
     sends: list[Handle] = []
-    parts = ctx.buffer("compressed", flat.dtype, ctx.size * (b - a)).reshape(ctx.size, b - a)
     for p in to:
         lo, hi = bounds[p]
-        sends += _post(ctx, p, _encode(state.workers[p], flat[lo:hi]))
-    unpack(_encode(state.workers[rank], flat[a:b]), b - a, flat.dtype, parts[rank])
-    for p, msg in got:
-        unpack(msg, b - a, flat.dtype, parts[p])
+        sends += _post(ctx, p, _encode(state.workers[p], flat[lo:hi], None if plus is None else plus[lo:hi]))
+    msgs = {rank: _encode(state.workers[rank], flat[a:b], None if plus is None else plus[a:b])}
+    msgs.update(got)
+    work = ctx.buffer("compressed", flat.dtype, 2 * (b - a)).reshape(2, b - a)
+    unpack_sum([msgs[r] for r in range(ctx.size)], b - a, flat.dtype, work[0], work[1])
     wait_all(sends)
-    return list(parts)
+    return work[0]
 
 
 def _allgather(
     ctx: Ctx,
     mine: np.ndarray,
     bounds: list[tuple[int, int]],
-    out: np.ndarray,
+    out: np.ndarray | None,
     keep: dict[int, np.ndarray] | None = None,
 ) -> None:
     """Stage 2: this rank's encoded reduced chunk to every peer; every chunk (its own included)
-    decoded into ``out`` (and kept, by rank, in ``keep``)."""
+    decoded into ``out`` (None: not decoded) and kept, by rank, in ``keep``."""
     to, frm = _order(ctx)
     got = _receive(ctx, frm)
     sends = [h for p in to for h in _post(ctx, p, mine)]
     a, b = bounds[ctx.rank]
-    unpack(mine, b - a, out.dtype, out[a:b])
+    if out is not None:
+        unpack(mine, b - a, out.dtype, out[a:b])
     if keep is not None:
         keep[ctx.rank] = mine
     for p, msg in got:
         lo, hi = bounds[p]
-        unpack(msg, hi - lo, out.dtype, out[lo:hi])
+        if out is not None:
+            unpack(msg, hi - lo, out.dtype, out[lo:hi])
         if keep is not None:
             keep[p] = msg
     wait_all(sends)

@@ -1,4 +1,4 @@
-"""The compiled 1-bit encoder (compression/_fast.py) at sizes where it takes four blocks per pass:
+"""The compiled 1-bit encoder (compression/_fast_onebit.py) at sizes where it takes four blocks per pass:
 the same bytes and residuals as the numpy kernel (onebit.encode_xp), step after step, on random,
 tied, wide-range and non-finite values, and the same as a per-element reference."""
 
@@ -81,3 +81,21 @@ def test_the_compiled_1bit_encoder_matches_a_per_element_reference(kind):
         payload, _ = c.encode(g)
         assert payload.tobytes() == want
         assert c.residual.tobytes() == r.tobytes()
+
+
+@pytest.mark.parametrize("kind", ["random", "ties", "wide", "nonfinite"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("n", "block"), SIZES)
+def test_the_compiled_1bit_encoder_of_a_sum_of_two_is_encoding_the_sum(n, block, dtype, kind):
+    """``encode(g, plus=g2)`` (``onebit_encode_sum``: never writes ``g + g2``) gives the payload
+    and residual of ``encode(g + g2)``, step after step."""
+    rng = np.random.default_rng(n * 3 + block)
+    two = get_compressor({"type": "1bit", "block_size": block, "kernel": "numba"})
+    one = get_compressor({"type": "1bit", "block_size": block, "kernel": "numba"})
+    assert two.encodes_sum(np.zeros(n, dtype))
+    for _ in range(3):
+        g, g2 = values(kind, n, dtype, rng), values(kind, n, dtype, rng)
+        p1, _ = one.encode(g + g2)
+        p2, _ = two.encode(g, plus=g2)
+        assert p1.tobytes() == p2.tobytes()
+        assert one.residual.tobytes() == two.residual.tobytes()
