@@ -263,7 +263,9 @@ def in_tree(tree: Path, workers: list[int], rounds: int, out: Path) -> list[dict
     """This bench run in a process of its own against ``tree``'s trainer_core."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--rounds", str(rounds), "--json", str(out)]
     env = {**os.environ, "SCALE_SERVER_TREE": str(tree)}
-    subprocess.run([*argv, "--workers", *map(str, workers)], env=env, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run([*argv, "--workers", *map(str, workers)], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"scale_server in {tree} failed (exit {done.returncode}):\n{done.stderr}")
     got: list[dict[str, Any]] = json.loads(out.read_text())
     return got
 
@@ -283,8 +285,8 @@ def alternated(
     return out
 
 
-def _each(values: list[float], spec: str = ".1f") -> str:
-    return ", ".join(f"{x:{spec}}" for x in values)
+def _each(values: list[float], spec: str = "") -> str:
+    return ", ".join(f"{x:{spec or ('.3f' if x < 10 else '.1f')}}" for x in values)
 
 
 def trees_table(results: list[dict[str, Any]], trees: list[Path]) -> str:
