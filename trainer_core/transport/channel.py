@@ -160,6 +160,9 @@ class Channel(Peer, Source):
     def __init__(self, caps: Caps, trace: Trace) -> None:
         self.caps = caps
         self.trace = trace
+        #: its peer's recent headers (``wire.Decoder``): a server's thousand workers each repeat
+        #: their own, which one decoder for the node would forget before they came again
+        self.headers = wire.Decoder(trace.headers.schema)
         self.place: Place | None = None
         self.alive: Callable[[], None] = _noop
 
@@ -234,9 +237,10 @@ class Handshakes:
 
 
 class Trace:
-    """What every channel of a node shares: the header decoder for the node's ``schema`` (the
-    protocols it speaks; ``wire.OPAQUE``: any kind, no entries) and the logging: each message at
-    ``PS_VERBOSE=2``, drops as warnings."""
+    """What every channel of a node shares: the node's ``schema`` (the protocols it speaks;
+    ``wire.OPAQUE``: any kind, no entries), with the header decoder of its ZeroMQ ROUTER's peers
+    (each ``Channel`` decodes with its own), and the logging: each message at ``PS_VERBOSE=2``, drops
+    as warnings."""
 
     def __init__(self, log: logging.Logger, verbose: int = 0, schema: wire.Schema = wire.OPAQUE) -> None:
         self.log = log
@@ -253,10 +257,13 @@ class Trace:
     def received(self, header: wire.Header) -> None:
         self.log.debug("recv %s seq=%d from %s", header.op, header.seq, header.src)
 
-    def decode(self, raw: bytes | bytearray | memoryview) -> wire.Header | None:
-        """The header of a received message, or ``None`` (logged: the message is dropped)."""
+    def decode(
+        self, raw: bytes | bytearray | memoryview, headers: wire.Decoder | None = None
+    ) -> wire.Header | None:
+        """The header of a received message (decoded by ``headers``, a channel's, else the node's),
+        or ``None`` (logged: the message is dropped)."""
         try:
-            header = self.headers.decode(raw)
+            header = (headers or self.headers).decode(raw)
         except WireError as exc:
             self.log.warning("dropped a malformed message: %s", exc)
             return None
