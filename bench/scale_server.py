@@ -29,7 +29,10 @@ and the time of one ``poll`` with one of the n channels ready (a server woken fo
 a time pays it per message: with a ``zmq.Poller`` over every descriptor, as before the work on scale,
 ``poll(2)`` walked all n of them; the epoll set hands back the one); memory per worker (``tracemalloc``:
 the server's records and channel ends per worker after the rounds, the simulated workers' ends
-excluded by file). The machine's load and cores shift the times, not the counts. Each round is
+excluded by file); and the round's floor: the same rounds with the server's logic taken out
+(``Shard.bare``: each pull answered at once, pushes dropped), what the simulated workers, their
+channels and the serving loop cost alone. The machine's load and cores shift the times, not the
+counts. Each round is
 timed twice: wall and the process's CPU time (the bench is one process of one thread: its CPU
 time is what the round cost, other work on the machine aside).
 
@@ -52,6 +55,7 @@ import tempfile
 import time
 import tracemalloc
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -113,6 +117,7 @@ class Shard:
         self.n = n
         self.handler = RequestHandler(n, job_prefix("bench-scale-server"), LOG, name="server 0")
         self.handler.store.sync = sync
+        self.serve_with: Callable[[Received], None] = self.handler.handle
         self.poller = Poller()
         self.ends: list[MemoryChannel] = []
         self.seq = [0] * n
@@ -151,7 +156,7 @@ class Shard:
 
     def _handle(self, msg: Received) -> None:
         a = time.perf_counter()
-        self.handler.handle(msg)
+        self.serve_with(msg)
         self.handle_s += time.perf_counter() - a
         self.handled += 1
 
@@ -172,6 +177,21 @@ class Shard:
             took.append(time.perf_counter() - a)
         self.poller.serve(lambda msg: None, 0)
         return statistics.median(took)
+
+    def bare(self) -> None:
+        """From now on no request reaches the server's logic (``RequestHandler``, its ``place``):
+        each pull is answered at once with the keys' frames, pushes are dropped. What a round
+        costs then is the simulation's floor: the workers, the channels, the serving loop."""
+        values = [np.zeros(SIZE, np.float32) for _ in range(KEYS)]
+
+        def answer(msg: Received) -> None:
+            if msg.header.op == ps.PULL:
+                msg.reply.post(ps.Header(op=ps.REPLY, seq=msg.header.seq), values)
+
+        self.serve_with = answer
+        for src in self.poller.sources():
+            if isinstance(src, MemoryChannel):
+                src.place = None
 
     def replies(self, rank: int) -> list[Received]:
         got: list[Received] = []
@@ -231,6 +251,13 @@ def run(n: int, sync: bool, scenario: str, rounds: int) -> dict[str, Any]:
     poll_s = shard.poll_one_ready()
     with Lines() as lines:
         step()
+    floor = []  # the same rounds with the server's logic taken out: what remains is the simulation's
+    shard.bare()
+    step()
+    for _ in range(rounds):
+        c = time.process_time()
+        step()
+        floor.append(time.process_time() - c)
     traced_requests = 3 * (n - 1) + 3 if scenario == "ahead" else 2 * n
     rounds_per_step = 2 if scenario == "ahead" else 1
     shard.close()
@@ -240,6 +267,7 @@ def run(n: int, sync: bool, scenario: str, rounds: int) -> dict[str, Any]:
         "scenario": scenario,
         "round ms": 1e3 * statistics.median(times) / rounds_per_step,
         "round CPU ms": 1e3 * statistics.median(cpu) / rounds_per_step,
+        "round CPU ms without the server's logic": 1e3 * statistics.median(floor) / rounds_per_step,
         "server us per request": 1e6 * handle_s / handled,
         "server lines per request (trainer_core/ps)": sum(lines.by_file.values()) / traced_requests,
         "store.py lines per request": lines.by_file["store.py"] / traced_requests,
@@ -291,11 +319,13 @@ def _each(values: list[float], spec: str = "") -> str:
 
 def trees_table(results: list[dict[str, Any]], trees: list[Path]) -> str:
     """A row per scenario and worker count: each tree's median round in each run (CPU, wall), the
-    ratio of the last tree's CPU to the first's run by run, and the server's lines per request."""
+    ratio of the last tree's CPU to the first's run by run, the server's lines per request, and
+    each tree's round without the server's logic (``Shard.bare``)."""
     names = [t.name for t in trees]
     head = ["scenario, workers"]
     head += [f"{n} CPU ms" for n in names] + [f"{names[-1]}/{names[0]} CPU"]
     head += [f"{n} wall ms" for n in names] + ["server lines per request " + " / ".join(names)]
+    head += [f"{n} CPU ms without the server's logic" for n in names]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     rows: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for r in results:
@@ -309,6 +339,7 @@ def trees_table(results: list[dict[str, Any]], trees: list[Path]) -> str:
         cells = [f"{mode} {scenario}, {n:,}"] + [_each(sorted(c)) for c in cpu] + [_each(ratios, ".2f")]
         cells += [_each(sorted(r["round ms"] for r in t)) for t in by_tree]
         cells.append(" / ".join(f"{t[0]['server lines per request (trainer_core/ps)']:.0f}" for t in by_tree))
+        cells += [_each(sorted(r["round CPU ms without the server's logic"] for r in t)) for t in by_tree]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
