@@ -27,6 +27,7 @@ from trainer_core.errors import WireError
 VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
 MAX_FRAME_BYTES = 1 << 39  # bytes of one raw frame (a stream refuses a longer one before reading it)
+Raw = bytes | bytearray | memoryview  # a received header frame
 #: a message kind where a schema does not list its kinds (``OPAQUE``)
 KIND = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
