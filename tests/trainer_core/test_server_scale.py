@@ -4,6 +4,7 @@ does not grow with the workers. Counted as the Python lines the store executes p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ LOG = logging.getLogger("test_server_scale")
 LOG.addHandler(logging.NullHandler())
 LOG.propagate = False
 STORE = str(Path(ps.__file__).with_name("store.py"))
+PS_DIR = str(Path(ps.__file__).parent)
 KEYS, SIZE = 4, 16
 ENTRIES = tuple(ps.Entry(f"k{k}", 0, SIZE, "<f4") for k in range(KEYS))
 GRAD = np.arange(SIZE, dtype=np.float32)
@@ -51,10 +53,11 @@ class SimWorker(Peer):
 
 
 class StoreLines:
-    """Counts the lines executed in ps/store.py while on."""
+    """Counts the lines executed in ps/store.py (``everywhere``: in any module of ``ps``) while on."""
 
-    def __init__(self) -> None:
+    def __init__(self, everywhere: bool = False) -> None:
         self.lines = 0
+        self.everywhere = everywhere
 
     def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
         if event == "line":
@@ -62,7 +65,8 @@ class StoreLines:
         return self._local
 
     def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
-        return self._local if frame.f_code.co_filename == STORE else None
+        name = frame.f_code.co_filename
+        return self._local if name == STORE or (self.everywhere and name.startswith(PS_DIR)) else None
 
     def __enter__(self) -> StoreLines:
         sys.settrace(self._global)
@@ -98,3 +102,26 @@ def test_pulls_behind_queued_pushes_cost_the_same_at_1000_workers_as_at_50() -> 
         ((h, frames),) = [(h, f) for h, f in w.got if w.rank or h.seq > 1]
         assert h.op == ps.REPLY and h.seq == w.seq and len(frames) == KEYS
         np.testing.assert_array_equal(frames[0], 1000 * GRAD)
+
+
+def round_lines(n: int) -> float:
+    """The lines of ``trainer_core/ps`` a sync round's requests execute (every worker pushes, then
+    pulls; the second round, once the values are made), per request."""
+    handler = RequestHandler(n, job_prefix("unit-server-scale"), LOG)
+    workers = [SimWorker(r) for r in range(n)]
+    handler.handle(workers[0].request(ps.INIT, with_data=True))
+    for counting in (False, True):
+        with StoreLines(everywhere=True) if counting else contextlib.nullcontext() as counted:
+            for w in workers:
+                handler.handle(w.request(ps.PUSH, with_data=True))
+                handler.handle(w.request(ps.PULL))
+    handler.close()
+    assert counted is not None
+    return counted.lines / (2 * n)
+
+
+def test_a_sync_rounds_requests_cost_the_same_few_lines_at_1000_workers_as_at_8() -> None:
+    """A push or a pull of 4 keys: 235 lines of the server's code per request before (each entry's
+    key looked up twice, ``Away.__bool__`` called twice per request), 218-221 now."""
+    small, large = round_lines(8), round_lines(1000)
+    assert large <= small <= 225, (small, large)

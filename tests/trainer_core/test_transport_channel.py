@@ -319,3 +319,41 @@ def test_memory_channels_are_pollable_eventfds_and_closing_one_ends_the_other() 
         a.send(header(2))
     a.close()
     assert not a.receive(lambda m: None)
+
+
+def test_a_channel_decodes_its_peers_repeated_header_once(pair: tuple[Channel, Channel]) -> None:
+    """Each channel remembers its own peer's headers, whatever the node's other channels decode."""
+    client, server = pair
+    for seq in (1, 2):
+        client.send(header(seq, rank=0))
+    collect(server, 2)
+    for rank in range(1, 1000):  # the node's decoder (a ROUTER's peers) sees many other workers
+        server.trace.decode(wire.encode(header(1, rank=rank)))
+    client.send(header(3, rank=0))
+    (msg,) = collect(server)
+    assert msg.header == header(3, rank=0)
+    assert server.headers.parsed == 1
+
+
+def test_a_server_of_1000_workers_parses_each_workers_headers_once() -> None:
+    """The server's channels share one ``Trace``, as a server node's do; its 1000 workers repeat
+    two headers each (push, pull). With one decoder of 256 headers for the node (before), every
+    request was parsed in full again: 4000 of 4000 in two rounds, against 2000 now."""
+    trace = Trace(LOG, schema=SCHEMA)
+    pairs = []
+    for _ in range(1000):
+        worker, server = MemoryChannel(Caps(), Trace(LOG, schema=SCHEMA)), MemoryChannel(Caps(), trace)
+        worker.other, server.other = server, worker
+        pairs.append((worker, server))
+    got: list[wire.Header] = []
+    for round_ in (1, 2):
+        for rank, (worker, server) in enumerate(pairs):
+            worker.send(wire.Header(wire.PUSH, 2 * round_, f"worker {rank}", body={"rank": rank}))
+            worker.send(wire.Header(wire.PULL, 2 * round_ + 1, f"worker {rank}", body={"rank": rank}))
+            assert server.receive(lambda msg: got.append(msg.header))
+    assert len(got) == 4000 and got[-1] == wire.Header(wire.PULL, 5, "worker 999", body={"rank": 999})
+    assert sum(server.headers.parsed for _, server in pairs) == 2000
+    assert trace.headers.parsed == 0
+    for worker, server in pairs:
+        worker.close()
+        server.close()

@@ -198,11 +198,13 @@ class RequestHandler:
 
     def place(self, h: protocol.Header, lens: list[int]) -> list[memoryview | None]:
         """Where a request's frames land on a ``caps.direct`` channel: a push that opens a sync round
-        straight into the key's accumulator (``Store.landing``), the rest anywhere (the store
+        straight into the key's accumulator (``Store.landings``), the rest anywhere (the store
         consumes a request's arrays while handling it, copying any it keeps). A request declaring
         more frame bytes than its entries can hold closes the channel before anything is read."""
+        if not lens:
+            return []
         declared = sum(lens)
-        holds = sum(e.size * np.dtype(e.dtype).itemsize for e in h.entries)  # compressed ones are smaller
+        holds = sum(e.size * dtype_of(e.dtype).itemsize for e in h.entries)  # compressed ones are smaller
         if declared > 2 * holds + SMALL_FRAMES:
             raise ChannelClosed(f"a message declares {declared} bytes of frames for entries of {holds}", True)
         rank = h.body.get("rank")
@@ -212,11 +214,9 @@ class RequestHandler:
             or not isinstance(rank, int)
         ):
             return []
-        dests: list[memoryview | None] = []
-        for e in h.entries:
-            acc = self.store.landing(rank, e)
-            dests.append(None if acc is None else acc.view(np.uint8).data)
-        return dests
+        return [
+            None if acc is None else acc.view(np.uint8).data for acc in self.store.landings(rank, h.entries)
+        ]
 
     # -- reading a request ---------------------------------------------------------------------
 
@@ -242,12 +242,13 @@ class RequestHandler:
         carries_data = h.op in (protocol.INIT, protocol.PUSH, protocol.PUSHPULL)
         answers = h.op in (protocol.PULL, protocol.PUSHPULL)
         for e in h.entries:
-            dtype = dtype_of(e.dtype)
-            view = self._segment(e, dtype) if e.shm is not None else None
-            data: np.ndarray | None = None
-            if carries_data:
-                data = view if view is not None else self._frame_data(e, dtype, next(frames, None), h.op)
-            inputs.append(data)
+            view = self._segment(e, dtype_of(e.dtype)) if e.shm is not None else None
+            if not carries_data:
+                inputs.append(None)
+            elif view is not None:
+                inputs.append(view)
+            else:
+                inputs.append(self._frame_data(e, dtype_of(e.dtype), next(frames, None), h.op))
             outputs.append(view if answers else None)
         share = msg.reply.caps.shared_memory and all(e.shm is not None for e in h.entries)
         # a pushpull's segments: its worker waits for the answer before it writes them again

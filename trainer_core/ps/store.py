@@ -125,7 +125,7 @@ class Store:
 
     def back(self, rank: int) -> None:
         """Worker ``rank`` sent a request: its collective call is over (``away.Away.back``)."""
-        if self.away:
+        if self.away.calls:  # (a dict: no call to ``Away.__bool__`` per request)
             self.away.back(rank)
 
     def stuck(self, states: Any) -> None:
@@ -250,36 +250,38 @@ class Store:
             pull = {k[5:]: np.array(v, copy=True) for k, v in slots_of.items() if k.startswith("pull/")}
             self.codec.load_part(kid, pull)
 
-    def landing(self, rank: int, e: protocol.Entry) -> np.ndarray | None:
-        """Where a raw push of entry ``e`` by worker ``rank`` may be received directly, saving a copy:
-        the key's round accumulator when this push will open a sync round (it is overwritten by
-        that push anyway; the previous value using that memory was read by every worker before
-        they pushed again, as for sharing, see ``_end_round``); else ``None``."""
-        st = self.keys.get((e.key, e.part))
-        if (
-            st is None
-            or not self.sync
-            or self.elastic
-            or st.acc is None
-            or st.pushed
-            or st.deferred
-            or rank in self.finished
-            or e.shm is not None
-            or e.comp is not None
-            or st.acc.size != e.size
-            or st.acc.dtype != dtype_of(e.dtype)
-        ):
-            return None
-        return st.acc
+    def landings(self, rank: int, entries: tuple[protocol.Entry, ...]) -> list[np.ndarray | None]:
+        """Where each raw part of a push of ``entries`` by worker ``rank`` may be received directly,
+        saving a copy: the key's round accumulator when this push will open a sync round (it is
+        overwritten by that push anyway; the previous value using that memory was read by every
+        worker before they pushed again, as for sharing, see ``_end_round``); else ``None``."""
+        if not self.sync or self.elastic or rank in self.finished:
+            return [None] * len(entries)
+        out: list[np.ndarray | None] = []
+        keys = self.keys
+        for e in entries:
+            st = keys.get((e.key, e.part))
+            acc = None if st is None or st.pushed or st.deferred else st.acc
+            if (
+                acc is None
+                or e.shm is not None
+                or e.comp is not None
+                or acc.size != e.size
+                or acc.dtype != dtype_of(e.dtype)
+            ):
+                out.append(None)
+            else:
+                out.append(acc)
+        return out
 
     def handle(self, req: Request) -> list[Request]:
         """Serve ``req``; returns the requests (this one or earlier waiting ones) now complete."""
-        self._check(req)
+        states = self._check(req)
         done: list[Request] = []
         try:
-            for i in range(len(req.header.entries)):
-                self._entry(req, i, done)
-            if self.away:
+            for i, st in enumerate(states):
+                self._entry(req, i, st, done)
+            if self.away.calls:
                 self.stuck([((e.key, e.part), self.keys[(e.key, e.part)]) for e in req.header.entries])
         except BaseException:  # ``req`` is answered with an error now: its worker may reuse its inputs
             for st in list(self._lent.get(req.rank, {}).values()):
@@ -311,18 +313,26 @@ class Store:
                 del self._lent[st.lender.rank]
         st.lent = st.lender = None
 
-    def _check(self, req: Request) -> None:
-        for n, e in enumerate(req.header.entries):
-            if req.header.op == protocol.INIT:
+    def _check(self, req: Request) -> list[KeyState | None]:
+        """Every entry of ``req`` checked before any is served: the state of each one's key part
+        (``None`` for an ``init``)."""
+        if req.header.op == protocol.INIT:
+            for n, e in enumerate(req.header.entries):
                 self._check_init(e, req.inputs[n])
-                continue
-            st = self.keys.get((e.key, e.part))
+            return [None] * len(req.header.entries)
+        states: list[KeyState | None] = []
+        keys = self.keys
+        for e in req.header.entries:
+            st = keys.get((e.key, e.part))
             if st is None:
                 raise StoreError(f"key {e.key!r} (part {e.part}) was not initialized")
-            if st.weight.size != e.size or st.weight.dtype != dtype_of(e.dtype):
+            w = st.weight
+            if w.size != e.size or w.dtype != dtype_of(e.dtype):
                 raise StoreError(
-                    f"key {e.key!r}: {e.size} elements of {e.dtype} given, {st.weight.size} of {st.weight.dtype} stored"
+                    f"key {e.key!r}: {e.size} elements of {e.dtype} given, {w.size} of {w.dtype} stored"
                 )
+            states.append(st)
+        return states
 
     def _check_init(self, e: protocol.Entry, data: np.ndarray | None) -> None:
         """A key part initialized again must get the very values it holds (as MXNet, which refuses
@@ -343,10 +353,12 @@ class Store:
                 "(or again with the same values); push to change it"
             )
 
-    def _entry(self, req: Request, i: int, done: list[Request]) -> None:
-        op, e = req.header.op, req.header.entries[i]
-        kid = (e.key, e.part)
-        if op == protocol.INIT:
+    def _entry(self, req: Request, i: int, st: KeyState | None, done: list[Request]) -> None:
+        """Serve entry ``i`` of ``req``, whose key part's state is ``st`` (``None``: an ``init``)."""
+        op = req.header.op
+        if st is None:  # an init
+            e = req.header.entries[i]
+            kid = (e.key, e.part)
             data = req.inputs[i]
             assert data is not None
             if kid in self.keys:  # the same values again (``_check_init``): nothing changes
@@ -357,7 +369,6 @@ class Store:
             self.keys[kid] = KeyState(weight=weight, version=next(self._versions))
             self._done(req, i, done)
             return
-        st = self.keys[kid]
         if op == protocol.PULL:
             if self.sync and req.rank in st.queued:
                 st.deferred.append((req, i))  # after this worker's queued push: its round's value
@@ -379,7 +390,7 @@ class Store:
         if missing:
             raise StoreError(
                 f"{', '.join(f'worker {r}' for r in sorted(missing))} finished already: "
-                f"a sync round of key {e.key!r} can never complete",
+                f"a sync round of key {req.header.entries[i].key!r} can never complete",
                 finished=min(missing),
             )
         if req.rank in st.pushed:  # next round: keep a private copy (the push counts as consumed now)
@@ -413,7 +424,7 @@ class Store:
         elif req.lends and self.num_workers > 1:
             st.lent, st.lender = data, req
             self._lent.setdefault(req.rank, {})[id(st)] = st
-        elif data.ctypes.data != st.acc.ctypes.data:  # not received in place (``landing``)
+        elif data.ctypes.data != st.acc.ctypes.data:  # not received in place (``landings``)
             np.copyto(st.acc, data)
 
     def _end_round(self, st: KeyState, done: list[Request]) -> None:
@@ -436,7 +447,7 @@ class Store:
         deferred, st.deferred = st.deferred, []
         st.queued.clear()  # (refilled by the entries queued again below)
         for req, i in deferred:
-            self._entry(req, i, done)
+            self._entry(req, i, st, done)
 
     def _apply(self, st: KeyState, grad: np.ndarray) -> None:
         st.version = next(self._versions)

@@ -160,6 +160,7 @@ class Channel(Peer, Source):
     def __init__(self, caps: Caps, trace: Trace) -> None:
         self.caps = caps
         self.trace = trace
+        self.headers = wire.Decoder(trace.headers.schema)  # its own peer's recent headers (docs/wire.md)
         self.place: Place | None = None
         self.alive: Callable[[], None] = _noop
 
@@ -234,9 +235,9 @@ class Handshakes:
 
 
 class Trace:
-    """What every channel of a node shares: the header decoder for the node's ``schema`` (the
-    protocols it speaks; ``wire.OPAQUE``: any kind, no entries) and the logging: each message at
-    ``PS_VERBOSE=2``, drops as warnings."""
+    """What every channel of a node shares: the node's ``schema`` (its protocols; ``wire.OPAQUE``:
+    any kind, no entries) with the decoder of a ROUTER's peers (a ``Channel`` has its own), and the
+    logging: each message at ``PS_VERBOSE=2``, drops as warnings."""
 
     def __init__(self, log: logging.Logger, verbose: int = 0, schema: wire.Schema = wire.OPAQUE) -> None:
         self.log = log
@@ -253,10 +254,11 @@ class Trace:
     def received(self, header: wire.Header) -> None:
         self.log.debug("recv %s seq=%d from %s", header.op, header.seq, header.src)
 
-    def decode(self, raw: bytes | bytearray | memoryview) -> wire.Header | None:
-        """The header of a received message, or ``None`` (logged: the message is dropped)."""
+    def decode(self, raw: wire.Raw, headers: wire.Decoder | None = None) -> wire.Header | None:
+        """The header of a received message (``headers``: a channel's decoder, else the node's), or
+        ``None`` (logged: the message is dropped)."""
         try:
-            header = self.headers.decode(raw)
+            header = (headers or self.headers).decode(raw)
         except WireError as exc:
             self.log.warning("dropped a malformed message: %s", exc)
             return None

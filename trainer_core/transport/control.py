@@ -96,7 +96,10 @@ class Transport:
 
 
 def _receive(
-    sock: zmq.Socket[Any], trace: Trace, reply: Callable[[list[zmq.Frame]], tuple[Peer, int] | None]
+    sock: zmq.Socket[Any],
+    trace: Trace,
+    headers: wire.Decoder,
+    reply: Callable[[list[zmq.Frame]], tuple[Peer, int] | None],
 ) -> list[Received]:
     out: list[Received] = []
     while True:
@@ -108,7 +111,7 @@ def _receive(
         if whom is None:
             continue
         peer, skip = whom
-        header = trace.decode(parts[skip].buffer)
+        header = trace.decode(parts[skip].buffer, headers)
         if header is not None:
             out.append(Received(header, list(parts[skip + 1 :]), peer))
 
@@ -119,6 +122,7 @@ class _ZmqSocket:
 
     sock: zmq.Socket[Any]
     trace: Trace
+    headers: wire.Decoder  # a DEALER's own (``Channel``); a ROUTER's peers share the node's
     closed: bool
 
     def _peer(self, parts: list[zmq.Frame]) -> tuple[Peer, int] | None:
@@ -131,7 +135,7 @@ class _ZmqSocket:
         return bool(self.sock.poll(int(timeout_s * 1000), zmq.POLLIN))
 
     def receive(self, handle: Callable[[Received], None]) -> bool:
-        for msg in _receive(self.sock, self.trace, self._peer):
+        for msg in _receive(self.sock, self.trace, self.headers, self._peer):
             handle(msg)
         return True
 
@@ -165,6 +169,7 @@ class Router(_ZmqSocket, Source):
     def __init__(self, sock: zmq.Socket[Any], trace: Trace) -> None:
         self.sock = sock
         self.trace = trace
+        self.headers = trace.headers
 
     def _peer(self, parts: list[zmq.Frame]) -> tuple[Peer, int] | None:
         if len(parts) < 2:

@@ -94,7 +94,7 @@ class MemoryChannel(Channel):
                     break
                 raw, frames, fds = self._inbox.popleft()
             self._fds.extend(fds)
-            header = self.trace.decode(raw)
+            header = self.trace.decode(raw, self.headers)
             if header is not None:
                 handle(Received(header, self._place(header, frames), self))
             if self.closed:

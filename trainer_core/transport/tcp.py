@@ -155,7 +155,7 @@ class TcpChannel(FramedStream, Channel):
 
     def _place_raw(self, raw: bytes, lens: list[int]) -> tuple[wire.Header | WireError, Sequence[Any]]:
         try:
-            header = self.trace.headers.decode(raw)
+            header = self.headers.decode(raw)
         except WireError as exc:
             if sum(lens) > MALFORMED_FRAMES:
                 raise ChannelClosed(

@@ -174,7 +174,7 @@ class UnixChannel(Channel):
         if messages is None:
             return False
         for raw in messages:
-            header = self.trace.decode(raw)
+            header = self.trace.decode(raw, self.headers)
             if header is not None:
                 handle(Received(header, [], self))
         return True

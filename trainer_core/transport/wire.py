@@ -27,6 +27,7 @@ from trainer_core.errors import WireError
 VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
 MAX_FRAME_BYTES = 1 << 39  # bytes of one raw frame (a stream refuses a longer one before reading it)
+Raw = bytes | bytearray | memoryview  # a received header frame
 #: a message kind where a schema does not list its kinds (``OPAQUE``)
 KIND = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
@@ -163,27 +164,32 @@ class Decoder:
     A node's requests and replies repeat round after round, byte for byte, but for the sequence
     number; ``encode`` writes it last. A frame that ends in ``,"seq":<digits>}`` and whose bytes
     before that were decoded (and validated) before is the same header with that ``seq``: it is
-    not parsed again. Anything else is decoded in full. The headers returned share their
-    ``entries`` and ``body`` (read, never changed). One per node (``Trace``), at most ``size``
-    remembered."""
+    not parsed again. Anything else is decoded in full (``parsed`` counts those). The headers
+    returned share their ``entries`` and ``body`` (read, never changed). One per channel (its
+    peer's headers: a server's working set does not grow with its workers) and one per node for
+    a ZeroMQ ROUTER's peers (``Trace``), at most ``size`` remembered."""
 
     def __init__(self, schema: Schema = OPAQUE, size: int = 256) -> None:
         self.schema = schema
         self.size = size
         self._seen: dict[bytes, Header] = {}
+        self.parsed = 0
 
     def decode(self, frame: bytes | bytearray | memoryview) -> Header:
         if len(frame) > _CACHED_FRAME_BYTES:
+            self.parsed += 1
             return decode(frame, self.schema)  # (not remembered: no copy or search of a long frame)
         raw = frame if type(frame) is bytes else bytes(frame)
         cut = raw.rfind(_SEQ_LAST)
         digits = raw[cut + len(_SEQ_LAST) : -1] if cut > 0 and raw[-1:] == b"}" else b""
         if not (0 < len(digits) < 19 and digits.isdigit() and (digits[0] != 48 or len(digits) == 1)):
+            self.parsed += 1
             return decode(raw, self.schema)  # (48: a leading "0", which JSON forbids)
         prefix = raw[:cut]
         seen = self._seen.get(prefix)
         if seen is not None:
             return Header(seen.op, int(digits), seen.src, seen.entries, seen.body)
+        self.parsed += 1
         header = decode(raw, self.schema)
         if len(self._seen) >= self.size:
             self._seen.clear()
