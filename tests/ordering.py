@@ -12,6 +12,11 @@ keeps the files' order) the tests run in this order, each group in its collected
     3  the unit tier (milliseconds each: what fills the other workers' last seconds)
 
 The sort is stable and the same in every worker (xdist requires the same collection in each).
+It needs xdist to hand the tests out one at a time (``--maxschedchunk 1``, set here unless given):
+by default its load scheduler gives each worker a quarter of its share at once and refills in
+large chunks, never taking back what it gave, so a worker handed the first hundreds of the
+longest tests ends long after the others (a simulation over one run's per-test times, 2 workers:
+the end at 1.55 times the even share with the default chunks, 1.00 one at a time).
 A module's tests of different ranks run apart, so a module-scoped fixture they share is made once
 per group (tests/conftest.py registers this module; docs/testing.md).
 """
@@ -37,6 +42,11 @@ def rank(marks: Iterable[str]) -> int:
 def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
     """``items`` sorted by ``rank`` of their marks, stable."""
     return sorted(items, key=lambda item: rank(m.name for m in item.iter_markers()))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk", None) is None:
+        config.option.maxschedchunk = 1
 
 
 @pytest.hookimpl(trylast=True)  # after tests.tiers has marked every test with its tier

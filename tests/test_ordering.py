@@ -110,3 +110,8 @@ def test_one_process_keeps_the_files_order(suite: pytest.Pytester) -> None:
     result = suite.runpytest("-p", "no:cacheprovider", "-v")
     result.assert_outcomes(passed=7)
     assert ran(result) == FILE_ORDER
+
+
+def test_xdist_hands_the_tests_out_one_at_a_time_unless_told(suite: pytest.Pytester) -> None:
+    assert suite.parseconfigure("-p", "xdist").option.maxschedchunk == 1
+    assert suite.parseconfigure("-p", "xdist", "--maxschedchunk", "8").option.maxschedchunk == 8
