@@ -8,9 +8,9 @@
 # fast and torch extras, makes the MXNet 1.9.1 venv of the compatibility tests, then runs ruff,
 # mypy and pytest. --quick installs only what the unit and proc tiers need (the local tools below
 # and the test extra: no engine, no sshd, no MXNet, no torch, whose tests then skip) and runs
-# `pytest -m "(unit or proc) and not slow"`. The unit, proc and gpu tiers run a worker per core
-# (pytest-xdist), then the cluster and compat tiers run in one process; pytest's cache is on:
-# --lf and --ff work. docs/testing.md.
+# `pytest -m "(unit or proc) and not slow"`, with mypy beside it. The unit, proc and gpu tiers run a
+# worker per core (pytest-xdist), the longest tests first, then the cluster and compat tiers run in
+# one process; pytest's cache is on: --lf and --ff work. docs/testing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,14 +61,31 @@ fi
 echo "[test.sh] ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-echo "[test.sh] mypy"
-.venv/bin/mypy
+if [ $quick -eq 1 ]; then
+    # --quick: mypy (about 20 s of CPU without its cache) beside pytest, whose workers leave the
+    # cores idle part of the time (tests waiting for a process, a timeout, a heartbeat bound)
+    mypy_log=$(mktemp)
+    .venv/bin/mypy >"$mypy_log" 2>&1 &
+    mypy_pid=$!
+    trap 'kill $mypy_pid 2>/dev/null || true; rm -f "$mypy_log"' EXIT  # (pytest interrupted: mypy too)
+else
+    echo "[test.sh] mypy"
+    .venv/bin/mypy
+fi
 echo "[test.sh] pytest"
-# the unit, proc and gpu tiers: a worker per core (pytest-xdist); `-n 0` among the arguments runs
-# them in this process. --quick stops there (without the slow ones).
+# the unit, proc and gpu tiers: a worker per core (pytest-xdist), the longest tests first
+# (tests/ordering.py); `-n 0` among the arguments runs them in this process, `-n 4` four workers.
+# --quick stops there (without the slow ones).
 parallel=(-n auto)
 if [ $quick -eq 1 ]; then
-    exec .venv/bin/python -m pytest -q "${parallel[@]}" -m "(unit or proc) and not slow" "$@"
+    rc=0
+    .venv/bin/python -m pytest -q "${parallel[@]}" -m "(unit or proc) and not slow" "$@" || rc=$?
+    rc_mypy=0
+    wait $mypy_pid || rc_mypy=$?
+    echo "[test.sh] mypy"
+    cat "$mypy_log"
+    [ $rc -ne 0 ] && exit $rc
+    exit $rc_mypy
 fi
 # (--durations: each phase ends with its 25 slowest tests, where the run's time goes)
 rc=0

@@ -1,16 +1,22 @@
 """Shared fixtures: every test gets its own LAUNCHKIT_HOME; ``served_endpoints`` spies on the
-metrics endpoints a launch serves. Every test is marked with its tier (tests/tiers.py)."""
+metrics endpoints a launch serves. Every test is marked with its tier (tests/tiers.py); under
+pytest-xdist the longest run first (tests/ordering.py)."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests import ordering
 from tests.tiers import (  # noqa: F401  (each test's tier mark, and the unit tier's check)
     guard,
     pytest_collection_modifyitems,
     pytest_report_collectionfinish,
     tier_check,
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(ordering, "tests.ordering")
 
 
 @pytest.fixture(autouse=True)

@@ -48,6 +48,7 @@ KERNEL_LINE = "trainer_core compression: "
 
 
 @needs_numba
+@pytest.mark.slow  # (each of these compiles kernels into a cache of its own: seconds of CPU)
 def test_one_line_says_the_compiled_kernels_run(tmp_path: Path) -> None:
     _, err = run_py(
         """
@@ -121,7 +122,14 @@ print(json.dumps(seen))
 
 
 @needs_numba
-@pytest.mark.parametrize("params", [{"type": "2bit", "threshold": 0.5}, {"type": "1bit"}, {"type": "topk"}])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"type": "2bit", "threshold": 0.5},
+        pytest.param({"type": "1bit"}, marks=pytest.mark.slow),
+        pytest.param({"type": "topk"}, marks=pytest.mark.slow),
+    ],
+)
 def test_set_gradient_compression_warms_the_kernels_so_the_first_push_compiles_nothing(
     tmp_path: Path, params: dict
 ) -> None:
@@ -149,6 +157,7 @@ print(json.dumps(kernels.compile_counts()))
 
 
 @needs_numba
+@pytest.mark.slow
 def test_two_processes_warming_at_once_compile_only_once(tmp_path: Path) -> None:
     cache, go = tmp_path / "cache", tmp_path / "go"
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
@@ -204,6 +213,7 @@ READ_ONLY_CODE = (
 
 
 @needs_numba
+@pytest.mark.slow
 @pytest.mark.skipif(
     not can_bind_mount_read_only(), reason="needs root and unshare -m for a read-only bind mount"
 )

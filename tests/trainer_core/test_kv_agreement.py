@@ -73,7 +73,9 @@ def test_different_compression_types_are_an_error_on_every_worker_naming_both(wo
     check_compression_types(outcomes(run_job(attempt(COMPRESSION_TYPES), workers, 1), workers), workers)
 
 
-@pytest.mark.parametrize("workers", [2, 3, 4])
+@pytest.mark.parametrize(
+    "workers", [2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)]
+)
 def test_the_same_compression_written_two_ways_is_agreed(workers: int) -> None:
     """Defaults filled in: ``{'type': '2bit'}`` is ``{'type': '2bit', 'threshold': 0.5}``; the
     kernel is each machine's own; then pushes and pulls run compressed."""

@@ -9,13 +9,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
-import trainer_core.torch as hvd
-from tests.trainer_core.adasumref import adasum_reference
-from tests.trainer_core.torchranks import on_ranks
-from trainer_core.torch.backend import KV
-from trainer_core.torch.runtime import Runtime
+torch = pytest.importorskip("torch", reason="trainer_core.torch needs torch (the torch extra)")
+
+import trainer_core.torch as hvd  # noqa: E402
+from tests.trainer_core.adasumref import adasum_reference  # noqa: E402
+from tests.trainer_core.torchranks import on_ranks  # noqa: E402
+from trainer_core.torch.backend import KV  # noqa: E402
+from trainer_core.torch.runtime import Runtime  # noqa: E402
 
 
 def steps(r: int) -> int:
