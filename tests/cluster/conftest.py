@@ -39,11 +39,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARK_HELP)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist's --dist loadgroup, each cluster and compat test goes to the worker of
     what it holds (the namespace hosts' subnet, Grid Engine, the session's Slurm), or to any
     (tests/cluster/groups.py)."""
-    regroup(items)
+    regroup(items, loadgroup=bool(config.getvalue("loadgroup")))
 
 
 @pytest.fixture(scope="session")

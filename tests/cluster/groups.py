@@ -75,8 +75,9 @@ def group_of(holding: frozenset[str], groups: dict[str, str]) -> str | None:
     return groups[min(holding)] if holding else None
 
 
-def regroup(items: list[pytest.Item]) -> None:
-    """Give every cluster and compat test its group by what it holds, or none."""
+def regroup(items: list[pytest.Item], loadgroup: bool = False) -> None:
+    """Give every cluster and compat test its group by what it holds, or none. ``loadgroup``: this
+    is an xdist worker of a ``--dist loadgroup`` run (see ``in_nodeid``)."""
     shared = [item for item in items if any(item.get_closest_marker(t) is not None for t in SHARED)]
     holdings = {
         item.nodeid: held(
@@ -93,3 +94,20 @@ def regroup(items: list[pytest.Item]) -> None:
         group = group_of(holdings[item.nodeid], groups)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group), append=False)
+            if loadgroup:
+                in_nodeid(item, group)
+
+
+def in_nodeid(item: pytest.Item, group: str) -> None:
+    """Append ``@group`` to the test's node id, as xdist's worker does, where that did not take.
+
+    The scheduler of ``--dist loadgroup`` reads a test's group from that suffix. pytest-xdist 3.8
+    sets it by assigning ``item._nodeid``, which pytest 9.2 no longer reads (its ``nodeid`` comes
+    from ``item._id``): the groups were silently ignored and every test went to any worker.
+    """
+    suffix = f"@{group}"
+    if item.nodeid.endswith(suffix) or not hasattr(item, "_id"):
+        return
+    from _pytest.nodeid import NodeId  # (pytest >= 9.2, where nodeid is read from _id)
+
+    item._id = NodeId.parse(item.nodeid + suffix)  # type: ignore[attr-defined]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cluster.groups import group_of, held, merged
+from tests.cluster.groups import group_of, held, in_nodeid, merged
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.unit  # (it collects a small suite in this process; nothing is started)
@@ -126,3 +126,9 @@ def test_each_cluster_test_gets_the_group_of_what_it_holds_and_the_others_none(
         "test_mxnet": None,
         "test_mxnet_under_slurm": "slurm",
     }
+
+    # what --dist loadgroup's scheduler reads: the group as the node id's suffix, added once
+    item = next(i for i in items if i.name == "test_hosts")
+    in_nodeid(item, "netns")
+    in_nodeid(item, "netns")
+    assert item.nodeid == "test_suite.py::test_hosts@netns"
