@@ -43,7 +43,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist's --dist loadgroup, each cluster and compat test goes to the worker of
     what it holds (the namespace hosts' subnet, Grid Engine, the session's Slurm), or to any
     (tests/cluster/groups.py)."""
-    regroup(items, loadgroup=bool(config.getvalue("loadgroup")))
+    regroup(items, loadgroup=bool(config.getoption("loadgroup", default=False)))
 
 
 @pytest.fixture(scope="session")
