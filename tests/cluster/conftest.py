@@ -27,11 +27,23 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from .groups import MARK_HELP, regroup
 from .netns import HostGroup, preflight, sweep_if_idle
 from .slurm import SlurmCluster
 from .sshd import ClusterSetupError, LoopbackSshd
 
 MakeHosts = Callable[..., HostGroup]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARK_HELP)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's --dist loadgroup, each cluster and compat test goes to the worker of
+    what it holds (the namespace hosts' subnet, Grid Engine, the session's Slurm), or to any
+    (tests/cluster/groups.py)."""
+    regroup(items, loadgroup=bool(config.getoption("loadgroup", default=False)))
 
 
 @pytest.fixture(scope="session")

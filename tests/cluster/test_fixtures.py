@@ -11,6 +11,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests.launchkit.procs import pids_with_env, wait_until
 
 from .netns import STATE_ROOT, ClusterLock, HostGroup, sweep_stale
@@ -209,6 +211,7 @@ def test_teardown_leaves_nothing_and_twelve_hosts_start_fast(netns_hosts, tmp_pa
     _assert_group_gone(tag, netns, links)
 
 
+@pytest.mark.holds("netns")  # (namespace hosts made by a child process)
 def test_a_failing_test_still_tears_down_its_hosts(tmp_path: Path) -> None:
     """Run a failing test in a separate pytest that imports the fixtures (as other test dirs may)."""
     tag_file = tmp_path / "tag"
@@ -234,6 +237,7 @@ def test_a_failing_test_still_tears_down_its_hosts(tmp_path: Path) -> None:
     _assert_group_gone(tag, [f"lkns-{tag}-1", f"lkns-{tag}-2"], [f"lkbr{tag}", f"lkv{tag}h1", f"lkv{tag}h2"])
 
 
+@pytest.mark.holds("netns")  # (namespace hosts made by a child process)
 def test_a_killed_test_run_leaves_no_hosts_running_and_is_swept(tmp_path: Path) -> None:
     """A test process killed with SIGKILL: its sshds die with it; the next run sweeps the rest."""
     code = (

@@ -23,6 +23,15 @@ pytestmark = pytest.mark.timeout(120)
 ENGINES = ["mpirun", "mpirun.mpich", "slurm-allocation", "slurm-sbatch", "sge"]
 
 
+def engines(*names: str) -> list:
+    """The engine parameters, each marked with the engine it holds (its fixture is asked for at
+    run time, so tests/cluster/groups.py reads the mark, not the fixture's name)."""
+    return [
+        pytest.param(n, id=n, marks=pytest.mark.holds(n.split("-")[0])) if not n.startswith("mpirun") else n
+        for n in names
+    ]
+
+
 def launch(
     request, engine: str, cwd: Path, home: Path, *args: str
 ) -> tuple[subprocess.CompletedProcess[str], object]:
@@ -55,7 +64,7 @@ def nothing_left(cluster: object, job: str, cwd: Path) -> bool:
     return gone(cluster, job)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", engines(*ENGINES))
 def test_only_workers_run_and_allreduce_at_worker_0(
     request, engine: str, tmp_path: Path, launchkit_home: Path
 ) -> None:
@@ -71,7 +80,7 @@ def test_only_workers_run_and_allreduce_at_worker_0(
     assert not list(tmp_path.rglob("*worker0*"))  # worker 0's published address is forgotten
 
 
-@pytest.mark.parametrize("engine", ["mpirun", "mpirun.mpich", "slurm-allocation", "sge"])
+@pytest.mark.parametrize("engine", engines("mpirun", "mpirun.mpich", "slurm-allocation", "sge"))
 def test_a_killed_worker_is_the_root_cause_and_nothing_is_left(
     request, engine: str, tmp_path: Path, launchkit_home: Path
 ) -> None:
@@ -97,7 +106,7 @@ def test_a_killed_worker_is_the_root_cause_and_nothing_is_left(
     assert wait_until(lambda: nothing_left(cluster, job, tmp_path), 20)
 
 
-@pytest.mark.parametrize("engine", ["mpirun", "slurm-allocation", "sge"])
+@pytest.mark.parametrize("engine", engines("mpirun", "slurm-allocation", "sge"))
 def test_a_plain_torch_script_runs_unchanged(
     request, engine: str, tmp_path: Path, launchkit_home: Path
 ) -> None:
@@ -116,7 +125,7 @@ def test_a_plain_torch_script_runs_unchanged(
 
 
 @pytest.mark.parametrize("how", ["kill", "sigint"])
-@pytest.mark.parametrize("engine", ["mpirun", "slurm-sbatch", "sge"])
+@pytest.mark.parametrize("engine", engines("mpirun", "slurm-sbatch", "sge"))
 def test_kill_and_ctrl_c_end_a_job_without_servers(
     request, engine: str, how: str, tmp_path: Path, launchkit_home: Path
 ) -> None:
