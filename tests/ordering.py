@@ -27,7 +27,8 @@ from collections.abc import Iterable
 
 import pytest
 
-SHARED = ("cluster", "compat")  # as tests.tiers.SHARED
+from tests.tiers import SHARED
+
 RANKS = {"slow": 1, "proc": 2, "gpu": 2, "unit": 3}
 
 
