@@ -9,7 +9,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 import uuid
 
 from rich.console import Console
@@ -185,7 +184,7 @@ def test_a_40_column_terminal_cuts_no_host_figure_and_keeps_the_counts() -> None
             assert (state.training is not None and len(state.training.hosts) == 1) or "+3 more" in body
 
 
-def test_render_64_processes_over_12_hosts_fits_and_is_quick() -> None:
+def test_render_64_processes_over_12_hosts_fits() -> None:
     hosts = tuple(f"node{i:02d}" for i in range(12))
     m = dashstates.model(workers=48, hosts=hosts)
     rows = tuple(
@@ -196,13 +195,8 @@ def test_render_64_processes_over_12_hosts_fits_and_is_quick() -> None:
     )
     state = DashboardState("1122-000000-abcdef", "big", "ssh", 10.0, rows, training=training(m, 64))
     console = Console(record=True, width=160, height=50, no_color=True)
-    t0 = time.perf_counter()
-    for _ in range(10):
-        state = DashboardState("1122-000000-abcdef", "big", "ssh", 10.0, rows, training=training(m, 64))
-        console.print(render(state, *fit(state, 50)))
-    per_frame = (time.perf_counter() - t0) / 10
-    text = console.export_text()
-    frame = text.splitlines()[: len(text.splitlines()) // 10]
+    console.print(render(state, *fit(state, 50)))  # (its speed: bench/dashboard.py)
+    frame = console.export_text().splitlines()
     assert len(frame) <= 50, len(frame)
     assert re.search(r"worker +│ +34 │ node02", frame[0] + "\n".join(frame))  # the failed row is kept
     shown, _ = fit(state, 50)
@@ -211,7 +205,6 @@ def test_render_64_processes_over_12_hosts_fits_and_is_quick() -> None:
     for h in range(12):
         assert any(f"node{h:02d}" in line and "procs" in line and "running" in line for line in frame), h
     assert "more processes" not in "\n".join(frame)
-    assert per_frame < 0.5, per_frame  # measured in bench/dashboard.py; a loose bound here
 
 
 def tmux(*args: str) -> str:
@@ -287,9 +280,8 @@ def test_top_once_shows_a_running_job(launchkit_home) -> None:
     finally:
         proc.terminate()
         proc.communicate(timeout=10)
-    time.sleep(0.1)
-    res = run(["top", job, "--once"])
-    assert "job interrupted" in res.stdout
+    # (the launcher has exited: its record says how the job ended)
+    assert "job interrupted" in run(["top", job, "--once"]).stdout
 
 
 def test_top_unknown_job() -> None:
