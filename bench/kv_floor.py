@@ -1,0 +1,150 @@
+"""The floor under a KV round trip: the same round as ``bench.kv``'s at W workers and one server,
+with nothing but the copies, the sum and the wake-ups, beside trainer_core's job.
+
+    python -m bench.kv_floor [--sizes 1e5] [--rounds 2000] [--workers 2] [--repeat 3]
+
+Each worker of the floor does what a trainer_core worker must do per round on the same-host path
+(``docs/wire.md``, "Shared memory"): copy its N float32 into its shared segment, send one 8-byte
+message to the server on a Unix socket, sleep in ``poll`` until the answer, copy the sum out of
+the server's shared buffer. The server sleeps in ``poll`` on the W sockets, reads the messages,
+sums the W segments into a shared buffer once all came (the first push read in place, as
+trainer_core's ``Store`` does) and answers each worker with one 8-byte write. No header, no
+bookkeeping, no authentication: the 3 processes' copies, the sum, the system calls and the
+wake-ups, nothing else (``--no-data``: the wake-ups alone, 8 bytes per message).
+
+For each run, CPU per round summed over every process (``/proc/PID/task/*/schedstat``) and the
+median round trip, beside ``bench.kv_cpu``'s figures of trainer_core's job (W workers, 2
+servers, the key on one of them), alternated ``--repeat`` times: what trainer_core spends beyond
+the floor is its Python per message, its headers and the job's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import select
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.kv import REPO
+from bench.kv_cpu import run as run_trainer_core
+
+
+def _cpu_ns(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass  # (a thread that ended meanwhile)
+    return total
+
+
+def _shared(n: int) -> np.ndarray:
+    return np.frombuffer(mmap.mmap(-1, max(4 * n, 4)), dtype=np.float32, count=n)
+
+
+def floor(n: int, rounds: int, workers: int, data: bool = True, warmup: int = 50) -> dict[str, float]:
+    """One floor job: CPU per round (µs, every process) and the median round trip (µs)."""
+    segs = [_shared(n) for _ in range(workers)]
+    sums = [_shared(n), _shared(n)]  # the stored value alternates, as ``Store``'s weight and acc
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(workers)]
+    walls = _shared(rounds)
+    total = rounds + warmup
+    kids = []
+    for w in range(workers):
+        pid = os.fork()
+        if pid == 0:  # a worker
+            sock = pairs[w][1]
+            poll = select.poll()
+            poll.register(sock, select.POLLIN)
+            a, out = np.ones(n, np.float32), np.empty(n, np.float32)
+            for r in range(total):
+                t = time.perf_counter()
+                if data:
+                    np.copyto(segs[w], a)
+                sock.send(b"pushpull")
+                poll.poll()
+                sock.recv(8)
+                if data:
+                    np.copyto(out, sums[r % 2])
+                if w == 0 and r >= warmup:
+                    walls[r - warmup] = time.perf_counter() - t
+            os._exit(0)
+        kids.append(pid)
+    poll = select.poll()
+    socks = {}
+    for w in range(workers):
+        poll.register(pairs[w][0], select.POLLIN)
+        socks[pairs[w][0].fileno()] = pairs[w][0]
+    start = 0
+    for r in range(total):
+        if r == warmup:
+            start = _cpu_ns([os.getpid(), *kids])
+        came = 0
+        while came < workers:
+            for fd, _ in poll.poll():
+                socks[fd].recv(8)
+                came += 1
+        if data:
+            np.add(segs[0], segs[1], out=sums[r % 2])
+            for s in segs[2:]:
+                np.add(sums[r % 2], s, out=sums[r % 2])
+        for w in range(workers):
+            pairs[w][0].send(b"replyxxx")
+    cpu = _cpu_ns([os.getpid(), *kids]) - start
+    for pid in kids:
+        os.waitpid(pid, 0)
+    for a, b in pairs:
+        a.close()
+        b.close()
+    return {"cpu_us": cpu / rounds / 1e3, "wall_us": float(np.median(walls)) * 1e6}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1e5")
+    ap.add_argument("--rounds", type=int, default=2000)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tree", default=str(REPO), help="trainer_core's source tree")
+    args = ap.parse_args()
+    tree = Path(args.tree).resolve()
+    print(f"W={args.workers}, {args.rounds} rounds; load average {os.getloadavg()[0]:.1f}")
+    print(
+        "| N | run | floor CPU µs | floor round µs | wake-ups alone CPU µs | wake-ups alone round µs "
+        "| trainer_core CPU µs | trainer_core round µs |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for n in [int(float(s)) for s in args.sizes.split(",")]:
+        rows = []
+        for r in range(args.repeat):
+            f = floor(n, args.rounds, args.workers)
+            bare = floor(n, args.rounds, args.workers, data=False)
+            ours = run_trainer_core(tree, n, args.rounds, args.workers, 2)
+            rows.append((f, bare, ours))
+            print(
+                f"| {n:.0e} | {r + 1} | {f['cpu_us']:.0f} | {f['wall_us']:.0f} | {bare['cpu_us']:.0f} | "
+                f"{bare['wall_us']:.0f} | {ours['cpu_us']:.0f} | {ours['wall_us']:.0f} |",
+                flush=True,
+            )
+        for key, title in (("cpu_us", "CPU"), ("wall_us", "round")):
+            ratios = sorted(o[key] / f[key] for f, _, o in rows)
+            print(
+                f"_{n:.0e} {title}, trainer_core / floor: {statistics.median(ratios):.2f} "
+                f"[{ratios[0]:.2f}-{ratios[-1]:.2f}]_"
+            )
+    print(f"_(load average at the end {os.getloadavg()[0]:.1f})_")
+
+
+if __name__ == "__main__":
+    main()
