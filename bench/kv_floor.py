@@ -10,7 +10,10 @@ the server's shared buffer. The server sleeps in ``poll`` on the W sockets, read
 sums the W segments into a shared buffer once all came (the first push read in place, as
 trainer_core's ``Store`` does) and answers each worker with one 8-byte write. No header, no
 bookkeeping, no authentication: the 3 processes' copies, the sum, the system calls and the
-wake-ups, nothing else (``--no-data``: the wake-ups alone, 8 bytes per message).
+wake-ups, nothing else. Beside it, the same with trainer_core's own headers (each message a
+``pushpull`` or ``reply`` header of one key part in a segment, encoded and decoded by
+``transport.wire``: "floor + headers"), and with no data (8-byte messages and no copies: "wake-ups
+alone").
 
 For each run, CPU per round summed over every process (``/proc/PID/task/*/schedstat``) and the
 median round trip, beside ``bench.kv_cpu``'s figures of trainer_core's job (W workers, 2
@@ -28,7 +31,9 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -53,8 +58,28 @@ def _shared(n: int) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, max(4 * n, 4)), dtype=np.float32, count=n)
 
 
-def floor(n: int, rounds: int, workers: int, data: bool = True, warmup: int = 50) -> dict[str, float]:
+def _codec(headers: bool) -> tuple[Callable[[str, int], bytes], Callable[[bytes], Any]]:
+    """How a message is made and read: 8 bytes, or (``headers``) trainer_core's own header of a
+    pushpull of one key part in a segment and of its reply, encoded and decoded by ``wire``."""
+    if not headers:
+        return (lambda op, seq: b"pushpull" if op == "pushpull" else b"replyxxx"), (lambda raw: raw)
+    from trainer_core.ps import protocol
+    from trainer_core.transport import wire
+
+    entry = protocol.Entry("k", 0, 100_000, "<f4", "launchkit-floor-w0-1")
+    decoder = wire.Decoder(protocol.SCHEMA)
+
+    def make(op: str, seq: int) -> bytes:
+        return wire.encode(protocol.Header(op, seq, "worker-0", (entry,), {"rank": 0}))
+
+    return make, decoder.decode
+
+
+def floor(
+    n: int, rounds: int, workers: int, data: bool = True, headers: bool = False, warmup: int = 50
+) -> dict[str, float]:
     """One floor job: CPU per round (µs, every process) and the median round trip (µs)."""
+    make, read = _codec(headers)
     segs = [_shared(n) for _ in range(workers)]
     sums = [_shared(n), _shared(n)]  # the stored value alternates, as ``Store``'s weight and acc
     pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(workers)]
@@ -72,9 +97,9 @@ def floor(n: int, rounds: int, workers: int, data: bool = True, warmup: int = 50
                 t = time.perf_counter()
                 if data:
                     np.copyto(segs[w], a)
-                sock.send(b"pushpull")
+                sock.send(make("pushpull", r + 1))
                 poll.poll()
-                sock.recv(8)
+                read(sock.recv(4096))
                 if data:
                     np.copyto(out, sums[r % 2])
                 if w == 0 and r >= warmup:
@@ -93,14 +118,14 @@ def floor(n: int, rounds: int, workers: int, data: bool = True, warmup: int = 50
         came = 0
         while came < workers:
             for fd, _ in poll.poll():
-                socks[fd].recv(8)
+                read(socks[fd].recv(4096))
                 came += 1
         if data:
             np.add(segs[0], segs[1], out=sums[r % 2])
             for s in segs[2:]:
                 np.add(sums[r % 2], s, out=sums[r % 2])
         for w in range(workers):
-            pairs[w][0].send(b"replyxxx")
+            pairs[w][0].send(make("reply", r + 1))
     cpu = _cpu_ns([os.getpid(), *kids]) - start
     for pid in kids:
         os.waitpid(pid, 0)
@@ -120,25 +145,23 @@ def main() -> None:
     args = ap.parse_args()
     tree = Path(args.tree).resolve()
     print(f"W={args.workers}, {args.rounds} rounds; load average {os.getloadavg()[0]:.1f}")
-    print(
-        "| N | run | floor CPU µs | floor round µs | wake-ups alone CPU µs | wake-ups alone round µs "
-        "| trainer_core CPU µs | trainer_core round µs |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
+    kinds = ["floor", "floor + headers", "wake-ups alone", "trainer_core"]
+    print("| N | run | " + " | ".join(f"{k} CPU µs | {k} round µs" for k in kinds) + " |")
+    print("|---|---|" + "---|---|" * len(kinds))
     for n in [int(float(s)) for s in args.sizes.split(",")]:
         rows = []
         for r in range(args.repeat):
-            f = floor(n, args.rounds, args.workers)
-            bare = floor(n, args.rounds, args.workers, data=False)
-            ours = run_trainer_core(tree, n, args.rounds, args.workers, 2)
-            rows.append((f, bare, ours))
-            print(
-                f"| {n:.0e} | {r + 1} | {f['cpu_us']:.0f} | {f['wall_us']:.0f} | {bare['cpu_us']:.0f} | "
-                f"{bare['wall_us']:.0f} | {ours['cpu_us']:.0f} | {ours['wall_us']:.0f} |",
-                flush=True,
-            )
+            row = [
+                floor(n, args.rounds, args.workers),
+                floor(n, args.rounds, args.workers, headers=True),
+                floor(n, args.rounds, args.workers, data=False),
+                run_trainer_core(tree, n, args.rounds, args.workers, 2),
+            ]
+            rows.append(row)
+            cells = " | ".join(f"{f['cpu_us']:.0f} | {f['wall_us']:.0f}" for f in row)
+            print(f"| {n:.0e} | {r + 1} | {cells} |", flush=True)
         for key, title in (("cpu_us", "CPU"), ("wall_us", "round")):
-            ratios = sorted(o[key] / f[key] for f, _, o in rows)
+            ratios = sorted(row[3][key] / row[0][key] for row in rows)
             print(
                 f"_{n:.0e} {title}, trainer_core / floor: {statistics.median(ratios):.2f} "
                 f"[{ratios[0]:.2f}-{ratios[-1]:.2f}]_"

@@ -18,7 +18,8 @@ wrappers, so the figures are a little above ``bench.kv_cpu``'s):
   the handler**, **the rest of the loop** (reading, decoding, the serving loop), **main thread**.
 
 Each figure is µs per round (a worker's: one worker; the server's: the whole round, both
-workers' requests). ``python -m bench.kv_floor`` gives what the copies, the sum and the wake-ups
+workers' requests); **polls** is the waits per round (each one sleeps unless a message is there
+already). ``python -m bench.kv_floor`` gives what the copies, the sum and the wake-ups
 cost alone.
 """
 
@@ -40,7 +41,7 @@ import json, os, sys, time
 sys.path.insert(0, os.environ['BENCH_TREE'])  # (before the working directory, which ``-c`` puts first)
 if os.environ['DMLC_ROLE'] == 'server':
     os.environ['TRAINER_CORE_AUTOSTART'] = '0'
-acc = {}
+acc, calls = {}, {}
 
 def timed(cls, name, label):
     f, clock = getattr(cls, name), time.thread_time_ns
@@ -50,6 +51,7 @@ def timed(cls, name, label):
             return f(*args, **kwargs)
         finally:
             acc[label] = acc.get(label, 0) + clock() - t
+            calls[label] = calls.get(label, 0) + 1
     setattr(cls, name, wrapper)
 """
 
@@ -73,6 +75,7 @@ for _ in range(50):
     kv.pull('k', out)
 kv.barrier()
 acc.clear()
+calls.clear()
 t = time.thread_time_ns()
 for _ in range(rounds):
     kv.push('k', a)
@@ -81,7 +84,9 @@ acc['main thread'] = time.thread_time_ns() - t
 acc['the rest'] = acc['main thread'] - sum(v for k, v in acc.items() if k != 'main thread')
 assert out[0] == kv.num_workers, out[0]
 kv.barrier()
-print('RESULT ' + json.dumps({k: v / rounds / 1e3 for k, v in acc.items()}), flush=True)
+res = {k: v / rounds / 1e3 for k, v in acc.items()}
+res['polls'] = calls['wait'] / rounds
+print('RESULT ' + json.dumps(res), flush=True)
 kv.close()
 """
 )
@@ -96,20 +101,15 @@ if os.environ['DMLC_ROLE'] == 'server':
     timed(store.Store, '_sum_in', 'sum')
     timed(handler.RequestHandler, '_reply_shared', 'replies')
     timed(handler.RequestHandler, 'handle', 'handler')
-    calls = [0]
-    handle = handler.RequestHandler.handle
-    def counted(self, msg):
-        calls[0] += 1
-        return handle(self, msg)
-    handler.RequestHandler.handle = counted
     t = time.thread_time_ns()
     try:
         server.main()
     finally:
         acc['main thread'] = time.thread_time_ns() - t
-        if calls[0] > 1000:  # the server holding the key: its figures per round (two requests)
-            rounds = calls[0] / int(os.environ['BENCH_WORKERS'])
+        if calls.get('handler', 0) > 1000:  # the server holding the key: per round (two requests)
+            rounds = calls['handler'] / int(os.environ['BENCH_WORKERS'])
             out = {k: v / rounds / 1e3 for k, v in acc.items()}
+            out['polls'] = calls['wait'] / rounds
             out['the rest of the handler'] = out.pop('handler') - out['sum'] - out['replies']
             out['the rest of the loop'] = (
                 out['main thread'] - out['wait'] - out['sum'] - out['replies'] - out['the rest of the handler']
@@ -121,8 +121,16 @@ else:
 """
 )
 
-WORKER_ROWS = ["copy in", "send", "wait", "copy out", "the rest", "main thread"]
-SERVER_ROWS = ["wait", "sum", "replies", "the rest of the handler", "the rest of the loop", "main thread"]
+WORKER_ROWS = ["copy in", "send", "wait", "copy out", "the rest", "main thread", "polls"]
+SERVER_ROWS = [
+    "wait",
+    "sum",
+    "replies",
+    "the rest of the handler",
+    "the rest of the loop",
+    "main thread",
+    "polls",
+]
 
 
 def run(tree: Path, n: int, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
@@ -159,7 +167,8 @@ def main() -> None:
     print("|---|" + "---|" * len(sizes))
     for who, rows, i in (("a worker", WORKER_ROWS, 0), ("the server", SERVER_ROWS, 1)):
         for row in rows:
-            print(f"| {who}: {row} | " + " | ".join(f"{figures[n][i][row]:.0f}" for n in sizes) + " |")
+            fmt = ".2f" if row == "polls" else ".0f"
+            print(f"| {who}: {row} | " + " | ".join(f"{figures[n][i][row]:{fmt}}" for n in sizes) + " |")
     print(f"_(load average at the end {os.getloadavg()[0]:.1f})_")
 
 
