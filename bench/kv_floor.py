@@ -17,8 +17,10 @@ alone").
 
 For each run, CPU per round summed over every process (``/proc/PID/task/*/schedstat``) and the
 median round trip, beside ``bench.kv_cpu``'s figures of trainer_core's job (W workers, 2
-servers, the key on one of them), alternated ``--repeat`` times: what trainer_core spends beyond
-the floor is its Python per message, its headers and the job's bookkeeping.
+servers, the key on one of them) and of the same job with the workers' loop on ``bench.kv_cpu``'s
+``LEAN`` path (the least a worker must do over today's servers), alternated ``--repeat`` times:
+what trainer_core spends beyond the floor is its Python per message, its headers and the job's
+bookkeeping; the lean workers show how much of it is the KV calls' own code.
 """
 
 from __future__ import annotations
@@ -145,7 +147,7 @@ def main() -> None:
     args = ap.parse_args()
     tree = Path(args.tree).resolve()
     print(f"W={args.workers}, {args.rounds} rounds; load average {os.getloadavg()[0]:.1f}")
-    kinds = ["floor", "floor + headers", "wake-ups alone", "trainer_core"]
+    kinds = ["floor", "floor + headers", "wake-ups alone", "trainer_core", "trainer_core, lean workers"]
     print("| N | run | " + " | ".join(f"{k} CPU µs | {k} round µs" for k in kinds) + " |")
     print("|---|---|" + "---|---|" * len(kinds))
     for n in [int(float(s)) for s in args.sizes.split(",")]:
@@ -156,6 +158,7 @@ def main() -> None:
                 floor(n, args.rounds, args.workers, headers=True),
                 floor(n, args.rounds, args.workers, data=False),
                 run_trainer_core(tree, n, args.rounds, args.workers, 2),
+                run_trainer_core(tree, n, args.rounds, args.workers, 2, lean=True),
             ]
             rows.append(row)
             cells = " | ".join(f"{f['cpu_us']:.0f} | {f['wall_us']:.0f}" for f in row)
