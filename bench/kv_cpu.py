@@ -119,9 +119,9 @@ ROLE = PIDFILE + "import trainer_core\n"
 #: ``--lean`` (``BENCH_LEAN=1`` in the workers): their timed loop on the least a worker must do
 #: over today's servers (an experiment, not an API: it reaches into the client): the push's copy
 #: into its segment, one ``pushpull`` header encoded and written on the same-host channel, a
-#: ``poll`` of that channel alone, the reply read and decoded, the sum copied out of the server's buffer. No error
-#: replies, stall warnings, figures or held pushes: what the KV calls' own code costs is the
-#: difference with the plain loop. One key part, on a server of this host.
+#: ``poll`` of that channel alone, the reply read and decoded, the sum copied out of the server's
+#: buffer. No error replies, stall warnings, figures or held pushes: what the KV calls' own code
+#: costs is the difference with the plain loop. One key part, on a server of this host.
 LEAN_DOC = "the workers' timed loop on the least a worker must do over today's servers"
 
 
