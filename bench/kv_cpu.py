@@ -1,7 +1,7 @@
 """CPU per KV round trip, summed over every process of the job: a figure the machine's load barely moves.
 
     python -m bench.kv_cpu [--sizes 1e5] [--rounds 2000] [--workers 2] [--servers 2]
-                           [--trees DIR,DIR] [--repeat R]
+                           [--trees DIR,DIR] [--repeat R] [--lean]
 
 The job of ``bench.kv`` (scheduler, servers and workers as separate processes on this host,
 authentication on, the same-host shared-memory path): each worker runs ``push(N float32)`` then
@@ -14,7 +14,9 @@ servers' serving, the scheduler's share), shown by role beside the median wall t
 On a machine shared with other jobs a round's wall time moves with the load (the job waits for
 cores); its CPU does not, or much less (cache misses grow a little when the other jobs evict the
 job's data). ``--trees OLD,NEW`` runs the same job on two source trees (each put first on ``sys.path``), alternated ``--repeat`` times, and gives each run's figures and the median of the
-per-pair ratios NEW/OLD [min-max].
+per-pair ratios NEW/OLD [min-max]. ``--lean`` replaces the workers' timed loop by a lean one (the
+least a worker must do per round over today's servers: an experiment that sizes what the KV
+calls' own code costs).
 """
 
 from __future__ import annotations
@@ -72,11 +74,35 @@ for _ in range(50):
 kv.barrier()
 first = sample() if kv.rank == 0 else None
 times, pc = [], time.perf_counter
-for _ in range(rounds):
-    t = pc()
-    kv.push('k', a)
-    kv.pull('k', out)
-    times.append(pc() - t)
+if os.environ.get('BENCH_LEAN'):  # (``--lean``: see ``LEAN_DOC``)
+    import select, struct
+    from trainer_core.ps import protocol
+    from trainer_core.transport import wire
+    client = kv.client
+    m = kv.meta['k']
+    (part,) = m.parts
+    segment = m.segments[0].view(m.dtype, part.size)
+    channel = client.routes[part.server].fast
+    sock, decoder, length = channel.sock, channel.headers, struct.Struct('<I')
+    entries = (protocol.Entry('k', 0, part.size, m.dtype.str, m.segments[0].name),)
+    src, body = client.book.name, {'rank': client.worker_id}
+    poll = select.poll()
+    poll.register(sock.fileno(), select.POLLIN)
+    for _ in range(rounds):
+        t = pc()
+        np.copyto(segment, a)
+        raw = wire.encode(protocol.Header(protocol.PUSHPULL, client.requests.next(), src, entries, body))
+        sock.sendall(length.pack(len(raw)) + raw)
+        poll.poll()
+        reply = decoder.decode(sock.recv(65536)[length.size:])
+        np.copyto(out, client.shared_view(part.server, reply.entries[0].shm, m.dtype, part.size))
+        times.append(pc() - t)
+else:
+    for _ in range(rounds):
+        t = pc()
+        kv.push('k', a)
+        kv.pull('k', out)
+        times.append(pc() - t)
 kv.barrier()
 res = {'wall_us': statistics.median(times) * 1e6}
 if first is not None:
@@ -90,9 +116,18 @@ kv.close()
 
 ROLE = PIDFILE + "import trainer_core\n"
 
+#: ``--lean`` (``BENCH_LEAN=1`` in the workers): their timed loop on the least a worker must do
+#: over today's servers (an experiment, not an API: it reaches into the client): the push's copy
+#: into its segment, one ``pushpull`` header encoded and written on the same-host channel, a
+#: ``poll`` of that channel alone, the reply read and decoded, the sum copied out of the server's
+#: buffer. No error replies, stall warnings, figures or held pushes: what the KV calls' own code
+#: costs is the difference with the plain loop. One key part, on a server of this host.
+LEAN_DOC = "the workers' timed loop on the least a worker must do over today's servers"
 
-def run(tree: Path, n: int, rounds: int, workers: int, servers: int) -> dict[str, float]:
-    """One job on ``tree``: CPU per round trip (µs) by role and in all, and the median wall time."""
+
+def run(tree: Path, n: int, rounds: int, workers: int, servers: int, lean: bool = False) -> dict[str, float]:
+    """One job on ``tree``: CPU per round trip (µs) by role and in all, and the median wall time
+    (``lean``: the workers' timed loop is the lean one, ``LEAN_DOC``)."""
     with tempfile.TemporaryDirectory(prefix="kv-cpu-") as tmp:
         env = {
             "LAUNCHKIT_JOB_ID": "kvcpu" + uuid.uuid4().hex[:6],
@@ -103,6 +138,8 @@ def run(tree: Path, n: int, rounds: int, workers: int, servers: int) -> dict[str
             "PYTHONPATH": str(tree),
             "BENCH_TREE": str(tree),
         }
+        if lean:
+            env["BENCH_LEAN"] = "1"
         results = run_job(sys.executable, WORKER, ROLE, workers, servers, env)
     cpu = next(r["cpu"] for r in results if "cpu" in r)
     out = {"wall_us": statistics.mean(r["wall_us"] for r in results)}
@@ -129,6 +166,7 @@ def main() -> None:
     ap.add_argument("--servers", type=int, default=2)
     ap.add_argument("--trees", default=str(REPO), help="comma-separated source trees, alternated")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--lean", action="store_true", help=LEAN_DOC)
     args = ap.parse_args()
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     trees = [Path(t).resolve() for t in args.trees.split(",")]
@@ -139,7 +177,7 @@ def main() -> None:
         runs: dict[Path, list[dict[str, float]]] = {t: [] for t in trees}
         for r in range(args.repeat):
             for tree in trees:
-                res = run(tree, n, args.rounds, args.workers, args.servers)
+                res = run(tree, n, args.rounds, args.workers, args.servers, args.lean)
                 runs[tree].append(res)
                 cells = " | ".join(f"{res[k]:.0f}" for k, _ in COLUMNS)
                 print(f"| {n:.0e} | {tree.name} | {r + 1} | {cells} |", flush=True)
