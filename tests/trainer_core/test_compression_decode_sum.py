@@ -95,6 +95,32 @@ def test_the_1bit_kernel_takes_one_pass_and_no_scratch(monkeypatch: pytest.Monke
     assert calls["sum"] == 1 and out.tobytes() == want.tobytes()
 
 
+@needs_numba
+def test_the_1bit_kernel_keeps_the_payloads_rows_in_the_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a scratch that holds them, the payloads' values and bits are copied into it (no fresh
+    arrays to fault in on every call); a scratch too small for them is left alone."""
+    n, k = 5000, 3
+    rng = np.random.default_rng(3)
+    pairs = payloads({"type": "1bit"}, gradients("random", n, np.float32, k, rng))
+    want = reference(pairs, n, np.float32)
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
+    kernel = _fast_onebit.onebit_decode_sum
+
+    def watched(vals: Any, bits: Any, block: Any, out: Any) -> Any:
+        seen.append((vals, bits))
+        return kernel(vals, bits, block, out)
+
+    monkeypatch.setattr(_fast_onebit, "onebit_decode_sum", watched)
+    scratch = np.full(n, np.nan, np.float32)
+    out = compression.decode_sum(pairs, n, np.float32, np.empty(n, np.float32), scratch)
+    assert out.tobytes() == want.tobytes()
+    assert np.shares_memory(seen[0][0], scratch) and np.shares_memory(seen[0][1], scratch)
+    tiny = np.full(10, np.nan, np.float32)
+    out = compression.decode_sum(pairs, n, np.float32, np.empty(n, np.float32), tiny)
+    assert out.tobytes() == want.tobytes() and np.isnan(tiny).all()
+    assert not np.shares_memory(seen[1][0], tiny)
+
+
 @pytest.mark.parametrize(
     "params",
     [

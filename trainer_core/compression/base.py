@@ -101,13 +101,16 @@ class Compressor:
         if "residual" in state:
             self.load_residual(state["residual"])
 
-    def encode(self, grad: Any, plus: Any = None) -> tuple[Any, dict[str, Any]]:
+    def encode(self, grad: Any, plus: Any = None, into: Any = None) -> tuple[Any, dict[str, Any]]:
         """Compress ``grad`` (with the residual added in), keep what was lost as the new residual.
 
         ``plus`` (an array of ``grad``'s size and dtype, on its device) is added to ``grad`` first,
         in their dtype: the payload and residual are those of encoding ``grad + plus``. Where
         ``encodes_sum(grad)``, a kernel reads both and never forms the sum; else it is formed first
-        (a fresh array)."""
+        (a fresh array). ``into`` (a host uint8 array of at least ``wire_bytes`` bytes, reused by
+        the caller from one call to the next): where the compressor's host kernel can, the payload
+        is written there and returned as a view of it (no fresh payload to fault in); else it is
+        ignored."""
         xp = array_module(grad)
         dtype = check_dtype(grad.dtype)
         flat = xp.ascontiguousarray(grad).reshape(-1)
@@ -138,9 +141,13 @@ class Compressor:
                 f"{res.size} x {res.dtype}; use one compressor per key (or reset())"
             )
         if more is None:
-            payload, meta = self._encode(xp, flat, res, dtype)
+            payload, meta = (
+                self._encode(xp, flat, res, dtype)
+                if into is None
+                else self._encode_into(xp, flat, res, dtype, into)
+            )
         else:
-            payload, meta = self._encode_sum(flat, more, res, dtype)
+            payload, meta = self._encode_sum(flat, more, res, dtype, into)
         self.last_wire_bytes = int(payload.nbytes)
         return payload, {"type": self.name, **meta}
 
@@ -185,9 +192,9 @@ class Compressor:
         """``out`` (a flat C-contiguous array of ``n`` values of ``dtype``) becomes the sum of the
         decoded ``payloads`` (pairs of payload and metadata, at least one), added in their order in
         ``dtype``: ``((d0 + d1) + d2) ...``, the same bits as decoding each and adding them with the
-        array module's ``add``. A kernel may do it in one pass (``_decode_sum``); else every payload
-        after the first is decoded into ``scratch`` (like ``out``; a fresh array when None) and
-        added."""
+        array module's ``add``. A kernel may do it in one pass (``_decode_sum``, which may use
+        ``scratch`` as working memory); else every payload after the first is decoded into
+        ``scratch`` (like ``out``; a fresh array when None) and added."""
         if not payloads:
             raise ValueError("decode_sum needs at least one payload")
         metas = [meta for _, meta in payloads]
@@ -199,7 +206,7 @@ class Compressor:
             raise ValueError(f"out must be a C-contiguous {dt} array of {n} values")
         flat = out.reshape(-1)
         bufs = [as_payload(p) for p, _ in payloads]
-        if len(bufs) > 1 and self._decode_sum(bufs, metas, n, dt, flat):
+        if len(bufs) > 1 and self._decode_sum(bufs, metas, n, dt, flat, scratch):
             return out
         self.decode(bufs[0], metas[0], n, dt, flat)
         if len(bufs) > 1:
@@ -223,8 +230,16 @@ class Compressor:
     def _encode(self, xp: Any, g: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
         raise NotImplementedError
 
-    def _encode_sum(self, g: Any, g2: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
-        """``_encode`` of ``g + g2``, for a subclass whose ``encodes_sum`` says it can."""
+    def _encode_into(self, xp: Any, g: Any, r: Any, dtype: np.dtype, into: Any) -> tuple[Any, dict[str, Any]]:
+        """``_encode``, the payload written into ``into`` where the subclass can (this default:
+        ``_encode`` itself, ``into`` ignored)."""
+        return self._encode(xp, g, r, dtype)
+
+    def _encode_sum(
+        self, g: Any, g2: Any, r: Any, dtype: np.dtype, into: Any = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """``_encode`` of ``g + g2``, for a subclass whose ``encodes_sum`` says it can (``into``:
+        as for ``_encode_into``)."""
         raise NotImplementedError
 
     def _decode(self, xp: Any, buf: Any, meta: dict[str, Any], n: int, dtype: np.dtype, out: Any) -> Any:
@@ -232,10 +247,11 @@ class Compressor:
         raise NotImplementedError
 
     def _decode_sum(
-        self, bufs: list[Any], metas: list[dict[str, Any]], n: int, dtype: np.dtype, out: Any
+        self, bufs: list[Any], metas: list[dict[str, Any]], n: int, dtype: np.dtype, out: Any, scratch: Any
     ) -> bool:
         """Write into ``out`` the sum of the decoded ``bufs`` (see ``decode_sum``) in one pass and
-        return True, or return False where there is no such kernel for them."""
+        return True, or return False where there is no such kernel for them (``scratch``, like
+        ``out`` or None, is the kernel's to use as working memory)."""
         return False
 
 

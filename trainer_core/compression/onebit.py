@@ -59,6 +59,9 @@ class OneBit(Compressor):
         return wire_bytes(size, self.block_size)
 
     def _encode(self, xp: Any, g: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
+        return self._encode_into(xp, g, r, dtype, None)
+
+    def _encode_into(self, xp: Any, g: Any, r: Any, dtype: np.dtype, into: Any) -> tuple[Any, dict[str, Any]]:
         n, b = g.size, self.block_size
         nblocks = math.ceil(n / b)
         meta = {"block_size": b}
@@ -68,7 +71,7 @@ class OneBit(Compressor):
         if self.use_fast(g, dtype):
             from . import _fast_onebit
 
-            out = np.empty(wire_bytes(n, b), dtype=np.uint8)
+            out = _payload(n, b, into)
             vals = out[: 8 * nblocks].view(np.float32)
             _fast_onebit.onebit_encode(g, r, b, vals, out[8 * nblocks :])
             return out, meta
@@ -78,11 +81,13 @@ class OneBit(Compressor):
         """The compiled kernel does (host float32/float64 arrays)."""
         return self.use_fast(grad, grad.dtype)
 
-    def _encode_sum(self, g: Any, g2: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
+    def _encode_sum(
+        self, g: Any, g2: Any, r: Any, dtype: np.dtype, into: Any = None
+    ) -> tuple[Any, dict[str, Any]]:
         from . import _fast_onebit
 
         n, b = g.size, self.block_size
-        out = np.empty(wire_bytes(n, b), dtype=np.uint8)
+        out = _payload(n, b, into)
         nblocks = math.ceil(n / b)
         _fast_onebit.onebit_encode_sum(g, g2, r, b, out[: 8 * nblocks].view(np.float32), out[8 * nblocks :])
         return out, {"block_size": b}
@@ -108,18 +113,27 @@ class OneBit(Compressor):
         return decode_xp(xp, vals, bits, b, n, dtype)
 
     def _decode_sum(
-        self, bufs: list[Any], metas: list[dict[str, Any]], n: int, dtype: np.dtype, out: Any
+        self, bufs: list[Any], metas: list[dict[str, Any]], n: int, dtype: np.dtype, out: Any, scratch: Any
     ) -> bool:
         """The compiled kernel (host arrays, one block size): the payloads' values and bits as the
-        rows of two arrays (a few bytes per block), then one pass over ``out``."""
+        rows of two arrays (a few bytes per block; in ``scratch`` where it holds them, else fresh),
+        then one pass over ``out``."""
         b = int(metas[0]["block_size"])
         if any(int(m["block_size"]) != b for m in metas) or not self.use_fast(out, dtype):
             return False
         if any(is_device_array(buf) for buf in bufs):
             return False
         want, nblocks = wire_bytes(n, b), math.ceil(n / b)
-        vals = np.empty((len(bufs), 2 * nblocks), dtype=np.float32)
-        bits = np.empty((len(bufs), want - 8 * nblocks), dtype=np.uint8)
+        rows = (len(bufs), 2 * nblocks), (len(bufs), want - 8 * nblocks)
+        room = (
+            scratch.view(np.uint8) if isinstance(scratch, np.ndarray) and scratch.flags.c_contiguous else None
+        )
+        if room is not None and room.size >= len(bufs) * want:  # the rows in the caller's scratch
+            vals = room[: 4 * rows[0][0] * rows[0][1]].view(np.float32).reshape(rows[0])
+            bits = room[vals.nbytes : vals.nbytes + rows[1][0] * rows[1][1]].reshape(rows[1])
+        else:
+            vals = np.empty(rows[0], dtype=np.float32)
+            bits = np.empty(rows[1], dtype=np.uint8)
         for j, buf in enumerate(bufs):
             if buf.size != want:
                 raise ValueError(f"1bit payload of {buf.size} bytes does not hold {n} values (want {want})")
@@ -129,6 +143,20 @@ class OneBit(Compressor):
 
         _fast_onebit.onebit_decode_sum(vals, bits, b, out)
         return True
+
+
+def _payload(n: int, b: int, into: Any) -> np.ndarray:
+    """The host payload array of ``n`` values: the first bytes of ``into`` where it is a
+    C-contiguous uint8 array that holds them, else a fresh array."""
+    want = wire_bytes(n, b)
+    if (
+        isinstance(into, np.ndarray)
+        and into.dtype == np.uint8
+        and into.flags.c_contiguous
+        and into.size >= want
+    ):
+        return into.reshape(-1)[:want]
+    return np.empty(want, dtype=np.uint8)
 
 
 def _blocks(x: Any, b: int) -> list[Any]:
