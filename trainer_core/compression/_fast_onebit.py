@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ._fast import _helper, _jit, numba
+from ._fast_stream import _stream_bytes
 
 
 def _lane_sums4_ir(inputs: int) -> Any:
@@ -299,6 +300,34 @@ def onebit_decode(vals, bits, block, out):
                 oo[8 * i + j] = hi if (b >> (7 - j)) & 1 else lo
         for k in range(m & ~7, m):
             oo[k] = hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
+    return out
+
+
+@_jit
+def onebit_decode_stream(vals, bits, block, out):
+    """``onebit_decode`` (the same values) for a large ``out`` that is not read again at once:
+    each block is decoded into a small buffer, in cache, then stored to ``out`` with non-temporal
+    stores (``_fast_stream``: no read of ``out``'s lines before they are written, half the memory
+    traffic of ``onebit_decode``, which counts where the machine's cores share its memory)."""
+    n = out.shape[0]
+    buf = np.empty(block, out.dtype)
+    raw = buf.view(np.uint8)
+    dst = out.view(np.uint8)
+    size = out.itemsize
+    for blk in range(vals.shape[0] // 2):
+        s = blk * block
+        e = min(s + block, n)
+        bb = bits[s >> 3 : (e + 7) >> 3]
+        m = e - s
+        lo = vals[2 * blk]
+        hi = vals[2 * blk + 1]
+        for i in range(m >> 3):
+            b = bb[i]
+            for j in range(8):
+                buf[8 * i + j] = hi if (b >> (7 - j)) & 1 else lo
+        for k in range(m & ~7, m):
+            buf[k] = hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
+        _stream_bytes(raw[: m * size], dst[s * size : e * size])
     return out
 
 

@@ -109,6 +109,8 @@ class OneBit(Compressor):
         if self.use_fast(buf, dtype):
             from . import _fast_onebit
 
+            if out is not None and out.nbytes >= kernels.STREAM_BYTES:
+                return _fast_onebit.onebit_decode_stream(vals, bits, b, out)
             return _fast_onebit.onebit_decode(vals, bits, b, np.empty(n, dtype=dtype) if out is None else out)
         return decode_xp(xp, vals, bits, b, n, dtype)
 
