@@ -15,7 +15,7 @@ over TCP on loopback. No link is capped: the times are CPU- and memory-bound, no
 time (``PYTHONPATH``), alternated within each round (order reversed every other round).
 ``--where``: instead, where each rank's CPU goes in the 1-bit operation (``WHERE``: the thread CPU
 of the compressed path's encoding, decoding, host sum and stages, per operation, by wrapping
-those functions), every rank's row. Where a leader of two ranks encodes its input plus the other
+those functions, the garbage collector's, and the page faults per operation), every rank's row. Where a leader of two ranks encodes its input plus the other
 rank's slot without forming their sum (``Compressor.encodes_sum``), the host sum is inside its
 encoding.
 """
