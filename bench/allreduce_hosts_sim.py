@@ -15,7 +15,10 @@ over TCP on loopback. No link is capped: the times are CPU- and memory-bound, no
 time (``PYTHONPATH``), alternated within each round (order reversed every other round).
 ``--where``: instead, where each rank's CPU goes in the 1-bit operation (``WHERE``: the thread CPU
 of the compressed path's encoding, decoding, host sum and stages, per operation, by wrapping
-those functions, the garbage collector's, and the page faults per operation), every rank's row. Where a leader of two ranks encodes its input plus the other
+those functions, the garbage collector's, and the page faults per operation), every rank's row.
+"sum+encode" is stage one's end where a tree has it apart (``twostage._second``: the owner's sum
+of its chunk's payloads and their second-stage encoding, in one pass for 1 bit, then neither in
+"decode" nor in "encode"; "stage 1" does not hold it). Where a leader of two ranks encodes its input plus the other
 rank's slot without forming their sum (``Compressor.encodes_sum``), the host sum is inside its
 encoding.
 """
@@ -68,8 +71,9 @@ def wrap(mod, name, label):
     setattr(mod, name, timed)
 for mod, name, label in ((twostage, "_encode", "encode"), (twostage, "unpack", "decode"),
                          (twostage, "unpack_sum", "decode"), (shmreduce, "_reduce", "host sum"),
-                         (twostage, "_reduce_scatter", "stage 1"), (twostage, "_allgather", "stage 2")):
-    if hasattr(mod, name):  # (a tree without unpack_sum decodes stage one with unpack)
+                         (twostage, "_reduce_scatter", "stage 1"), (twostage, "_allgather", "stage 2"),
+                         (twostage, "_second", "sum+encode")):
+    if hasattr(mod, name):  # (a tree without unpack_sum decodes stage one with unpack; _second: below)
         wrap(mod, name, label)
 g = collective.group()
 x = np.ones(n, np.float32)
@@ -110,7 +114,7 @@ def where(tree: Path, hosts: int, per_host: int, size: str, reps: int) -> list[d
 
 
 def where_table(rows: list[tuple[str, list[dict[str, float]]]]) -> str:
-    parts = ["encode", "decode", "host sum", "stage 1", "stage 2", "gc"]
+    parts = ["encode", "decode", "host sum", "stage 1", "sum+encode", "stage 2", "gc"]
     lines = [
         "| tree | rank (local) | CPU ms/op | page faults/op | " + " | ".join(f"{p} ms" for p in parts) + " |",
         "|---|---|---|---|" + "---|" * len(parts),

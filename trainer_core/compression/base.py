@@ -151,6 +151,58 @@ class Compressor:
         self.last_wire_bytes = int(payload.nbytes)
         return payload, {"type": self.name, **meta}
 
+    def encode_payload_sum(
+        self,
+        payloads: Sequence[tuple[Any, dict[str, Any]]],
+        n: int,
+        dtype: Any,
+        divisor: int = 1,
+        into: Any = None,
+        scratch: Any = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """``encode`` of ``decode_sum(payloads, n, dtype)`` divided by ``divisor`` (``numpy.divide``
+        in ``dtype``; not at all when it is 1): the same payload and residual, for a compressor
+        whose ``encodes_payload_sum(payloads, dtype)`` says its kernel does it without writing
+        that sum (four blocks at a time in cache: the compressed allreduce's second stage encodes
+        the sum of its chunk's payloads so). ``into``: as for ``encode``; ``scratch`` (a host array)
+        may hold the kernel's copy of the payloads' rows."""
+        if not self.encodes_payload_sum(payloads, dtype):
+            raise ValueError(f"{self.name}: encode_payload_sum has no kernel for these payloads")
+        dt = check_dtype(dtype)
+        bufs = [as_payload(p) for p, _ in payloads]
+        wdt = work_dtype(dt)
+        res = self.residual
+        if res is None:
+            res = self.residual = np.zeros(n, dtype=wdt)
+        elif res.size != n or res.dtype != wdt or is_device_array(res):
+            raise ValueError(
+                f"{self.name}: a sum of {n} x {dt} does not match the residual of {res.size} x "
+                f"{res.dtype}; use one compressor per key (or reset())"
+            )
+        metas = [meta for _, meta in payloads]
+        payload, meta = self._encode_payload_sum(bufs, metas, n, dt, divisor, res, into, scratch)
+        self.last_wire_bytes = int(payload.nbytes)
+        return payload, {"type": self.name, **meta}
+
+    def encodes_payload_sum(self, payloads: Sequence[tuple[Any, dict[str, Any]]], dtype: Any) -> bool:
+        """Whether ``encode_payload_sum`` runs for these payloads (False: none of this class)."""
+        return False
+
+    def _encode_payload_sum(
+        self,
+        bufs: list[Any],
+        metas: list[dict[str, Any]],
+        n: int,
+        dtype: np.dtype,
+        divisor: int,
+        r: Any,
+        into: Any,
+        scratch: Any,
+    ) -> tuple[Any, dict[str, Any]]:
+        """The kernel of ``encode_payload_sum`` (``r``: the residual), for a subclass whose
+        ``encodes_payload_sum`` says it can."""
+        raise NotImplementedError
+
     def encodes_sum(self, grad: Any) -> bool:
         """Whether ``encode(grad, plus)`` runs a kernel that reads ``grad`` and ``plus`` without
         forming their sum (False: the sum is formed first, in a fresh array)."""

@@ -155,6 +155,8 @@ def warm(params: Mapping[str, Any] | None) -> None:
             comp.decode_sum([(payload, meta)] * 2, g.size, g.dtype, np.empty_like(g))
             if comp.encodes_sum(g):
                 comp.encode(g, plus=g)
+            if comp.encodes_payload_sum([(payload, meta)] * 2, g.dtype):
+                get_compressor(dict(params)).encode_payload_sum([(payload, meta)] * 2, g.size, g.dtype, 2)  # type: ignore[arg-type]
             _warm_streaming(kind, payload, meta, g)
             took = time.perf_counter() - t
     finally:

@@ -21,6 +21,7 @@ multiple of 8). ``meta = {'type': '1bit', 'block_size': B}``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -125,26 +126,69 @@ class OneBit(Compressor):
             return False
         if any(is_device_array(buf) for buf in bufs):
             return False
-        want, nblocks = wire_bytes(n, b), math.ceil(n / b)
-        rows = (len(bufs), 2 * nblocks), (len(bufs), want - 8 * nblocks)
-        room = (
-            scratch.view(np.uint8) if isinstance(scratch, np.ndarray) and scratch.flags.c_contiguous else None
-        )
-        if room is not None and room.size >= len(bufs) * want:  # the rows in the caller's scratch
-            vals = room[: 4 * rows[0][0] * rows[0][1]].view(np.float32).reshape(rows[0])
-            bits = room[vals.nbytes : vals.nbytes + rows[1][0] * rows[1][1]].reshape(rows[1])
-        else:
-            vals = np.empty(rows[0], dtype=np.float32)
-            bits = np.empty(rows[1], dtype=np.uint8)
-        for j, buf in enumerate(bufs):
-            if buf.size != want:
-                raise ValueError(f"1bit payload of {buf.size} bytes does not hold {n} values (want {want})")
-            vals[j] = buf[: 8 * nblocks].view(np.float32)
-            bits[j] = buf[8 * nblocks :]
+        vals, bits = _rows(bufs, n, b, scratch)
         from . import _fast_onebit
 
         _fast_onebit.onebit_decode_sum(vals, bits, b, out)
         return True
+
+    def encodes_payload_sum(self, payloads: Sequence[tuple[Any, dict[str, Any]]], dtype: Any) -> bool:
+        """The compiled kernel does, for host payloads of this compressor's block size and
+        float32/float64 (one block size for the sum's decoding and its encoding)."""
+        dt = np.dtype(dtype)
+        if not payloads or dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+            return False
+        if any(m.get("type") != self.name or is_device_array(p) for p, m in payloads):
+            return False
+        ok = all(m.get("block_size") == self.block_size for _, m in payloads)
+        return ok and self.use_fast(np.zeros(0, dt), dt)
+
+    def _encode_payload_sum(
+        self,
+        bufs: list[Any],
+        metas: list[dict[str, Any]],
+        n: int,
+        dtype: np.dtype,
+        divisor: int,
+        r: Any,
+        into: Any,
+        scratch: Any,
+    ) -> tuple[Any, dict[str, Any]]:
+        b = int(metas[0]["block_size"])
+        from . import _fast_onebit
+
+        vals, bits = _rows(bufs, n, b, scratch)
+        out = _payload(n, b, into)
+        nblocks = math.ceil(n / b)
+        d = dtype.type(divisor)
+        _fast_onebit.onebit_sum_encode(
+            vals, bits, b, d, r, out[: 8 * nblocks].view(np.float32), out[8 * nblocks :]
+        )
+        return out, {"block_size": b}
+
+
+def _rows(bufs: list[Any], n: int, b: int, scratch: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The host payloads' values and bits as the rows of two arrays (in ``scratch`` where it is a
+    C-contiguous array that holds them, else fresh); ``ValueError`` for a payload of another size."""
+    want, nblocks = wire_bytes(n, b), math.ceil(n / b)
+    rows = (len(bufs), 2 * nblocks), (len(bufs), want - 8 * nblocks)
+    room = (
+        scratch.reshape(-1).view(np.uint8)
+        if isinstance(scratch, np.ndarray) and scratch.flags.c_contiguous
+        else None
+    )
+    if room is not None and room.size >= len(bufs) * want:  # the rows in the caller's scratch
+        vals = room[: 4 * rows[0][0] * rows[0][1]].view(np.float32).reshape(rows[0])
+        bits = room[vals.nbytes : vals.nbytes + rows[1][0] * rows[1][1]].reshape(rows[1])
+    else:
+        vals = np.empty(rows[0], dtype=np.float32)
+        bits = np.empty(rows[1], dtype=np.uint8)
+    for j, buf in enumerate(bufs):
+        if buf.size != want:
+            raise ValueError(f"1bit payload of {buf.size} bytes does not hold {n} values (want {want})")
+        vals[j] = buf[: 8 * nblocks].view(np.float32)
+        bits[j] = buf[8 * nblocks :]
+    return vals, bits
 
 
 def _payload(n: int, b: int, into: Any) -> np.ndarray:

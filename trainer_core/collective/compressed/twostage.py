@@ -131,14 +131,41 @@ def allreduce(
     if spec.op not in OPS:
         raise ValueError(f"compressed allreduce sums or averages, not {spec.op!r}")
     bounds = ring.blocks(flat.size, size)
-    reduced = _reduce_scatter(ctx.phase(0), flat, bounds, state, plus)
-    spec.finish(reduced, size if count is None else count)
-    out = np.empty_like(flat) if out is None else out
     if not decode and keep is None:
         raise ValueError("decode=False keeps stage two's payloads: give keep")
-    mine = _encode(ctx, "compressed/sent2", state.server, reduced)
+    msgs = _reduce_scatter(ctx.phase(0), flat, bounds, state, plus)
+    a, b = bounds[ctx.rank]
+    divisor = (size if count is None else count) if spec.op == "mean" else 1
+    mine = _second(ctx, state.server, msgs, b - a, spec, divisor)
+    out = np.empty_like(flat) if out is None else out
     _allgather(ctx.phase(1), mine, bounds, out if decode else None, keep)
     return out
+
+
+def _second(
+    ctx: Ctx, server: Compressor, msgs: list[np.ndarray], n: int, spec: ReduceSpec, divisor: int
+) -> np.ndarray:
+    """This rank's chunk as every rank sent it (``msgs``, by rank), summed in rank order, divided
+    by ``divisor`` (``mean``), encoded by the second-stage compressor and ``pack``ed: where the
+    compressor ``encodes_payload_sum``, in one pass that never writes the sum (the same bytes),
+    else decoded and summed in one pass into a row of the group's scratch (``unpack_sum``: kept
+    between operations, fresh arrays faulted in their pages every time), then encoded."""
+    pairs = [split(m) for m in msgs]
+    dtype = spec.dtype
+    if divisor != 1 and dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        fused = False  # (float16's mean is divided in float32: ``ReduceSpec.finish``)
+    else:
+        fused = server.encodes_payload_sum(pairs, dtype)
+    if fused:
+        room = ctx.buffer("compressed/payload", np.dtype(np.uint8), server.wire_bytes(n, dtype))
+        rows = ctx.buffer("compressed/rows", np.dtype(np.uint8), sum(p.size for p, _ in pairs))
+        payload, meta = server.encode_payload_sum(pairs, n, dtype, divisor, into=room, scratch=rows)
+        body = np.asarray(payload)
+        return pack(body, meta, ctx.buffer("compressed/sent2", np.dtype(np.uint8), body.nbytes + _HEAD_ROOM))
+    work = ctx.buffer("compressed", dtype, 2 * n).reshape(2, n)
+    unpack_sum(msgs, n, dtype, work[0], work[1])
+    spec.finish(work[0], divisor)
+    return _encode(ctx, "compressed/sent2", server, work[0])
 
 
 def publish(keep: dict[int, np.ndarray], ctx: Ctx | None = None) -> np.ndarray:
@@ -210,13 +237,10 @@ def _bodies(
 
 def _reduce_scatter(
     ctx: Ctx, flat: np.ndarray, bounds: list[tuple[int, int]], state: KeyState, plus: np.ndarray | None
-) -> np.ndarray:
+) -> list[np.ndarray]:
     """Stage 1: chunk ``c`` encoded with ``state.workers[c]`` (of ``flat + plus``, where ``plus``
-    is given) goes to rank ``c``; returns this rank's chunk as every rank sent it, decoded and
-    summed in rank order (``unpack_sum``: one pass where the compressor has a kernel for it,
-    instead of a decode and an add per rank), in a row of the group's scratch (kept between
-    operations: fresh arrays faulted in their pages every time, about as costly as the decoding
-    itself)."""
+    is given) goes to rank ``c``; returns this rank's chunk as every rank sent it (its messages,
+    by rank: ``_second`` sums them)."""
     rank = ctx.rank
     to, frm = _order(ctx)
     a, b = bounds[rank]
@@ -229,10 +253,8 @@ def _reduce_scatter(
     more = None if plus is None else plus[a:b]
     msgs = {rank: _encode(ctx, f"compressed/sent1/{rank}", state.workers[rank], flat[a:b], more)}
     msgs.update(got)
-    work = ctx.buffer("compressed", flat.dtype, 2 * (b - a)).reshape(2, b - a)
-    unpack_sum([msgs[r] for r in range(ctx.size)], b - a, flat.dtype, work[0], work[1])
     wait_all(sends)
-    return work[0]
+    return [msgs[r] for r in range(ctx.size)]
 
 
 def _allgather(
