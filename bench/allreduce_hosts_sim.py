@@ -15,7 +15,10 @@ over TCP on loopback. No link is capped: the times are CPU- and memory-bound, no
 time (``PYTHONPATH``), alternated within each round (order reversed every other round).
 ``--where``: instead, where each rank's CPU goes in the 1-bit operation (``WHERE``: the thread CPU
 of the compressed path's encoding, decoding, host sum and stages, per operation, by wrapping
-those functions), every rank's row. Where a leader of two ranks encodes its input plus the other
+those functions, the garbage collector's, and the page faults per operation), every rank's row.
+"sum+encode" is stage one's end where a tree has it apart (``twostage._second``: the owner's sum
+of its chunk's payloads and their second-stage encoding, in one pass for 1 bit, then neither in
+"decode" nor in "encode"; "stage 1" does not hold it). Where a leader of two ranks encodes its input plus the other
 rank's slot without forming their sum (``Compressor.encodes_sum``), the host sum is inside its
 encoding.
 """
@@ -48,7 +51,7 @@ os.environ["DMLC_NODE_HOST"] = f"127.0.0.{2 + _h}"
 
 # where the 1-bit operation's CPU goes on each rank: the compressed path's functions wrapped
 WHERE = r"""
-import json, time, collections
+import gc, json, time, collections, resource
 from inspect import signature
 import numpy as np
 from trainer_core import collective
@@ -68,8 +71,9 @@ def wrap(mod, name, label):
     setattr(mod, name, timed)
 for mod, name, label in ((twostage, "_encode", "encode"), (twostage, "unpack", "decode"),
                          (twostage, "unpack_sum", "decode"), (shmreduce, "_reduce", "host sum"),
-                         (twostage, "_reduce_scatter", "stage 1"), (twostage, "_allgather", "stage 2")):
-    if hasattr(mod, name):  # (a tree without unpack_sum decodes stage one with unpack)
+                         (twostage, "_reduce_scatter", "stage 1"), (twostage, "_allgather", "stage 2"),
+                         (twostage, "_second", "sum+encode")):
+    if hasattr(mod, name):  # (a tree without unpack_sum decodes stage one with unpack; _second: below)
         wrap(mod, name, label)
 g = collective.group()
 x = np.ones(n, np.float32)
@@ -77,11 +81,19 @@ state = ErrorFeedback({"type": "1bit"})
 into = {"out": np.empty_like(x)} if "out" in signature(g.compressed_allreduce).parameters else {}
 for _ in range(2):
     g.compressed_allreduce(x, state, key=0, op="sum", **into)
+def collecting(phase, info, began=[0.0]):  # the cyclic garbage collector's own CPU
+    if phase == "start":
+        began[0] = time.thread_time()
+    else:
+        spent["gc"] += time.thread_time() - began[0]
+gc.callbacks.append(collecting)
 spent.clear()
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 c0 = time.process_time()
 for _ in range(reps):
     g.compressed_allreduce(x, state, key=0, op="sum", **into)
-row = {"rank": g.rank, "local": g.local_rank, "cpu": (time.process_time() - c0) / reps}
+row = {"rank": g.rank, "local": g.local_rank, "cpu": (time.process_time() - c0) / reps,
+       "faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / reps}
 row.update({k: v / reps for k, v in spent.items()})
 text = json.dumps(row).encode().ljust(512)
 rows = g.allgather(np.frombuffer(text, np.uint8).reshape(1, -1))
@@ -102,20 +114,24 @@ def where(tree: Path, hosts: int, per_host: int, size: str, reps: int) -> list[d
 
 
 def where_table(rows: list[tuple[str, list[dict[str, float]]]]) -> str:
-    parts = ["encode", "decode", "host sum", "stage 1", "stage 2"]
+    parts = ["encode", "decode", "host sum", "stage 1", "sum+encode", "stage 2", "gc"]
     lines = [
-        "| tree | rank (local) | CPU ms/op | " + " | ".join(f"{p} ms" for p in parts) + " |",
-        "|---|---|---|" + "---|" * len(parts),
+        "| tree | rank (local) | CPU ms/op | page faults/op | " + " | ".join(f"{p} ms" for p in parts) + " |",
+        "|---|---|---|---|" + "---|" * len(parts),
     ]
     for name, ranks in rows:
         for r in ranks:
             cells = [f"{r.get(p, 0.0) * 1e3:.1f}" for p in parts]
             lines.append(
-                f"| {name} | {int(r['rank'])} ({int(r['local'])}) | {r['cpu'] * 1e3:.1f} | "
+                f"| {name} | {int(r['rank'])} ({int(r['local'])}) | {r['cpu'] * 1e3:.1f} | {r.get('faults', 0.0):.0f} | "
                 + " | ".join(cells)
                 + " |"
             )
-        lines.append(f"| {name} | all | {sum(r['cpu'] for r in ranks) * 1e3:.1f} |" + " |" * len(parts))
+        total = sum(r["cpu"] for r in ranks) * 1e3
+        lines.append(
+            f"| {name} | all | {total:.1f} | {sum(r.get('faults', 0.0) for r in ranks):.0f} |"
+            + " |" * len(parts)
+        )
     return "\n".join(lines)
 
 

@@ -95,6 +95,32 @@ def test_the_1bit_kernel_takes_one_pass_and_no_scratch(monkeypatch: pytest.Monke
     assert calls["sum"] == 1 and out.tobytes() == want.tobytes()
 
 
+@needs_numba
+def test_the_1bit_kernel_keeps_the_payloads_rows_in_the_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a scratch that holds them, the payloads' values and bits are copied into it (no fresh
+    arrays to fault in on every call); a scratch too small for them is left alone."""
+    n, k = 5000, 3
+    rng = np.random.default_rng(3)
+    pairs = payloads({"type": "1bit"}, gradients("random", n, np.float32, k, rng))
+    want = reference(pairs, n, np.float32)
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
+    kernel = _fast_onebit.onebit_decode_sum
+
+    def watched(vals: Any, bits: Any, block: Any, out: Any) -> Any:
+        seen.append((vals, bits))
+        return kernel(vals, bits, block, out)
+
+    monkeypatch.setattr(_fast_onebit, "onebit_decode_sum", watched)
+    scratch = np.full(n, np.nan, np.float32)
+    out = compression.decode_sum(pairs, n, np.float32, np.empty(n, np.float32), scratch)
+    assert out.tobytes() == want.tobytes()
+    assert np.shares_memory(seen[0][0], scratch) and np.shares_memory(seen[0][1], scratch)
+    tiny = np.full(10, np.nan, np.float32)
+    out = compression.decode_sum(pairs, n, np.float32, np.empty(n, np.float32), tiny)
+    assert out.tobytes() == want.tobytes() and np.isnan(tiny).all()
+    assert not np.shares_memory(seen[1][0], tiny)
+
+
 @pytest.mark.parametrize(
     "params",
     [
@@ -152,3 +178,46 @@ def test_refusals() -> None:
         codec.decode_sum([one, (one[0][:17], one[1])], n, np.float32, out)
     with pytest.raises(CompressionError, match="its metadata lacks 'block_size'"):
         codec.decode_sum([one, (one[0], {"type": "1bit"})], n, np.float32, out)
+
+
+@needs_numba
+@pytest.mark.parametrize("kind", ["random", "wide", "nonfinite"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("n", "block"), [*SIZES, (4 * 2048 * 3 + 2048 + 5, 2048), (4 * 8 * 9 + 3, 8)])
+@pytest.mark.parametrize(("k", "divisor"), [(1, 1), (3, 1), (3, 6), (2, 2)])
+def test_encoding_a_sum_of_payloads_is_encoding_their_decoded_sum(
+    k: int, divisor: int, n: int, block: int, dtype: Any, kind: str
+) -> None:
+    """``encode_payload_sum`` (the compiled ``onebit_sum_encode``: never writes the sum) gives the
+    payload and residual of ``decode_sum``, numpy's division and ``encode``, step after step."""
+    rng = np.random.default_rng(n * k + block + divisor)
+    params = {"type": "1bit", "block_size": block, "kernel": "numba"}
+    fused, plain = get_compressor(params), get_compressor(params)
+    for _ in range(3):
+        pairs = payloads({"type": "1bit", "block_size": block}, gradients(kind, n, dtype, k, rng))
+        assert fused.encodes_payload_sum(pairs, dtype)
+        total = reference(pairs, n, dtype) if k > 1 else compression.decode(*pairs[0], (n,), dtype).copy()
+        if divisor != 1:
+            np.divide(total, np.dtype(dtype).type(divisor), out=total)
+        want, want_meta = plain.encode(total)
+        got, meta = fused.encode_payload_sum(pairs, n, dtype, divisor)
+        assert meta == want_meta and np.asarray(got).tobytes() == np.asarray(want).tobytes()
+        assert fused.residual.tobytes() == plain.residual.tobytes()
+
+
+def test_only_the_compiled_1bit_kernel_encodes_a_sum_of_payloads() -> None:
+    n = 1000
+    rng = np.random.default_rng(4)
+    pairs = payloads({"type": "1bit", "block_size": 64}, gradients("random", n, np.float32, 2, rng))
+    one = get_compressor({"type": "1bit", "block_size": 64})
+    assert one.encodes_payload_sum(pairs, np.float32) == _fast.available()
+    assert not one.encodes_payload_sum(pairs, np.float16)
+    assert not one.encodes_payload_sum([], np.float32)
+    assert not get_compressor({"type": "1bit", "block_size": 64, "kernel": "numpy"}).encodes_payload_sum(
+        pairs, np.float32
+    )
+    assert not get_compressor({"type": "1bit", "block_size": 128}).encodes_payload_sum(pairs, np.float32)
+    two = payloads({"type": "2bit"}, gradients("random", n, np.float32, 2, rng))
+    assert not get_compressor({"type": "2bit"}).encodes_payload_sum(two, np.float32)
+    with pytest.raises(ValueError, match="no kernel"):
+        get_compressor({"type": "2bit"}).encode_payload_sum(two, n, np.float32)

@@ -99,3 +99,26 @@ def test_the_compiled_1bit_encoder_of_a_sum_of_two_is_encoding_the_sum(n, block,
         p2, _ = two.encode(g, plus=g2)
         assert p1.tobytes() == p2.tobytes()
         assert one.residual.tobytes() == two.residual.tobytes()
+
+
+@pytest.mark.parametrize("plus", [False, True])
+@pytest.mark.parametrize("kernel", ["numba", "numpy"])
+def test_encode_into_a_reused_buffer_gives_the_same_payload(kernel, plus):
+    """``encode(..., into=buf)``: the compiled kernel writes the payload into ``buf`` (a view of
+    it is returned) with the bytes and residual of a fresh payload; the numpy kernel, and a buffer
+    too small, leave ``buf`` alone."""
+    n, block = 4 * 2048 * 3 + 2048 + 5, 2048
+    rng = np.random.default_rng(11)
+    fresh = get_compressor({"type": "1bit", "block_size": block, "kernel": kernel})
+    reused = get_compressor({"type": "1bit", "block_size": block, "kernel": kernel})
+    buf = np.full(fresh.wire_bytes(n) + 9, 0xAB, np.uint8)
+    small = np.full(fresh.wire_bytes(n) - 1, 0xCD, np.uint8)
+    for step in range(3):
+        g, g2 = values("random", n, np.float32, rng), values("random", n, np.float32, rng)
+        more = g2 if plus else None
+        want, _ = fresh.encode(g, plus=more)
+        got, _ = reused.encode(g, plus=more, into=small if step == 2 else buf)
+        assert got.tobytes() == want.tobytes()
+        assert reused.residual.tobytes() == fresh.residual.tobytes()
+        assert np.shares_memory(got, buf) == (kernel == "numba" and step < 2)
+    assert (small == 0xCD).all() and (buf[fresh.wire_bytes(n) :] == 0xAB).all()

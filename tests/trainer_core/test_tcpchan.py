@@ -141,6 +141,24 @@ def test_posting_never_waits_for_a_reader_that_does_not_read(pair: tuple[TcpConn
         assert client.read_message(_decode)[0] == b"after" + str(i).encode()
 
 
+def test_a_borrowed_frame_may_change_once_post_returns(pair: tuple[TcpConn, TcpConn]) -> None:
+    """``post(..., borrowed=True)`` of one buffer rewritten after every post, to a reader that
+    reads nothing until the end: the first messages go (in part) at once and their rest is copied
+    for the sender thread, the later ones are queued whole, as copies; every one arrives as it was
+    when it was posted."""
+    client, server = pair
+    buf = np.empty(1 << 19, np.float32)
+    for i in range(12):
+        buf.fill(i)
+        server.post(str(i).encode(), [buf], borrowed=True)
+    buf.fill(-1)
+    assert server._outbox.thread is not None  # (the kernel did not take it all at once)
+    for i in range(12):
+        header, frames = client.read_message(_decode)
+        got = np.frombuffer(frames[0].buffer, np.float32)
+        assert header == str(i).encode() and got.size == buf.size and (got == i).all()
+
+
 def test_a_wait_is_cut_short_by_the_alive_check(pair: tuple[TcpConn, TcpConn]) -> None:
     client, _ = pair
     calls = []

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ._fast import _helper, _jit, numba
+from ._fast_stream import _stream_bytes
 
 
 def _lane_sums4_ir(inputs: int) -> Any:
@@ -303,6 +304,34 @@ def onebit_decode(vals, bits, block, out):
 
 
 @_jit
+def onebit_decode_stream(vals, bits, block, out):
+    """``onebit_decode`` (the same values) for a large ``out`` that is not read again at once:
+    each block is decoded into a small buffer, in cache, then stored to ``out`` with non-temporal
+    stores (``_fast_stream``: no read of ``out``'s lines before they are written, half the memory
+    traffic of ``onebit_decode``, which counts where the machine's cores share its memory)."""
+    n = out.shape[0]
+    buf = np.empty(block, out.dtype)
+    raw = buf.view(np.uint8)
+    dst = out.view(np.uint8)
+    size = out.itemsize
+    for blk in range(vals.shape[0] // 2):
+        s = blk * block
+        e = min(s + block, n)
+        bb = bits[s >> 3 : (e + 7) >> 3]
+        m = e - s
+        lo = vals[2 * blk]
+        hi = vals[2 * blk + 1]
+        for i in range(m >> 3):
+            b = bb[i]
+            for j in range(8):
+                buf[8 * i + j] = hi if (b >> (7 - j)) & 1 else lo
+        for k in range(m & ~7, m):
+            buf[k] = hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
+        _stream_bytes(raw[: m * size], dst[s * size : e * size])
+    return out
+
+
+@_jit
 def onebit_decode_sum(vals, bits, block, out):
     """``out`` = the sum of ``k`` payloads decoded, added in order in ``out``'s dtype: ``((d0 + d1)
     + d2) ...``, the same bits as ``onebit_decode`` of each and numpy's adds. Payload ``j`` is
@@ -334,3 +363,75 @@ def onebit_decode_sum(vals, bits, block, out):
                 for k in range(m & ~7, m):
                     oo[k] += hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
     return out
+
+
+@_helper
+def _decode_sum_into(vals, bits, block, first, nblocks, out):
+    """Blocks ``first .. first + nblocks - 1`` of the sum of the payloads (``onebit_decode_sum``'s
+    rows), into ``out`` from its start (``out``: at least their values; the last block may be
+    short, ``n`` = ``8 * bits.shape[1]`` at most)."""
+    for q in range(nblocks):
+        blk = first + q
+        s = blk * block
+        m = min(block, out.shape[0] - q * block)
+        oo = out[q * block : q * block + m]
+        for j in range(vals.shape[0]):
+            bb = bits[j, s >> 3 : (s + m + 7) >> 3]
+            lo = vals[j, 2 * blk]
+            hi = vals[j, 2 * blk + 1]
+            if j == 0:
+                for i in range(m >> 3):
+                    b = bb[i]
+                    for t in range(8):
+                        oo[8 * i + t] = hi if (b >> (7 - t)) & 1 else lo
+                for k in range(m & ~7, m):
+                    oo[k] = hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
+            else:
+                for i in range(m >> 3):
+                    b = bb[i]
+                    for t in range(8):
+                        oo[8 * i + t] += hi if (b >> (7 - t)) & 1 else lo
+                for k in range(m & ~7, m):
+                    oo[k] += hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
+
+
+@_jit
+def onebit_sum_encode(vals, bits, block, divisor, r, out_vals, out_bits):
+    """``onebit_encode`` of the sum of the payloads (``onebit_decode_sum``'s rows ``vals`` and
+    ``bits``; divided by ``divisor``, a scalar of ``r``'s dtype, unless it is 1) into the residual
+    ``r``: the same payload and residual as ``onebit_decode_sum`` into an array, its division
+    (``numpy.divide``) and ``onebit_encode`` of it, without writing that array: four blocks at a
+    time are summed into a small buffer, in cache, and encoded from it."""
+    n = r.shape[0]
+    nquads = n // block // 4
+    buf = np.empty(4 * block, r.dtype)
+    scale = divisor != 1
+    if nquads:
+        signs = np.empty(block // 8, np.uint64)
+        sums = np.empty(32)
+        for c in range(nquads):
+            s = 4 * c * block
+            _decode_sum_into(vals, bits, block, 4 * c, 4, buf)
+            if scale:
+                for k in range(4 * block):
+                    buf[k] = buf[k] / divisor
+            rr = r[s : s + 4 * block]
+            _add_lane_sums4(buf, rr, 0, block, sums)
+            _onebit_quad(
+                rr,
+                0,
+                block,
+                sums,
+                signs,
+                out_vals[8 * c : 8 * c + 8],
+                out_bits[s >> 3 : (s + 4 * block) >> 3],
+            )
+    s = 4 * nquads * block  # a multiple of 8: the bits of the rest start on a byte
+    rest = np.empty(n - s, r.dtype)
+    left = out_vals.shape[0] // 2 - 4 * nquads
+    _decode_sum_into(vals, bits, block, 4 * nquads, left, rest)
+    if scale:
+        for k in range(n - s):
+            rest[k] = rest[k] / divisor
+    _onebit_blocks(rest, r[s:], block, out_vals[8 * nquads :], out_bits[s >> 3 :], 0)
+    return out_vals

@@ -101,13 +101,16 @@ class Compressor:
         if "residual" in state:
             self.load_residual(state["residual"])
 
-    def encode(self, grad: Any, plus: Any = None) -> tuple[Any, dict[str, Any]]:
+    def encode(self, grad: Any, plus: Any = None, into: Any = None) -> tuple[Any, dict[str, Any]]:
         """Compress ``grad`` (with the residual added in), keep what was lost as the new residual.
 
         ``plus`` (an array of ``grad``'s size and dtype, on its device) is added to ``grad`` first,
         in their dtype: the payload and residual are those of encoding ``grad + plus``. Where
         ``encodes_sum(grad)``, a kernel reads both and never forms the sum; else it is formed first
-        (a fresh array)."""
+        (a fresh array). ``into`` (a host uint8 array of at least ``wire_bytes`` bytes, reused by
+        the caller from one call to the next): where the compressor's host kernel can, the payload
+        is written there and returned as a view of it (no fresh payload to fault in); else it is
+        ignored."""
         xp = array_module(grad)
         dtype = check_dtype(grad.dtype)
         flat = xp.ascontiguousarray(grad).reshape(-1)
@@ -138,11 +141,67 @@ class Compressor:
                 f"{res.size} x {res.dtype}; use one compressor per key (or reset())"
             )
         if more is None:
-            payload, meta = self._encode(xp, flat, res, dtype)
+            payload, meta = (
+                self._encode(xp, flat, res, dtype)
+                if into is None
+                else self._encode_into(xp, flat, res, dtype, into)
+            )
         else:
-            payload, meta = self._encode_sum(flat, more, res, dtype)
+            payload, meta = self._encode_sum(flat, more, res, dtype, into)
         self.last_wire_bytes = int(payload.nbytes)
         return payload, {"type": self.name, **meta}
+
+    def encode_payload_sum(
+        self,
+        payloads: Sequence[tuple[Any, dict[str, Any]]],
+        n: int,
+        dtype: Any,
+        divisor: int = 1,
+        into: Any = None,
+        scratch: Any = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """``encode`` of ``decode_sum(payloads, n, dtype)`` divided by ``divisor`` (``numpy.divide``
+        in ``dtype``; not at all when it is 1): the same payload and residual, for a compressor
+        whose ``encodes_payload_sum(payloads, dtype)`` says its kernel does it without writing
+        that sum (four blocks at a time in cache: the compressed allreduce's second stage encodes
+        the sum of its chunk's payloads so). ``into``: as for ``encode``; ``scratch`` (a host array)
+        may hold the kernel's copy of the payloads' rows."""
+        if not self.encodes_payload_sum(payloads, dtype):
+            raise ValueError(f"{self.name}: encode_payload_sum has no kernel for these payloads")
+        dt = check_dtype(dtype)
+        bufs = [as_payload(p) for p, _ in payloads]
+        wdt = work_dtype(dt)
+        res = self.residual
+        if res is None:
+            res = self.residual = np.zeros(n, dtype=wdt)
+        elif res.size != n or res.dtype != wdt or is_device_array(res):
+            raise ValueError(
+                f"{self.name}: a sum of {n} x {dt} does not match the residual of {res.size} x "
+                f"{res.dtype}; use one compressor per key (or reset())"
+            )
+        metas = [meta for _, meta in payloads]
+        payload, meta = self._encode_payload_sum(bufs, metas, n, dt, divisor, res, into, scratch)
+        self.last_wire_bytes = int(payload.nbytes)
+        return payload, {"type": self.name, **meta}
+
+    def encodes_payload_sum(self, payloads: Sequence[tuple[Any, dict[str, Any]]], dtype: Any) -> bool:
+        """Whether ``encode_payload_sum`` runs for these payloads (False: none of this class)."""
+        return False
+
+    def _encode_payload_sum(
+        self,
+        bufs: list[Any],
+        metas: list[dict[str, Any]],
+        n: int,
+        dtype: np.dtype,
+        divisor: int,
+        r: Any,
+        into: Any,
+        scratch: Any,
+    ) -> tuple[Any, dict[str, Any]]:
+        """The kernel of ``encode_payload_sum`` (``r``: the residual), for a subclass whose
+        ``encodes_payload_sum`` says it can."""
+        raise NotImplementedError
 
     def encodes_sum(self, grad: Any) -> bool:
         """Whether ``encode(grad, plus)`` runs a kernel that reads ``grad`` and ``plus`` without
@@ -185,9 +244,9 @@ class Compressor:
         """``out`` (a flat C-contiguous array of ``n`` values of ``dtype``) becomes the sum of the
         decoded ``payloads`` (pairs of payload and metadata, at least one), added in their order in
         ``dtype``: ``((d0 + d1) + d2) ...``, the same bits as decoding each and adding them with the
-        array module's ``add``. A kernel may do it in one pass (``_decode_sum``); else every payload
-        after the first is decoded into ``scratch`` (like ``out``; a fresh array when None) and
-        added."""
+        array module's ``add``. A kernel may do it in one pass (``_decode_sum``, which may use
+        ``scratch`` as working memory); else every payload after the first is decoded into
+        ``scratch`` (like ``out``; a fresh array when None) and added."""
         if not payloads:
             raise ValueError("decode_sum needs at least one payload")
         metas = [meta for _, meta in payloads]
@@ -199,7 +258,7 @@ class Compressor:
             raise ValueError(f"out must be a C-contiguous {dt} array of {n} values")
         flat = out.reshape(-1)
         bufs = [as_payload(p) for p, _ in payloads]
-        if len(bufs) > 1 and self._decode_sum(bufs, metas, n, dt, flat):
+        if len(bufs) > 1 and self._decode_sum(bufs, metas, n, dt, flat, scratch):
             return out
         self.decode(bufs[0], metas[0], n, dt, flat)
         if len(bufs) > 1:
@@ -223,8 +282,16 @@ class Compressor:
     def _encode(self, xp: Any, g: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
         raise NotImplementedError
 
-    def _encode_sum(self, g: Any, g2: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
-        """``_encode`` of ``g + g2``, for a subclass whose ``encodes_sum`` says it can."""
+    def _encode_into(self, xp: Any, g: Any, r: Any, dtype: np.dtype, into: Any) -> tuple[Any, dict[str, Any]]:
+        """``_encode``, the payload written into ``into`` where the subclass can (this default:
+        ``_encode`` itself, ``into`` ignored)."""
+        return self._encode(xp, g, r, dtype)
+
+    def _encode_sum(
+        self, g: Any, g2: Any, r: Any, dtype: np.dtype, into: Any = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """``_encode`` of ``g + g2``, for a subclass whose ``encodes_sum`` says it can (``into``:
+        as for ``_encode_into``)."""
         raise NotImplementedError
 
     def _decode(self, xp: Any, buf: Any, meta: dict[str, Any], n: int, dtype: np.dtype, out: Any) -> Any:
@@ -232,10 +299,11 @@ class Compressor:
         raise NotImplementedError
 
     def _decode_sum(
-        self, bufs: list[Any], metas: list[dict[str, Any]], n: int, dtype: np.dtype, out: Any
+        self, bufs: list[Any], metas: list[dict[str, Any]], n: int, dtype: np.dtype, out: Any, scratch: Any
     ) -> bool:
         """Write into ``out`` the sum of the decoded ``bufs`` (see ``decode_sum``) in one pass and
-        return True, or return False where there is no such kernel for them."""
+        return True, or return False where there is no such kernel for them (``scratch``, like
+        ``out`` or None, is the kernel's to use as working memory)."""
         return False
 
 

@@ -38,6 +38,9 @@ import trainer_core.xp as arrays
 LOGGER_NAME = "trainer_core.compression"
 #: the compression types that have numba kernels
 COMPILED = frozenset({"2bit", "1bit", "topk"})
+#: a host array written of at least this many bytes, not read again at once, is written with
+#: non-temporal stores (``_fast_stream``): larger than a core's cache, it would leave it anyway
+STREAM_BYTES = 4 << 20
 
 _state_lock = threading.Lock()
 _announced = False
@@ -152,6 +155,9 @@ def warm(params: Mapping[str, Any] | None) -> None:
             comp.decode_sum([(payload, meta)] * 2, g.size, g.dtype, np.empty_like(g))
             if comp.encodes_sum(g):
                 comp.encode(g, plus=g)
+            if comp.encodes_payload_sum([(payload, meta)] * 2, g.dtype):
+                get_compressor(dict(params)).encode_payload_sum([(payload, meta)] * 2, g.size, g.dtype, 2)  # type: ignore[arg-type]
+            _warm_streaming(kind, payload, meta, g)
             took = time.perf_counter() - t
     finally:
         _warming -= 1
@@ -161,6 +167,20 @@ def warm(params: Mapping[str, Any] | None) -> None:
     if _announced:
         logger().debug("trainer_core compression: %s", detail)
     announce(detail)
+
+
+def _warm_streaming(kind: str, payload: Any, meta: Mapping[str, Any], g: np.ndarray) -> None:
+    """The 1-bit kernels that only arrays of ``STREAM_BYTES`` run (the decoding into a large
+    ``out``, and ``copy_streaming``, which the compressed allreduce's host uses), run once on ``g``."""
+    if kind != "1bit":
+        return
+    from . import _fast_onebit, _fast_stream
+
+    _fast_stream.stream_copy(g.view(np.uint8), np.empty(g.nbytes, np.uint8))
+    nblocks = -(-g.size // int(meta["block_size"]))
+    body = np.asarray(payload)
+    vals, bits = body[: 8 * nblocks].view(np.float32), body[8 * nblocks :]
+    _fast_onebit.onebit_decode_stream(vals, bits, int(meta["block_size"]), np.empty_like(g))
 
 
 _cuda_built: dict[str, Any] = {}  # dtype name -> the CUDA kernels, or None: they cannot be compiled
@@ -225,3 +245,25 @@ def _reset_for_tests() -> None:
 
 
 __all__ = ["announce", "describe", "lock_path", "machine_lock", "warm"]
+
+
+def copy_streaming(dst: np.ndarray, src: np.ndarray) -> None:
+    """``numpy.copyto(dst, src)``; for two flat C-contiguous host arrays of one dtype and size of
+    at least ``STREAM_BYTES``, with non-temporal stores where numba is present (``_fast_stream``:
+    for a copy that is not read again at once, e.g. into another process's shared memory)."""
+    from . import _fast
+
+    if (
+        not _fast.available()
+        or src.nbytes < STREAM_BYTES
+        or dst.dtype != src.dtype
+        or dst.shape != src.shape
+        or not (dst.flags.c_contiguous and src.flags.c_contiguous)
+        or not isinstance(dst, np.ndarray)
+        or not isinstance(src, np.ndarray)
+    ):
+        np.copyto(dst, src)
+        return
+    from . import _fast_stream
+
+    _fast_stream.stream_copy(src.reshape(-1).view(np.uint8), dst.reshape(-1).view(np.uint8))

@@ -21,6 +21,7 @@ multiple of 8). ``meta = {'type': '1bit', 'block_size': B}``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -59,6 +60,9 @@ class OneBit(Compressor):
         return wire_bytes(size, self.block_size)
 
     def _encode(self, xp: Any, g: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
+        return self._encode_into(xp, g, r, dtype, None)
+
+    def _encode_into(self, xp: Any, g: Any, r: Any, dtype: np.dtype, into: Any) -> tuple[Any, dict[str, Any]]:
         n, b = g.size, self.block_size
         nblocks = math.ceil(n / b)
         meta = {"block_size": b}
@@ -68,7 +72,7 @@ class OneBit(Compressor):
         if self.use_fast(g, dtype):
             from . import _fast_onebit
 
-            out = np.empty(wire_bytes(n, b), dtype=np.uint8)
+            out = _payload(n, b, into)
             vals = out[: 8 * nblocks].view(np.float32)
             _fast_onebit.onebit_encode(g, r, b, vals, out[8 * nblocks :])
             return out, meta
@@ -78,11 +82,13 @@ class OneBit(Compressor):
         """The compiled kernel does (host float32/float64 arrays)."""
         return self.use_fast(grad, grad.dtype)
 
-    def _encode_sum(self, g: Any, g2: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
+    def _encode_sum(
+        self, g: Any, g2: Any, r: Any, dtype: np.dtype, into: Any = None
+    ) -> tuple[Any, dict[str, Any]]:
         from . import _fast_onebit
 
         n, b = g.size, self.block_size
-        out = np.empty(wire_bytes(n, b), dtype=np.uint8)
+        out = _payload(n, b, into)
         nblocks = math.ceil(n / b)
         _fast_onebit.onebit_encode_sum(g, g2, r, b, out[: 8 * nblocks].view(np.float32), out[8 * nblocks :])
         return out, {"block_size": b}
@@ -104,31 +110,99 @@ class OneBit(Compressor):
         if self.use_fast(buf, dtype):
             from . import _fast_onebit
 
+            if out is not None and out.nbytes >= kernels.STREAM_BYTES:
+                return _fast_onebit.onebit_decode_stream(vals, bits, b, out)
             return _fast_onebit.onebit_decode(vals, bits, b, np.empty(n, dtype=dtype) if out is None else out)
         return decode_xp(xp, vals, bits, b, n, dtype)
 
     def _decode_sum(
-        self, bufs: list[Any], metas: list[dict[str, Any]], n: int, dtype: np.dtype, out: Any
+        self, bufs: list[Any], metas: list[dict[str, Any]], n: int, dtype: np.dtype, out: Any, scratch: Any
     ) -> bool:
         """The compiled kernel (host arrays, one block size): the payloads' values and bits as the
-        rows of two arrays (a few bytes per block), then one pass over ``out``."""
+        rows of two arrays (a few bytes per block; in ``scratch`` where it holds them, else fresh),
+        then one pass over ``out``."""
         b = int(metas[0]["block_size"])
         if any(int(m["block_size"]) != b for m in metas) or not self.use_fast(out, dtype):
             return False
         if any(is_device_array(buf) for buf in bufs):
             return False
-        want, nblocks = wire_bytes(n, b), math.ceil(n / b)
-        vals = np.empty((len(bufs), 2 * nblocks), dtype=np.float32)
-        bits = np.empty((len(bufs), want - 8 * nblocks), dtype=np.uint8)
-        for j, buf in enumerate(bufs):
-            if buf.size != want:
-                raise ValueError(f"1bit payload of {buf.size} bytes does not hold {n} values (want {want})")
-            vals[j] = buf[: 8 * nblocks].view(np.float32)
-            bits[j] = buf[8 * nblocks :]
+        vals, bits = _rows(bufs, n, b, scratch)
         from . import _fast_onebit
 
         _fast_onebit.onebit_decode_sum(vals, bits, b, out)
         return True
+
+    def encodes_payload_sum(self, payloads: Sequence[tuple[Any, dict[str, Any]]], dtype: Any) -> bool:
+        """The compiled kernel does, for host payloads of this compressor's block size and
+        float32/float64 (one block size for the sum's decoding and its encoding)."""
+        dt = np.dtype(dtype)
+        if not payloads or dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+            return False
+        if any(m.get("type") != self.name or is_device_array(p) for p, m in payloads):
+            return False
+        ok = all(m.get("block_size") == self.block_size for _, m in payloads)
+        return ok and self.use_fast(np.zeros(0, dt), dt)
+
+    def _encode_payload_sum(
+        self,
+        bufs: list[Any],
+        metas: list[dict[str, Any]],
+        n: int,
+        dtype: np.dtype,
+        divisor: int,
+        r: Any,
+        into: Any,
+        scratch: Any,
+    ) -> tuple[Any, dict[str, Any]]:
+        b = int(metas[0]["block_size"])
+        from . import _fast_onebit
+
+        vals, bits = _rows(bufs, n, b, scratch)
+        out = _payload(n, b, into)
+        nblocks = math.ceil(n / b)
+        d = dtype.type(divisor)
+        _fast_onebit.onebit_sum_encode(
+            vals, bits, b, d, r, out[: 8 * nblocks].view(np.float32), out[8 * nblocks :]
+        )
+        return out, {"block_size": b}
+
+
+def _rows(bufs: list[Any], n: int, b: int, scratch: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The host payloads' values and bits as the rows of two arrays (in ``scratch`` where it is a
+    C-contiguous array that holds them, else fresh); ``ValueError`` for a payload of another size."""
+    want, nblocks = wire_bytes(n, b), math.ceil(n / b)
+    rows = (len(bufs), 2 * nblocks), (len(bufs), want - 8 * nblocks)
+    room = (
+        scratch.reshape(-1).view(np.uint8)
+        if isinstance(scratch, np.ndarray) and scratch.flags.c_contiguous
+        else None
+    )
+    if room is not None and room.size >= len(bufs) * want:  # the rows in the caller's scratch
+        vals = room[: 4 * rows[0][0] * rows[0][1]].view(np.float32).reshape(rows[0])
+        bits = room[vals.nbytes : vals.nbytes + rows[1][0] * rows[1][1]].reshape(rows[1])
+    else:
+        vals = np.empty(rows[0], dtype=np.float32)
+        bits = np.empty(rows[1], dtype=np.uint8)
+    for j, buf in enumerate(bufs):
+        if buf.size != want:
+            raise ValueError(f"1bit payload of {buf.size} bytes does not hold {n} values (want {want})")
+        vals[j] = buf[: 8 * nblocks].view(np.float32)
+        bits[j] = buf[8 * nblocks :]
+    return vals, bits
+
+
+def _payload(n: int, b: int, into: Any) -> np.ndarray:
+    """The host payload array of ``n`` values: the first bytes of ``into`` where it is a
+    C-contiguous uint8 array that holds them, else a fresh array."""
+    want = wire_bytes(n, b)
+    if (
+        isinstance(into, np.ndarray)
+        and into.dtype == np.uint8
+        and into.flags.c_contiguous
+        and into.size >= want
+    ):
+        return into.reshape(-1)[:want]
+    return np.empty(want, dtype=np.uint8)
 
 
 def _blocks(x: Any, b: int) -> list[Any]:

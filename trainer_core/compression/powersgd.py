@@ -80,9 +80,9 @@ class PowerSGD(Compressor):
             return size * np.dtype(dtype).itemsize
         return 4 * self.rank * (rc[0] + rc[1])
 
-    def encode(self, grad: Any, plus: Any = None) -> tuple[Any, dict[str, Any]]:
+    def encode(self, grad: Any, plus: Any = None, into: Any = None) -> tuple[Any, dict[str, Any]]:
         self._shape = tuple(grad.shape)
-        return super().encode(grad, plus)
+        return super().encode(grad, plus, into)
 
     def _encode(self, xp: Any, g: Any, r: Any, dtype: np.dtype) -> tuple[Any, dict[str, Any]]:
         xp.add(r, g, out=r)

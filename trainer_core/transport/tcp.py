@@ -49,7 +49,7 @@ from trainer_core.transport.channel import (
     Trace,
 )
 from trainer_core.transport.outbox import Outbox
-from trainer_core.transport.stream import FramedStream
+from trainer_core.transport.stream import FramedStream, _bytes_view
 
 _LABEL = b"launchkit-kv-tcp-v1"
 STALL_S = 10.0  # a server closes a connection whose started message gets no byte for this long
@@ -175,11 +175,19 @@ class TcpChannel(FramedStream, Channel):
             self._outbox.drain(self.alive)
         self.write(wire.encode(header), frames, self.alive)
 
-    def post(self, header: wire.Header | bytes, frames: Sequence[Any] = (), fds: Sequence[int] = ()) -> None:
+    def post(
+        self,
+        header: wire.Header | bytes,
+        frames: Sequence[Any] = (),
+        fds: Sequence[int] = (),
+        borrowed: bool = False,
+    ) -> None:
         """Send without ever waiting for the peer: what the kernel takes at once goes now, from this
         thread; the rest (and any message after it, in order) from this connection's sender thread,
         which reads ``frames`` until it is sent. ``ChannelClosed`` once closed. Either side.
-        (``header`` may be given encoded, as to the stream's ``write``.)"""
+        (``header`` may be given encoded, as to the stream's ``write``.) ``borrowed``: the caller
+        may change ``frames`` once this returns, so what the sender thread will send is copied
+        first (only that: usually less than the message, often nothing)."""
         if fds:
             raise KVError("the TCP data channel carries no file descriptors")
         if self.closed:
@@ -191,11 +199,11 @@ class TcpChannel(FramedStream, Channel):
                 self.trace.sent(header, len(frames))
             raw = wire.encode(header)
         if self._outbox.busy():
-            self._outbox.put((raw, frames))
+            self._outbox.put((raw, [bytes(_bytes_view(f)) for f in frames] if borrowed else frames))
             return
         rest = self.send_now(self.frame(raw, frames))
         if rest:
-            self._outbox.put((None, rest))
+            self._outbox.put((None, [memoryview(bytes(p)) for p in rest] if borrowed else rest))
 
     def _write_queued(self, item: tuple[bytes | None, Sequence[Any]], alive: Callable[[], None]) -> None:
         """The sender thread: the rest of a message ``post`` began, or a whole queued one."""

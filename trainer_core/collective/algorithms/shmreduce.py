@@ -27,7 +27,9 @@ leader reads the slots' blocks then, its own block is not copied into its slot; 
 only the leader reduces, reading its own input in place (the others copy theirs to their slots).
 With two ranks and ``cross_sum`` (the compressed allreduce, whose 1-bit encoder reads a sum of two
 without writing it), the leader does not form the host's sum at all: ``cross_sum`` gets its input
-and the other rank's slot.
+and the other rank's slot, which the other rank fills with non-temporal stores
+(``compression.kernels.copy_streaming``: only the leader's encoder reads it, once, so it is not
+kept in the writer's cache, and memory sees half the traffic of a plain copy).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
+from trainer_core.compression.kernels import copy_streaming
 
 from ..primitives.hostsegment import Local
 from ..primitives.reduce import ReduceSpec
@@ -78,7 +82,9 @@ def allreduce(
         np.copyto(slots[me][:a], x[:a])
         np.copyto(slots[me][b:], x[b:])
     elif not (alone and me == 0):
-        np.copyto(slots[me], x)
+        # fused, only the leader's encoder reads it, once: not worth this core's cache (and the
+        # compressed path's kernels are loaded already, the 32-bit path imports no numba)
+        (copy_streaming if fused else np.copyto)(slots[me], x)
     if show is not None:
         show()
     loc.post(base + 1)

@@ -67,14 +67,14 @@ def allreduce(
         def on_leaders(buf: np.ndarray) -> np.ndarray:  # the host's other ranks decode the payloads
             keep: dict[int, np.ndarray] = {}
             twostage.allreduce(on(), buf, spec, st, count=ctx.size, out=buf, keep=keep, decode=False)
-            return twostage.publish(keep)
+            return twostage.publish(keep, ctx)
 
         def on_leaders_sum(mine: np.ndarray, other: np.ndarray, buf: np.ndarray) -> np.ndarray:
             keep: dict[int, np.ndarray] = {}
             twostage.allreduce(
                 on(), mine, spec, st, count=ctx.size, out=buf, keep=keep, plus=other, decode=False
             )
-            return twostage.publish(keep)
+            return twostage.publish(keep, ctx)
 
         nhosts = len(leaders)
         # where the compressor encodes a sum of two without forming it, the leader of two ranks

@@ -34,14 +34,17 @@ from ..primitives.links import Ctx, Handle, wait_all
 from ..primitives.reduce import ReduceSpec
 
 _LEN = np.dtype("<u4")
+_HEAD_ROOM = 256  # bytes kept before a payload in a message buffer: its length and metadata
 OPS = ("sum", "mean")
 
 
-def pack(payload: Any, meta: dict[str, Any]) -> np.ndarray:
-    """One message: the metadata's length (uint32), the metadata as JSON, the payload bytes."""
+def pack(payload: Any, meta: dict[str, Any], into: np.ndarray | None = None) -> np.ndarray:
+    """One message: the metadata's length (uint32), the metadata as JSON, the payload bytes (in
+    the first bytes of the uint8 ``into`` where given and large enough, else a fresh array)."""
     head = json.dumps(meta, separators=(",", ":")).encode()
     body = np.ascontiguousarray(payload).view(np.uint8).reshape(-1)
-    out = np.empty(_LEN.itemsize + len(head) + body.size, dtype=np.uint8)
+    n = _LEN.itemsize + len(head) + body.size
+    out = into[:n] if into is not None and into.size >= n else np.empty(n, dtype=np.uint8)
     out[: _LEN.itemsize] = np.frombuffer(np.array([len(head)], dtype=_LEN).tobytes(), np.uint8)
     out[_LEN.itemsize : _LEN.itemsize + len(head)] = np.frombuffer(head, np.uint8)
     out[_LEN.itemsize + len(head) :] = body
@@ -128,21 +131,52 @@ def allreduce(
     if spec.op not in OPS:
         raise ValueError(f"compressed allreduce sums or averages, not {spec.op!r}")
     bounds = ring.blocks(flat.size, size)
-    reduced = _reduce_scatter(ctx.phase(0), flat, bounds, state, plus)
-    spec.finish(reduced, size if count is None else count)
-    out = np.empty_like(flat) if out is None else out
     if not decode and keep is None:
         raise ValueError("decode=False keeps stage two's payloads: give keep")
-    _allgather(ctx.phase(1), _encode(state.server, reduced), bounds, out if decode else None, keep)
+    msgs = _reduce_scatter(ctx.phase(0), flat, bounds, state, plus)
+    a, b = bounds[ctx.rank]
+    divisor = (size if count is None else count) if spec.op == "mean" else 1
+    mine = _second(ctx, state.server, msgs, b - a, spec, divisor)
+    out = np.empty_like(flat) if out is None else out
+    _allgather(ctx.phase(1), mine, bounds, out if decode else None, keep)
     return out
 
 
-def publish(keep: dict[int, np.ndarray]) -> np.ndarray:
+def _second(
+    ctx: Ctx, server: Compressor, msgs: list[np.ndarray], n: int, spec: ReduceSpec, divisor: int
+) -> np.ndarray:
+    """This rank's chunk as every rank sent it (``msgs``, by rank), summed in rank order, divided
+    by ``divisor`` (``mean``), encoded by the second-stage compressor and ``pack``ed: where the
+    compressor ``encodes_payload_sum``, in one pass that never writes the sum (the same bytes),
+    else decoded and summed in one pass into a row of the group's scratch (``unpack_sum``: kept
+    between operations, fresh arrays faulted in their pages every time), then encoded."""
+    pairs = [split(m) for m in msgs]
+    dtype = spec.dtype
+    if divisor != 1 and dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        fused = False  # (float16's mean is divided in float32: ``ReduceSpec.finish``)
+    else:
+        fused = server.encodes_payload_sum(pairs, dtype)
+    if fused:
+        room = ctx.buffer("compressed/payload", np.dtype(np.uint8), server.wire_bytes(n, dtype))
+        rows = ctx.buffer("compressed/rows", np.dtype(np.uint8), sum(p.size for p, _ in pairs))
+        payload, meta = server.encode_payload_sum(pairs, n, dtype, divisor, into=room, scratch=rows)
+        body = np.asarray(payload)
+        return pack(body, meta, ctx.buffer("compressed/sent2", np.dtype(np.uint8), body.nbytes + _HEAD_ROOM))
+    work = ctx.buffer("compressed", dtype, 2 * n).reshape(2, n)
+    unpack_sum(msgs, n, dtype, work[0], work[1])
+    spec.finish(work[0], divisor)
+    return _encode(ctx, "compressed/sent2", server, work[0])
+
+
+def publish(keep: dict[int, np.ndarray], ctx: Ctx | None = None) -> np.ndarray:
     """The stage-two payloads ``keep``s by rank as one uint8 array: their lengths (int64), then
-    each in rank order."""
+    each in rank order (in ``ctx``'s scratch where given, kept from one operation to the next)."""
     msgs = [keep[r] for r in range(len(keep))]
     head = np.array([m.size for m in msgs], dtype=np.int64).view(np.uint8)
-    return np.concatenate([head, *msgs])
+    n = head.size + sum(m.size for m in msgs)
+    form = np.empty(n, np.uint8) if ctx is None else ctx.buffer("compressed/form", np.dtype(np.uint8), n)
+    np.concatenate([head, *msgs], out=form)
+    return form
 
 
 def expand(form: np.ndarray, out: np.ndarray, size: int) -> None:
@@ -156,9 +190,16 @@ def expand(form: np.ndarray, out: np.ndarray, size: int) -> None:
         at += n
 
 
-def _encode(comp: Compressor, chunk: np.ndarray, plus: np.ndarray | None = None) -> np.ndarray:
-    payload, meta = comp.encode(chunk, plus)
-    return pack(np.asarray(payload), meta)
+def _encode(
+    ctx: Ctx, key: str, comp: Compressor, chunk: np.ndarray, plus: np.ndarray | None = None
+) -> np.ndarray:
+    """``chunk`` (plus ``plus``) encoded with ``comp``, ``pack``ed into the group's scratch buffer
+    ``key`` (the payload itself in another, reused by every encoding: kept from one operation to
+    the next, neither is faulted in again)."""
+    room = ctx.buffer("compressed/payload", np.dtype(np.uint8), comp.wire_bytes(chunk.size, chunk.dtype))
+    payload, meta = comp.encode(chunk, plus, into=room)
+    body = np.asarray(payload)
+    return pack(body, meta, ctx.buffer(key, np.dtype(np.uint8), body.nbytes + _HEAD_ROOM))
 
 
 def _order(ctx: Ctx) -> tuple[list[int], list[int]]:
@@ -175,47 +216,45 @@ def _post(ctx: Ctx, peer: int, msg: np.ndarray) -> list[Handle]:
     ]
 
 
-def _receive(ctx: Ctx, peers: list[int]) -> Iterator[tuple[int, np.ndarray]]:
+def _receive(ctx: Ctx, peers: list[int], key: str) -> Iterator[tuple[int, np.ndarray]]:
     """Posts the receives of every peer's length now; then yields each peer's message (length
-    first, then the bytes), in ``peers``' order, as it comes."""
+    first, then the bytes, into the group's scratch buffer ``key/peer``), in ``peers``' order, as
+    it comes."""
     lengths = {p: np.zeros(1, dtype=np.int64) for p in peers}
     heads = {p: ctx.links.recv(p, ctx.tag(0), lengths[p]) for p in peers}
-    return _bodies(ctx, peers, lengths, heads)
+    return _bodies(ctx, peers, lengths, heads, key)
 
 
 def _bodies(
-    ctx: Ctx, peers: list[int], lengths: dict[int, np.ndarray], heads: dict[int, Handle]
+    ctx: Ctx, peers: list[int], lengths: dict[int, np.ndarray], heads: dict[int, Handle], key: str
 ) -> Iterator[tuple[int, np.ndarray]]:
     for p in peers:
         heads[p].wait()
-        msg = np.empty(int(lengths[p][0]), dtype=np.uint8)
+        msg = ctx.buffer(f"{key}/{p}", np.dtype(np.uint8), int(lengths[p][0]))
         ctx.links.recv(p, ctx.tag(1), msg).wait()
         yield p, msg
 
 
 def _reduce_scatter(
     ctx: Ctx, flat: np.ndarray, bounds: list[tuple[int, int]], state: KeyState, plus: np.ndarray | None
-) -> np.ndarray:
+) -> list[np.ndarray]:
     """Stage 1: chunk ``c`` encoded with ``state.workers[c]`` (of ``flat + plus``, where ``plus``
-    is given) goes to rank ``c``; returns this rank's chunk as every rank sent it, decoded and
-    summed in rank order (``unpack_sum``: one pass where the compressor has a kernel for it,
-    instead of a decode and an add per rank), in a row of the group's scratch (kept between
-    operations: fresh arrays faulted in their pages every time, about as costly as the decoding
-    itself)."""
+    is given) goes to rank ``c``; returns this rank's chunk as every rank sent it (its messages,
+    by rank: ``_second`` sums them)."""
     rank = ctx.rank
     to, frm = _order(ctx)
     a, b = bounds[rank]
-    got = _receive(ctx, frm)
+    got = _receive(ctx, frm, "compressed/got1")
     sends: list[Handle] = []
     for p in to:
         lo, hi = bounds[p]
-        sends += _post(ctx, p, _encode(state.workers[p], flat[lo:hi], None if plus is None else plus[lo:hi]))
-    msgs = {rank: _encode(state.workers[rank], flat[a:b], None if plus is None else plus[a:b])}
+        more = None if plus is None else plus[lo:hi]
+        sends += _post(ctx, p, _encode(ctx, f"compressed/sent1/{p}", state.workers[p], flat[lo:hi], more))
+    more = None if plus is None else plus[a:b]
+    msgs = {rank: _encode(ctx, f"compressed/sent1/{rank}", state.workers[rank], flat[a:b], more)}
     msgs.update(got)
-    work = ctx.buffer("compressed", flat.dtype, 2 * (b - a)).reshape(2, b - a)
-    unpack_sum([msgs[r] for r in range(ctx.size)], b - a, flat.dtype, work[0], work[1])
     wait_all(sends)
-    return work[0]
+    return [msgs[r] for r in range(ctx.size)]
 
 
 def _allgather(
@@ -228,7 +267,7 @@ def _allgather(
     """Stage 2: this rank's encoded reduced chunk to every peer; every chunk (its own included)
     decoded into ``out`` (None: not decoded) and kept, by rank, in ``keep``."""
     to, frm = _order(ctx)
-    got = _receive(ctx, frm)
+    got = _receive(ctx, frm, "compressed/got2")
     sends = [h for p in to for h in _post(ctx, p, mine)]
     a, b = bounds[ctx.rank]
     if out is not None:

@@ -34,7 +34,7 @@ from trainer_core.node.book import Book, scheduler_endpoint
 from trainer_core.node.postoffice import Postoffice
 from trainer_core.transport import wire
 from trainer_core.transport.channel import Channel, ChannelClosed, Poller, Received, Source
-from trainer_core.transport.tcp import TcpListener
+from trainer_core.transport.tcp import TcpChannel, TcpListener
 from trainer_core.transport.unix import UnixListener
 
 from ..primitives import stall as stalls
@@ -433,7 +433,9 @@ class NetLinks:
         if ch is None:
             raise LinkError(f"collective: rank {self._rank} has no channel to rank {peer}", peer)
         try:
-            if ch.caps.frames:
+            if isinstance(ch, TcpChannel):  # only what the kernel does not take at once is copied
+                ch.post(protocol.data(tag), [view], borrowed=True)
+            elif ch.caps.frames:
                 ch.post(protocol.data(tag), [np.frombuffer(view, np.uint8).copy()])
             else:
                 channels.send(ch, protocol.data(tag, len(view)), view)
