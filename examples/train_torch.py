@@ -28,6 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
+# first: a scheduler or server serves its role on this import and ends there, never importing
+# torch (a second of CPU per process)
+import trainer_core  # noqa: F401
+
+# isort: split
 import numpy as np
 import torch
 
