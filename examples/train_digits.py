@@ -83,14 +83,11 @@ LEARNERS = ("data_parallel", "block_momentum", "model_averaging", "async")
 
 
 def load_digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits as sk_digits
-    from sklearn.model_selection import train_test_split
+    """scikit-learn's digits split 3:1, stratified (its ``train_test_split``), pixels scaled to [0, 1]."""
+    from digits import load  # beside this script: the same split without importing scikit-learn
 
-    data = sk_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    y = data.target.astype(np.int64)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=seed, stratify=y)
-    return x_train, y_train, x_test, y_test
+    x_train, y_train, x_test, y_test = load(seed)
+    return (x_train / 16.0).astype(np.float32), y_train, (x_test / 16.0).astype(np.float32), y_test
 
 
 def parse_args() -> argparse.Namespace:

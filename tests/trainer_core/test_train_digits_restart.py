@@ -26,8 +26,12 @@ from tests.trainer_core.test_train_digits import EPOCH, accuracies, launch
 
 skip_without("sklearn")
 
-EPOCHS = 12
+EPOCHS = 6
+KILL_AFTER = 2  # worker 1 is SIGKILLed once rank 0 printed (and so checkpointed) this epoch
 RESUMED = re.compile(r"resumed at epoch (\d+)")
+# the launcher sees the kill (the process ends); nothing here waits on a heartbeat, whose 2 s bound
+# (faultjob.FAST_LIVENESS) a loaded machine can starve a process for
+PATIENT = ("--env", "PS_HEARTBEAT_TIMEOUT:10")
 
 
 def epochs(out: str) -> list[tuple[str, ...]]:
@@ -59,7 +63,7 @@ def test_killed_worker_restarts_the_allreduce_job_from_its_checkpoint(
     ck = tmp_path / "digits.npz"
     job = Job(
         [
-            *launch_args("--max-restarts", "1", "--restart-backoff", "0.2", servers=0),
+            *launch_args(*PATIENT, "--max-restarts", "1", "--restart-backoff", "0.2", servers=0),
             sys.executable,
             "examples/train_digits.py",
             *opts,
@@ -70,8 +74,9 @@ def test_killed_worker_restarts_the_allreduce_job_from_its_checkpoint(
         launchkit_home,
         cwd=REPO,
     )
-    job.wait_for("epoch   4 ", timeout=60)  # mid-training: 4 of 12 epochs done and checkpointed
-    job.inject(job.pid("worker", 1), signal.SIGKILL)
+    worker_1 = job.pid("worker", 1, timeout=60)  # found before: the kill follows the line at once
+    job.wait_for(f"epoch {KILL_AFTER:3d} ", timeout=60)  # mid-training: checkpointed, epochs to go
+    job.inject(worker_1, signal.SIGKILL)
     code, _ = job.finish(timeout=120)
     assert code == 0, job.out
     assert re.search(r"attempt 1 failed \(.*worker 1.*\); restarting", job.out), job.out
@@ -80,7 +85,7 @@ def test_killed_worker_restarts_the_allreduce_job_from_its_checkpoint(
     m = RESUMED.search(second)
     assert m, f"the second attempt did not resume from the checkpoint:\n{job.out}"
     resumed = int(m.group(1))
-    assert 4 <= resumed < EPOCHS, job.out  # from the checkpoint, not from zero
+    assert KILL_AFTER <= resumed < EPOCHS, job.out  # from the checkpoint, not from zero
     assert [int(e[0]) for e in epochs(second)] == list(range(resumed + 1, EPOCHS + 1)), job.out
     assert_nothing_left(job.job_id)
 

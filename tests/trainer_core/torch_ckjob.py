@@ -9,6 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 
+# first: the scheduler and the servers serve their role on this import and end, without torch
+import trainer_core  # noqa: F401
+
+# isort: split
 import torch
 
 K, N = 3, 6

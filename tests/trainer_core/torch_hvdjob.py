@@ -32,6 +32,10 @@ def adasum_input(rank: int) -> np.ndarray:
 
 
 def main() -> None:
+    # first: a server or the scheduler (-s 1) serves its role on this import and ends, without torch
+    import trainer_core  # noqa: F401
+
+    # isort: split
     import torch
 
     import trainer_core.torch as hvd
