@@ -9,6 +9,11 @@ import json
 import os
 from typing import Any
 
+# first: a scheduler or server serves its role on this import and ends there, never importing
+# torch (a second of CPU per process)
+import trainer_core  # noqa: F401
+
+# isort: split
 import torch
 
 B, STEPS, LR = 4, 3, 0.1
