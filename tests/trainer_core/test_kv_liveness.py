@@ -79,18 +79,21 @@ def test_dead_or_stopped_server_ends_the_job(sig: int, shm: str) -> None:
 
 
 def test_long_computation_on_a_healthy_worker_does_not_kill_the_job() -> None:
+    """Worker 0 computes (holding the GIL often) for longer than the heartbeat timeout: its
+    heartbeat thread keeps it alive. The timeout is 1.5 s here (3 s elsewhere), so that the
+    computation costs 2 s of CPU rather than 4."""
     body = """
 import time
 kv.init('w', np.zeros(10, np.float32))
 if kv.rank == 0:
     t = time.monotonic()
-    while time.monotonic() - t < 4.0:   # longer than PS_HEARTBEAT_TIMEOUT, holding the GIL often
+    while time.monotonic() - t < 2.0:   # longer than PS_HEARTBEAT_TIMEOUT, holding the GIL often
         sum(range(10000))
 out = np.empty(10, np.float32)
 kv.pushpull('w', np.ones(10, np.float32), out)
 emit(v=float(out[0]))
 """
-    job = run_job(worker_script(body), 2, 1)
+    job = run_job(worker_script(body), 2, 1, {"PS_HEARTBEAT_INTERVAL": "0.2", "PS_HEARTBEAT_TIMEOUT": "1.5"})
     assert all(code == 0 for code in job.codes().values()), job.outputs()
     assert [w.results() for w in job.workers] == [[{"v": 2.0}], [{"v": 2.0}]]
 
