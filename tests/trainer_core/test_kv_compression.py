@@ -73,8 +73,9 @@ def assert_clean(job: Job) -> None:
     ("params", "shm", "servers"),
     [
         ({"type": "1bit"}, "1", 1),
-        ({"type": "1bit", "block_size": 512}, "0", 2),
-        ({"type": "2bit", "threshold": 0.5}, "1", 2),
+        # (3 to 3.5 s of CPU each, mostly every process loading the compiled kernels: the full run)
+        pytest.param({"type": "1bit", "block_size": 512}, "0", 2, marks=pytest.mark.slow),
+        pytest.param({"type": "2bit", "threshold": 0.5}, "1", 2, marks=pytest.mark.slow),
     ],
 )
 def test_compressed_pushpull_matches_the_reference(params: dict, shm: str, servers: int) -> None:
