@@ -8,8 +8,9 @@
 # fast and torch extras, makes the MXNet 1.9.1 venv of the compatibility tests, then runs ruff,
 # mypy and pytest. --quick installs only what the unit and proc tiers need (the local tools below
 # and the test extra: no engine, no sshd, no MXNet, no torch, whose tests then skip) and runs
-# `pytest -m "(unit or proc) and not slow"`, with mypy beside it. The unit, proc and gpu tiers run a
-# worker per core (pytest-xdist), the longest tests first, then the cluster and compat tiers in
+# `pytest -m "(unit or proc) and not slow"`, with mypy beside it, in two workers per core
+# (pytest-xdist). The unit, proc and gpu tiers run a worker per core, the longest tests first,
+# then the cluster and compat tiers in
 # workers grouped by the engine or subnet their tests hold; pytest's cache is on: --lf and --ff
 # work. docs/testing.md.
 set -euo pipefail
@@ -76,9 +77,11 @@ fi
 echo "[test.sh] pytest"
 # the unit, proc and gpu tiers: a worker per core (pytest-xdist), the longest tests first
 # (tests/ordering.py); `-n 0` among the arguments runs them in this process, `-n 4` four workers.
-# --quick stops there (without the slow ones).
+# --quick stops there (without the slow ones), with two workers per core: its tests wait for
+# processes to start, for a timeout or a heartbeat bound, leaving a core idle part of the time
 parallel=(-n auto)
 if [ $quick -eq 1 ]; then
+    parallel=(-n "$((2 * $(nproc)))")
     rc=0
     .venv/bin/python -m pytest -q "${parallel[@]}" -m "(unit or proc) and not slow" "$@" || rc=$?
     rc_mypy=0

@@ -1,4 +1,4 @@
-"""The order a worker per core runs the tests in: the longest first, so that no worker ends alone.
+"""The order the xdist workers run the tests in: the longest first, so that no worker ends alone.
 
 pytest-xdist hands out the collected tests in their order, a chunk at a time, and a run ends when
 its last worker does. A long test near the end keeps one worker busy after the others finished:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer_core.cluster import Job, run_job, worker_script
+from tests.trainer_core.cluster import KERNELS_LOADING, Job, run_job, worker_script
 
 #: seconds within which every worker must have its error (heartbeats: 0.3 s, timeout 3 s)
 BOUND = 10.0
@@ -88,7 +88,7 @@ kv.pushpull('w', np.ones(8, np.float32), out)
 stats = kv.wire_stats()
 assert out.tolist() == [0.5] * 8 and stats["sent"] < stats["raw_sent"], (out, stats)  # 2 bits each way
 """
-    job = run_job(attempt(body), workers, 1)
+    job = run_job(attempt(body), workers, 1, KERNELS_LOADING)
     # (no bound: the bound is on an error's arrival; this body also compiles the 2-bit kernels)
     assert all(r == {"ok": True, "t": r["t"]} for r in outcomes(job, workers, bounded=False))
 

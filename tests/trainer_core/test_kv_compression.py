@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.trainer_core.cluster import Job, run_job, worker_script
+from tests.trainer_core.cluster import KERNELS_LOADING, Job, run_job, worker_script
 from trainer_core import kv as kvstore
 from trainer_core.compression import get_compressor
 from trainer_core.compression.codec import ServerCodec, WorkerCodec, check_meta, resolve_compression
@@ -73,14 +73,20 @@ def assert_clean(job: Job) -> None:
     ("params", "shm", "servers"),
     [
         ({"type": "1bit"}, "1", 1),
-        ({"type": "1bit", "block_size": 512}, "0", 2),
-        ({"type": "2bit", "threshold": 0.5}, "1", 2),
+        # (3 to 3.5 s of CPU each, mostly every process loading the compiled kernels: the full run)
+        pytest.param({"type": "1bit", "block_size": 512}, "0", 2, marks=pytest.mark.slow),
+        pytest.param({"type": "2bit", "threshold": 0.5}, "1", 2, marks=pytest.mark.slow),
     ],
 )
 def test_compressed_pushpull_matches_the_reference(params: dict, shm: str, servers: int) -> None:
     import json
 
-    env = {"TEST_COMP": json.dumps(params), "PS_SHM": shm, "MXNET_KVSTORE_BIGARRAY_BOUND": "1000"}
+    env = {
+        "TEST_COMP": json.dumps(params),
+        "PS_SHM": shm,
+        "MXNET_KVSTORE_BIGARRAY_BOUND": "1000",
+        **KERNELS_LOADING,
+    }
     job = run_job(worker_script(BODY), 2, servers, env)
     assert_clean(job)
     n = 3000

@@ -208,16 +208,21 @@ def test_an_error_of_a_push_surfaces_at_the_latest_on_the_next_call(
 ) -> None:
     """Refused by the server: raised by the pull that took it (a pushpull), by a barrier, by the next
     push when it waits for its segment (else by the wait after it), or, when it was sent (held: by
-    the helper thread) and its error came while nobody called, by the next call; never lost."""
+    the helper thread) and its error came while nobody called, by the next call, before that call's
+    own refusal: here the worker reads neither reply until the server has answered both (the
+    earliest error first); never lost."""
     j = job(1, 1, **kw)
     seen = record_ops(j)
     replied = threading.Event()  # the server has handled (and answered) a push
+    pulled = threading.Event()  # ... and a pull
     poller, handle = j.serving[0]
 
     def answered(msg: Received) -> None:
         handle(msg)
         if msg.header.op == wire.PUSH:
             replied.set()
+        elif msg.header.op == wire.PULL:
+            pulled.set()
 
     j.serving[0] = (poller, answered)
 
@@ -243,7 +248,8 @@ def test_an_error_of_a_push_surfaces_at_the_latest_on_the_next_call(
                     threading.Event().wait(held.HOLD_S)
                 if sent:  # the server has answered the push: its error waits at the worker
                     assert replied.wait(10.0)
-                threading.Event().wait(0.1)  # the error reply arrives while nobody calls
+                    pump = kv.client._pump  # the worker reads the push's error and the pull's together
+                    kv.client._pump = lambda: (pulled.wait(10.0), pump())
                 kv.pull("w", np.empty(4, np.float32))
         if then == "push":  # the second push, if it got as far as being held, is refused too
             with contextlib.suppress(KVError):

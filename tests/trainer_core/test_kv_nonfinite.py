@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.trainer_core.cluster import run_job, worker_script
+from tests.trainer_core.cluster import KERNELS_LOADING, run_job, worker_script
 
 BODY = """
 params = json.loads(os.environ['TEST_COMP'])
@@ -39,7 +39,9 @@ pytestmark = pytest.mark.timeout(150)  # (a compressor's numba kernels compile i
     ids=lambda p: p["type"],
 )
 def test_a_non_finite_push_is_pulled_non_finite_and_the_next_round_is_finite(params: dict) -> None:
-    job = run_job(worker_script(BODY), 2, 1, {"TEST_COMP": json.dumps(params)}, timeout=120)
+    job = run_job(
+        worker_script(BODY), 2, 1, {"TEST_COMP": json.dumps(params), **KERNELS_LOADING}, timeout=120
+    )
     assert all(code == 0 for code in job.codes().values()), job.outputs()
     for w in job.workers:
         first, second = (np.array(r["out"], np.float32) for r in w.results())

@@ -192,6 +192,32 @@ def test_an_error_reply_raises_and_an_error_to_a_push_surfaces_at_the_next_call(
     c.close()
 
 
+def test_a_request_refused_after_a_refused_push_raises_the_push_error_first(
+    job: Callable[..., InProcessJob],
+) -> None:
+    """The server refuses a push, then the pull after it, and the worker reads both replies in one
+    wait: the push's error (the earlier, and the cause) is raised, not the pull's."""
+    j = job(1, 1)
+    c = j.client(0)
+    both = threading.Event()
+    poller, handle = j.serving[0]
+
+    def answered(msg: Received) -> None:
+        handle(msg)
+        if msg.header.op == wire.PULL:
+            both.set()
+
+    j.serving[0] = (poller, answered)
+    c.send(0, wire.PUSH, (entry("nokey"),), [np.ones(4, np.float32)], keep=False)
+    seq = c.send(0, wire.PULL, (entry("nokey"),))
+    j.start()
+    assert both.wait(10)
+    with pytest.raises(KVError, match="server refused a push: key 'nokey'"):
+        c.wait([seq])
+    c.check()  # raised once, not again
+    c.close()
+
+
 def test_a_server_whose_channel_closes_is_blamed_and_the_job_aborted(
     job: Callable[..., InProcessJob],
 ) -> None:

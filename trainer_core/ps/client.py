@@ -239,7 +239,9 @@ class WorkerClient:
 
     def wait(self, seqs: Iterable[int]) -> dict[int, Received]:
         """The replies of ``seqs`` (raises ``KVError`` for an error reply, ``NodeFailure`` when the job
-        dies, ``KVError`` after ``stall.shutdown_s`` when set; stall warnings meanwhile)."""
+        dies, ``KVError`` after ``stall.shutdown_s`` when set; stall warnings meanwhile). Where one
+        is an error and an earlier push's error reply came before it, the push's error is raised:
+        the earliest error first (a pull refused because the push before it was)."""
         want = list(seqs)
         start, warned = time.monotonic(), 0
 
@@ -269,6 +271,9 @@ class WorkerClient:
                 gone = msg.header.body.get("finished")
                 if isinstance(gone, int) and not isinstance(gone, bool) and seq in asked:
                     self._finished_early(gone, asked[seq])
+                if self._async_error is not None:  # an earlier push's, come first: the cause
+                    err, self._async_error = self._async_error, None
+                    raise err
                 raise KVError(f"server refused the request: {reason}")
         return out
 
