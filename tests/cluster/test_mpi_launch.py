@@ -138,7 +138,7 @@ def test_two_namespace_hosts(netns_hosts, node_python, tmp_path: Path, launchkit
     flags = [
         *node_python,
         "--mpi-args",
-        "--mca oob_tcp_if_include 10.231.0.0/24 --mca btl_tcp_if_include 10.231.0.0/24",
+        f"--mca oob_tcp_if_include {group.cidr} --mca btl_tcp_if_include {group.cidr}",
         "-i",
         str(group.identity),
         "--known-hosts",
@@ -170,7 +170,7 @@ def test_two_namespace_hosts(netns_hosts, node_python, tmp_path: Path, launchkit
         if role != "scheduler":
             i = rank if role == "server" else 2 + rank  # process i on hosts[i % 2]
             assert e["DMLC_NODE_HOST"] == group[i % 2].address
-            assert e["DMLC_PS_ROOT_URI"] == "10.231.0.1"
+            assert e["DMLC_PS_ROOT_URI"] == group.bridge_address
     # a failing worker on a remote host: exit 3, nothing left on either host
     res = run(
         [
@@ -260,7 +260,7 @@ def test_without_servers_across_hosts_worker_0_publishes_an_address_the_others_r
             str(hostfile),
             *node_python,
             "--mpi-args",
-            "--mca oob_tcp_if_include 10.231.0.0/24 --mca btl_tcp_if_include 10.231.0.0/24",
+            f"--mca oob_tcp_if_include {group.cidr} --mca btl_tcp_if_include {group.cidr}",
             "-i",
             str(group.identity),
             "--known-hosts",
