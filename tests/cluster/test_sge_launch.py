@@ -195,9 +195,10 @@ def test_every_process_gets_sigterm_when_the_grace_period_starts(
     t = teardown(how, "sge", tmp_path, launchkit_home, env_of(sge_local, launchkit_home))
     assert t.rc == {"fail": 3, "sigint": 130, "kill": 143}[how], t.stderr[-3000:]
     assert {"scheduler-0", "server-0", "worker-0"} <= set(t.term_s), (t.term_s, t.stderr[-3000:])
-    assert max(t.term_s.values()) < 3.0, t.term_s
+    # (before half the grace period: see below)
+    assert max(t.term_s.values()) < 5.0, t.term_s
     # The end is timed from the last SIGTERM, not from the cause: with "kill" the cause is the
-    # start of `launchkit kill`, whose own Python start took 2.3-2.8 s on a loaded 2-core machine
+    # start of `launchkit kill`, whose own Python start took 2.3-3.4 s on a loaded 2-core machine
     # (bounded above), and Grid Engine's end after the processes have left (qmaster's accounting,
     # then three final reads of qstat and qacct 0.5 s apart) took 4.5-5.6 s there (load 9-17).
     # Under 8 s from the SIGTERM still tells it from a launch that waits out the 10 s grace period.
