@@ -201,7 +201,7 @@ class HostGroup:
     hosts: list[NetnsHost] = field(default_factory=list)
     private_tmp: bool = True
     closed: bool = False
-    #: Seconds from holding the machine-wide lock to every sshd accepting (lock wait excluded).
+    #: Seconds from holding the subnet's lock to every sshd accepting (lock wait excluded).
     startup_s: float = 0.0
     _lock: ClusterLock | None = field(default=None, repr=False)
 
