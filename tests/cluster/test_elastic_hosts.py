@@ -246,9 +246,7 @@ def test_a_cut_host_whose_link_returns_is_used_again_after_its_cool_down(
     its cool-down goes through a new connection and a new watchdog, and joins the training."""
     group = netns_hosts(3)
     out = shared_out
-    # (a 5 s cool-down: the link is up again as soon as the launcher has noticed the loss, long
-    # before it ends; a host that could not be reached then would be blacklisted again, for longer)
-    proc, job_id = start_training(group, tmp_path, out, torch_python, host_site, "2:4", launchkit_home, "5")
+    proc, job_id = start_training(group, tmp_path, out, torch_python, host_site, "2:4", launchkit_home, "15")
     try:
         cut(group[1])
         assert wait_until(lambda: record(launchkit_home, job_id)["changes"], WAIT)
