@@ -9,10 +9,9 @@
 # mypy and pytest. --quick installs only what the unit and proc tiers need (the local tools below
 # and the test extra: no engine, no sshd, no MXNet, no torch, whose tests then skip) and runs
 # `pytest -m "(unit or proc) and not slow"`, with mypy beside it, in two workers per core
-# (pytest-xdist). The unit, proc and gpu tiers run a worker per core, the longest tests first,
-# then the cluster and compat tiers in
-# workers grouped by the engine or subnet their tests hold; pytest's cache is on: --lf and --ff
-# work. docs/testing.md.
+# (pytest-xdist). The unit, proc and gpu tiers run a worker per core, the longest tests first, then
+# the cluster and compat tiers in workers grouped by the engine their tests hold (a namespace-host
+# subnet per worker); pytest's cache is on: --lf and --ff work. docs/testing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -97,8 +96,8 @@ rc=0
 [ $rc -eq 5 ] && rc=0  # (arguments that select no test of these tiers)
 # then the cluster and compat tiers, in a session of their own (their bounds are set for a
 # machine that runs nothing else of the suite beside them): in workers that each run what one
-# resource holds (the namespace hosts' subnet, Grid Engine, the session's Slurm; each engine
-# started once) and share the rest, tests/cluster/groups.py
+# resource holds (Grid Engine, the session's Slurm; each engine started once) and share the rest,
+# the namespace hosts' tests included (each worker has a subnet of its own), tests/cluster/groups.py
 echo "[test.sh] pytest: the cluster and compat tiers"
 rc2=0
 .venv/bin/python -m pytest -q -n 3 --dist loadgroup --durations=25 -m "cluster or compat" "$@" || rc2=$?

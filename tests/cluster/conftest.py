@@ -1,7 +1,9 @@
-"""Real-host fixtures for the ssh backend: an sshd on loopback, and namespace hosts on 10.231.0.0/24.
+"""Real-host fixtures for the ssh backend: an sshd on loopback, and namespace hosts on 10.231.N.0/24
+(N: the pytest-xdist worker's number, else 0; tests/cluster/subnets.py).
 
     def test_three_hosts(netns_hosts, tmp_path):
-        hosts = netns_hosts(3)                    # node1..node3 at 10.231.0.11..13, sshd on :22
+        hosts = netns_hosts(3)                    # node1..node3 at 10.231.N.11..13, sshd on :22
+        hosts.bridge_address, hosts.cidr          # 10.231.N.1 (this machine), 10.231.N.0/24
         hostfile = hosts.write_hostfile(tmp_path / "hosts")
         out = hosts[0].ssh("hostname").stdout     # 'node1\\n'
         hosts[1].run("ls /srv")                   # a command inside node2's namespaces
@@ -15,8 +17,8 @@
 Tests in other directories can use them by importing the fixtures into their module or conftest
 (netns_hosts and slurm_netns need netns_session beside them):
 `from tests.cluster.conftest import netns_hosts, netns_session, sshd_loopback  # noqa: F401`.
-slurm_netns holds the machine-wide netns lock for its whole module, so a module using it must
-not use netns_hosts.
+slurm_netns holds the subnet's lock for its whole module, so a module using it must not use
+netns_hosts.
 A machine that cannot host them (not root, packages missing, no namespace support) fails the
 tests that use them with the reason; they are never skipped. See docs/testing.md.
 """
@@ -28,9 +30,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from .groups import MARK_HELP, regroup
-from .netns import HostGroup, preflight, sweep_if_idle
+from .netns import HostGroup, preflight
 from .slurm import SlurmCluster
 from .sshd import ClusterSetupError, LoopbackSshd
+from .subnets import sweep_if_idle
 
 MakeHosts = Callable[..., HostGroup]
 
@@ -71,8 +74,8 @@ def netns_session() -> None:
 def netns_hosts(netns_session: None) -> Iterator[MakeHosts]:
     """Factory: `netns_hosts(n, private_tmp=True)` builds n namespace hosts and returns a HostGroup.
 
-    One group per test (they all use 10.231.0.0/24, and a machine-wide lock allows one at a time);
-    it is torn down after the test, whether it passed or not.
+    One group per test (a worker's groups all use its subnet, and the subnet's lock allows one at a
+    time); it is torn down after the test, whether it passed or not.
     """
     groups: list[HostGroup] = []
 
@@ -107,8 +110,8 @@ def slurm_local() -> Iterator[SlurmCluster]:
 
 @pytest.fixture(scope="module")
 def slurm_netns(netns_session: None) -> Iterator[SlurmCluster]:
-    """A real Slurm cluster of three namespace hosts node1..node3 (10.231.0.11-13, CPUs=2 each)
-    for one module; slurmctld at 10.231.0.1. Holds the machine-wide netns lock while alive."""
+    """A real Slurm cluster of three namespace hosts node1..node3 (10.231.N.11-13, CPUs=2 each)
+    for one module; slurmctld at 10.231.N.1. Holds the subnet's lock while alive."""
     try:
         cluster = SlurmCluster.start_netns(3)
     except ClusterSetupError as e:

@@ -4,20 +4,23 @@ Under ``--dist loadgroup`` the tests of one xdist group run in one worker, one a
 and a test without a group goes to whichever worker is free. A test's group is named after what it
 holds that only one test (or one worker) at a time may hold:
 
-    netns   the namespace hosts' subnet 10.231.0.0/24, its bridge and its machine-wide lock
-            (netns_session, netns_hosts, slurm_netns)
-    sge     Grid Engine's qmaster and execd, on the machine's fixed ports 6444/6445 (sge_local)
-    slurm   the session's Slurm cluster (slurm_local), so that it is started once, in one worker
+    sge          Grid Engine's qmaster and execd, on the machine's fixed ports 6444/6445 (sge_local)
+    slurm        the session's Slurm cluster (slurm_local), so that it is started once, in one worker
+    slurm_netns  a module's Slurm cluster on namespace hosts (slurm_netns, module scope), so that it
+                 is started once, in one worker
 
-What needs no group: ``sshd_loopback`` (each worker that needs one starts its own, on a free
-port), ``node_python`` (a copy per worker), ``host_python`` and ``mxnet_python`` (venvs made once,
-under a file lock), ``mpirun`` on this machine (each job's own session directory) and the YARN
-stand-in (one per test, on a free port).
+The namespace hosts (``netns``: netns_session, netns_hosts, slurm_netns) make no group: every
+worker has a subnet of its own (10.231.N.0/24 for worker gwN, its bridge and its lock,
+tests/cluster/subnets.py), so a test that makes namespace hosts may run in any worker, beside
+another worker's. What else needs no group: ``sshd_loopback`` (each worker that needs one starts
+its own, on a free port), ``node_python`` (a copy per worker), ``host_python`` and
+``mxnet_python`` (venvs made once, under a file lock), ``mpirun`` on this machine (each job's own
+session directory) and the YARN stand-in (one per test, on a free port).
 
 A test that reaches one of these without asking for its fixture by name (``request.
 getfixturevalue``, or a child process that creates namespace hosts) says so with
-``@pytest.mark.holds("netns")`` (on the test, its module, or a ``pytest.param``). Where a test
-holds two of them, their groups become one: the worker that runs it must run both.
+``@pytest.mark.holds("sge")`` (on the test, its module, or a ``pytest.param``). Where a test
+holds two grouped resources, their groups become one: the worker that runs it must run both.
 
 ``tests/tiers.py`` puts every cluster and compat test in one group (``engines``), which is what a
 run that does not load this package's conftest gets; ``regroup`` (the collection hook of
@@ -33,13 +36,15 @@ import pytest
 from tests.tiers import SHARED, SHARED_GROUP
 
 FIXTURES = {
-    "netns_session": "netns",
-    "netns_hosts": "netns",
-    "slurm_netns": "netns",
-    "sge_local": "sge",
-    "slurm_local": "slurm",
+    "netns_session": ("netns",),
+    "netns_hosts": ("netns",),
+    "slurm_netns": ("netns", "slurm_netns"),
+    "sge_local": ("sge",),
+    "slurm_local": ("slurm",),
 }
-RESOURCES = frozenset(FIXTURES.values())
+RESOURCES = frozenset(r for held in FIXTURES.values() for r in held)
+#: What every worker has a copy of (its own subnet): holding it groups nothing.
+PER_WORKER = frozenset({"netns"})
 MARK = "holds"
 MARK_HELP = (
     f"{MARK}(*resources): what a test holds beyond its fixtures' names ({', '.join(sorted(RESOURCES))})"
@@ -48,7 +53,7 @@ MARK_HELP = (
 
 def held(fixtures: Iterable[str], marked: Iterable[str]) -> frozenset[str]:
     """The resources a test holds: those of its fixtures, and those written in its marks."""
-    out = {FIXTURES[f] for f in fixtures if f in FIXTURES}
+    out = {r for f in fixtures for r in FIXTURES.get(f, ())}
     for name in marked:
         if name not in RESOURCES:
             raise ValueError(f"@pytest.mark.{MARK}({name!r}): expected one of {sorted(RESOURCES)}")
@@ -57,11 +62,12 @@ def held(fixtures: Iterable[str], marked: Iterable[str]) -> frozenset[str]:
 
 
 def merged(holdings: Iterable[frozenset[str]]) -> dict[str, str]:
-    """Each resource's group: resources held together by one test share a group (their names
-    joined, sorted: ``netns+sge``); a resource never held with another is a group of its own."""
+    """Each grouped resource's group: resources held together by one test share a group (their
+    names joined, sorted: ``sge+slurm``); a resource never held with another is a group of its
+    own. Per-worker resources (``netns``) have none."""
     groups: list[set[str]] = []
     for holding in holdings:
-        joined = set(holding)
+        joined = set(holding - PER_WORKER)
         for group in [g for g in groups if g & joined]:
             joined |= group
             groups.remove(group)
@@ -72,7 +78,8 @@ def merged(holdings: Iterable[frozenset[str]]) -> dict[str, str]:
 
 def group_of(holding: frozenset[str], groups: dict[str, str]) -> str | None:
     """The xdist group of a test that holds ``holding`` (None: it may run in any worker)."""
-    return groups[min(holding)] if holding else None
+    grouped = holding - PER_WORKER
+    return groups[min(grouped)] if grouped else None
 
 
 def regroup(items: list[pytest.Item], loadgroup: bool = False) -> None:

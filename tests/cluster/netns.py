@@ -1,27 +1,24 @@
 """Helpers for a test cluster of "hosts" made with Linux namespaces, each running a real sshd.
 
-Layout (see docs/testing.md): a bridge `lkbr<tag>` at 10.231.0.1/24 in the root namespace; host i
-(from 1) is network namespace `lkns-<tag>-<i>` with `eth0` at 10.231.0.(10+i)/24, joined to the
-bridge by a veth pair whose root-side end is `lkv<tag>h<i>`. Its sshd runs as PID 1 of a new PID
-namespace, with its own mount (private tmpfs on /root, /dev/shm, /srv and by default /tmp), IPC
-and UTS (hostname `node<i>`) namespaces. Keys, configs and logs live in /run/lkcluster/<tag>/,
-outside those private mounts.
+Layout (see docs/testing.md): on the process's subnet 10.231.N.0/24 (tests/cluster/subnets.py: N is
+the pytest-xdist worker's number, else 0), a bridge `lkbr<tag>` at 10.231.N.1/24 in the root
+namespace; host i (from 1) is network namespace `lkns-<tag>-<i>` with `eth0` at 10.231.N.(10+i)/24,
+joined to the bridge by a veth pair whose root-side end is `lkv<tag>h<i>`. Its sshd runs as PID 1
+of a new PID namespace, with its own mount (private tmpfs on /root, /dev/shm, /srv and by default
+/tmp), IPC and UTS (hostname `node<i>`) namespaces. Keys, configs and logs live in
+/run/lkcluster/<tag>/, outside those private mounts.
 
-Only one cluster exists on the machine at a time (they all use 10.231.0.0/24): creating one takes
-a lock (ClusterLock), held until the cluster is closed. While holding it, anything
-with the cluster prefixes that is not ours is a leftover of a crashed run and is swept away.
+Only one cluster exists on a subnet at a time: creating one takes the subnet's lock (ClusterLock),
+held until the cluster is closed. While holding it, anything of that subnet that is not ours is a
+leftover of a crashed run and is swept away.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import re
-import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -41,14 +38,21 @@ from .sshd import (
     tail,
     write_sshd_config,
 )
+from .subnets import (
+    BRIDGE_PREFIX,
+    NS_PREFIX,
+    STATE_ROOT,
+    VETH_PREFIX,
+    ClusterLock,
+    Subnet,
+    ip,
+    kill_netns_processes,
+    links,
+    netns_names,
+    sweep_stale,
+)
 
-STATE_ROOT = Path("/run/lkcluster")
-NS_PREFIX = "lkns-"
-BRIDGE_PREFIX = "lkbr"
-VETH_PREFIX = "lkv"
-SUBNET = "10.231.0"
-BRIDGE_ADDRESS = f"{SUBNET}.1"
-MAX_HOSTS = 200  # addresses 10.231.0.11-210; bench/scale.py builds 128
+MAX_HOSTS = 200  # addresses 10.231.N.11-210; bench/scale.py builds 128
 NETNS_COMMANDS = {"ip": "iproute2", "nsenter": "util-linux", "unshare": "util-linux", "hostname": "hostname"}
 #: Minimal environment for commands run inside a host, so nothing of the test's env leaks in.
 HOST_ENV = {
@@ -72,15 +76,6 @@ done
 """
 
 
-def _ip(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run `ip ARGS`; on failure raise ClusterSetupError with ip's message."""
-    proc = subprocess.run(["ip", *args], input=stdin, capture_output=True, text=True, timeout=30)
-    if check and proc.returncode != 0:
-        what = " ".join(args) if stdin is None else f"{' '.join(args)} <<{stdin!r}"
-        raise ClusterSetupError(f"`ip {what}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
-    return proc
-
-
 def preflight() -> None:
     """Check privileges and tools up front, so a missing one fails with a clear message."""
     if os.geteuid() != 0:
@@ -88,108 +83,6 @@ def preflight() -> None:
             "the netns test cluster needs root (network, PID and mount namespaces, veth, bridge)"
         )
     require_commands({**REQUIRED_COMMANDS, **NETNS_COMMANDS})
-
-
-# -- machine-wide lock and sweep ------------------------------------------------------------------
-
-
-class ClusterLock:
-    """At most one netns cluster per network namespace (they all use 10.231.0.0/24).
-
-    The lock is a bound abstract unix socket: its name is scoped to the network namespace, the
-    very thing the clusters compete for, so it also holds between a chroot/container sharing
-    the machine's network and the machine itself; and the kernel drops it when the holder dies,
-    so a crashed run never blocks the next one. The holder's pid is noted in /run/lkcluster/lock.
-    """
-
-    NAME = b"\0launchkit-test-cluster-10.231.0.0/24"
-
-    def __init__(self) -> None:
-        STATE_ROOT.mkdir(mode=0o755, parents=True, exist_ok=True)
-        self._sock: socket.socket | None = None
-
-    def acquire(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # close-on-exec: not inherited
-            try:
-                sock.bind(self.NAME)
-            except OSError as e:
-                sock.close()
-                if e.errno != errno.EADDRINUSE:
-                    raise
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.1)
-                continue
-            self._sock = sock
-            with contextlib.suppress(OSError):
-                (STATE_ROOT / "lock").write_text(f"{os.getpid()}\n")
-            return True
-
-    def holder(self) -> str:
-        try:
-            return (STATE_ROOT / "lock").read_text().strip() or "?"
-        except OSError:
-            return "?"
-
-    def release(self) -> None:
-        if self._sock is not None:
-            self._sock.close()  # closing the socket frees the name
-            self._sock = None
-
-
-def _kill_netns_processes(netns: str) -> None:
-    for pid in _ip("netns", "pids", netns, check=False).stdout.split():
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid), signal.SIGKILL)
-
-
-def _links(prefixes: tuple[str, ...]) -> list[str]:
-    out = _ip("-o", "link", "show", check=False).stdout
-    names = [m.group(1) for m in re.finditer(r"^\d+: ([^:@\s]+)[@:]", out, re.M)]
-    return [n for n in names if n.startswith(prefixes)]
-
-
-def _netns_names() -> list[str]:
-    out = _ip("netns", "list", check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def sweep_stale(keep_tag: str | None = None) -> list[str]:
-    """Remove namespaces, links and state dirs with the cluster prefixes, except `keep_tag`'s.
-
-    Call only while holding the ClusterLock (then nothing else is live). Returns what was removed.
-    """
-    removed: list[str] = []
-    keep_ns = f"{NS_PREFIX}{keep_tag}-" if keep_tag else None
-    for ns in _netns_names():
-        if ns.startswith(NS_PREFIX) and not (keep_ns and ns.startswith(keep_ns)):
-            _kill_netns_processes(ns)
-            _ip("netns", "delete", ns, check=False)
-            removed.append(f"netns {ns}")
-    keep_links = (f"{BRIDGE_PREFIX}{keep_tag}", f"{VETH_PREFIX}{keep_tag}h") if keep_tag else ()
-    for link in _links((BRIDGE_PREFIX, VETH_PREFIX)):
-        if not (keep_links and link.startswith(keep_links)):
-            _ip("link", "delete", link, check=False)
-            removed.append(f"link {link}")
-    if STATE_ROOT.is_dir():
-        for d in STATE_ROOT.iterdir():
-            if d.is_dir() and d.name != keep_tag:
-                shutil.rmtree(d, ignore_errors=True)
-                removed.append(f"dir {d}")
-    return removed
-
-
-def sweep_if_idle() -> list[str]:
-    """Session-start sweep: clean leftovers of crashed runs unless a live run holds the lock."""
-    lock = ClusterLock()
-    if not lock.acquire(timeout=0):
-        return []
-    try:
-        return sweep_stale()
-    finally:
-        lock.release()
 
 
 # -- hosts ----------------------------------------------------------------------------------------
@@ -216,7 +109,7 @@ class NetnsHost:
 
     index: int
     name: str  # node<i>, also its hostname
-    address: str  # 10.231.0.(10+i)
+    address: str  # 10.231.N.(10+i)
     netns: str  # network namespace name, for `ip netns exec` / `ip -n`
     veth: str  # root-namespace end of its veth pair: `ip link set VETH down` cuts the host off
     dir: Path  # its sshd config, host key and sshd.log (outside the host's private mounts)
@@ -232,7 +125,7 @@ class NetnsHost:
         return self.dir / "sshd.log"
 
     def hostfile_line(self) -> str:
-        """'root@10.231.0.1N:22', as a launchkit hostfile line."""
+        """'root@10.231.N.1I:22', as a launchkit hostfile line."""
         return f"{self.user}@{self.address}:{self.port}"
 
     def ssh_options(self) -> list[str]:
@@ -304,16 +197,27 @@ class HostGroup:
     tag: str
     dir: Path
     bridge: str
+    subnet: Subnet
     hosts: list[NetnsHost] = field(default_factory=list)
     private_tmp: bool = True
     closed: bool = False
-    #: Seconds from holding the machine-wide lock to every sshd accepting (lock wait excluded).
+    #: Seconds from holding the subnet's lock to every sshd accepting (lock wait excluded).
     startup_s: float = 0.0
     _lock: ClusterLock | None = field(default=None, repr=False)
 
     @property
     def identity(self) -> Path:
         return self.dir / "id_ed25519"
+
+    @property
+    def bridge_address(self) -> str:
+        """This machine's address on the hosts' subnet (10.231.N.1): what the hosts reach it by."""
+        return self.subnet.bridge_address
+
+    @property
+    def cidr(self) -> str:
+        """The hosts' subnet, 10.231.N.0/24 (Open MPI's `--mca oob_tcp_if_include`, ...)."""
+        return self.subnet.cidr
 
     @property
     def known_hosts(self) -> Path:
@@ -345,24 +249,33 @@ class HostGroup:
     # -- lifecycle ------------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, n: int, *, private_tmp: bool = True, lock_timeout: float = 30.0) -> HostGroup:
-        """Build `n` hosts, start their sshds in parallel and wait until all accept."""
+    def create(
+        cls, n: int, *, private_tmp: bool = True, lock_timeout: float = 30.0, subnet: Subnet | None = None
+    ) -> HostGroup:
+        """Build `n` hosts on `subnet` (default: this process's, `Subnet.of_process()`), start their
+        sshds in parallel and wait until all accept."""
         if not 1 <= n <= MAX_HOSTS:
             raise ValueError(f"n must be between 1 and {MAX_HOSTS}, not {n}")
         preflight()
-        lock = ClusterLock()
+        subnet = subnet or Subnet.of_process()
+        lock = ClusterLock(subnet)
         if not lock.acquire(lock_timeout):
             raise ClusterSetupError(
-                f"another test run (pid {lock.holder()}) holds the netns cluster (10.231.0.0/24) "
-                f"for more than {lock_timeout:g}s; only one may exist per machine"
+                f"another test run (pid {lock.holder()}) holds the netns cluster on {subnet.cidr} "
+                f"for more than {lock_timeout:g}s; only one may exist per subnet"
             )
         t0 = time.monotonic()
-        tag = secrets.token_hex(2)
+        tag = subnet.new_tag()
         group = cls(
-            tag=tag, dir=STATE_ROOT / tag, bridge=f"{BRIDGE_PREFIX}{tag}", private_tmp=private_tmp, _lock=lock
+            tag=tag,
+            dir=STATE_ROOT / tag,
+            bridge=f"{BRIDGE_PREFIX}{tag}",
+            subnet=subnet,
+            private_tmp=private_tmp,
+            _lock=lock,
         )
         try:
-            sweep_stale(keep_tag=tag)
+            sweep_stale(subnet, keep_tag=tag)
             group.dir.mkdir(mode=0o700)
             group._build(n)
             group.startup_s = time.monotonic() - t0
@@ -384,7 +297,7 @@ class HostGroup:
             host = NetnsHost(
                 index=i,
                 name=f"node{i}",
-                address=f"{SUBNET}.{10 + i}",
+                address=self.subnet.host_address(i),
                 netns=f"{NS_PREFIX}{self.tag}-{i}",
                 veth=f"{VETH_PREFIX}{self.tag}h{i}",
                 dir=hdir,
@@ -424,7 +337,7 @@ class HostGroup:
         # Root namespace: one `ip -batch` for the bridge, the namespaces and the veth pairs.
         root = [
             f"link add {self.bridge} type bridge forward_delay 0",
-            f"addr add {BRIDGE_ADDRESS}/24 dev {self.bridge}",
+            f"addr add {self.bridge_address}/24 dev {self.bridge}",
             f"link set {self.bridge} up",
         ]
         for h in self.hosts:
@@ -434,13 +347,13 @@ class HostGroup:
                 f"link set {h.veth} master {self.bridge} up",
             ]
         try:
-            _ip("-batch", "-", stdin="\n".join(root) + "\n")
+            ip("-batch", "-", stdin="\n".join(root) + "\n")
         except ClusterSetupError as e:
             raise ClusterSetupError(
                 f"{e}\n(the netns cluster needs network namespaces, veth and bridge support in the kernel, and root)"
             ) from None
         for h in self.hosts:
-            _ip(
+            ip(
                 "-n",
                 h.netns,
                 "-batch",
@@ -493,7 +406,7 @@ class HostGroup:
             h.pid = kids[0]
 
     def close(self) -> None:
-        """Stop every host, delete namespaces, veths, bridge and state dir; release the lock.
+        """Stop every host, delete namespaces, veths, bridge and state dir; release the subnet's lock.
 
         Safe to call twice and after a partial build; raises at the end if something remained.
         """
@@ -505,15 +418,15 @@ class HostGroup:
                 with contextlib.suppress(Exception):
                     h.stop()
             for h in self.hosts:
-                if h.netns in _netns_names():
-                    _kill_netns_processes(h.netns)
-                    _ip("netns", "delete", h.netns, check=False)
-            leftover_links = _links((f"{BRIDGE_PREFIX}{self.tag}", f"{VETH_PREFIX}{self.tag}h"))
+                if h.netns in netns_names():
+                    kill_netns_processes(h.netns)
+                    ip("netns", "delete", h.netns, check=False)
+            leftover_links = links((f"{BRIDGE_PREFIX}{self.tag}", f"{VETH_PREFIX}{self.tag}h"))
             for link in leftover_links:
-                _ip("link", "delete", link, check=False)
+                ip("link", "delete", link, check=False)
             shutil.rmtree(self.dir, ignore_errors=True)
-            left = [n for n in _netns_names() if n.startswith(f"{NS_PREFIX}{self.tag}-")]
-            left += _links((f"{BRIDGE_PREFIX}{self.tag}", f"{VETH_PREFIX}{self.tag}h"))
+            left = [n for n in netns_names() if n.startswith(f"{NS_PREFIX}{self.tag}-")]
+            left += links((f"{BRIDGE_PREFIX}{self.tag}", f"{VETH_PREFIX}{self.tag}h"))
             if left:
                 raise RuntimeError(f"netns cluster {self.tag}: could not remove {left}")
         finally:

@@ -3,8 +3,9 @@
 Two shapes (see /work/shared/CLUSTER.md for how they were found to work):
 
 - `SlurmCluster.start_local()`: one node `localhost` (CPUs=2) on the real machine.
-- `SlurmCluster.start_netns(n)`: nodes `node1..nodeN` at 10.231.0.(10+i), one per namespace host of a
-  `HostGroup` (shared /tmp). slurmctld runs in the root namespace at 10.231.0.1; each slurmd runs
+- `SlurmCluster.start_netns(n)`: nodes `node1..nodeN` at 10.231.N.(10+i), one per namespace host of a
+  `HostGroup` (shared /tmp) on the process's subnet. slurmctld runs in the root namespace at the
+  bridge's address, 10.231.N.1; each slurmd runs
   inside its host's network, PID, mount, UTS and IPC namespaces, so a job's processes on nodeK
   are in nodeK's process table only.
 
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .netns import BRIDGE_ADDRESS, HOST_ENV, HostGroup, NetnsHost, _parent_pids
+from .netns import HOST_ENV, HostGroup, NetnsHost, _parent_pids
 from .sshd import ClusterSetupError, require_commands, spawn_daemon, stop_process, tail
 
 STATE_ROOT = Path("/run/lkslurm")
@@ -307,11 +308,11 @@ class SlurmCluster:
 
     @classmethod
     def start_netns(cls, n: int = 3) -> SlurmCluster:
-        """Nodes node1..nodeN (CPUs=2 each) in namespace hosts; slurmctld at 10.231.0.1."""
+        """Nodes node1..nodeN (CPUs=2 each) in namespace hosts; slurmctld at the bridge's address."""
         require_commands(SLURM_COMMANDS)
         hosts = HostGroup.create(n, private_tmp=False)
         try:
-            controller = f"{socket.gethostname().split('.')[0]}({BRIDGE_ADDRESS})"
+            controller = f"{socket.gethostname().split('.')[0]}({hosts.bridge_address})"
             return cls._start(
                 "netns",
                 nodes=[h.name for h in hosts],

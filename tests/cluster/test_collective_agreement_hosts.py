@@ -82,9 +82,10 @@ def test_a_rank_that_shut_down_fails_the_others_wait_across_hosts(
     tmp_path: Path,
     launchkit_home: Path,
 ) -> None:
-    outs = launch(netns_hosts(3), tmp_path, host_python, 3, "shutdown")
+    group = netns_hosts(3)
+    outs = launch(group, tmp_path, host_python, 3, "shutdown")
     check_shut_down(outs, 3)
-    assert all("worker 1 on 10.231.0." in o["error"] for r, o in outs.items() if r != 1), outs
+    assert all(f"worker 1 on {group.subnet.prefix}." in o["error"] for r, o in outs.items() if r != 1), outs
 
 
 @pytest.mark.timeout(300)

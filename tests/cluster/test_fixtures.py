@@ -15,8 +15,9 @@ import pytest
 
 from tests.launchkit.procs import pids_with_env, wait_until
 
-from .netns import STATE_ROOT, ClusterLock, HostGroup, sweep_stale
-from .sshd import LoopbackSshd, port_open
+from .netns import STATE_ROOT, HostGroup
+from .sshd import ClusterSetupError, LoopbackSshd, port_open
+from .subnets import MAX_SUBNETS, ClusterLock, Subnet, sweep_stale
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the previous test's fixture teardown should have removed (tag, netns, links).
@@ -112,8 +113,10 @@ def test_three_netns_hosts_are_separate_hosts(netns_hosts) -> None:
     assert hosts.startup_s < 3.0, f"3 hosts took {hosts.startup_s:.2f}s to start"
     _remember(hosts)
     assert [h.name for h in hosts] == ["node1", "node2", "node3"]
-    assert [h.address for h in hosts] == ["10.231.0.11", "10.231.0.12", "10.231.0.13"]
-    assert hosts.hostfile_lines() == ["root@10.231.0.11:22", "root@10.231.0.12:22", "root@10.231.0.13:22"]
+    net = f"10.231.{Subnet.of_process().index}"  # this worker's subnet (gwN: 10.231.N.0/24)
+    assert (hosts.cidr, hosts.bridge_address) == (f"{net}.0/24", f"{net}.1")
+    assert [h.address for h in hosts] == [f"{net}.11", f"{net}.12", f"{net}.13"]
+    assert hosts.hostfile_lines() == [f"root@{net}.11:22", f"root@{net}.12:22", f"root@{net}.13:22"]
     for h in hosts:
         assert "AcceptEnv" not in (h.dir / "sshd_config").read_text()
 
@@ -127,15 +130,15 @@ def test_three_netns_hosts_are_separate_hosts(netns_hosts) -> None:
     node1, node2, node3 = hosts
 
     # Hosts reach each other (ssh from node1 to node2) and the launcher's side of the bridge.
-    proc = node1.run(["ssh", *hosts.ssh_options(), "root@10.231.0.12", "hostname"])
+    proc = node1.run(["ssh", *hosts.ssh_options(), f"root@{node2.address}", "hostname"])
     assert (proc.returncode, proc.stdout) == (0, "node2\n"), proc.stderr
-    with socket.create_server(("10.231.0.1", 0)) as server:
+    with socket.create_server((hosts.bridge_address, 0)) as server:
         port = server.getsockname()[1]
-        proc = node3.run(["bash", "-c", f"echo hello > /dev/tcp/10.231.0.1/{port}"])
+        proc = node3.run(["bash", "-c", f"echo hello > /dev/tcp/{hosts.bridge_address}/{port}"])
         assert proc.returncode == 0, proc.stderr
         conn, (peer, _) = server.accept()
         with conn:
-            assert (peer, conn.recv(16)) == ("10.231.0.13", b"hello\n")
+            assert (peer, conn.recv(16)) == (node3.address, b"hello\n")
 
     # Private filesystems: /srv (and /tmp) written on node1 is seen neither on node2 nor here.
     marker = f"lk-{uuid.uuid4().hex}"
@@ -190,7 +193,7 @@ def test_teardown_leaves_nothing_and_twelve_hosts_start_fast(netns_hosts, tmp_pa
     hosts = netns_hosts(12)
     assert hosts.startup_s < 10.0, f"12 hosts took {hosts.startup_s:.2f}s to start"
     hostfile = hosts.write_hostfile(tmp_path / "hosts", slots=2)
-    assert hostfile.read_text().splitlines()[-1] == "root@10.231.0.22:22 slots=2"
+    assert hostfile.read_text().splitlines()[-1] == f"root@{hosts.subnet.prefix}.22:22 slots=2"
     # Every host answers over ssh, contacted in parallel.
     procs = [
         subprocess.Popen(
@@ -209,6 +212,28 @@ def test_teardown_leaves_nothing_and_twelve_hosts_start_fast(netns_hosts, tmp_pa
     links = [hosts.bridge, *(h.veth for h in hosts)]
     hosts.close()
     _assert_group_gone(tag, netns, links)
+
+
+def test_clusters_on_two_subnets_run_side_by_side_and_each_sweeps_only_its_own(netns_hosts) -> None:
+    """What lets the xdist workers make namespace hosts at once: each cluster has its subnet, bridge
+    and lock; a sweep of one subnet (what creating a cluster does) leaves the other's alone, and
+    the hosts of one cannot reach the other's."""
+    mine = netns_hosts(1)
+    other = HostGroup.create(1, subnet=Subnet(MAX_SUBNETS - 1), lock_timeout=5)  # (no worker's)
+    try:
+        assert mine.subnet != other.subnet and mine.bridge != other.bridge
+        with pytest.raises(ClusterSetupError, match=r"holds the netns cluster on 10\.231\.99\.0/24"):
+            HostGroup.create(1, subnet=other.subnet, lock_timeout=0.2)
+        assert mine[0].ssh("hostname").stdout == other[0].ssh("hostname").stdout == "node1\n"
+        reach = mine[0].run(["bash", "-c", f"echo > /dev/tcp/{other[0].address}/22"], timeout=10)
+        assert reach.returncode != 0, reach
+        removed = sweep_stale(mine.subnet, keep_tag=mine.tag)  # (the fixture holds mine's lock)
+        assert not [r for r in removed if other.tag in r], removed
+        assert other[0].alive() and port_open(other[0].address, 22)
+        assert other[0].ssh("hostname").returncode == 0
+    finally:
+        other.close()
+    _assert_group_gone(other.tag, [h.netns for h in other], [other.bridge, *(h.veth for h in other)])
 
 
 @pytest.mark.holds("netns")  # (namespace hosts made by a child process)
@@ -267,10 +292,11 @@ def test_a_killed_test_run_leaves_no_hosts_running_and_is_swept(tmp_path: Path) 
     # The crash left namespaces and links behind (unless a concurrent test run swept them already).
     left_behind = set(netns) <= set(_netns_list())
 
-    lock = ClusterLock()
+    subnet = Subnet.of_process()  # (the child's too: it inherited PYTEST_XDIST_WORKER)
+    lock = ClusterLock(subnet)
     assert lock.acquire(timeout=30)
     try:
-        removed = sweep_stale()
+        removed = sweep_stale(subnet)
     finally:
         lock.release()
     if left_behind:

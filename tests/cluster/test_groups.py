@@ -12,22 +12,30 @@ pytestmark = pytest.mark.unit  # (it collects a small suite in this process; not
 
 def test_a_test_holds_what_its_fixtures_and_its_marks_name() -> None:
     assert held(["tmp_path", "netns_hosts", "netns_session"], []) == {"netns"}
-    assert held(["slurm_netns"], []) == {"netns"}
+    assert held(["slurm_netns"], []) == {"netns", "slurm_netns"}
     assert held(["sshd_loopback", "node_python", "host_python", "mxnet_python"], []) == set()
     assert held(["slurm_local"], ["sge"]) == {"slurm", "sge"}
     with pytest.raises(
-        ValueError, match=r"holds\('slurm-sbatch'\): expected one of \['netns', 'sge', 'slurm'\]"
+        ValueError,
+        match=r"holds\('slurm-sbatch'\): expected one of \['netns', 'sge', 'slurm', 'slurm_netns'\]",
     ):
         held([], ["slurm-sbatch"])
 
 
 def test_resources_held_together_share_one_group_and_the_others_stay_apart() -> None:
-    groups = merged([frozenset({"netns"}), frozenset({"sge"}), frozenset(), frozenset({"slurm"})])
-    assert groups == {"netns": "netns", "sge": "sge", "slurm": "slurm"}
-    groups = merged([frozenset({"netns"}), frozenset({"sge", "slurm"}), frozenset({"sge"})])
-    assert groups == {"netns": "netns", "sge": "sge+slurm", "slurm": "sge+slurm"}
+    groups = merged([frozenset({"slurm_netns"}), frozenset({"sge"}), frozenset(), frozenset({"slurm"})])
+    assert groups == {"slurm_netns": "slurm_netns", "sge": "sge", "slurm": "slurm"}
+    groups = merged([frozenset({"slurm_netns"}), frozenset({"sge", "slurm"}), frozenset({"sge"})])
+    assert groups == {"slurm_netns": "slurm_netns", "sge": "sge+slurm", "slurm": "sge+slurm"}
     assert group_of(frozenset({"slurm"}), groups) == "sge+slurm"
     assert group_of(frozenset(), groups) is None
+
+
+def test_the_namespace_hosts_group_nothing_each_worker_has_a_subnet_of_its_own() -> None:
+    holdings = [frozenset({"netns"}), frozenset({"netns", "sge"}), frozenset({"netns", "slurm_netns"})]
+    groups = merged(holdings)
+    assert groups == {"sge": "sge", "slurm_netns": "slurm_netns"}  # netns joins no two groups
+    assert [group_of(h, groups) for h in holdings] == [None, "sge", "slurm_netns"]
 
 
 CONFTEST = """
@@ -47,6 +55,11 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture
 def netns_hosts():
+    return "stand-in"
+
+
+@pytest.fixture(scope="module")
+def slurm_netns():
     return "stand-in"
 
 
@@ -96,6 +109,14 @@ def test_asks_at_run_time(engine):
     pass
 
 
+def test_hosts_and_grid_engine(netns_hosts, sge_local):
+    pass
+
+
+def test_slurm_on_hosts(slurm_netns):
+    pass
+
+
 def test_mxnet(mxnet_python):
     pass
 
@@ -118,7 +139,9 @@ def test_each_cluster_test_gets_the_group_of_what_it_holds_and_the_others_none(
         groups[item.name] = marks[0][0] if marks else None
     assert groups == {
         "test_pure": None,  # a unit test: never grouped
-        "test_hosts": "netns",
+        "test_hosts": None,  # each worker has its own subnet
+        "test_hosts_and_grid_engine": "sge",
+        "test_slurm_on_hosts": "slurm_netns",  # (its module's Slurm starts once)
         "test_loopback": None,  # each worker starts its own sshd
         "test_grid_engine": "sge",
         "test_asks_at_run_time[mpirun]": None,  # a cluster test that holds nothing
@@ -128,7 +151,7 @@ def test_each_cluster_test_gets_the_group_of_what_it_holds_and_the_others_none(
     }
 
     # what --dist loadgroup's scheduler reads: the group as the node id's suffix, added once
-    item = next(i for i in items if i.name == "test_hosts")
-    in_nodeid(item, "netns")
-    in_nodeid(item, "netns")
-    assert item.nodeid == "test_suite.py::test_hosts@netns"
+    item = next(i for i in items if i.name == "test_grid_engine")
+    in_nodeid(item, "sge")
+    in_nodeid(item, "sge")
+    assert item.nodeid == "test_suite.py::test_grid_engine@sge"

@@ -138,7 +138,7 @@ def test_two_namespace_hosts(netns_hosts, node_python, tmp_path: Path, launchkit
     flags = [
         *node_python,
         "--mpi-args",
-        "--mca oob_tcp_if_include 10.231.0.0/24 --mca btl_tcp_if_include 10.231.0.0/24",
+        f"--mca oob_tcp_if_include {group.cidr} --mca btl_tcp_if_include {group.cidr}",
         "-i",
         str(group.identity),
         "--known-hosts",
@@ -170,7 +170,7 @@ def test_two_namespace_hosts(netns_hosts, node_python, tmp_path: Path, launchkit
         if role != "scheduler":
             i = rank if role == "server" else 2 + rank  # process i on hosts[i % 2]
             assert e["DMLC_NODE_HOST"] == group[i % 2].address
-            assert e["DMLC_PS_ROOT_URI"] == "10.231.0.1"
+            assert e["DMLC_PS_ROOT_URI"] == group.bridge_address
     # a failing worker on a remote host: exit 3, nothing left on either host
     res = run(
         [
@@ -260,7 +260,7 @@ def test_without_servers_across_hosts_worker_0_publishes_an_address_the_others_r
             str(hostfile),
             *node_python,
             "--mpi-args",
-            "--mca oob_tcp_if_include 10.231.0.0/24 --mca btl_tcp_if_include 10.231.0.0/24",
+            f"--mca oob_tcp_if_include {group.cidr} --mca btl_tcp_if_include {group.cidr}",
             "-i",
             str(group.identity),
             "--known-hosts",
@@ -297,8 +297,12 @@ def test_every_rank_gets_sigterm_when_the_grace_period_starts(
     assert sorted(t.term_s) == ["scheduler-0", "server-0", "worker-0"] + (
         ["worker-1"] if how != "fail" else []
     )
-    assert max(t.term_s.values()) < 3.0, t.term_s
-    assert t.exit_s < 5.0, (t.exit_s, t.stderr[-3000:])
+    # at once: before half the grace period (with "kill" the cause is the start of `launchkit
+    # kill`, which took 3.4 s at load 12 on the 2-core machine: every rank had its SIGTERM 3.02 s
+    # after it, within 4 ms of each other), and the end within 3 s of the last SIGTERM; Open MPI's
+    # own would have come after the grace period and its sigkill timeout (10 + 2 s)
+    assert max(t.term_s.values()) < 5.0, t.term_s
+    assert t.exit_s - max(t.term_s.values()) < 3.0, (t.exit_s, t.term_s, t.stderr[-3000:])
     assert not [w for w in NOISE if w in t.stderr + t.stdout], t.stderr[-3000:]
 
 

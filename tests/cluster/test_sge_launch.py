@@ -92,6 +92,16 @@ def test_array_job_roles_ranks_and_environment(sge_local, tmp_path: Path, launch
     assert (tmp_path / "logs" / "worker-1.stdout").read_text().startswith("{")
 
 
+def secret_of(job: str) -> str | None:
+    """The job's secret, from the environment of a process of the job that has it (None: none yet)."""
+    for pid in pids_with_job(job):
+        with contextlib.suppress(OSError):
+            for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                if entry.startswith(b"LAUNCHKIT_JOB_SECRET="):
+                    return entry.split(b"=", 1)[1].decode()
+    return None
+
+
 def test_secret_is_not_in_the_job_environment(sge_local, tmp_path: Path, launchkit_home: Path) -> None:
     env = env_of(sge_local, launchkit_home)
     proc = start_waiting_job("sge", tmp_path, env)
@@ -100,13 +110,16 @@ def test_secret_is_not_in_the_job_environment(sge_local, tmp_path: Path, launchk
         assert wait_until(lambda: len(shims_of(job)) >= 4, 30)  # every task runs
         (sge_job,) = sge_local.job_ids()
         shown = sge_local.run(["qstat", "-j", sge_job]).stdout
-        secret = next(
-            p.split(b"=", 1)[1].decode()
-            for pid in pids_with_job(job)
-            for p in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            if p.startswith(b"LAUNCHKIT_JOB_SECRET=")
+        # (the shims give the secret to the processes they start: on a machine at load 21 none of
+        # those had started yet when every shim ran)
+        assert wait_until(lambda: secret_of(job) is not None, 30)
+        secret = secret_of(job)
+        assert (
+            secret is not None
+            and len(secret) == 64
+            and secret not in shown
+            and "LAUNCHKIT_SHIM_TASKS" in shown
         )
-        assert len(secret) == 64 and secret not in shown and "LAUNCHKIT_SHIM_TASKS" in shown
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 143
         assert wait_until(lambda: gone(sge_local, job), 15)
@@ -195,9 +208,10 @@ def test_every_process_gets_sigterm_when_the_grace_period_starts(
     t = teardown(how, "sge", tmp_path, launchkit_home, env_of(sge_local, launchkit_home))
     assert t.rc == {"fail": 3, "sigint": 130, "kill": 143}[how], t.stderr[-3000:]
     assert {"scheduler-0", "server-0", "worker-0"} <= set(t.term_s), (t.term_s, t.stderr[-3000:])
-    assert max(t.term_s.values()) < 3.0, t.term_s
+    # (before half the grace period: see below)
+    assert max(t.term_s.values()) < 5.0, t.term_s
     # The end is timed from the last SIGTERM, not from the cause: with "kill" the cause is the
-    # start of `launchkit kill`, whose own Python start took 2.3-2.8 s on a loaded 2-core machine
+    # start of `launchkit kill`, whose own Python start took 2.3-3.4 s on a loaded 2-core machine
     # (bounded above), and Grid Engine's end after the processes have left (qmaster's accounting,
     # then three final reads of qstat and qacct 0.5 s apart) took 4.5-5.6 s there (load 9-17).
     # Under 8 s from the SIGTERM still tells it from a launch that waits out the 10 s grace period.

@@ -17,6 +17,7 @@ from tests.launchkit.procs import pids_with_env
 
 from .slurm import MIN_JOB_AGE, STATE_ROOT, SlurmCluster, _proc_tags, sweep_stale
 from .sshd import spawn_daemon
+from .subnets import Subnet
 
 
 def _job_field(cluster: SlurmCluster, job_id: str, name: str) -> str | None:
@@ -151,7 +152,8 @@ def test_stop_is_idempotent_and_a_crashed_runs_daemons_are_swept(slurm_local: Sl
 def test_netns_cluster_runs_steps_on_three_nodes(slurm_netns: SlurmCluster) -> None:
     c = slurm_netns
     assert c.nodes == ["node1", "node2", "node3"]
-    assert c.addresses == ["10.231.0.11", "10.231.0.12", "10.231.0.13"]
+    subnet = Subnet.of_process()  # (this worker's: 10.231.N.0/24)
+    assert c.addresses == [f"10.231.{subnet.index}.{10 + i}" for i in (1, 2, 3)]
     assert c.hosts is not None and [h.name for h in c.hosts] == c.nodes
     proc = c.run(["srun", "-N3", "-n3", "hostname"])
     assert proc.returncode == 0, proc.stderr

@@ -158,7 +158,9 @@ def test_every_process_gets_sigterm_when_the_grace_period_starts(
     t = teardown(how, "slurm", tmp_path, launchkit_home, env_of(slurm_local, launchkit_home))
     assert t.rc == {"fail": 3, "sigint": 130, "kill": 143}[how], t.stderr[-3000:]
     assert {"scheduler-0", "server-0", "worker-0"} <= set(t.term_s), (t.term_s, t.stderr[-3000:])
-    assert max(t.term_s.values()) < 3.0, t.term_s
-    assert t.exit_s < 6.0, (t.exit_s, t.stderr[-3000:])
+    # before half the grace period (with "kill" the cause is the start of `launchkit kill`, which
+    # took up to 3.4 s on the loaded 2-core machine), the end within 4 s of the last SIGTERM
+    assert max(t.term_s.values()) < 5.0, t.term_s
+    assert t.exit_s - max(t.term_s.values()) < 4.0, (t.exit_s, t.term_s, t.stderr[-3000:])
     noise = ("leftover", "CANCELLED", "_step_signal", "forcing job termination", "Exited with exit code")
     assert not [w for w in noise if w in t.stderr + t.stdout], t.stderr[-3000:]

@@ -66,7 +66,7 @@ def test_three_nodes_placement_and_contract(
     for (role, rank), e in envs.items():
         if role == "scheduler":
             # here inside an allocation; on the batch job's first node otherwise
-            expect = "10.231.0.1" if where == "allocation" else addresses[0]
+            expect = slurm_netns.hosts.bridge_address if where == "allocation" else addresses[0]
             assert e["DMLC_PS_ROOT_URI"] == expect and e["DMLC_NODE_HOST"] == expect
             continue
         i = rank if role == "server" else 2 + rank  # MXNet's placement: process i on node i % 3

@@ -41,8 +41,8 @@ def test_proxy_jump_reaches_a_host_through_another(netns_hosts, tmp_path: Path) 
     assert res.returncode == 0, res.stderr
     line = next(line for line in res.stdout.splitlines() if line.startswith("[worker 0] "))
     client, _, server, _, root = line.removeprefix("[worker 0] ").split()
-    assert (client, server) == (jump.address, target.address)  # a direct connection comes from 10.231.0.1
-    assert root == "10.231.0.1"  # no socket of ours reaches the host: the route toward it
+    assert (client, server) == (jump.address, target.address)  # a direct connection comes from the bridge
+    assert root == group.bridge_address  # no socket of ours reaches the host: the route toward it
     assert {line.split()[0] for line in known.read_text().splitlines()} == {jump.address, target.address}
     check = run(["hosts", "check", *flags, "--json"], env=env)
     assert check.returncode == 0, check.stderr
@@ -56,14 +56,15 @@ def test_proxy_jump_reaches_a_host_through_another(netns_hosts, tmp_path: Path) 
     assert res.returncode == 1
     assert f"trainer: jump host {jump.address}: host key does not match" in " ".join(res.stderr.split())
     # a host the jump host cannot reach (no such address on its network)
+    nowhere = f"{group.subnet.prefix}.77"
     lost = home_with_config(
-        tmp_path / "lost", f"Host trainer\n  HostName 10.231.0.77\n  ProxyJump root@{jump.address}\n"
+        tmp_path / "lost", f"Host trainer\n  HostName {nowhere}\n  ProxyJump root@{jump.address}\n"
     )
     known.unlink()
     res = run(["hosts", "check", *flags, "--connect-timeout", "5", "--json"], env=lost)
     assert res.returncode == 1
     error = json.loads(res.stdout)[0]["error"]
-    assert error.startswith(f"trainer: jump host {jump.address} cannot reach 10.231.0.77:22"), error
+    assert error.startswith(f"trainer: jump host {jump.address} cannot reach {nowhere}:22"), error
     # the jump host down: the error says which hop failed
     jump.stop()
     res = run(["hosts", "check", *flags, "--connect-timeout", "2", "--json"], env=env)

@@ -63,7 +63,7 @@ def test_three_hosts_each_process_reports_its_host_and_contract(netns_hosts, job
         assert e["cwd"] == SYNC_DIR
         assert e["DMLC_JOB_CLUSTER"] == "ssh"
         assert e["DMLC_ROLE"] == role and e["LAUNCHKIT_ROLE_RANK"] == str(rank)
-        assert e["DMLC_PS_ROOT_URI"] == "10.231.0.1"  # the address the hosts were reached through
+        assert e["DMLC_PS_ROOT_URI"] == group.bridge_address  # the address the hosts were reached through
         assert e["stdin_is_devnull"] == "True"
     assert {e["DMLC_NODE_HOST"] for k, e in envs.items() if k[0] != "scheduler"} == set(addresses)
     assert len({e["LAUNCHKIT_JOB_SECRET"] for e in envs.values()}) == 1
@@ -448,7 +448,7 @@ def test_interface_is_resolved_on_each_host(netns_hosts, jobdir: Path) -> None:
             "--interface",
             "eth0",
             "--scheduler-ip",
-            "10.231.0.1",
+            group.bridge_address,
             "-n",
             "2",
             "-s",
@@ -466,7 +466,7 @@ def test_interface_is_resolved_on_each_host(netns_hosts, jobdir: Path) -> None:
         assert envs[("worker", rank)]["DMLC_INTERFACE"] == "eth0"
         assert envs[("worker", rank)]["DMLC_NODE_HOST"] == group[rank].address
         # without servers no scheduler process: --scheduler-ip names worker 0's rendezvous address
-        assert envs[("worker", rank)]["DMLC_PS_ROOT_URI"] == "10.231.0.1"
+        assert envs[("worker", rank)]["DMLC_PS_ROOT_URI"] == group.bridge_address
     assert ("scheduler", 0) not in envs
 
 
