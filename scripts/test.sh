@@ -74,12 +74,13 @@ else
     .venv/bin/mypy
 fi
 echo "[test.sh] pytest"
-# the unit, proc and gpu tiers: two workers per core (pytest-xdist; their tests wait for
-# processes to start, for a timeout or a heartbeat bound, leaving a core idle part of the time),
-# the longest tests first (tests/ordering.py); `-n 0` among the arguments runs them in this
-# process, `-n 4` four workers. --quick stops there (without the slow ones).
-parallel=(-n "$((2 * $(nproc)))")
+# the unit, proc and gpu tiers: a worker per core (pytest-xdist), the longest tests first
+# (tests/ordering.py); `-n 0` among the arguments runs them in this process, `-n 4` four workers.
+# --quick stops there (without the slow ones), with two workers per core: its tests wait for
+# processes to start, for a timeout or a heartbeat bound, leaving a core idle part of the time
+parallel=(-n auto)
 if [ $quick -eq 1 ]; then
+    parallel=(-n "$((2 * $(nproc)))")
     rc=0
     .venv/bin/python -m pytest -q "${parallel[@]}" -m "(unit or proc) and not slow" "$@" || rc=$?
     rc_mypy=0
