@@ -40,6 +40,19 @@ with open(os.path.join(os.environ['BENCH_DIR'], 'pid-%s-%s' % (os.environ['DMLC_
     f.write(str(os.getpid()))
 """
 
+#: a worker's start: the store, key 'k' of BENCH_N float32 values, 50 rounds of push and pull,
+#: a barrier (then ``kv``, ``n``, ``rounds``, ``a`` and ``out`` for the timed rounds)
+WARMED = """
+kv = kvmod.create('dist_sync')
+n, rounds = int(os.environ['BENCH_N']), int(os.environ['BENCH_ROUNDS'])
+kv.init('k', np.zeros(n, np.float32))
+a, out = np.ones(n, np.float32), np.empty(n, np.float32)
+for _ in range(50):
+    kv.push('k', a)
+    kv.pull('k', out)
+kv.barrier()
+"""
+
 WORKER = (
     PIDFILE
     + """
@@ -64,15 +77,9 @@ def sample():
             out[os.path.basename(path)[4:]] = cpu_ns(int(f.read()))
     return out
 
-kv = kvmod.create('dist_sync')
-n, rounds = int(os.environ['BENCH_N']), int(os.environ['BENCH_ROUNDS'])
-kv.init('k', np.zeros(n, np.float32))
-a, out = np.ones(n, np.float32), np.empty(n, np.float32)
-for _ in range(50):
-    kv.push('k', a)
-    kv.pull('k', out)
-kv.barrier()
-first = sample() if kv.rank == 0 else None
+"""
+    + WARMED
+    + """first = sample() if kv.rank == 0 else None
 times, pc = [], time.perf_counter
 if os.environ.get('BENCH_LEAN'):  # (``--lean``: see ``LEAN_DOC``)
     import select, struct

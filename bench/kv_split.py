@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kv import REPO, run_job
+from bench.kv_cpu import WARMED
 
 TIMED = """
 import json, os, sys, time
@@ -66,15 +67,9 @@ timed(dist.DistKVStore, '_pack_part', 'copy in')
 timed(unix.UnixChannel, 'send', 'send')
 timed(channel.Poller, '_wait', 'wait')
 timed(results.Results, 'put', 'copy out')
-kv = kvmod.create('dist_sync')
-n, rounds = int(os.environ['BENCH_N']), int(os.environ['BENCH_ROUNDS'])
-kv.init('k', np.zeros(n, np.float32))
-a, out = np.ones(n, np.float32), np.empty(n, np.float32)
-for _ in range(50):
-    kv.push('k', a)
-    kv.pull('k', out)
-kv.barrier()
-acc.clear()
+"""
+    + WARMED
+    + """acc.clear()
 calls.clear()
 t = time.thread_time_ns()
 for _ in range(rounds):
