@@ -282,6 +282,19 @@ def _pack_bytes(words, out):
         out[i] = (words[i] * PACK) >> np.uint64(56)
 
 
+@_helper
+def _decode_block(bb, lo, hi, oo):
+    """One block's values into ``oo`` (its length): ``hi`` where its bit in ``bb`` is set (MSB
+    first), else ``lo``."""
+    m = oo.shape[0]
+    for i in range(m >> 3):
+        b = bb[i]
+        for j in range(8):
+            oo[8 * i + j] = hi if (b >> (7 - j)) & 1 else lo
+    for k in range(m & ~7, m):
+        oo[k] = hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
+
+
 @_jit
 def onebit_decode(vals, bits, block, out):
     """Inverse of ``onebit_encode`` into ``out`` (n values)."""
@@ -289,17 +302,7 @@ def onebit_decode(vals, bits, block, out):
     for blk in range(vals.shape[0] // 2):
         s = blk * block
         e = min(s + block, n)
-        oo = out[s:e]
-        bb = bits[s >> 3 : (e + 7) >> 3]
-        m = e - s
-        lo = vals[2 * blk]
-        hi = vals[2 * blk + 1]
-        for i in range(m >> 3):
-            b = bb[i]
-            for j in range(8):
-                oo[8 * i + j] = hi if (b >> (7 - j)) & 1 else lo
-        for k in range(m & ~7, m):
-            oo[k] = hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
+        _decode_block(bits[s >> 3 : (e + 7) >> 3], vals[2 * blk], vals[2 * blk + 1], out[s:e])
     return out
 
 
@@ -317,16 +320,8 @@ def onebit_decode_stream(vals, bits, block, out):
     for blk in range(vals.shape[0] // 2):
         s = blk * block
         e = min(s + block, n)
-        bb = bits[s >> 3 : (e + 7) >> 3]
         m = e - s
-        lo = vals[2 * blk]
-        hi = vals[2 * blk + 1]
-        for i in range(m >> 3):
-            b = bb[i]
-            for j in range(8):
-                buf[8 * i + j] = hi if (b >> (7 - j)) & 1 else lo
-        for k in range(m & ~7, m):
-            buf[k] = hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
+        _decode_block(bits[s >> 3 : (e + 7) >> 3], vals[2 * blk], vals[2 * blk + 1], buf[:m])
         _stream_bytes(raw[: m * size], dst[s * size : e * size])
     return out
 
@@ -338,30 +333,7 @@ def onebit_decode_sum(vals, bits, block, out):
     ``vals[j]`` and ``bits[j]`` (rows of one shape, ``onebit_decode``'s two arguments). Block by
     block: a block of ``out`` is written from the first payload and added to from the others while
     it is in cache, one pass over ``out`` instead of a decode and an add per payload."""
-    n = out.shape[0]
-    for blk in range(vals.shape[1] // 2):
-        s = blk * block
-        e = min(s + block, n)
-        oo = out[s:e]
-        m = e - s
-        for j in range(vals.shape[0]):
-            bb = bits[j, s >> 3 : (e + 7) >> 3]
-            lo = vals[j, 2 * blk]
-            hi = vals[j, 2 * blk + 1]
-            if j == 0:
-                for i in range(m >> 3):
-                    b = bb[i]
-                    for q in range(8):
-                        oo[8 * i + q] = hi if (b >> (7 - q)) & 1 else lo
-                for k in range(m & ~7, m):
-                    oo[k] = hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
-            else:
-                for i in range(m >> 3):
-                    b = bb[i]
-                    for q in range(8):
-                        oo[8 * i + q] += hi if (b >> (7 - q)) & 1 else lo
-                for k in range(m & ~7, m):
-                    oo[k] += hi if (bb[k >> 3] >> (7 - (k & 7))) & 1 else lo
+    _decode_sum_into(vals, bits, block, 0, vals.shape[1] // 2, out)
     return out
 
 
