@@ -124,22 +124,11 @@ class Compressor:
                 )
             if not self.stateful or not self.encodes_sum(flat):
                 flat, more = xp.add(flat, more), None
-        wdt = work_dtype(dtype)
         if not self.stateful:
             payload, meta = self._encode(xp, flat, None, dtype)
             self.last_wire_bytes = int(payload.nbytes)
             return payload, {"type": self.name, **meta}
-        res = self.residual
-        if res is None:
-            res = self.residual = xp.zeros(flat.size, dtype=wdt)
-        elif array_module(res) is not xp and res.size == flat.size and res.dtype == wdt:
-            # a residual loaded from a checkpoint is a host array: it follows the gradient, once
-            res = self.residual = like(to_host(res), flat)
-        elif res.size != flat.size or res.dtype != wdt or array_module(res) is not xp:
-            raise ValueError(
-                f"{self.name}: gradient of {flat.size} x {dtype} does not match the residual of "
-                f"{res.size} x {res.dtype}; use one compressor per key (or reset())"
-            )
+        res = self._residual_for(xp, flat.size, dtype, "gradient", follow=flat)
         if more is None:
             payload, meta = (
                 self._encode(xp, flat, res, dtype)
@@ -170,19 +159,30 @@ class Compressor:
             raise ValueError(f"{self.name}: encode_payload_sum has no kernel for these payloads")
         dt = check_dtype(dtype)
         bufs = [as_payload(p) for p, _ in payloads]
-        wdt = work_dtype(dt)
-        res = self.residual
-        if res is None:
-            res = self.residual = np.zeros(n, dtype=wdt)
-        elif res.size != n or res.dtype != wdt or is_device_array(res):
-            raise ValueError(
-                f"{self.name}: a sum of {n} x {dt} does not match the residual of {res.size} x "
-                f"{res.dtype}; use one compressor per key (or reset())"
-            )
+        res = self._residual_for(np, n, dt, "a sum")
         metas = [meta for _, meta in payloads]
         payload, meta = self._encode_payload_sum(bufs, metas, n, dt, divisor, res, into, scratch)
         self.last_wire_bytes = int(payload.nbytes)
         return payload, {"type": self.name, **meta}
+
+    def _residual_for(self, xp: Any, n: int, dtype: np.dtype, what: str, follow: Any = None) -> Any:
+        """The residual that an encoding of ``n`` values of ``dtype`` in array module ``xp`` adds
+        in: zeros on the first; where a checkpoint loaded it on the host and ``follow`` (the array
+        being encoded) is on a device, moved there once; ``ValueError`` (naming ``what`` was
+        encoded) where it is another key's."""
+        wdt = work_dtype(dtype)
+        res = self.residual
+        if res is None:
+            res = self.residual = xp.zeros(n, dtype=wdt)
+        elif follow is not None and array_module(res) is not xp and res.size == n and res.dtype == wdt:
+            # a residual loaded from a checkpoint is a host array: it follows the gradient, once
+            res = self.residual = like(to_host(res), follow)
+        elif res.size != n or res.dtype != wdt or array_module(res) is not xp:
+            raise ValueError(
+                f"{self.name}: {what} of {n} x {dtype} does not match the residual of "
+                f"{res.size} x {res.dtype}; use one compressor per key (or reset())"
+            )
+        return res
 
     def encodes_payload_sum(self, payloads: Sequence[tuple[Any, dict[str, Any]]], dtype: Any) -> bool:
         """Whether ``encode_payload_sum`` runs for these payloads (False: none of this class)."""
